@@ -1,0 +1,101 @@
+//! What happened to which key: the vocabulary shared by sources, matching and actions.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The kinds of event a rule can react to (`on:` in a rule).
+///
+/// `Deleted` is Redis's `del` keyevent; `Expiring` is produced by keywatch's own scanner or
+/// ledger before a deadline, never by Redis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    Expired,
+    Evicted,
+    Deleted,
+    Expiring,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 4] = [
+        EventKind::Expired,
+        EventKind::Evicted,
+        EventKind::Deleted,
+        EventKind::Expiring,
+    ];
+
+    /// The name used in rule files, event JSON and templates.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Expired => "expired",
+            EventKind::Evicted => "evicted",
+            EventKind::Deleted => "deleted",
+            EventKind::Expiring => "expiring",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The keyevent channel name Redis publishes this kind on, if Redis publishes it at all.
+    pub fn redis_event(self) -> Option<&'static str> {
+        match self {
+            EventKind::Expired => Some("expired"),
+            EventKind::Evicted => Some("evicted"),
+            EventKind::Deleted => Some("del"),
+            EventKind::Expiring => None,
+        }
+    }
+
+    /// The `notify-keyspace-events` class letter that makes Redis publish this kind.
+    pub fn notify_flag(self) -> Option<char> {
+        match self {
+            EventKind::Expired => Some('x'),
+            EventKind::Evicted => Some('e'),
+            EventKind::Deleted => Some('g'),
+            EventKind::Expiring => None,
+        }
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One observation of one key, as a source reports it, before any rule is applied.
+///
+/// Keys are bytes: Redis keys need not be UTF-8, and actions on Redis must use the exact bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyEvent {
+    pub kind: EventKind,
+    pub db: u32,
+    pub key: Vec<u8>,
+    /// When keywatch received or produced the event.
+    pub observed_at: DateTime<Utc>,
+    /// The key's deadline when keywatch knew it (ledger or scanner), else `None`.
+    pub deadline: Option<DateTime<Utc>>,
+    /// Remaining time to live, for `expiring` events.
+    pub ttl_ms: Option<i64>,
+    /// True when keywatch found the event after the fact (it missed the notification).
+    pub recovered: bool,
+    /// The node that published or held the key, `host:port`.
+    pub source: String,
+}
+
+impl KeyEvent {
+    /// Milliseconds between the deadline and the observation, when the deadline is known.
+    pub fn late_ms(&self) -> Option<i64> {
+        self.deadline
+            .map(|d| (self.observed_at - d).num_milliseconds().max(0))
+    }
+
+    /// The key as text for people: invalid UTF-8 bytes are replaced.
+    pub fn key_lossy(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.key)
+    }
+}
