@@ -1,7 +1,7 @@
 //! The integration-test harness: real servers, real receivers, the real binary.
 //!
 //! Every test binary includes this tree with `mod common;` and uses a subset of it, hence the
-//! `dead_code` allowance below.
+//! `dead_code` and `unused_imports` (for the re-exports below) allowances.
 //!
 //! # Layout
 //!
