@@ -399,9 +399,16 @@ fn process_capture_sees_both_streams_and_signals() {
     let mut command = Command::new("sh");
     command.arg("-c").arg(script);
     let mut process = KeywatchProcess::from_command(command);
-    process.wait_for_output("ready", PATIENCE);
-    assert!(process.stdout().contains("to stdout"));
-    assert!(process.stderr().contains("to stderr"));
+    // The two streams are read by separate threads: wait for each, never infer one from the other.
+    let stderr = process.wait_for_output("ready", PATIENCE);
+    assert!(stderr.starts_with("to stderr\nready\n"), "{stderr:?}");
+    let stdout = process.wait_for_output("to stdout", PATIENCE);
+    assert_eq!(stdout, "to stdout\n");
+    assert_eq!(process.stdout(), "to stdout\n");
+    assert!(
+        !process.stdout().contains("ready"),
+        "stderr leaked into stdout"
+    );
     assert_eq!(
         process.wait_timeout(Duration::from_millis(50)),
         None,

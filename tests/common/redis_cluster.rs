@@ -461,7 +461,7 @@ fn query<T: redis::FromRedisValue>(node: &RedisServer, cmd: &redis::Cmd) -> Opti
     let mut conn = client
         .get_connection_with_timeout(Duration::from_secs(2))
         .ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     cmd.query(&mut conn).ok()
 }
 
