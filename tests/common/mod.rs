@@ -30,4 +30,6 @@ pub use keywatch::{Keywatch, KeywatchProcess, keywatch_bin, keywatch_command, ru
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
 pub use redis_server::{RedisServer, RedisServerBuilder};
 pub use rules::write_rules;
+/// For [`KeywatchProcess::signal`], e.g. `Signal::HUP`.
+pub use rustix::process::Signal;
 pub use wait::wait_until;
