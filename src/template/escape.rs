@@ -1,0 +1,265 @@
+//! How a value interpolated by `{{ … }}` is written for each target, so that key text can never
+//! widen an action (SPEC §2): no extra keys matched by a cleanup glob, no other URL path or query,
+//! no mention or link in a chat message.
+//!
+//! Escaping works on the encoded strings of [`super::bytestr`]: every char that needs escaping is
+//! ASCII, and the chars that stand for raw bytes are never ASCII, so the exact modes stay
+//! byte-exact. Only values are escaped; the template's literal text is the author's and is kept.
+
+use std::fmt::{self, Write};
+
+use minijinja::value::Value;
+use minijinja::{AutoEscape, Error, ErrorKind, Output, State};
+
+use super::bytestr;
+
+/// Where a rendered template goes, which decides how interpolated values are escaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Escape {
+    /// No escaping: webhook custom bodies (users write `| tojson`) and log lines.
+    Raw,
+    /// No escaping, byte-exact: detail key/field, cleanup `hdel` key/field, exec argv.
+    RedisKey,
+    /// Byte-exact, values glob-escaped for Redis `SCAN MATCH` (`* ? [ ] \`): `cleanup.delete`.
+    Glob,
+    /// Byte-exact, values percent-encoded (all but unreserved `A-Z a-z 0-9 - . _ ~`): `reload.url`.
+    Url,
+    /// `&` `<` `>` → `&amp;` `&lt;` `&gt;`, which kills `<!channel>` and `<@U1>`.
+    Slack,
+    /// [`Escape::Text`] plus Markdown metacharacters backslash-escaped (DingTalk/WeCom/Feishu).
+    Markdown,
+    /// Chat plain text: `@` and `<` get a zero-width space after them, so `@all`, `@13800000000`,
+    /// `<at user_id="all">` and `<@userid>` can no longer mention anyone.
+    Text,
+}
+
+/// Backslash-escaped in [`Escape::Markdown`]: emphasis, code, links/images, headings, quotes,
+/// strikethrough, tables, and the backslash itself (CommonMark backslash escapes).
+const MARKDOWN_SPECIALS: &[char] = &['\\', '`', '*', '_', '[', ']', '(', ')', '#', '>', '~', '|'];
+
+/// Redis glob metacharacters (`stringmatchlen`): `^` and `-` only mean something inside `[…]`,
+/// which cannot open once `[` is escaped.
+const GLOB_SPECIALS: &[char] = &['*', '?', '[', ']', '\\'];
+
+impl Escape {
+    pub const ALL: [Escape; 7] = [
+        Escape::Raw,
+        Escape::RedisKey,
+        Escape::Glob,
+        Escape::Url,
+        Escape::Slack,
+        Escape::Markdown,
+        Escape::Text,
+    ];
+
+    /// The minijinja auto-escape name; it is also the suffix of the template's name in the
+    /// environment, which is how the auto-escape callback learns a template's mode.
+    pub(crate) fn tag(self) -> &'static str {
+        match self {
+            Escape::Raw => "raw",
+            Escape::RedisKey => "rediskey",
+            Escape::Glob => "glob",
+            Escape::Url => "url",
+            Escape::Slack => "slack",
+            Escape::Markdown => "markdown",
+            Escape::Text => "text",
+        }
+    }
+
+    pub(crate) fn from_tag(tag: &str) -> Option<Escape> {
+        Escape::ALL.into_iter().find(|e| e.tag() == tag)
+    }
+
+    /// Writes `s` (an encoded string) escaped for this mode.
+    pub(crate) fn write_escaped<W: Write>(self, out: &mut W, s: &str) -> fmt::Result {
+        match self {
+            Escape::Raw | Escape::RedisKey => out.write_str(s),
+            Escape::Glob => write_replacing(out, s, |c| {
+                GLOB_SPECIALS
+                    .contains(&c)
+                    .then_some(Replacement::Prefix('\\'))
+            }),
+            Escape::Url => write_url(out, s),
+            Escape::Slack => write_replacing(out, s, |c| match c {
+                '&' => Some(Replacement::Str("&amp;")),
+                '<' => Some(Replacement::Str("&lt;")),
+                '>' => Some(Replacement::Str("&gt;")),
+                _ => None,
+            }),
+            Escape::Text => write_replacing(out, s, text_replacement),
+            Escape::Markdown => write_replacing(out, s, |c| {
+                if MARKDOWN_SPECIALS.contains(&c) {
+                    Some(Replacement::Prefix('\\'))
+                } else {
+                    text_replacement(c)
+                }
+            }),
+        }
+    }
+}
+
+fn text_replacement(c: char) -> Option<Replacement> {
+    match c {
+        '@' => Some(Replacement::Str("@\u{200B}")),
+        '<' => Some(Replacement::Str("<\u{200B}")),
+        _ => None,
+    }
+}
+
+enum Replacement {
+    Str(&'static str),
+    Prefix(char),
+}
+
+/// Copies `s` in runs, replacing the few chars `f` names: output goes through minijinja's
+/// `dyn Write`, where one call per run is much cheaper than one per char.
+fn write_replacing<W: Write>(
+    out: &mut W,
+    s: &str,
+    f: impl Fn(char) -> Option<Replacement>,
+) -> fmt::Result {
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        if let Some(r) = f(c) {
+            out.write_str(&s[start..i])?;
+            match r {
+                Replacement::Str(rep) => out.write_str(rep)?,
+                Replacement::Prefix(p) => {
+                    out.write_char(p)?;
+                    out.write_char(c)?;
+                }
+            }
+            start = i + c.len_utf8();
+        }
+    }
+    out.write_str(&s[start..])
+}
+
+/// Percent-encodes the bytes `s` stands for: a byte char becomes its single byte, anything else
+/// its UTF-8 bytes.
+fn write_url<W: Write>(out: &mut W, s: &str) -> fmt::Result {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut start = 0;
+    let mut buf = [0u8; 4];
+    for (i, c) in s.char_indices() {
+        if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~') {
+            continue;
+        }
+        out.write_str(&s[start..i])?;
+        for &b in bytestr::char_bytes(c, &mut buf) {
+            out.write_char('%')?;
+            out.write_char(char::from(HEX[usize::from(b >> 4)]))?;
+            out.write_char(char::from(HEX[usize::from(b & 0xF)]))?;
+        }
+        start = i + c.len_utf8();
+    }
+    out.write_str(&s[start..])
+}
+
+/// The environment's formatter: every `{{ … }}` goes through here.
+///
+/// Safe strings (`| safe`, `| tojson`, `| escape`) are written untouched: `safe` is the explicit
+/// opt-out and the others are already escaped. A template may switch modes with
+/// `{% autoescape %}`; the built-in html/json/none modes then behave as in minijinja.
+pub(crate) fn format(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
+    let mode = match state.auto_escape() {
+        AutoEscape::Custom(tag) => match Escape::from_tag(tag) {
+            Some(mode) => mode,
+            None => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("unknown escaping mode `{tag}`"),
+                ));
+            }
+        },
+        _ => return minijinja::escape_formatter(out, state, value),
+    };
+    if value.is_safe() {
+        // A safe value is always a string.
+        return out
+            .write_str(value.as_str().unwrap_or_default())
+            .map_err(Error::from);
+    }
+    let written = match value.as_str() {
+        Some(s) => mode.write_escaped(out, s),
+        None => mode.write_escaped(out, &value.to_string()),
+    };
+    written.map_err(Error::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn esc(mode: Escape, s: &str) -> String {
+        let mut out = String::new();
+        mode.write_escaped(&mut out, s).unwrap();
+        out
+    }
+
+    #[test]
+    fn tags_round_trip() {
+        for e in Escape::ALL {
+            assert_eq!(Escape::from_tag(e.tag()), Some(e));
+        }
+    }
+
+    #[test]
+    fn raw_and_redis_key_leave_everything() {
+        let hostile = "*?[]\\ @all <!channel> ../%#&";
+        assert_eq!(esc(Escape::Raw, hostile), hostile);
+        assert_eq!(esc(Escape::RedisKey, hostile), hostile);
+    }
+
+    #[test]
+    fn glob_escapes_redis_glob_metacharacters() {
+        assert_eq!(esc(Escape::Glob, "a*b?c[d]e\\f"), "a\\*b\\?c\\[d\\]e\\\\f");
+        assert_eq!(esc(Escape::Glob, "^-!{}"), "^-!{}");
+    }
+
+    #[test]
+    fn url_encodes_all_but_unreserved() {
+        assert_eq!(esc(Escape::Url, "a/../b?x=1#"), "a%2F..%2Fb%3Fx%3D1%23");
+        assert_eq!(esc(Escape::Url, "100% & more"), "100%25%20%26%20more");
+        assert_eq!(esc(Escape::Url, "AZaz09-._~"), "AZaz09-._~");
+        assert_eq!(esc(Escape::Url, "é"), "%C3%A9");
+        assert_eq!(esc(Escape::Url, "\u{F7FF}"), "%FF");
+    }
+
+    #[test]
+    fn slack_escapes_control_sequences() {
+        assert_eq!(esc(Escape::Slack, "<!channel>"), "&lt;!channel&gt;");
+        assert_eq!(esc(Escape::Slack, "<@U123>"), "&lt;@U123&gt;");
+        assert_eq!(esc(Escape::Slack, "a&b"), "a&amp;b");
+        assert_eq!(esc(Escape::Slack, "*bold* _x_"), "*bold* _x_");
+    }
+
+    #[test]
+    fn text_neutralises_mentions() {
+        assert_eq!(esc(Escape::Text, "@all"), "@\u{200B}all");
+        assert_eq!(esc(Escape::Text, "@13800000000"), "@\u{200B}13800000000");
+        assert_eq!(
+            esc(Escape::Text, "<at user_id=\"all\">x</at>"),
+            "<\u{200B}at user_id=\"all\">x<\u{200B}/at>"
+        );
+        assert_eq!(esc(Escape::Text, "<@U123>"), "<\u{200B}@\u{200B}U123>");
+        assert_eq!(esc(Escape::Text, "*_[]()#>`"), "*_[]()#>`");
+    }
+
+    #[test]
+    fn markdown_escapes_metacharacters_and_mentions() {
+        assert_eq!(
+            esc(Escape::Markdown, "*_[]()#>`~|\\"),
+            "\\*\\_\\[\\]\\(\\)\\#\\>\\`\\~\\|\\\\"
+        );
+        assert_eq!(
+            esc(Escape::Markdown, "[click](http://evil)"),
+            "\\[click\\]\\(http://evil\\)"
+        );
+        assert_eq!(esc(Escape::Markdown, "@all"), "@\u{200B}all");
+        assert_eq!(
+            esc(Escape::Markdown, "<at user_id=\"all\">"),
+            "<\u{200B}at user\\_id=\"all\"\\>"
+        );
+    }
+}

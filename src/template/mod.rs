@@ -1,0 +1,206 @@
+//! Jinja templates (minijinja) rendered strictly, with every interpolated value escaped for the
+//! place the output goes, so untrusted key text can never widen an action (SPEC §2).
+//!
+//! # Layout
+//!
+//! - [`bytestr`]: keys as minijinja strings without losing a byte (non-UTF-8 keys).
+//! - [`escape`]: the escaping modes and the formatter that applies them to `{{ … }}`.
+//! - [`context`]: the names a template can read, built once per event.
+//!
+//! One [`TemplateSet`] holds every template of a rule set in one minijinja environment, compiled
+//! once at load; a render only looks the template up and runs it.
+
+mod bytestr;
+mod context;
+mod escape;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use minijinja::{AutoEscape, Environment, UndefinedBehavior};
+
+pub use context::{CONTEXT_NAMES, Context, human_duration};
+pub use escape::Escape;
+
+/// A template of a [`TemplateSet`]; only meaningful for the set that returned it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TemplateId(u32);
+
+/// A template that does not compile or does not render.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct TemplateError {
+    pub message: String,
+    /// 1-based line within the template source, when minijinja knows it.
+    pub line: Option<usize>,
+}
+
+#[derive(Clone)]
+struct Entry {
+    /// As the user wrote it, for `source()` and error snippets.
+    source: String,
+    escape: Escape,
+    /// The name in the environment: `{index}.{escape tag}`.
+    name: String,
+}
+
+/// Every template of a rule set, compiled once.
+#[derive(Clone)]
+pub struct TemplateSet {
+    env: Environment<'static>,
+    entries: Vec<Entry>,
+}
+
+impl Default for TemplateSet {
+    fn default() -> TemplateSet {
+        TemplateSet::new()
+    }
+}
+
+impl fmt::Debug for TemplateSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.entries.iter().map(|e| (e.escape, &e.source)))
+            .finish()
+    }
+}
+
+impl TemplateSet {
+    pub fn new() -> TemplateSet {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_formatter(escape::format);
+        context::add_sample_aware_filters(&mut env);
+        // Undefined-value errors name the variable only with debug info; `check` needs the name
+        // in release builds too, and the cost is paid only when a render fails.
+        env.set_debug(true);
+        // The escaping mode travels in the template's name, the only thing this callback sees.
+        env.set_auto_escape_callback(|name| {
+            match name
+                .rsplit_once('.')
+                .and_then(|(_, tag)| Escape::from_tag(tag))
+            {
+                Some(mode) => AutoEscape::Custom(mode.tag().into()),
+                None => AutoEscape::None,
+            }
+        });
+        // Exact modes reproduce the literal text exactly, trailing newline included.
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .keep_trailing_newline(true)
+            .build();
+        if let Ok(syntax) = syntax {
+            env.set_syntax(syntax);
+        }
+        TemplateSet {
+            env,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Compiles `source` now, so syntax errors surface at load with their line.
+    pub fn add(&mut self, source: &str, escape: Escape) -> Result<TemplateId, TemplateError> {
+        let index = u32::try_from(self.entries.len()).map_err(|_| TemplateError {
+            message: "too many templates".to_owned(),
+            line: None,
+        })?;
+        let name = format!("{index}.{}", escape.tag());
+        let encoded = bytestr::encode_str(source).into_owned();
+        self.env
+            .add_template_owned(name.clone(), encoded)
+            .map_err(|e| convert_error(&e, source))?;
+        self.entries.push(Entry {
+            source: source.to_owned(),
+            escape,
+            name,
+        });
+        Ok(TemplateId(index))
+    }
+
+    /// # Panics
+    /// If `id` comes from another set.
+    pub fn source(&self, id: TemplateId) -> &str {
+        &self.entry(id).source
+    }
+
+    /// # Panics
+    /// If `id` comes from another set.
+    pub fn escape(&self, id: TemplateId) -> Escape {
+        self.entry(id).escape
+    }
+
+    /// Top-level names the template reads from its context, for checking them against the
+    /// rule's captures and [`CONTEXT_NAMES`].
+    pub fn variables(&self, id: TemplateId) -> BTreeSet<String> {
+        match self.env.get_template(&self.entry(id).name) {
+            Ok(t) => t.undeclared_variables(false).into_iter().collect(),
+            Err(_) => BTreeSet::new(),
+        }
+    }
+
+    /// The exact bytes, for Redis keys and fields, argv, URLs and globs: a non-UTF-8 key comes
+    /// out byte for byte.
+    pub fn render(&self, id: TemplateId, ctx: &Context) -> Result<Vec<u8>, TemplateError> {
+        let out = self.render_encoded(id, ctx)?;
+        Ok(match bytestr::decode(&out) {
+            std::borrow::Cow::Borrowed(_) => out.into_bytes(),
+            std::borrow::Cow::Owned(bytes) => bytes,
+        })
+    }
+
+    /// Text for people: bytes of a key that are not UTF-8 show as U+FFFD.
+    pub fn render_text(&self, id: TemplateId, ctx: &Context) -> Result<String, TemplateError> {
+        let out = self.render_encoded(id, ctx)?;
+        Ok(match bytestr::decode(&out) {
+            std::borrow::Cow::Borrowed(_) => out,
+            std::borrow::Cow::Owned(bytes) => match String::from_utf8(bytes) {
+                Ok(s) => s,
+                Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+            },
+        })
+    }
+
+    fn render_encoded(&self, id: TemplateId, ctx: &Context) -> Result<String, TemplateError> {
+        let entry = self.entry(id);
+        let template = self
+            .env
+            .get_template(&entry.name)
+            .map_err(|e| convert_error(&e, &entry.source))?;
+        template
+            .render(ctx.root().clone())
+            .map_err(|e| convert_error(&e, &entry.source))
+    }
+
+    fn entry(&self, id: TemplateId) -> &Entry {
+        &self.entries[id.0 as usize]
+    }
+}
+
+/// minijinja's error as one line for `FILE:LINE:COLUMN: message`: its kind and detail, the
+/// failing expression quoted when minijinja points at one and the detail does not already quote
+/// it, and the underlying cause. The template's internal name (`3.glob`) means nothing to users
+/// and is left out.
+fn convert_error(err: &minijinja::Error, source: &str) -> TemplateError {
+    let mut message = match err.detail() {
+        Some(detail) => format!("{}: {detail}", err.kind()),
+        None => err.kind().to_string(),
+    };
+    let encoded = bytestr::encode_str(source);
+    if let Some(snippet) = err.range().and_then(|r| encoded.get(r)) {
+        let snippet = String::from_utf8_lossy(&bytestr::decode(snippet)).into_owned();
+        let quoted = format!("`{snippet}`");
+        if !snippet.is_empty() && !snippet.contains('\n') && !message.contains(&quoted) {
+            message.push_str(&format!(" in {quoted}"));
+        }
+    }
+    let mut cause = std::error::Error::source(err);
+    while let Some(c) = cause {
+        message.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    TemplateError {
+        message,
+        line: err.line(),
+    }
+}
