@@ -1,1 +1,286 @@
-//! (being written)
+//! `keywatch explain`: which rules match a key, and every action they would run, rendered.
+//!
+//! Sends nothing and touches no Redis: it renders with the key's real captures and a stand-in
+//! for the `detail` value (which only exists in Redis at event time). Secrets are masked.
+
+use std::ffi::OsStr;
+use std::fmt::Write;
+
+use chrono::Utc;
+
+use crate::config::{ChannelKind, Config, DetailSource, Rule};
+use crate::event::{EventKind, KeyEvent};
+use crate::template::{Context, TemplateId};
+
+pub struct Explanation {
+    pub text: String,
+    /// Some rule fires for this key and event.
+    pub matched: bool,
+}
+
+/// The key as bytes: argv bytes as given, with `\xNN` escapes decoded so keys that are not UTF-8
+/// can be typed.
+pub fn key_bytes(arg: &OsStr) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let raw = arg.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'\\'
+            && raw.get(i + 1) == Some(&b'x')
+            && let Some(hex) = raw.get(i + 2..i + 4)
+            && let Ok(b) = u8::from_str_radix(&String::from_utf8_lossy(hex), 16)
+        {
+            out.push(b);
+            i += 4;
+            continue;
+        }
+        out.push(raw[i]);
+        i += 1;
+    }
+    out
+}
+
+/// Headers whose values are credentials, masked in explanations.
+fn sensitive_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "authorization",
+        "cookie",
+        "token",
+        "secret",
+        "key",
+        "auth",
+        "password",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
+}
+
+pub fn explain(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Explanation {
+    let mut out = String::new();
+    let shown = String::from_utf8_lossy(key);
+    let _ = writeln!(out, "key {:?} (db {db}, event {kind})", shown);
+    if key.starts_with(config.state.prefix.as_bytes()) {
+        let _ = writeln!(
+            out,
+            "this key is under `state.prefix` ({:?}): it is keywatch's own and never matched",
+            config.state.prefix
+        );
+        return Explanation {
+            text: out,
+            matched: false,
+        };
+    }
+    let mut idx = Vec::new();
+    config.matching_rules(key, &mut idx);
+    if idx.is_empty() {
+        let _ = writeln!(out, "no rule matches this key");
+        return Explanation {
+            text: out,
+            matched: false,
+        };
+    }
+    let mut fired = false;
+    for i in idx {
+        let rule = &config.rules[i];
+        let _ = writeln!(out, "\nrule {} ({})", rule.name, rule.loc);
+        let _ = writeln!(out, "  pattern: {}", rule.pattern.source());
+        if !rule.fires_on(kind, db) {
+            let dbs = rule
+                .db
+                .as_ref()
+                .map(|d| format!(" in db {d:?}"))
+                .unwrap_or_default();
+            let on: Vec<&str> = rule.on.iter().map(|k| k.as_str()).collect();
+            let _ = writeln!(
+                out,
+                "  matches the key, but fires only on [{}]{dbs}: nothing runs for `{kind}` in db {db}",
+                on.join(", ")
+            );
+            continue;
+        }
+        fired = true;
+        let captures = rule.pattern.captures(key).unwrap_or_default();
+        for (name, value) in rule.pattern.capture_names().iter().zip(&captures) {
+            let _ = writeln!(
+                out,
+                "  capture {name} = {:?}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        explain_rule(config, rule, key, kind, db, &captures, &mut out);
+    }
+    Explanation {
+        text: out,
+        matched: fired,
+    }
+}
+
+fn explain_rule(
+    config: &Config,
+    rule: &Rule,
+    key: &[u8],
+    kind: EventKind,
+    db: u32,
+    captures: &[Vec<u8>],
+    out: &mut String,
+) {
+    let now = Utc::now();
+    let ttl_ms =
+        (kind == EventKind::Expiring).then(|| rule.warn_before.map_or(0, |w| w.as_millis() as i64));
+    let event = KeyEvent {
+        kind,
+        db,
+        key: key.to_vec(),
+        observed_at: now,
+        deadline: ttl_ms.map(|ms| now + chrono::Duration::milliseconds(ms)),
+        ttl_ms,
+        recovered: false,
+        source: "explain".into(),
+    };
+    let ctx = Context::for_event(
+        &rule.name,
+        &event,
+        rule.pattern.capture_names(),
+        captures,
+        None,
+    )
+    .with_sample_detail();
+    let t = &config.templates;
+    let render = |id: TemplateId| -> String {
+        match t.render(id, &ctx) {
+            Ok(b) => format!("{:?}", String::from_utf8_lossy(&b)),
+            Err(e) => format!("<fails: {}>", e.message),
+        }
+    };
+    let text = |id: TemplateId| -> String {
+        match t.render_text(id, &ctx) {
+            Ok(s) => s,
+            Err(e) => format!("<fails: {}>", e.message),
+        }
+    };
+
+    if let Some(d) = &rule.detail {
+        let remove = if d.remove {
+            ", then removed once the jobs are stored"
+        } else {
+            ""
+        };
+        match &d.source {
+            DetailSource::Hash { key, field } => {
+                let _ = writeln!(
+                    out,
+                    "  1. detail: HGET {} {}{remove}",
+                    render(*key),
+                    render(*field)
+                );
+            }
+            DetailSource::Key { key } => {
+                let _ = writeln!(out, "  1. detail: GET {}{remove}", render(*key));
+            }
+        }
+        let _ = writeln!(
+            out,
+            "     (`detail` is shown as <detail> below: its value exists only in Redis)"
+        );
+    }
+    if let Some(r) = &rule.reload {
+        let _ = writeln!(
+            out,
+            "  2. reload: {} {} (timeout {})",
+            r.method,
+            text(r.url),
+            humantime::format_duration(r.timeout)
+        );
+        for (name, id) in &r.headers {
+            let v = if sensitive_header(name) {
+                "<secret>".to_string()
+            } else {
+                text(*id)
+            };
+            let _ = writeln!(out, "     header {name}: {v}");
+        }
+        if let Some(b) = r.body {
+            let _ = writeln!(out, "     body: {}", text(b));
+        }
+    }
+    if let Some(e) = &rule.exec {
+        let args: Vec<String> = e.command.iter().map(|id| render(*id)).collect();
+        let _ = writeln!(
+            out,
+            "  3. exec: [{}] (no shell, timeout {})",
+            args.join(", "),
+            humantime::format_duration(e.timeout)
+        );
+    }
+    if let Some(c) = &rule.cleanup {
+        for id in &c.delete {
+            let _ = writeln!(out, "  4. cleanup: SCAN MATCH {} + UNLINK", render(*id));
+        }
+        for h in &c.hdel {
+            let _ = writeln!(
+                out,
+                "  4. cleanup: HDEL {} {}",
+                render(h.key),
+                render(h.field)
+            );
+        }
+    }
+    if let Some(n) = &rule.notify {
+        if let Some(g) = &n.group {
+            let _ = writeln!(
+                out,
+                "  5. notify (as a digest: one message per {} with up to {} items)",
+                humantime::format_duration(g.window),
+                g.max_items
+            );
+        }
+        for name in &n.to {
+            let Some(ch) = config.channel(name) else {
+                continue;
+            };
+            let target = match &ch.kind {
+                ChannelKind::Log => "the log".to_string(),
+                k => k.url().map(|u| u.redacted_url()).unwrap_or_default(),
+            };
+            let rate = ch.rate.map(|r| format!(", rate {r}")).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  5. notify {name} ({} → {target}{rate})",
+                ch.kind.type_name()
+            );
+            let escape = ch.escape();
+            if let Some(id) = n.title.get(escape) {
+                let _ = writeln!(out, "     title: {}", text(id));
+            }
+            if let Some(id) = n.message.get(escape) {
+                let body = text(id);
+                let body = match &ch.keyword {
+                    Some(k) if !body.contains(k.as_str()) => format!("{k} {body}"),
+                    _ => body,
+                };
+                for (i, line) in body.lines().enumerate() {
+                    let lead = if i == 0 {
+                        "     message: "
+                    } else {
+                        "              "
+                    };
+                    let _ = writeln!(out, "{lead}{line}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_escapes_give_raw_bytes() {
+        assert_eq!(key_bytes(OsStr::new("a\\xffb")), b"a\xffb");
+        assert_eq!(key_bytes(OsStr::new("a\\xzz")), b"a\\xzz");
+        assert_eq!(key_bytes(OsStr::new("plain:1")), b"plain:1");
+    }
+}

@@ -141,6 +141,17 @@ impl Context {
         self
     }
 
+    /// Replaces `detail` with the stand-in `sample()` uses, for `keywatch explain`: the real
+    /// detail exists only in Redis at event time.
+    pub fn with_sample_detail(mut self) -> Context {
+        self.vars.insert(
+            "detail".to_owned(),
+            Value::from_object(SampleDetail { depth: 0 }),
+        );
+        self.root = Value::from(self.vars.clone());
+        self
+    }
+
     pub(crate) fn root(&self) -> &Value {
         &self.root
     }

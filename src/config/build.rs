@@ -1,0 +1,662 @@
+//! The second pass: drafts from every file → one validated [`Config`].
+//!
+//! Runs while every value still knows its place, so meaning-level problems (an unknown channel,
+//! a template that reads a name the pattern does not capture, `expiring` without `warn_before`)
+//! are reported at the line of the offending value, all of them in one run.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::event::EventKind;
+use crate::matcher::Matcher;
+use crate::pattern::Pattern;
+use crate::template::{CONTEXT_NAMES, Context, Escape, TemplateId, TemplateSet};
+
+use super::channels::{ChannelDraft, check_http_url};
+use super::decode::{Decoder, Text};
+use super::diagnostic::did_you_mean;
+use super::model::*;
+use super::rules::{PatternSrc, RuleDraft};
+use super::sections::{RedisDraft, ScannerDraft, StateDraft};
+
+/// Everything read from all files, before meaning is checked.
+#[derive(Default)]
+pub struct Drafts {
+    pub redis: RedisDraft,
+    pub state: StateDraft,
+    pub scanner: ScannerDraft,
+    pub channels: Vec<ChannelDraft>,
+    /// Every channel name defined, including channels whose definition had errors: a rule
+    /// naming one of those must not get a second, misleading "unknown channel".
+    pub channel_names: Vec<String>,
+    pub rules: Vec<RuleDraft>,
+}
+
+/// The default message of SPEC §2, with the TTL for `expiring`.
+pub const DEFAULT_MESSAGE: &str =
+    "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}){% endif %}";
+pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";
+
+/// Builds the config; `None` when any error was reported (the diagnostics say why).
+pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option<Config> {
+    let redis = redis_settings(d, drafts.redis);
+    let state = StateSettings {
+        prefix: drafts
+            .state
+            .prefix
+            .map(|f| f.value.value)
+            .unwrap_or_else(|| "keywatch:".into()),
+        url: drafts.state.url.map(|f| Secret::new(f.value.value)),
+    };
+    let mut templates = TemplateSet::new();
+
+    let mut channels = Vec::new();
+    for ChannelDraft { mut channel, body } in drafts.channels {
+        if let (ChannelKind::Webhook(w), Some(body)) = (&mut channel.kind, body) {
+            let check = TemplateCheck {
+                rule: "send-test",
+                captures: &[],
+                kinds: &[EventKind::Expired],
+                digest: false,
+                pattern: "",
+                has_detail: false,
+                has_group: false,
+            };
+            w.body = compile(
+                d,
+                &mut templates,
+                &body,
+                Escape::Raw,
+                &format!("channel `{}` `body`", channel.name),
+                &check,
+            );
+        }
+        channels.push(channel);
+    }
+
+    let mut rules = Vec::new();
+    for draft in drafts.rules {
+        if let Some(rule) = build_rule(
+            d,
+            &mut templates,
+            &channels,
+            &drafts.channel_names,
+            &redis,
+            draft,
+        ) {
+            rules.push(rule);
+        }
+    }
+    warn_cleanup_overlaps(d, &rules, &templates);
+
+    let wants_scanner = rules.iter().any(|r| r.on.contains(&EventKind::Expiring));
+    let scanner = scanner_settings(drafts.scanner, wants_scanner);
+
+    if d.diags.has_errors() {
+        return None;
+    }
+    let patterns: Vec<Pattern> = rules.iter().map(|r| r.pattern.clone()).collect();
+    let matcher = Matcher::new(&patterns);
+    Some(Config {
+        files,
+        redis,
+        state,
+        channels,
+        rules,
+        scanner,
+        templates,
+        matcher,
+    })
+}
+
+fn redis_settings(d: &mut Decoder<'_>, r: RedisDraft) -> RedisSettings {
+    let cluster = r.cluster.as_ref().is_some_and(|f| f.value);
+    let databases = r
+        .databases
+        .as_ref()
+        .map(|f| f.value.clone())
+        .unwrap_or_else(|| vec![0]);
+    if cluster
+        && databases != [0]
+        && let Some(f) = &r.databases
+    {
+        d.error(
+            &f.loc,
+            "a Redis Cluster has only database 0: remove `redis.databases` or set it to `[0]`",
+        );
+    }
+    RedisSettings {
+        url: r.url.map(|f| Secret::new(f.value.value)),
+        cluster,
+        databases,
+        notifications: r
+            .notifications
+            .map(|f| f.value)
+            .unwrap_or(Notifications::Check),
+        tls: r.tls.map(|f| f.value),
+        username: r.username.map(|f| f.value.value),
+        password: r.password.map(|f| Secret::new(f.value.value)),
+    }
+}
+
+fn scanner_settings(s: ScannerDraft, wanted: bool) -> Option<ScannerSettings> {
+    if s.loc.is_none() && !wanted {
+        return None;
+    }
+    let (schedule_text, schedule) = s
+        .schedule
+        .map(|f| f.value)
+        .unwrap_or_else(|| ("@every 1m".into(), Schedule::Every(Duration::from_secs(60))));
+    Some(ScannerSettings {
+        schedule_text,
+        schedule,
+        timezone: s.timezone.map(|f| f.value).unwrap_or(chrono_tz::UTC),
+        max_keys_per_second: s.max_keys_per_second.map(|f| f.value).unwrap_or(50_000),
+    })
+}
+
+/// What a rule's templates may read, and what `check` renders them against.
+#[derive(Clone, Copy)]
+struct TemplateCheck<'a> {
+    rule: &'a str,
+    captures: &'a [String],
+    kinds: &'a [EventKind],
+    /// Rendered for digests too (`count` and `events` defined).
+    digest: bool,
+    pattern: &'a str,
+    /// The rule reads a `detail`, so templates may use it.
+    has_detail: bool,
+    /// The rule sends digests (`notify.group`).
+    has_group: bool,
+}
+
+/// Compiles one template, checks the names it reads, and renders it once per event kind of the
+/// rule against sample values, strictly: what would fail at run time fails here.
+fn compile(
+    d: &mut Decoder<'_>,
+    templates: &mut TemplateSet,
+    text: &Text,
+    escape: Escape,
+    what: &str,
+    check: &TemplateCheck<'_>,
+) -> Option<TemplateId> {
+    let id = match templates.add(&text.value, escape) {
+        Ok(id) => id,
+        Err(e) => {
+            let mut loc = text.loc.clone();
+            if let Some(line) = e.line.filter(|l| *l > 1) {
+                loc.line += line - 1;
+            }
+            d.error(&loc, format!("{what}: invalid template: {}", e.message));
+            return None;
+        }
+    };
+    let mut ok = true;
+    for var in templates.variables(id) {
+        if (var == "count" || var == "events") && !check.digest {
+            ok = false;
+            let hint = if check.has_group {
+                "it is set in `notify.title` of digests, not in per-event messages"
+            } else {
+                "it is set only in digest titles: add `notify.group` and use it in `notify.title`"
+            };
+            d.error(&text.loc, format!("{what} uses `{var}`, but {hint}"));
+            continue;
+        }
+        if var == "detail" && !check.has_detail {
+            ok = false;
+            d.error(&text.loc, format!("{what} uses `detail`, but the rule has no `detail` step to read it (add e.g. `detail: {{ hash: \"...\", field: \"{{{{ id }}}}\" }}`)"));
+            continue;
+        }
+        if CONTEXT_NAMES.contains(&var.as_str()) || check.captures.contains(&var) {
+            continue;
+        }
+        ok = false;
+        let mut known: Vec<&str> = CONTEXT_NAMES.to_vec();
+        known.extend(check.captures.iter().map(String::as_str));
+        let why = if check.pattern.is_empty() {
+            "it is not a context name".to_string()
+        } else {
+            format!(
+                "the pattern `{}` does not capture it and it is not a context name",
+                check.pattern
+            )
+        };
+        d.error(
+            &text.loc,
+            format!(
+                "{what} uses `{var}`, but {why}{}",
+                did_you_mean(&var, known)
+            ),
+        );
+    }
+    if !ok {
+        return None;
+    }
+    for &kind in check.kinds {
+        let mut ctx = Context::sample(check.rule, kind, check.captures);
+        if check.digest {
+            ctx = ctx.with_digest(2, Vec::new());
+        }
+        if let Err(e) = templates.render(id, &ctx) {
+            d.error(
+                &text.loc,
+                format!("{what} fails to render for `{kind}` events: {}", e.message),
+            );
+            return None;
+        }
+    }
+    Some(id)
+}
+
+fn build_rule(
+    d: &mut Decoder<'_>,
+    templates: &mut TemplateSet,
+    channels: &[Channel],
+    channel_names: &[String],
+    redis: &RedisSettings,
+    r: RuleDraft,
+) -> Option<Rule> {
+    let what = format!("rule `{}`", r.name.value);
+    let (src, parsed) = match &r.pattern {
+        PatternSrc::Match(t) => (t, Pattern::parse(&t.value)),
+        PatternSrc::Regex(t) => (t, Pattern::from_regex(&t.value)),
+    };
+    let pattern = match parsed {
+        Ok(p) => Some(p),
+        Err(e) => {
+            let field = if matches!(r.pattern, PatternSrc::Match(_)) {
+                "match"
+            } else {
+                "regex"
+            };
+            d.error(
+                &src.at(e.offset),
+                format!("{what} `{field}`: {}", e.message),
+            );
+            None
+        }
+    };
+    let captures: Vec<String> = pattern
+        .as_ref()
+        .map(|p| p.capture_names().to_vec())
+        .unwrap_or_default();
+    for name in &captures {
+        if CONTEXT_NAMES.contains(&name.as_str()) {
+            let at = src
+                .value
+                .find(&format!("{{{name}}}"))
+                .or_else(|| src.value.find(&format!("<{name}>")))
+                .unwrap_or(0);
+            d.error(
+                &src.at(at),
+                format!("{what}: the capture `{name}` shadows the context name `{name}`; rename it (e.g. `{name}_id`)"),
+            );
+        }
+    }
+
+    let expiring = r.on.contains(&EventKind::Expiring);
+    match (&r.warn_before, expiring) {
+        (None, true) => d.error(&r.on_loc, format!("{what}: `on: [expiring]` needs `warn_before` (how long before the deadline to warn, e.g. `warn_before: 7d`)")),
+        (Some(w), false) => d.warning(&w.loc, format!("{what}: `warn_before` has no effect without `expiring` in `on`")),
+        _ => {}
+    }
+    if let Some(dbs) = &r.db {
+        for db in &dbs.value {
+            if !redis.databases.contains(db) {
+                d.error(&dbs.loc, format!("{what}: database {db} is not watched; add it to `redis.databases` (now {:?})", redis.databases));
+            }
+        }
+    }
+
+    let check = TemplateCheck {
+        rule: &r.name.value,
+        captures: &captures,
+        kinds: &r.on,
+        digest: false,
+        pattern: &src.value,
+        has_detail: r.detail.is_some(),
+        has_group: r.notify.as_ref().is_some_and(|n| n.group.is_some()),
+    };
+
+    let detail = r.detail.as_ref().and_then(|dd| {
+        let source = match (&dd.hash, &dd.field, &dd.key) {
+            (Some(h), Some(f), None) => {
+                let key = compile(
+                    d,
+                    templates,
+                    h,
+                    Escape::RedisKey,
+                    &format!("{what} `detail.hash`"),
+                    &check,
+                );
+                let field = compile(
+                    d,
+                    templates,
+                    f,
+                    Escape::RedisKey,
+                    &format!("{what} `detail.field`"),
+                    &check,
+                );
+                DetailSource::Hash {
+                    key: key?,
+                    field: field?,
+                }
+            }
+            (None, None, Some(k)) => DetailSource::Key {
+                key: compile(
+                    d,
+                    templates,
+                    k,
+                    Escape::RedisKey,
+                    &format!("{what} `detail.key`"),
+                    &check,
+                )?,
+            },
+            _ => return None,
+        };
+        Some(DetailStep {
+            source,
+            remove: dd.remove,
+        })
+    });
+
+    let reload = r.reload.as_ref().and_then(|rd| {
+        let url = compile(
+            d,
+            templates,
+            &rd.url,
+            Escape::Url,
+            &format!("{what} `reload.url`"),
+            &check,
+        );
+        if let Some(id) = url
+            && !rd.url.unresolved
+        {
+            let sample = Context::sample(&r.name.value, r.on[0], &captures);
+            if let Ok(bytes) = templates.render(id, &sample) {
+                check_http_url(
+                    d,
+                    &String::from_utf8_lossy(&bytes),
+                    &rd.url.loc,
+                    &format!("{what} `reload.url`"),
+                    "reload",
+                );
+            }
+        }
+        let headers: Vec<(String, TemplateId)> = rd
+            .headers
+            .iter()
+            .filter_map(|(k, v)| {
+                compile(
+                    d,
+                    templates,
+                    v,
+                    Escape::Raw,
+                    &format!("{what} `reload.headers.{}`", k.value),
+                    &check,
+                )
+                .map(|id| (k.value.clone(), id))
+            })
+            .collect();
+        let body = match &rd.body {
+            Some(b) => Some(compile(
+                d,
+                templates,
+                b,
+                Escape::Raw,
+                &format!("{what} `reload.body`"),
+                &check,
+            )?),
+            None => None,
+        };
+        Some(ReloadStep {
+            url: url?,
+            method: rd.method.value.clone(),
+            headers,
+            body,
+            timeout: rd.timeout,
+        })
+    });
+
+    let exec = r.exec.as_ref().and_then(|ed| {
+        let command: Vec<Option<TemplateId>> = ed
+            .command
+            .iter()
+            .map(|a| {
+                compile(
+                    d,
+                    templates,
+                    a,
+                    Escape::RedisKey,
+                    &format!("{what} `exec.command`"),
+                    &check,
+                )
+            })
+            .collect();
+        Some(ExecStep {
+            command: command.into_iter().collect::<Option<Vec<_>>>()?,
+            timeout: ed.timeout,
+        })
+    });
+
+    let cleanup = r.cleanup.as_ref().and_then(|cd| {
+        let delete: Vec<Option<TemplateId>> = cd
+            .delete
+            .iter()
+            .map(|p| {
+                compile(
+                    d,
+                    templates,
+                    p,
+                    Escape::Glob,
+                    &format!("{what} `cleanup.delete`"),
+                    &check,
+                )
+            })
+            .collect();
+        let hdel: Vec<Option<HdelTarget>> = cd
+            .hdel
+            .iter()
+            .map(|(k, f)| {
+                let key = compile(
+                    d,
+                    templates,
+                    k,
+                    Escape::RedisKey,
+                    &format!("{what} `cleanup.hdel.key`"),
+                    &check,
+                );
+                let field = compile(
+                    d,
+                    templates,
+                    f,
+                    Escape::RedisKey,
+                    &format!("{what} `cleanup.hdel.field`"),
+                    &check,
+                );
+                Some(HdelTarget {
+                    key: key?,
+                    field: field?,
+                })
+            })
+            .collect();
+        Some(CleanupStep {
+            delete: delete.into_iter().collect::<Option<Vec<_>>>()?,
+            hdel: hdel.into_iter().collect::<Option<Vec<_>>>()?,
+        })
+    });
+
+    let notify = r.notify.as_ref().and_then(|nd| {
+        let mut escapes: Vec<Escape> = Vec::new();
+        let mut to = Vec::new();
+        for name in &nd.to {
+            match channels.iter().find(|c| c.name == name.value) {
+                Some(c) => {
+                    if !escapes.contains(&c.escape()) {
+                        escapes.push(c.escape());
+                    }
+                    to.push(name.value.clone());
+                }
+                // Defined, but its definition had errors (already reported).
+                None if channel_names.contains(&name.value) => {}
+                None => d.error(
+                    &name.loc,
+                    format!(
+                        "{what} `notify.to`: unknown channel `{}`{}",
+                        name.value,
+                        match did_you_mean(&name.value, channels.iter().map(|c| c.name.as_str())) {
+                            s if s.is_empty() => format!(
+                                "; define it under `channels` (known: {})",
+                                channel_list(channels)
+                            ),
+                            s => s,
+                        }
+                    ),
+                ),
+            }
+        }
+        if nd.to.is_empty() {
+            d.error(&nd.loc, format!("{what} `notify.to` names no channel"));
+        }
+        let default_message = Text {
+            value: DEFAULT_MESSAGE.into(),
+            loc: nd.loc.clone(),
+            unresolved: false,
+            quoted: false,
+        };
+        let default_title = Text {
+            value: DEFAULT_TITLE.into(),
+            ..default_message.clone()
+        };
+        let message_src = nd.message.as_ref().unwrap_or(&default_message);
+        let title_src = nd.title.as_ref().unwrap_or(&default_title);
+        let title_check = TemplateCheck {
+            digest: nd.group.is_some(),
+            ..check
+        };
+        let mut message = Vec::new();
+        let mut title = Vec::new();
+        for &e in &escapes {
+            message.push((
+                e,
+                compile(
+                    d,
+                    templates,
+                    message_src,
+                    e,
+                    &format!("{what} `notify.message`"),
+                    &check,
+                )?,
+            ));
+            // With `group` every message is a digest, so the title is rendered for digests only.
+            title.push((
+                e,
+                compile(
+                    d,
+                    templates,
+                    title_src,
+                    e,
+                    &format!("{what} `notify.title`"),
+                    &title_check,
+                )?,
+            ));
+        }
+        Some(NotifyStep {
+            to,
+            title: PerEscape(title),
+            message: PerEscape(message),
+            group: nd.group,
+        })
+    });
+
+    if r.detail.is_some()
+        && r.reload.is_none()
+        && r.exec.is_none()
+        && r.cleanup.is_none()
+        && r.notify.is_none()
+    {
+        d.error(&r.name.loc, format!("{what} fetches a `detail` but has no action to use it: add `notify`, `reload`, `exec` or `cleanup`"));
+    } else if r.reload.is_none() && r.exec.is_none() && r.cleanup.is_none() && r.notify.is_none() {
+        d.error(
+            &r.name.loc,
+            format!(
+                "{what} has no action: add at least one of `notify`, `reload`, `exec`, `cleanup`"
+            ),
+        );
+    }
+
+    Some(Rule {
+        name: r.name.value.clone(),
+        loc: r.loc.clone(),
+        pattern: pattern?,
+        on: r.on.clone(),
+        db: r.db.as_ref().map(|s| s.value.clone()),
+        warn_before: r.warn_before.as_ref().map(|w| w.value),
+        detail: if r.detail.is_some() {
+            Some(detail?)
+        } else {
+            None
+        },
+        reload: if r.reload.is_some() {
+            Some(reload?)
+        } else {
+            None
+        },
+        exec: if r.exec.is_some() { Some(exec?) } else { None },
+        cleanup: if r.cleanup.is_some() {
+            Some(cleanup?)
+        } else {
+            None
+        },
+        notify: if r.notify.is_some() {
+            Some(notify?)
+        } else {
+            None
+        },
+    })
+}
+
+fn channel_list(channels: &[Channel]) -> String {
+    if channels.is_empty() {
+        return "none".into();
+    }
+    channels
+        .iter()
+        .map(|c| format!("`{}`", c.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// keywatch cannot tell its own deletions from others': a `cleanup` that deletes keys a
+/// `deleted` rule watches would make that rule fire on keywatch's own work.
+fn warn_cleanup_overlaps(d: &mut Decoder<'_>, rules: &[Rule], templates: &TemplateSet) {
+    for r in rules {
+        let Some(c) = &r.cleanup else { continue };
+        for &id in &c.delete {
+            let prefix = literal_prefix(templates.source(id));
+            for other in rules.iter().filter(|o| o.on.contains(&EventKind::Deleted)) {
+                let theirs = literal_prefix(&String::from_utf8_lossy(other.pattern.scan_glob()));
+                if prefix.starts_with(&theirs) || theirs.starts_with(&prefix) {
+                    d.warning(
+                        &r.loc,
+                        format!(
+                            "rule `{}`: `cleanup.delete` pattern `{}` may delete keys that rule `{}` watches for `deleted` events, and keywatch cannot tell its own deletions from others'",
+                            r.name,
+                            templates.source(id),
+                            other.name
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The text before the first template tag or wildcard.
+fn literal_prefix(s: &str) -> String {
+    let end = s
+        .find(['{', '*', '?', '[', '\\', '(', '^', '.', '$'])
+        .unwrap_or(s.len());
+    s[..end].to_string()
+}

@@ -1,0 +1,416 @@
+//! The validated rule set: what the rest of keywatch runs on.
+//!
+//! These types are built only by [`super::load`], after every check has passed, so the pipeline
+//! never re-validates: a `Rule` always has a compiled pattern, a known channel list and templates
+//! that rendered once against the rule's captures.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::event::EventKind;
+use crate::matcher::Matcher;
+use crate::pattern::Pattern;
+use crate::template::{Escape, TemplateId, TemplateSet};
+
+use super::diagnostic::Loc;
+
+/// A value that must never reach a log, `explain`, `doctor` or an error message.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Secret {
+        Secret(s.into())
+    }
+
+    /// The real value, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// A URL with everything that can carry a credential hidden: user info, path, query.
+    /// `https://oapi.dingtalk.com/robot/send?access_token=…` → `https://oapi.dingtalk.com/<secret>`.
+    pub fn redacted_url(&self) -> String {
+        match url::Url::parse(&self.0) {
+            Ok(u) => match u.host_str() {
+                Some(h) => match u.port() {
+                    Some(p) => format!("{}://{h}:{p}/<secret>", u.scheme()),
+                    None => format!("{}://{h}/<secret>", u.scheme()),
+                },
+                None => "<secret>".into(),
+            },
+            Err(_) => "<secret>".into(),
+        }
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+/// Everything loaded from the rule files.
+pub struct Config {
+    /// The rule files, in load order.
+    pub files: Vec<PathBuf>,
+    pub redis: RedisSettings,
+    pub state: StateSettings,
+    pub channels: Vec<Channel>,
+    pub rules: Vec<Rule>,
+    /// Present when a rule warns before expiry, or when the files configure it.
+    pub scanner: Option<ScannerSettings>,
+    pub templates: TemplateSet,
+    pub matcher: Matcher,
+}
+
+impl Config {
+    pub fn channel(&self, name: &str) -> Option<&Channel> {
+        self.channels.iter().find(|c| c.name == name)
+    }
+
+    pub fn rule(&self, name: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.name == name)
+    }
+
+    /// Indices of the rules whose pattern matches `key`, in file order. keywatch's own keys
+    /// (under `state.prefix`) never match.
+    pub fn matching_rules(&self, key: &[u8], out: &mut Vec<usize>) {
+        if key.starts_with(self.state.prefix.as_bytes()) {
+            out.clear();
+            return;
+        }
+        self.matcher.matching(key, out);
+    }
+
+    /// The rules that fire for `kind` in database `db` on `key`, with their captures.
+    pub fn rules_for(&self, kind: EventKind, db: u32, key: &[u8]) -> Vec<(usize, Vec<Vec<u8>>)> {
+        let mut idx = Vec::new();
+        self.matching_rules(key, &mut idx);
+        idx.into_iter()
+            .filter(|&i| self.rules[i].fires_on(kind, db))
+            .filter_map(|i| self.rules[i].pattern.captures(key).map(|c| (i, c)))
+            .collect()
+    }
+
+    /// The event kinds some rule reacts to.
+    pub fn event_kinds(&self) -> Vec<EventKind> {
+        let mut kinds: Vec<EventKind> = self
+            .rules
+            .iter()
+            .flat_map(|r| r.on.iter().copied())
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        kinds
+    }
+
+    /// The `notify-keyspace-events` letters the rules need (SPEC §2): `E` always, `x` for
+    /// expiries, `e` for evictions, `g` for deletions and for learning deadlines.
+    pub fn needed_notify_flags(&self) -> String {
+        let mut flags = String::from("E");
+        for k in self.event_kinds() {
+            if let Some(f) = k.notify_flag()
+                && !flags.contains(f)
+            {
+                flags.push(f);
+            }
+        }
+        flags
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notifications {
+    /// Refuse to start while a flag is missing, saying the exact fix.
+    Check,
+    /// Add missing flags with CONFIG SET, keeping those already set.
+    Enable,
+    /// Start anyway.
+    Ignore,
+}
+
+#[derive(Clone, Debug)]
+pub struct RedisSettings {
+    /// `redis.url` from the files; the CLI and `KEYWATCH_REDIS_URL` take precedence.
+    pub url: Option<Secret>,
+    pub cluster: bool,
+    pub databases: Vec<u32>,
+    pub notifications: Notifications,
+    pub tls: Option<TlsFiles>,
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct TlsFiles {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug)]
+pub struct StateSettings {
+    pub prefix: String,
+    pub url: Option<Secret>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Schedule {
+    Every(Duration),
+    Cron(Box<croner::Cron>),
+}
+
+#[derive(Clone, Debug)]
+pub struct ScannerSettings {
+    /// As written, for logs and the status page.
+    pub schedule_text: String,
+    pub schedule: Schedule,
+    pub timezone: chrono_tz::Tz,
+    pub max_keys_per_second: u64,
+}
+
+/// A token bucket: up to `burst` at once, refilled evenly over `per`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub burst: u32,
+    pub per: Duration,
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.burst, humantime::format_duration(self.per))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Channel {
+    pub name: String,
+    pub loc: Loc,
+    pub kind: ChannelKind,
+    /// `None`: no limit (webhooks and the log).
+    pub rate: Option<Rate>,
+    pub timeout: Duration,
+    /// Put in every message, for robots with keyword security.
+    pub keyword: Option<String>,
+}
+
+impl Channel {
+    /// How values are escaped in this channel's messages.
+    pub fn escape(&self) -> Escape {
+        self.kind.escape()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum ChannelKind {
+    DingTalk(DingTalk),
+    Slack(Slack),
+    Feishu(Feishu),
+    WeCom(WeCom),
+    Webhook(Webhook),
+    Log,
+}
+
+impl ChannelKind {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ChannelKind::DingTalk(_) => "dingtalk",
+            ChannelKind::Slack(_) => "slack",
+            ChannelKind::Feishu(_) => "feishu",
+            ChannelKind::WeCom(_) => "wecom",
+            ChannelKind::Webhook(_) => "webhook",
+            ChannelKind::Log => "log",
+        }
+    }
+
+    pub fn escape(&self) -> Escape {
+        match self {
+            ChannelKind::DingTalk(c) => c.msgtype.escape(),
+            ChannelKind::Feishu(c) => c.msgtype.escape(),
+            ChannelKind::WeCom(c) => c.msgtype.escape(),
+            ChannelKind::Slack(_) => Escape::Slack,
+            ChannelKind::Webhook(_) | ChannelKind::Log => Escape::Raw,
+        }
+    }
+
+    /// The secret URL, for channels that have one.
+    pub fn url(&self) -> Option<&Secret> {
+        match self {
+            ChannelKind::DingTalk(c) => Some(&c.url),
+            ChannelKind::Slack(c) => Some(&c.url),
+            ChannelKind::Feishu(c) => Some(&c.url),
+            ChannelKind::WeCom(c) => Some(&c.url),
+            ChannelKind::Webhook(c) => Some(&c.url),
+            ChannelKind::Log => None,
+        }
+    }
+}
+
+/// Text or Markdown messages for the chat robots that offer both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatFormat {
+    Text,
+    Markdown,
+}
+
+impl ChatFormat {
+    pub fn escape(self) -> Escape {
+        match self {
+            ChatFormat::Text => Escape::Text,
+            ChatFormat::Markdown => Escape::Markdown,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mention {
+    pub mobiles: Vec<String>,
+    pub user_ids: Vec<String>,
+    pub all: bool,
+}
+
+impl Mention {
+    pub fn is_empty(&self) -> bool {
+        self.mobiles.is_empty() && self.user_ids.is_empty() && !self.all
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DingTalk {
+    pub url: Secret,
+    pub secret: Option<Secret>,
+    pub mention: Mention,
+    pub msgtype: ChatFormat,
+}
+
+#[derive(Clone, Debug)]
+pub struct Slack {
+    pub url: Secret,
+}
+
+#[derive(Clone, Debug)]
+pub struct Feishu {
+    pub url: Secret,
+    pub secret: Option<Secret>,
+    pub mention: Mention,
+    pub msgtype: ChatFormat,
+}
+
+#[derive(Clone, Debug)]
+pub struct WeCom {
+    pub url: Secret,
+    pub mention: Mention,
+    pub msgtype: ChatFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WebhookFormat {
+    /// The event JSON of SPEC §4.
+    Keywatch,
+    /// Alertmanager's version-4 webhook JSON, so existing bridges work unchanged.
+    Alertmanager,
+}
+
+#[derive(Clone, Debug)]
+pub struct Webhook {
+    pub url: Secret,
+    pub headers: Vec<(String, Secret)>,
+    pub format: WebhookFormat,
+    /// A custom body template instead of the JSON of `format`.
+    pub body: Option<TemplateId>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub name: String,
+    pub loc: Loc,
+    pub pattern: Pattern,
+    pub on: Vec<EventKind>,
+    /// `None`: every watched database.
+    pub db: Option<Vec<u32>>,
+    pub warn_before: Option<Duration>,
+    pub detail: Option<DetailStep>,
+    pub reload: Option<ReloadStep>,
+    pub exec: Option<ExecStep>,
+    pub cleanup: Option<CleanupStep>,
+    pub notify: Option<NotifyStep>,
+}
+
+impl Rule {
+    pub fn fires_on(&self, kind: EventKind, db: u32) -> bool {
+        self.on.contains(&kind) && self.db.as_ref().is_none_or(|dbs| dbs.contains(&db))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum DetailSource {
+    Hash { key: TemplateId, field: TemplateId },
+    Key { key: TemplateId },
+}
+
+#[derive(Clone, Debug)]
+pub struct DetailStep {
+    pub source: DetailSource,
+    /// Delete the detail once the event's jobs are stored.
+    pub remove: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct ReloadStep {
+    pub url: TemplateId,
+    pub method: String,
+    pub headers: Vec<(String, TemplateId)>,
+    pub body: Option<TemplateId>,
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct ExecStep {
+    pub command: Vec<TemplateId>,
+    pub timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct HdelTarget {
+    pub key: TemplateId,
+    pub field: TemplateId,
+}
+
+#[derive(Clone, Debug)]
+pub struct CleanupStep {
+    pub delete: Vec<TemplateId>,
+    pub hdel: Vec<HdelTarget>,
+}
+
+/// One template compiled once per escaping its channels need.
+#[derive(Clone, Debug)]
+pub struct PerEscape(pub Vec<(Escape, TemplateId)>);
+
+impl PerEscape {
+    pub fn get(&self, escape: Escape) -> Option<TemplateId> {
+        self.0.iter().find(|(e, _)| *e == escape).map(|(_, t)| *t)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub window: Duration,
+    pub max_items: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct NotifyStep {
+    /// Channel names, each known to exist.
+    pub to: Vec<String>,
+    pub title: PerEscape,
+    pub message: PerEscape,
+    pub group: Option<Group>,
+}

@@ -1,0 +1,469 @@
+//! The `rules` section, read into drafts that keep the text and place of every pattern and
+//! template; [`super::build`] compiles them once all files are read.
+
+use std::time::Duration;
+
+use crate::event::EventKind;
+
+use super::decode::{Decoder, Spanned, Text};
+use super::diagnostic::{Loc, did_you_mean};
+use super::model::Group;
+use super::yaml::Node;
+
+pub enum PatternSrc {
+    Match(Text),
+    Regex(Text),
+}
+
+pub struct DetailDraft {
+    pub loc: Loc,
+    pub hash: Option<Text>,
+    pub field: Option<Text>,
+    pub key: Option<Text>,
+    pub remove: bool,
+}
+
+pub struct ReloadDraft {
+    pub url: Text,
+    pub method: Spanned<String>,
+    pub headers: Vec<(Spanned<String>, Text)>,
+    pub body: Option<Text>,
+    pub timeout: Duration,
+}
+
+pub struct ExecDraft {
+    pub loc: Loc,
+    pub command: Vec<Text>,
+    pub timeout: Duration,
+}
+
+pub struct CleanupDraft {
+    pub loc: Loc,
+    pub delete: Vec<Text>,
+    pub hdel: Vec<(Text, Text)>,
+}
+
+pub struct NotifyDraft {
+    pub loc: Loc,
+    pub to: Vec<Spanned<String>>,
+    pub title: Option<Text>,
+    pub message: Option<Text>,
+    pub group: Option<Group>,
+}
+
+pub struct RuleDraft {
+    pub name: Spanned<String>,
+    pub loc: Loc,
+    pub pattern: PatternSrc,
+    pub on: Vec<EventKind>,
+    pub on_loc: Loc,
+    pub db: Option<Spanned<Vec<u32>>>,
+    pub warn_before: Option<Spanned<Duration>>,
+    pub detail: Option<DetailDraft>,
+    pub reload: Option<ReloadDraft>,
+    pub exec: Option<ExecDraft>,
+    pub cleanup: Option<CleanupDraft>,
+    pub notify: Option<NotifyDraft>,
+}
+
+const RULE_FIELDS: &[&str] = &[
+    "name",
+    "match",
+    "regex",
+    "on",
+    "db",
+    "warn_before",
+    "detail",
+    "notify",
+    "reload",
+    "exec",
+    "cleanup",
+];
+
+pub fn is_rule_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+pub fn decode_rules(d: &mut Decoder<'_>, node: &Node, out: &mut Vec<RuleDraft>) {
+    for item in d.list(node, "the `rules` section") {
+        if let Some(r) = decode_rule(d, item) {
+            if let Some(first) = out.iter().find(|r2| r2.name.value == r.name.value) {
+                d.error(
+                    &r.name.loc,
+                    format!(
+                        "rule `{}` is defined twice: first at {}",
+                        r.name.value, first.name.loc
+                    ),
+                );
+                continue;
+            }
+            out.push(r);
+        }
+    }
+}
+
+fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
+    let mut m = d.map(node, "a rule")?;
+    let name = m.require(d, "name").and_then(|n| {
+        d.name(
+            n,
+            "rule name",
+            is_rule_name,
+            "use lowercase letters, digits, `_` and `-`, e.g. `order-lock-timeout`",
+        )
+    });
+    let what = match &name {
+        Some(n) => format!("rule `{}`", n.value),
+        None => "this rule".to_string(),
+    };
+    m.what = what.clone();
+
+    let pattern = match (m.get("match"), m.get("regex")) {
+        (Some(a), Some(_)) => {
+            d.error(&a.loc, format!("{what}: give `match` or `regex`, not both"));
+            None
+        }
+        (Some(n), None) => d.text(n, &format!("{what} `match`")).map(PatternSrc::Match),
+        (None, Some(n)) => d.text(n, &format!("{what} `regex`")).map(PatternSrc::Regex),
+        (None, None) => {
+            d.error(&m.loc, format!("{what} needs `match` (a key pattern such as `order_lock:{{order_id}}`) or `regex`"));
+            None
+        }
+    };
+
+    let mut on = Vec::new();
+    let on_loc = m.key_loc("on").unwrap_or_else(|| m.loc.clone());
+    match m.get("on") {
+        None => on.push(EventKind::Expired),
+        Some(n) => {
+            for item in d.one_or_many(n, &format!("{what} `on`")) {
+                let Some(t) = d.text(item, &format!("{what} `on`")) else {
+                    continue;
+                };
+                match EventKind::parse(&t.value) {
+                    Some(k) if on.contains(&k) => {
+                        d.warning(&t.loc, format!("{what}: `{k}` is listed twice in `on`"))
+                    }
+                    Some(k) => on.push(k),
+                    None => {
+                        let names = EventKind::ALL.map(|k| k.as_str());
+                        let hint = if t.value == "del" {
+                            "; did you mean `deleted`?".to_string()
+                        } else {
+                            did_you_mean(&t.value, names)
+                        };
+                        d.error(
+                            &t.loc,
+                            format!(
+                                "{what}: unknown event `{}` in `on`; expected {}{hint}",
+                                t.value,
+                                names.join(", ")
+                            ),
+                        );
+                    }
+                }
+            }
+            if on.is_empty() && matches!(n.kind, super::yaml::Kind::Seq(ref v) if v.is_empty()) {
+                d.error(&n.loc, format!("{what}: `on` lists no event"));
+            }
+        }
+    }
+
+    let db = m.get("db").map(|n| {
+        let mut dbs: Vec<u32> = d
+            .one_or_many(n, &format!("{what} `db`"))
+            .into_iter()
+            .filter_map(|i| d.uint(i, "a database number", 0, 10_000).map(|v| v as u32))
+            .collect();
+        dbs.sort_unstable();
+        dbs.dedup();
+        Spanned {
+            value: dbs,
+            loc: n.loc.clone(),
+        }
+    });
+    let warn_before = m
+        .get("warn_before")
+        .and_then(|n| d.duration(n, &format!("{what} `warn_before`")));
+    if let Some(w) = &warn_before
+        && w.value.is_zero()
+    {
+        d.error(&w.loc, format!("{what}: `warn_before` must be more than 0"));
+    }
+
+    let detail = m.get("detail").and_then(|n| decode_detail(d, n, &what));
+    let reload = m.get("reload").and_then(|n| decode_reload(d, n, &what));
+    let exec = m.get("exec").and_then(|n| decode_exec(d, n, &what));
+    let cleanup = m.get("cleanup").and_then(|n| decode_cleanup(d, n, &what));
+    let notify = m.get("notify").and_then(|n| decode_notify(d, n, &what));
+
+    m.finish(d, RULE_FIELDS, &|f| match f {
+        "pattern" | "key" | "prefix" => {
+            Some("the key pattern is given with `match` (or `regex`)".into())
+        }
+        "event" | "events" => Some("events are listed in `on`".into()),
+        "channels" | "channel" => Some("channels are named in `notify.to`".into()),
+        _ => None,
+    });
+
+    Some(RuleDraft {
+        name: name?,
+        loc: node.loc.clone(),
+        pattern: pattern?,
+        on,
+        on_loc,
+        db,
+        warn_before,
+        detail,
+        reload,
+        exec,
+        cleanup,
+        notify,
+    })
+}
+
+fn decode_detail(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<DetailDraft> {
+    let what = format!("{what} `detail`");
+    let mut m = d.map(node, &what)?;
+    let hash = m
+        .get("hash")
+        .and_then(|n| d.text(n, &format!("{what} `hash`")));
+    let field = m
+        .get("field")
+        .and_then(|n| d.text(n, &format!("{what} `field`")));
+    let key = m
+        .get("key")
+        .and_then(|n| d.text(n, &format!("{what} `key`")));
+    let remove = m
+        .get("remove")
+        .and_then(|n| d.bool(n, &format!("{what} `remove`")))
+        .unwrap_or(false);
+    match (&hash, &field, &key) {
+        (Some(_), Some(_), None) | (None, None, Some(_)) => {}
+        (Some(_), None, None) => d.error(
+            &node.loc,
+            format!("{what}: `hash` needs a `field`, e.g. `field: \"{{{{ id }}}}\"`"),
+        ),
+        (None, Some(_), None) => d.error(&node.loc, format!("{what}: `field` needs a `hash`")),
+        (None, None, None) => d.error(
+            &node.loc,
+            format!("{what} needs `hash` and `field`, or `key`"),
+        ),
+        _ => d.error(
+            &node.loc,
+            format!("{what}: give `hash` and `field`, or `key`, not both"),
+        ),
+    }
+    m.finish(d, &["hash", "field", "key", "remove"], &|_| None);
+    Some(DetailDraft {
+        loc: node.loc.clone(),
+        hash,
+        field,
+        key,
+        remove,
+    })
+}
+
+fn decode_reload(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ReloadDraft> {
+    let what = format!("{what} `reload`");
+    let mut m = d.map(node, &what)?;
+    let url = m
+        .require(d, "url")
+        .and_then(|n| d.text(n, &format!("{what} `url`")));
+    let method = match m.get("method") {
+        Some(n) => d.text(n, &format!("{what} `method`")).and_then(|t| {
+            let up = t.value.to_ascii_uppercase();
+            if ["GET", "POST", "PUT", "PATCH", "DELETE"].contains(&up.as_str()) {
+                Some(Spanned {
+                    value: up,
+                    loc: t.loc,
+                })
+            } else {
+                d.error(
+                    &t.loc,
+                    format!(
+                        "{what} `method` must be GET, POST, PUT, PATCH or DELETE, found `{}`",
+                        t.value
+                    ),
+                );
+                None
+            }
+        }),
+        None => Some(Spanned {
+            value: "POST".into(),
+            loc: node.loc.clone(),
+        }),
+    };
+    let headers = m
+        .get("headers")
+        .map(|n| d.string_map(n, &format!("{what} `headers`")))
+        .unwrap_or_default();
+    let body = m
+        .get("body")
+        .and_then(|n| d.text(n, &format!("{what} `body`")));
+    let timeout = match m.get("timeout") {
+        // A bad value is reported; the default stands in so the other fields are still checked.
+        Some(n) => d
+            .duration(n, &format!("{what} `timeout`"))
+            .map_or(Duration::from_secs(10), |t| t.value),
+        None => Duration::from_secs(10),
+    };
+    m.finish(d, &["url", "method", "headers", "body", "timeout"], &|_| {
+        None
+    });
+    Some(ReloadDraft {
+        url: url?,
+        method: method?,
+        headers,
+        body,
+        timeout,
+    })
+}
+
+fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft> {
+    let what = format!("{what} `exec`");
+    let mut m = d.map(node, &what)?;
+    let command: Vec<Text> = match m.require(d, "command") {
+        Some(n) => match &n.kind {
+            super::yaml::Kind::Seq(items) => items
+                .iter()
+                .filter_map(|i| d.text(i, &format!("{what} `command`")))
+                .collect(),
+            _ => {
+                d.error(&n.loc, format!("{what} `command` must be a list of arguments (no shell is used), e.g. `[\"/usr/local/bin/job\", \"--id\", \"{{{{ id }}}}\"]`"));
+                Vec::new()
+            }
+        },
+        None => Vec::new(),
+    };
+    if let Some(first) = command.first()
+        && first.value.trim().is_empty()
+    {
+        d.error(
+            &first.loc,
+            format!("{what}: the program (first argument) is empty"),
+        );
+    }
+    let timeout = match m.get("timeout") {
+        Some(n) => d
+            .duration(n, &format!("{what} `timeout`"))
+            .map_or(Duration::from_secs(60), |t| t.value),
+        None => Duration::from_secs(60),
+    };
+    m.finish(d, &["command", "timeout"], &|f| {
+        (f == "shell").then(|| "keywatch never runs a shell: give `command` as a list".to_string())
+    });
+    if command.is_empty() {
+        return None;
+    }
+    Some(ExecDraft {
+        loc: node.loc.clone(),
+        command,
+        timeout,
+    })
+}
+
+fn decode_cleanup(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<CleanupDraft> {
+    let what = format!("{what} `cleanup`");
+    let mut m = d.map(node, &what)?;
+    let delete: Vec<Text> = m
+        .get("delete")
+        .map(|n| {
+            d.one_or_many(n, &format!("{what} `delete`"))
+                .into_iter()
+                .filter_map(|i| d.text(i, &format!("{what} `delete`")))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut hdel = Vec::new();
+    if let Some(n) = m.get("hdel") {
+        for item in d.one_or_many(n, &format!("{what} `hdel`")) {
+            let Some(mut hm) = d.map(item, &format!("{what} `hdel` item")) else {
+                continue;
+            };
+            let key = hm
+                .require(d, "key")
+                .and_then(|n| d.text(n, &format!("{what} `hdel.key`")));
+            let field = hm
+                .require(d, "field")
+                .and_then(|n| d.text(n, &format!("{what} `hdel.field`")));
+            hm.finish(d, &["key", "field"], &|_| None);
+            if let (Some(k), Some(f)) = (key, field) {
+                hdel.push((k, f));
+            }
+        }
+    }
+    m.finish(d, &["delete", "hdel"], &|_| None);
+    if delete.is_empty() && hdel.is_empty() {
+        d.error(
+            &node.loc,
+            format!("{what} needs `delete` (glob patterns) or `hdel` (hash fields)"),
+        );
+        return None;
+    }
+    Some(CleanupDraft {
+        loc: node.loc.clone(),
+        delete,
+        hdel,
+    })
+}
+
+fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyDraft> {
+    let what = format!("{what} `notify`");
+    let mut m = d.map(node, &what)?;
+    let mut to = Vec::new();
+    if let Some(n) = m.require(d, "to") {
+        for item in d.one_or_many(n, &format!("{what} `to`")) {
+            if let Some(t) = d.text(item, &format!("{what} `to`")) {
+                if to.iter().any(|x: &Spanned<String>| x.value == t.value) {
+                    d.warning(
+                        &t.loc,
+                        format!("{what}: channel `{}` is listed twice", t.value),
+                    );
+                    continue;
+                }
+                to.push(Spanned {
+                    value: t.value,
+                    loc: t.loc,
+                });
+            }
+        }
+    }
+    let title = m
+        .get("title")
+        .and_then(|n| d.text(n, &format!("{what} `title`")));
+    let message = m
+        .get("message")
+        .and_then(|n| d.text(n, &format!("{what} `message`")));
+    let group = m.get("group").and_then(|n| {
+        let gw = format!("{what} `group`");
+        let mut g = d.map(n, &gw)?;
+        let window = g
+            .require(d, "window")
+            .and_then(|w| d.duration(w, &format!("{gw} `window`")));
+        let max_items = match g.get("max_items") {
+            Some(x) => d.uint(x, &format!("{gw} `max_items`"), 1, 1000)? as usize,
+            None => 20,
+        };
+        g.finish(d, &["window", "max_items"], &|_| None);
+        let window = window?;
+        if window.value.is_zero() {
+            d.error(&window.loc, format!("{gw} `window` must be more than 0"));
+            return None;
+        }
+        Some(Group {
+            window: window.value,
+            max_items,
+        })
+    });
+    m.finish(d, &["to", "title", "message", "group"], &|_| None);
+    Some(NotifyDraft {
+        loc: node.loc.clone(),
+        to,
+        title,
+        message,
+        group,
+    })
+}

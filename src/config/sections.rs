@@ -1,0 +1,310 @@
+//! The singleton sections `redis`, `state` and `scanner`.
+//!
+//! Files merge: any file may set any field of these sections, but one field set in two places is
+//! an error naming both, so no file silently overrides another.
+
+use std::path::Path;
+use std::time::Duration;
+
+use super::decode::{Decoder, Spanned, Text};
+use super::diagnostic::Loc;
+use super::model::{Notifications, Schedule, TlsFiles};
+use super::yaml::Node;
+
+/// One field of a singleton section, with where it was set.
+#[derive(Clone, Debug)]
+pub struct Field<T> {
+    pub value: T,
+    pub loc: Loc,
+}
+
+fn merge_field<T>(
+    d: &mut Decoder<'_>,
+    section: &str,
+    name: &str,
+    into: &mut Option<Field<T>>,
+    from: Option<Field<T>>,
+) {
+    if let Some(f) = from {
+        match into {
+            Some(first) => d.error(
+                &f.loc,
+                format!("`{section}.{name}` is set twice: first at {}", first.loc),
+            ),
+            None => *into = Some(f),
+        }
+    }
+}
+
+#[derive(Default, Debug)]
+pub struct RedisDraft {
+    pub url: Option<Field<Text>>,
+    pub cluster: Option<Field<bool>>,
+    pub databases: Option<Field<Vec<u32>>>,
+    pub notifications: Option<Field<Notifications>>,
+    pub tls: Option<Field<TlsFiles>>,
+    pub username: Option<Field<Text>>,
+    pub password: Option<Field<Text>>,
+}
+
+#[derive(Default, Debug)]
+pub struct StateDraft {
+    pub prefix: Option<Field<Text>>,
+    pub url: Option<Field<Text>>,
+}
+
+#[derive(Default, Debug)]
+pub struct ScannerDraft {
+    pub loc: Option<Loc>,
+    pub schedule: Option<Field<(String, Schedule)>>,
+    pub timezone: Option<Field<chrono_tz::Tz>>,
+    pub max_keys_per_second: Option<Field<u64>>,
+}
+
+fn field<T>(value: Option<T>, node: &Node) -> Option<Field<T>> {
+    value.map(|value| Field {
+        value,
+        loc: node.loc.clone(),
+    })
+}
+
+pub fn decode_redis(d: &mut Decoder<'_>, node: &Node, base: &Path, into: &mut RedisDraft) {
+    let Some(mut m) = d.map(node, "the `redis` section") else {
+        return;
+    };
+    let mut draft = RedisDraft::default();
+    if let Some(n) = m.get("url") {
+        draft.url = field(d.text(n, "`redis.url`"), n);
+        if let Some(f) = &draft.url
+            && !f.value.unresolved
+            && !(f.value.value.starts_with("redis://")
+                || f.value.value.starts_with("rediss://")
+                || f.value.value.starts_with("redis+unix://")
+                || f.value.value.starts_with("unix://"))
+        {
+            d.error(&n.loc, "`redis.url` must start with `redis://` or `rediss://` (TLS), e.g. `redis://127.0.0.1:6379`");
+        }
+    }
+    if let Some(n) = m.get("cluster") {
+        draft.cluster = field(d.bool(n, "`redis.cluster`"), n);
+    }
+    if let Some(n) = m.get("databases") {
+        let mut dbs = Vec::new();
+        for item in d.one_or_many(n, "`redis.databases`") {
+            if let Some(v) = d.uint(item, "a database number", 0, 10_000) {
+                dbs.push(v as u32);
+            }
+        }
+        if dbs.is_empty() {
+            d.error(
+                &n.loc,
+                "`redis.databases` must list at least one database, e.g. `[0]`",
+            );
+        }
+        dbs.sort_unstable();
+        dbs.dedup();
+        draft.databases = Some(Field {
+            value: dbs,
+            loc: n.loc.clone(),
+        });
+    }
+    if let Some(n) = m.get("notifications") {
+        let v = d.text(n, "`redis.notifications`").and_then(|t| match t.value.as_str() {
+            "check" => Some(Notifications::Check),
+            "enable" => Some(Notifications::Enable),
+            "ignore" => Some(Notifications::Ignore),
+            other => {
+                d.error(&n.loc, format!("`redis.notifications` must be `check`, `enable` or `ignore`, found `{other}`"));
+                None
+            }
+        });
+        draft.notifications = field(v, n);
+    }
+    if let Some(n) = m.get("tls") {
+        draft.tls = field(decode_tls(d, n, base), n);
+    }
+    if let Some(n) = m.get("username") {
+        draft.username = field(d.text(n, "`redis.username`"), n);
+    }
+    if let Some(t) = d.inline_or_file(&mut m, "password", "`redis`", base) {
+        let loc = t.loc.clone();
+        draft.password = Some(Field { value: t, loc });
+    }
+    m.finish(
+        d,
+        &[
+            "url",
+            "cluster",
+            "databases",
+            "notifications",
+            "tls",
+            "username",
+            "password",
+            "password_file",
+        ],
+        &|_| None,
+    );
+    merge_field(d, "redis", "url", &mut into.url, draft.url);
+    merge_field(d, "redis", "cluster", &mut into.cluster, draft.cluster);
+    merge_field(
+        d,
+        "redis",
+        "databases",
+        &mut into.databases,
+        draft.databases,
+    );
+    merge_field(
+        d,
+        "redis",
+        "notifications",
+        &mut into.notifications,
+        draft.notifications,
+    );
+    merge_field(d, "redis", "tls", &mut into.tls, draft.tls);
+    merge_field(d, "redis", "username", &mut into.username, draft.username);
+    merge_field(d, "redis", "password", &mut into.password, draft.password);
+}
+
+fn decode_tls(d: &mut Decoder<'_>, node: &Node, base: &Path) -> Option<TlsFiles> {
+    let mut m = d.map(node, "`redis.tls`")?;
+    let mut tls = TlsFiles::default();
+    for (name, slot) in [
+        ("ca_file", &mut tls.ca_file),
+        ("cert_file", &mut tls.cert_file),
+        ("key_file", &mut tls.key_file),
+    ] {
+        if let Some(n) = m.get(name)
+            && let Some(t) = d.text(n, &format!("`redis.tls.{name}`"))
+        {
+            let path = base.join(&t.value);
+            if !t.unresolved && !path.exists() {
+                d.missing_at_run(
+                    &t.loc,
+                    format!("`redis.tls.{name}`: {} does not exist", path.display()),
+                );
+            }
+            *slot = Some(path);
+        }
+    }
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        d.error(&node.loc, "`redis.tls` needs both `cert_file` and `key_file` for a client certificate, or neither");
+    }
+    m.finish(d, &["ca_file", "cert_file", "key_file"], &|_| None);
+    Some(tls)
+}
+
+pub fn decode_state(d: &mut Decoder<'_>, node: &Node, into: &mut StateDraft) {
+    let Some(mut m) = d.map(node, "the `state` section") else {
+        return;
+    };
+    let mut draft = StateDraft::default();
+    if let Some(n) = m.get("prefix") {
+        draft.prefix = field(d.text(n, "`state.prefix`"), n);
+        if let Some(f) = &draft.prefix
+            && f.value.value.is_empty()
+        {
+            d.error(&n.loc, "`state.prefix` must not be empty: keywatch's own keys must be told apart from yours");
+        }
+    }
+    if let Some(n) = m.get("url") {
+        let t = d.text(n, "`state.url`");
+        // An empty url (the SPEC's example writes `url: ""`) means "the watched Redis".
+        draft.url = field(t.filter(|t| !t.value.is_empty()), n);
+    }
+    m.finish(d, &["prefix", "url"], &|_| None);
+    merge_field(d, "state", "prefix", &mut into.prefix, draft.prefix);
+    merge_field(d, "state", "url", &mut into.url, draft.url);
+}
+
+pub fn decode_scanner(d: &mut Decoder<'_>, node: &Node, into: &mut ScannerDraft) {
+    let Some(mut m) = d.map(node, "the `scanner` section") else {
+        return;
+    };
+    into.loc.get_or_insert(node.loc.clone());
+    let mut draft = ScannerDraft::default();
+    if let Some(n) = m.get("schedule")
+        && let Some(t) = d.text(n, "`scanner.schedule`")
+    {
+        draft.schedule = field(parse_schedule(d, &t), n);
+    }
+    if let Some(n) = m.get("timezone")
+        && let Some(t) = d.text(n, "`scanner.timezone`")
+    {
+        let tz = t.value.parse::<chrono_tz::Tz>().map_err(|_| ()).ok();
+        if tz.is_none() {
+            d.error(&t.loc, format!("`scanner.timezone`: `{}` is not a time zone name; write e.g. `UTC` or `Asia/Shanghai`", t.value));
+        }
+        draft.timezone = field(tz, n);
+    }
+    if let Some(n) = m.get("max_keys_per_second") {
+        draft.max_keys_per_second =
+            field(d.uint(n, "`scanner.max_keys_per_second`", 1, 10_000_000), n);
+    }
+    m.finish(d, &["schedule", "timezone", "max_keys_per_second"], &|_| {
+        None
+    });
+    merge_field(d, "scanner", "schedule", &mut into.schedule, draft.schedule);
+    merge_field(d, "scanner", "timezone", &mut into.timezone, draft.timezone);
+    merge_field(
+        d,
+        "scanner",
+        "max_keys_per_second",
+        &mut into.max_keys_per_second,
+        draft.max_keys_per_second,
+    );
+}
+
+/// `@every DUR` or a cron expression of 5 or 6 fields (seconds first when 6).
+pub fn parse_schedule(d: &mut Decoder<'_>, t: &Text) -> Option<(String, Schedule)> {
+    let s = t.value.trim();
+    if let Some(rest) = s.strip_prefix("@every") {
+        return match super::decode::parse_duration(rest) {
+            Some(every) if every >= Duration::from_secs(1) => {
+                Some((s.to_string(), Schedule::Every(every)))
+            }
+            Some(_) => {
+                d.error(&t.loc, "`scanner.schedule`: `@every` needs at least `1s`");
+                None
+            }
+            None => {
+                d.error(
+                    &t.loc,
+                    format!(
+                        "`scanner.schedule`: `{s}` is not `@every` and a duration, e.g. `@every 1m`"
+                    ),
+                );
+                None
+            }
+        };
+    }
+    let fields = s.split_whitespace().count();
+    if !s.starts_with('@') && !(5..=6).contains(&fields) {
+        d.error(&t.loc, format!("`scanner.schedule`: `{s}` has {fields} fields; a cron expression has 5 (`*/5 * * * *`) or 6 with seconds first, or use `@every 1m`"));
+        return None;
+    }
+    let parser = croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Optional)
+        .build();
+    match parser.parse(s) {
+        Ok(cron) => Some((s.to_string(), Schedule::Cron(Box::new(cron)))),
+        Err(e) => {
+            d.error(
+                &t.loc,
+                format!("`scanner.schedule`: `{s}` is not a valid cron expression: {e}"),
+            );
+            None
+        }
+    }
+}
+
+/// Kept for messages that point at a whole section.
+pub fn section_loc<T>(f: &Option<Field<T>>) -> Option<&Loc> {
+    f.as_ref().map(|f| &f.loc)
+}
+
+pub fn spanned<T: Clone>(f: &Field<T>) -> Spanned<T> {
+    Spanned {
+        value: f.value.clone(),
+        loc: f.loc.clone(),
+    }
+}
