@@ -1,0 +1,187 @@
+//! `keywatch run`: wiring sources → engine → delivery, and owning shutdown.
+//!
+//! Shutdown goes one way, as in mini-redis: SIGTERM cancels the subscribers, whose dropped
+//! senders let the engine drain and stop, after which delivery gets what is left of the 10 s
+//! budget to finish attempts in flight.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::action::Actions;
+use crate::config::{self, Config, Mode};
+use crate::connect;
+use crate::delivery::{Delivery, RetryPolicy};
+use crate::engine::Engine;
+use crate::keyspace::Keyspace;
+use crate::metrics::Metrics;
+use crate::server;
+use crate::source::flags;
+use crate::source::notifications::{self, Backoff};
+use crate::status::Status;
+
+/// Why `run` could not start (exit code 1), already worded for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Redis(String),
+    #[error("{0}")]
+    Notifications(String),
+    #[error("cannot listen on {addr}: {error} (pick another address with --listen)")]
+    Listen {
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
+    #[error(transparent)]
+    Connect(#[from] connect::ConnectError),
+}
+
+pub struct RunOptions {
+    pub redis: Option<String>,
+    pub listen: SocketAddr,
+    /// Stop after this long (demo and tests); `None` runs until a signal.
+    pub stop_after: Option<Duration>,
+}
+
+/// The budget of SPEC §5 for finishing in-flight work after SIGTERM.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Runs keywatch until SIGTERM/SIGINT (or `shutdown` is cancelled).
+pub async fn run(
+    config: Config,
+    opts: RunOptions,
+    shutdown: CancellationToken,
+) -> Result<(), StartError> {
+    let config = Arc::new(config);
+    let url = connect::pick_url(
+        opts.redis.as_deref(),
+        std::env::var("KEYWATCH_REDIS_URL").ok(),
+        &config.redis,
+    );
+    let keyspace = Keyspace::new(url, config.redis.clone())?;
+    let node = keyspace.node().to_string();
+
+    let mut conn = keyspace
+        .conn(0)
+        .await
+        .map_err(|e| StartError::Redis(format!("cannot connect to Redis at {node}: {e}")))?;
+    flags::ensure(&mut conn, &config, &node)
+        .await
+        .map_err(StartError::Notifications)?;
+
+    let metrics = Arc::new(Metrics::new());
+    metrics.rules_loaded.set(config.rules.len() as i64);
+    metrics.config_last_reload_successful.set(1);
+    let status = Arc::new(Status::default());
+    status.expect_node(&node);
+
+    let listener = server::bind(opts.listen)
+        .await
+        .map_err(|error| StartError::Listen {
+            addr: opts.listen,
+            error,
+        })?;
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "HTTP endpoint listening (/metrics, /healthz, /readyz).");
+    }
+
+    let subscribers = CancellationToken::new();
+    let delivery_stop = CancellationToken::new();
+    let http_stop = CancellationToken::new();
+
+    let (tx, rx) = mpsc::channel(64 * 1024);
+    let channels = notifications::channels(&config.redis.databases, &config.event_kinds());
+    let subscriber = if channels.is_empty() {
+        // Only `expiring` rules: nothing to subscribe to; the scanner is the source.
+        status.set_subscribed(&node, true);
+        drop(tx);
+        None
+    } else {
+        let client = keyspace.client(0)?;
+        Some(tokio::spawn(notifications::subscribe(
+            client,
+            node.clone(),
+            channels,
+            tx,
+            Backoff::default(),
+            subscribers.clone(),
+        )))
+    };
+
+    let actions = Actions {
+        config: config.clone(),
+        http: crate::action::http::client(),
+        keyspace: keyspace.clone(),
+    };
+    let delivery = Delivery::new(
+        actions,
+        metrics.clone(),
+        RetryPolicy::default(),
+        delivery_stop.clone(),
+    );
+    let engine = Engine {
+        config: config.clone(),
+        keyspace,
+        delivery: delivery.clone(),
+        metrics: metrics.clone(),
+        status: status.clone(),
+    };
+    let engine = tokio::spawn(engine.run(rx));
+    let http = tokio::spawn(server::serve(
+        listener,
+        server::Shared { metrics, status },
+        http_stop.clone(),
+    ));
+
+    tracing::info!(rules = config.rules.len(), channels = config.channels.len(), redis = %node, "keywatch is running.");
+    wait_for_stop(&shutdown, opts.stop_after).await;
+
+    let started = Instant::now();
+    tracing::info!("Stopping: no new events are taken; finishing work in flight.");
+    subscribers.cancel();
+    if let Some(s) = subscriber {
+        let _ = s.await;
+    }
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, engine).await;
+    let left = SHUTDOWN_GRACE.saturating_sub(started.elapsed());
+    if !delivery.shutdown(left).await {
+        tracing::warn!("Some actions were still running at the end of the shutdown budget.");
+    }
+    http_stop.cancel();
+    let _ = http.await;
+    tracing::info!(took_ms = started.elapsed().as_millis() as u64, "Stopped.");
+    Ok(())
+}
+
+async fn wait_for_stop(shutdown: &CancellationToken, stop_after: Option<Duration>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).ok();
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let timer = async {
+        match stop_after {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = timer => {}
+        _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
+            tracing::info!("SIGTERM received.");
+        }
+        _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
+            tracing::info!("SIGINT received.");
+        }
+    }
+}
+
+/// Loads the rules for `run`: unset variables and missing secret files are errors here.
+pub fn load_for_run(paths: &[PathBuf]) -> Result<config::Loaded, config::LoadError> {
+    let env = |name: &str| std::env::var(name).ok();
+    config::load(paths, Mode::Run, &env)
+}

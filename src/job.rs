@@ -1,0 +1,290 @@
+//! A matched event of one rule ([`Firing`]) and the units of work it produces ([`Job`]).
+//!
+//! A firing carries everything its actions need (captures, the detail read once at event time),
+//! so a retry an hour later renders the same message from the same data, and a firing can be
+//! stored in the queue and picked up by another instance.
+
+use std::fmt::Write;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::event::{EventKind, KeyEvent};
+
+/// One event of one rule.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Firing {
+    /// Stable across instances and retries; the `Idempotency-Key` of each request adds the action.
+    pub id: String,
+    pub rule: String,
+    pub kind: EventKind,
+    pub db: u32,
+    #[serde(with = "b64")]
+    pub key: Vec<u8>,
+    pub captures: Vec<Capture>,
+    pub detail: Option<serde_json::Value>,
+    pub deadline: Option<DateTime<Utc>>,
+    pub observed_at: DateTime<Utc>,
+    pub ttl_ms: Option<i64>,
+    pub recovered: bool,
+    pub source: String,
+}
+
+/// One captured value of the rule's pattern.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capture {
+    pub name: String,
+    #[serde(with = "b64")]
+    pub value: Vec<u8>,
+}
+
+/// The id of one event of one rule: a hash of what identifies the event, so every instance that
+/// sees it computes the same id. `instant` is the deadline when known, else the moment the event
+/// was first claimed.
+pub fn event_id(
+    rule: &str,
+    kind: EventKind,
+    db: u32,
+    key: &[u8],
+    instant: DateTime<Utc>,
+) -> String {
+    let mut h = Sha256::new();
+    h.update(rule.as_bytes());
+    h.update([0]);
+    h.update(kind.as_str().as_bytes());
+    h.update([0]);
+    h.update(db.to_be_bytes());
+    h.update((key.len() as u64).to_be_bytes());
+    h.update(key);
+    h.update(instant.timestamp_millis().to_be_bytes());
+    let digest = h.finalize();
+    let mut out = String::with_capacity(32);
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+impl Firing {
+    pub fn new(
+        rule: &str,
+        event: &KeyEvent,
+        names: &[String],
+        values: Vec<Vec<u8>>,
+        detail: Option<serde_json::Value>,
+    ) -> Firing {
+        let instant = event.deadline.unwrap_or(event.observed_at);
+        Firing {
+            id: event_id(rule, event.kind, event.db, &event.key, instant),
+            rule: rule.to_string(),
+            kind: event.kind,
+            db: event.db,
+            key: event.key.clone(),
+            captures: names
+                .iter()
+                .cloned()
+                .zip(values)
+                .map(|(name, value)| Capture { name, value })
+                .collect(),
+            detail,
+            deadline: event.deadline,
+            observed_at: event.observed_at,
+            ttl_ms: event.ttl_ms,
+            recovered: event.recovered,
+            source: event.source.clone(),
+        }
+    }
+
+    /// The event as a source reported it, for rendering templates.
+    pub fn event(&self) -> KeyEvent {
+        KeyEvent {
+            kind: self.kind,
+            db: self.db,
+            key: self.key.clone(),
+            observed_at: self.observed_at,
+            deadline: self.deadline,
+            ttl_ms: self.ttl_ms,
+            recovered: self.recovered,
+            source: self.source.clone(),
+        }
+    }
+
+    pub fn capture_names(&self) -> Vec<String> {
+        self.captures.iter().map(|c| c.name.clone()).collect()
+    }
+
+    pub fn capture_values(&self) -> Vec<Vec<u8>> {
+        self.captures.iter().map(|c| c.value.clone()).collect()
+    }
+
+    /// The template context of this firing (SPEC §2), from the stored copy of everything.
+    pub fn context(&self) -> crate::template::Context {
+        crate::template::Context::for_event(
+            &self.rule,
+            &self.event(),
+            &self.capture_names(),
+            &self.capture_values(),
+            self.detail.clone(),
+        )
+    }
+
+    pub fn late_ms(&self) -> Option<i64> {
+        self.deadline
+            .map(|d| (self.observed_at - d).num_milliseconds().max(0))
+    }
+
+    /// The event JSON of SPEC §4.
+    pub fn to_json(&self) -> serde_json::Value {
+        let captures: serde_json::Map<String, serde_json::Value> = self
+            .captures
+            .iter()
+            .map(|c| {
+                (
+                    c.name.clone(),
+                    String::from_utf8_lossy(&c.value).into_owned().into(),
+                )
+            })
+            .collect();
+        serde_json::json!({
+            "version": 1,
+            "id": self.id,
+            "rule": self.rule,
+            "event": self.kind.as_str(),
+            "key": String::from_utf8_lossy(&self.key),
+            "db": self.db,
+            "captures": captures,
+            "detail": self.detail,
+            "deadline": self.deadline.map(rfc3339),
+            "observed_at": rfc3339(self.observed_at),
+            "late_ms": self.late_ms(),
+            "recovered": self.recovered,
+            "ttl_ms": self.ttl_ms,
+            "source": self.source,
+        })
+    }
+}
+
+/// RFC 3339 in UTC with milliseconds, as in SPEC §4: `2026-11-29T10:15:00.000Z`.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+
+/// What a job does; the order of the variants is the order of SPEC §2.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "lowercase")]
+pub enum Action {
+    Reload,
+    Exec,
+    Cleanup,
+    Notify { channel: String },
+}
+
+impl Action {
+    /// The `action` label of metrics and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Reload => "reload",
+            Action::Exec => "exec",
+            Action::Cleanup => "cleanup",
+            Action::Notify { .. } => "notify",
+        }
+    }
+
+    /// The `Idempotency-Key` of a request: the event id plus the action (and channel).
+    pub fn idempotency_key(&self, firing_id: &str) -> String {
+        match self {
+            Action::Notify { channel } => format!("{firing_id}:notify:{channel}"),
+            other => format!("{firing_id}:{}", other.name()),
+        }
+    }
+}
+
+/// Bytes as base64 text in stored JSON: keys need not be UTF-8.
+mod b64 {
+    use base64::Engine;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&STANDARD.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        STANDARD.decode(s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event() -> KeyEvent {
+        KeyEvent {
+            kind: EventKind::Expired,
+            db: 0,
+            key: b"order_lock:\xff42".to_vec(),
+            observed_at: "2026-11-29T10:15:00.012Z".parse().unwrap(),
+            deadline: Some("2026-11-29T10:15:00.000Z".parse().unwrap()),
+            ttl_ms: None,
+            recovered: false,
+            source: "127.0.0.1:6379".into(),
+        }
+    }
+
+    #[test]
+    fn ids_are_stable_and_distinct() {
+        let e = event();
+        let a = Firing::new("r", &e, &["id".into()], vec![b"42".to_vec()], None);
+        let b = Firing::new("r", &e, &["id".into()], vec![b"42".to_vec()], None);
+        assert_eq!(a.id, b.id);
+        assert_eq!(a.id.len(), 32);
+        assert_ne!(a.id, Firing::new("other", &e, &[], vec![], None).id);
+        assert_eq!(
+            Action::Notify {
+                channel: "oncall".into()
+            }
+            .idempotency_key(&a.id),
+            format!("{}:notify:oncall", a.id)
+        );
+    }
+
+    #[test]
+    fn event_json_has_the_fields_of_the_spec() {
+        let f = Firing::new(
+            "order-lock-timeout",
+            &event(),
+            &["order_id".into()],
+            vec![b"\xff42".to_vec()],
+            None,
+        );
+        let j = f.to_json();
+        assert_eq!(j["version"], 1);
+        assert_eq!(j["event"], "expired");
+        assert_eq!(j["key"], "order_lock:\u{fffd}42");
+        assert_eq!(j["deadline"], "2026-11-29T10:15:00.000Z");
+        assert_eq!(j["observed_at"], "2026-11-29T10:15:00.012Z");
+        assert_eq!(j["late_ms"], 12);
+        assert_eq!(j["detail"], serde_json::Value::Null);
+        assert_eq!(j["ttl_ms"], serde_json::Value::Null);
+        let keys: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
+        for k in ["id", "rule", "captures", "recovered", "source", "db"] {
+            assert!(keys.contains(&k), "{k}");
+        }
+    }
+
+    #[test]
+    fn firings_survive_storage_byte_exact() {
+        let f = Firing::new(
+            "r",
+            &event(),
+            &["id".into()],
+            vec![b"\xff42".to_vec()],
+            Some(serde_json::json!({"a": 1})),
+        );
+        let stored = serde_json::to_string(&f).unwrap();
+        let back: Firing = serde_json::from_str(&stored).unwrap();
+        assert_eq!(back, f);
+    }
+}

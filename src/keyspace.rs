@@ -1,0 +1,73 @@
+//! The watched Redis as actions and matching see it: one resilient connection per database.
+//!
+//! Details are read and related keys deleted in the database of the event, so each database
+//! gets its own `ConnectionManager` (a connection is bound to one database), made on first use.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::Mutex;
+
+use crate::config::{RedisSettings, Secret};
+use crate::connect::{self, ConnectError};
+
+#[derive(Clone)]
+pub struct Keyspace {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: Secret,
+    settings: RedisSettings,
+    node: String,
+    conns: Mutex<HashMap<u32, ConnectionManager>>,
+}
+
+impl Keyspace {
+    /// Checks the URL now (so a bad one fails at start-up); connects on first use.
+    pub fn new(url: Secret, settings: RedisSettings) -> Result<Keyspace, ConnectError> {
+        let (_, node) = connect::client(&url, &settings, 0)?;
+        Ok(Keyspace {
+            inner: Arc::new(Inner {
+                url,
+                settings,
+                node,
+                conns: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// `host:port` of the node, safe to print.
+    pub fn node(&self) -> &str {
+        &self.inner.node
+    }
+
+    pub fn client(&self, db: u32) -> Result<redis::Client, ConnectError> {
+        connect::client(&self.inner.url, &self.inner.settings, db).map(|(c, _)| c)
+    }
+
+    /// A connection to database `db` (cheap to clone; reconnects by itself).
+    pub async fn conn(&self, db: u32) -> redis::RedisResult<ConnectionManager> {
+        let mut conns = self.inner.conns.lock().await;
+        if let Some(c) = conns.get(&db) {
+            return Ok(c.clone());
+        }
+        let client = self.client(db).map_err(|e| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "bad Redis settings",
+                e.to_string(),
+            ))
+        })?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_number_of_retries(3)
+            .set_max_delay(Duration::from_secs(2));
+        let c = client.get_connection_manager_with_config(config).await?;
+        conns.insert(db, c.clone());
+        Ok(c)
+    }
+}

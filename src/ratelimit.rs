@@ -1,0 +1,87 @@
+//! Token buckets for channels: up to `burst` messages at once, refilled evenly over `per`
+//! (`20/min`: a burst of 20, then one every 3 s), as SPEC §2 defines `rate`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::Rate;
+
+pub struct TokenBucket {
+    rate: Rate,
+    state: Mutex<State>,
+}
+
+struct State {
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    pub fn new(rate: Rate) -> TokenBucket {
+        TokenBucket {
+            rate,
+            state: Mutex::new(State {
+                tokens: f64::from(rate.burst),
+                last: Instant::now(),
+            }),
+        }
+    }
+
+    fn per_token(&self) -> Duration {
+        self.rate.per / self.rate.burst
+    }
+
+    /// Takes a token now, or says how long until one is there.
+    pub fn try_take(&self) -> Result<(), Duration> {
+        // A std Mutex is right here: the guard never lives across an await.
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let refill = now.duration_since(s.last).as_secs_f64() / self.per_token().as_secs_f64();
+        s.tokens = (s.tokens + refill).min(f64::from(self.rate.burst));
+        s.last = now;
+        if s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(self.per_token().mul_f64(1.0 - s.tokens))
+        }
+    }
+
+    /// Waits for a token.
+    pub async fn take(&self) {
+        while let Err(wait) = self.try_take() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn bursts_then_refills_evenly() {
+        let b = TokenBucket::new(Rate {
+            burst: 20,
+            per: Duration::from_secs(60),
+        });
+        for _ in 0..20 {
+            assert!(b.try_take().is_ok());
+        }
+        let wait = b.try_take().unwrap_err();
+        assert!(
+            wait <= Duration::from_secs(3) && wait > Duration::from_millis(2900),
+            "{wait:?}"
+        );
+        let start = Instant::now();
+        b.take().await;
+        b.take().await;
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(5900) && took <= Duration::from_millis(6100),
+            "{took:?}"
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! The HTTP endpoint of SPEC §6: `/metrics`, `/healthz`, `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::status::Status;
+
+#[derive(Clone)]
+pub struct Shared {
+    pub metrics: Arc<Metrics>,
+    pub status: Arc<Status>,
+}
+
+pub fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(shared)
+}
+
+async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+}
+
+async fn readyz(State(s): State<Shared>) -> impl IntoResponse {
+    let nodes = s.status.nodes();
+    let mut body = String::new();
+    for (node, up) in &nodes {
+        body.push_str(&format!(
+            "{node}: {}\n",
+            if *up { "subscribed" } else { "not subscribed" }
+        ));
+    }
+    if s.status.ready() {
+        (StatusCode::OK, format!("ready\n{body}"))
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready\n{body}"),
+        )
+    }
+}
+
+/// Binds `addr` now (so a taken port fails at start-up) and serves until `shutdown`.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr).await
+}
+
+pub async fn serve(listener: tokio::net::TcpListener, shared: Shared, shutdown: CancellationToken) {
+    let app = router(shared);
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+    {
+        tracing::error!(error = %e, "HTTP endpoint stopped.");
+    }
+}

@@ -1,0 +1,143 @@
+//! `notify-keyspace-events`: what is set, what the rules need, and the fix that keeps both.
+//!
+//! `CONFIG SET notify-keyspace-events Ex` replaces the whole set, silently dropping flags another
+//! application relies on; keywatch only ever adds letters to what is there.
+
+use std::collections::BTreeSet;
+
+use crate::config::{Config, Notifications};
+
+/// The letters `A` stands for (redis `src/server.h`, NOTIFY_ALL); `m`, `n`, `o`, `c` are not in it.
+const ALL: &str = "g$lshzxetd";
+
+/// The set of class letters a `notify-keyspace-events` value enables, with `A` expanded.
+pub fn parse(value: &str) -> BTreeSet<char> {
+    let mut out = BTreeSet::new();
+    for c in value.chars() {
+        if c == 'A' {
+            out.extend(ALL.chars());
+        } else if !c.is_whitespace() {
+            out.insert(c);
+        }
+    }
+    out
+}
+
+/// The letters of `needed` that `current` lacks, in the order of `needed`.
+pub fn missing(current: &str, needed: &str) -> String {
+    let have = parse(current);
+    needed.chars().filter(|c| !have.contains(c)).collect()
+}
+
+/// `current` plus `needed`, written compactly (`A` when all its letters are there) so a human
+/// reading the fix recognises their old value in it.
+pub fn merged(current: &str, needed: &str) -> String {
+    let mut set = parse(current);
+    set.extend(needed.chars());
+    let mut out = String::new();
+    for c in ['K', 'E'] {
+        if set.remove(&c) {
+            out.push(c);
+        }
+    }
+    if ALL.chars().all(|c| set.contains(&c)) {
+        out.push('A');
+        for c in ALL.chars() {
+            set.remove(&c);
+        }
+    }
+    out.extend(set);
+    out
+}
+
+/// Checks (or fixes, with `notifications: enable`) `notify-keyspace-events` against what the
+/// rules need. Never overwrites flags another application set.
+pub async fn ensure(
+    conn: &mut redis::aio::ConnectionManager,
+    config: &Config,
+    node: &str,
+) -> Result<(), String> {
+    let needed = config.needed_notify_flags();
+    let current: Result<Vec<String>, redis::RedisError> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(conn)
+        .await;
+    let current = match current {
+        Ok(v) => v.get(1).cloned().unwrap_or_default(),
+        Err(e) => {
+            let msg = format!(
+                "cannot read notify-keyspace-events on {node} ({e}). Managed Redis services often refuse CONFIG: set notify-keyspace-events to include `{needed}` in the service's settings (e.g. the ElastiCache parameter group), then set `redis.notifications: ignore` in the rules."
+            );
+            return match config.redis.notifications {
+                Notifications::Ignore => {
+                    tracing::warn!("{msg}");
+                    Ok(())
+                }
+                _ => Err(msg),
+            };
+        }
+    };
+    let missing = missing(&current, &needed);
+    if missing.is_empty() {
+        tracing::info!(%node, flags = %current, "notify-keyspace-events has what the rules need.");
+        return Ok(());
+    }
+    let merged = merged(&current, &needed);
+    let (host, port) = node.rsplit_once(':').unwrap_or((node, "6379"));
+    let fix = format!(
+        "redis-cli -h {host} -p {port} CONFIG SET notify-keyspace-events {merged}\n  (and in redis.conf, to survive a restart: notify-keyspace-events {merged})"
+    );
+    match config.redis.notifications {
+        Notifications::Check => Err(format!(
+            "Redis at {node} has notify-keyspace-events \"{current}\", which lacks `{missing}`: keywatch would miss events. This adds them and keeps the flags already set:\n  {fix}\nor set `redis.notifications: enable` to let keywatch add them at start-up."
+        )),
+        Notifications::Enable => {
+            let set: Result<(), redis::RedisError> = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("notify-keyspace-events")
+                .arg(&merged)
+                .query_async(conn)
+                .await;
+            match set {
+                Ok(()) => {
+                    tracing::info!(%node, from = %current, to = %merged, "Added missing notify-keyspace-events flags (kept the ones already set).");
+                    Ok(())
+                }
+                Err(e) => Err(format!(
+                    "cannot add `{missing}` to notify-keyspace-events on {node} ({e}). Do it by hand:\n  {fix}"
+                )),
+            }
+        }
+        Notifications::Ignore => {
+            tracing::warn!(%node, flags = %current, %missing, "notify-keyspace-events lacks flags the rules need; starting anyway (`redis.notifications: ignore`).");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_missing_flags() {
+        assert_eq!(missing("", "Exg"), "Exg");
+        assert_eq!(missing("xE", "Ex"), "");
+        assert_eq!(missing("AKE", "Exeg"), "");
+        assert_eq!(missing("Kx", "Ex"), "E");
+        assert_eq!(missing("El", "Exg"), "xg");
+    }
+
+    #[test]
+    fn merging_keeps_what_was_there() {
+        assert_eq!(merged("", "Ex"), "Ex");
+        assert_eq!(merged("Kl", "Ex"), "KElx");
+        assert_eq!(merged("AK", "Ex"), "KEA");
+        let m = merged("Kls", "Exg");
+        for c in "KlsExg".chars() {
+            assert!(m.contains(c), "{m}");
+        }
+        assert!(parse(&merged("KEA", "Exegm")).contains(&'m'));
+    }
+}
