@@ -1,0 +1,146 @@
+//! `cleanup`: delete the keys an expired key leaves behind (`delete` glob patterns, with
+//! SCAN + UNLINK, never KEYS) and fields in hashes (`hdel`). Captures are glob-escaped in the
+//! patterns, so a session id `*` deletes `session:*:…` literally, not every session; keywatch's
+//! own keys are never deleted.
+
+use crate::config::{CleanupStep, Rule};
+use crate::job::Firing;
+
+use super::{Actions, Outcome};
+
+/// Keys asked per SCAN call: large enough to walk a big keyspace in few round trips, small
+/// enough to keep each call short for other clients.
+const SCAN_COUNT: usize = 1000;
+
+pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &CleanupStep) -> Outcome {
+    let t = &a.config.templates;
+    let ctx = f.context();
+    let mut conn = match a.keyspace.conn(f.db).await {
+        Ok(c) => c,
+        Err(e) => {
+            return Outcome::Retry {
+                reason: format!("cleanup: Redis: {e}"),
+                after: None,
+            };
+        }
+    };
+    let own = a.config.state.prefix.as_bytes();
+    let mut deleted = 0usize;
+    for &id in &step.delete {
+        let glob = match t.render(id, &ctx) {
+            Ok(g) => g,
+            Err(e) => return Outcome::Failed(format!("cleanup pattern: {}", e.message)),
+        };
+        let result = match literal(&glob) {
+            Some(key) if key.starts_with(own) => Ok(0),
+            Some(key) => {
+                redis::cmd("UNLINK")
+                    .arg(&key)
+                    .query_async::<usize>(&mut conn)
+                    .await
+            }
+            None => scan_unlink(&mut conn, &glob, own).await,
+        };
+        match result {
+            Ok(n) => deleted += n,
+            Err(e) => {
+                return Outcome::Retry {
+                    reason: format!("cleanup: Redis: {e}"),
+                    after: None,
+                };
+            }
+        }
+    }
+    let mut fields = 0usize;
+    if !step.hdel.is_empty() {
+        let mut pipe = redis::pipe();
+        for h in &step.hdel {
+            let (key, field) = match (t.render(h.key, &ctx), t.render(h.field, &ctx)) {
+                (Ok(k), Ok(f)) => (k, f),
+                (Err(e), _) | (_, Err(e)) => {
+                    return Outcome::Failed(format!("cleanup hdel: {}", e.message));
+                }
+            };
+            if key.starts_with(own) {
+                continue;
+            }
+            pipe.cmd("HDEL").arg(key).arg(field);
+        }
+        match pipe.query_async::<Vec<usize>>(&mut conn).await {
+            Ok(v) => fields = v.iter().sum(),
+            Err(e) => {
+                return Outcome::Retry {
+                    reason: format!("cleanup: Redis: {e}"),
+                    after: None,
+                };
+            }
+        }
+    }
+    Outcome::Sent(format!(
+        "deleted {deleted} key(s) and {fields} hash field(s)"
+    ))
+}
+
+/// The key a glob stands for when it has no unescaped wildcard (saves a SCAN of the keyspace).
+pub fn literal(glob: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(glob.len());
+    let mut i = 0;
+    while i < glob.len() {
+        match glob[i] {
+            b'\\' if i + 1 < glob.len() => {
+                out.push(glob[i + 1]);
+                i += 2;
+            }
+            b'*' | b'?' | b'[' => return None,
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+async fn scan_unlink(
+    conn: &mut redis::aio::ConnectionManager,
+    glob: &[u8],
+    own: &[u8],
+) -> redis::RedisResult<usize> {
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(glob)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query_async(conn)
+            .await?;
+        let keys: Vec<Vec<u8>> = keys.into_iter().filter(|k| !k.starts_with(own)).collect();
+        if !keys.is_empty() {
+            deleted += redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async::<usize>(conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(deleted);
+        }
+        cursor = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literal_globs_need_no_scan() {
+        assert_eq!(literal(b"cart:42"), Some(b"cart:42".to_vec()));
+        assert_eq!(literal(b"cart:\\*"), Some(b"cart:*".to_vec()));
+        assert_eq!(literal(b"session:42:*"), None);
+        assert_eq!(literal(b"a?b"), None);
+        assert_eq!(literal(b"a[b]"), None);
+    }
+}

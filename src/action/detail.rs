@@ -1,0 +1,140 @@
+//! `detail`: what the key's value can no longer tell, read from beside it when the event is taken.
+//!
+//! Read once per event, for a whole batch of events in one pipeline per database (a mass expiry
+//! of 100,000 delayed tasks must not cost 100,000 round trips), stored with the firing so
+//! retries use the same copy, and removed only after the firings are handed on.
+
+use std::collections::BTreeMap;
+
+use crate::config::{DetailSource, Rule};
+use crate::template::Context;
+use crate::template::TemplateSet;
+
+/// Where one event's detail lives, rendered to exact key bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    Hash { key: Vec<u8>, field: Vec<u8> },
+    Key { key: Vec<u8> },
+}
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub db: u32,
+    pub at: Location,
+    pub remove: bool,
+}
+
+/// Renders the rule's `detail` location for one event.
+pub fn request(
+    templates: &TemplateSet,
+    rule: &Rule,
+    db: u32,
+    ctx: &Context,
+) -> Option<Result<Request, String>> {
+    let d = rule.detail.as_ref()?;
+    let render = |id| {
+        templates
+            .render(id, ctx)
+            .map_err(|e| format!("detail: {}", e.message))
+    };
+    let at = match &d.source {
+        DetailSource::Hash { key, field } => match (render(*key), render(*field)) {
+            (Ok(key), Ok(field)) => Location::Hash { key, field },
+            (Err(e), _) | (_, Err(e)) => return Some(Err(e)),
+        },
+        DetailSource::Key { key } => match render(*key) {
+            Ok(key) => Location::Key { key },
+            Err(e) => return Some(Err(e)),
+        },
+    };
+    Some(Ok(Request {
+        db,
+        at,
+        remove: d.remove,
+    }))
+}
+
+/// The detail as templates see it: parsed JSON when it is JSON, else its text.
+pub fn parse(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// Reads every request, one pipeline per database; the answers are in request order
+/// (`Ok(None)`: nothing there).
+pub async fn fetch(
+    keyspace: &crate::keyspace::Keyspace,
+    reqs: &[Request],
+) -> Vec<Result<Option<Vec<u8>>, String>> {
+    let mut out: Vec<Result<Option<Vec<u8>>, String>> = vec![Ok(None); reqs.len()];
+    let mut by_db: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, r) in reqs.iter().enumerate() {
+        by_db.entry(r.db).or_default().push(i);
+    }
+    for (db, idx) in by_db {
+        let mut pipe = redis::pipe();
+        for &i in &idx {
+            match &reqs[i].at {
+                Location::Hash { key, field } => pipe.cmd("HGET").arg(key).arg(field),
+                Location::Key { key } => pipe.cmd("GET").arg(key),
+            };
+        }
+        let answer: Result<Vec<Option<Vec<u8>>>, String> = match keyspace.conn(db).await {
+            Ok(mut c) => pipe
+                .query_async(&mut c)
+                .await
+                .map_err(|e| format!("detail: Redis: {e}")),
+            Err(e) => Err(format!("detail: Redis: {e}")),
+        };
+        match answer {
+            Ok(values) => {
+                for (&i, v) in idx.iter().zip(values) {
+                    out[i] = Ok(v);
+                }
+            }
+            Err(e) => {
+                for &i in &idx {
+                    out[i] = Err(e.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Deletes the details marked `remove`, one pipeline per database.
+pub async fn remove(keyspace: &crate::keyspace::Keyspace, reqs: &[&Request]) -> Result<(), String> {
+    let mut by_db: BTreeMap<u32, redis::Pipeline> = BTreeMap::new();
+    for r in reqs.iter().filter(|r| r.remove) {
+        let pipe = by_db.entry(r.db).or_insert_with(redis::pipe);
+        match &r.at {
+            Location::Hash { key, field } => pipe.cmd("HDEL").arg(key).arg(field).ignore(),
+            Location::Key { key } => pipe.cmd("UNLINK").arg(key).ignore(),
+        };
+    }
+    for (db, pipe) in by_db {
+        let mut c = keyspace
+            .conn(db)
+            .await
+            .map_err(|e| format!("detail removal: Redis: {e}"))?;
+        pipe.exec_async(&mut c)
+            .await
+            .map_err(|e| format!("detail removal: Redis: {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_details_are_parsed_and_text_is_kept() {
+        assert_eq!(
+            parse(br#"{"order_id": 1}"#),
+            serde_json::json!({"order_id": 1})
+        );
+        assert_eq!(parse(b"plain text"), serde_json::json!("plain text"));
+        assert_eq!(parse(b"\xff"), serde_json::json!("\u{fffd}"));
+    }
+}

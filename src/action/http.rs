@@ -1,0 +1,186 @@
+//! Sending one HTTP request and deciding what its answer means.
+//!
+//! The decision is separate from the transport (Vector's `RetryAction`): every integration says
+//! what success looks like for it (Slack's `ok`, DingTalk's `errcode`), the rest is shared here.
+
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+
+use super::Outcome;
+
+/// A request ready to send. `url` may carry a token: it never reaches a log or an error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub method: reqwest::Method,
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+/// What came back.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub status: reqwest::StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn body_text(&self) -> String {
+        let s = String::from_utf8_lossy(&self.body);
+        let s = s.trim();
+        if s.len() > 300 {
+            let mut end = 300;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}…", &s[..end])
+        } else {
+            s.to_string()
+        }
+    }
+
+    pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+}
+
+/// The shared client: rustls, connection reuse, no proxy surprises.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .user_agent(concat!("keywatch/", env!("CARGO_PKG_VERSION")))
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// Sends `req`; a transport failure comes back as the outcome to report (always retryable:
+/// a target that is down for an hour must still get its messages).
+pub async fn send(
+    client: &reqwest::Client,
+    req: &Request,
+    timeout: Duration,
+) -> Result<Answer, Outcome> {
+    let mut b = client
+        .request(req.method.clone(), &req.url)
+        .timeout(timeout);
+    for (k, v) in &req.headers {
+        b = b.header(k, v);
+    }
+    let resp = b
+        .body(req.body.clone())
+        .send()
+        .await
+        .map_err(transport_error)?;
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.bytes().await.map_err(transport_error)?.to_vec();
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// A reqwest error without its URL (which may hold a token), as Alertmanager's `RedactURL` does.
+pub fn transport_error(e: reqwest::Error) -> Outcome {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else if e.is_body() || e.is_decode() {
+        "broken response"
+    } else {
+        "request failed"
+    };
+    let detail = e.without_url().to_string();
+    Outcome::Retry {
+        reason: format!("{kind}: {detail}"),
+        after: None,
+    }
+}
+
+/// `Retry-After` as seconds or an HTTP date.
+pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let v = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let when = chrono::DateTime::parse_from_rfc2822(v).ok()?;
+    let wait = when.with_timezone(&chrono::Utc) - chrono::Utc::now();
+    Some(wait.to_std().unwrap_or(Duration::ZERO))
+}
+
+/// The generic meaning of a status: 2xx done; 429 (with `Retry-After`), 408 and 5xx retried;
+/// other 4xx given up (the request itself is wrong and will not get better).
+pub fn judge_status(a: &Answer) -> Outcome {
+    let s = a.status.as_u16();
+    match s {
+        200..=299 => Outcome::Sent(format!("HTTP {s}")),
+        429 => Outcome::Retry {
+            reason: format!("HTTP 429 rate limited: {}", a.body_text()),
+            after: retry_after(&a.headers),
+        },
+        408 | 500..=599 => Outcome::Retry {
+            reason: format!("HTTP {s}: {}", a.body_text()),
+            after: retry_after(&a.headers),
+        },
+        _ => Outcome::Failed(format!("HTTP {s}: {}", a.body_text())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::StatusCode;
+
+    fn answer(status: u16, headers: &[(&str, &str)], body: &str) -> Answer {
+        let mut h = HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(
+                reqwest::header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        Answer {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers: h,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn statuses_mean_what_they_say() {
+        assert!(matches!(
+            judge_status(&answer(204, &[], "")),
+            Outcome::Sent(_)
+        ));
+        assert!(matches!(
+            judge_status(&answer(500, &[], "boom")),
+            Outcome::Retry { after: None, .. }
+        ));
+        assert!(
+            matches!(judge_status(&answer(404, &[], "no_service")), Outcome::Failed(m) if m.contains("no_service"))
+        );
+        match judge_status(&answer(429, &[("retry-after", "7")], "")) {
+            Outcome::Retry { after, .. } => assert_eq!(after, Some(Duration::from_secs(7))),
+            o => panic!("{o:?}"),
+        }
+    }
+
+    #[test]
+    fn retry_after_accepts_http_dates() {
+        let later = (chrono::Utc::now() + chrono::Duration::seconds(30)).to_rfc2822();
+        let h = answer(429, &[("retry-after", &later)], "").headers;
+        let d = retry_after(&h).unwrap();
+        assert!(
+            d <= Duration::from_secs(30) && d >= Duration::from_secs(25),
+            "{d:?}"
+        );
+    }
+}

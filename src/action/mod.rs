@@ -1,0 +1,106 @@
+//! What rules do: `reload`, `exec`, `cleanup` and `notify`, each attempt ending in an [`Outcome`].
+//!
+//! One small module per integration behind one entry point, [`Actions::run`]; whether to retry
+//! is decided by the integration (it knows that DingTalk's HTTP 200 with `errcode` 130101 is a
+//! rate limit), when to retry by the delivery stage.
+
+pub mod cleanup;
+pub mod detail;
+pub mod dingtalk;
+pub mod exec;
+pub mod feishu;
+pub mod http;
+pub mod log;
+pub mod notify;
+pub mod reload;
+pub mod slack;
+pub mod webhook;
+pub mod wecom;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::job::{Action, Firing};
+use crate::keyspace::Keyspace;
+
+/// How one attempt went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done; the text says what the target answered (for logs and `send-test`).
+    Sent(String),
+    /// Worth trying again, after `after` when the target said so (`Retry-After`).
+    Retry {
+        reason: String,
+        after: Option<Duration>,
+    },
+    /// Will never work as configured (bad signature, unknown webhook): dead-letter it now.
+    Failed(String),
+}
+
+impl Outcome {
+    /// The `outcome` label of `keywatch_actions_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Sent(_) => "sent",
+            Outcome::Retry { .. } => "retry",
+            Outcome::Failed(_) => "failed",
+        }
+    }
+}
+
+/// What every action needs: the rules, an HTTP client, and the watched Redis.
+#[derive(Clone)]
+pub struct Actions {
+    pub config: Arc<Config>,
+    pub http: reqwest::Client,
+    pub keyspace: Keyspace,
+}
+
+impl Actions {
+    /// One attempt of `action` for `firing`.
+    pub async fn run(&self, firing: &Firing, action: &Action) -> Outcome {
+        let Some(rule) = self.config.rule(&firing.rule) else {
+            return Outcome::Failed(format!(
+                "rule `{}` is no longer in the rule set",
+                firing.rule
+            ));
+        };
+        match action {
+            Action::Reload => match &rule.reload {
+                Some(step) => reload::run(self, firing, rule, step).await,
+                None => Outcome::Failed("the rule no longer has a `reload` step".into()),
+            },
+            Action::Exec => match &rule.exec {
+                Some(step) => exec::run(self, firing, rule, step).await,
+                None => Outcome::Failed("the rule no longer has an `exec` step".into()),
+            },
+            Action::Cleanup => match &rule.cleanup {
+                Some(step) => cleanup::run(self, firing, rule, step).await,
+                None => Outcome::Failed("the rule no longer has a `cleanup` step".into()),
+            },
+            Action::Notify { channel } => match self.config.channel(channel) {
+                Some(ch) => notify::send_one(self, firing, rule, ch).await,
+                None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
+            },
+        }
+    }
+}
+
+/// The actions of a rule, in the order of SPEC §2 (detail is read before any of them).
+pub fn actions_of(rule: &crate::config::Rule) -> Vec<Action> {
+    let mut out = Vec::new();
+    if rule.reload.is_some() {
+        out.push(Action::Reload);
+    }
+    if rule.exec.is_some() {
+        out.push(Action::Exec);
+    }
+    if rule.cleanup.is_some() {
+        out.push(Action::Cleanup);
+    }
+    if let Some(n) = &rule.notify {
+        out.extend(n.to.iter().map(|c| Action::Notify { channel: c.clone() }));
+    }
+    out
+}
