@@ -1,1 +1,291 @@
-//! (being written)
+//! The command line of SPEC §1: parsed once into [`Command`], which dispatches.
+//!
+//! Exit codes: 0 success; 1 the checked thing is bad (invalid rules, Redis not ready, no rule
+//! matches for `explain`); 2 usage error or unreadable input.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, LoadError, Loaded, Mode};
+use crate::event::EventKind;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "keywatch",
+    version,
+    about = "Act on Redis keys that expire, are evicted or are about to expire, by rules kept in git."
+)]
+pub struct Cli {
+    /// Log format: `text` for people, `json` for log pipelines.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log level (error, warn, info, debug, trace); `RUST_LOG` overrides it.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Watch, match and act until SIGTERM/SIGINT.
+    Run {
+        #[command(flatten)]
+        rules: RulesArg,
+        /// Redis URL (overrides KEYWATCH_REDIS_URL and `redis.url`).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
+        /// Address of the HTTP endpoint (/metrics, /healthz, /readyz).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
+        listen: std::net::SocketAddr,
+    },
+    /// Send one test message through CHANNEL and show the target's answer.
+    SendTest {
+        /// The channel's name in the rules.
+        channel: String,
+        #[command(flatten)]
+        rules: RulesArg,
+    },
+    /// A self-contained tour on a throwaway local redis-server.
+    Demo,
+    /// Validate rule files; send nothing.
+    Check {
+        #[command(flatten)]
+        rules: RulesArg,
+    },
+    /// Show which rules match KEY and the actions they would run, fully rendered; send nothing.
+    Explain {
+        /// The key (bytes that are not UTF-8 may be given as `\xNN`).
+        key: OsString,
+        /// The event to explain: expired, evicted, deleted or expiring.
+        #[arg(long, default_value = "expired", value_parser = parse_event)]
+        event: EventKind,
+        /// The database the key lives in.
+        #[arg(long, default_value_t = 0)]
+        db: u32,
+        #[command(flatten)]
+        rules: RulesArg,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RulesArg {
+    /// A rule file or a folder of them (every *.yaml/*.yml below it); may repeat.
+    #[arg(
+        short = 'r',
+        long = "rules",
+        value_name = "PATH",
+        default_value = "rules"
+    )]
+    pub paths: Vec<PathBuf>,
+}
+
+fn parse_event(s: &str) -> Result<EventKind, String> {
+    EventKind::parse(s).ok_or_else(|| {
+        format!(
+            "`{s}` is not an event; expected one of {}",
+            EventKind::ALL.map(|k| k.as_str()).join(", ")
+        )
+    })
+}
+
+/// Runs the command line; what `main` returns.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(2),
+            };
+        }
+    };
+    run(cli)
+}
+
+fn init_logging(format: LogFormat, level: Option<&str>, default: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or(default)));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            None
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> ExitCode {
+    // One TLS provider for reqwest and redis, chosen before either builds a TLS config.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let default_level = match cli.command {
+        Command::Check { .. } | Command::Explain { .. } => "warn",
+        // The tour shows what fires and what the actions did, not the daemon's housekeeping.
+        Command::Demo => "warn,keywatch::alert=info,keywatch::delivery=info",
+        _ => "info",
+    };
+    init_logging(cli.log_format, cli.log_level.as_deref(), default_level);
+    match cli.command {
+        Command::Run {
+            rules,
+            redis,
+            listen,
+        } => {
+            let loaded = match load_or_report(&rules.paths, Mode::Run) {
+                Ok(l) => l,
+                Err(code) => return code,
+            };
+            let Some(rt) = runtime() else {
+                return ExitCode::from(1);
+            };
+            let opts = crate::app::RunOptions {
+                redis,
+                listen,
+                stop_after: None,
+            };
+            match rt.block_on(crate::app::run(
+                loaded.config,
+                opts,
+                tokio_util::sync::CancellationToken::new(),
+            )) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("keywatch: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Check { rules } => check(&rules.paths),
+        Command::SendTest { channel, rules } => {
+            let loaded = match load_or_report(&rules.paths, Mode::Run) {
+                Ok(l) => l,
+                Err(code) => return code,
+            };
+            let Some(rt) = runtime() else {
+                return ExitCode::from(1);
+            };
+            match rt.block_on(crate::send_test::run(&loaded.config, &channel)) {
+                Ok(msg) => {
+                    println!("{msg}");
+                    ExitCode::SUCCESS
+                }
+                Err(msg) => {
+                    eprintln!("{msg}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Demo => {
+            let Some(rt) = runtime() else {
+                return ExitCode::from(1);
+            };
+            match rt.block_on(crate::demo::run()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("keywatch demo: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Command::Explain {
+            key,
+            event,
+            db,
+            rules,
+        } => {
+            let loaded = match load_or_report(&rules.paths, Mode::Check) {
+                Ok(l) => l,
+                Err(code) => return code,
+            };
+            let key = crate::explain::key_bytes(&key);
+            let out = crate::explain::explain(&loaded.config, &key, event, db);
+            print!("{}", out.text);
+            if out.matched {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
+
+/// Prints every diagnostic to stderr; returns the load, or the exit code of the failure (2 when
+/// a path could not be read, 1 when the rules are invalid).
+fn load_or_report(paths: &[PathBuf], mode: Mode) -> Result<Loaded, ExitCode> {
+    let env = |name: &str| std::env::var(name).ok();
+    let mut err = std::io::stderr().lock();
+    match config::load(paths, mode, &env) {
+        Ok(loaded) => {
+            for w in &loaded.warnings {
+                let _ = writeln!(err, "{w}");
+            }
+            Ok(loaded)
+        }
+        Err(LoadError::Unreadable(msg)) => {
+            let _ = writeln!(err, "{msg}");
+            Err(ExitCode::from(2))
+        }
+        Err(LoadError::Invalid(diags)) => {
+            for d in &diags {
+                let _ = writeln!(err, "{d}");
+            }
+            let errors = diags
+                .iter()
+                .filter(|d| d.severity == config::Severity::Error)
+                .count();
+            let _ = writeln!(err, "{errors} error(s) found.");
+            Err(ExitCode::from(1))
+        }
+    }
+}
+
+fn check(paths: &[PathBuf]) -> ExitCode {
+    let loaded = match load_or_report(paths, Mode::Check) {
+        Ok(l) => l,
+        Err(code) => return code,
+    };
+    let c = &loaded.config;
+    println!(
+        "OK: {} file(s), {} rule(s), {} channel(s){}",
+        c.files.len(),
+        c.rules.len(),
+        c.channels.len(),
+        if loaded.warnings.is_empty() {
+            String::new()
+        } else {
+            format!(", {} warning(s)", loaded.warnings.len())
+        }
+    );
+    println!(
+        "Redis needs notify-keyspace-events with at least `{}`.",
+        c.needed_notify_flags()
+    );
+    ExitCode::SUCCESS
+}

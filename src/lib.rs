@@ -1,8 +1,8 @@
 //! keywatch watches a Redis (or Valkey) server for keys that expire, are evicted or are about to
 //! expire, matches each key against rules kept in YAML files, and runs what the rules say.
 //!
-//! Data flows one way: sources → matching → queue → actions. The external contract (CLI, rule
-//! language, payloads, guarantees) is `SPEC.md`; this crate is one way to honour it.
+//! Data flows one way: sources → matching → delivery → actions. The external contract (CLI,
+//! rule language, payloads, guarantees) is `SPEC.md`; this crate is one way to honour it.
 //!
 //! # Layout
 //!
@@ -13,12 +13,40 @@
 //! - [`matcher`]: all rules compiled into one matcher that finds every matching rule of a key.
 //! - [`template`]: Jinja rendering with per-target escaping, so key text never widens an action.
 //! - [`event`]: what happened to which key; the vocabulary every stage shares.
+//! - [`job`]: a matched event of one rule ([`job::Firing`]) and the actions it owes.
 //! - [`explain`]: `keywatch explain`: what would run for a key, rendered, sending nothing.
+//! - [`connect`]: settings → Redis clients (URL precedence, credentials, TLS).
+//! - [`keyspace`]: the watched Redis, one resilient connection per database.
+//! - [`source`]: where events come from (keyspace notifications; `notify-keyspace-events`).
+//! - [`engine`]: matching and detail reads, in batches, producing firings.
+//! - [`delivery`]: runs firings' actions in order, retries with backoff, rate-limits channels.
+//! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
+//! - [`ratelimit`]: token buckets for channels.
+//! - [`metrics`]: every metric of SPEC §7, defined once.
+//! - [`status`]: readiness and recent firings, for `/readyz` and the status page.
+//! - [`server`]: the HTTP endpoint of SPEC §6.
+//! - [`app`]: `keywatch run`: wiring and shutdown.
+//! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
+//! - [`send_test`]: `keywatch send-test`, one test message through one channel.
 
+pub mod action;
+pub mod app;
 pub mod cli;
 pub mod config;
+pub mod connect;
+pub mod delivery;
+pub mod demo;
+pub mod engine;
 pub mod event;
 pub mod explain;
+pub mod job;
+pub mod keyspace;
 pub mod matcher;
+pub mod metrics;
 pub mod pattern;
+pub mod ratelimit;
+pub mod send_test;
+pub mod server;
+pub mod source;
+pub mod status;
 pub mod template;

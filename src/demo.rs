@@ -1,0 +1,251 @@
+//! `keywatch demo`: a self-contained tour on a throwaway `redis-server`.
+//!
+//! Starts its own server on a free loopback port (never the one on 6379), loads a small rule set
+//! whose actions write to the log, sets keys that expire within seconds, shows what fires, and
+//! stops everything.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{self, RunOptions};
+use crate::config::{self, Mode};
+
+pub const RULES: &str = r#"
+redis:
+  notifications: enable
+channels:
+  console:
+    type: log
+rules:
+  - name: order-lock-timeout
+    match: "order_lock:{order_id}"
+    notify:
+      to: [console]
+      title: "Order lock expired"
+      message: "Lock of order {{ order_id }} expired before it was released."
+  - name: session-cleanup
+    match: "session:{sid}"
+    cleanup:
+      delete: ["session:{{ sid }}:*"]
+      hdel: [{ key: "online_users", field: "{{ sid }}" }]
+    notify:
+      to: [console]
+      message: "Session {{ sid }} expired: its keys and its online entry were removed."
+  - name: close-unpaid-order
+    match: "delay:task:{id}"
+    detail: { hash: "delay:detail", field: "{{ id }}", remove: true }
+    notify:
+      to: [console]
+      title: "Unpaid order closed"
+      message: "Order {{ detail.order_id }} of {{ detail.user }} ({{ detail.amount }}) was not paid in time."
+"#;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error(
+        "keywatch demo needs redis-server, which was not found ({0}). Install it (Debian/Ubuntu: `apt-get install redis-server`, macOS: `brew install redis`) or point KEYWATCH_REDIS_SERVER at a redis-server or valkey-server binary."
+    )]
+    NoServer(String),
+    #[error("cannot start redis-server: {0}")]
+    Start(String),
+    #[error("{0}")]
+    Run(String),
+}
+
+/// A redis-server child that is killed when dropped.
+struct Server {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile_dir::Dir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A temporary folder for the server's files, removed at the end.
+mod tempfile_dir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn server_binary() -> String {
+    std::env::var("KEYWATCH_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+fn start_server() -> Result<Server, DemoError> {
+    let bin = server_binary();
+    for _ in 0..5 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| DemoError::Start(e.to_string()))?
+            .port();
+        let dir = std::env::temp_dir().join(format!("keywatch-demo-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| DemoError::Start(e.to_string()))?;
+        let dir = tempfile_dir::Dir(dir);
+        let child = std::process::Command::new(&bin)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => DemoError::NoServer(format!("`{bin}`: {e}")),
+                _ => DemoError::Start(e.to_string()),
+            })?;
+        let mut server = Server {
+            child,
+            port,
+            _dir: dir,
+        };
+        for _ in 0..100 {
+            if let Ok(Some(_)) = server.child.try_wait() {
+                break; // port taken between our probe and its bind: try another
+            }
+            if let Ok(c) = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                && let Ok(mut conn) = c.get_connection_with_timeout(Duration::from_millis(200))
+                && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+            {
+                return Ok(server);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = server.child.kill();
+    }
+    Err(DemoError::Start(format!(
+        "`{bin}` did not come up on a free port"
+    )))
+}
+
+/// Runs the tour; returns when every demo key has fired (or after 20 s).
+pub async fn run() -> Result<(), DemoError> {
+    let server = start_server()?;
+    let url = format!("redis://127.0.0.1:{}", server.port);
+    println!(
+        "keywatch demo: started a throwaway redis-server on 127.0.0.1:{}",
+        server.port
+    );
+    println!("rules:{RULES}");
+    let env = |_: &str| None;
+    let loaded = config::load_texts(
+        vec![PathBuf::from("demo.yaml")],
+        &[RULES.to_string()],
+        Mode::Run,
+        &env,
+    )
+    .map_err(|e| DemoError::Run(format!("the demo rules do not load: {e}")))?;
+
+    let stop = CancellationToken::new();
+    let opts = RunOptions {
+        redis: Some(url.clone()),
+        listen: "127.0.0.1:0".parse().expect("a valid address"),
+        stop_after: Some(Duration::from_secs(20)),
+    };
+    let runner = tokio::spawn(app::run(loaded.config, opts, stop.clone()));
+
+    let client = redis::Client::open(url.as_str()).map_err(|e| DemoError::Run(e.to_string()))?;
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| DemoError::Run(e.to_string()))?;
+    // Give the subscriber a moment to subscribe before the first key expires.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let setup: redis::RedisResult<()> = redis::pipe()
+        .cmd("SET")
+        .arg("order_lock:42")
+        .arg("worker-7")
+        .arg("PX")
+        .arg(1500)
+        .ignore()
+        .cmd("SET")
+        .arg("session:abc")
+        .arg("u-77")
+        .arg("PX")
+        .arg(2500)
+        .ignore()
+        .cmd("SET")
+        .arg("session:abc:cart")
+        .arg("3 items")
+        .ignore()
+        .cmd("SET")
+        .arg("session:abc:prefs")
+        .arg("dark")
+        .ignore()
+        .cmd("HSET")
+        .arg("online_users")
+        .arg("abc")
+        .arg("1")
+        .ignore()
+        .cmd("HSET")
+        .arg("delay:detail")
+        .arg("1001")
+        .arg(r#"{"order_id": 1001, "user": "u-77", "amount": "99.00"}"#)
+        .ignore()
+        .cmd("SET")
+        .arg("delay:task:1001")
+        .arg("")
+        .arg("PX")
+        .arg(3500)
+        .ignore()
+        .exec_async(&mut c)
+        .await;
+    setup.map_err(|e| DemoError::Run(format!("cannot set the demo keys: {e}")))?;
+    println!(
+        "set order_lock:42 (expires in 1.5 s), session:abc (2.5 s) with session:abc:cart and session:abc:prefs, delay:task:1001 (3.5 s) with its detail in the hash delay:detail\n"
+    );
+
+    // Redis publishes `expired` when it deletes a key, which for untouched keys can be seconds
+    // late; touching a key at its deadline makes Redis expire it at once.
+    let t0 = tokio::time::Instant::now();
+    for (at_ms, key) in [
+        (1500u64, "order_lock:42"),
+        (2500, "session:abc"),
+        (3500, "delay:task:1001"),
+    ] {
+        tokio::time::sleep_until(t0 + Duration::from_millis(at_ms + 5)).await;
+        let _: redis::RedisResult<i64> = redis::cmd("PTTL").arg(key).query_async(&mut c).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let left: i64 = redis::cmd("EXISTS")
+        .arg("session:abc:cart")
+        .arg("session:abc:prefs")
+        .query_async(&mut c)
+        .await
+        .unwrap_or(-1);
+    let details: i64 = redis::cmd("HLEN")
+        .arg("delay:detail")
+        .query_async(&mut c)
+        .await
+        .unwrap_or(-1);
+    println!(
+        "\nafter the tour: {left} of the 2 session:abc:* keys left, {details} field(s) left in delay:detail"
+    );
+    stop.cancel();
+    let result = runner.await.map_err(|e| DemoError::Run(e.to_string()))?;
+    drop(server);
+    result.map_err(|e| DemoError::Run(e.to_string()))?;
+    println!(
+        "keywatch demo: done (the redis-server was stopped). Next: write rules in rules/, check them with `keywatch check`, run `keywatch run`."
+    );
+    Ok(())
+}
