@@ -612,3 +612,10 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn shareable_across_tasks() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<TemplateSet>();
+    assert_send_sync::<Context>();
+}
