@@ -22,6 +22,7 @@ use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 use crate::server;
 use crate::source::flags;
+use crate::source::ledger::{self, Ledger};
 use crate::source::notifications::{self, Backoff};
 use crate::status::Status;
 
@@ -94,8 +95,24 @@ pub async fn run(
     let delivery_stop = CancellationToken::new();
     let http_stop = CancellationToken::new();
 
+    let ledger = if config.uses_ledger() {
+        let state = state_connection(&config, &keyspace).await?;
+        Some(Ledger::new(
+            state,
+            keyspace.clone(),
+            &config.state.prefix,
+            metrics.clone(),
+        ))
+    } else {
+        None
+    };
+    let marker = Ledger::marker_channel(&config.state.prefix);
     let (tx, rx) = mpsc::channel(64 * 1024);
-    let channels = notifications::channels(&config.redis.databases, &config.event_kinds());
+    let channels = notifications::channels(
+        &config.redis.databases,
+        &config.event_kinds(),
+        ledger.as_ref().map(|_| marker.as_str()),
+    );
     let subscriber = if channels.is_empty() {
         // Only `expiring` rules: nothing to subscribe to; the scanner is the source.
         status.set_subscribed(&node, true);
@@ -124,12 +141,21 @@ pub async fn run(
         RetryPolicy::default(),
         delivery_stop.clone(),
     );
+    let poker_stop = CancellationToken::new();
+    if let Some(l) = &ledger {
+        tokio::spawn(ledger::run_poker(
+            l.clone(),
+            config.redis.databases.clone(),
+            poker_stop.clone(),
+        ));
+    }
     let engine = Engine {
         config: config.clone(),
         keyspace,
         delivery: delivery.clone(),
         metrics: metrics.clone(),
         status: status.clone(),
+        ledger,
     };
     let engine = tokio::spawn(engine.run(rx));
     let http = tokio::spawn(server::serve(
@@ -144,6 +170,7 @@ pub async fn run(
     let started = Instant::now();
     tracing::info!("Stopping: no new events are taken; finishing work in flight.");
     subscribers.cancel();
+    poker_stop.cancel();
     if let Some(s) = subscriber {
         let _ = s.await;
     }
@@ -156,6 +183,27 @@ pub async fn run(
     let _ = http.await;
     tracing::info!(took_ms = started.elapsed().as_millis() as u64, "Stopped.");
     Ok(())
+}
+
+/// Where keywatch keeps its own state: `state.url`, or database 0 of the watched Redis.
+async fn state_connection(
+    config: &Config,
+    keyspace: &Keyspace,
+) -> Result<redis::aio::ConnectionManager, StartError> {
+    match &config.state.url {
+        Some(url) => {
+            let (client, node) = connect::client(url, &config.redis, 0)?;
+            client.get_connection_manager().await.map_err(|e| {
+                StartError::Redis(format!("cannot connect to the state Redis at {node}: {e}"))
+            })
+        }
+        None => keyspace.conn(0).await.map_err(|e| {
+            StartError::Redis(format!(
+                "cannot connect to Redis at {}: {e}",
+                keyspace.node()
+            ))
+        }),
+    }
 }
 
 async fn wait_for_stop(shutdown: &CancellationToken, stop_after: Option<Duration>) {

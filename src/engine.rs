@@ -12,10 +12,11 @@ use tokio::sync::mpsc;
 use crate::action::detail;
 use crate::config::Config;
 use crate::delivery::Delivery;
-use crate::event::KeyEvent;
+use crate::event::{EventKind, KeyEvent};
 use crate::job::Firing;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
+use crate::source::ledger::{self, Ledger, Note};
 use crate::source::notifications::Signal;
 use crate::status::Status;
 use crate::template::Context;
@@ -28,6 +29,8 @@ pub struct Engine {
     pub delivery: Delivery,
     pub metrics: Arc<Metrics>,
     pub status: Arc<Status>,
+    /// The deadline ledger, when a rule reacts to expiries.
+    pub ledger: Option<Ledger>,
 }
 
 /// One event matched by one rule, on its way to becoming a firing.
@@ -47,27 +50,159 @@ impl Engine {
     }
 
     async fn handle(&self, signals: Vec<Signal>) {
-        let mut matched = Vec::new();
+        let mut events = Vec::new();
+        let mut learn = Vec::new();
+        let mut forget = Vec::new();
+        let mut markers = Vec::new();
         for s in signals {
             match s {
-                Signal::Event(e) => self.match_event(e, &mut matched),
+                Signal::Event(e) => {
+                    if self.ledger.is_some()
+                        && matches!(e.kind, EventKind::Evicted | EventKind::Deleted)
+                    {
+                        forget.push((e.db, e.key.clone()));
+                    }
+                    events.push(e);
+                }
+                Signal::Deadline { db, key, note } => {
+                    if self.ledger.is_some() && self.config.wants_deadline(db, &key) {
+                        match note {
+                            Note::Expire | Note::RenameTo => learn.push((db, key)),
+                            Note::Forget => forget.push((db, key)),
+                        }
+                    }
+                }
+                Signal::Marker(payload) => {
+                    if let Some(m) = self.ledger.as_ref().and_then(|l| l.own_marker(&payload)) {
+                        markers.push(m);
+                    }
+                }
                 Signal::Up { node } => {
                     self.metrics.subscriber(&node, true);
                     self.status.set_subscribed(&node, true);
                     self.recheck_flags(&node).await;
+                    self.after_subscribe();
                 }
                 Signal::Down { node, reason } => {
                     self.metrics.subscriber(&node, false);
                     self.metrics.reconnects.inc();
                     self.status.set_subscribed(&node, false);
-                    tracing::warn!(%node, %reason, "Keyspace events published until the subscription is back are lost.");
+                    tracing::warn!(%node, %reason, "Keyspace events published until the subscription is back are lost; expiries of keys with known deadlines will be recovered.");
                 }
+            }
+        }
+        if let Some(l) = &self.ledger {
+            for (db, keys) in ledger::by_db(forget) {
+                if let Err(e) = l.forget(db, &keys).await {
+                    tracing::warn!(db, error = %e, "Ledger: cannot forget deadlines.");
+                }
+            }
+            for (db, keys) in ledger::by_db(learn) {
+                if let Err(e) = l.learn(db, &keys).await {
+                    tracing::warn!(db, error = %e, "Ledger: cannot record deadlines.");
+                }
+            }
+            self.attach_deadlines(l, &mut events).await;
+        }
+        let mut matched = Vec::new();
+        for e in events {
+            self.match_event(e, &mut matched);
+        }
+        if let Some(l) = &self.ledger {
+            for (db, seq) in markers {
+                self.recover(l, db, seq, &mut matched).await;
             }
         }
         if matched.is_empty() {
             return;
         }
         self.fire(matched).await;
+    }
+
+    /// After every (re)subscription events may have been lost: drop deadlines of keys deleted
+    /// meanwhile, ask for a marker (whose arrival recovers what was missed), then learn the
+    /// deadlines of keys set meanwhile with a paced scan.
+    fn after_subscribe(&self) {
+        let Some(l) = self.ledger.clone() else { return };
+        let config = self.config.clone();
+        tokio::spawn(async move {
+            for &db in &config.redis.databases {
+                match l.reconcile(db).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        db,
+                        dropped = n,
+                        "Ledger: dropped deadlines of keys deleted while keywatch was not listening."
+                    ),
+                    Err(e) => tracing::warn!(db, error = %e, "Ledger: reconcile failed."),
+                }
+                if let Err(e) = l.mark(db).await {
+                    tracing::warn!(db, error = %e, "Ledger: cannot publish a marker.");
+                }
+            }
+            ledger::fill_all(&l, &config).await;
+        });
+    }
+
+    /// Marks `expired` events of ledgered keys as handled and gives them their deadline.
+    async fn attach_deadlines(&self, l: &Ledger, events: &mut [KeyEvent]) {
+        let mut idx: std::collections::BTreeMap<u32, Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (i, e) in events.iter().enumerate() {
+            if e.kind == EventKind::Expired && self.config.wants_deadline(e.db, &e.key) {
+                idx.entry(e.db).or_default().push(i);
+            }
+        }
+        for (db, positions) in idx {
+            let keys: Vec<Vec<u8>> = positions.iter().map(|&i| events[i].key.clone()).collect();
+            match l.handled(db, &keys).await {
+                Ok(deadlines) => {
+                    for (&i, d) in positions.iter().zip(deadlines) {
+                        events[i].deadline = d.and_then(chrono::DateTime::from_timestamp_millis);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(db, error = %e, "Ledger: cannot mark expiries as handled.")
+                }
+            }
+        }
+    }
+
+    /// Expiries the ledger knew of but keywatch never saw: fired with `recovered: true`.
+    async fn recover(&self, l: &Ledger, db: u32, seq: u64, out: &mut Vec<Matched>) {
+        let missed = match l.recover(db, seq).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(db, error = %e, "Ledger: cannot read missed expiries; they stay for the next marker.");
+                return;
+            }
+        };
+        for m in missed {
+            let event = KeyEvent {
+                kind: EventKind::Expired,
+                db: m.db,
+                key: m.key,
+                observed_at: chrono::Utc::now(),
+                deadline: chrono::DateTime::from_timestamp_millis(m.deadline_ms),
+                ttl_ms: None,
+                recovered: true,
+                source: self.keyspace.node().to_string(),
+            };
+            tracing::info!(db, key = %event.key_lossy(), deadline = ?event.deadline, "Recovered an expiry whose notification was missed.");
+            for (rule, captures) in self
+                .config
+                .rules_for(EventKind::Expired, event.db, &event.key)
+            {
+                self.metrics.recovered_for(&self.config.rules[rule].name);
+                self.metrics
+                    .matched(&self.config.rules[rule].name, "expired");
+                out.push(Matched {
+                    event: event.clone(),
+                    rule,
+                    captures,
+                });
+            }
+        }
     }
 
     /// A Redis that restarted has lost a `CONFIG SET notify-keyspace-events` not written to its
@@ -87,7 +222,9 @@ impl Engine {
 
     fn match_event(&self, e: KeyEvent, out: &mut Vec<Matched>) {
         self.metrics.event(e.kind.as_str(), e.db);
-        if let Some(late) = e.late_ms() {
+        if !e.recovered
+            && let Some(late) = e.late_ms()
+        {
             self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
         }
         for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {

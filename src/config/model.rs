@@ -123,7 +123,29 @@ impl Config {
                 flags.push(f);
             }
         }
+        if self.uses_ledger() && !flags.contains('g') {
+            flags.push('g');
+        }
         flags
+    }
+
+    /// Whether keywatch keeps a deadline ledger: whenever a rule reacts to expiries or warns
+    /// before them.
+    pub fn uses_ledger(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.on.contains(&EventKind::Expired) || r.on.contains(&EventKind::Expiring))
+    }
+
+    /// Whether a deadline of `key` in `db` is worth keeping: some rule fires on its expiry or
+    /// warns before it.
+    pub fn wants_deadline(&self, db: u32, key: &[u8]) -> bool {
+        let mut idx = Vec::new();
+        self.matching_rules(key, &mut idx);
+        idx.iter().any(|&i| {
+            let r = &self.rules[i];
+            r.fires_on(EventKind::Expired, db) || r.fires_on(EventKind::Expiring, db)
+        })
     }
 }
 

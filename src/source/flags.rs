@@ -57,7 +57,14 @@ pub async fn ensure(
     config: &Config,
     node: &str,
 ) -> Result<(), String> {
-    let needed = config.needed_notify_flags();
+    let mut needed = config.needed_notify_flags();
+    if config.uses_ledger() && evicts(conn).await {
+        // Under an evicting maxmemory-policy the ledger must hear evictions, or an evicted key
+        // would look like a missed expiry when its deadline comes.
+        if !needed.contains('e') {
+            needed.push('e');
+        }
+    }
     let current: Result<Vec<String>, redis::RedisError> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("notify-keyspace-events")
@@ -114,6 +121,19 @@ pub async fn ensure(
             Ok(())
         }
     }
+}
+
+/// Whether the server may evict keys (`maxmemory-policy` other than `noeviction`).
+async fn evicts(conn: &mut redis::aio::ConnectionManager) -> bool {
+    let policy: Result<Vec<String>, redis::RedisError> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    policy
+        .ok()
+        .and_then(|v| v.get(1).cloned())
+        .is_some_and(|p| p != "noeviction")
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
-//! Where events come from: Redis keyspace notifications (and, later, the deadline ledger and the
-//! TTL scanner).
+//! Where events come from: Redis keyspace notifications ([`notifications`]), checked against
+//! what the rules need ([`flags`]), and the deadline ledger that makes expiries punctual and
+//! recovers missed ones ([`ledger`]).
 
 pub mod flags;
+pub mod ledger;
 pub mod notifications;

@@ -15,11 +15,20 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventKind, KeyEvent};
+use crate::source::ledger::Note;
 
 /// What a subscriber reports.
 #[derive(Debug)]
 pub enum Signal {
     Event(KeyEvent),
+    /// A keyevent that changes a key's deadline (`expire`, `persist`, `rename_*`), for the ledger.
+    Deadline {
+        db: u32,
+        key: Vec<u8>,
+        note: Note,
+    },
+    /// A message on keywatch's marker channel (see [`crate::source::ledger`]).
+    Marker(Vec<u8>),
     /// Subscribed to every channel; events flow from now on.
     Up {
         node: String,
@@ -31,30 +40,57 @@ pub enum Signal {
     },
 }
 
-/// The keyevent channels for `kinds` in `dbs`: `__keyevent@0__:expired`, …
-pub fn channels(dbs: &[u32], kinds: &[EventKind]) -> Vec<String> {
+/// The keyevent channels for `kinds` in `dbs` (`__keyevent@0__:expired`, …), plus, when
+/// `ledger` is on, those that change deadlines and keywatch's marker channel.
+pub fn channels(dbs: &[u32], kinds: &[EventKind], ledger: Option<&str>) -> Vec<String> {
     let mut out = Vec::new();
     for db in dbs {
-        for k in kinds {
-            if let Some(ev) = k.redis_event() {
+        let mut names: Vec<&str> = kinds.iter().filter_map(|k| k.redis_event()).collect();
+        if ledger.is_some() {
+            names.extend([
+                "expire",
+                "persist",
+                "rename_from",
+                "rename_to",
+                "del",
+                "evicted",
+            ]);
+        }
+        let mut seen = Vec::new();
+        for ev in names {
+            if !seen.contains(&ev) {
+                seen.push(ev);
                 out.push(format!("__keyevent@{db}__:{ev}"));
             }
         }
     }
+    if let Some(marker) = ledger {
+        out.push(marker.to_string());
+    }
     out
 }
 
-/// `__keyevent@3__:expired` → (3, Expired).
-pub fn parse_channel(channel: &str) -> Option<(u32, EventKind)> {
+/// What a keyevent channel carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    Event(EventKind),
+    Deadline(Note),
+}
+
+/// `__keyevent@3__:expired` → (3, Event(Expired)); `__keyevent@0__:expire` → (0, Deadline(Expire)).
+pub fn parse_channel(channel: &str) -> Option<(u32, Channel)> {
     let rest = channel.strip_prefix("__keyevent@")?;
     let (db, ev) = rest.split_once("__:")?;
-    let kind = match ev {
-        "expired" => EventKind::Expired,
-        "evicted" => EventKind::Evicted,
-        "del" => EventKind::Deleted,
+    let what = match ev {
+        "expired" => Channel::Event(EventKind::Expired),
+        "evicted" => Channel::Event(EventKind::Evicted),
+        "del" => Channel::Event(EventKind::Deleted),
+        "expire" => Channel::Deadline(Note::Expire),
+        "rename_to" => Channel::Deadline(Note::RenameTo),
+        "persist" | "rename_from" => Channel::Deadline(Note::Forget),
         _ => return None,
     };
-    Some((db.parse().ok()?, kind))
+    Some((db.parse().ok()?, what))
 }
 
 #[derive(Clone, Debug)]
@@ -166,18 +202,23 @@ async fn session(
             _ = shutdown.cancelled() => return None,
             msg = stream.next() => {
                 let Some(msg) = msg else { return Some("connection closed by the server".into()) };
-                let Some((db, kind)) = parse_channel(msg.get_channel_name()) else { continue };
-                let event = KeyEvent {
-                    kind,
-                    db,
-                    key: msg.get_payload_bytes().to_vec(),
-                    observed_at: Utc::now(),
-                    deadline: None,
-                    ttl_ms: None,
-                    recovered: false,
-                    source: node.to_string(),
+                let key = msg.get_payload_bytes().to_vec();
+                let signal = match parse_channel(msg.get_channel_name()) {
+                    Some((db, Channel::Event(kind))) => Signal::Event(KeyEvent {
+                        kind,
+                        db,
+                        key,
+                        observed_at: Utc::now(),
+                        deadline: None,
+                        ttl_ms: None,
+                        recovered: false,
+                        source: node.to_string(),
+                    }),
+                    Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
+                    None if !msg.get_channel_name().starts_with("__keyevent@") => Signal::Marker(key),
+                    None => continue,
                 };
-                if tx.send(Signal::Event(event)).await.is_err() {
+                if tx.send(signal).await.is_err() {
                     return None;
                 }
             }
@@ -201,6 +242,7 @@ mod tests {
         let ch = channels(
             &[0, 3],
             &[EventKind::Expired, EventKind::Deleted, EventKind::Expiring],
+            None,
         );
         assert_eq!(
             ch,
@@ -211,13 +253,35 @@ mod tests {
                 "__keyevent@3__:del"
             ]
         );
+        let ch = channels(&[0], &[EventKind::Expired], Some("keywatch:poke"));
+        assert_eq!(
+            ch,
+            [
+                "__keyevent@0__:expired",
+                "__keyevent@0__:expire",
+                "__keyevent@0__:persist",
+                "__keyevent@0__:rename_from",
+                "__keyevent@0__:rename_to",
+                "__keyevent@0__:del",
+                "__keyevent@0__:evicted",
+                "keywatch:poke"
+            ]
+        );
         assert_eq!(
             parse_channel("__keyevent@3__:del"),
-            Some((3, EventKind::Deleted))
+            Some((3, Channel::Event(EventKind::Deleted)))
         );
         assert_eq!(
             parse_channel("__keyevent@0__:evicted"),
-            Some((0, EventKind::Evicted))
+            Some((0, Channel::Event(EventKind::Evicted)))
+        );
+        assert_eq!(
+            parse_channel("__keyevent@0__:expire"),
+            Some((0, Channel::Deadline(Note::Expire)))
+        );
+        assert_eq!(
+            parse_channel("__keyevent@0__:rename_from"),
+            Some((0, Channel::Deadline(Note::Forget)))
         );
         assert_eq!(parse_channel("__keyevent@0__:set"), None);
         assert_eq!(parse_channel("other"), None);

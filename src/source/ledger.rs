@@ -1,0 +1,575 @@
+//! The deadline ledger: keywatch knows when keys are due, so expiries are handled on time and
+//! missed ones are found.
+//!
+//! Redis publishes `expired` only when it deletes a key — on access, or when its background
+//! cycle reaches it, which with many TTL keys is seconds to minutes late — and pub/sub loses
+//! whatever is published while keywatch is down or disconnected. So keywatch keeps, in Redis
+//! (shared by instances, surviving restarts), a sorted set per database of the deadlines of the
+//! keys its rules watch, learnt from `expire` keyevents and scans:
+//!
+//! - **On time**: when a deadline comes, the poker touches the key (`PEXPIRETIME`, pipelined,
+//!   every few ms); Redis then deletes it and publishes `expired` at once.
+//! - **Recovery**: a touched key that was already gone moves to a "poked" set tagged with a
+//!   sequence number, and the poker publishes that number on keywatch's marker channel. Pub/sub
+//!   keeps order, so when the engine reads the marker it has already read every `expired` that
+//!   the touch caused; what is still in the poked set then is an expiry keywatch missed. No
+//!   timing guess is involved.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use crate::keyspace::Keyspace;
+use crate::metrics::Metrics;
+
+/// How often the poker looks for due deadlines; the lateness of an on-time expiry is about this
+/// plus a round trip.
+pub const POKE_EVERY: Duration = Duration::from_millis(2);
+/// Due keys touched per round trip.
+const POKE_BATCH: usize = 2000;
+
+/// What a keyevent says about a deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// `expire`: a TTL was set or changed; read it.
+    Expire,
+    /// `rename_to`: the TTL came with the name; read it.
+    RenameTo,
+    /// `persist`, `rename_from`, `del`, `evicted`: the deadline is gone.
+    Forget,
+}
+
+/// A deadline that passed with the key gone and no `expired` seen: a missed expiry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missed {
+    pub db: u32,
+    pub key: Vec<u8>,
+    pub deadline_ms: i64,
+}
+
+// Moves touched-and-gone keys from the ledger to the poked set, but only if the ledger still
+// holds the deadline the poker saw: if the engine handled the `expired` in between, nothing moves.
+const MOVE_POKED: &str = r"
+local n = 0
+for i = 2, #ARGV, 2 do
+  local m = ARGV[i]
+  local s = redis.call('ZSCORE', KEYS[1], m)
+  if s and tonumber(s) == tonumber(ARGV[i + 1]) then
+    redis.call('ZREM', KEYS[1], m)
+    redis.call('ZADD', KEYS[2], ARGV[1], m)
+    redis.call('HSET', KEYS[3], m, ARGV[i + 1])
+    n = n + 1
+  end
+end
+return n
+";
+
+// An `expired` was handled: drop the key's due deadline (not a later one: the key may already
+// have been set again) and any poked entry; return the deadline, for `late_ms` and the event id.
+const HANDLED: &str = r"
+local out = {}
+local now = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local m = ARGV[i]
+  local d = false
+  local s = redis.call('ZSCORE', KEYS[1], m)
+  if s and tonumber(s) <= now then
+    redis.call('ZREM', KEYS[1], m)
+    d = s
+  end
+  local p = redis.call('HGET', KEYS[3], m)
+  if p then
+    redis.call('ZREM', KEYS[2], m)
+    redis.call('HDEL', KEYS[3], m)
+    d = p
+  end
+  out[#out + 1] = d
+end
+return out
+";
+
+// Everything poked up to a marker that is still there was missed: take it out and return it.
+const RECOVER: &str = r"
+local ms = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1000)
+local out = {}
+for _, m in ipairs(ms) do
+  local d = redis.call('HGET', KEYS[2], m)
+  redis.call('ZREM', KEYS[1], m)
+  redis.call('HDEL', KEYS[2], m)
+  out[#out + 1] = m
+  out[#out + 1] = d or '0'
+end
+return out
+";
+
+/// A clock skew allowance: an `expired` for a key whose recorded deadline is further in the
+/// future than this belongs to an older incarnation of the key.
+const SKEW_MS: i64 = 2000;
+
+#[derive(Clone)]
+pub struct Ledger {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: ConnectionManager,
+    keyspace: Keyspace,
+    prefix: String,
+    instance: String,
+    seq: AtomicU64,
+    move_poked: redis::Script,
+    handled: redis::Script,
+    recover: redis::Script,
+    metrics: Arc<Metrics>,
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+impl Ledger {
+    pub fn new(
+        state: ConnectionManager,
+        keyspace: Keyspace,
+        prefix: &str,
+        metrics: Arc<Metrics>,
+    ) -> Ledger {
+        Ledger {
+            inner: Arc::new(Inner {
+                state,
+                keyspace,
+                prefix: prefix.to_string(),
+                instance: format!("{:016x}", fastrand::u64(..)),
+                seq: AtomicU64::new(0),
+                move_poked: redis::Script::new(MOVE_POKED),
+                handled: redis::Script::new(HANDLED),
+                recover: redis::Script::new(RECOVER),
+                metrics,
+            }),
+        }
+    }
+
+    /// The pub/sub channel markers go on (subscribed by the keyevent subscriber).
+    pub fn marker_channel(prefix: &str) -> String {
+        format!("{prefix}poke")
+    }
+
+    fn zset(&self, db: u32) -> String {
+        format!("{}ledger:{db}", self.inner.prefix)
+    }
+
+    fn poked(&self, db: u32) -> String {
+        format!("{}ledger:{db}:poked", self.inner.prefix)
+    }
+
+    fn poked_at(&self, db: u32) -> String {
+        format!("{}ledger:{db}:poked-deadline", self.inner.prefix)
+    }
+
+    /// The marker payload of this instance for `db` and `seq`.
+    fn marker(&self, db: u32, seq: u64) -> String {
+        format!("{}:{db}:{seq}", self.inner.instance)
+    }
+
+    /// Parses a marker; `None` for another instance's.
+    pub fn own_marker(&self, payload: &[u8]) -> Option<(u32, u64)> {
+        let s = std::str::from_utf8(payload).ok()?;
+        let mut parts = s.splitn(3, ':');
+        if parts.next()? != self.inner.instance {
+            return None;
+        }
+        Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+    }
+
+    /// Reads the deadlines of `keys` in `db` and records them (or drops keys without one).
+    pub async fn learn(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.inner.keyspace.conn(db).await?;
+        let mut pipe = redis::pipe();
+        for k in keys {
+            pipe.cmd("PEXPIRETIME").arg(k);
+        }
+        let deadlines: Vec<i64> = pipe.query_async(&mut conn).await?;
+        let zset = self.zset(db);
+        let mut write = redis::pipe();
+        for (k, d) in keys.iter().zip(deadlines) {
+            if d > 0 {
+                write.cmd("ZADD").arg(&zset).arg(d).arg(k).ignore();
+            } else {
+                write.cmd("ZREM").arg(&zset).arg(k).ignore();
+            }
+        }
+        write.exec_async(&mut self.inner.state.clone()).await
+    }
+
+    pub async fn forget(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        redis::cmd("ZREM")
+            .arg(self.zset(db))
+            .arg(keys)
+            .exec_async(&mut self.inner.state.clone())
+            .await
+    }
+
+    /// Marks the `expired` of `keys` as handled; returns each key's deadline when known.
+    pub async fn handled(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<Option<i64>>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut inv = self.inner.handled.prepare_invoke();
+        inv.key(self.zset(db))
+            .key(self.poked(db))
+            .key(self.poked_at(db))
+            .arg(now_ms() + SKEW_MS);
+        for k in keys {
+            inv.arg(k);
+        }
+        let out: Vec<Option<String>> = inv.invoke_async(&mut self.inner.state.clone()).await?;
+        Ok(out
+            .into_iter()
+            .map(|d| d.and_then(|s| s.parse::<f64>().ok()).map(|f| f as i64))
+            .collect())
+    }
+
+    /// The expiries missed up to marker `seq` of `db`.
+    pub async fn recover(&self, db: u32, seq: u64) -> redis::RedisResult<Vec<Missed>> {
+        let mut out = Vec::new();
+        loop {
+            let pairs: Vec<Vec<u8>> = self
+                .inner
+                .recover
+                .key(self.poked(db))
+                .key(self.poked_at(db))
+                .arg(seq)
+                .invoke_async(&mut self.inner.state.clone())
+                .await?;
+            let n = pairs.len() / 2;
+            for pair in pairs.chunks_exact(2) {
+                let deadline_ms = std::str::from_utf8(&pair[1])
+                    .ok()
+                    .and_then(|s| s.parse::<f64>().ok())
+                    .unwrap_or(0.0) as i64;
+                out.push(Missed {
+                    db,
+                    key: pair[0].clone(),
+                    deadline_ms,
+                });
+            }
+            if n < 1000 {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Asks for a marker now: what was poked before it and not handled by the time it arrives
+    /// was missed. Used after every (re)subscription, when events may have been lost.
+    pub async fn mark(&self, db: u32) -> redis::RedisResult<()> {
+        let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut conn = self.inner.keyspace.conn(db).await?;
+        redis::cmd("PUBLISH")
+            .arg(Self::marker_channel(&self.inner.prefix))
+            .arg(self.marker(db, seq))
+            .exec_async(&mut conn)
+            .await
+    }
+
+    /// One round of the poker for `db`: touch every due key; returns how many were due.
+    pub async fn poke(&self, db: u32) -> redis::RedisResult<usize> {
+        let zset = self.zset(db);
+        // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
+        let due: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(&zset)
+            .arg("-inf")
+            .arg(now_ms() - 1)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(POKE_BATCH)
+            .arg("WITHSCORES")
+            .query_async(&mut self.inner.state.clone())
+            .await?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.inner.keyspace.conn(db).await?;
+        let mut pipe = redis::pipe();
+        for (k, _) in &due {
+            // Reading the TTL makes the master delete a due key and publish `expired` at once.
+            pipe.cmd("PEXPIRETIME").arg(k);
+        }
+        let now: Vec<i64> = pipe.query_async(&mut conn).await?;
+        let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut gone = self.inner.move_poked.prepare_invoke();
+        gone.key(&zset)
+            .key(self.poked(db))
+            .key(self.poked_at(db))
+            .arg(seq);
+        let mut any_gone = false;
+        let mut fixes = 0;
+        let mut fix = redis::pipe();
+        for ((k, score), t) in due.iter().zip(now) {
+            match t {
+                -2 => {
+                    gone.arg(k).arg(*score as i64);
+                    any_gone = true;
+                }
+                // A plain SET dropped the TTL (Redis says nothing about that): no expiry will come.
+                -1 => {
+                    fix.cmd("ZREM").arg(&zset).arg(k).ignore();
+                    fixes += 1;
+                }
+                // The deadline moved without us hearing of it.
+                t if t != *score as i64 => {
+                    fix.cmd("ZADD").arg(&zset).arg(t).arg(k).ignore();
+                    fixes += 1;
+                }
+                _ => {}
+            }
+        }
+        if fixes > 0 {
+            fix.exec_async(&mut self.inner.state.clone()).await?;
+        }
+        if any_gone {
+            let _: i64 = gone.invoke_async(&mut self.inner.state.clone()).await?;
+            // After the move, so the marker follows every `expired` the touches caused.
+            redis::cmd("PUBLISH")
+                .arg(Self::marker_channel(&self.inner.prefix))
+                .arg(self.marker(db, seq))
+                .exec_async(&mut conn)
+                .await?;
+        }
+        Ok(due.len())
+    }
+
+    /// Drops deadlines still in the future whose key is gone: deleted while keywatch was not
+    /// listening. Run at start-up and after every reconnect, before those deadlines come.
+    pub async fn reconcile(&self, db: u32) -> redis::RedisResult<usize> {
+        let zset = self.zset(db);
+        let mut start = 0isize;
+        let mut dropped = 0;
+        loop {
+            let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+                .arg(&zset)
+                .arg(start)
+                .arg(start + 999)
+                .query_async(&mut self.inner.state.clone())
+                .await?;
+            if keys.is_empty() {
+                return Ok(dropped);
+            }
+            let mut conn = self.inner.keyspace.conn(db).await?;
+            let mut pipe = redis::pipe();
+            for k in &keys {
+                pipe.cmd("EXISTS").arg(k);
+            }
+            let exists: Vec<i64> = pipe.query_async(&mut conn).await?;
+            let gone: Vec<&Vec<u8>> = keys
+                .iter()
+                .zip(&exists)
+                .filter(|(_, e)| **e == 0)
+                .map(|(k, _)| k)
+                .collect();
+            let mut kept = keys.len();
+            if !gone.is_empty() {
+                // Only entries still in the future: due ones are the poker's to judge.
+                let now = now_ms();
+                let mut fix = redis::pipe();
+                for k in &gone {
+                    fix.cmd("ZSCORE").arg(&zset).arg(*k);
+                }
+                let scores: Vec<Option<f64>> =
+                    fix.query_async(&mut self.inner.state.clone()).await?;
+                let stale: Vec<&Vec<u8>> = gone
+                    .iter()
+                    .zip(scores)
+                    .filter(|(_, s)| s.is_some_and(|s| s as i64 > now))
+                    .map(|(k, _)| *k)
+                    .collect();
+                if !stale.is_empty() {
+                    redis::cmd("ZREM")
+                        .arg(&zset)
+                        .arg(&stale)
+                        .exec_async(&mut self.inner.state.clone())
+                        .await?;
+                    dropped += stale.len();
+                    kept -= stale.len();
+                }
+            }
+            start += kept as isize;
+        }
+    }
+
+    /// Fills the ledger from a SCAN of `db`: every key `wanted` accepts that has a TTL.
+    /// Paced to `max_per_second` keys so start-up does not hurt other clients.
+    pub async fn fill(
+        &self,
+        db: u32,
+        globs: &[Vec<u8>],
+        wanted: &(dyn Fn(&[u8]) -> bool + Send + Sync),
+        max_per_second: u64,
+    ) -> redis::RedisResult<usize> {
+        let mut conn = self.inner.keyspace.conn(db).await?;
+        let mut learnt = 0;
+        let started = tokio::time::Instant::now();
+        let mut scanned: u64 = 0;
+        for glob in globs {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(glob)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await?;
+                scanned += 1000;
+                self.inner.metrics.scan_keys.inc_by(keys.len() as u64);
+                let keys: Vec<Vec<u8>> = keys
+                    .into_iter()
+                    .filter(|k| !k.starts_with(self.inner.prefix.as_bytes()) && wanted(k))
+                    .collect();
+                learnt += keys.len();
+                self.learn(db, &keys).await?;
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+                let should_take =
+                    Duration::from_secs_f64(scanned as f64 / max_per_second.max(1) as f64);
+                if let Some(wait) = should_take.checked_sub(started.elapsed()) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+        Ok(learnt)
+    }
+
+    /// The number of deadlines known, per database.
+    pub async fn size(&self, dbs: &[u32]) -> redis::RedisResult<i64> {
+        let mut pipe = redis::pipe();
+        for db in dbs {
+            pipe.cmd("ZCARD").arg(self.zset(*db));
+        }
+        let sizes: Vec<i64> = pipe.query_async(&mut self.inner.state.clone()).await?;
+        Ok(sizes.iter().sum())
+    }
+
+    /// The next `limit` deadlines of `db` up to `until_ms`, soonest first (for `upcoming`).
+    pub async fn upcoming(
+        &self,
+        db: u32,
+        until_ms: i64,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(self.zset(db))
+            .arg("-inf")
+            .arg(until_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .arg("WITHSCORES")
+            .query_async(&mut self.inner.state.clone())
+            .await?;
+        Ok(rows.into_iter().map(|(k, s)| (k, s as i64)).collect())
+    }
+}
+
+/// Learns the deadlines of keys that exist (set before keywatch started, or while events were
+/// lost), with a paced SCAN: one per distinct glob when the rules have few, else one over
+/// everything.
+pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config) {
+    use crate::event::EventKind;
+    let mut globs: Vec<Vec<u8>> = config
+        .rules
+        .iter()
+        .filter(|r| r.on.contains(&EventKind::Expired) || r.on.contains(&EventKind::Expiring))
+        .map(|r| r.pattern.scan_glob().to_vec())
+        .collect();
+    globs.sort();
+    globs.dedup();
+    if globs.len() > 8 || globs.iter().any(|g| g.as_slice() == b"*") {
+        globs = vec![b"*".to_vec()];
+    }
+    let pace = config
+        .scanner
+        .as_ref()
+        .map_or(50_000, |s| s.max_keys_per_second);
+    for &db in &config.redis.databases {
+        let wanted = |k: &[u8]| config.wants_deadline(db, k);
+        let started = tokio::time::Instant::now();
+        match ledger.fill(db, &globs, &wanted, pace).await {
+            Ok(n) => tracing::info!(
+                db,
+                keys = n,
+                took_ms = started.elapsed().as_millis() as u64,
+                "Ledger: learnt the deadlines of existing keys."
+            ),
+            Err(e) => {
+                tracing::warn!(db, error = %e, "Ledger: the scan failed; deadlines are learnt from events only.")
+            }
+        }
+    }
+}
+
+/// Pokes every database until `shutdown`; errors are logged and retried after a pause.
+pub async fn run_poker(ledger: Ledger, dbs: Vec<u32>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(POKE_EVERY);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = housekeeping.tick() => {
+                if let Ok(n) = ledger.size(&dbs).await {
+                    ledger.inner.metrics.ledger_keys.set(n);
+                }
+                // A marker now and then recovers entries whose marker was lost (published while
+                // the subscriber was reconnecting).
+                for &db in &dbs {
+                    let _ = ledger.mark(db).await;
+                }
+            }
+            _ = tick.tick() => {
+                for &db in &dbs {
+                    // Keep poking while whole batches are due (a mass expiry), then wait a tick.
+                    loop {
+                        match ledger.poke(db).await {
+                            Ok(n) if n == POKE_BATCH => continue,
+                            Ok(_) => break,
+                            Err(e) => {
+                                tracing::warn!(db, error = %e, "Deadline poker: Redis error; retrying in a second.");
+                                tokio::select! {
+                                    _ = shutdown.cancelled() => return,
+                                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                                }
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Groups keys by database, in arrival order.
+pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, Vec<Vec<u8>>> {
+    let mut out: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
+    for (db, k) in items {
+        out.entry(db).or_default().push(k);
+    }
+    out
+}

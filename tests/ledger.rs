@@ -1,0 +1,300 @@
+//! The deadline ledger end to end: expiries on time, missed expiries recovered exactly once
+//! (keywatch killed, subscriber cut off by Redis's output-buffer limit), and keys whose TTL went
+//! away never alerted.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{
+    HttpReceiver, Keywatch, KeywatchProcess, RedisServer, Signal, wait_until, write_rules,
+};
+
+fn rules(dir: &std::path::Path, receiver: &HttpReceiver) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}"
+rules:
+  - name: lock-expired
+    match: "lock:{{id}}"
+    notify: {{ to: [hook] }}
+"#,
+        receiver.url_for("/hook")
+    );
+    write_rules(dir, "rules.yaml", &yaml)
+}
+
+fn start(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
+    let mut kw = Keywatch::spawn(
+        [
+            "run",
+            "-r",
+            rules.to_str().unwrap(),
+            "--redis",
+            &redis.url(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    kw.wait_for_output("Subscribed to keyspace events.", Duration::from_secs(20));
+    kw
+}
+
+fn ledger_size(redis: &RedisServer) -> i64 {
+    redis::cmd("ZCARD")
+        .arg("keywatch:ledger:0")
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+/// Keys of the webhook requests received, with how often each came and whether recovered.
+fn delivered(receiver: &HttpReceiver) -> BTreeMap<String, (usize, bool)> {
+    let mut out: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+    for r in receiver.requests() {
+        let j = r.json();
+        let e = out
+            .entry(j["key"].as_str().unwrap().to_string())
+            .or_default();
+        e.0 += 1;
+        e.1 = j["recovered"].as_bool().unwrap();
+    }
+    out
+}
+
+#[test]
+fn expiries_with_known_deadlines_carry_deadline_and_lateness() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path(), &receiver);
+    let _kw = start(&redis, &rules);
+    let mut c = redis.conn();
+    // Nobody touches these keys: the ledger's poke makes Redis expire them at their deadline.
+    for i in 0..20 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg("w")
+            .arg("PX")
+            .arg(800 + i * 10)
+            .query(&mut c)
+            .unwrap();
+    }
+    let got = receiver.wait_for(20, Duration::from_secs(30));
+    for r in &got {
+        let j = r.json();
+        assert_eq!(j["recovered"], false, "{j}");
+        assert!(j["deadline"].is_string(), "deadline known: {j}");
+        assert!(j["late_ms"].is_i64(), "late_ms known: {j}");
+    }
+    assert_eq!(delivered(&receiver).len(), 20);
+}
+
+#[test]
+fn expiries_while_keywatch_is_down_are_recovered_once() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path(), &receiver);
+    let mut kw = start(&redis, &rules);
+    let mut c = redis.conn();
+    for i in 0..25 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg("w")
+            .arg("PX")
+            .arg(1500)
+            .query(&mut c)
+            .unwrap();
+    }
+    wait_until(
+        "the ledger knows the 25 deadlines",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 25,
+    );
+    kw.sigkill();
+    // Let every key expire with nobody listening (touching them makes Redis delete them now).
+    std::thread::sleep(Duration::from_millis(1700));
+    for i in 0..25 {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("lock:{i}"))
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(ttl, -2);
+    }
+    assert_eq!(receiver.count(), 0);
+
+    let _kw = start(&redis, &rules);
+    receiver.wait_for(25, Duration::from_secs(30));
+    // Give a duplicate time to show up.
+    std::thread::sleep(Duration::from_millis(1500));
+    let d = delivered(&receiver);
+    assert_eq!(d.len(), 25, "{d:?}");
+    for (key, (n, recovered)) in &d {
+        assert_eq!(*n, 1, "{key} delivered {n} times");
+        assert!(recovered, "{key} not marked recovered");
+    }
+}
+
+#[test]
+fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
+    let redis = RedisServer::builder()
+        .notify_keyspace_events("Exg")
+        .arg("--client-output-buffer-limit")
+        .arg("pubsub 256kb 128kb 1")
+        .start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path(), &receiver);
+    let mut kw = start(&redis, &rules);
+    let mut c = redis.conn();
+    for i in 0..10 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg("w")
+            .arg("PX")
+            .arg(1500)
+            .query(&mut c)
+            .unwrap();
+    }
+    wait_until(
+        "the ledger knows the 10 deadlines",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 10,
+    );
+
+    // keywatch cannot read while stopped; a storm of `expire` events then overflows its pub/sub
+    // output buffer and Redis cuts it off.
+    kw.signal(Signal::STOP);
+    let storm = redis::Script::new(
+        r"for i = 1, 20000 do redis.call('SET', 'storm:' .. string.rep('x', 100) .. ':' .. i, 'v', 'EX', 3600) end return 1",
+    );
+    let _: i64 = storm.invoke(&mut c).unwrap();
+    wait_until(
+        "Redis cut the subscriber off",
+        Duration::from_secs(10),
+        || redis.log().contains("overcoming of output buffer limits"),
+    );
+    std::thread::sleep(Duration::from_millis(1700));
+    for i in 0..10 {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(format!("lock:{i}"))
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(ttl, -2);
+    }
+    kw.signal(Signal::CONT);
+
+    receiver.wait_for(10, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    let d = delivered(&receiver);
+    assert_eq!(d.len(), 10, "{d:?}");
+    assert!(
+        d.values().all(|(n, recovered)| *n == 1 && *recovered),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn renamed_persisted_and_reset_keys_are_never_alerted() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path(), &receiver);
+    let _kw = start(&redis, &rules);
+    let mut c = redis.conn();
+    let set = |c: &mut redis::Connection, k: &str| {
+        let _: () = redis::cmd("SET")
+            .arg(k)
+            .arg("w")
+            .arg("PX")
+            .arg(1000)
+            .query(c)
+            .unwrap();
+    };
+    set(&mut c, "lock:renamed");
+    set(&mut c, "lock:persisted");
+    set(&mut c, "lock:reset");
+    set(&mut c, "other:5");
+    set(&mut c, "lock:control");
+    wait_until(
+        "the ledger knows 4 deadlines",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 4,
+    );
+    let _: () = redis::cmd("RENAME")
+        .arg("lock:renamed")
+        .arg("other:renamed")
+        .query(&mut c)
+        .unwrap();
+    let _: i64 = redis::cmd("PERSIST")
+        .arg("lock:persisted")
+        .query(&mut c)
+        .unwrap();
+    // A plain SET drops the TTL and Redis says nothing about it.
+    let _: () = redis::cmd("SET")
+        .arg("lock:reset")
+        .arg("again")
+        .query(&mut c)
+        .unwrap();
+    // The TTL comes with the name: this one must alert, as lock:5.
+    let _: () = redis::cmd("RENAME")
+        .arg("other:5")
+        .arg("lock:5")
+        .query(&mut c)
+        .unwrap();
+
+    receiver.wait_for(2, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(2000));
+    let d = delivered(&receiver);
+    assert_eq!(
+        d.keys().collect::<Vec<_>>(),
+        ["lock:5", "lock:control"],
+        "{d:?}"
+    );
+    assert!(
+        d.values().all(|(n, recovered)| *n == 1 && !*recovered),
+        "{d:?}"
+    );
+    assert_eq!(ledger_size(&redis), 0, "the ledger forgot every deadline");
+}
+
+#[test]
+fn keys_set_before_keywatch_started_are_learnt_by_scan() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path(), &receiver);
+    let mut c = redis.conn();
+    for i in 0..30 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg("w")
+            .arg("PX")
+            .arg(4000)
+            .query(&mut c)
+            .unwrap();
+    }
+    let _: () = redis::cmd("SET")
+        .arg("lock:forever")
+        .arg("w")
+        .query(&mut c)
+        .unwrap();
+    let _kw = start(&redis, &rules);
+    wait_until(
+        "the scan learnt the 30 deadlines",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 30,
+    );
+    receiver.wait_for(30, Duration::from_secs(30));
+    let d = delivered(&receiver);
+    assert_eq!(d.len(), 30);
+    assert!(
+        d.values().all(|(n, recovered)| *n == 1 && !*recovered),
+        "{d:?}"
+    );
+}
