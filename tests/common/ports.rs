@@ -1,0 +1,41 @@
+//! Free loopback ports.
+//!
+//! There is no race-free way to hand a port to a child process: we bind `127.0.0.1:0`, read the
+//! port and close the listener, and the child binds it a moment later. Callers therefore retry on
+//! "Address already in use". Within this process we at least never hand out the same port twice,
+//! which removes the collisions between tests running in parallel threads.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::sync::{Mutex, OnceLock};
+
+fn handed_out() -> &'static Mutex<HashSet<u16>> {
+    static PORTS: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    PORTS.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// A loopback port that was free a moment ago and that this process has not handed out before.
+pub fn free_port() -> u16 {
+    for _ in 0..1000 {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 to find a free port");
+        let port = listener
+            .local_addr()
+            .expect("local_addr of a bound listener")
+            .port();
+        if reserve(port) {
+            return port;
+        }
+    }
+    panic!("no free loopback port found in 1000 attempts");
+}
+
+/// Marks `port` as used by this process (for listeners bound to port 0 directly, so that a port
+/// they give up for a while, like a receiver that is "down", is not handed to a redis-server).
+/// Returns false when it was already marked.
+pub fn reserve(port: u16) -> bool {
+    handed_out()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(port)
+}

@@ -1,0 +1,459 @@
+//! One throwaway `redis-server` child per test.
+//!
+//! Each server listens on a free loopback port, keeps its data and log in its own temp dir, saves
+//! nothing unless told to (`--save "" --appendonly no`) and has no keyspace notifications unless
+//! told to, like a freshly installed Redis. Dropping the server kills it and removes the dir.
+
+use std::ffi::{OsStr, OsString};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
+
+use super::ports::free_port;
+use super::tools::redis_server_bin;
+
+/// Upper bound for a server to answer after it was started; never reached on a healthy run.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upper bound for a server to exit after SIGTERM (it fsyncs its AOF first).
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a fresh start picks a new port after "Address already in use".
+const PORT_ATTEMPTS: usize = 20;
+/// The line every redis-server and valkey-server since 7.0 logs once it serves clients, after
+/// loading its data. Seeing it in *our* child's log proves the port is ours: a PONG alone could
+/// come from another process that won the race for the port.
+const READY_LINE: &str = "Ready to accept connections";
+
+/// How to start a [`RedisServer`]; see [`RedisServer::builder`].
+#[derive(Clone, Debug, Default)]
+pub struct RedisServerBuilder {
+    notify_keyspace_events: Option<String>,
+    args: Vec<OsString>,
+    username: Option<String>,
+    password: Option<String>,
+    cluster: Option<ClusterMode>,
+}
+
+/// Cluster settings of a node; set by [`super::RedisCluster`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ClusterMode {
+    pub node_timeout_ms: u64,
+}
+
+impl RedisServerBuilder {
+    /// `notify-keyspace-events`, e.g. `"Ex"`. Default: not set, so the server's own default
+    /// (none) applies.
+    pub fn notify_keyspace_events(mut self, flags: &str) -> Self {
+        self.notify_keyspace_events = Some(flags.to_owned());
+        self
+    }
+
+    /// One more command-line argument, after the harness's own. Both `.arg("--maxmemory").arg("1mb")`
+    /// and `.arg("--maxmemory 1mb")` work: redis-server joins its arguments into config lines.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// Several command-line arguments, e.g. `["--client-output-buffer-limit", "pubsub 1mb 256kb 10"]`.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// `--NAME VALUE`: one config directive.
+    pub fn config(self, name: &str, value: &str) -> Self {
+        self.arg(format!("--{name}")).arg(value)
+    }
+
+    /// `--requirepass PASSWORD`, and [`RedisServer::conn`] and friends authenticate with it.
+    pub fn requirepass(mut self, password: &str) -> Self {
+        self.password = Some(password.to_owned());
+        self.config("requirepass", password)
+    }
+
+    /// Credentials the harness's own clients use ([`RedisServer::auth_url`], `conn`), for servers
+    /// configured with `--user`/`--aclfile` through [`Self::arg`]. Does not configure the server.
+    pub fn client_credentials(mut self, username: Option<&str>, password: &str) -> Self {
+        self.username = username.map(str::to_owned);
+        self.password = Some(password.to_owned());
+        self
+    }
+
+    /// `--enable-debug-command yes`, for `DEBUG SET-ACTIVE-EXPIRE 0`, `DEBUG SLEEP` and the like.
+    pub fn enable_debug_command(self) -> Self {
+        self.config("enable-debug-command", "yes")
+    }
+
+    pub(crate) fn cluster_mode(mut self, mode: ClusterMode) -> Self {
+        self.cluster = Some(mode);
+        self
+    }
+
+    /// Starts the server on a free port and waits until it answers. Panics, with the server's
+    /// log, when it does not.
+    pub fn start(self) -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("keywatch-redis-")
+            .tempdir()
+            .expect("create a temp dir for redis-server");
+        let mut server = RedisServer {
+            bin: redis_server_bin(),
+            settings: self,
+            dir,
+            port: 0,
+            cluster_port: None,
+            child: None,
+        };
+        for attempt in 1..=PORT_ATTEMPTS {
+            server.port = free_port();
+            server.cluster_port = server.settings.cluster.map(|_| free_port());
+            match server.spawn_and_wait() {
+                Ok(()) => return server,
+                Err(Failure::PortTaken) if attempt < PORT_ATTEMPTS => continue,
+                Err(failure) => server.fail_start(failure),
+            }
+        }
+        unreachable!("the last attempt either returns or panics")
+    }
+}
+
+/// A running (or stopped) `redis-server` child owned by one test.
+#[derive(Debug)]
+pub struct RedisServer {
+    bin: PathBuf,
+    settings: RedisServerBuilder,
+    dir: tempfile::TempDir,
+    port: u16,
+    cluster_port: Option<u16>,
+    child: Option<Child>,
+}
+
+enum Failure {
+    PortTaken,
+    Exited(ExitStatus),
+    NotReady,
+}
+
+impl RedisServer {
+    /// A plain server: no persistence, no keyspace notifications.
+    pub fn start() -> RedisServer {
+        Self::builder().start()
+    }
+
+    pub fn builder() -> RedisServerBuilder {
+        RedisServerBuilder::default()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The cluster bus port, for a cluster node.
+    pub fn cluster_port(&self) -> Option<u16> {
+        self.cluster_port
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// `redis://127.0.0.1:PORT`, without credentials.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr())
+    }
+
+    /// Like [`Self::url`], with the credentials of `requirepass`/`client_credentials` if any.
+    pub fn auth_url(&self) -> String {
+        let encode = |s: &str| {
+            percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+        };
+        match (&self.settings.username, &self.settings.password) {
+            (Some(user), Some(pass)) => {
+                format!("redis://{}:{}@{}", encode(user), encode(pass), self.addr())
+            }
+            (None, Some(pass)) => format!("redis://:{}@{}", encode(pass), self.addr()),
+            _ => self.url(),
+        }
+    }
+
+    /// The data dir (`--dir`): AOF files, `nodes.conf`, and `redis.log`.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.auth_url())
+            .unwrap_or_else(|e| panic!("redis::Client::open({}): {e}", self.url()))
+    }
+
+    /// A new synchronous connection (authenticated if the builder had credentials).
+    pub fn conn(&self) -> redis::Connection {
+        self.client()
+            .get_connection_with_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", self.url(), self.log_tail()))
+    }
+
+    /// A new multiplexed async connection (authenticated if the builder had credentials).
+    pub async fn async_conn(&self) -> redis::aio::MultiplexedConnection {
+        self.client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}\n{}", self.url(), self.log_tail()))
+    }
+
+    /// The pid of the running child. Panics when the server is stopped.
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .unwrap_or_else(|| panic!("redis-server on port {} is not running", self.port))
+    }
+
+    /// Whether the child is alive (it may have been stopped, killed or have crashed).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Everything the server has logged, across restarts.
+    pub fn log(&self) -> String {
+        std::fs::read(self.log_path())
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Graceful stop: SIGTERM (Redis fsyncs its AOF), then wait. Keeps the data dir.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if matches!(child.try_wait(), Ok(None)) {
+            send_signal(&child, Signal::TERM);
+        }
+        if wait_child(&mut child, STOP_TIMEOUT).is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "redis-server on port {} did not exit within {STOP_TIMEOUT:?} of SIGTERM\n{}",
+                self.port,
+                self.log_tail()
+            );
+        }
+    }
+
+    /// SIGKILL, as a crash: nothing is flushed. Keeps the data dir.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP: the server hangs (connections stay open, nothing answers) until [`Self::resume`].
+    pub fn pause(&self) {
+        send_signal(
+            self.child.as_ref().expect("pause a running server"),
+            Signal::STOP,
+        );
+    }
+
+    /// SIGCONT after [`Self::pause`].
+    pub fn resume(&self) {
+        send_signal(
+            self.child.as_ref().expect("resume a running server"),
+            Signal::CONT,
+        );
+    }
+
+    /// Starts the stopped or killed server again on the same port, with the same arguments and
+    /// data dir. If another process took the port meanwhile, waits for it to become free (up to
+    /// the readiness timeout) and then panics.
+    pub fn start_again(&mut self) {
+        assert!(
+            self.child.is_none(),
+            "start_again on a running server (port {})",
+            self.port
+        );
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.spawn_and_wait() {
+                Ok(()) => return,
+                Err(Failure::PortTaken) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(failure) => self.fail_start(failure),
+            }
+        }
+    }
+
+    /// [`Self::stop`] then [`Self::start_again`].
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// The last 60 lines of the log, for panic messages.
+    pub fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let start = lines.len().saturating_sub(60);
+        format!(
+            "--- redis-server log ({}, last {} lines) ---\n{}",
+            self.log_path().display(),
+            lines.len() - start,
+            lines[start..].join("\n")
+        )
+    }
+
+    fn command_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = Vec::new();
+        let mut push = |name: &str, value: &str| {
+            args.push(format!("--{name}").into());
+            args.push(value.into());
+        };
+        push("port", &self.port.to_string());
+        push("bind", "127.0.0.1");
+        push("dir", &self.dir.path().to_string_lossy());
+        push("save", "");
+        push("appendonly", "no");
+        push("daemonize", "no");
+        if let Some(flags) = &self.settings.notify_keyspace_events {
+            push("notify-keyspace-events", flags);
+        }
+        if let (Some(mode), Some(bus)) = (self.settings.cluster, self.cluster_port) {
+            push("cluster-enabled", "yes");
+            push("cluster-config-file", "nodes.conf");
+            push("cluster-port", &bus.to_string());
+            push("cluster-node-timeout", &mode.node_timeout_ms.to_string());
+        }
+        args.extend(self.settings.args.iter().cloned());
+        args
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<(), Failure> {
+        let log_path = self.log_path();
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .unwrap_or_else(|e| panic!("open {}: {e}", log_path.display()));
+        let args = self.command_args();
+        let _ = writeln!(log, "### harness: {} {:?}", self.bin.display(), args);
+        // Only what this child logs counts: earlier runs in the same dir logged "Ready" too.
+        let log_start = std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
+        let stderr: File = log.try_clone().expect("clone the log file handle");
+        let child = Command::new(&self.bin)
+            .args(&args)
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
+        self.child = Some(child);
+
+        let new_log = |path: &Path| -> String {
+            let bytes = std::fs::read(path).unwrap_or_default();
+            String::from_utf8_lossy(bytes.get(log_start..).unwrap_or_default()).into_owned()
+        };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let child = self.child.as_mut().expect("child was just spawned");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Err(if new_log(&log_path).contains("Address already in use") {
+                    Failure::PortTaken
+                } else {
+                    Failure::Exited(status)
+                });
+            }
+            if new_log(&log_path).contains(READY_LINE) && answers_ping(self.port) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                return Err(Failure::NotReady);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn fail_start(&self, failure: Failure) -> ! {
+        let why = match failure {
+            Failure::PortTaken => "kept finding its port taken (Address already in use)".to_owned(),
+            Failure::Exited(status) => format!("exited during start-up ({status})"),
+            Failure::NotReady => format!("did not become ready within {READY_TIMEOUT:?}"),
+        };
+        panic!(
+            "redis-server ({}) on port {} {why}\nargs: {:?}\n{}",
+            self.bin.display(),
+            self.port,
+            self.command_args(),
+            self.log_tail()
+        );
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether something on `port` answers an inline PING as a ready server would. NOAUTH counts:
+/// the server is up, it just wants a password; LOADING does not.
+fn answers_ping(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    if BufReader::new(stream).read_line(&mut line).is_err() {
+        return false;
+    }
+    line.starts_with("+PONG") || line.starts_with("-NOAUTH")
+}
+
+pub(crate) fn send_signal(child: &Child, signal: Signal) {
+    if let Err(e) = kill_process(Pid::from_child(child), signal) {
+        panic!("send {signal:?} to pid {}: {e}", child.id());
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit.
+pub(crate) fn wait_child(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() >= deadline => return None,
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("wait for pid {}: {e}", child.id()),
+        }
+    }
+}

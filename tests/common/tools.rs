@@ -1,0 +1,62 @@
+//! Where the Redis binaries are.
+//!
+//! Tests never skip themselves when `redis-server` is missing: a skipped test looks like a passing
+//! one in CI. They fail and say how to fix it.
+
+use std::path::{Path, PathBuf};
+
+/// The `redis-server` (or `valkey-server`) binary: `KEYWATCH_REDIS_SERVER`, else `redis-server`
+/// on `PATH`. Panics with installation advice when neither exists.
+pub fn redis_server_bin() -> PathBuf {
+    find_tool(
+        "KEYWATCH_REDIS_SERVER",
+        "redis-server",
+        "a redis-server or valkey-server binary",
+    )
+}
+
+/// The `redis-cli` (or `valkey-cli`) binary: `KEYWATCH_REDIS_CLI`, else `redis-cli` on `PATH`.
+pub fn redis_cli_bin() -> PathBuf {
+    find_tool(
+        "KEYWATCH_REDIS_CLI",
+        "redis-cli",
+        "a redis-cli or valkey-cli binary",
+    )
+}
+
+fn find_tool(variable: &str, name: &str, what: &str) -> PathBuf {
+    if let Some(value) = std::env::var_os(variable).filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(&value);
+        if let Some(found) = resolve(&path) {
+            return found;
+        }
+        panic!(
+            "{variable}={} does not name an executable file; set it to {what}, or unset it to use \
+             `{name}` from PATH",
+            path.display()
+        );
+    }
+    if let Some(found) = resolve(Path::new(name)) {
+        return found;
+    }
+    panic!(
+        "`{name}` was not found on PATH. These tests need a real server: install it \
+         (`apt-get install redis-server`) or set {variable} to {what}."
+    );
+}
+
+/// `path` itself if it contains a slash, else the first executable of that name on `PATH`.
+fn resolve(path: &Path) -> Option<PathBuf> {
+    if path.components().count() > 1 {
+        return is_executable(path).then(|| path.to_path_buf());
+    }
+    let search = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(path))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
