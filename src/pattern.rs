@@ -15,8 +15,8 @@ use std::fmt::Write as _;
 use memchr::memmem::Finder;
 use regex::bytes::Regex;
 use regex_syntax::ast::{self, Ast};
-use regex_syntax::hir::Hir;
 use regex_syntax::hir::literal::{ExtractKind, Extractor};
+use regex_syntax::hir::{Hir, HirKind};
 
 /// A compiled `match:` or `regex:` pattern of a rule.
 #[derive(Clone, Debug)]
@@ -65,11 +65,12 @@ struct Gap {
 }
 
 /// Literals every match of a `regex:` rule starts (ends) with: one of these, when known. Empty
-/// when the regex admits no short finite set.
+/// when the regex admits no short finite set. `inner` are literals every match contains.
 #[derive(Clone, Debug)]
 struct RegexLiterals {
     prefixes: Vec<Vec<u8>>,
     suffixes: Vec<Vec<u8>>,
+    inner: Vec<Vec<u8>>,
 }
 
 /// Literals a key must contain for a pattern to match it, for the matcher's prefilter. Each
@@ -106,8 +107,13 @@ enum Token {
 }
 
 /// At most this many alternative prefixes (suffixes) of a regex rule are indexed; beyond it the
-/// rule is cheaper to run in the shared regex set than to look up under each one.
-const MAX_REGEX_LITERALS: usize = 16;
+/// rule is cheaper to run in the shared regex set than to look up under each one. 64 admits a
+/// case-insensitive word of six letters, a common way to start a regex rule.
+const MAX_REGEX_LITERALS: usize = 64;
+
+/// Shorter literals are no use as an index: nearly every key would make the rule a candidate,
+/// and verifying a regex alone costs more than its share of the regex set.
+const MIN_REGEX_LITERAL: usize = 2;
 
 impl Pattern {
     /// Compiles a `match:` pattern (SPEC §3).
@@ -204,6 +210,13 @@ impl Pattern {
         let literals = RegexLiterals {
             prefixes: usable_literals(&hir, ExtractKind::Prefix),
             suffixes: usable_literals(&hir, ExtractKind::Suffix),
+            inner: {
+                let mut required = Vec::new();
+                required_literals(&hir, &mut required);
+                required.sort_unstable();
+                required.dedup();
+                required
+            },
         };
         Ok(Pattern {
             source: src.to_owned(),
@@ -281,7 +294,7 @@ impl Pattern {
             Kind::Regex(lits) => RequiredLiterals {
                 prefixes: lits.prefixes.clone(),
                 suffixes: lits.suffixes.clone(),
-                inner: Vec::new(),
+                inner: lits.inner.clone(),
             },
             Kind::Shape(shape) => {
                 let mut req = RequiredLiterals::default();
@@ -438,11 +451,23 @@ fn usable_literals(hir: &Hir, kind: ExtractKind) -> Vec<Vec<u8>> {
         Some(lits)
             if !lits.is_empty()
                 && lits.len() <= MAX_REGEX_LITERALS
-                && lits.iter().all(|l| !l.as_bytes().is_empty()) =>
+                && lits.iter().all(|l| l.as_bytes().len() >= MIN_REGEX_LITERAL) =>
         {
             lits.iter().map(|l| l.as_bytes().to_vec()).collect()
         }
         _ => Vec::new(),
+    }
+}
+
+/// Collects literals that every match of `hir` contains. Only what is certain: a literal, and
+/// what must occur inside a concatenation, a capture or a repetition of at least one.
+fn required_literals(hir: &Hir, out: &mut Vec<Vec<u8>>) {
+    match hir.kind() {
+        HirKind::Literal(lit) => out.push(lit.0.to_vec()),
+        HirKind::Capture(cap) => required_literals(&cap.sub, out),
+        HirKind::Repetition(rep) if rep.min >= 1 => required_literals(&rep.sub, out),
+        HirKind::Concat(subs) => subs.iter().for_each(|sub| required_literals(sub, out)),
+        _ => {}
     }
 }
 
