@@ -730,19 +730,22 @@ rules:
 #[test]
 fn keys_that_are_not_utf8_or_a_megabyte_long_are_delivered() {
     let hook = HttpReceiver::with_default(Response::status(200));
+    let custom = HttpReceiver::with_default(Response::status(200));
     let yaml = format!(
         r#"
 channels:
   hook: {{ type: webhook, url: "{}" }}
+  custom: {{ type: webhook, url: "{}", body: '{{"key": {{{{ key | tojson }}}}}}' }}
 rules:
   - name: cache
     match: "cache:{{id}}:{{n}}"
-    notify: {{ to: [hook] }}
+    notify: {{ to: [hook, custom] }}
   - name: big
     match: "big:{{rest}}"
     notify: {{ to: [hook] }}
 "#,
-        hook.url()
+        hook.url(),
+        custom.url()
     );
     let mut daemon = Daemon::start(&yaml);
     daemon.expire(&b"cache:\xff\xfe:1"[..]);
@@ -750,6 +753,10 @@ rules:
     assert_eq!(e["rule"], "cache");
     assert_eq!(e["key"], "cache:\u{FFFD}\u{FFFD}:1");
     assert_eq!(e["captures"], json!({"id": "\u{FFFD}\u{FFFD}", "n": "1"}));
+    // A custom body is text too: valid UTF-8 JSON, not the key's raw bytes.
+    let r = one_request(&custom);
+    assert_eq!(r.json(), json!({"key": "cache:\u{FFFD}\u{FFFD}:1"}));
+    assert_eq!(r.header("content-type"), Some("application/json"));
 
     let rest = "k".repeat(1 << 20);
     daemon.expire(format!("big:{rest}"));
