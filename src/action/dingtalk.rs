@@ -60,10 +60,13 @@ pub fn request(ch: &Channel, d: &DingTalk, msg: &Message, now: DateTime<Utc>) ->
             json!({"msgtype": "text", "text": {"content": format!("{}{mentions}", fit(&content, TEXT_LIMIT))}, "at": at})
         }
         ChatFormat::Markdown => {
-            let text = with_keyword(ch, &format!("#### {}\n\n{}", msg.title, msg.text));
+            // The keyword goes into the heading: put before `####` it would stop the heading
+            // from being one.
+            let title = with_keyword(ch, &msg.title);
+            let text = format!("#### {title}\n\n{}", msg.text);
             json!({
                 "msgtype": "markdown",
-                "markdown": {"title": with_keyword(ch, &msg.title), "text": format!("{}{mentions}", fit(&text, TEXT_LIMIT))},
+                "markdown": {"title": title, "text": format!("{}{mentions}", fit(&text, TEXT_LIMIT))},
                 "at": at,
             })
         }
