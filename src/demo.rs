@@ -5,13 +5,13 @@
 //! stops everything.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{self, RunOptions};
 use crate::config::{self, Mode};
+use crate::local_redis::{LocalRedis, LocalRedisError};
 
 pub const RULES: &str = r#"
 redis:
@@ -45,106 +45,17 @@ rules:
 
 #[derive(Debug, thiserror::Error)]
 pub enum DemoError {
-    #[error(
-        "keywatch demo needs redis-server, which was not found ({0}). Install it (Debian/Ubuntu: `apt-get install redis-server`, macOS: `brew install redis`) or point KEYWATCH_REDIS_SERVER at a redis-server or valkey-server binary."
-    )]
-    NoServer(String),
-    #[error("cannot start redis-server: {0}")]
-    Start(String),
+    #[error("keywatch demo needs a redis-server: {0}")]
+    Server(#[from] LocalRedisError),
     #[error("{0}")]
     Run(String),
 }
 
-/// A redis-server child that is killed when dropped.
-struct Server {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile_dir::Dir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A temporary folder for the server's files, removed at the end.
-mod tempfile_dir {
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn server_binary() -> String {
-    std::env::var("KEYWATCH_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
-}
-
-fn start_server() -> Result<Server, DemoError> {
-    let bin = server_binary();
-    for _ in 0..5 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| DemoError::Start(e.to_string()))?
-            .port();
-        let dir = std::env::temp_dir().join(format!("keywatch-demo-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| DemoError::Start(e.to_string()))?;
-        let dir = tempfile_dir::Dir(dir);
-        let child = std::process::Command::new(&bin)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => DemoError::NoServer(format!("`{bin}`: {e}")),
-                _ => DemoError::Start(e.to_string()),
-            })?;
-        let mut server = Server {
-            child,
-            port,
-            _dir: dir,
-        };
-        for _ in 0..100 {
-            if let Ok(Some(_)) = server.child.try_wait() {
-                break; // port taken between our probe and its bind: try another
-            }
-            if let Ok(c) = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                && let Ok(mut conn) = c.get_connection_with_timeout(Duration::from_millis(200))
-                && redis::cmd("PING").query::<String>(&mut conn).is_ok()
-            {
-                return Ok(server);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = server.child.kill();
-    }
-    Err(DemoError::Start(format!(
-        "`{bin}` did not come up on a free port"
-    )))
-}
-
 /// Runs the tour; returns when every demo key has fired (or after 20 s).
 pub async fn run() -> Result<(), DemoError> {
-    let server = start_server()?;
-    let url = format!("redis://127.0.0.1:{}", server.port);
-    println!(
-        "keywatch demo: started a throwaway redis-server on 127.0.0.1:{}",
-        server.port
-    );
+    let server = LocalRedis::start(&[])?;
+    let url = server.url();
+    println!("keywatch demo: started a throwaway redis-server on 127.0.0.1:{}", server.port());
     println!("rules:{RULES}");
     let env = |_: &str| None;
     let loaded = config::load_texts(

@@ -27,6 +27,7 @@
 //! - [`server`]: the HTTP endpoint of SPEC §6.
 //! - [`app`]: `keywatch run`: wiring and shutdown.
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
+//! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
 
 pub mod action;
@@ -41,6 +42,7 @@ pub mod event;
 pub mod explain;
 pub mod job;
 pub mod keyspace;
+pub mod local_redis;
 pub mod matcher;
 pub mod metrics;
 pub mod pattern;

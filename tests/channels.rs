@@ -850,7 +850,7 @@ rules:
     let secrets = [DT_TOKEN, DT_SECRET, SLACK_TOKEN, DOWN_TOKEN, REDIS_PASSWORD];
     // The daemon gets the password in its `--redis` URL.
     let redis = RedisServer::builder()
-        .notify_keyspace_events("Ex")
+        .notify_keyspace_events("Exg")
         .requirepass(REDIS_PASSWORD)
         .start();
     let daemon = Daemon::start_with(redis, yaml, &envs);

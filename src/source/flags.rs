@@ -87,7 +87,7 @@ pub async fn ensure(
     };
     let missing = missing(&current, &needed);
     if missing.is_empty() {
-        tracing::info!(%node, flags = %current, "notify-keyspace-events has what the rules need.");
+        tracing::debug!(%node, flags = %current, "notify-keyspace-events has what the rules need.");
         return Ok(());
     }
     let merged = merged(&current, &needed);

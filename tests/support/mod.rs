@@ -21,7 +21,7 @@ pub const SUBSCRIBED: &str = "Subscribed to keyspace events.";
 
 /// A `redis-server` with `notify-keyspace-events Ex` (expired events), as `check` mode needs.
 pub fn redis_with_expiry_events() -> RedisServer {
-    RedisServer::builder().notify_keyspace_events("Ex").start()
+    RedisServer::builder().notify_keyspace_events("Exg").start()
 }
 
 /// A rules folder in a temp dir, with `yaml` as `rules.yaml`.
@@ -63,7 +63,7 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Starts `keywatch run` with `yaml` on a fresh Redis with `Ex` notifications.
+    /// Starts `keywatch run` with `yaml` on a fresh Redis with `Exg` notifications (g: keywatch learns deadlines).
     pub fn start(yaml: &str) -> Daemon {
         Daemon::start_with(redis_with_expiry_events(), yaml, &[])
     }

@@ -1,0 +1,169 @@
+//! How late are expiry alerts? keywatch's deadline ledger beside a plain keyevent subscriber.
+//!
+//! `cargo run --release --example lateness [-- --far 200000 --due 1000 --spread 10]`
+//!
+//! Two phases on two fresh throwaway redis-servers set up the same way: `--far` keys with TTLs
+//! an hour away, and `--due` keys whose deadlines fall evenly over `--spread` seconds, which
+//! nobody touches. Phase 1 listens with a plain SUBSCRIBE to `__keyevent@0__:expired` (what
+//! hand-written glue does); phase 2 runs keywatch with a webhook rule for the due keys and a
+//! local receiver. Lateness is arrival minus the key's deadline.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::routing::post;
+use futures_util::StreamExt;
+use keywatch::app::{self, RunOptions};
+use keywatch::config::{self, Mode};
+use keywatch::local_redis::LocalRedis;
+use tokio_util::sync::CancellationToken;
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Loads the far keys and the due keys; returns each due key's deadline.
+async fn load(url: &str, far: u64, due: u64, spread_ms: i64) -> HashMap<String, i64> {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    for chunk in (0..far).collect::<Vec<_>>().chunks(10_000) {
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("SET").arg(format!("far:{i}")).arg("x").arg("EX").arg(3600).ignore();
+        }
+        let _: () = p.query_async(&mut c).await.unwrap();
+    }
+    let start = now_ms() + 3000;
+    let mut deadlines = HashMap::new();
+    let mut p = redis::pipe();
+    for i in 0..due {
+        let key = format!("task:{i}");
+        let d = start + (i as i64 * spread_ms) / due as i64;
+        p.cmd("SET").arg(&key).arg("x").arg("PXAT").arg(d).ignore();
+        deadlines.insert(key, d);
+    }
+    let _: () = p.query_async(&mut c).await.unwrap();
+    deadlines
+}
+
+struct Stats {
+    n: usize,
+    p50: i64,
+    p99: i64,
+    max: i64,
+}
+
+fn stats(mut v: Vec<i64>) -> Stats {
+    v.sort_unstable();
+    let q = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(-1);
+    Stats { n: v.len(), p50: q(0.5), p99: q(0.99), max: v.last().copied().unwrap_or(-1) }
+}
+
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn plain(far: u64, due: u64, spread_ms: i64) -> Stats {
+    let server = LocalRedis::start(&["--notify-keyspace-events", "Ex"]).unwrap();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe("__keyevent@0__:expired").await.unwrap();
+    let deadlines = load(&server.url(), far, due, spread_ms).await;
+    let mut late = Vec::new();
+    let mut stream = pubsub.on_message();
+    let give_up = tokio::time::Instant::now() + Duration::from_millis(spread_ms as u64 + 3000 + 20_000);
+    while late.len() < deadlines.len() {
+        tokio::select! {
+            m = stream.next() => {
+                let Some(m) = m else { break };
+                let key = String::from_utf8_lossy(m.get_payload_bytes()).into_owned();
+                if let Some(d) = deadlines.get(&key) {
+                    late.push(now_ms() - d);
+                }
+            }
+            _ = tokio::time::sleep_until(give_up) => break,
+        }
+    }
+    stats(late)
+}
+
+async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
+    let server = LocalRedis::start(&["--notify-keyspace-events", "Exg"]).unwrap();
+    let received: Arc<Mutex<Vec<(i64, serde_json::Value)>>> = Arc::default();
+    let r = received.clone();
+    let app = Router::new().route(
+        "/hook",
+        post(move |body: Bytes| {
+            let r = r.clone();
+            async move {
+                let at = now_ms();
+                let j: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                r.lock().unwrap().push((at, j));
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let rules = format!(
+        "channels:\n  hook:\n    type: webhook\n    url: \"{hook}\"\nrules:\n  - name: task-due\n    match: \"task:{{id}}\"\n    notify: {{ to: [hook] }}\n"
+    );
+    let loaded = config::load_texts(vec!["lateness.yaml".into()], &[rules], Mode::Run, &|_| None).unwrap();
+    let stop = CancellationToken::new();
+    let opts = RunOptions { redis: Some(server.url()), listen: "127.0.0.1:0".parse().unwrap(), stop_after: None };
+    let run = tokio::spawn(app::run(loaded.config, opts, stop.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let deadlines = load(&server.url(), far, due, spread_ms).await;
+    let give_up = tokio::time::Instant::now() + Duration::from_millis(spread_ms as u64 + 3000 + 20_000);
+    while received.lock().unwrap().len() < deadlines.len() && tokio::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let _ = run.await;
+    let got = received.lock().unwrap().clone();
+    let late_ms: Vec<i64> = got.iter().filter_map(|(_, j)| j["late_ms"].as_i64()).collect();
+    let receipt: Vec<i64> = got
+        .iter()
+        .filter_map(|(at, j)| deadlines.get(j["key"].as_str()?).map(|d| at - d))
+        .collect();
+    (stats(late_ms), stats(receipt))
+}
+
+#[tokio::main]
+async fn main() {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let far = arg("--far", 200_000);
+    let due = arg("--due", 1000);
+    let spread_ms = arg("--spread", 10) as i64 * 1000;
+    println!("lateness: {far} keys with TTLs an hour away, {due} untouched keys due over {} s", spread_ms / 1000);
+    let plain = plain(far, due, spread_ms).await;
+    let (late, receipt) = with_keywatch(far, due, spread_ms).await;
+    println!();
+    println!("| measured after the deadline                 | delivered | p50 ms | p99 ms | max ms |");
+    println!("|---------------------------------------------|-----------|--------|--------|--------|");
+    for (name, s) in [
+        ("plain subscriber: `expired` received", &plain),
+        ("keywatch: `late_ms` (event taken)", &late),
+        ("keywatch: webhook received", &receipt),
+    ] {
+        println!("| {name:<43} | {:>4}/{due:<4} | {:>6} | {:>6} | {:>6} |", s.n, s.p50, s.p99, s.max);
+    }
+    println!("\n(undelivered within 20 s after the last deadline count as missing; peak RSS of this process {:.0} MB)", peak_rss_mb());
+}

@@ -1,0 +1,89 @@
+//! A throwaway `redis-server` child on a free loopback port, for `keywatch demo` and the
+//! benchmark tools: it never touches a Redis the user already runs, and it is killed (and its
+//! folder removed) when dropped.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocalRedisError {
+    #[error(
+        "redis-server was not found ({0}). Install it (Debian/Ubuntu: `apt-get install redis-server`, macOS: `brew install redis`) or point KEYWATCH_REDIS_SERVER at a redis-server or valkey-server binary."
+    )]
+    NoServer(String),
+    #[error("cannot start redis-server: {0}")]
+    Start(String),
+}
+
+pub struct LocalRedis {
+    child: std::process::Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for LocalRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `KEYWATCH_REDIS_SERVER`, or `redis-server` from the PATH.
+pub fn server_binary() -> String {
+    std::env::var("KEYWATCH_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+impl LocalRedis {
+    /// Starts a server with `--save "" --appendonly no` plus `extra` arguments, and waits until
+    /// it answers PING.
+    pub fn start(extra: &[&str]) -> Result<LocalRedis, LocalRedisError> {
+        let bin = server_binary();
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| LocalRedisError::Start(e.to_string()))?
+                .port();
+            let dir = std::env::temp_dir().join(format!("keywatch-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).map_err(|e| LocalRedisError::Start(e.to_string()))?;
+            let child = std::process::Command::new(&bin)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => LocalRedisError::NoServer(format!("`{bin}`: {e}")),
+                    _ => LocalRedisError::Start(e.to_string()),
+                })?;
+            let mut server = LocalRedis { child, port, dir };
+            for _ in 0..100 {
+                if let Ok(Some(_)) = server.child.try_wait() {
+                    break; // the port was taken between our probe and its bind: try another
+                }
+                if let Ok(c) = redis::Client::open(server.url())
+                    && let Ok(mut conn) = c.get_connection_with_timeout(Duration::from_millis(200))
+                    && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+                {
+                    return Ok(server);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Err(LocalRedisError::Start(format!("`{bin}` did not come up on a free port")))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
