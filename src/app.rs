@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::action::Actions;
+use crate::claims::Claims;
 use crate::config::{self, Config, Mode};
 use crate::connect;
 use crate::delivery::{Delivery, RetryPolicy};
@@ -95,17 +96,17 @@ pub async fn run(
     let delivery_stop = CancellationToken::new();
     let http_stop = CancellationToken::new();
 
-    let ledger = if config.uses_ledger() {
-        let state = state_connection(&config, &keyspace).await?;
-        Some(Ledger::new(
-            state,
+    let state = state_connection(&config, &keyspace).await?;
+    let ledger = config.uses_ledger().then(|| {
+        Ledger::new(
+            state.clone(),
             keyspace.clone(),
             &config.state.prefix,
             metrics.clone(),
-        ))
-    } else {
-        None
-    };
+        )
+    });
+    let claims = Claims::new(state, &config.state.prefix);
+    let instance = format!("{}:{}", hostname(), std::process::id());
     let marker = Ledger::marker_channel(&config.state.prefix);
     let (tx, rx) = mpsc::channel(64 * 1024);
     let channels = notifications::channels(
@@ -156,6 +157,8 @@ pub async fn run(
         metrics: metrics.clone(),
         status: status.clone(),
         ledger,
+        claims,
+        instance,
     };
     let engine = tokio::spawn(engine.run(rx));
     let http = tokio::spawn(server::serve(
@@ -183,6 +186,19 @@ pub async fn run(
     let _ = http.await;
     tracing::info!(took_ms = started.elapsed().as_millis() as u64, "Stopped.");
     Ok(())
+}
+
+/// This machine's name, for telling instances apart in Redis.
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "keywatch".into())
 }
 
 /// Where keywatch keeps its own state: `state.url`, or database 0 of the watched Redis.

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use crate::action::detail;
+use crate::claims::Claims;
 use crate::config::Config;
 use crate::delivery::Delivery;
 use crate::event::{EventKind, KeyEvent};
@@ -31,6 +32,10 @@ pub struct Engine {
     pub status: Arc<Status>,
     /// The deadline ledger, when a rule reacts to expiries.
     pub ledger: Option<Ledger>,
+    /// Event claims shared by every instance watching the same Redis.
+    pub claims: Claims,
+    /// This process's name in claims.
+    pub instance: String,
 }
 
 /// One event matched by one rule, on its way to becoming a firing.
@@ -104,13 +109,50 @@ impl Engine {
             }
             self.attach_deadlines(l, &mut events).await;
         }
-        let mut matched = Vec::new();
-        for e in events {
-            self.match_event(e, &mut matched);
-        }
         if let Some(l) = &self.ledger {
             for (db, seq) in markers {
-                self.recover(l, db, seq, &mut matched).await;
+                self.recover(l, db, seq, &mut events).await;
+            }
+        }
+        let mut candidates = Vec::new();
+        for e in events {
+            self.metrics.event(e.kind.as_str(), e.db);
+            let rules = self.config.rules_for(e.kind, e.db, &e.key);
+            if !rules.is_empty() {
+                candidates.push((e, rules));
+            }
+        }
+        if candidates.is_empty() {
+            return;
+        }
+        let won = self
+            .claims
+            .claim(
+                &candidates.iter().map(|(e, _)| e).collect::<Vec<_>>(),
+                &self.instance,
+            )
+            .await;
+        let mut matched = Vec::new();
+        for ((e, rules), won) in candidates.into_iter().zip(won) {
+            if !won {
+                tracing::debug!(key = %e.key_lossy(), event = %e.kind, "Another instance took this event.");
+                continue;
+            }
+            if e.recovered {
+                for (rule, _) in &rules {
+                    self.metrics.recovered_for(&self.config.rules[*rule].name);
+                }
+            } else if let Some(late) = e.late_ms() {
+                self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
+            }
+            for (rule, captures) in rules {
+                self.metrics
+                    .matched(&self.config.rules[rule].name, e.kind.as_str());
+                matched.push(Matched {
+                    event: e.clone(),
+                    rule,
+                    captures,
+                });
             }
         }
         if matched.is_empty() {
@@ -169,7 +211,7 @@ impl Engine {
     }
 
     /// Expiries the ledger knew of but keywatch never saw: fired with `recovered: true`.
-    async fn recover(&self, l: &Ledger, db: u32, seq: u64, out: &mut Vec<Matched>) {
+    async fn recover(&self, l: &Ledger, db: u32, seq: u64, out: &mut Vec<KeyEvent>) {
         let missed = match l.recover(db, seq).await {
             Ok(m) => m,
             Err(e) => {
@@ -189,19 +231,7 @@ impl Engine {
                 source: self.keyspace.node().to_string(),
             };
             tracing::info!(db, key = %event.key_lossy(), deadline = ?event.deadline, "Recovered an expiry whose notification was missed.");
-            for (rule, captures) in self
-                .config
-                .rules_for(EventKind::Expired, event.db, &event.key)
-            {
-                self.metrics.recovered_for(&self.config.rules[rule].name);
-                self.metrics
-                    .matched(&self.config.rules[rule].name, "expired");
-                out.push(Matched {
-                    event: event.clone(),
-                    rule,
-                    captures,
-                });
-            }
+            out.push(event);
         }
     }
 
@@ -217,24 +247,6 @@ impl Engine {
             Err(e) => {
                 tracing::warn!(%node, error = %e, "Cannot check notify-keyspace-events after subscribing.")
             }
-        }
-    }
-
-    fn match_event(&self, e: KeyEvent, out: &mut Vec<Matched>) {
-        self.metrics.event(e.kind.as_str(), e.db);
-        if !e.recovered
-            && let Some(late) = e.late_ms()
-        {
-            self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
-        }
-        for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
-            self.metrics
-                .matched(&self.config.rules[rule].name, e.kind.as_str());
-            out.push(Matched {
-                event: e.clone(),
-                rule,
-                captures,
-            });
         }
     }
 

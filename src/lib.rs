@@ -18,6 +18,7 @@
 //! - [`connect`]: settings → Redis clients (URL precedence, credentials, TLS).
 //! - [`keyspace`]: the watched Redis, one resilient connection per database.
 //! - [`source`]: where events come from (keyspace notifications; `notify-keyspace-events`).
+//! - [`claims`]: one firing per event, however many instances saw it.
 //! - [`engine`]: matching and detail reads, in batches, producing firings.
 //! - [`delivery`]: runs firings' actions in order, retries with backoff, rate-limits channels.
 //! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
@@ -32,6 +33,7 @@
 
 pub mod action;
 pub mod app;
+pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod connect;

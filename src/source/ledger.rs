@@ -70,11 +70,14 @@ return n
 ";
 
 // An `expired` was handled: drop the key's due deadline (not a later one: the key may already
-// have been set again) and any poked entry; return the deadline, for `late_ms` and the event id.
+// have been set again) and any poked entry, and remember the deadline for a minute in a
+// "handled" set, so that other instances handling the same event learn the same deadline (and so
+// compute the same claim); return the deadline, for `late_ms` and the event id.
 const HANDLED: &str = r"
 local out = {}
 local now = tonumber(ARGV[1])
-for i = 2, #ARGV do
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[2])
+for i = 3, #ARGV do
   local m = ARGV[i]
   local d = false
   local s = redis.call('ZSCORE', KEYS[1], m)
@@ -87,6 +90,11 @@ for i = 2, #ARGV do
     redis.call('ZREM', KEYS[2], m)
     redis.call('HDEL', KEYS[3], m)
     d = p
+  end
+  if d then
+    redis.call('ZADD', KEYS[4], d, m)
+  else
+    d = redis.call('ZSCORE', KEYS[4], m)
   end
   out[#out + 1] = d
 end
@@ -110,6 +118,9 @@ return out
 /// A clock skew allowance: an `expired` for a key whose recorded deadline is further in the
 /// future than this belongs to an older incarnation of the key.
 const SKEW_MS: i64 = 2000;
+
+/// How long a handled deadline is remembered for other instances that saw the same event.
+const HANDLED_MEMORY_MS: i64 = 60_000;
 
 #[derive(Clone)]
 pub struct Ledger {
@@ -171,6 +182,10 @@ impl Ledger {
         format!("{}ledger:{db}:poked-deadline", self.inner.prefix)
     }
 
+    fn handled_set(&self, db: u32) -> String {
+        format!("{}ledger:{db}:handled", self.inner.prefix)
+    }
+
     /// The marker payload of this instance for `db` and `seq`.
     fn marker(&self, db: u32, seq: u64) -> String {
         format!("{}:{db}:{seq}", self.inner.instance)
@@ -226,10 +241,13 @@ impl Ledger {
             return Ok(Vec::new());
         }
         let mut inv = self.inner.handled.prepare_invoke();
+        let now = now_ms();
         inv.key(self.zset(db))
             .key(self.poked(db))
             .key(self.poked_at(db))
-            .arg(now_ms() + SKEW_MS);
+            .key(self.handled_set(db))
+            .arg(now + SKEW_MS)
+            .arg(now - HANDLED_MEMORY_MS);
         for k in keys {
             inv.arg(k);
         }
