@@ -17,11 +17,13 @@ use crate::action::Actions;
 use crate::claims::Claims;
 use crate::config::{self, Config, Mode};
 use crate::connect;
+use crate::dead::DeadStore;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::engine::Engine;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 use crate::server;
+use crate::silences;
 use crate::source::flags;
 use crate::source::ledger::{self, Ledger};
 use crate::source::notifications::{self, Backoff};
@@ -105,7 +107,9 @@ pub async fn run(
             metrics.clone(),
         )
     });
-    let claims = Claims::new(state, &config.state.prefix);
+    let claims = Claims::new(state.clone(), &config.state.prefix);
+    let dead = DeadStore::new(state.clone(), &config.state.prefix);
+    let silenced = Arc::new(silences::Active::default());
     let instance = format!("{}:{}", hostname(), std::process::id());
     let marker = Ledger::marker_channel(&config.state.prefix);
     let (tx, rx) = mpsc::channel(64 * 1024);
@@ -140,9 +144,17 @@ pub async fn run(
         actions,
         metrics.clone(),
         RetryPolicy::default(),
+        Some(dead),
         delivery_stop.clone(),
     );
+    delivery.start_redrive();
     let poker_stop = CancellationToken::new();
+    tokio::spawn(silences::follow(
+        state.clone(),
+        config.state.prefix.clone(),
+        silenced.clone(),
+        poker_stop.clone(),
+    ));
     if let Some(l) = &ledger {
         tokio::spawn(ledger::run_poker(
             l.clone(),
@@ -159,6 +171,7 @@ pub async fn run(
         ledger,
         claims,
         instance,
+        silenced,
     };
     let engine = tokio::spawn(engine.run(rx));
     let http = tokio::spawn(server::serve(
@@ -202,7 +215,7 @@ fn hostname() -> String {
 }
 
 /// Where keywatch keeps its own state: `state.url`, or database 0 of the watched Redis.
-async fn state_connection(
+pub async fn state_connection(
     config: &Config,
     keyspace: &Keyspace,
 ) -> Result<redis::aio::ConnectionManager, StartError> {

@@ -58,6 +58,20 @@ pub enum Command {
     },
     /// A self-contained tour on a throwaway local redis-server.
     Demo,
+    /// Mute a rule for a while (kept in Redis; every instance obeys).
+    Silence {
+        #[command(subcommand)]
+        command: SilenceCommand,
+        #[command(flatten)]
+        target: StateArgs,
+    },
+    /// Actions that failed for good: inspect, re-drive, discard.
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+        #[command(flatten)]
+        target: StateArgs,
+    },
     /// Validate rule files; send nothing.
     Check {
         #[command(flatten)]
@@ -76,6 +90,77 @@ pub enum Command {
         #[command(flatten)]
         rules: RulesArg,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SilenceCommand {
+    /// Mute RULE (or only its keys matching PATTERN) for DUR.
+    Add {
+        #[arg(long)]
+        rule: String,
+        /// Only keys matching this pattern (SPEC §3) are muted.
+        #[arg(long = "match", value_name = "PATTERN")]
+        pattern: Option<String>,
+        /// How long, e.g. `2h`.
+        #[arg(long = "for", value_name = "DUR", value_parser = parse_duration_arg)]
+        duration: std::time::Duration,
+        /// Why (shown by `silence list`).
+        #[arg(long)]
+        comment: String,
+    },
+    /// The silences in force.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a silence now.
+    Remove { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// The dead letters, newest first.
+    List {
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Hand dead letters back to the running instances (IDs, or --all).
+    Retry {
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+    },
+    /// Discard dead letters (IDs, or --all).
+    Drop {
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+    },
+}
+
+/// Where keywatch's state is: the rules' `state`/`redis` settings, or `--redis`.
+#[derive(Debug, clap::Args)]
+pub struct StateArgs {
+    /// A rule file or a folder of them, for their `state` and `redis` settings; may repeat.
+    #[arg(
+        short = 'r',
+        long = "rules",
+        value_name = "PATH",
+        default_value = "rules",
+        global = true
+    )]
+    pub rules: Vec<PathBuf>,
+    /// Redis URL (overrides KEYWATCH_REDIS_URL and `redis.url`).
+    #[arg(long, value_name = "URL", global = true)]
+    pub redis: Option<String>,
+}
+
+fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    crate::config::decode::parse_duration(s)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("`{s}` is not a duration; write e.g. `30m`, `2h` or `7d`"))
 }
 
 #[derive(Debug, clap::Args)]
@@ -205,6 +290,51 @@ pub fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
+        Command::Silence { command, target } => admin(target, |config, mut conn| async move {
+            match command {
+                SilenceCommand::Add {
+                    rule,
+                    pattern,
+                    duration,
+                    comment,
+                } => {
+                    crate::admin::silence_add(
+                        &config,
+                        &mut conn,
+                        &rule,
+                        pattern.as_deref(),
+                        duration,
+                        &comment,
+                    )
+                    .await
+                }
+                SilenceCommand::List { json } => {
+                    crate::admin::silence_list(&config, &mut conn, json).await
+                }
+                SilenceCommand::Remove { id } => {
+                    crate::admin::silence_remove(&config, &mut conn, &id).await
+                }
+            }
+        }),
+        Command::Dead { command, target } => admin(target, |config, conn| async move {
+            match command {
+                DeadCommand::List { json, limit } => {
+                    crate::admin::dead_list(&config, &conn, json, limit).await
+                }
+                DeadCommand::Retry { ids, all } => {
+                    if ids.is_empty() && !all {
+                        return Err("name the dead letters to retry, or --all".into());
+                    }
+                    crate::admin::dead_retry(&config, &conn, &ids).await
+                }
+                DeadCommand::Drop { ids, all } => {
+                    if ids.is_empty() && !all {
+                        return Err("name the dead letters to drop, or --all".into());
+                    }
+                    crate::admin::dead_drop(&config, &conn, &ids).await
+                }
+            }
+        }),
         Command::Demo => {
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
@@ -235,6 +365,32 @@ pub fn run(cli: Cli) -> ExitCode {
             } else {
                 ExitCode::from(1)
             }
+        }
+    }
+}
+
+/// Runs a state command: opens the state Redis, runs `f`, prints its answer (exit 0) or its
+/// error (exit 1).
+fn admin<F, Fut>(target: StateArgs, f: F) -> ExitCode
+where
+    F: FnOnce(crate::config::Config, redis::aio::ConnectionManager) -> Fut,
+    Fut: std::future::Future<Output = Result<String, String>>,
+{
+    let Some(rt) = runtime() else {
+        return ExitCode::from(1);
+    };
+    let result = rt.block_on(async {
+        let (config, conn) = crate::admin::open(&target.rules, target.redis.as_deref()).await?;
+        f(config, conn).await
+    });
+    match result {
+        Ok(out) => {
+            print!("{}", if out.ends_with('\n') { out } else { out + "\n" });
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("keywatch: {e}");
+            ExitCode::from(1)
         }
     }
 }

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::action::notify::{self, Message};
 use crate::action::{Actions, Outcome, actions_of};
 use crate::config::Group;
+use crate::dead::{DeadLetter, DeadStore};
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
@@ -72,6 +73,8 @@ struct Inner {
     concurrent: Arc<Semaphore>,
     /// Open digest windows, by (rule, channel).
     digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
+    /// Where dead letters are kept (Redis); `None` only in tests of this module.
+    dead: Option<DeadStore>,
 }
 
 /// A digest window is per (rule, channel).
@@ -88,6 +91,7 @@ enum Work {
         rule: String,
         channel: String,
         message: Arc<Message>,
+        firings: Vec<Arc<Firing>>,
     },
 }
 
@@ -138,6 +142,7 @@ impl Delivery {
         actions: Actions,
         metrics: Arc<Metrics>,
         policy: RetryPolicy,
+        dead: Option<DeadStore>,
         shutdown: CancellationToken,
     ) -> Delivery {
         let limiters = actions
@@ -159,8 +164,38 @@ impl Delivery {
                 shutdown,
                 concurrent: Arc::new(Semaphore::new(256)),
                 digests: Mutex::new(HashMap::new()),
+                dead,
             }),
         }
+    }
+
+    /// Picks up dead letters re-driven with `keywatch dead retry`, every second, until shutdown.
+    pub fn start_redrive(&self) {
+        let Some(store) = self.inner.dead.clone() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        self.inner.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = inner.shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let letters = match store.take_redriven(100).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Cannot read re-driven dead letters.");
+                        continue;
+                    }
+                };
+                for d in letters {
+                    tracing::info!(id = %d.id, rule = %d.rule, action = d.action.name(), "Re-driving a dead letter.");
+                    redrive(&inner, d);
+                }
+            }
+        });
     }
 
     /// Takes a firing; its jobs run in the background.
@@ -257,7 +292,10 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
         };
         i.metrics.queue_pending.inc();
         match composed {
-            Ok(message) => deliver(i.clone(), Work::Digest { rule, channel, message: Arc::new(message) }, 0, None).await,
+            Ok(message) => {
+                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch };
+                deliver(i.clone(), work, 0, None).await
+            }
             Err(e) => {
                 i.metrics.queue_pending.dec();
                 i.metrics.dead_letters.inc();
@@ -354,9 +392,89 @@ async fn deliver(
     }
 }
 
+/// Gives a dead letter a second life: the same firings, the same action, from attempt one.
+fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
+    let firings: Vec<Arc<Firing>> = d.firings.into_iter().map(Arc::new).collect();
+    inner.metrics.queue_pending.inc();
+    let i = inner.clone();
+    if d.digest {
+        let Action::Notify { channel } = d.action else {
+            return;
+        };
+        inner.tracker.spawn(async move {
+            let composed = match (
+                i.actions.config.rule(&d.rule),
+                i.actions.config.channel(&channel),
+            ) {
+                (Some(r), Some(ch)) => {
+                    let max = r
+                        .notify
+                        .as_ref()
+                        .and_then(|n| n.group)
+                        .map_or(20, |g| g.max_items);
+                    notify::compose_digest(&i.actions, &firings, r, ch, max)
+                }
+                _ => Err("the rule or channel is no longer defined".into()),
+            };
+            match composed {
+                Ok(message) => {
+                    let work = Work::Digest {
+                        rule: d.rule,
+                        channel,
+                        message: Arc::new(message),
+                        firings,
+                    };
+                    deliver(i.clone(), work, 0, None).await
+                }
+                Err(e) => {
+                    i.metrics.queue_pending.dec();
+                    tracing::error!(rule = %d.rule, reason = %e, "Cannot re-drive the digest.");
+                }
+            }
+        });
+    } else if let Some(firing) = firings.into_iter().next() {
+        let work = Work::Step {
+            firing,
+            action: d.action,
+        };
+        inner
+            .tracker
+            .spawn(async move { deliver(i, work, 0, None).await });
+    }
+}
+
 fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
     inner.metrics.queue_pending.dec();
     inner.metrics.dead_letters.inc();
+    if let Some(store) = inner.dead.clone() {
+        let (action, firings, digest) = match work {
+            Work::Step { firing, action } => (action.clone(), vec![(**firing).clone()], false),
+            Work::Digest {
+                channel, firings, ..
+            } => (
+                Action::Notify {
+                    channel: channel.clone(),
+                },
+                firings.iter().map(|f| (**f).clone()).collect(),
+                true,
+            ),
+        };
+        let letter = DeadLetter {
+            id: format!("{:012x}", fastrand::u64(..) >> 16),
+            at: chrono::Utc::now(),
+            rule: work.rule().to_string(),
+            key: work.subject(),
+            action,
+            reason: reason.to_string(),
+            firings,
+            digest,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = store.store(&letter).await {
+                tracing::error!(id = %letter.id, error = %e, "Cannot store the dead letter in Redis; it is only in this log.");
+            }
+        });
+    }
     tracing::error!(rule = %work.rule(), key = %work.subject(), action = work.action_name(), channel = work.channel().unwrap_or(""), id = %work.id(), %reason, "Dead letter: the action will not be retried.");
 }
 

@@ -36,6 +36,8 @@ pub struct Engine {
     pub claims: Claims,
     /// This process's name in claims.
     pub instance: String,
+    /// Silences in force, kept current from Redis.
+    pub silenced: Arc<crate::silences::Active>,
 }
 
 /// One event matched by one rule, on its way to becoming a firing.
@@ -146,8 +148,13 @@ impl Engine {
                 self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
             }
             for (rule, captures) in rules {
-                self.metrics
-                    .matched(&self.config.rules[rule].name, e.kind.as_str());
+                let name = &self.config.rules[rule].name;
+                self.metrics.matched(name, e.kind.as_str());
+                if self.silenced.mutes(name, &e.key) {
+                    self.metrics.silenced_for(name);
+                    tracing::info!(rule = %name, key = %e.key_lossy(), "Silenced: counted, not sent.");
+                    continue;
+                }
                 matched.push(Matched {
                     event: e.clone(),
                     rule,

@@ -20,23 +20,28 @@
 //! - [`source`]: where events come from (keyspace notifications; `notify-keyspace-events`).
 //! - [`claims`]: one firing per event, however many instances saw it.
 //! - [`engine`]: matching and detail reads, in batches, producing firings.
+//! - [`dead`]: dead letters kept in Redis, listed, re-driven and dropped.
+//! - [`silences`]: rules muted for a while, kept in Redis, obeyed by every instance.
 //! - [`delivery`]: runs firings' actions in order, retries with backoff, rate-limits channels.
 //! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
 //! - [`ratelimit`]: token buckets for channels.
 //! - [`metrics`]: every metric of SPEC §7, defined once.
 //! - [`status`]: readiness and recent firings, for `/readyz` and the status page.
 //! - [`server`]: the HTTP endpoint of SPEC §6.
+//! - [`admin`]: `keywatch silence` and `keywatch dead`, which change state in Redis.
 //! - [`app`]: `keywatch run`: wiring and shutdown.
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
 //! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
 
 pub mod action;
+pub mod admin;
 pub mod app;
 pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod connect;
+pub mod dead;
 pub mod delivery;
 pub mod demo;
 pub mod engine;
@@ -51,6 +56,7 @@ pub mod pattern;
 pub mod ratelimit;
 pub mod send_test;
 pub mod server;
+pub mod silences;
 pub mod source;
 pub mod status;
 pub mod template;

@@ -1,0 +1,208 @@
+//! `keywatch silence …` and `keywatch dead …`: the commands that change keywatch's state in
+//! Redis while instances run. They read the rules only for `state` (prefix, url) and `redis`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::Utc;
+use redis::aio::ConnectionManager;
+
+use crate::config::{self, Config, Mode};
+use crate::connect;
+use crate::dead::DeadStore;
+use crate::job::rfc3339;
+use crate::pattern::Pattern;
+use crate::silences::{self, Silence};
+
+/// The rules (for their state settings) and a connection to the state Redis.
+pub async fn open(
+    paths: &[PathBuf],
+    redis_flag: Option<&str>,
+) -> Result<(Config, ConnectionManager), String> {
+    let env = |name: &str| std::env::var(name).ok();
+    let loaded = config::load(paths, Mode::Check, &env).map_err(|e| match e {
+        config::LoadError::Unreadable(m) => m,
+        config::LoadError::Invalid(diags) => {
+            let lines: Vec<String> = diags.iter().map(|d| d.to_string()).collect();
+            format!(
+                "{}\nthe rules are not valid: fix them first (`keywatch check`)",
+                lines.join("\n")
+            )
+        }
+    })?;
+    let config = loaded.config;
+    let url = match &config.state.url {
+        Some(u) => u.clone(),
+        None => connect::pick_url(
+            redis_flag,
+            std::env::var("KEYWATCH_REDIS_URL").ok(),
+            &config.redis,
+        ),
+    };
+    let (client, node) = connect::client(&url, &config.redis, 0).map_err(|e| e.to_string())?;
+    let conn = tokio::time::timeout(Duration::from_secs(10), client.get_connection_manager())
+        .await
+        .map_err(|_| format!("cannot connect to Redis at {node}: timed out"))?
+        .map_err(|e| format!("cannot connect to Redis at {node}: {e}"))?;
+    Ok((config, conn))
+}
+
+pub async fn silence_add(
+    config: &Config,
+    conn: &mut ConnectionManager,
+    rule: &str,
+    pattern: Option<&str>,
+    duration: Duration,
+    comment: &str,
+) -> Result<String, String> {
+    if config.rule(rule).is_none() {
+        let names: Vec<&str> = config.rules.iter().map(|r| r.name.as_str()).collect();
+        return Err(format!(
+            "no rule `{rule}` in the rules{}",
+            config::diagnostic::did_you_mean(rule, names.iter().copied())
+        ));
+    }
+    if let Some(p) = pattern {
+        Pattern::parse(p).map_err(|e| format!("--match `{p}`: {e}"))?;
+    }
+    let now = Utc::now();
+    let s = Silence {
+        id: silences::new_id(),
+        rule: rule.to_string(),
+        pattern: pattern.map(str::to_string),
+        until: now + chrono::Duration::from_std(duration).map_err(|e| e.to_string())?,
+        comment: comment.to_string(),
+        created: now,
+        by: std::env::var("USER").unwrap_or_else(|_| "unknown".into()),
+    };
+    silences::add(conn, &config.state.prefix, &s)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(format!(
+        "silence {} added: rule {}{} muted until {}",
+        s.id,
+        s.rule,
+        s.pattern
+            .as_deref()
+            .map(|p| format!(" (keys matching {p})"))
+            .unwrap_or_default(),
+        rfc3339(s.until)
+    ))
+}
+
+pub async fn silence_list(
+    config: &Config,
+    conn: &mut ConnectionManager,
+    json: bool,
+) -> Result<String, String> {
+    let prefix = &config.state.prefix;
+    silences::expire(conn, prefix)
+        .await
+        .map_err(|e| e.to_string())?;
+    let list = silences::list(conn, prefix)
+        .await
+        .map_err(|e| e.to_string())?;
+    if json {
+        return Ok(list
+            .iter()
+            .map(|s| serde_json::to_string(s).unwrap_or_default() + "\n")
+            .collect());
+    }
+    if list.is_empty() {
+        return Ok("no silences\n".into());
+    }
+    let mut out = format!(
+        "{:<10} {:<28} {:<24} {:<26} {}\n",
+        "ID", "RULE", "MATCH", "UNTIL", "COMMENT"
+    );
+    for s in list {
+        out.push_str(&format!(
+            "{:<10} {:<28} {:<24} {:<26} {}\n",
+            s.id,
+            s.rule,
+            s.pattern.as_deref().unwrap_or("*"),
+            rfc3339(s.until),
+            s.comment
+        ));
+    }
+    Ok(out)
+}
+
+pub async fn silence_remove(
+    config: &Config,
+    conn: &mut ConnectionManager,
+    id: &str,
+) -> Result<String, String> {
+    match silences::remove(conn, &config.state.prefix, id)
+        .await
+        .map_err(|e| e.to_string())?
+    {
+        true => Ok(format!("silence {id} removed")),
+        false => Err(format!("no silence {id} (see `keywatch silence list`)")),
+    }
+}
+
+pub async fn dead_list(
+    config: &Config,
+    conn: &ConnectionManager,
+    json: bool,
+    limit: usize,
+) -> Result<String, String> {
+    let store = DeadStore::new(conn.clone(), &config.state.prefix);
+    let list = store.list(limit).await.map_err(|e| e.to_string())?;
+    if json {
+        return Ok(list
+            .iter()
+            .map(|d| serde_json::to_string(d).unwrap_or_default() + "\n")
+            .collect());
+    }
+    if list.is_empty() {
+        return Ok("no dead letters\n".into());
+    }
+    let mut out = format!(
+        "{:<14} {:<26} {:<24} {:<16} {:<28} {}\n",
+        "ID", "AT", "RULE", "ACTION", "KEY", "REASON"
+    );
+    for d in list {
+        let action = match &d.action {
+            crate::job::Action::Notify { channel } => format!("notify:{channel}"),
+            a => a.name().to_string(),
+        };
+        out.push_str(&format!(
+            "{:<14} {:<26} {:<24} {:<16} {:<28} {}\n",
+            d.id,
+            rfc3339(d.at),
+            d.rule,
+            action,
+            d.key,
+            d.reason
+        ));
+    }
+    Ok(out)
+}
+
+pub async fn dead_retry(
+    config: &Config,
+    conn: &ConnectionManager,
+    ids: &[String],
+) -> Result<String, String> {
+    let n = DeadStore::new(conn.clone(), &config.state.prefix)
+        .retry(ids)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(format!(
+        "{n} dead letter(s) handed back to the running instances"
+    ))
+}
+
+pub async fn dead_drop(
+    config: &Config,
+    conn: &ConnectionManager,
+    ids: &[String],
+) -> Result<String, String> {
+    let n = DeadStore::new(conn.clone(), &config.state.prefix)
+        .drop_letters(ids)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(format!("{n} dead letter(s) dropped"))
+}

@@ -1,0 +1,192 @@
+//! `keywatch silence` and `keywatch dead` against running instances.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    HttpReceiver, Keywatch, KeywatchProcess, RedisServer, Response, run_keywatch, wait_until,
+    write_rules,
+};
+
+fn rules(dir: &std::path::Path, receiver: &HttpReceiver) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}"
+rules:
+  - name: lock-expired
+    match: "lock:{{id}}"
+    notify: {{ to: [hook] }}
+"#,
+        receiver.url_for("/hook")
+    );
+    write_rules(dir, "rules.yaml", &yaml)
+}
+
+fn start(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
+    let mut kw = Keywatch::spawn(
+        [
+            "run",
+            "-r",
+            rules.to_str().unwrap(),
+            "--redis",
+            &redis.url(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    kw.wait_for_output("Subscribed to keyspace events.", Duration::from_secs(20));
+    kw
+}
+
+fn cli(redis: &RedisServer, rules: &std::path::Path, args: &[&str]) -> (i32, String) {
+    let mut all: Vec<&str> = args.to_vec();
+    let url = redis.url();
+    all.extend(["-r", rules.to_str().unwrap(), "--redis", &url]);
+    let out = run_keywatch(all, &[]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn expire(redis: &RedisServer, key: &str) {
+    let mut c = redis.conn();
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("w")
+        .arg("PX")
+        .arg(50)
+        .query(&mut c)
+        .unwrap();
+}
+
+#[test]
+fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path(), &receiver);
+    let _a = start(&redis, &rules);
+    let _b = start(&redis, &rules);
+
+    let (code, out) = cli(
+        &redis,
+        &rules,
+        &[
+            "silence",
+            "add",
+            "--rule",
+            "lock-expired",
+            "--match",
+            "lock:1*",
+            "--for",
+            "4s",
+            "--comment",
+            "maintenance",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("muted until"), "{out}");
+    let (code, out) = cli(&redis, &rules, &["silence", "list"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("lock-expired") && out.contains("maintenance"),
+        "{out}"
+    );
+    let (code, out) = cli(
+        &redis,
+        &rules,
+        &[
+            "silence",
+            "add",
+            "--rule",
+            "lock-expird",
+            "--for",
+            "1h",
+            "--comment",
+            "x",
+        ],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("did you mean `lock-expired`"), "{out}");
+
+    // Give both instances their one-second refresh, then expire a silenced and a free key.
+    std::thread::sleep(Duration::from_millis(1500));
+    expire(&redis, "lock:10");
+    expire(&redis, "lock:20");
+    let got = receiver.wait_for(1, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(1000));
+    let keys: Vec<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.json()["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(keys, ["lock:20"], "{got:?}");
+
+    // After the silence ends, the same keys alert again.
+    wait_until("the silence ended", Duration::from_secs(10), || {
+        cli(&redis, &rules, &["silence", "list"])
+            .1
+            .contains("no silences")
+    });
+    expire(&redis, "lock:11");
+    receiver.wait_for(2, Duration::from_secs(10));
+    assert_eq!(receiver.requests()[1].json()["key"], "lock:11");
+}
+
+#[test]
+fn dead_letters_are_kept_listed_redriven_and_dropped() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = rules(dir.path(), &receiver);
+    let _kw = start(&redis, &rules);
+
+    expire(&redis, "lock:1");
+    receiver.wait_for(1, Duration::from_secs(10));
+    wait_until("the dead letter is stored", Duration::from_secs(10), || {
+        cli(&redis, &rules, &["dead", "list"]).1.contains("lock:1")
+    });
+    let (code, out) = cli(&redis, &rules, &["dead", "list", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let letter: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(letter["rule"], "lock-expired");
+    assert!(
+        letter["reason"].as_str().unwrap().contains("HTTP 404"),
+        "{letter}"
+    );
+
+    // The hook is fixed; re-drive: a running instance sends it within a second or two.
+    receiver.set_default(Response::ok_body("ok"));
+    let (code, out) = cli(&redis, &rules, &["dead", "retry", "--all"]);
+    assert_eq!(code, 0, "{out}");
+    let got = receiver.wait_for(2, Duration::from_secs(10));
+    assert_eq!(got[1].json()["key"], "lock:1");
+    assert!(
+        cli(&redis, &rules, &["dead", "list"])
+            .1
+            .contains("no dead letters")
+    );
+
+    receiver.set_default(Response::status(410).body("gone"));
+    expire(&redis, "lock:2");
+    wait_until(
+        "the second dead letter is stored",
+        Duration::from_secs(10),
+        || cli(&redis, &rules, &["dead", "list"]).1.contains("lock:2"),
+    );
+    let (code, out) = cli(&redis, &rules, &["dead", "drop", "--all"]);
+    assert_eq!((code, out.trim()), (0, "1 dead letter(s) dropped"));
+    assert!(
+        cli(&redis, &rules, &["dead", "list"])
+            .1
+            .contains("no dead letters")
+    );
+}
