@@ -59,6 +59,10 @@ pub async fn run(
     opts: RunOptions,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
+    // Taken over before anything else: until then SIGTERM's default action kills the process, and
+    // a stop requested while keywatch starts (it already logs "Subscribed" by then) must still
+    // end in a clean exit 0.
+    let signals = StopSignals::install();
     let config = Arc::new(config);
     let url = connect::pick_url(
         opts.redis.as_deref(),
@@ -141,7 +145,7 @@ pub async fn run(
     ));
 
     tracing::info!(rules = config.rules.len(), channels = config.channels.len(), redis = %node, "keywatch is running.");
-    wait_for_stop(&shutdown, opts.stop_after).await;
+    wait_for_stop(&shutdown, opts.stop_after, signals).await;
 
     let started = Instant::now();
     tracing::info!("Stopping: no new events are taken; finishing work in flight.");
@@ -160,10 +164,28 @@ pub async fn run(
     Ok(())
 }
 
-async fn wait_for_stop(shutdown: &CancellationToken, stop_after: Option<Duration>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let mut int = signal(SignalKind::interrupt()).ok();
+/// SIGTERM and SIGINT listeners; a signal that arrives before [`wait_for_stop`] is kept.
+struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn install() -> StopSignals {
+        use tokio::signal::unix::{SignalKind, signal};
+        StopSignals {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
+        }
+    }
+}
+
+async fn wait_for_stop(
+    shutdown: &CancellationToken,
+    stop_after: Option<Duration>,
+    signals: StopSignals,
+) {
+    let StopSignals { mut term, mut int } = signals;
     let timer = async {
         match stop_after {
             Some(d) => tokio::time::sleep(d).await,
