@@ -205,12 +205,15 @@ fn init_logging(format: LogFormat, level: Option<&str>, default: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(level.unwrap_or(default)));
-    // Colours only for people: a log file or a pipeline gets plain text.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Colours only for a person at a terminal: escape codes in a log file or journald are noise,
+    // and they break `grep 'rule=x'`. NO_COLOR (https://no-color.org) is honoured too.
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal()
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

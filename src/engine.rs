@@ -24,6 +24,10 @@ use crate::template::Context;
 
 pub const BATCH: usize = 1024;
 
+/// PINGs (250 ms apart) that give the command connection time to reconnect before the flags are
+/// checked again after a resubscription.
+const RECHECK_PINGS: u32 = 8;
+
 pub struct Engine {
     pub config: Arc<Config>,
     pub keyspace: Keyspace,
@@ -245,15 +249,28 @@ impl Engine {
     /// A Redis that restarted has lost a `CONFIG SET notify-keyspace-events` not written to its
     /// redis.conf: check again after every (re)subscription, and re-add with `enable`.
     async fn recheck_flags(&self, node: &str) {
-        match self.keyspace.conn(0).await {
-            Ok(mut c) => {
-                if let Err(msg) = crate::source::flags::ensure(&mut c, &self.config, node).await {
-                    tracing::error!("{msg}");
-                }
-            }
+        let mut c = match self.keyspace.conn(0).await {
+            Ok(c) => c,
             Err(e) => {
-                tracing::warn!(%node, error = %e, "Cannot check notify-keyspace-events after subscribing.")
+                tracing::warn!(%node, error = %e, "Cannot check notify-keyspace-events after subscribing.");
+                return;
             }
+        };
+        // After a restart the command connection finds out it is broken only when a command
+        // fails on it (then it reconnects): without this, that command was the CONFIG GET, and
+        // a restarted Redis stayed without the flags keywatch needs.
+        for attempt in 1..=RECHECK_PINGS {
+            match redis::cmd("PING").query_async::<()>(&mut c).await {
+                Ok(()) => break,
+                Err(e) if attempt == RECHECK_PINGS => {
+                    tracing::warn!(%node, error = %e, "Cannot check notify-keyspace-events after subscribing.");
+                    return;
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+            }
+        }
+        if let Err(msg) = crate::source::flags::ensure(&mut c, &self.config, node).await {
+            tracing::error!("{msg}");
         }
     }
 

@@ -54,6 +54,7 @@ pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &CleanupStep) -> O
     let mut fields = 0usize;
     if !step.hdel.is_empty() {
         let mut pipe = redis::pipe();
+        let mut queued = 0usize;
         for h in &step.hdel {
             let (key, field) = match (t.render(h.key, &ctx), t.render(h.field, &ctx)) {
                 (Ok(k), Ok(f)) => (k, f),
@@ -65,8 +66,15 @@ pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &CleanupStep) -> O
                 continue;
             }
             pipe.cmd("HDEL").arg(key).arg(field);
+            queued += 1;
         }
-        match pipe.query_async::<Vec<usize>>(&mut conn).await {
+        // Every hash may be keywatch's own: an empty pipeline is an error to redis-rs ("empty
+        // command"), which would be retried for a day.
+        let answer = match queued {
+            0 => Ok(Vec::new()),
+            _ => pipe.query_async::<Vec<usize>>(&mut conn).await,
+        };
+        match answer {
             Ok(v) => fields = v.iter().sum(),
             Err(e) => {
                 return Outcome::Retry {
