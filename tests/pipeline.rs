@@ -77,7 +77,11 @@ fn refused_fix(redis: &common::RedisServer) -> String {
 fn check_mode_refuses_a_server_without_flags_and_its_fix_works() {
     let redis = redis_with_flags("");
     let fix = refused_fix(&redis);
-    assert_eq!(fix, "Ex");
+    assert_eq!(
+        letters(&fix),
+        letters("Exg"),
+        "E and x for expiries, g to learn deadlines: {fix}"
+    );
 
     // The printed fix is enough: applied by hand, `run` starts.
     let _: () = redis::cmd("CONFIG")
@@ -100,8 +104,8 @@ fn check_mode_fix_keeps_the_flags_already_set() {
     let fix = refused_fix(&redis);
     assert_eq!(
         letters(&fix),
-        letters("KlEx"),
-        "the fix must keep K and l and add E and x, nothing else: {fix}"
+        letters("KlExg"),
+        "the fix must keep K and l and add E, x and g, nothing else: {fix}"
     );
 }
 
@@ -112,7 +116,7 @@ fn enable_mode_adds_only_the_missing_flags() {
         &format!("redis: {{ notifications: enable }}\n{LOG_RULES}"),
     );
     let flags = notify_flags(&mut rig.conn());
-    assert_eq!(letters(&flags), letters("KlEx"), "after enable: {flags}");
+    assert_eq!(letters(&flags), letters("KlExg"), "after enable: {flags}");
     assert!(
         rig.log()
             .contains("Added missing notify-keyspace-events flags")
@@ -145,7 +149,7 @@ fn ignore_mode_starts_without_flags() {
 #[test]
 fn detail_from_a_hash_field_or_a_key_reaches_the_reload_and_is_removed() {
     let rig = Rig::start(
-        "Ex",
+        "Exg",
         r#"
 rules:
   - name: close-order
@@ -204,7 +208,7 @@ rules:
 #[test]
 fn reload_percent_encodes_captures_and_sends_method_headers_and_idempotency_key() {
     let rig = Rig::start(
-        "Ex",
+        "Exg",
         r#"
 rules:
   - name: prewarm
@@ -260,7 +264,7 @@ rules:
 #[test]
 fn exec_passes_captures_as_single_arguments_with_keywatch_env() {
     let rig = Rig::start(
-        "Ex",
+        "Exg",
         r#"
 rules:
   - name: report
@@ -306,7 +310,7 @@ rules:
 #[test]
 fn exec_non_zero_exit_is_retried_and_a_timeout_kills_the_process() {
     let rig = Rig::start(
-        "Ex",
+        "Exg",
         r#"
 rules:
   - name: flaky
@@ -378,7 +382,7 @@ fn fields(conn: &mut redis::Connection, hash: &str) -> BTreeSet<String> {
 #[test]
 fn cleanup_deletes_exactly_the_intended_keys() {
     let rig = Rig::start(
-        "Ex",
+        "Exg",
         r#"
 rules:
   - name: sessions
@@ -486,7 +490,7 @@ struct Seen {
 
 #[test]
 fn steps_run_reload_exec_cleanup_notify_and_a_failing_reload_does_not_stop_notify() {
-    let redis = redis_with_flags("Ex");
+    let redis = redis_with_flags("Exg");
     let receiver = HttpReceiver::start();
     // What the receiver saw of the other steps when each request arrived.
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -585,7 +589,7 @@ rules:
 #[test]
 fn grouped_notifications_arrive_as_a_few_digests_covering_every_key() {
     let rig = Rig::start(
-        "Ex",
+        "Exg",
         r#"
 channels:
   hook: { type: webhook, url: "@RECEIVER@/digest" }
@@ -655,7 +659,7 @@ rules:
     notify: { to: [hook] }
 "#,
     );
-    assert!(letters(&notify_flags(&mut rig.conn())).is_superset(&letters("Ex")));
+    assert!(letters(&notify_flags(&mut rig.conn())).is_superset(&letters("Exg")));
     rig.set_and_expire(&["restart:before"]);
     rig.receiver.wait_for(1, PATIENCE);
 
@@ -668,7 +672,7 @@ rules:
         "{}",
         rig.log()
     );
-    let readded = |rig: &Rig| letters(&notify_flags(&mut rig.conn())).is_superset(&letters("Ex"));
+    let readded = |rig: &Rig| letters(&notify_flags(&mut rig.conn())).is_superset(&letters("Exg"));
     let deadline = Instant::now() + PATIENCE;
     while !readded(&rig) {
         assert!(
@@ -694,7 +698,7 @@ rules:
 
 #[test]
 fn sigterm_exits_zero_within_ten_seconds_when_idle() {
-    let mut rig = Rig::start("Ex", LOG_RULES);
+    let mut rig = Rig::start("Exg", LOG_RULES);
     let started = Instant::now();
     rig.keywatch.sigterm();
     let status = rig.keywatch.wait_timeout(Duration::from_secs(10));
@@ -711,7 +715,7 @@ fn sigterm_exits_zero_within_ten_seconds_while_a_webhook_is_slow() {
     let receiver =
         HttpReceiver::with_default(Response::ok_body("ok").delay(Duration::from_secs(30)));
     let mut rig = Rig::start_with(
-        redis_with_flags("Ex"),
+        redis_with_flags("Exg"),
         receiver,
         r#"
 channels:
@@ -803,7 +807,7 @@ fn a_receiver_failing_for_a_few_seconds_still_gets_every_key() {
         });
     }
     let rig = Rig::start_with(
-        redis_with_flags("Ex"),
+        redis_with_flags("Exg"),
         receiver,
         r#"
 channels:
