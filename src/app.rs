@@ -17,7 +17,6 @@ use crate::action::Actions;
 use crate::claims::Claims;
 use crate::config::{self, Config, Mode};
 use crate::connect;
-use crate::dead::DeadStore;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::engine::Engine;
 use crate::keyspace::Keyspace;
@@ -114,7 +113,6 @@ pub async fn run(
         )
     });
     let claims = Claims::new(state.clone(), &config.state.prefix);
-    let dead = DeadStore::new(state.clone(), &config.state.prefix);
     let silenced = Arc::new(silences::Active::default());
     let instance = format!("{}:{}", hostname(), std::process::id());
     let marker = Ledger::marker_channel(&config.state.prefix);
@@ -150,7 +148,7 @@ pub async fn run(
         actions,
         metrics.clone(),
         RetryPolicy::default(),
-        Some(dead),
+        Some(state.clone()),
         delivery_stop.clone(),
     );
     delivery.start_redrive();

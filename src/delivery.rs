@@ -22,7 +22,7 @@ use crate::config::Group;
 use crate::dead::{DeadLetter, DeadStore};
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
-use crate::ratelimit::TokenBucket;
+use crate::ratelimit::{SharedBucket, TokenBucket};
 
 /// How failed actions are retried.
 #[derive(Clone, Debug)]
@@ -64,7 +64,7 @@ pub struct Delivery {
 struct Inner {
     actions: Actions,
     metrics: Arc<Metrics>,
-    limiters: HashMap<String, Arc<TokenBucket>>,
+    limiters: HashMap<String, Arc<Limiter>>,
     policy: RetryPolicy,
     tracker: TaskTracker,
     shutdown: CancellationToken,
@@ -75,6 +75,21 @@ struct Inner {
     digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
     /// Where dead letters are kept (Redis); `None` only in tests of this module.
     dead: Option<DeadStore>,
+}
+
+/// A channel's rate limit: shared by every instance through Redis, or this instance's own.
+enum Limiter {
+    Shared(SharedBucket),
+    Local(TokenBucket),
+}
+
+impl Limiter {
+    async fn take(&self) {
+        match self {
+            Limiter::Shared(b) => b.take().await,
+            Limiter::Local(b) => b.take().await,
+        }
+    }
 }
 
 /// A digest window is per (rule, channel).
@@ -142,18 +157,26 @@ impl Delivery {
         actions: Actions,
         metrics: Arc<Metrics>,
         policy: RetryPolicy,
-        dead: Option<DeadStore>,
+        state: Option<redis::aio::ConnectionManager>,
         shutdown: CancellationToken,
     ) -> Delivery {
+        let prefix = actions.config.state.prefix.clone();
         let limiters = actions
             .config
             .channels
             .iter()
             .filter_map(|c| {
-                c.rate
-                    .map(|r| (c.name.clone(), Arc::new(TokenBucket::new(r))))
+                let r = c.rate?;
+                let limiter = match &state {
+                    Some(conn) => {
+                        Limiter::Shared(SharedBucket::new(conn.clone(), &prefix, &c.name, r))
+                    }
+                    None => Limiter::Local(TokenBucket::new(r)),
+                };
+                Some((c.name.clone(), Arc::new(limiter)))
             })
             .collect();
+        let dead = state.map(|conn| DeadStore::new(conn, &prefix));
         Delivery {
             inner: Arc::new(Inner {
                 actions,

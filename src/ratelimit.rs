@@ -1,5 +1,9 @@
 //! Token buckets for channels: up to `burst` messages at once, refilled evenly over `per`
 //! (`20/min`: a burst of 20, then one every 3 s), as SPEC §2 defines `rate`.
+//!
+//! The bucket lives in Redis ([`SharedBucket`]), so every instance draws from the same one:
+//! three instances together never exceed a DingTalk robot's 20 a minute. If Redis cannot be
+//! asked, the instance falls back to a bucket of its own rather than stop sending.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -53,6 +57,78 @@ impl TokenBucket {
     pub async fn take(&self) {
         while let Err(wait) = self.try_take() {
             tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+// Takes a token if there is one (0), or says how many ms until there is. Redis's own clock is
+// used, so instances with skewed clocks still share one rate.
+const TAKE: &str = r"
+local burst = tonumber(ARGV[1])
+local per = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(b[1]) or burst
+local ts = tonumber(b[2]) or now
+local rate = burst / per
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+else
+  wait = math.ceil((1 - tokens) / rate)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', now)
+redis.call('PEXPIRE', KEYS[1], per * 2 + 1000)
+return wait
+";
+
+/// A channel's bucket shared by every instance through Redis.
+pub struct SharedBucket {
+    conn: redis::aio::ConnectionManager,
+    key: String,
+    rate: Rate,
+    script: redis::Script,
+    /// Used while Redis cannot be asked.
+    local: TokenBucket,
+}
+
+impl SharedBucket {
+    pub fn new(
+        conn: redis::aio::ConnectionManager,
+        prefix: &str,
+        channel: &str,
+        rate: Rate,
+    ) -> SharedBucket {
+        SharedBucket {
+            conn,
+            key: format!("{prefix}rate:{channel}"),
+            rate,
+            script: redis::Script::new(TAKE),
+            local: TokenBucket::new(rate),
+        }
+    }
+
+    /// Waits for a token from the shared bucket.
+    pub async fn take(&self) {
+        loop {
+            let wait: redis::RedisResult<u64> = self
+                .script
+                .key(&self.key)
+                .arg(self.rate.burst)
+                .arg(self.rate.per.as_millis() as u64)
+                .invoke_async(&mut self.conn.clone())
+                .await;
+            match wait {
+                Ok(0) => return,
+                Ok(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Err(e) => {
+                    tracing::warn!(key = %self.key, error = %e, "Cannot reach the shared rate limit; limiting this instance alone.");
+                    self.local.take().await;
+                    return;
+                }
+            }
         }
     }
 }

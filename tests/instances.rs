@@ -88,3 +88,49 @@ rules:
     let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(doubled.is_empty(), "fired more than once: {doubled:?}");
 }
+
+#[test]
+fn a_channel_rate_is_shared_by_all_instances() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    // A burst of 5, then one every 200 ms: 30 messages need at least 5 s in all, however many
+    // instances send them. Three unshared buckets would need about 1 s.
+    let yaml = format!(
+        r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}"
+    rate: 5/s
+rules:
+  - name: lock-expired
+    match: "lock:{{id}}"
+    notify: {{ to: [hook] }}
+"#,
+        receiver.url_for("/hook")
+    );
+    let rules = write_rules(dir.path(), "rules.yaml", &yaml);
+    let _a = start(&redis, &rules);
+    let _b = start(&redis, &rules);
+    let _c = start(&redis, &rules);
+    let mut c = redis.conn();
+    for i in 0..30 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg("w")
+            .arg("PX")
+            .arg(300)
+            .query(&mut c)
+            .unwrap();
+    }
+    let got = receiver.wait_for(30, Duration::from_secs(60));
+    let first = got.iter().map(|r| r.received_instant).min().unwrap();
+    let last = got.iter().map(|r| r.received_instant).max().unwrap();
+    // A lower bound only: a slow machine can make it longer, never shorter.
+    assert!(
+        last - first >= Duration::from_millis(4000),
+        "30 messages at 5/s (burst 5) took only {:?}: the instances did not share the bucket",
+        last - first
+    );
+}
