@@ -152,6 +152,7 @@ pub async fn run(
         delivery_stop.clone(),
     );
     delivery.start_redrive();
+    delivery.start_queue();
     let poker_stop = CancellationToken::new();
     tokio::spawn(silences::follow(
         state.clone(),

@@ -22,6 +22,7 @@ use crate::config::Group;
 use crate::dead::{DeadLetter, DeadStore};
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
+use crate::queue::{self, Job, Queue};
 use crate::ratelimit::{SharedBucket, TokenBucket};
 
 /// How failed actions are retried.
@@ -75,6 +76,10 @@ struct Inner {
     digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
     /// Where dead letters are kept (Redis); `None` only in tests of this module.
     dead: Option<DeadStore>,
+    /// The durable queue of action jobs (Redis); `None` only in tests of this module.
+    queue: Option<Queue>,
+    /// Jobs this instance is attempting now, handed back at shutdown.
+    inflight: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A channel's rate limit: shared by every instance through Redis, or this instance's own.
@@ -144,6 +149,14 @@ impl Work {
         }
     }
 
+    /// The job's id in the queue and in-flight set.
+    fn job_id(&self) -> String {
+        match self {
+            Work::Step { firing, action } => action.idempotency_key(&firing.id),
+            Work::Digest { message, .. } => message.idempotency_key.clone(),
+        }
+    }
+
     fn id(&self) -> &str {
         match self {
             Work::Step { firing, .. } => &firing.id,
@@ -176,7 +189,8 @@ impl Delivery {
                 Some((c.name.clone(), Arc::new(limiter)))
             })
             .collect();
-        let dead = state.map(|conn| DeadStore::new(conn, &prefix));
+        let dead = state.clone().map(|conn| DeadStore::new(conn, &prefix));
+        let queue = state.map(|conn| Queue::new(conn, &prefix));
         Delivery {
             inner: Arc::new(Inner {
                 actions,
@@ -188,6 +202,8 @@ impl Delivery {
                 concurrent: Arc::new(Semaphore::new(256)),
                 digests: Mutex::new(HashMap::new()),
                 dead,
+                queue,
+                inflight: Mutex::new(Default::default()),
             }),
         }
     }
@@ -233,9 +249,72 @@ impl Delivery {
     pub async fn shutdown(&self, grace: Duration) -> bool {
         self.inner.tracker.close();
         self.inner.shutdown.cancel();
-        tokio::time::timeout(grace, self.inner.tracker.wait())
+        let finished = tokio::time::timeout(grace, self.inner.tracker.wait())
             .await
-            .is_ok()
+            .is_ok();
+        let left: Vec<String> = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        if let (Some(q), false) = (&self.inner.queue, left.is_empty()) {
+            match q.hand_back(&left).await {
+                Ok(()) => tracing::info!(
+                    jobs = left.len(),
+                    "Handed unfinished jobs back to the queue."
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot hand jobs back; they come due again when their lease ends.")
+                }
+            }
+        }
+        finished
+    }
+
+    /// Takes due jobs from the durable queue (retries, and jobs of instances that died or
+    /// stopped) every 200 ms until shutdown.
+    pub fn start_queue(&self) {
+        let Some(queue) = self.inner.queue.clone() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        self.inner.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let mut count = 0u32;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = inner.shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                count = count.wrapping_add(1);
+                if count.is_multiple_of(5)
+                    && let Ok(n) = queue.len().await
+                {
+                    inner.metrics.queue_pending.set(n);
+                }
+                if count.is_multiple_of(crate::queue::RENEW_EVERY.as_millis() as u32 / 200) {
+                    let ids: Vec<String> = inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+                    if let Err(e) = queue.renew(&ids).await {
+                        tracing::warn!(error = %e, "Cannot renew job leases; another instance may take them over.");
+                    }
+                }
+                let jobs = match queue.take_due(200).await {
+                    Ok(j) => j,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Cannot read the job queue; retrying.");
+                        continue;
+                    }
+                };
+                for job in jobs {
+                    let i = inner.clone();
+                    let work = Work::Step { firing: Arc::new(job.firing), action: job.action };
+                    inner.tracker.spawn(async move { deliver(i, work, job.attempt, job.failing_since).await });
+                }
+            }
+        });
     }
 }
 
@@ -247,15 +326,34 @@ async fn run_firing(inner: Arc<Inner>, firing: Arc<Firing>) {
         return;
     };
     let group = rule.notify.as_ref().and_then(|n| n.group);
+    let mut steps = Vec::new();
     for action in actions_of(rule) {
+        match (&action, group) {
+            (Action::Notify { channel }, Some(g)) => collect(&inner, &firing, channel, g),
+            _ => steps.push(action),
+        }
+    }
+    // Stored before the first attempt: from here on the job survives this process.
+    if let Some(q) = &inner.queue {
+        let jobs: Vec<Job> = steps
+            .iter()
+            .map(|a| Job {
+                firing: (*firing).clone(),
+                action: a.clone(),
+                attempt: 0,
+                failing_since: None,
+            })
+            .collect();
+        if let Err(e) = q.put_leased(&jobs).await {
+            tracing::warn!(error = %e, rule = %firing.rule, "Cannot store jobs in the queue; attempting them from memory.");
+        }
+    }
+    // First attempts in the order of SPEC §2; notifications wait for their channel's bucket
+    // in their own task, so a throttled channel holds back nothing else.
+    for action in steps {
         if inner.shutdown.is_cancelled() {
             return;
         }
-        if let (Action::Notify { channel }, Some(g)) = (&action, group) {
-            collect(&inner, &firing, channel, g);
-            continue;
-        }
-        inner.metrics.queue_pending.inc();
         let work = Work::Step {
             firing: firing.clone(),
             action,
@@ -271,16 +369,8 @@ async fn run_firing(inner: Arc<Inner>, firing: Arc<Firing>) {
             inner
                 .tracker
                 .spawn(async move { deliver(i, work, 0, None).await });
-            continue;
-        }
-        let outcome = attempt(&inner, &work, 0).await;
-        if let Outcome::Retry { after, .. } = outcome {
-            let i = inner.clone();
-            inner
-                .tracker
-                .spawn(async move { deliver(i, work, 1, Some((Instant::now(), after))).await });
         } else {
-            inner.metrics.queue_pending.dec();
+            deliver(inner.clone(), work, 0, None).await;
         }
     }
 }
@@ -313,14 +403,12 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
             (Some(r), Some(ch)) => notify::compose_digest(&i.actions, &batch, r, ch, group.max_items),
             _ => Err("the rule or channel is no longer defined".into()),
         };
-        i.metrics.queue_pending.inc();
         match composed {
             Ok(message) => {
                 let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch };
                 deliver(i.clone(), work, 0, None).await
             }
             Err(e) => {
-                i.metrics.queue_pending.dec();
                 i.metrics.dead_letters.inc();
                 tracing::error!(%rule, %channel, keys = batch.len(), reason = %e, "Dead letter: cannot compose the digest.");
             }
@@ -364,52 +452,89 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
     outcome
 }
 
-/// Attempts `work` until it is sent, fails for good, or has failed for too long.
-/// `failing` is when the first failure happened and what the target asked to wait.
-async fn deliver(
-    inner: Arc<Inner>,
-    work: Work,
-    mut n: u32,
-    mut failing: Option<(Instant, Option<Duration>)>,
-) {
+/// Attempts `work` until it is sent or fails for good. A job in the durable queue leaves for
+/// the queue between attempts (any instance may take the next one); a digest (held only in
+/// memory) waits here. `failing_since` is when the first attempt failed, unix ms.
+async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: Option<i64>) {
+    let durable = match (&work, &inner.queue) {
+        (Work::Step { .. }, Some(q)) => Some(q.clone()),
+        _ => None,
+    };
+    let id = work.job_id();
+    inner
+        .inflight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id.clone());
+    let finish = |inner: &Inner| {
+        inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    };
     let limiter = work.channel().and_then(|c| inner.limiters.get(c).cloned());
     loop {
-        if let Some((since, after)) = failing {
-            if since.elapsed() >= inner.policy.give_up_after {
-                dead_letter(
-                    &inner,
-                    &work,
-                    "gave up: failing for longer than the retry window",
-                );
-                return;
-            }
-            let wait = after.unwrap_or_default().max(inner.policy.backoff(n));
-            tokio::select! {
-                biased;
-                _ = inner.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(wait) => {}
-            }
-        }
         if let Some(l) = &limiter {
             tokio::select! {
                 biased;
+                // Left in flight: shutdown hands it back.
                 _ = inner.shutdown.cancelled() => return,
                 _ = l.take() => {}
             }
         }
-        match attempt(&inner, &work, n).await {
-            Outcome::Sent(_) => {
-                inner.metrics.queue_pending.dec();
-                return;
-            }
-            Outcome::Failed(reason) => {
-                dead_letter(&inner, &work, &reason);
+        let outcome = attempt(&inner, &work, n).await;
+        match outcome {
+            Outcome::Sent(_) | Outcome::Failed(_) => {
+                if let Outcome::Failed(reason) = &outcome {
+                    dead_letter(&inner, &work, reason);
+                }
+                if let Some(q) = &durable
+                    && let Err(e) = q.done(&id).await
+                {
+                    tracing::warn!(error = %e, id = %id, "Cannot mark the job done; it may run again when its lease ends.");
+                }
+                finish(&inner);
                 return;
             }
             Outcome::Retry { after, .. } => {
-                let since = failing.map_or_else(Instant::now, |(s, _)| s);
-                failing = Some((since, after));
+                let now = queue::now_ms();
+                let since = *failing_since.get_or_insert(now);
                 n += 1;
+                if now - since >= inner.policy.give_up_after.as_millis() as i64 {
+                    dead_letter(
+                        &inner,
+                        &work,
+                        "gave up: failing for longer than the retry window",
+                    );
+                    if let Some(q) = &durable {
+                        let _ = q.done(&id).await;
+                    }
+                    finish(&inner);
+                    return;
+                }
+                let wait = after.unwrap_or_default().max(inner.policy.backoff(n));
+                if let (Some(q), Work::Step { firing, action }) = (&durable, &work) {
+                    let job = Job {
+                        firing: (**firing).clone(),
+                        action: action.clone(),
+                        attempt: n,
+                        failing_since,
+                    };
+                    // Out of the in-flight set first, so a lease renewal cannot push the retry back.
+                    finish(&inner);
+                    match q.reschedule(&job, now + wait.as_millis() as i64).await {
+                        Ok(()) => return,
+                        Err(e) => {
+                            tracing::warn!(error = %e, id = %id, "Cannot requeue the job; retrying from memory.")
+                        }
+                    }
+                }
+                tokio::select! {
+                    biased;
+                    _ = inner.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
+                }
             }
         }
     }
@@ -418,7 +543,6 @@ async fn deliver(
 /// Gives a dead letter a second life: the same firings, the same action, from attempt one.
 fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
     let firings: Vec<Arc<Firing>> = d.firings.into_iter().map(Arc::new).collect();
-    inner.metrics.queue_pending.inc();
     let i = inner.clone();
     if d.digest {
         let Action::Notify { channel } = d.action else {
@@ -450,7 +574,6 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
                     deliver(i.clone(), work, 0, None).await
                 }
                 Err(e) => {
-                    i.metrics.queue_pending.dec();
                     tracing::error!(rule = %d.rule, reason = %e, "Cannot re-drive the digest.");
                 }
             }
@@ -467,7 +590,6 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
 }
 
 fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
-    inner.metrics.queue_pending.dec();
     inner.metrics.dead_letters.inc();
     if let Some(store) = inner.dead.clone() {
         let (action, firings, digest) = match work {

@@ -23,6 +23,7 @@
 //! - [`dead`]: dead letters kept in Redis, listed, re-driven and dropped.
 //! - [`silences`]: rules muted for a while, kept in Redis, obeyed by every instance.
 //! - [`delivery`]: runs firings' actions in order, retries with backoff, rate-limits channels.
+//! - [`queue`]: the durable job queue in Redis, shared by instances.
 //! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
 //! - [`ratelimit`]: token buckets for channels.
 //! - [`metrics`]: every metric of SPEC §7, defined once.
@@ -53,6 +54,7 @@ pub mod local_redis;
 pub mod matcher;
 pub mod metrics;
 pub mod pattern;
+pub mod queue;
 pub mod ratelimit;
 pub mod send_test;
 pub mod server;

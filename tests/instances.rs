@@ -134,3 +134,124 @@ rules:
         last - first
     );
 }
+
+fn hook_rules(dir: &std::path::Path, receiver: &HttpReceiver) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}"
+rules:
+  - name: lock-expired
+    match: "lock:{{id}}"
+    notify: {{ to: [hook] }}
+"#,
+        receiver.url_for("/hook")
+    );
+    write_rules(dir, "rules.yaml", &yaml)
+}
+
+fn queued(redis: &RedisServer) -> i64 {
+    redis::cmd("ZCARD")
+        .arg("keywatch:queue")
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+#[test]
+fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    receiver.down();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = hook_rules(dir.path(), &receiver);
+    let mut kw = start(&redis, &rules);
+    let mut c = redis.conn();
+    for i in 0..10 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg("w")
+            .arg("PX")
+            .arg(200)
+            .query(&mut c)
+            .unwrap();
+    }
+    common::wait_until(
+        "10 jobs wait in the queue for a retry",
+        Duration::from_secs(20),
+        || queued(&redis) == 10 && kw.stderr().matches("will retry").count() >= 10,
+    );
+    kw.sigterm();
+    assert!(
+        kw.wait_timeout(Duration::from_secs(15))
+            .is_some_and(|s| s.success())
+    );
+    assert_eq!(
+        queued(&redis),
+        10,
+        "the jobs stay in Redis while keywatch is stopped"
+    );
+
+    receiver.up();
+    let _kw = start(&redis, &rules);
+    receiver.wait_for(10, Duration::from_secs(60));
+    let keys: std::collections::BTreeSet<String> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.json()["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(keys.len(), 10, "{keys:?}");
+    common::wait_until("the queue is empty", Duration::from_secs(10), || {
+        queued(&redis) == 0
+    });
+}
+
+#[test]
+fn an_instance_killed_mid_run_loses_nothing() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let failing_until = std::time::Instant::now() + Duration::from_secs(4);
+    receiver.set_handler(move |_| {
+        (std::time::Instant::now() < failing_until)
+            .then(|| common::Response::status(500).body("warming up"))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let rules = hook_rules(dir.path(), &receiver);
+    let mut a = start(&redis, &rules);
+    let _b = start(&redis, &rules);
+    let _c = start(&redis, &rules);
+    let mut conn = redis.conn();
+    for i in 0..60 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg("w")
+            .arg("PX")
+            .arg(300 + i * 10)
+            .query(&mut conn)
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    a.sigkill();
+
+    common::wait_until("every key delivered", Duration::from_secs(90), || {
+        let ok: std::collections::BTreeSet<String> = receiver
+            .requests()
+            .iter()
+            .filter(|r| r.received_instant >= failing_until)
+            .map(|r| r.json()["key"].as_str().unwrap().to_string())
+            .collect();
+        ok.len() == 60
+    });
+    let delivered: Vec<String> = receiver
+        .requests()
+        .iter()
+        .filter(|r| r.received_instant >= failing_until)
+        .map(|r| r.json()["key"].as_str().unwrap().to_string())
+        .collect();
+    let duplicates = delivered.len() - 60;
+    eprintln!(
+        "delivered 60 keys with {duplicates} duplicate(s) (only jobs in flight at the kill may double)"
+    );
+    assert!(duplicates <= 5, "{duplicates} duplicates: {delivered:?}");
+}
