@@ -80,6 +80,7 @@ pub async fn run(
     metrics.config_last_reload_successful.set(1);
     let status = Arc::new(Status::default());
     status.expect_node(&node);
+    status.set_config(config.clone());
 
     let listener = server::bind(opts.listen)
         .await
@@ -88,7 +89,7 @@ pub async fn run(
             error,
         })?;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "HTTP endpoint listening (/metrics, /healthz, /readyz).");
+        tracing::info!(%addr, "HTTP endpoint listening (/, /metrics, /healthz, /readyz).");
     }
 
     let subscribers = CancellationToken::new();
@@ -141,6 +142,7 @@ pub async fn run(
         RetryPolicy::default(),
         delivery_stop.clone(),
     );
+    delivery.report_to(status.clone());
     let poker_stop = CancellationToken::new();
     if let Some(l) = &ledger {
         tokio::spawn(ledger::run_poker(
@@ -149,6 +151,7 @@ pub async fn run(
             poker_stop.clone(),
         ));
     }
+    let page_ledger = ledger.clone();
     let engine = Engine {
         config: config.clone(),
         keyspace,
@@ -160,7 +163,11 @@ pub async fn run(
     let engine = tokio::spawn(engine.run(rx));
     let http = tokio::spawn(server::serve(
         listener,
-        server::Shared { metrics, status },
+        server::Shared {
+            metrics,
+            status,
+            ledger: page_ledger,
+        },
         http_stop.clone(),
     ));
 

@@ -8,7 +8,7 @@
 //! throttled channel never delays another.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -22,6 +22,7 @@ use crate::config::Group;
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
 use crate::ratelimit::TokenBucket;
+use crate::status::{DeadLetter, Status};
 
 /// How failed actions are retried.
 #[derive(Clone, Debug)]
@@ -72,6 +73,9 @@ struct Inner {
     concurrent: Arc<Semaphore>,
     /// Open digest windows, by (rule, channel).
     digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
+    /// Where outcomes and dead letters are shown (the status page); set once by `report_to`
+    /// so that the constructor stays the same for callers that have no status page.
+    status: OnceLock<Arc<Status>>,
 }
 
 /// A digest window is per (rule, channel).
@@ -131,6 +135,22 @@ impl Work {
             Work::Digest { message, .. } => &message.idempotency_key,
         }
     }
+
+    /// The firing this work belongs to; a digest stands for many.
+    fn firing_id(&self) -> Option<&str> {
+        match self {
+            Work::Step { firing, .. } => Some(&firing.id),
+            Work::Digest { .. } => None,
+        }
+    }
+
+    /// The action as the status page names it: `notify:CHANNEL` for notifications.
+    fn status_label(&self) -> String {
+        match self.channel() {
+            Some(c) => format!("notify:{c}"),
+            None => self.action_name().to_string(),
+        }
+    }
 }
 
 impl Delivery {
@@ -159,8 +179,14 @@ impl Delivery {
                 shutdown,
                 concurrent: Arc::new(Semaphore::new(256)),
                 digests: Mutex::new(HashMap::new()),
+                status: OnceLock::new(),
             }),
         }
+    }
+
+    /// Reports every attempt and dead letter to `status` from now on (the first call wins).
+    pub fn report_to(&self, status: Arc<Status>) {
+        let _ = self.inner.status.set(status);
     }
 
     /// Takes a firing; its jobs run in the background.
@@ -261,6 +287,16 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
             Err(e) => {
                 i.metrics.queue_pending.dec();
                 i.metrics.dead_letters.inc();
+                if let Some(s) = i.status.get() {
+                    s.record_dead_letter(DeadLetter {
+                        at: chrono::Utc::now(),
+                        rule: rule.clone(),
+                        key: format!("{} keys (digest)", batch.len()),
+                        action: format!("notify:{channel}"),
+                        id: String::new(),
+                        reason: format!("cannot compose the digest: {e}"),
+                    });
+                }
                 tracing::error!(%rule, %channel, keys = batch.len(), reason = %e, "Dead letter: cannot compose the digest.");
             }
         }
@@ -283,6 +319,19 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
     inner
         .metrics
         .action(work.rule(), work.action_name(), outcome.label(), secs);
+    if let Some(s) = inner.status.get() {
+        let detail = match &outcome {
+            Outcome::Sent(what) => what,
+            Outcome::Retry { reason, .. } | Outcome::Failed(reason) => reason,
+        };
+        s.record_outcome(
+            work.rule(),
+            work.firing_id(),
+            &work.status_label(),
+            outcome.label(),
+            detail,
+        );
+    }
     let (rule, key, action, channel) = (
         work.rule(),
         work.subject(),
@@ -357,6 +406,16 @@ async fn deliver(
 fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
     inner.metrics.queue_pending.dec();
     inner.metrics.dead_letters.inc();
+    if let Some(s) = inner.status.get() {
+        s.record_dead_letter(DeadLetter {
+            at: chrono::Utc::now(),
+            rule: work.rule().to_string(),
+            key: work.subject(),
+            action: work.status_label(),
+            id: work.id().to_string(),
+            reason: reason.to_string(),
+        });
+    }
     tracing::error!(rule = %work.rule(), key = %work.subject(), action = work.action_name(), channel = work.channel().unwrap_or(""), id = %work.id(), %reason, "Dead letter: the action will not be retried.");
 }
 

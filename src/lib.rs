@@ -23,7 +23,8 @@
 //! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
 //! - [`ratelimit`]: token buckets for channels.
 //! - [`metrics`]: every metric of SPEC §7, defined once.
-//! - [`status`]: readiness and recent firings, for `/readyz` and the status page.
+//! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
+//! - [`status_page`]: the HTML status page at `/`, for on-call engineers on a phone.
 //! - [`server`]: the HTTP endpoint of SPEC §6.
 //! - [`app`]: `keywatch run`: wiring and shutdown.
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
@@ -51,4 +52,5 @@ pub mod send_test;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod status_page;
 pub mod template;
