@@ -204,7 +204,7 @@ pub fn render(
     subscribers(&mut h, status);
     rules(&mut h, status, config.as_deref());
     upcoming_section(&mut h, upcoming, now);
-    recent(&mut h, &status.recent(), now);
+    recent(&mut h, &status.recent(), config.as_deref(), now);
     dead_letters(&mut h, status, now);
 
     h.push_str(
@@ -325,7 +325,7 @@ fn upcoming_section(h: &mut String, upcoming: &Upcoming, now: DateTime<Utc>) {
     h.push_str("</ul></section>\n");
 }
 
-fn recent(h: &mut String, recent: &[RecentFiring], now: DateTime<Utc>) {
+fn recent(h: &mut String, recent: &[RecentFiring], config: Option<&Config>, now: DateTime<Utc>) {
     h.push_str("<section id=\"recent\"><h2>Recent events</h2><ul>");
     if recent.is_empty() {
         h.push_str("<li class=\"none\">none</li>");
@@ -343,7 +343,13 @@ fn recent(h: &mut String, recent: &[RecentFiring], now: DateTime<Utc>) {
             ago = ago(now, f.at),
             at = clock(f.at),
         );
-        if f.outcomes.is_empty() {
+        // A digest stands for many firings, so its outcome is counted for the rule, not shown
+        // here: say where the notification went instead of leaving it "pending" for ever.
+        let digest = config
+            .and_then(|c| c.rule(&f.rule))
+            .and_then(|r| r.notify.as_ref())
+            .filter(|n| n.group.is_some());
+        if f.outcomes.is_empty() && digest.is_none() {
             h.push_str("<span class=\"badge idle\">pending</span>");
         }
         for o in &f.outcomes {
@@ -360,6 +366,13 @@ fn recent(h: &mut String, recent: &[RecentFiring], now: DateTime<Utc>) {
                 esc(&o.action),
                 esc(&o.outcome),
                 tries,
+            );
+        }
+        if let Some(n) = digest {
+            let _ = write!(
+                h,
+                "<span class=\"badge idle\">notify:{}: in digest</span>",
+                esc(&n.to.join(", "))
             );
         }
         h.push_str("</div></li>");

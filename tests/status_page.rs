@@ -156,6 +156,8 @@ fn section<'a>(dom: &'a str, id: &str) -> &'a str {
 
 #[test]
 fn status_page_in_headless_chromium_shows_events_and_dead_letters() {
+    // Fail at once, before starting anything, when there is no browser.
+    chromium();
     let good = HttpReceiver::start();
     let gone = HttpReceiver::with_default(Response::status(404).body("no such hook"));
     let yaml = format!(
