@@ -88,6 +88,7 @@ pub async fn run(
     metrics.config_last_reload_successful.set(1);
     let status = Arc::new(Status::default());
     status.expect_node(&node);
+    status.set_config(config.clone());
 
     let listener = server::bind(opts.listen)
         .await
@@ -96,7 +97,7 @@ pub async fn run(
             error,
         })?;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "HTTP endpoint listening (/metrics, /healthz, /readyz).");
+        tracing::info!(%addr, "HTTP endpoint listening (/, /metrics, /healthz, /readyz).");
     }
 
     let subscribers = CancellationToken::new();
@@ -151,6 +152,7 @@ pub async fn run(
         Some(state.clone()),
         delivery_stop.clone(),
     );
+    delivery.report_to(status.clone());
     delivery.start_redrive();
     delivery.start_queue();
     let poker_stop = CancellationToken::new();
@@ -167,6 +169,7 @@ pub async fn run(
             poker_stop.clone(),
         ));
     }
+    let page_ledger = ledger.clone();
     let engine = Engine {
         config: config.clone(),
         keyspace,
@@ -181,7 +184,11 @@ pub async fn run(
     let engine = tokio::spawn(engine.run(rx));
     let http = tokio::spawn(server::serve(
         listener,
-        server::Shared { metrics, status },
+        server::Shared {
+            metrics,
+            status,
+            ledger: page_ledger,
+        },
         http_stop.clone(),
     ));
 

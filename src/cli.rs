@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{self, LoadError, Loaded, Mode};
 use crate::event::EventKind;
@@ -45,7 +45,7 @@ pub enum Command {
         /// Redis URL (overrides KEYWATCH_REDIS_URL and `redis.url`).
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
-        /// Address of the HTTP endpoint (/metrics, /healthz, /readyz).
+        /// Address of the HTTP endpoint (/, /metrics, /healthz, /readyz).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
         listen: std::net::SocketAddr,
     },
@@ -89,6 +89,11 @@ pub enum Command {
         db: u32,
         #[command(flatten)]
         rules: RulesArg,
+    },
+    /// Print a shell completion script, e.g. `keywatch completions bash > /etc/bash_completion.d/keywatch`.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -244,6 +249,7 @@ pub fn run(cli: Cli) -> ExitCode {
     };
     init_logging(cli.log_format, cli.log_level.as_deref(), default_level);
     match cli.command {
+        Command::Completions { shell } => completions(shell),
         Command::Run {
             rules,
             redis,
@@ -424,6 +430,21 @@ fn load_or_report(paths: &[PathBuf], mode: Mode) -> Result<Loaded, ExitCode> {
                 .count();
             let _ = writeln!(err, "{errors} error(s) found.");
             Err(ExitCode::from(1))
+        }
+    }
+}
+
+/// The script is generated into memory first: clap_complete panics when its writer fails, and
+/// `keywatch completions bash | head` must end quietly, not with a panic.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "keywatch", &mut script);
+    match std::io::stdout().lock().write_all(&script) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("keywatch: cannot write the completion script: {e}");
+            ExitCode::from(1)
         }
     }
 }

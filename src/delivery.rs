@@ -8,7 +8,7 @@
 //! throttled channel never delays another.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -24,6 +24,7 @@ use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
 use crate::queue::{self, Job, Queue};
 use crate::ratelimit::{SharedBucket, TokenBucket};
+use crate::status::{self, Status};
 
 /// How failed actions are retried.
 #[derive(Clone, Debug)]
@@ -80,6 +81,9 @@ struct Inner {
     queue: Option<Queue>,
     /// Jobs this instance is attempting now, handed back at shutdown.
     inflight: Mutex<std::collections::HashSet<String>>,
+    /// Where outcomes and dead letters are shown (the status page); set once by `report_to`
+    /// so that the constructor stays the same for callers that have no status page.
+    status: OnceLock<Arc<Status>>,
 }
 
 /// A channel's rate limit: shared by every instance through Redis, or this instance's own.
@@ -163,6 +167,22 @@ impl Work {
             Work::Digest { message, .. } => &message.idempotency_key,
         }
     }
+
+    /// The firing this work belongs to; a digest stands for many.
+    fn firing_id(&self) -> Option<&str> {
+        match self {
+            Work::Step { firing, .. } => Some(&firing.id),
+            Work::Digest { .. } => None,
+        }
+    }
+
+    /// The action as the status page names it: `notify:CHANNEL` for notifications.
+    fn status_label(&self) -> String {
+        match self.channel() {
+            Some(c) => format!("notify:{c}"),
+            None => self.action_name().to_string(),
+        }
+    }
 }
 
 impl Delivery {
@@ -204,6 +224,7 @@ impl Delivery {
                 dead,
                 queue,
                 inflight: Mutex::new(Default::default()),
+                status: OnceLock::new(),
             }),
         }
     }
@@ -235,6 +256,11 @@ impl Delivery {
                 }
             }
         });
+    }
+
+    /// Reports every attempt and dead letter to `status` from now on (the first call wins).
+    pub fn report_to(&self, status: Arc<Status>) {
+        let _ = self.inner.status.set(status);
     }
 
     /// Takes a firing; its jobs run in the background.
@@ -410,6 +436,16 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
             }
             Err(e) => {
                 i.metrics.dead_letters.inc();
+                if let Some(s) = i.status.get() {
+                    s.record_dead_letter(status::DeadLetter {
+                        at: chrono::Utc::now(),
+                        rule: rule.clone(),
+                        key: format!("{} keys (digest)", batch.len()),
+                        action: format!("notify:{channel}"),
+                        id: String::new(),
+                        reason: format!("cannot compose the digest: {e}"),
+                    });
+                }
                 tracing::error!(%rule, %channel, keys = batch.len(), reason = %e, "Dead letter: cannot compose the digest.");
             }
         }
@@ -432,6 +468,19 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
     inner
         .metrics
         .action(work.rule(), work.action_name(), outcome.label(), secs);
+    if let Some(s) = inner.status.get() {
+        let detail = match &outcome {
+            Outcome::Sent(what) => what,
+            Outcome::Retry { reason, .. } | Outcome::Failed(reason) => reason,
+        };
+        s.record_outcome(
+            work.rule(),
+            work.firing_id(),
+            &work.status_label(),
+            outcome.label(),
+            detail,
+        );
+    }
     let (rule, key, action, channel) = (
         work.rule(),
         work.subject(),
@@ -591,6 +640,16 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
 
 fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
     inner.metrics.dead_letters.inc();
+    if let Some(s) = inner.status.get() {
+        s.record_dead_letter(status::DeadLetter {
+            at: chrono::Utc::now(),
+            rule: work.rule().to_string(),
+            key: work.subject(),
+            action: work.status_label(),
+            id: work.id().to_string(),
+            reason: reason.to_string(),
+        });
+    }
     if let Some(store) = inner.dead.clone() {
         let (action, firings, digest) = match work {
             Work::Step { firing, action } => (action.clone(), vec![(**firing).clone()], false),

@@ -27,7 +27,8 @@
 //! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
 //! - [`ratelimit`]: token buckets for channels.
 //! - [`metrics`]: every metric of SPEC §7, defined once.
-//! - [`status`]: readiness and recent firings, for `/readyz` and the status page.
+//! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
+//! - [`status_page`]: the HTML status page at `/`, for on-call engineers on a phone.
 //! - [`server`]: the HTTP endpoint of SPEC §6.
 //! - [`admin`]: `keywatch silence` and `keywatch dead`, which change state in Redis.
 //! - [`app`]: `keywatch run`: wiring and shutdown.
@@ -61,4 +62,5 @@ pub mod server;
 pub mod silences;
 pub mod source;
 pub mod status;
+pub mod status_page;
 pub mod template;

@@ -1,4 +1,4 @@
-//! The HTTP endpoint of SPEC §6: `/metrics`, `/healthz`, `/readyz`.
+//! The HTTP endpoint of SPEC §6: `/metrics`, `/healthz`, `/readyz`, and the status page `/`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -6,21 +6,25 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::source::ledger::Ledger;
 use crate::status::Status;
 
 #[derive(Clone)]
 pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub status: Arc<Status>,
+    /// For the upcoming expiries of the status page; `None` when keywatch keeps no ledger.
+    pub ledger: Option<Ledger>,
 }
 
 pub fn router(shared: Shared) -> Router {
     Router::new()
+        .route("/", get(status_page))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -35,6 +39,13 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
         )],
         s.metrics.encode(),
     )
+}
+
+async fn status_page(State(s): State<Shared>) -> impl IntoResponse {
+    let config = s.status.config();
+    let upcoming = crate::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
+    let page = crate::status_page::render(&s.status, &s.metrics, &upcoming, chrono::Utc::now());
+    ([(header::CACHE_CONTROL, "no-store")], Html(page))
 }
 
 async fn readyz(State(s): State<Shared>) -> impl IntoResponse {

@@ -1,15 +1,23 @@
 //! What the process knows about itself, for `/readyz` and the status page: which nodes are
-//! subscribed, and the most recent firings.
+//! subscribed, the running rules, the most recent firings with what became of their actions,
+//! the most recent dead letters, and per-rule counts.
+//!
+//! Everything here is in memory and per instance: it is what an on-call engineer looks at, not a
+//! record. The counts restart with the process (the Prometheus counters are the durable view).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 
+use crate::config::Config;
 use crate::job::Firing;
 
 /// How many recent firings the status page shows.
 const RECENT: usize = 100;
+
+/// How many recent dead letters the status page shows.
+const DEAD: usize = 50;
 
 #[derive(Clone, Debug)]
 pub struct RecentFiring {
@@ -18,6 +26,43 @@ pub struct RecentFiring {
     pub event: String,
     pub key: String,
     pub id: String,
+    pub recovered: bool,
+    /// The latest outcome of each action of the firing, in the order they were first reported.
+    pub outcomes: Vec<ActionOutcome>,
+}
+
+/// The latest attempt of one action of one firing.
+#[derive(Clone, Debug)]
+pub struct ActionOutcome {
+    /// `reload`, `exec`, `cleanup`, or `notify:CHANNEL`.
+    pub action: String,
+    /// `sent`, `retry`, `failed` (the `outcome` label of `keywatch_actions_total`) or `dead`.
+    pub outcome: String,
+    pub attempts: u32,
+    /// The target's answer or the failure reason.
+    pub detail: String,
+}
+
+/// An action that failed for good.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    pub at: DateTime<Utc>,
+    pub rule: String,
+    /// The key, or `N keys (digest)`.
+    pub key: String,
+    pub action: String,
+    pub id: String,
+    pub reason: String,
+}
+
+/// Counts of one rule since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleCounts {
+    pub matched: u64,
+    pub sent: u64,
+    pub retried: u64,
+    pub failed: u64,
+    pub dead: u64,
 }
 
 #[derive(Default)]
@@ -25,6 +70,10 @@ pub struct Status {
     // std Mutexes: held for a few instructions, never across an await.
     nodes: Mutex<BTreeMap<String, bool>>,
     recent: Mutex<VecDeque<RecentFiring>>,
+    dead: Mutex<VecDeque<DeadLetter>>,
+    counts: Mutex<BTreeMap<String, RuleCounts>>,
+    /// The running rule set; replaced on reload.
+    config: Mutex<Option<Arc<Config>>>,
 }
 
 impl Status {
@@ -70,7 +119,110 @@ impl Status {
             event: f.kind.as_str().to_string(),
             key: String::from_utf8_lossy(&f.key).into_owned(),
             id: f.id.clone(),
+            recovered: f.recovered,
+            outcomes: Vec::new(),
         });
+        drop(r);
+        self.count(&f.rule, |c| c.matched += 1);
+    }
+
+    /// One attempt of `action` (`notify:CHANNEL` for notifications) of the firing `id` of
+    /// `rule` ended with `outcome` (`sent`, `retry`, `failed`). `id` is `None` for a digest,
+    /// which stands for many firings: it is only counted.
+    pub fn record_outcome(
+        &self,
+        rule: &str,
+        id: Option<&str>,
+        action: &str,
+        outcome: &str,
+        detail: &str,
+    ) {
+        self.count(rule, |c| match outcome {
+            "sent" => c.sent += 1,
+            "retry" => c.retried += 1,
+            _ => c.failed += 1,
+        });
+        let Some(id) = id else { return };
+        let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        // Newest last, and outcomes mostly concern recent firings: search from the back.
+        let Some(f) = r.iter_mut().rev().find(|f| f.id == id && f.rule == rule) else {
+            return;
+        };
+        match f.outcomes.iter_mut().find(|o| o.action == action) {
+            Some(o) => {
+                o.outcome = outcome.to_string();
+                o.attempts += 1;
+                o.detail = detail.to_string();
+            }
+            None => f.outcomes.push(ActionOutcome {
+                action: action.to_string(),
+                outcome: outcome.to_string(),
+                attempts: 1,
+                detail: detail.to_string(),
+            }),
+        }
+    }
+
+    /// An action failed for good; its firing (if still listed) shows it as `dead`.
+    pub fn record_dead_letter(&self, d: DeadLetter) {
+        self.count(&d.rule, |c| c.dead += 1);
+        {
+            let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(o) = r
+                .iter_mut()
+                .rev()
+                .find(|f| f.id == d.id && f.rule == d.rule)
+                .and_then(|f| f.outcomes.iter_mut().find(|o| o.action == d.action))
+            {
+                o.outcome = "dead".to_string();
+            }
+        }
+        let mut dead = self.dead.lock().unwrap_or_else(|p| p.into_inner());
+        if dead.len() == DEAD {
+            dead.pop_front();
+        }
+        dead.push_back(d);
+    }
+
+    /// Newest first.
+    pub fn dead_letters(&self) -> Vec<DeadLetter> {
+        self.dead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .rev()
+            .cloned()
+            .collect()
+    }
+
+    /// Counts of `rule` since start (zero for a rule that has not fired).
+    pub fn counts(&self, rule: &str) -> RuleCounts {
+        self.counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(rule)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn count(&self, rule: &str, f: impl FnOnce(&mut RuleCounts)) {
+        let mut c = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        match c.get_mut(rule) {
+            Some(counts) => f(counts),
+            None => f(c.entry(rule.to_string()).or_default()),
+        }
+    }
+
+    /// Sets the running rule set (at start, and after a successful reload).
+    pub fn set_config(&self, config: Arc<Config>) {
+        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+    }
+
+    pub fn config(&self) -> Option<Arc<Config>> {
+        self.config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Newest first.

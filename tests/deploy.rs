@@ -1,0 +1,215 @@
+//! What ships beside the binary stays true to it: the Grafana dashboard queries only metrics that
+//! keywatch exports (and every metric of SPEC §7), the systemd unit and the container file name
+//! what exists, and `keywatch completions` prints scripts the shells accept.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::run_keywatch;
+use keywatch::metrics::Metrics;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Every sample name `/metrics` can show, with labelled families populated once so their
+/// samples appear (`_total`, `_bucket`, `_sum`, `_count` included).
+fn exported_samples() -> BTreeSet<String> {
+    let m = Metrics::new();
+    m.event("expired", 0);
+    m.matched("r", "expired");
+    m.action("r", "notify", "sent", 0.01);
+    m.subscriber("127.0.0.1:6379", true);
+    m.recovered_for("r");
+    m.silenced_for("r");
+    m.encode()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap().to_string())
+        .collect()
+}
+
+/// `keywatch_…` names in a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("keywatch_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        out.push(name);
+    }
+    out
+}
+
+fn exprs(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| exprs(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_dashboard_query_names_an_exported_metric_and_every_spec_metric_is_shown() {
+    let exported = exported_samples();
+    let mut dashboards = 0;
+    for entry in std::fs::read_dir(repo().join("deploy")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        dashboards += 1;
+        let json: serde_json::Value = serde_json::from_str(&read(&path))
+            .unwrap_or_else(|e| panic!("{} is not valid JSON: {e}", path.display()));
+        let mut all = Vec::new();
+        exprs(&json, &mut all);
+        assert!(!all.is_empty(), "{} has no queries", path.display());
+        let mut queried = BTreeSet::new();
+        for expr in &all {
+            for name in metric_names(expr) {
+                assert!(
+                    exported.contains(&name),
+                    "{} queries `{name}`, which keywatch does not export (in `{expr}`); exported: {exported:?}",
+                    path.display()
+                );
+                queried.insert(name);
+            }
+        }
+        // SPEC §7, as sample names.
+        for spec in [
+            "keywatch_events_total",
+            "keywatch_matches_total",
+            "keywatch_actions_total",
+            "keywatch_action_seconds_bucket",
+            "keywatch_expiry_lateness_seconds_bucket",
+            "keywatch_queue_pending",
+            "keywatch_dead_letters_total",
+            "keywatch_ledger_keys",
+            "keywatch_recovered_total",
+            "keywatch_subscriber_up",
+            "keywatch_reconnects_total",
+            "keywatch_rules_loaded",
+            "keywatch_reload_failures_total",
+            "keywatch_config_last_reload_successful",
+            "keywatch_scan_keys_total",
+            "keywatch_scan_seconds_bucket",
+        ] {
+            assert!(
+                queried.contains(spec),
+                "{} shows no panel for {spec}",
+                path.display()
+            );
+        }
+        let mut ids = BTreeSet::new();
+        for p in json["panels"].as_array().expect("panels") {
+            let id = p["id"].as_u64().expect("panel id");
+            assert!(ids.insert(id), "{}: panel id {id} twice", path.display());
+        }
+    }
+    assert!(dashboards > 0, "no dashboard JSON in deploy/");
+}
+
+#[test]
+fn the_container_file_copies_what_exists_and_checks_health() {
+    let file = read(&repo().join("deploy/Containerfile"));
+    for line in file
+        .lines()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from"))
+    {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for src in &words[1..words.len() - 1] {
+            assert!(
+                repo().join(src).exists(),
+                "Containerfile copies `{src}`, which is not in the repository"
+            );
+        }
+    }
+    assert!(file.contains("HEALTHCHECK"), "no HEALTHCHECK");
+    assert!(
+        file.contains("/healthz"),
+        "the HEALTHCHECK does not ask /healthz"
+    );
+    assert!(file.contains("\nUSER "), "the image runs as root");
+}
+
+#[test]
+fn the_systemd_unit_is_hardened_and_restarts_on_failure() {
+    let unit = read(&repo().join("deploy/keywatch.service"));
+    let set: Vec<&str> = unit
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    for needed in [
+        "DynamicUser=yes",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "Restart=on-failure",
+        "EnvironmentFile=/etc/keywatch/keywatch.env",
+    ] {
+        assert!(set.contains(&needed), "keywatch.service lacks `{needed}`");
+    }
+    // SIGHUP ends the process until hot reload exists; a reload line would stop the service.
+    assert!(
+        !set.iter().any(|l| l.starts_with("ExecReload=")),
+        "ExecReload must stay commented out until keywatch handles SIGHUP"
+    );
+    assert!(repo().join("deploy/keywatch.env.example").exists());
+}
+
+#[test]
+fn completions_are_printed_for_bash_zsh_and_fish() {
+    for (shell, marker) in [
+        ("bash", "_keywatch()"),
+        ("zsh", "#compdef keywatch"),
+        ("fish", "complete -c keywatch"),
+    ] {
+        let out = run_keywatch(["completions", shell], &[]);
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            script.contains(marker),
+            "{shell}: no `{marker}` in\n{script}"
+        );
+        for sub in [
+            "run",
+            "check",
+            "explain",
+            "send-test",
+            "demo",
+            "completions",
+        ] {
+            assert!(script.contains(sub), "{shell}: `{sub}` is not completed");
+        }
+        if shell == "bash" {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("keywatch.bash");
+            std::fs::write(&file, &script).unwrap();
+            let check = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+            assert!(
+                check.status.success(),
+                "bash rejects the script: {}",
+                String::from_utf8_lossy(&check.stderr)
+            );
+        }
+    }
+    let out = run_keywatch(["completions", "tcsh"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
