@@ -115,6 +115,7 @@ pub async fn run(
     });
     let claims = Claims::new(state.clone(), &config.state.prefix);
     let silenced = Arc::new(silences::Active::default());
+    status.set_silences(silenced.clone());
     let instance = format!("{}:{}", hostname(), std::process::id());
     let marker = Ledger::marker_channel(&config.state.prefix);
     let (tx, rx) = mpsc::channel(64 * 1024);

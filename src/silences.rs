@@ -46,6 +46,16 @@ impl Active {
         })
     }
 
+    /// The silences in force now, soonest to end first.
+    pub fn current(&self) -> Vec<Silence> {
+        let now = Utc::now();
+        let list = self.list.read().unwrap_or_else(|p| p.into_inner());
+        list.iter()
+            .filter(|(s, _)| s.active(now))
+            .map(|(s, _)| s.clone())
+            .collect()
+    }
+
     fn set(&self, silences: Vec<Silence>) {
         let compiled = silences
             .into_iter()

@@ -207,10 +207,28 @@ pub fn render(
     recent(&mut h, &status.recent(), config.as_deref(), now);
     dead_letters(&mut h, status, now);
 
-    h.push_str(
-        "<section id=\"silences\"><h2>Silences</h2>\
-         <p class=\"none\">none (silences are not implemented yet)</p></section>\n",
-    );
+    h.push_str("<section id=\"silences\"><h2>Silences</h2>");
+    let silences = status.silences();
+    if silences.is_empty() {
+        h.push_str("<p class=\"none\">none</p>");
+    } else {
+        h.push_str("<ul>");
+        for s in silences {
+            h.push_str(&format!(
+                "<li><b>{}</b> {} until {} — {} <small>({})</small></li>",
+                esc(&s.rule),
+                s.pattern
+                    .as_deref()
+                    .map(|p| format!("keys {}", esc(p)))
+                    .unwrap_or_else(|| "all keys".into()),
+                esc(&crate::job::rfc3339(s.until)),
+                esc(&s.comment),
+                esc(&s.id)
+            ));
+        }
+        h.push_str("</ul>");
+    }
+    h.push_str("</section>\n");
     h.push_str("</main></body></html>\n");
     h
 }
