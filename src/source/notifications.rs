@@ -112,7 +112,7 @@ impl Default for Backoff {
 }
 
 const PING_EVERY: Duration = Duration::from_secs(1);
-const PING_TIMEOUT: Duration = Duration::from_secs(3);
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Subscribes to `channels` on `client`'s node until `shutdown`, sending what happens to `tx`.
