@@ -1,47 +1,11 @@
 //! `keywatch silence` and `keywatch dead` against running instances.
 
 mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::{
-    HttpReceiver, Keywatch, KeywatchProcess, RedisServer, Response, run_keywatch, wait_until,
-    write_rules,
-};
-
-fn rules(dir: &std::path::Path, receiver: &HttpReceiver) -> std::path::PathBuf {
-    let yaml = format!(
-        r#"
-channels:
-  hook:
-    type: webhook
-    url: "{}"
-rules:
-  - name: lock-expired
-    match: "lock:{{id}}"
-    notify: {{ to: [hook] }}
-"#,
-        receiver.url_for("/hook")
-    );
-    write_rules(dir, "rules.yaml", &yaml)
-}
-
-fn start(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
-    let mut kw = Keywatch::spawn(
-        [
-            "run",
-            "-r",
-            rules.to_str().unwrap(),
-            "--redis",
-            &redis.url(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    kw.wait_for_output("Subscribed to keyspace events.", Duration::from_secs(20));
-    kw
-}
+use common::{HttpReceiver, RedisServer, Response, run_keywatch, wait_until};
 
 fn cli(redis: &RedisServer, rules: &std::path::Path, args: &[&str]) -> (i32, String) {
     let mut all: Vec<&str> = args.to_vec();
@@ -72,9 +36,9 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = rules(dir.path(), &receiver);
-    let _a = start(&redis, &rules);
-    let _b = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let _a = support::run_on(&redis, &rules);
+    let _b = support::run_on(&redis, &rules);
 
     let (code, out) = cli(
         &redis,
@@ -146,8 +110,8 @@ fn dead_letters_are_kept_listed_redriven_and_dropped() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
     let dir = tempfile::tempdir().unwrap();
-    let rules = rules(dir.path(), &receiver);
-    let _kw = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let _kw = support::run_on(&redis, &rules);
 
     expire(&redis, "lock:1");
     receiver.wait_for(1, Duration::from_secs(10));

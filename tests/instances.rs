@@ -1,28 +1,12 @@
 //! Several keywatch instances on one Redis: every event fires once, not once per instance.
 
 mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, Keywatch, KeywatchProcess, RedisServer, write_rules};
-
-fn start(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
-    let mut kw = Keywatch::spawn(
-        [
-            "run",
-            "-r",
-            rules.to_str().unwrap(),
-            "--redis",
-            &redis.url(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    kw.wait_for_output("Subscribed to keyspace events.", Duration::from_secs(20));
-    kw
-}
+use common::{HttpReceiver, RedisServer, write_rules};
 
 #[test]
 fn three_instances_fire_each_event_once() {
@@ -47,9 +31,9 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = start(&redis, &rules);
-    let _b = start(&redis, &rules);
-    let _c = start(&redis, &rules);
+    let _a = support::run_on(&redis, &rules);
+    let _b = support::run_on(&redis, &rules);
+    let _c = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
         let _: () = redis::cmd("SET")
@@ -111,9 +95,9 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = start(&redis, &rules);
-    let _b = start(&redis, &rules);
-    let _c = start(&redis, &rules);
+    let _a = support::run_on(&redis, &rules);
+    let _b = support::run_on(&redis, &rules);
+    let _c = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
         let _: () = redis::cmd("SET")
@@ -135,23 +119,6 @@ rules:
     );
 }
 
-fn hook_rules(dir: &std::path::Path, receiver: &HttpReceiver) -> std::path::PathBuf {
-    let yaml = format!(
-        r#"
-channels:
-  hook:
-    type: webhook
-    url: "{}"
-rules:
-  - name: lock-expired
-    match: "lock:{{id}}"
-    notify: {{ to: [hook] }}
-"#,
-        receiver.url_for("/hook")
-    );
-    write_rules(dir, "rules.yaml", &yaml)
-}
-
 fn queued(redis: &RedisServer) -> i64 {
     redis::cmd("ZCARD")
         .arg("keywatch:queue")
@@ -165,8 +132,8 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     let receiver = HttpReceiver::start();
     receiver.down();
     let dir = tempfile::tempdir().unwrap();
-    let rules = hook_rules(dir.path(), &receiver);
-    let mut kw = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let mut kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
         let _: () = redis::cmd("SET")
@@ -194,7 +161,7 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     );
 
     receiver.up();
-    let _kw = start(&redis, &rules);
+    let _kw = support::run_on(&redis, &rules);
     receiver.wait_for(10, Duration::from_secs(60));
     let keys: std::collections::BTreeSet<String> = receiver
         .requests()
@@ -217,10 +184,10 @@ fn an_instance_killed_mid_run_loses_nothing() {
             .then(|| common::Response::status(500).body("warming up"))
     });
     let dir = tempfile::tempdir().unwrap();
-    let rules = hook_rules(dir.path(), &receiver);
-    let mut a = start(&redis, &rules);
-    let _b = start(&redis, &rules);
-    let _c = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let mut a = support::run_on(&redis, &rules);
+    let _b = support::run_on(&redis, &rules);
+    let _c = support::run_on(&redis, &rules);
     let mut conn = redis.conn();
     for i in 0..60 {
         let _: () = redis::cmd("SET")

@@ -3,47 +3,12 @@
 //! away never alerted.
 
 mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{
-    HttpReceiver, Keywatch, KeywatchProcess, RedisServer, Signal, wait_until, write_rules,
-};
-
-fn rules(dir: &std::path::Path, receiver: &HttpReceiver) -> std::path::PathBuf {
-    let yaml = format!(
-        r#"
-channels:
-  hook:
-    type: webhook
-    url: "{}"
-rules:
-  - name: lock-expired
-    match: "lock:{{id}}"
-    notify: {{ to: [hook] }}
-"#,
-        receiver.url_for("/hook")
-    );
-    write_rules(dir, "rules.yaml", &yaml)
-}
-
-fn start(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
-    let mut kw = Keywatch::spawn(
-        [
-            "run",
-            "-r",
-            rules.to_str().unwrap(),
-            "--redis",
-            &redis.url(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    kw.wait_for_output("Subscribed to keyspace events.", Duration::from_secs(20));
-    kw
-}
+use common::{HttpReceiver, RedisServer, Signal, wait_until};
 
 fn ledger_size(redis: &RedisServer) -> i64 {
     redis::cmd("ZCARD")
@@ -71,8 +36,8 @@ fn expiries_with_known_deadlines_carry_deadline_and_lateness() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = rules(dir.path(), &receiver);
-    let _kw = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let _kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     // Nobody touches these keys: the ledger's poke makes Redis expire them at their deadline.
     for i in 0..20 {
@@ -99,8 +64,8 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = rules(dir.path(), &receiver);
-    let mut kw = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let mut kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..25 {
         let _: () = redis::cmd("SET")
@@ -128,7 +93,7 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     }
     assert_eq!(receiver.count(), 0);
 
-    let _kw = start(&redis, &rules);
+    let _kw = support::run_on(&redis, &rules);
     receiver.wait_for(25, Duration::from_secs(30));
     // Give a duplicate time to show up.
     std::thread::sleep(Duration::from_millis(1500));
@@ -149,8 +114,8 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
         .start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = rules(dir.path(), &receiver);
-    let mut kw = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let mut kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
         let _: () = redis::cmd("SET")
@@ -204,8 +169,8 @@ fn renamed_persisted_and_reset_keys_are_never_alerted() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = rules(dir.path(), &receiver);
-    let _kw = start(&redis, &rules);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let _kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     let set = |c: &mut redis::Connection, k: &str| {
         let _: () = redis::cmd("SET")
@@ -268,7 +233,7 @@ fn keys_set_before_keywatch_started_are_learnt_by_scan() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = rules(dir.path(), &receiver);
+    let rules = support::lock_rules(dir.path(), &receiver, "");
     let mut c = redis.conn();
     for i in 0..30 {
         let _: () = redis::cmd("SET")
@@ -284,7 +249,7 @@ fn keys_set_before_keywatch_started_are_learnt_by_scan() {
         .arg("w")
         .query(&mut c)
         .unwrap();
-    let _kw = start(&redis, &rules);
+    let _kw = support::run_on(&redis, &rules);
     wait_until(
         "the scan learnt the 30 deadlines",
         Duration::from_secs(10),

@@ -2,16 +2,14 @@
 //! `text` or `markdown`, `at` mentions backed by `@mobile` tokens in the text (DingTalk only
 //! mentions people whose token is in the content), and `errcode` checked in the HTTP 200 body.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use crate::config::{Channel, ChatFormat, DingTalk};
 
 use super::Outcome;
-use super::http::{self, Answer, Request};
-use super::notify::{Message, fit, hmac_sha256_b64, json_headers, with_keyword};
+use super::http::{Answer, Request};
+use super::notify::{Message, fit, hmac_sha256_b64, json_headers, judge_errcode, with_keyword};
 
 /// DingTalk rejects bodies over 20,000 bytes (errcode 460101); leave room for the JSON around.
 const TEXT_LIMIT: usize = 18_000;
@@ -81,29 +79,9 @@ pub fn request(ch: &Channel, d: &DingTalk, msg: &Message, now: DateTime<Utc>) ->
 
 /// Success is HTTP 2xx *and* `errcode` 0: DingTalk reports its errors inside HTTP 200.
 pub fn judge(ch: &Channel, a: &Answer) -> Outcome {
-    if !a.status.is_success() {
-        return http::judge_status(a);
-    }
-    let Some(j) = a.json() else {
-        return Outcome::Retry {
-            reason: format!("unexpected answer: {}", a.body_text()),
-            after: None,
-        };
-    };
-    let code = j.get("errcode").and_then(|c| c.as_i64()).unwrap_or(-1);
-    let msg = j.get("errmsg").and_then(|m| m.as_str()).unwrap_or("");
-    match code {
-        0 => Outcome::Sent(format!("errcode 0 {msg}")),
-        // Rate limited: the robot is throttled for a while; come back after a rate period.
-        130101 => Outcome::Retry {
-            reason: format!("errcode 130101 (rate limited): {msg}"),
-            after: Some(ch.rate.map_or(Duration::from_secs(60), |r| r.per)),
-        },
-        // Keyword, signature or timestamp check failed; message too long: will not get better.
-        310000 | 101002 | 460000..=460199 => Outcome::Failed(format!("errcode {code}: {msg}")),
-        _ => Outcome::Retry {
-            reason: format!("errcode {code}: {msg}"),
-            after: None,
-        },
-    }
+    // 130101: rate limited (the robot is throttled for a while); 310000: keyword, signature or
+    // timestamp check failed; 101002/4601xx: message too long. The last two will not get better.
+    judge_errcode(ch, a, 130101, &|code| {
+        matches!(code, 310000 | 101002 | 460000..=460199)
+    })
 }

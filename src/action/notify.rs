@@ -218,6 +218,43 @@ pub fn fit(text: &str, limit: usize) -> String {
     format!("{}\n… and {} more bytes", &text[..end], text.len() - end)
 }
 
+/// The `errcode`/`errmsg` convention of DingTalk and WeCom robots: errors come inside an HTTP
+/// 200, so success is 2xx *and* `errcode` 0. `rate_limited` is retried after one rate period
+/// of the channel; codes `permanent` accepts are given up; anything else is retried.
+pub fn judge_errcode(
+    ch: &Channel,
+    a: &Answer,
+    rate_limited: i64,
+    permanent: &dyn Fn(i64) -> bool,
+) -> Outcome {
+    if !a.status.is_success() {
+        return http::judge_status(a);
+    }
+    let Some(j) = a.json() else {
+        return Outcome::Retry {
+            reason: format!("unexpected answer: {}", a.body_text()),
+            after: None,
+        };
+    };
+    let code = j.get("errcode").and_then(|c| c.as_i64()).unwrap_or(-1);
+    let msg = j.get("errmsg").and_then(|m| m.as_str()).unwrap_or("");
+    match code {
+        0 => Outcome::Sent(format!("errcode 0 {msg}")),
+        c if c == rate_limited => Outcome::Retry {
+            reason: format!("errcode {c} (rate limited): {msg}"),
+            after: Some(
+                ch.rate
+                    .map_or(std::time::Duration::from_secs(60), |r| r.per),
+            ),
+        },
+        c if permanent(c) => Outcome::Failed(format!("errcode {c}: {msg}")),
+        c => Outcome::Retry {
+            reason: format!("errcode {c}: {msg}"),
+            after: None,
+        },
+    }
+}
+
 /// HMAC-SHA256 of `message` with `key`, base64: DingTalk and Feishu signatures.
 pub fn hmac_sha256_b64(key: &[u8], message: &[u8]) -> String {
     use base64::Engine;

@@ -2,15 +2,13 @@
 //! `mentioned_mobile_list`, or `markdown` with `<@userid>`; `errcode` checked in the 200 body;
 //! markdown content is limited to 4,096 bytes and text to 2,048.
 
-use std::time::Duration;
-
 use serde_json::json;
 
 use crate::config::{Channel, ChatFormat, WeCom};
 
 use super::Outcome;
-use super::http::{self, Answer, Request};
-use super::notify::{Message, fit, json_headers, with_keyword};
+use super::http::{Answer, Request};
+use super::notify::{Message, fit, json_headers, judge_errcode, with_keyword};
 
 const TEXT_LIMIT: usize = 2_048;
 const MARKDOWN_LIMIT: usize = 4_096;
@@ -51,28 +49,6 @@ pub fn request(ch: &Channel, w: &WeCom, msg: &Message) -> Request {
 }
 
 pub fn judge(ch: &Channel, a: &Answer) -> Outcome {
-    if !a.status.is_success() {
-        return http::judge_status(a);
-    }
-    let Some(j) = a.json() else {
-        return Outcome::Retry {
-            reason: format!("unexpected answer: {}", a.body_text()),
-            after: None,
-        };
-    };
-    let code = j.get("errcode").and_then(|c| c.as_i64()).unwrap_or(-1);
-    let msg = j.get("errmsg").and_then(|m| m.as_str()).unwrap_or("");
-    match code {
-        0 => Outcome::Sent(format!("errcode 0 {msg}")),
-        45009 => Outcome::Retry {
-            reason: format!("errcode 45009 (rate limited): {msg}"),
-            after: Some(ch.rate.map_or(Duration::from_secs(60), |r| r.per)),
-        },
-        // Too long; invalid webhook key.
-        40058 | 93000 => Outcome::Failed(format!("errcode {code}: {msg}")),
-        _ => Outcome::Retry {
-            reason: format!("errcode {code}: {msg}"),
-            after: None,
-        },
-    }
+    // 45009: rate limited; 40058: too long and 93000: invalid webhook key will not get better.
+    judge_errcode(ch, a, 45009, &|code| matches!(code, 40058 | 93000))
 }

@@ -211,3 +211,36 @@ pub fn assert_no_secret(what: &str, text: &str, secrets: &[&str]) {
         );
     }
 }
+
+/// Rules with a webhook channel `hook` to `receiver` (plus `channel_extra` lines, e.g.
+/// `"    rate: 5/s\n"`) and one rule, `lock-expired`, on `lock:{id}`.
+pub fn lock_rules(
+    dir: &std::path::Path,
+    receiver: &crate::common::HttpReceiver,
+    channel_extra: &str,
+) -> PathBuf {
+    let yaml = format!(
+        "channels:\n  hook:\n    type: webhook\n    url: \"{}\"\n{channel_extra}rules:\n  - name: lock-expired\n    match: \"lock:{{id}}\"\n    notify: {{ to: [hook] }}\n",
+        receiver.url_for("/hook")
+    );
+    write_rules(dir, "rules.yaml", &yaml)
+}
+
+/// `keywatch run` with the rules at `rules` on `redis`, once it has subscribed; several may run
+/// on one Redis (each gets its own free HTTP port).
+pub fn run_on(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
+    let mut kw = crate::common::Keywatch::spawn(
+        [
+            "run",
+            "-r",
+            rules.to_str().unwrap(),
+            "--redis",
+            &redis.url(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    kw.wait_for_output(SUBSCRIBED, PATIENCE);
+    kw
+}
