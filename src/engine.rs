@@ -54,6 +54,7 @@ impl Engine {
         let mut learn = Vec::new();
         let mut forget = Vec::new();
         let mut markers = Vec::new();
+        let mut warnings = Vec::new();
         for s in signals {
             match s {
                 Signal::Event(e) => {
@@ -72,6 +73,7 @@ impl Engine {
                         }
                     }
                 }
+                Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker(payload) => {
                     if let Some(m) = self.ledger.as_ref().and_then(|l| l.own_marker(&payload)) {
                         markers.push(m);
@@ -106,7 +108,10 @@ impl Engine {
         }
         let mut matched = Vec::new();
         for e in events {
-            self.match_event(e, &mut matched);
+            self.match_event(e, &mut matched, None);
+        }
+        for (e, rules) in warnings {
+            self.match_event(e, &mut matched, Some(&rules));
         }
         if let Some(l) = &self.ledger {
             for (db, seq) in markers {
@@ -220,7 +225,8 @@ impl Engine {
         }
     }
 
-    fn match_event(&self, e: KeyEvent, out: &mut Vec<Matched>) {
+    /// `only`: a scanner warning fires just the rules it names, through the same matching.
+    fn match_event(&self, e: KeyEvent, out: &mut Vec<Matched>, only: Option<&[String]>) {
         self.metrics.event(e.kind.as_str(), e.db);
         if !e.recovered
             && let Some(late) = e.late_ms()
@@ -228,8 +234,11 @@ impl Engine {
             self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
         }
         for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
-            self.metrics
-                .matched(&self.config.rules[rule].name, e.kind.as_str());
+            let name = &self.config.rules[rule].name;
+            if only.is_some_and(|names| !names.contains(name)) {
+                continue;
+            }
+            self.metrics.matched(name, e.kind.as_str());
             out.push(Matched {
                 event: e.clone(),
                 rule,
