@@ -441,14 +441,14 @@ impl Scanner {
                 continue;
             }
             match ledger {
-                Some(l) => self.from_ledger(l, db, horizon, &mut stats).await?,
-                None => self.from_scan(db, &here, &mut stats).await?,
+                Some(l) => self.via_ledger(l, db, horizon, &mut stats).await?,
+                None => self.via_scan(db, &here, &mut stats).await?,
             }
         }
         Ok(stats)
     }
 
-    async fn from_ledger(
+    async fn via_ledger(
         &self,
         ledger: &Ledger,
         db: u32,
@@ -483,7 +483,7 @@ impl Scanner {
         }
     }
 
-    async fn from_scan(
+    async fn via_scan(
         &self,
         db: u32,
         rules: &[usize],
