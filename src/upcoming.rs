@@ -302,8 +302,8 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,
-            "TTL     DEADLINE                  DB  KEY           RULES\n\
-             1d 1h   2026-11-18T08:26:40.000Z   0  license:acme  license-expiring\n"
+            "TTL    DEADLINE                  DB  KEY           RULES\n\
+             1d 1h  2026-11-18T11:06:40.000Z   0  license:acme  license-expiring\n"
         );
         let mut out = Vec::new();
         write_json(&mut out, &rows).unwrap();
@@ -311,7 +311,7 @@ mod tests {
         assert_eq!(
             v,
             serde_json::json!({"key": "license:acme", "db": 0, "ttl_ms": 90_061_000,
-                "deadline": "2026-11-18T08:26:40.000Z", "rules": ["license-expiring"]})
+                "deadline": "2026-11-18T11:06:40.000Z", "rules": ["license-expiring"]})
         );
     }
 }

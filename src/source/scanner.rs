@@ -47,8 +47,9 @@ use crate::source::ledger::Ledger;
 use crate::source::notifications::Signal;
 
 /// Keys asked for per `SCAN` call. Redis walks about this many keys per call whatever matches, so
-/// it bounds how long one call keeps Redis from other clients (well under a millisecond).
-pub const SCAN_COUNT: u64 = 1000;
+/// it bounds how long one call keeps other clients waiting: measured 0.35 ms on a busy 2-core
+/// box (1.4 µs a key), where 1000 took 1.4 ms and pushed another client's p99 up by as much.
+pub const SCAN_COUNT: u64 = 250;
 /// Ledger entries per range query.
 const LEDGER_PAGE: usize = 1000;
 /// A claim outlives its deadline by this much, so a scan that reads a just-passed deadline
@@ -182,7 +183,11 @@ pub struct ScanWalk {
     glob: usize,
     cursor: u64,
     skip_prefix: Vec<u8>,
+    /// `COUNT` of each `SCAN` ([`SCAN_COUNT`]).
+    pub count: u64,
     pub pacer: Pacer,
+    /// Keys the last `SCAN` returned, whose deadlines the next step reads.
+    pending: Vec<Vec<u8>>,
     /// Keys SCAN returned (before the own-prefix filter).
     pub read: u64,
 }
@@ -201,6 +206,8 @@ impl ScanWalk {
             glob: 0,
             cursor: 0,
             skip_prefix: skip_prefix.as_bytes().to_vec(),
+            count: SCAN_COUNT,
+            pending: Vec::new(),
             pacer: Pacer::new(max_keys_per_second),
             read: 0,
         }
@@ -208,38 +215,51 @@ impl ScanWalk {
 
     /// The next batch of `(key, deadline_ms)` of keys that have a TTL (possibly empty);
     /// `None` when the walk is over.
+    ///
+    /// One round trip per step: the deadlines of the keys the previous `SCAN` returned travel
+    /// in the same pipeline as the next `SCAN`.
     pub async fn next(&mut self) -> redis::RedisResult<Option<Vec<(Vec<u8>, i64)>>> {
-        let Some(glob) = self.globs.get(self.glob) else {
+        let glob = self.globs.get(self.glob).cloned();
+        if glob.is_none() && self.pending.is_empty() {
             return Ok(None);
-        };
+        }
+        let asked = std::mem::take(&mut self.pending);
+        let mut pipe = redis::pipe();
+        for k in &asked {
+            pipe.cmd("PEXPIRETIME").arg(k);
+        }
+        if let Some(glob) = &glob {
+            pipe.cmd("SCAN")
+                .arg(self.cursor)
+                .arg("MATCH")
+                .arg(glob)
+                .arg("COUNT")
+                .arg(self.count);
+        }
         let started = Instant::now();
-        let (next, mut keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(self.cursor)
-            .arg("MATCH")
-            .arg(glob)
-            .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .query_async(&mut self.conn)
-            .await?;
-        let mut reply = started.elapsed();
-        if next == 0 {
-            self.glob += 1;
+        let mut replies: Vec<redis::Value> = pipe.query_async(&mut self.conn).await?;
+        let reply = started.elapsed();
+        if glob.is_some() {
+            let scan = replies.pop().unwrap_or(redis::Value::Nil);
+            let (next, mut keys): (u64, Vec<Vec<u8>>) = redis::from_redis_value(scan)?;
+            if next == 0 {
+                self.glob += 1;
+            }
+            self.cursor = next;
+            self.read += keys.len() as u64;
+            keys.retain(|k| !k.starts_with(&self.skip_prefix));
+            self.pending = keys;
         }
-        self.cursor = next;
-        self.read += keys.len() as u64;
-        keys.retain(|k| !k.starts_with(&self.skip_prefix));
-        let mut found = Vec::new();
-        if !keys.is_empty() {
-            let started = Instant::now();
-            let deadlines = pexpiretime(&mut self.conn, &keys).await?;
-            reply = reply.max(started.elapsed());
-            found = keys
-                .into_iter()
-                .zip(deadlines)
-                .filter(|(_, d)| *d > 0)
-                .collect();
+        let mut found = Vec::with_capacity(asked.len());
+        for (k, d) in asked.into_iter().zip(replies) {
+            let d: i64 = redis::from_redis_value(d)?;
+            if d > 0 {
+                found.push((k, d));
+            }
         }
-        self.pacer.step(SCAN_COUNT, reply).await;
+        if glob.is_some() {
+            self.pacer.step(self.count, reply).await;
+        }
         Ok(Some(found))
     }
 }
