@@ -22,10 +22,7 @@ use keywatch::local_redis::LocalRedis;
 use tokio_util::sync::CancellationToken;
 
 fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -44,12 +41,7 @@ async fn load(url: &str, far: u64, due: u64, spread_ms: i64) -> HashMap<String, 
     for chunk in (0..far).collect::<Vec<_>>().chunks(10_000) {
         let mut p = redis::pipe();
         for i in chunk {
-            p.cmd("SET")
-                .arg(format!("far:{i}"))
-                .arg("x")
-                .arg("EX")
-                .arg(3600)
-                .ignore();
+            p.cmd("SET").arg(format!("far:{i}")).arg("x").arg("EX").arg(3600).ignore();
         }
         let _: () = p.query_async(&mut c).await.unwrap();
     }
@@ -75,27 +67,14 @@ struct Stats {
 
 fn stats(mut v: Vec<i64>) -> Stats {
     v.sort_unstable();
-    let q = |p: f64| {
-        v.get(((v.len() as f64 - 1.0) * p).round() as usize)
-            .copied()
-            .unwrap_or(-1)
-    };
-    Stats {
-        n: v.len(),
-        p50: q(0.5),
-        p99: q(0.99),
-        max: v.last().copied().unwrap_or(-1),
-    }
+    let q = |p: f64| v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(-1);
+    Stats { n: v.len(), p50: q(0.5), p99: q(0.99), max: v.last().copied().unwrap_or(-1) }
 }
 
 fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
         .and_then(|kb| kb.parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }
@@ -108,8 +87,7 @@ async fn plain(far: u64, due: u64, spread_ms: i64) -> Stats {
     let deadlines = load(&server.url(), far, due, spread_ms).await;
     let mut late = Vec::new();
     let mut stream = pubsub.on_message();
-    let give_up =
-        tokio::time::Instant::now() + Duration::from_millis(spread_ms as u64 + 3000 + 20_000);
+    let give_up = tokio::time::Instant::now() + Duration::from_millis(spread_ms as u64 + 3000 + 20_000);
     while late.len() < deadlines.len() {
         tokio::select! {
             m = stream.next() => {
@@ -147,30 +125,20 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
     let rules = format!(
         "channels:\n  hook:\n    type: webhook\n    url: \"{hook}\"\nrules:\n  - name: task-due\n    match: \"task:{{id}}\"\n    notify: {{ to: [hook] }}\n"
     );
-    let loaded =
-        config::load_texts(vec!["lateness.yaml".into()], &[rules], Mode::Run, &|_| None).unwrap();
+    let loaded = config::load_texts(vec!["lateness.yaml".into()], &[rules], Mode::Run, &|_| None).unwrap();
     let stop = CancellationToken::new();
-    let opts = RunOptions {
-        redis: Some(server.url()),
-        listen: "127.0.0.1:0".parse().unwrap(),
-        stop_after: None,
-    };
+    let opts = RunOptions { redis: Some(server.url()), listen: "127.0.0.1:0".parse().unwrap(), stop_after: None };
     let run = tokio::spawn(app::run(loaded.config, opts, stop.clone()));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let deadlines = load(&server.url(), far, due, spread_ms).await;
-    let give_up =
-        tokio::time::Instant::now() + Duration::from_millis(spread_ms as u64 + 3000 + 20_000);
-    while received.lock().unwrap().len() < deadlines.len() && tokio::time::Instant::now() < give_up
-    {
+    let give_up = tokio::time::Instant::now() + Duration::from_millis(spread_ms as u64 + 3000 + 20_000);
+    while received.lock().unwrap().len() < deadlines.len() && tokio::time::Instant::now() < give_up {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.cancel();
     let _ = run.await;
     let got = received.lock().unwrap().clone();
-    let late_ms: Vec<i64> = got
-        .iter()
-        .filter_map(|(_, j)| j["late_ms"].as_i64())
-        .collect();
+    let late_ms: Vec<i64> = got.iter().filter_map(|(_, j)| j["late_ms"].as_i64()).collect();
     let receipt: Vec<i64> = got
         .iter()
         .filter_map(|(at, j)| deadlines.get(j["key"].as_str()?).map(|d| at - d))
@@ -184,31 +152,18 @@ async fn main() {
     let far = arg("--far", 200_000);
     let due = arg("--due", 1000);
     let spread_ms = arg("--spread", 10) as i64 * 1000;
-    println!(
-        "lateness: {far} keys with TTLs an hour away, {due} untouched keys due over {} s",
-        spread_ms / 1000
-    );
+    println!("lateness: {far} keys with TTLs an hour away, {due} untouched keys due over {} s", spread_ms / 1000);
     let plain = plain(far, due, spread_ms).await;
     let (late, receipt) = with_keywatch(far, due, spread_ms).await;
     println!();
-    println!(
-        "| measured after the deadline                 | delivered | p50 ms | p99 ms | max ms |"
-    );
-    println!(
-        "|---------------------------------------------|-----------|--------|--------|--------|"
-    );
+    println!("| measured after the deadline                 | delivered | p50 ms | p99 ms | max ms |");
+    println!("|---------------------------------------------|-----------|--------|--------|--------|");
     for (name, s) in [
         ("plain subscriber: `expired` received", &plain),
         ("keywatch: `late_ms` (event taken)", &late),
         ("keywatch: webhook received", &receipt),
     ] {
-        println!(
-            "| {name:<43} | {:>4}/{due:<4} | {:>6} | {:>6} | {:>6} |",
-            s.n, s.p50, s.p99, s.max
-        );
+        println!("| {name:<43} | {:>4}/{due:<4} | {:>6} | {:>6} | {:>6} |", s.n, s.p50, s.p99, s.max);
     }
-    println!(
-        "\n(undelivered within 20 s after the last deadline count as missing; peak RSS of this process {:.0} MB)",
-        peak_rss_mb()
-    );
+    println!("\n(undelivered within 20 s after the last deadline count as missing; peak RSS of this process {:.0} MB)", peak_rss_mb());
 }

@@ -55,10 +55,7 @@ pub enum DemoError {
 pub async fn run() -> Result<(), DemoError> {
     let server = LocalRedis::start(&[])?;
     let url = server.url();
-    println!(
-        "keywatch demo: started a throwaway redis-server on 127.0.0.1:{}",
-        server.port()
-    );
+    println!("keywatch demo: started a throwaway redis-server on 127.0.0.1:{}", server.port());
     println!("rules:{RULES}");
     let env = |_: &str| None;
     let loaded = config::load_texts(

@@ -44,20 +44,10 @@ impl LocalRedis {
                 .and_then(|l| l.local_addr())
                 .map_err(|e| LocalRedisError::Start(e.to_string()))?
                 .port();
-            let dir =
-                std::env::temp_dir().join(format!("keywatch-redis-{}-{port}", std::process::id()));
+            let dir = std::env::temp_dir().join(format!("keywatch-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).map_err(|e| LocalRedisError::Start(e.to_string()))?;
             let child = std::process::Command::new(&bin)
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ])
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .arg("--dir")
                 .arg(&dir)
                 .args(extra)
@@ -65,9 +55,7 @@ impl LocalRedis {
                 .stderr(Stdio::null())
                 .spawn()
                 .map_err(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => {
-                        LocalRedisError::NoServer(format!("`{bin}`: {e}"))
-                    }
+                    std::io::ErrorKind::NotFound => LocalRedisError::NoServer(format!("`{bin}`: {e}")),
                     _ => LocalRedisError::Start(e.to_string()),
                 })?;
             let mut server = LocalRedis { child, port, dir };
@@ -84,9 +72,7 @@ impl LocalRedis {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        Err(LocalRedisError::Start(format!(
-            "`{bin}` did not come up on a free port"
-        )))
+        Err(LocalRedisError::Start(format!("`{bin}` did not come up on a free port")))
     }
 
     pub fn port(&self) -> u16 {
