@@ -19,6 +19,7 @@ use crate::config::{self, Config, Mode};
 use crate::connect;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::engine::Engine;
+use crate::event::EventKind;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 use crate::server;
@@ -26,6 +27,7 @@ use crate::silences;
 use crate::source::flags;
 use crate::source::ledger::{self, Ledger};
 use crate::source::notifications::{self, Backoff};
+use crate::source::scanner::Scanner;
 use crate::status::Status;
 
 /// Why `run` could not start (exit code 1), already worded for the operator.
@@ -119,6 +121,20 @@ pub async fn run(
     let instance = format!("{}:{}", hostname(), std::process::id());
     let marker = Ledger::marker_channel(&config.state.prefix);
     let (tx, rx) = mpsc::channel(64 * 1024);
+    let scanner = if config.event_kinds().contains(&EventKind::Expiring) {
+        let state = state_connection(&config, &keyspace).await?;
+        let s = Scanner::new(
+            config.clone(),
+            keyspace.clone(),
+            state,
+            ledger.clone(),
+            metrics.clone(),
+            tx.clone(),
+        );
+        Some(tokio::spawn(s.run(subscribers.clone())))
+    } else {
+        None
+    };
     let channels = notifications::channels(
         &config.redis.databases,
         &config.event_kinds(),
@@ -201,6 +217,9 @@ pub async fn run(
     subscribers.cancel();
     poker_stop.cancel();
     if let Some(s) = subscriber {
+        let _ = s.await;
+    }
+    if let Some(s) = scanner {
         let _ = s.await;
     }
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, engine).await;

@@ -77,6 +77,27 @@ pub enum Command {
         #[command(flatten)]
         rules: RulesArg,
     },
+    /// Keys that expire soon, soonest first, with their TTL, deadline and matching rules.
+    Upcoming {
+        /// How far ahead to look (`30s`, `15m`, `2h`, `7d`).
+        #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_duration)]
+        within: std::time::Duration,
+        /// Only keys matching this pattern (the pattern language of the rules); default: any
+        /// rule's pattern.
+        #[arg(long = "match", value_name = "PATTERN", value_parser = parse_pattern)]
+        pattern: Option<Box<crate::pattern::Pattern>>,
+        /// One JSON object per line: {"key", "db", "ttl_ms", "deadline", "rules"}.
+        #[arg(long)]
+        json: bool,
+        /// At most this many keys.
+        #[arg(long, value_name = "N", default_value_t = 1000)]
+        limit: usize,
+        /// Redis URL (overrides KEYWATCH_REDIS_URL and `redis.url`).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
+        #[command(flatten)]
+        rules: RulesArg,
+    },
     /// Show which rules match KEY and the actions they would run, fully rendered; send nothing.
     Explain {
         /// The key (bytes that are not UTF-8 may be given as `\xNN`).
@@ -189,6 +210,17 @@ fn parse_event(s: &str) -> Result<EventKind, String> {
     })
 }
 
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(s.trim())
+        .map_err(|_| format!("`{s}` is not a duration, e.g. `30s`, `15m`, `2h`, `7d`"))
+}
+
+fn parse_pattern(s: &str) -> Result<Box<crate::pattern::Pattern>, String> {
+    crate::pattern::Pattern::parse(s)
+        .map(Box::new)
+        .map_err(|e| format!("`{s}` is not a pattern: {e}"))
+}
+
 /// Runs the command line; what `main` returns.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -242,7 +274,7 @@ pub fn run(cli: Cli) -> ExitCode {
     // One TLS provider for reqwest and redis, chosen before either builds a TLS config.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let default_level = match cli.command {
-        Command::Check { .. } | Command::Explain { .. } => "warn",
+        Command::Check { .. } | Command::Explain { .. } | Command::Upcoming { .. } => "warn",
         // The tour shows what fires and what the actions did, not the daemon's housekeeping.
         Command::Demo => "warn,keywatch::alert=info,keywatch::delivery=info",
         _ => "info",
@@ -280,6 +312,29 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Check { rules } => check(&rules.paths),
+        Command::Upcoming {
+            within,
+            pattern,
+            json,
+            limit,
+            redis,
+            rules,
+        } => {
+            let loaded = match load_or_report(&rules.paths, Mode::Check) {
+                Ok(l) => l,
+                Err(code) => return code,
+            };
+            let Some(rt) = runtime() else {
+                return ExitCode::from(1);
+            };
+            let opts = crate::upcoming::Options {
+                within,
+                pattern: pattern.map(|p| *p),
+                redis,
+                limit,
+            };
+            crate::upcoming::main(&loaded.config, &opts, json, &rt)
+        }
         Command::SendTest { channel, rules } => {
             let loaded = match load_or_report(&rules.paths, Mode::Run) {
                 Ok(l) => l,

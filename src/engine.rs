@@ -65,6 +65,7 @@ impl Engine {
         let mut learn = Vec::new();
         let mut forget = Vec::new();
         let mut markers = Vec::new();
+        let mut warnings = Vec::new();
         for s in signals {
             match s {
                 Signal::Event(e) => {
@@ -83,6 +84,7 @@ impl Engine {
                         }
                     }
                 }
+                Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker(payload) => {
                     if let Some(m) = self.ledger.as_ref().and_then(|l| l.own_marker(&payload)) {
                         markers.push(m);
@@ -128,7 +130,7 @@ impl Engine {
                 candidates.push((e, rules));
             }
         }
-        if candidates.is_empty() {
+        if candidates.is_empty() && warnings.is_empty() {
             return;
         }
         let won = self
@@ -157,6 +159,27 @@ impl Engine {
                 if self.silenced.mutes(name, &e.key) {
                     self.metrics.silenced_for(name);
                     tracing::info!(rule = %name, key = %e.key_lossy(), "Silenced: counted, not sent.");
+                    continue;
+                }
+                matched.push(Matched {
+                    event: e.clone(),
+                    rule,
+                    captures,
+                });
+            }
+        }
+        // Scanner warnings were claimed per key and deadline by the scanner; they fire just the
+        // rules they name, through the same silences and delivery.
+        for (e, names) in warnings {
+            self.metrics.event(e.kind.as_str(), e.db);
+            for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
+                let name = &self.config.rules[rule].name;
+                if !names.contains(name) {
+                    continue;
+                }
+                self.metrics.matched(name, e.kind.as_str());
+                if self.silenced.mutes(name, &e.key) {
+                    self.metrics.silenced_for(name);
                     continue;
                 }
                 matched.push(Matched {

@@ -17,7 +17,8 @@
 //! - [`explain`]: `keywatch explain`: what would run for a key, rendered, sending nothing.
 //! - [`connect`]: settings → Redis clients (URL precedence, credentials, TLS).
 //! - [`keyspace`]: the watched Redis, one resilient connection per database.
-//! - [`source`]: where events come from (keyspace notifications; `notify-keyspace-events`).
+//! - [`source`]: where events come from (keyspace notifications; `notify-keyspace-events`; the
+//!   deadline ledger; the scanner that warns before deadlines).
 //! - [`claims`]: one firing per event, however many instances saw it.
 //! - [`engine`]: matching and detail reads, in batches, producing firings.
 //! - [`dead`]: dead letters kept in Redis, listed, re-driven and dropped.
@@ -35,6 +36,7 @@
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
 //! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
+//! - [`upcoming`]: `keywatch upcoming`, keys that expire soon (ledger, or a paced SCAN).
 
 pub mod action;
 pub mod admin;
@@ -64,3 +66,4 @@ pub mod source;
 pub mod status;
 pub mod status_page;
 pub mod template;
+pub mod upcoming;

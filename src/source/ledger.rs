@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -137,6 +137,9 @@ struct Inner {
     handled: redis::Script,
     recover: redis::Script,
     metrics: Arc<Metrics>,
+    /// Set once a fill has walked every database: from then on the ledger knows every deadline
+    /// the rules want, and the scanner may ask it instead of scanning.
+    filled: AtomicBool,
 }
 
 fn now_ms() -> i64 {
@@ -161,6 +164,7 @@ impl Ledger {
                 handled: redis::Script::new(HANDLED),
                 recover: redis::Script::new(RECOVER),
                 metrics,
+                filled: AtomicBool::new(false),
             }),
         }
     }
@@ -482,6 +486,35 @@ impl Ledger {
         Ok(sizes.iter().sum())
     }
 
+    /// Whether a fill has completed since the last (re)subscription (see [`fill_all`]).
+    pub fn is_filled(&self) -> bool {
+        self.inner.filled.load(Ordering::SeqCst)
+    }
+
+    /// Deadlines of `db` in `(from_ms, until_ms]`, soonest first, `limit` from `offset` (the
+    /// scanner's range query, paged so no reply is large).
+    pub async fn between(
+        &self,
+        db: u32,
+        from_ms: i64,
+        until_ms: i64,
+        offset: usize,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(self.zset(db))
+            .arg(format!("({from_ms}"))
+            .arg(until_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(offset)
+            .arg(limit)
+            .arg("WITHSCORES")
+            .query_async(&mut self.inner.state.clone())
+            .await?;
+        Ok(rows.into_iter().map(|(k, s)| (k, s as i64)).collect())
+    }
+
     /// The next `limit` deadlines of `db` up to `until_ms`, soonest first (for `upcoming`).
     pub async fn upcoming(
         &self,
@@ -524,6 +557,9 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config) {
         .scanner
         .as_ref()
         .map_or(50_000, |s| s.max_keys_per_second);
+    // Events were lost before this fill: until it ends the scanner scans instead.
+    ledger.inner.filled.store(false, Ordering::SeqCst);
+    let mut complete = true;
     for &db in &config.redis.databases {
         let wanted = |k: &[u8]| config.wants_deadline(db, k);
         let started = tokio::time::Instant::now();
@@ -535,10 +571,12 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config) {
                 "Ledger: learnt the deadlines of existing keys."
             ),
             Err(e) => {
+                complete = false;
                 tracing::warn!(db, error = %e, "Ledger: the scan failed; deadlines are learnt from events only.")
             }
         }
     }
+    ledger.inner.filled.store(complete, Ordering::SeqCst);
 }
 
 /// Pokes every database until `shutdown`; errors are logged and retried after a pause.

@@ -27,6 +27,12 @@ pub enum Signal {
         key: Vec<u8>,
         note: Note,
     },
+    /// An `expiring` event from the scanner ([`crate::source::scanner`]), for the rules it
+    /// names only: each rule has its own `warn_before`, and this instance claimed each warning.
+    Warn {
+        event: KeyEvent,
+        rules: Vec<String>,
+    },
     /// A message on keywatch's marker channel (see [`crate::source::ledger`]).
     Marker(Vec<u8>),
     /// Subscribed to every channel; events flow from now on.
