@@ -271,6 +271,8 @@ pub async fn state_connection(
 struct StopSignals {
     term: Option<tokio::signal::unix::Signal>,
     int: Option<tokio::signal::unix::Signal>,
+    /// SIGHUP would end the process by default; until rule reload exists it is logged and ignored.
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl StopSignals {
@@ -279,6 +281,7 @@ impl StopSignals {
         StopSignals {
             term: signal(SignalKind::terminate()).ok(),
             int: signal(SignalKind::interrupt()).ok(),
+            hup: signal(SignalKind::hangup()).ok(),
         }
     }
 }
@@ -288,21 +291,28 @@ async fn wait_for_stop(
     stop_after: Option<Duration>,
     signals: StopSignals,
 ) {
-    let StopSignals { mut term, mut int } = signals;
-    let timer = async {
-        match stop_after {
-            Some(d) => tokio::time::sleep(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        _ = timer => {}
-        _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
-            tracing::info!("SIGTERM received.");
-        }
-        _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
-            tracing::info!("SIGINT received.");
+    let StopSignals {
+        mut term,
+        mut int,
+        mut hup,
+    } = signals;
+    let timer = tokio::time::sleep(stop_after.unwrap_or(Duration::from_secs(u32::MAX as u64)));
+    tokio::pin!(timer);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = &mut timer, if stop_after.is_some() => return,
+            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
+                tracing::info!("SIGTERM received.");
+                return;
+            }
+            _ = async { match int.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
+                tracing::info!("SIGINT received.");
+                return;
+            }
+            _ = async { match hup.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
+                tracing::warn!("SIGHUP received: reloading rules is not supported yet; restart keywatch to load new rules. Still running.");
+            }
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Chat and webhook channels end to end: the real binary on a real `redis-server`, keys that
 //! really expire, and local HTTP receivers that record the exact bytes each integration sends
-//! and play the answers of the real services (`/work/shared/reference/chat-webhooks.md`).
+//! and play the answers of the real services (`../shared/reference/chat-webhooks.md` beside the repository).
 //!
 //! Each test has its own Redis, receivers and daemon, so the tests run in parallel.
 

@@ -166,7 +166,8 @@ fn the_systemd_unit_is_hardened_and_restarts_on_failure() {
     ] {
         assert!(set.contains(&needed), "keywatch.service lacks `{needed}`");
     }
-    // SIGHUP ends the process until hot reload exists; a reload line would stop the service.
+    // SIGHUP is only logged until hot reload exists; a reload line would promise a reload that
+    // does not happen.
     assert!(
         !set.iter().any(|l| l.starts_with("ExecReload=")),
         "ExecReload must stay commented out until keywatch handles SIGHUP"
