@@ -222,3 +222,75 @@ fn an_instance_killed_mid_run_loses_nothing() {
     );
     assert!(duplicates <= 5, "{duplicates} duplicates: {delivered:?}");
 }
+
+#[test]
+fn a_storm_of_ten_thousand_expiries_becomes_a_handful_of_digests() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}"
+rules:
+  - name: storm
+    match: "cache:{{id}}"
+    notify: {{ to: [hook], group: {{ window: 2s, max_items: 20 }} }}
+"#,
+        receiver.url_for("/hook")
+    );
+    let rules = write_rules(dir.path(), "rules.yaml", &yaml);
+    let _a = support::run_on(&redis, &rules);
+    let _b = support::run_on(&redis, &rules);
+    let mut c = redis.conn();
+    let deadline = chrono::Utc::now().timestamp_millis() + 1500;
+    let mut pipe = redis::pipe();
+    for i in 0..10_000 {
+        pipe.cmd("SET")
+            .arg(format!("cache:{i}"))
+            .arg("v")
+            .arg("PXAT")
+            .arg(deadline)
+            .ignore();
+    }
+    let _: () = pipe.query(&mut c).unwrap();
+
+    common::wait_until(
+        "the digests cover all 10,000 expiries",
+        Duration::from_secs(60),
+        || {
+            receiver
+                .requests()
+                .iter()
+                .map(|r| r.json()["count"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+                >= 10_000
+        },
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    let digests = receiver.requests();
+    let total: u64 = digests
+        .iter()
+        .map(|r| r.json()["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        total, 10_000,
+        "counts add up to exactly the expiries (no event twice, none lost)"
+    );
+    assert!(
+        digests.len() <= 10,
+        "{} digests for one storm: not a handful",
+        digests.len()
+    );
+    for d in &digests {
+        let j = d.json();
+        let events = j["events"].as_array().unwrap().len() as u64;
+        assert!(events <= 20, "{j}");
+        assert_eq!(
+            j["omitted"].as_u64().unwrap(),
+            j["count"].as_u64().unwrap() - events
+        );
+    }
+}
