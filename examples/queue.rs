@@ -28,10 +28,13 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// What the receiver saw: distinct keys, requests, when the last one came.
+type Seen = Arc<Mutex<(HashSet<String>, usize, Option<Instant>)>>;
+
 /// Seconds from the common deadline until every key was received, and how many requests came.
 async fn run(instances: usize, jobs: u64) -> (f64, usize, usize) {
     let server = LocalRedis::start(&["--notify-keyspace-events", "Exg"]).unwrap();
-    let seen: Arc<Mutex<(HashSet<String>, usize, Option<Instant>)>> = Arc::default();
+    let seen: Seen = Arc::default();
     let s = seen.clone();
     let app = Router::new().route(
         "/hook",
