@@ -72,7 +72,7 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
             .arg(format!("lock:{i}"))
             .arg("w")
             .arg("PX")
-            .arg(1500)
+            .arg(3000)
             .query(&mut c)
             .unwrap();
     }
@@ -83,7 +83,7 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     );
     kw.sigkill();
     // Let every key expire with nobody listening (touching them makes Redis delete them now).
-    std::thread::sleep(Duration::from_millis(1700));
+    std::thread::sleep(Duration::from_millis(3200));
     for i in 0..25 {
         let ttl: i64 = redis::cmd("PTTL")
             .arg(format!("lock:{i}"))
@@ -122,7 +122,7 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
             .arg(format!("lock:{i}"))
             .arg("w")
             .arg("PX")
-            .arg(1500)
+            .arg(3000)
             .query(&mut c)
             .unwrap();
     }
@@ -144,7 +144,7 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
         Duration::from_secs(10),
         || redis.log().contains("overcoming of output buffer limits"),
     );
-    std::thread::sleep(Duration::from_millis(1700));
+    std::thread::sleep(Duration::from_millis(3200));
     for i in 0..10 {
         let ttl: i64 = redis::cmd("PTTL")
             .arg(format!("lock:{i}"))
@@ -177,7 +177,7 @@ fn renamed_persisted_and_reset_keys_are_never_alerted() {
             .arg(k)
             .arg("w")
             .arg("PX")
-            .arg(1000)
+            .arg(3000)
             .query(c)
             .unwrap();
     };
