@@ -100,10 +100,16 @@ impl DeadStore {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let letters = self.read(&ids).await?;
+        Ok(letters)
+    }
+
+    /// The letters stored under `ids` (gone ones skipped).
+    async fn read(&self, ids: &[String]) -> redis::RedisResult<Vec<DeadLetter>> {
         let raw: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(self.hash())
-            .arg(&ids)
-            .query_async(&mut c)
+            .arg(ids)
+            .query_async(&mut self.conn.clone())
             .await?;
         Ok(raw
             .into_iter()
@@ -132,11 +138,7 @@ impl DeadStore {
             return Ok(Vec::new());
         }
         let mut c = self.conn.clone();
-        let raw: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(self.hash())
-            .arg(&ids)
-            .query_async(&mut c)
-            .await?;
+        let letters = self.read(&ids).await?;
         redis::pipe()
             .cmd("HDEL")
             .arg(self.hash())
@@ -148,11 +150,7 @@ impl DeadStore {
             .ignore()
             .exec_async(&mut c)
             .await?;
-        Ok(raw
-            .into_iter()
-            .flatten()
-            .filter_map(|j| serde_json::from_str(&j).ok())
-            .collect())
+        Ok(letters)
     }
 
     /// Hands the letters to the running instances to try again; returns how many.

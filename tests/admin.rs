@@ -22,13 +22,7 @@ fn cli(redis: &RedisServer, rules: &std::path::Path, args: &[&str]) -> (i32, Str
 
 fn expire(redis: &RedisServer, key: &str) {
     let mut c = redis.conn();
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg("w")
-        .arg("PX")
-        .arg(50)
-        .query(&mut c)
-        .unwrap();
+    support::set_px(&mut c, key, 50);
 }
 
 #[test]

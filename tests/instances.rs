@@ -36,13 +36,7 @@ rules:
     let _c = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(700 + i * 20)
-            .query(&mut c)
-            .unwrap();
+        support::set_px(&mut c, &format!("lock:{i}"), 700 + i * 20);
         let _: () = redis::cmd("SET")
             .arg(format!("job:{i}"))
             .arg("w")
@@ -100,13 +94,7 @@ rules:
     let _c = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(300)
-            .query(&mut c)
-            .unwrap();
+        support::set_px(&mut c, &format!("lock:{i}"), 300);
     }
     let got = receiver.wait_for(30, Duration::from_secs(60));
     let first = got.iter().map(|r| r.received_instant).min().unwrap();
@@ -136,13 +124,7 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     let mut kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(200)
-            .query(&mut c)
-            .unwrap();
+        support::set_px(&mut c, &format!("lock:{i}"), 200);
     }
     common::wait_until(
         "10 jobs wait in the queue for a retry",
@@ -190,13 +172,7 @@ fn an_instance_killed_mid_run_loses_nothing() {
     let _c = support::run_on(&redis, &rules);
     let mut conn = redis.conn();
     for i in 0..60 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(300 + i * 10)
-            .query(&mut conn)
-            .unwrap();
+        support::set_px(&mut conn, &format!("lock:{i}"), 300 + i * 10);
     }
     std::thread::sleep(Duration::from_millis(1500));
     a.sigkill();

@@ -41,13 +41,7 @@ fn expiries_with_known_deadlines_carry_deadline_and_lateness() {
     let mut c = redis.conn();
     // Nobody touches these keys: the ledger's poke makes Redis expire them at their deadline.
     for i in 0..20 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(800 + i * 10)
-            .query(&mut c)
-            .unwrap();
+        support::set_px(&mut c, &format!("lock:{i}"), 800 + i * 10);
     }
     let got = receiver.wait_for(20, Duration::from_secs(30));
     for r in &got {
@@ -68,13 +62,7 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     let mut kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..25 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(3000)
-            .query(&mut c)
-            .unwrap();
+        support::set_px(&mut c, &format!("lock:{i}"), 3000);
     }
     wait_until(
         "the ledger knows the 25 deadlines",
@@ -118,13 +106,7 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
     let mut kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(3000)
-            .query(&mut c)
-            .unwrap();
+        support::set_px(&mut c, &format!("lock:{i}"), 3000);
     }
     wait_until(
         "the ledger knows the 10 deadlines",
@@ -173,13 +155,7 @@ fn renamed_persisted_and_reset_keys_are_never_alerted() {
     let _kw = support::run_on(&redis, &rules);
     let mut c = redis.conn();
     let set = |c: &mut redis::Connection, k: &str| {
-        let _: () = redis::cmd("SET")
-            .arg(k)
-            .arg("w")
-            .arg("PX")
-            .arg(3000)
-            .query(c)
-            .unwrap();
+        support::set_px(c, k, 3000);
     };
     set(&mut c, "lock:renamed");
     set(&mut c, "lock:persisted");
@@ -236,13 +212,7 @@ fn keys_set_before_keywatch_started_are_learnt_by_scan() {
     let rules = support::lock_rules(dir.path(), &receiver, "");
     let mut c = redis.conn();
     for i in 0..30 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("lock:{i}"))
-            .arg("w")
-            .arg("PX")
-            .arg(4000)
-            .query(&mut c)
-            .unwrap();
+        support::set_px(&mut c, &format!("lock:{i}"), 4000);
     }
     let _: () = redis::cmd("SET")
         .arg("lock:forever")

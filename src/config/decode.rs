@@ -399,10 +399,6 @@ impl<'n> MapReader<'n> {
         }
     }
 
-    pub fn has(&self, field: &str) -> bool {
-        self.entries.iter().any(|e| e.name == field)
-    }
-
     /// The key node of `field`, to point at a field name rather than its value.
     pub fn key_loc(&self, field: &str) -> Option<Loc> {
         self.entries

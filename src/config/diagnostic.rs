@@ -96,13 +96,6 @@ impl Diagnostics {
         self.list.iter().any(|d| d.severity == Severity::Error)
     }
 
-    pub fn error_count(&self) -> usize {
-        self.list
-            .iter()
-            .filter(|d| d.severity == Severity::Error)
-            .count()
-    }
-
     /// Problems in file order, then by position, so output is stable and reads top to bottom.
     /// `order` gives each file's position in the load.
     pub fn into_sorted(mut self, order: &dyn Fn(&Path) -> usize) -> Vec<Diagnostic> {

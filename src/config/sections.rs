@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::decode::{Decoder, Spanned, Text};
+use super::decode::{Decoder, Text};
 use super::diagnostic::Loc;
 use super::model::{Notifications, Schedule, TlsFiles};
 use super::yaml::Node;
@@ -294,17 +294,5 @@ pub fn parse_schedule(d: &mut Decoder<'_>, t: &Text) -> Option<(String, Schedule
             );
             None
         }
-    }
-}
-
-/// Kept for messages that point at a whole section.
-pub fn section_loc<T>(f: &Option<Field<T>>) -> Option<&Loc> {
-    f.as_ref().map(|f| &f.loc)
-}
-
-pub fn spanned<T: Clone>(f: &Field<T>) -> Spanned<T> {
-    Spanned {
-        value: f.value.clone(),
-        loc: f.loc.clone(),
     }
 }

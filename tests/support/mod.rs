@@ -244,3 +244,14 @@ pub fn run_on(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
     kw.wait_for_output(SUBSCRIBED, PATIENCE);
     kw
 }
+
+/// `SET key w PX ms`: a key that expires `ms` from now.
+pub fn set_px(conn: &mut redis::Connection, key: &str, ms: u64) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("w")
+        .arg("PX")
+        .arg(ms)
+        .query(conn)
+        .unwrap();
+}
