@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::keyspace::Conn;
 use chrono::Utc;
-use redis::aio::ConnectionManager;
 
 use crate::config::{self, Config, Mode};
 use crate::connect;
@@ -15,10 +15,7 @@ use crate::pattern::Pattern;
 use crate::silences::{self, Silence};
 
 /// The rules (for their state settings) and a connection to the state Redis.
-pub async fn open(
-    paths: &[PathBuf],
-    redis_flag: Option<&str>,
-) -> Result<(Config, ConnectionManager), String> {
+pub async fn open(paths: &[PathBuf], redis_flag: Option<&str>) -> Result<(Config, Conn), String> {
     let env = |name: &str| std::env::var(name).ok();
     let loaded = config::load(paths, Mode::Check, &env).map_err(|e| match e {
         config::LoadError::Unreadable(m) => m,
@@ -31,25 +28,26 @@ pub async fn open(
         }
     })?;
     let config = loaded.config;
-    let url = match &config.state.url {
-        Some(u) => u.clone(),
-        None => connect::pick_url(
-            redis_flag,
-            std::env::var("KEYWATCH_REDIS_URL").ok(),
-            &config.redis,
-        ),
-    };
-    let (client, node) = connect::client(&url, &config.redis, 0).map_err(|e| e.to_string())?;
-    let conn = tokio::time::timeout(Duration::from_secs(10), client.get_connection_manager())
-        .await
-        .map_err(|_| format!("cannot connect to Redis at {node}: timed out"))?
-        .map_err(|e| format!("cannot connect to Redis at {node}: {e}"))?;
+    let url = connect::pick_url(
+        redis_flag,
+        std::env::var("KEYWATCH_REDIS_URL").ok(),
+        &config.redis,
+    );
+    let keyspace =
+        crate::keyspace::Keyspace::new(url, config.redis.clone()).map_err(|e| e.to_string())?;
+    let node = keyspace.node().to_string();
+    let conn = tokio::time::timeout(
+        Duration::from_secs(10),
+        crate::keyspace::state_conn(config.state.url.as_ref(), &config.redis, &keyspace),
+    )
+    .await
+    .map_err(|_| format!("cannot connect to Redis at {node}: timed out"))??;
     Ok((config, conn))
 }
 
 pub async fn silence_add(
     config: &Config,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     rule: &str,
     pattern: Option<&str>,
     duration: Duration,
@@ -90,11 +88,7 @@ pub async fn silence_add(
     ))
 }
 
-pub async fn silence_list(
-    config: &Config,
-    conn: &mut ConnectionManager,
-    json: bool,
-) -> Result<String, String> {
+pub async fn silence_list(config: &Config, conn: &mut Conn, json: bool) -> Result<String, String> {
     let prefix = &config.state.prefix;
     silences::expire(conn, prefix)
         .await
@@ -128,11 +122,7 @@ pub async fn silence_list(
     Ok(out)
 }
 
-pub async fn silence_remove(
-    config: &Config,
-    conn: &mut ConnectionManager,
-    id: &str,
-) -> Result<String, String> {
+pub async fn silence_remove(config: &Config, conn: &mut Conn, id: &str) -> Result<String, String> {
     match silences::remove(conn, &config.state.prefix, id)
         .await
         .map_err(|e| e.to_string())?
@@ -144,7 +134,7 @@ pub async fn silence_remove(
 
 pub async fn dead_list(
     config: &Config,
-    conn: &ConnectionManager,
+    conn: &Conn,
     json: bool,
     limit: usize,
 ) -> Result<String, String> {
@@ -181,11 +171,7 @@ pub async fn dead_list(
     Ok(out)
 }
 
-pub async fn dead_retry(
-    config: &Config,
-    conn: &ConnectionManager,
-    ids: &[String],
-) -> Result<String, String> {
+pub async fn dead_retry(config: &Config, conn: &Conn, ids: &[String]) -> Result<String, String> {
     let n = DeadStore::new(conn.clone(), &config.state.prefix)
         .retry(ids)
         .await
@@ -195,11 +181,7 @@ pub async fn dead_retry(
     ))
 }
 
-pub async fn dead_drop(
-    config: &Config,
-    conn: &ConnectionManager,
-    ids: &[String],
-) -> Result<String, String> {
+pub async fn dead_drop(config: &Config, conn: &Conn, ids: &[String]) -> Result<String, String> {
     let n = DeadStore::new(conn.clone(), &config.state.prefix)
         .drop_letters(ids)
         .await

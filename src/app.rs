@@ -28,6 +28,7 @@ use crate::source::flags;
 use crate::source::ledger::{self, Ledger};
 use crate::source::notifications::{self, Backoff};
 use crate::source::scanner::Scanner;
+use crate::source::topology;
 use crate::status::Status;
 
 /// Why `run` could not start (exit code 1), already worded for the operator.
@@ -77,19 +78,33 @@ pub async fn run(
     let keyspace = Keyspace::new(url, config.redis.clone())?;
     let node = keyspace.node().to_string();
 
-    let mut conn = keyspace
-        .conn(0)
-        .await
-        .map_err(|e| StartError::Redis(format!("cannot connect to Redis at {node}: {e}")))?;
-    flags::ensure(&mut conn, &config, &node)
-        .await
-        .map_err(StartError::Notifications)?;
+    // The nodes that publish events: the URL's, or every master of the cluster.
+    let watched: Vec<String> = if keyspace.is_cluster() {
+        let masters = keyspace
+            .discover()
+            .await
+            .map_err(|e| StartError::Redis(format!("`redis.cluster` is on, but {e}")))?;
+        masters.into_iter().map(|m| m.addr).collect()
+    } else {
+        vec![node.clone()]
+    };
+    for n in &watched {
+        let mut conn = keyspace
+            .node_conn(n)
+            .await
+            .map_err(|e| StartError::Redis(format!("cannot connect to Redis at {n}: {e}")))?;
+        flags::ensure(&mut conn, &config, n)
+            .await
+            .map_err(StartError::Notifications)?;
+    }
 
     let metrics = Arc::new(Metrics::new());
     metrics.rules_loaded.set(config.rules.len() as i64);
     metrics.config_last_reload_successful.set(1);
     let status = Arc::new(Status::default());
-    status.expect_node(&node);
+    for n in &watched {
+        status.expect_node(n);
+    }
     status.set_config(config.clone());
 
     let listener = server::bind(opts.listen)
@@ -142,9 +157,20 @@ pub async fn run(
     );
     let subscriber = if channels.is_empty() {
         // Only `expiring` rules: nothing to subscribe to; the scanner is the source.
-        status.set_subscribed(&node, true);
+        for n in &watched {
+            status.set_subscribed(n, true);
+        }
         drop(tx);
         None
+    } else if keyspace.is_cluster() {
+        Some(tokio::spawn(topology::follow(
+            keyspace.clone(),
+            channels,
+            tx,
+            status.clone(),
+            metrics.clone(),
+            subscribers.clone(),
+        )))
     } else {
         let client = keyspace.client(0)?;
         Some(tokio::spawn(notifications::subscribe(
@@ -197,6 +223,7 @@ pub async fn run(
         claims,
         instance,
         silenced,
+        markers: Default::default(),
     };
     let engine = tokio::spawn(engine.run(rx));
     let http = tokio::spawn(server::serve(
@@ -250,21 +277,10 @@ fn hostname() -> String {
 pub async fn state_connection(
     config: &Config,
     keyspace: &Keyspace,
-) -> Result<redis::aio::ConnectionManager, StartError> {
-    match &config.state.url {
-        Some(url) => {
-            let (client, node) = connect::client(url, &config.redis, 0)?;
-            client.get_connection_manager().await.map_err(|e| {
-                StartError::Redis(format!("cannot connect to the state Redis at {node}: {e}"))
-            })
-        }
-        None => keyspace.conn(0).await.map_err(|e| {
-            StartError::Redis(format!(
-                "cannot connect to Redis at {}: {e}",
-                keyspace.node()
-            ))
-        }),
-    }
+) -> Result<crate::keyspace::Conn, StartError> {
+    crate::keyspace::state_conn(config.state.url.as_ref(), &config.redis, keyspace)
+        .await
+        .map_err(StartError::Redis)
 }
 
 /// SIGTERM and SIGINT listeners; a signal that arrives before [`wait_for_stop`] is kept.

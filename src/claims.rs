@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::keyspace::Conn;
 use sha2::{Digest, Sha256};
 
 use crate::event::KeyEvent;
@@ -20,12 +20,12 @@ const WITHOUT_DEADLINE: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 pub struct Claims {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
 }
 
 impl Claims {
-    pub fn new(conn: ConnectionManager, prefix: &str) -> Claims {
+    pub fn new(conn: Conn, prefix: &str) -> Claims {
         Claims {
             conn,
             prefix: prefix.to_string(),

@@ -437,7 +437,7 @@ pub fn run(cli: Cli) -> ExitCode {
 /// error (exit 1).
 fn admin<F, Fut>(target: StateArgs, f: F) -> ExitCode
 where
-    F: FnOnce(crate::config::Config, redis::aio::ConnectionManager) -> Fut,
+    F: FnOnce(crate::config::Config, crate::keyspace::Conn) -> Fut,
     Fut: std::future::Future<Output = Result<String, String>>,
 {
     let Some(rt) = runtime() else {

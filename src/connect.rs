@@ -3,7 +3,7 @@
 //! Passwords reach redis-rs and nothing else: every error and log line names a node by
 //! `host:port` only.
 
-use redis::{ConnectionInfo, IntoConnectionInfo};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 
 use crate::config::{RedisSettings, Secret};
 
@@ -45,6 +45,71 @@ pub fn client(
     settings: &RedisSettings,
     db: u32,
 ) -> Result<(redis::Client, String), ConnectError> {
+    client_at(url, settings, db, None)
+}
+
+/// As [`client`], for the node at `at` (host, port) instead of the URL's: a cluster's other
+/// nodes take the seed URL's credentials and TLS settings.
+pub fn client_at(
+    url: &Secret,
+    settings: &RedisSettings,
+    db: u32,
+    at: Option<(&str, u16)>,
+) -> Result<(redis::Client, String), ConnectError> {
+    let info = connection_info(url, settings, db)?;
+    let info = match at {
+        None => info,
+        Some((host, port)) => {
+            let addr = match info.addr().clone() {
+                ConnectionAddr::TcpTls {
+                    insecure,
+                    tls_params,
+                    ..
+                } => ConnectionAddr::TcpTls {
+                    host: host.to_string(),
+                    port,
+                    insecure,
+                    tls_params,
+                },
+                _ => ConnectionAddr::Tcp(host.to_string(), port),
+            };
+            info.set_addr(addr)
+        }
+    };
+    let name = node_name(&info);
+    let client = match tls_files(url, settings)? {
+        Some(certs) => redis::Client::build_with_tls(info, certs)
+            .map_err(|e| ConnectError::Tls(format!("{:?}", e.kind())))?,
+        None => redis::Client::open(info)
+            .map_err(|e| ConnectError::BadUrl(format!("{:?}", e.kind())))?,
+    };
+    Ok((client, name))
+}
+
+/// A client for the whole cluster the URL's node is part of (commands go to the node owning
+/// their key, following MOVED and failovers by itself).
+pub fn cluster_client(
+    url: &Secret,
+    settings: &RedisSettings,
+) -> Result<redis::cluster::ClusterClient, ConnectError> {
+    let info = connection_info(url, settings, 0)?;
+    let mut builder = redis::cluster::ClusterClientBuilder::new(vec![info])
+        .connection_timeout(std::time::Duration::from_secs(5))
+        .response_timeout(std::time::Duration::from_secs(10));
+    if let Some(certs) = tls_files(url, settings)? {
+        builder = builder.certs(certs);
+    }
+    builder
+        .build()
+        .map_err(|e| ConnectError::BadUrl(format!("{:?}", e.kind())))
+}
+
+/// The URL with `redis.username`/`redis.password` when it carries none, for database `db`.
+fn connection_info(
+    url: &Secret,
+    settings: &RedisSettings,
+    db: u32,
+) -> Result<ConnectionInfo, ConnectError> {
     let info: ConnectionInfo = url
         .expose()
         .into_connection_info()
@@ -62,34 +127,32 @@ pub fn client(
         redis_info = redis_info.set_password(p.expose());
     }
     redis_info = redis_info.set_db(i64::from(db));
-    let info = info.set_redis_settings(redis_info);
-    let name = node_name(&info);
+    Ok(info.set_redis_settings(redis_info))
+}
+
+/// The certificates of `redis.tls` for a `rediss://` URL, when files are given.
+fn tls_files(
+    url: &Secret,
+    settings: &RedisSettings,
+) -> Result<Option<redis::TlsCertificates>, ConnectError> {
     let tls_url = url.expose().starts_with("rediss://");
-    let client = match (&settings.tls, tls_url) {
-        (Some(files), true) if files.ca_file.is_some() || files.cert_file.is_some() => {
-            let read = |p: &std::path::Path| {
-                std::fs::read(p)
-                    .map_err(|e| ConnectError::Tls(format!("cannot read {}: {e}", p.display())))
-            };
-            let root_cert = files.ca_file.as_deref().map(read).transpose()?;
-            let client_tls = match (&files.cert_file, &files.key_file) {
-                (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
-                    client_cert: read(c)?,
-                    client_key: read(k)?,
-                }),
-                _ => None,
-            };
-            redis::Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls,
-                    root_cert,
-                },
-            )
-            .map_err(|e| ConnectError::Tls(format!("{:?}", e.kind())))?
-        }
-        _ => redis::Client::open(info)
-            .map_err(|e| ConnectError::BadUrl(format!("{:?}", e.kind())))?,
+    let files = match (&settings.tls, tls_url) {
+        (Some(files), true) if files.ca_file.is_some() || files.cert_file.is_some() => files,
+        _ => return Ok(None),
     };
-    Ok((client, name))
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| ConnectError::Tls(format!("cannot read {}: {e}", p.display())))
+    };
+    let root_cert = files.ca_file.as_deref().map(read).transpose()?;
+    let client_tls = match (&files.cert_file, &files.key_file) {
+        (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+            client_cert: read(c)?,
+            client_key: read(k)?,
+        }),
+        _ => None,
+    };
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }

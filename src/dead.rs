@@ -2,8 +2,8 @@
 //! Redis so nothing is dropped silently. `keywatch dead list|retry|drop` inspects, re-drives and
 //! discards them; a running instance picks re-driven ones up within a second.
 
+use crate::keyspace::Conn;
 use chrono::{DateTime, Utc};
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 use crate::job::{Action, Firing};
@@ -27,12 +27,12 @@ pub struct DeadLetter {
 
 #[derive(Clone)]
 pub struct DeadStore {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: String,
 }
 
 impl DeadStore {
-    pub fn new(conn: ConnectionManager, prefix: &str) -> DeadStore {
+    pub fn new(conn: Conn, prefix: &str) -> DeadStore {
         DeadStore {
             conn,
             prefix: prefix.to_string(),

@@ -190,7 +190,7 @@ impl Delivery {
         actions: Actions,
         metrics: Arc<Metrics>,
         policy: RetryPolicy,
-        state: Option<redis::aio::ConnectionManager>,
+        state: Option<crate::keyspace::Conn>,
         shutdown: CancellationToken,
     ) -> Delivery {
         let prefix = actions.config.state.prefix.clone();

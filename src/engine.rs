@@ -42,6 +42,8 @@ pub struct Engine {
     pub instance: String,
     /// Silences in force, kept current from Redis.
     pub silenced: Arc<crate::silences::Active>,
+    /// The ledger's markers, heard on which nodes (see [`ledger::Markers`]).
+    pub markers: std::sync::Mutex<ledger::Markers>,
 }
 
 /// One event matched by one rule, on its way to becoming a firing.
@@ -85,22 +87,32 @@ impl Engine {
                     }
                 }
                 Signal::Warn { event, rules } => warnings.push((event, rules)),
-                Signal::Marker(payload) => {
-                    if let Some(m) = self.ledger.as_ref().and_then(|l| l.own_marker(&payload)) {
-                        markers.push(m);
+                Signal::Marker { node, payload } => {
+                    if let Some((db, seq)) =
+                        self.ledger.as_ref().and_then(|l| l.own_marker(&payload))
+                    {
+                        markers.extend(self.markers().heard(&node, db, seq));
                     }
                 }
                 Signal::Up { node } => {
+                    self.markers().up(&node);
                     self.metrics.subscriber(&node, true);
                     self.status.set_subscribed(&node, true);
                     self.recheck_flags(&node).await;
                     self.after_subscribe();
                 }
                 Signal::Down { node, reason } => {
+                    markers.extend(self.markers().down(&node));
+                    self.keyspace.suspect();
                     self.metrics.subscriber(&node, false);
                     self.metrics.reconnects.inc();
                     self.status.set_subscribed(&node, false);
                     tracing::warn!(%node, %reason, "Keyspace events published until the subscription is back are lost; expiries of keys with known deadlines will be recovered.");
+                }
+                Signal::Gone { node } => {
+                    markers.extend(self.markers().down(&node));
+                    self.metrics.forget_subscriber(&node);
+                    self.status.forget_node(&node);
                 }
             }
         }
@@ -195,6 +207,11 @@ impl Engine {
         self.fire(matched).await;
     }
 
+    fn markers(&self) -> std::sync::MutexGuard<'_, ledger::Markers> {
+        // A std Mutex: the guard never lives across an await.
+        self.markers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// After every (re)subscription events may have been lost: drop deadlines of keys deleted
     /// meanwhile, ask for a marker (whose arrival recovers what was missed), then learn the
     /// deadlines of keys set meanwhile with a paced scan.
@@ -272,7 +289,7 @@ impl Engine {
     /// A Redis that restarted has lost a `CONFIG SET notify-keyspace-events` not written to its
     /// redis.conf: check again after every (re)subscription, and re-add with `enable`.
     async fn recheck_flags(&self, node: &str) {
-        let mut c = match self.keyspace.conn(0).await {
+        let mut c = match self.keyspace.node_conn(node).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(%node, error = %e, "Cannot check notify-keyspace-events after subscribing.");

@@ -1,17 +1,95 @@
-//! The watched Redis as actions and matching see it: one resilient connection per database.
+//! The watched Redis as actions and matching see it: one node, or every node of a cluster.
 //!
-//! Details are read and related keys deleted in the database of the event, so each database
-//! gets its own `ConnectionManager` (a connection is bound to one database), made on first use.
+//! On one node, each database gets its own `ConnectionManager` (a connection is bound to one
+//! database), made on first use. On a cluster (only database 0 exists there) one
+//! `ClusterConnection` sends each per-key command to the master that owns the key, and SCAN
+//! and configuration checks, which concern one node, go to each master by direct connection.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::Mutex;
+use futures_util::{StreamExt, TryStreamExt};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
+use tokio::sync::{Mutex, Notify, OnceCell};
 
+use crate::cluster::{DiscoverError, Master};
 use crate::config::{RedisSettings, Secret};
 use crate::connect::{self, ConnectError};
+
+/// Per-key commands in flight at once on a cluster (see [`Conn::each`]).
+const CLUSTER_IN_FLIGHT: usize = 128;
+
+/// A connection to one node or to a whole cluster: keywatch's state and the watched keys go
+/// through it alike. Cheap to clone; reconnects by itself.
+#[derive(Clone)]
+pub enum Conn {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// Runs one command per key and returns the answers in order: one pipeline on a node; on a
+    /// cluster, where a pipeline must stay within one slot, each command on its own (the
+    /// cluster connection still writes them back to back to each node).
+    pub async fn each<T: FromRedisValue + Send + 'static>(
+        &self,
+        cmds: Vec<Cmd>,
+    ) -> RedisResult<Vec<T>> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self {
+            Conn::Node(c) => {
+                let mut pipe = redis::pipe();
+                for cmd in cmds {
+                    pipe.add_command(cmd);
+                }
+                pipe.query_async(&mut c.clone()).await
+            }
+            Conn::Cluster(c) => {
+                futures_util::stream::iter(cmds)
+                    .map(|cmd| {
+                        let mut c = c.clone();
+                        async move { cmd.query_async::<T>(&mut c).await }
+                    })
+                    .buffered(CLUSTER_IN_FLIGHT)
+                    .try_collect()
+                    .await
+            }
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Keyspace {
@@ -23,51 +101,237 @@ struct Inner {
     settings: RedisSettings,
     node: String,
     conns: Mutex<HashMap<u32, ConnectionManager>>,
+    cluster: Option<Cluster>,
+}
+
+/// What a keyspace on a cluster knows besides the URL.
+struct Cluster {
+    client: redis::cluster::ClusterClient,
+    conn: OnceCell<ClusterConnection>,
+    /// The masters as last discovered ([`crate::source::topology`] keeps this current).
+    masters: RwLock<Vec<Master>>,
+    /// Every node address seen in the last discovery: asked after the seed, which may be gone.
+    known: RwLock<Vec<String>>,
+    /// Direct connections to single nodes, by `host:port`.
+    nodes: Mutex<HashMap<String, ConnectionManager>>,
+    /// Something went wrong on a node: the topology is re-read now rather than at its next tick.
+    suspect: Notify,
+}
+
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_number_of_retries(3)
+        .set_max_delay(Duration::from_secs(2))
+}
+
+fn settings_error(e: ConnectError) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "bad Redis settings",
+        e.to_string(),
+    ))
 }
 
 impl Keyspace {
-    /// Checks the URL now (so a bad one fails at start-up); connects on first use.
+    /// Checks the URL now (so a bad one fails at start-up); connects on first use. With
+    /// `redis.cluster`, the URL is one node of the cluster (the seed).
     pub fn new(url: Secret, settings: RedisSettings) -> Result<Keyspace, ConnectError> {
         let (_, node) = connect::client(&url, &settings, 0)?;
+        let cluster = if settings.cluster {
+            Some(Cluster {
+                client: connect::cluster_client(&url, &settings)?,
+                conn: OnceCell::new(),
+                masters: RwLock::new(Vec::new()),
+                known: RwLock::new(Vec::new()),
+                nodes: Mutex::new(HashMap::new()),
+                suspect: Notify::new(),
+            })
+        } else {
+            None
+        };
         Ok(Keyspace {
             inner: Arc::new(Inner {
                 url,
                 settings,
                 node,
                 conns: Mutex::new(HashMap::new()),
+                cluster,
             }),
         })
     }
 
-    /// `host:port` of the node, safe to print.
+    /// `host:port` of the node of the URL (the seed, on a cluster), safe to print.
     pub fn node(&self) -> &str {
         &self.inner.node
     }
 
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster.is_some()
+    }
+
+    /// A client for database `db` of the URL's node.
     pub fn client(&self, db: u32) -> Result<redis::Client, ConnectError> {
         connect::client(&self.inner.url, &self.inner.settings, db).map(|(c, _)| c)
     }
 
-    /// A connection to database `db` (cheap to clone; reconnects by itself).
-    pub async fn conn(&self, db: u32) -> redis::RedisResult<ConnectionManager> {
+    /// A client for the node at `addr` (`host:port`), with the URL's credentials and TLS.
+    pub fn client_for(&self, addr: &str) -> Result<redis::Client, ConnectError> {
+        let at = crate::cluster::host_port(addr)
+            .ok_or_else(|| ConnectError::BadUrl(format!("`{addr}` is not host:port")))?;
+        connect::client_at(&self.inner.url, &self.inner.settings, 0, Some(at)).map(|(c, _)| c)
+    }
+
+    /// A connection for the keys of database `db` (cheap to clone; reconnects by itself).
+    pub async fn conn(&self, db: u32) -> RedisResult<Conn> {
+        if let Some(cluster) = &self.inner.cluster {
+            let c = cluster
+                .conn
+                .get_or_try_init(|| cluster.client.get_async_connection())
+                .await?;
+            return Ok(Conn::Cluster(c.clone()));
+        }
+        self.db_conn(db).await.map(Conn::Node)
+    }
+
+    /// The URL node's connection for database `db`.
+    async fn db_conn(&self, db: u32) -> RedisResult<ConnectionManager> {
         let mut conns = self.inner.conns.lock().await;
         if let Some(c) = conns.get(&db) {
             return Ok(c.clone());
         }
-        let client = self.client(db).map_err(|e| {
-            redis::RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "bad Redis settings",
-                e.to_string(),
-            ))
-        })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(2));
-        let c = client.get_connection_manager_with_config(config).await?;
+        let client = self.client(db).map_err(settings_error)?;
+        let c = client
+            .get_connection_manager_with_config(manager_config())
+            .await?;
         conns.insert(db, c.clone());
         Ok(c)
     }
+
+    /// A connection to the one node `addr`, for what concerns that node alone (its
+    /// `notify-keyspace-events`). On a single node, its database 0.
+    pub async fn node_conn(&self, addr: &str) -> RedisResult<ConnectionManager> {
+        let Some(cluster) = &self.inner.cluster else {
+            return self.db_conn(0).await;
+        };
+        let mut nodes = cluster.nodes.lock().await;
+        if let Some(c) = nodes.get(addr) {
+            return Ok(c.clone());
+        }
+        let client = self.client_for(addr).map_err(settings_error)?;
+        let c = client
+            .get_connection_manager_with_config(manager_config())
+            .await?;
+        nodes.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Connections that together SCAN all of database `db`: the node's, or one straight to
+    /// each master of a cluster (a node SCANs only the keys it owns).
+    pub async fn scan_conns(&self, db: u32) -> RedisResult<Vec<Conn>> {
+        if self.inner.cluster.is_none() {
+            return Ok(vec![self.conn(db).await?]);
+        }
+        let mut out = Vec::new();
+        for m in self.masters() {
+            out.push(Conn::Node(self.node_conn(&m.addr).await?));
+        }
+        Ok(out)
+    }
+
+    /// The masters as last discovered (empty on a single node).
+    pub fn masters(&self) -> Vec<Master> {
+        match &self.inner.cluster {
+            Some(c) => c.masters.read().unwrap_or_else(|p| p.into_inner()).clone(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Reads the cluster's masters now, asking the seed and then every node seen before, and
+    /// records them; drops direct connections to nodes that are no longer masters.
+    pub async fn discover(&self) -> Result<Vec<Master>, DiscoverError> {
+        let Some(cluster) = &self.inner.cluster else {
+            return Ok(Vec::new());
+        };
+        let mut ask = vec![self.inner.node.clone()];
+        ask.extend(
+            cluster
+                .known
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .cloned(),
+        );
+        ask.dedup();
+        let mut clients = Vec::new();
+        for (i, addr) in ask.into_iter().enumerate() {
+            let client = match i {
+                0 => self.client(0),
+                _ => self.client_for(&addr),
+            };
+            if let Ok(c) = client {
+                clients.push((addr, c));
+            }
+        }
+        let view = crate::cluster::discover(&clients).await?;
+        cluster
+            .nodes
+            .lock()
+            .await
+            .retain(|addr, _| view.masters.iter().any(|m| &m.addr == addr));
+        *cluster.known.write().unwrap_or_else(|p| p.into_inner()) = view.known;
+        *cluster.masters.write().unwrap_or_else(|p| p.into_inner()) = view.masters.clone();
+        Ok(view.masters)
+    }
+
+    /// Asks for the topology to be read again soon (a subscriber lost its node).
+    pub fn suspect(&self) {
+        if let Some(c) = &self.inner.cluster {
+            c.suspect.notify_one();
+        }
+    }
+
+    /// Resolves when [`Keyspace::suspect`] was called (never on a single node).
+    pub async fn suspected(&self) {
+        match &self.inner.cluster {
+            Some(c) => c.suspect.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Where keywatch keeps its own state: `state.url` (always a single node), or the watched Redis
+/// (through the cluster connection on a cluster: the state keys share one hash tag, see
+/// [`crate::cluster::tagged_prefix`]). The error is worded for the operator.
+pub async fn state_conn(
+    state_url: Option<&Secret>,
+    settings: &RedisSettings,
+    watched: &Keyspace,
+) -> Result<Conn, String> {
+    match state_url {
+        Some(url) => {
+            let (client, node) = connect::client(url, settings, 0).map_err(|e| e.to_string())?;
+            client
+                .get_connection_manager_with_config(manager_config())
+                .await
+                .map(Conn::Node)
+                .map_err(|e| format!("cannot connect to the state Redis at {node}: {e}"))
+        }
+        None => watched
+            .conn(0)
+            .await
+            .map_err(|e| format!("cannot connect to Redis at {}: {e}", watched.node())),
+    }
+}
+
+/// `name key` for each key (`PEXPIRETIME k`, `EXISTS k`…), for [`Conn::each`].
+pub fn per_key(name: &str, keys: &[Vec<u8>]) -> Vec<Cmd> {
+    keys.iter()
+        .map(|k| {
+            let mut c = redis::cmd(name);
+            c.arg(k);
+            c
+        })
+        .collect()
 }

@@ -16,9 +16,10 @@
 //! - [`job`]: a matched event of one rule ([`job::Firing`]) and the actions it owes.
 //! - [`explain`]: `keywatch explain`: what would run for a key, rendered, sending nothing.
 //! - [`connect`]: settings → Redis clients (URL precedence, credentials, TLS).
-//! - [`keyspace`]: the watched Redis, one resilient connection per database.
+//! - [`keyspace`]: the watched Redis, one node or a cluster, behind one connection type.
+//! - [`cluster`]: Redis Cluster masters from `CLUSTER NODES`; state keys on one hash tag.
 //! - [`source`]: where events come from (keyspace notifications; `notify-keyspace-events`; the
-//!   deadline ledger; the scanner that warns before deadlines).
+//!   deadline ledger; the scanner that warns before deadlines; following a cluster's masters).
 //! - [`claims`]: one firing per event, however many instances saw it.
 //! - [`engine`]: matching and detail reads, in batches, producing firings.
 //! - [`dead`]: dead letters kept in Redis, listed, re-driven and dropped.
@@ -43,6 +44,7 @@ pub mod admin;
 pub mod app;
 pub mod claims;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod connect;
 pub mod dead;

@@ -205,6 +205,11 @@ impl Metrics {
             .set(i64::from(up));
     }
 
+    /// A node no longer watched leaves the gauge, so dashboards do not show it as down.
+    pub fn forget_subscriber(&self, node: &str) {
+        self.subscriber_up.remove(&l(&[("node", node)]));
+    }
+
     pub fn recovered_for(&self, rule: &str) {
         self.recovered.get_or_create(&l(&[("rule", rule)])).inc();
     }

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::keyspace::Conn;
 use serde::{Deserialize, Serialize};
 
 use crate::job::{Action, Firing};
@@ -49,7 +49,7 @@ return redis.call('HMGET', KEYS[2], unpack(ids))
 
 #[derive(Clone)]
 pub struct Queue {
-    conn: ConnectionManager,
+    conn: Conn,
     zset: String,
     jobs: String,
     take: redis::Script,
@@ -60,7 +60,7 @@ pub fn now_ms() -> i64 {
 }
 
 impl Queue {
-    pub fn new(conn: ConnectionManager, prefix: &str) -> Queue {
+    pub fn new(conn: Conn, prefix: &str) -> Queue {
         Queue {
             conn,
             zset: format!("{prefix}queue"),

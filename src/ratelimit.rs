@@ -86,7 +86,7 @@ return wait
 
 /// A channel's bucket shared by every instance through Redis.
 pub struct SharedBucket {
-    conn: redis::aio::ConnectionManager,
+    conn: crate::keyspace::Conn,
     key: String,
     rate: Rate,
     script: redis::Script,
@@ -96,7 +96,7 @@ pub struct SharedBucket {
 
 impl SharedBucket {
     pub fn new(
-        conn: redis::aio::ConnectionManager,
+        conn: crate::keyspace::Conn,
         prefix: &str,
         channel: &str,
         rate: Rate,

@@ -4,8 +4,8 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::keyspace::Conn;
 use chrono::{DateTime, Utc};
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -72,7 +72,7 @@ fn hash(prefix: &str) -> String {
     format!("{prefix}silences")
 }
 
-pub async fn list(conn: &mut ConnectionManager, prefix: &str) -> redis::RedisResult<Vec<Silence>> {
+pub async fn list(conn: &mut Conn, prefix: &str) -> redis::RedisResult<Vec<Silence>> {
     let raw: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(hash(prefix))
         .query_async(conn)
@@ -85,11 +85,7 @@ pub async fn list(conn: &mut ConnectionManager, prefix: &str) -> redis::RedisRes
     Ok(out)
 }
 
-pub async fn add(
-    conn: &mut ConnectionManager,
-    prefix: &str,
-    s: &Silence,
-) -> redis::RedisResult<()> {
+pub async fn add(conn: &mut Conn, prefix: &str, s: &Silence) -> redis::RedisResult<()> {
     let json = serde_json::to_string(s).unwrap_or_default();
     redis::cmd("HSET")
         .arg(hash(prefix))
@@ -100,11 +96,7 @@ pub async fn add(
 }
 
 /// Removes a silence; false when there was none with that id.
-pub async fn remove(
-    conn: &mut ConnectionManager,
-    prefix: &str,
-    id: &str,
-) -> redis::RedisResult<bool> {
+pub async fn remove(conn: &mut Conn, prefix: &str, id: &str) -> redis::RedisResult<bool> {
     let n: i64 = redis::cmd("HDEL")
         .arg(hash(prefix))
         .arg(id)
@@ -114,7 +106,7 @@ pub async fn remove(
 }
 
 /// Drops silences that have ended, so the hash does not grow forever.
-pub async fn expire(conn: &mut ConnectionManager, prefix: &str) -> redis::RedisResult<usize> {
+pub async fn expire(conn: &mut Conn, prefix: &str) -> redis::RedisResult<usize> {
     let now = Utc::now();
     let ended: Vec<String> = list(conn, prefix)
         .await?
@@ -134,12 +126,7 @@ pub async fn expire(conn: &mut ConnectionManager, prefix: &str) -> redis::RedisR
 
 /// Keeps `active` current (every second) until `stop`: a silence added anywhere applies within
 /// a second, and one that ends is lifted at its `until`, checked at each event.
-pub async fn follow(
-    mut conn: ConnectionManager,
-    prefix: String,
-    active: Arc<Active>,
-    stop: CancellationToken,
-) {
+pub async fn follow(mut conn: Conn, prefix: String, active: Arc<Active>, stop: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {

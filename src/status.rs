@@ -105,6 +105,14 @@ impl Status {
             .insert(node.to_string(), up);
     }
 
+    /// A node keywatch no longer watches (a cluster node that stopped being a master).
+    pub fn forget_node(&self, node: &str) {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
+    }
+
     /// Every expected node is subscribed (and there is at least one).
     pub fn ready(&self) -> bool {
         let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());

@@ -100,16 +100,12 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
     let keyspace = Keyspace::new(url, config.redis.clone()).map_err(|e| e.to_string())?;
     let node = keyspace.node().to_string();
     let cannot = |e: redis::RedisError| format!("Redis at {node}: {e}");
+    // On a cluster, SCAN walks every master.
+    keyspace.discover().await.map_err(|e| e.to_string())?;
     let ledger = if ledger_covers(config, opts) {
-        let state = match &config.state.url {
-            Some(u) => connect::client(u, &config.redis, 0)
-                .map_err(|e| e.to_string())?
-                .0
-                .get_connection_manager()
-                .await
-                .map_err(cannot)?,
-            None => keyspace.conn(0).await.map_err(cannot)?,
-        };
+        let state =
+            crate::keyspace::state_conn(config.state.url.as_ref(), &config.redis, &keyspace)
+                .await?;
         Some(Ledger::new(
             state,
             keyspace.clone(),
@@ -127,12 +123,7 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
             Some(l) => l.size(&[db]).await.map_err(cannot)? > 0,
             None => false,
         };
-        let mut conn = keyspace
-            .client(db)
-            .map_err(|e| e.to_string())?
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(cannot)?;
+        let conn = keyspace.conn(db).await.map_err(cannot)?;
         if let (true, Some(l)) = (from_ledger, &ledger) {
             tracing::debug!(db, "Reading deadlines from the ledger.");
             let mut offset = 0;
@@ -144,7 +135,7 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
                     .map_err(cannot)?;
                 let n = rows.len();
                 let keys: Vec<Vec<u8>> = rows.into_iter().map(|(k, _)| k).collect();
-                let deadlines = pexpiretime(&mut conn, &keys).await.map_err(cannot)?;
+                let deadlines = pexpiretime(&conn, &keys).await.map_err(cannot)?;
                 found.extend(keys.into_iter().zip(deadlines).map(|(k, d)| (db, k, d)));
                 // Soonest first: past twice the limit (some may be gone) the rest cannot make it.
                 if n < 1000 || found.len() - start >= opts.limit * 2 {
@@ -168,9 +159,11 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
                 .scanner
                 .as_ref()
                 .map_or(50_000, |s| s.max_keys_per_second);
-            let mut walk = ScanWalk::new(conn, globs, &config.state.prefix, pace);
-            while let Some(batch) = walk.next().await.map_err(cannot)? {
-                found.extend(batch.into_iter().map(|(k, d)| (db, k, d)));
+            for node in keyspace.scan_conns(db).await.map_err(cannot)? {
+                let mut walk = ScanWalk::new(node, globs.clone(), &config.state.prefix, pace);
+                while let Some(batch) = walk.next().await.map_err(cannot)? {
+                    found.extend(batch.into_iter().map(|(k, d)| (db, k, d)));
+                }
             }
         }
     }

@@ -7,6 +7,7 @@ use crate::config::{CleanupStep, Rule};
 use crate::job::Firing;
 
 use super::{Actions, Outcome};
+use crate::keyspace::Conn;
 
 /// Keys asked per SCAN call: large enough to walk a big keyspace in few round trips, small
 /// enough to keep each call short for other clients.
@@ -39,7 +40,7 @@ pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &CleanupStep) -> O
                     .query_async::<usize>(&mut conn)
                     .await
             }
-            None => scan_unlink(&mut conn, &glob, own).await,
+            None => scan_unlink(a, &mut conn, f.db, &glob, own).await,
         };
         match result {
             Ok(n) => deleted += n,
@@ -53,8 +54,7 @@ pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &CleanupStep) -> O
     }
     let mut fields = 0usize;
     if !step.hdel.is_empty() {
-        let mut pipe = redis::pipe();
-        let mut queued = 0usize;
+        let mut cmds = Vec::new();
         for h in &step.hdel {
             let (key, field) = match (t.render(h.key, &ctx), t.render(h.field, &ctx)) {
                 (Ok(k), Ok(f)) => (k, f),
@@ -65,16 +65,12 @@ pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &CleanupStep) -> O
             if key.starts_with(own) {
                 continue;
             }
-            pipe.cmd("HDEL").arg(key).arg(field);
-            queued += 1;
+            let mut cmd = redis::cmd("HDEL");
+            cmd.arg(key).arg(field);
+            cmds.push(cmd);
         }
-        // Every hash may be keywatch's own: an empty pipeline is an error to redis-rs ("empty
-        // command"), which would be retried for a day.
-        let answer = match queued {
-            0 => Ok(Vec::new()),
-            _ => pipe.query_async::<Vec<usize>>(&mut conn).await,
-        };
-        match answer {
+        // Each hash may be on another node of a cluster: one command per hash.
+        match conn.each::<usize>(cmds).await {
             Ok(v) => fields = v.iter().sum(),
             Err(e) => {
                 return Outcome::Retry {
@@ -109,8 +105,25 @@ pub fn literal(glob: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// SCAN + UNLINK of `glob`'s keys, on the one node or on every master of a cluster; UNLINK
+/// goes through `conn`, which routes each key to its node.
 async fn scan_unlink(
-    conn: &mut redis::aio::ConnectionManager,
+    a: &Actions,
+    conn: &mut Conn,
+    db: u32,
+    glob: &[u8],
+    own: &[u8],
+) -> redis::RedisResult<usize> {
+    let mut deleted = 0;
+    for mut node in a.keyspace.scan_conns(db).await? {
+        deleted += scan_unlink_on(&mut node, conn, glob, own).await?;
+    }
+    Ok(deleted)
+}
+
+async fn scan_unlink_on(
+    scan: &mut impl redis::aio::ConnectionLike,
+    unlink: &mut Conn,
     glob: &[u8],
     own: &[u8],
 ) -> redis::RedisResult<usize> {
@@ -123,13 +136,13 @@ async fn scan_unlink(
             .arg(glob)
             .arg("COUNT")
             .arg(SCAN_COUNT)
-            .query_async(conn)
+            .query_async(scan)
             .await?;
         let keys: Vec<Vec<u8>> = keys.into_iter().filter(|k| !k.starts_with(own)).collect();
         if !keys.is_empty() {
             deleted += redis::cmd("UNLINK")
                 .arg(&keys)
-                .query_async::<usize>(conn)
+                .query_async::<usize>(unlink)
                 .await?;
         }
         if next == 0 {

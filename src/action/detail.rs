@@ -60,7 +60,7 @@ pub fn parse(bytes: &[u8]) -> serde_json::Value {
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
-/// Reads every request, one pipeline per database; the answers are in request order
+/// Reads every request, one pipeline per database (one command per key on a cluster); the answers are in request order
 /// (`Ok(None)`: nothing there).
 pub async fn fetch(
     keyspace: &crate::keyspace::Keyspace,
@@ -72,16 +72,24 @@ pub async fn fetch(
         by_db.entry(r.db).or_default().push(i);
     }
     for (db, idx) in by_db {
-        let mut pipe = redis::pipe();
-        for &i in &idx {
-            match &reqs[i].at {
-                Location::Hash { key, field } => pipe.cmd("HGET").arg(key).arg(field),
-                Location::Key { key } => pipe.cmd("GET").arg(key),
-            };
-        }
+        let cmds = idx
+            .iter()
+            .map(|&i| match &reqs[i].at {
+                Location::Hash { key, field } => {
+                    let mut c = redis::cmd("HGET");
+                    c.arg(key).arg(field);
+                    c
+                }
+                Location::Key { key } => {
+                    let mut c = redis::cmd("GET");
+                    c.arg(key);
+                    c
+                }
+            })
+            .collect();
         let answer: Result<Vec<Option<Vec<u8>>>, String> = match keyspace.conn(db).await {
-            Ok(mut c) => pipe
-                .query_async(&mut c)
+            Ok(c) => c
+                .each(cmds)
                 .await
                 .map_err(|e| format!("detail: Redis: {e}")),
             Err(e) => Err(format!("detail: Redis: {e}")),
@@ -104,20 +112,28 @@ pub async fn fetch(
 
 /// Deletes the details marked `remove`, one pipeline per database.
 pub async fn remove(keyspace: &crate::keyspace::Keyspace, reqs: &[&Request]) -> Result<(), String> {
-    let mut by_db: BTreeMap<u32, redis::Pipeline> = BTreeMap::new();
+    let mut by_db: BTreeMap<u32, Vec<redis::Cmd>> = BTreeMap::new();
     for r in reqs.iter().filter(|r| r.remove) {
-        let pipe = by_db.entry(r.db).or_insert_with(redis::pipe);
-        match &r.at {
-            Location::Hash { key, field } => pipe.cmd("HDEL").arg(key).arg(field).ignore(),
-            Location::Key { key } => pipe.cmd("UNLINK").arg(key).ignore(),
+        let cmd = match &r.at {
+            Location::Hash { key, field } => {
+                let mut c = redis::cmd("HDEL");
+                c.arg(key).arg(field);
+                c
+            }
+            Location::Key { key } => {
+                let mut c = redis::cmd("UNLINK");
+                c.arg(key);
+                c
+            }
         };
+        by_db.entry(r.db).or_default().push(cmd);
     }
-    for (db, pipe) in by_db {
-        let mut c = keyspace
+    for (db, cmds) in by_db {
+        let c = keyspace
             .conn(db)
             .await
             .map_err(|e| format!("detail removal: Redis: {e}"))?;
-        pipe.exec_async(&mut c)
+        c.each::<redis::Value>(cmds)
             .await
             .map_err(|e| format!("detail removal: Redis: {e}"))?;
     }

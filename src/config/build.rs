@@ -40,7 +40,7 @@ pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";
 /// Builds the config; `None` when any error was reported (the diagnostics say why).
 pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option<Config> {
     let redis = redis_settings(d, drafts.redis);
-    let state = StateSettings {
+    let mut state = StateSettings {
         prefix: drafts
             .state
             .prefix
@@ -48,6 +48,10 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
             .unwrap_or_else(|| "keywatch:".into()),
         url: drafts.state.url.map(|f| Secret::new(f.value.value)),
     };
+    if redis.cluster && state.url.is_none() {
+        // The state shares the watched cluster: its keys must all hash to one slot.
+        state.prefix = crate::cluster::tagged_prefix(&state.prefix);
+    }
     let mut templates = TemplateSet::new();
 
     let mut channels = Vec::new();

@@ -53,7 +53,7 @@ pub fn merged(current: &str, needed: &str) -> String {
 /// Checks (or fixes, with `notifications: enable`) `notify-keyspace-events` against what the
 /// rules need. Never overwrites flags another application set.
 pub async fn ensure(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut impl redis::aio::ConnectionLike,
     config: &Config,
     node: &str,
 ) -> Result<(), String> {
@@ -124,7 +124,7 @@ pub async fn ensure(
 }
 
 /// Whether the server may evict keys (`maxmemory-policy` other than `noeviction`).
-async fn evicts(conn: &mut redis::aio::ConnectionManager) -> bool {
+async fn evicts(conn: &mut impl redis::aio::ConnectionLike) -> bool {
     let policy: Result<Vec<String>, redis::RedisError> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")

@@ -15,12 +15,12 @@
 //!   the touch caused; what is still in the poked set then is an expiry keywatch missed. No
 //!   timing guess is involved.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::keyspace::{Conn, per_key};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -128,7 +128,7 @@ pub struct Ledger {
 }
 
 struct Inner {
-    state: ConnectionManager,
+    state: Conn,
     keyspace: Keyspace,
     prefix: String,
     instance: String,
@@ -147,12 +147,7 @@ fn now_ms() -> i64 {
 }
 
 impl Ledger {
-    pub fn new(
-        state: ConnectionManager,
-        keyspace: Keyspace,
-        prefix: &str,
-        metrics: Arc<Metrics>,
-    ) -> Ledger {
+    pub fn new(state: Conn, keyspace: Keyspace, prefix: &str, metrics: Arc<Metrics>) -> Ledger {
         Ledger {
             inner: Arc::new(Inner {
                 state,
@@ -210,12 +205,8 @@ impl Ledger {
         if keys.is_empty() {
             return Ok(());
         }
-        let mut conn = self.inner.keyspace.conn(db).await?;
-        let mut pipe = redis::pipe();
-        for k in keys {
-            pipe.cmd("PEXPIRETIME").arg(k);
-        }
-        let deadlines: Vec<i64> = pipe.query_async(&mut conn).await?;
+        let conn = self.inner.keyspace.conn(db).await?;
+        let deadlines: Vec<i64> = conn.each(per_key("PEXPIRETIME", keys)).await?;
         let zset = self.zset(db);
         let mut write = redis::pipe();
         for (k, d) in keys.iter().zip(deadlines) {
@@ -323,12 +314,9 @@ impl Ledger {
             return Ok(0);
         }
         let mut conn = self.inner.keyspace.conn(db).await?;
-        let mut pipe = redis::pipe();
-        for (k, _) in &due {
-            // Reading the TTL makes the master delete a due key and publish `expired` at once.
-            pipe.cmd("PEXPIRETIME").arg(k);
-        }
-        let now: Vec<i64> = pipe.query_async(&mut conn).await?;
+        let keys: Vec<Vec<u8>> = due.iter().map(|(k, _)| k.clone()).collect();
+        // Reading the TTL makes the master delete a due key and publish `expired` at once.
+        let now: Vec<i64> = conn.each(per_key("PEXPIRETIME", &keys)).await?;
         let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let mut gone = self.inner.move_poked.prepare_invoke();
         gone.key(&zset)
@@ -388,12 +376,8 @@ impl Ledger {
             if keys.is_empty() {
                 return Ok(dropped);
             }
-            let mut conn = self.inner.keyspace.conn(db).await?;
-            let mut pipe = redis::pipe();
-            for k in &keys {
-                pipe.cmd("EXISTS").arg(k);
-            }
-            let exists: Vec<i64> = pipe.query_async(&mut conn).await?;
+            let conn = self.inner.keyspace.conn(db).await?;
+            let exists: Vec<i64> = conn.each(per_key("EXISTS", &keys)).await?;
             let gone: Vec<&Vec<u8>> = keys
                 .iter()
                 .zip(&exists)
@@ -439,37 +423,40 @@ impl Ledger {
         wanted: &(dyn Fn(&[u8]) -> bool + Send + Sync),
         max_per_second: u64,
     ) -> redis::RedisResult<usize> {
-        let mut conn = self.inner.keyspace.conn(db).await?;
         let mut learnt = 0;
         let started = tokio::time::Instant::now();
         let mut scanned: u64 = 0;
-        for glob in globs {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(glob)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await?;
-                scanned += 1000;
-                self.inner.metrics.scan_keys.inc_by(keys.len() as u64);
-                let keys: Vec<Vec<u8>> = keys
-                    .into_iter()
-                    .filter(|k| !k.starts_with(self.inner.prefix.as_bytes()) && wanted(k))
-                    .collect();
-                learnt += keys.len();
-                self.learn(db, &keys).await?;
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-                let should_take =
-                    Duration::from_secs_f64(scanned as f64 / max_per_second.max(1) as f64);
-                if let Some(wait) = should_take.checked_sub(started.elapsed()) {
-                    tokio::time::sleep(wait).await;
+        let nodes = self.inner.keyspace.scan_conns(db).await?;
+        for node in &nodes {
+            for glob in globs {
+                let mut conn = node.clone();
+                let mut cursor: u64 = 0;
+                loop {
+                    let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(glob)
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut conn)
+                        .await?;
+                    scanned += 1000;
+                    self.inner.metrics.scan_keys.inc_by(keys.len() as u64);
+                    let keys: Vec<Vec<u8>> = keys
+                        .into_iter()
+                        .filter(|k| !k.starts_with(self.inner.prefix.as_bytes()) && wanted(k))
+                        .collect();
+                    learnt += keys.len();
+                    self.learn(db, &keys).await?;
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
+                    let should_take =
+                        Duration::from_secs_f64(scanned as f64 / max_per_second.max(1) as f64);
+                    if let Some(wait) = should_take.checked_sub(started.elapsed()) {
+                        tokio::time::sleep(wait).await;
+                    }
                 }
             }
         }
@@ -621,6 +608,60 @@ pub async fn run_poker(ledger: Ledger, dbs: Vec<u32>, shutdown: CancellationToke
     }
 }
 
+/// Markers waiting to be heard on every subscribed node.
+///
+/// On a cluster a PUBLISH reaches every node over the cluster bus, and each node hands it to
+/// its subscribers after the `expired` events it published before (those the poker's touches
+/// caused on that node, which were answered before the marker was sent). So a marker proves
+/// the `expired` of one node only: recovery waits until it was heard on every node subscribed
+/// now (a node that is down lost its events anyway). On a single node that is the first copy.
+#[derive(Debug, Default)]
+pub struct Markers {
+    up: BTreeSet<String>,
+    heard: BTreeMap<(u32, u64), BTreeSet<String>>,
+}
+
+/// Markers kept waiting at most; beyond that the oldest go (a later one recovers as much).
+const MARKERS_WAITING: usize = 4096;
+
+impl Markers {
+    pub fn up(&mut self, node: &str) {
+        self.up.insert(node.to_string());
+    }
+
+    /// `node` is down or gone: markers that waited only for it are complete now.
+    pub fn down(&mut self, node: &str) -> Vec<(u32, u64)> {
+        self.up.remove(node);
+        self.complete()
+    }
+
+    /// Marker `seq` of `db` was heard on `node`; returns the markers now complete.
+    pub fn heard(&mut self, node: &str, db: u32, seq: u64) -> Vec<(u32, u64)> {
+        self.heard
+            .entry((db, seq))
+            .or_default()
+            .insert(node.to_string());
+        while self.heard.len() > MARKERS_WAITING {
+            self.heard.pop_first();
+        }
+        self.complete()
+    }
+
+    /// The latest complete marker per database; earlier ones are covered by it and dropped.
+    fn complete(&mut self) -> Vec<(u32, u64)> {
+        let mut done: BTreeMap<u32, u64> = BTreeMap::new();
+        for ((db, seq), nodes) in &self.heard {
+            if self.up.iter().all(|n| nodes.contains(n)) {
+                let best = done.entry(*db).or_insert(*seq);
+                *best = (*best).max(*seq);
+            }
+        }
+        self.heard
+            .retain(|(db, seq), _| done.get(db).is_none_or(|d| seq > d));
+        done.into_iter().collect()
+    }
+}
+
 /// Groups keys by database, in arrival order.
 pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, Vec<Vec<u8>>> {
     let mut out: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
@@ -628,4 +669,26 @@ pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, V
         out.entry(db).or_default().push(k);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_marker_is_complete_once_every_subscribed_node_heard_it() {
+        let mut m = Markers::default();
+        m.up("a");
+        m.up("b");
+        assert_eq!(m.heard("a", 0, 1), []);
+        assert_eq!(m.heard("a", 0, 2), []);
+        // b's copy of 2 covers 1 as well (recovery takes everything up to the marker).
+        assert_eq!(m.heard("b", 0, 2), [(0, 2)]);
+        assert_eq!(m.heard("b", 0, 1), []);
+        // A node that goes down is not waited for.
+        assert_eq!(m.heard("a", 0, 3), []);
+        assert_eq!(m.down("b"), [(0, 3)]);
+        // One node: the first copy completes.
+        assert_eq!(m.heard("a", 0, 4), [(0, 4)]);
+    }
 }

@@ -33,8 +33,11 @@ pub enum Signal {
         event: KeyEvent,
         rules: Vec<String>,
     },
-    /// A message on keywatch's marker channel (see [`crate::source::ledger`]).
-    Marker(Vec<u8>),
+    /// A message on keywatch's marker channel (see [`crate::source::ledger`]), heard on `node`.
+    Marker {
+        node: String,
+        payload: Vec<u8>,
+    },
     /// Subscribed to every channel; events flow from now on.
     Up {
         node: String,
@@ -43,6 +46,11 @@ pub enum Signal {
     Down {
         node: String,
         reason: String,
+    },
+    /// The node is no longer watched: a cluster node that stopped being a master
+    /// ([`crate::source::topology`]).
+    Gone {
+        node: String,
     },
 }
 
@@ -221,7 +229,10 @@ async fn session(
                         source: node.to_string(),
                     }),
                     Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
-                    None if !msg.get_channel_name().starts_with("__keyevent@") => Signal::Marker(key),
+                    None if !msg.get_channel_name().starts_with("__keyevent@") => Signal::Marker {
+                        node: node.to_string(),
+                        payload: key,
+                    },
                     None => continue,
                 };
                 if tx.send(signal).await.is_err() {

@@ -33,8 +33,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::keyspace::Conn;
 use chrono::{DateTime, TimeZone, Utc};
-use redis::aio::{ConnectionManager, MultiplexedConnection};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -178,7 +178,7 @@ pub fn covering_globs(mut globs: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
 
 /// A paced `SCAN MATCH` walk over one database, reading each returned key's deadline.
 pub struct ScanWalk {
-    conn: MultiplexedConnection,
+    conn: Conn,
     globs: Vec<Vec<u8>>,
     glob: usize,
     cursor: u64,
@@ -195,7 +195,7 @@ pub struct ScanWalk {
 impl ScanWalk {
     /// Walks `globs` in turn; keys under `skip_prefix` (keywatch's own) are never returned.
     pub fn new(
-        conn: MultiplexedConnection,
+        conn: Conn,
         globs: Vec<Vec<u8>>,
         skip_prefix: &str,
         max_keys_per_second: u64,
@@ -265,15 +265,9 @@ impl ScanWalk {
 }
 
 /// `PEXPIRETIME` of each key, pipelined: the deadline in ms, -1 without a TTL, -2 when gone.
-pub async fn pexpiretime<C: redis::aio::ConnectionLike>(
-    conn: &mut C,
-    keys: &[Vec<u8>],
-) -> redis::RedisResult<Vec<i64>> {
-    let mut pipe = redis::pipe();
-    for k in keys {
-        pipe.cmd("PEXPIRETIME").arg(k);
-    }
-    pipe.query_async(conn).await
+pub async fn pexpiretime(conn: &Conn, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<i64>> {
+    conn.each(crate::keyspace::per_key("PEXPIRETIME", keys))
+        .await
 }
 
 /// What one run did, for the log.
@@ -292,7 +286,7 @@ pub struct Scanner {
     pub config: Arc<Config>,
     pub keyspace: Keyspace,
     /// Where claims and the schedule's bookkeeping live (`state.url`, or the watched Redis).
-    pub state: ConnectionManager,
+    pub state: Conn,
     /// Asked instead of scanning once it is complete.
     pub ledger: Option<Ledger>,
     pub metrics: Arc<Metrics>,
@@ -305,7 +299,7 @@ impl Scanner {
     pub fn new(
         config: Arc<Config>,
         keyspace: Keyspace,
-        state: ConnectionManager,
+        state: Conn,
         ledger: Option<Ledger>,
         metrics: Arc<Metrics>,
         tx: mpsc::Sender<Signal>,
@@ -476,7 +470,7 @@ impl Scanner {
         stats: &mut RunStats,
     ) -> redis::RedisResult<()> {
         let now = now_ms();
-        let mut conn = self.keyspace.conn(db).await?;
+        let conn = self.keyspace.conn(db).await?;
         let mut offset = 0;
         loop {
             let rows = ledger
@@ -488,7 +482,7 @@ impl Scanner {
             if n > 0 {
                 // The ledger may lag (a plain SET drops a TTL silently): Redis has the last word.
                 let keys: Vec<Vec<u8>> = rows.into_iter().map(|(k, _)| k).collect();
-                let deadlines = pexpiretime(&mut conn, &keys).await?;
+                let deadlines = pexpiretime(&conn, &keys).await?;
                 let found = keys
                     .into_iter()
                     .zip(deadlines)
@@ -509,18 +503,6 @@ impl Scanner {
         rules: &[usize],
         stats: &mut RunStats,
     ) -> redis::RedisResult<()> {
-        let conn = self
-            .keyspace
-            .client(db)
-            .map_err(|e| {
-                redis::RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "bad Redis settings",
-                    e.to_string(),
-                ))
-            })?
-            .get_multiplexed_async_connection()
-            .await?;
         let globs = covering_globs(
             rules
                 .iter()
@@ -532,17 +514,19 @@ impl Scanner {
             .scanner
             .as_ref()
             .map_or(50_000, |s| s.max_keys_per_second);
-        let mut walk = ScanWalk::new(conn, globs, &self.config.state.prefix, pace);
-        let mut read = 0;
-        while let Some(found) = walk.next().await? {
-            self.metrics.scan_keys.inc_by(walk.read - read);
-            read = walk.read;
-            if !found.is_empty() {
-                stats.warned += self.warn(db, found).await?;
+        for conn in self.keyspace.scan_conns(db).await? {
+            let mut walk = ScanWalk::new(conn, globs.clone(), &self.config.state.prefix, pace);
+            let mut read = 0;
+            while let Some(found) = walk.next().await? {
+                self.metrics.scan_keys.inc_by(walk.read - read);
+                read = walk.read;
+                if !found.is_empty() {
+                    stats.warned += self.warn(db, found).await?;
+                }
             }
+            stats.keys += walk.read;
+            stats.pauses += walk.pacer.pauses;
         }
-        stats.keys += walk.read;
-        stats.pauses += walk.pacer.pauses;
         Ok(())
     }
 

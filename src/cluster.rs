@@ -1,0 +1,183 @@
+//! Redis Cluster: who the masters are, and keywatch's state keys on one slot.
+//!
+//! Keyspace events are published only on the node that owns the key and are not passed over the
+//! cluster bus, so keywatch must subscribe on every master, and find the new one after a
+//! failover or a reshard. [`discover`] asks any node it knows for `CLUSTER NODES` (every
+//! version has it; `CLUSTER SHARDS` is 7.0+ and says nothing more that keywatch needs);
+//! [`crate::source::topology`] follows the answer over time.
+
+use std::time::Duration;
+
+/// A master that serves slots, as `CLUSTER NODES` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Master {
+    /// `host:port`, the name keywatch uses for the node in metrics, logs and `/readyz`.
+    pub addr: String,
+    pub id: String,
+}
+
+impl Master {
+    pub fn host_port(&self) -> Option<(&str, u16)> {
+        host_port(&self.addr)
+    }
+}
+
+/// `host:port` → (host, port); IPv6 hosts come bracket-less from Redis (`::1:6379`).
+pub fn host_port(addr: &str) -> Option<(&str, u16)> {
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host, port.parse().ok()?))
+}
+
+/// What one `CLUSTER NODES` answer says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    /// Masters that serve at least one slot and are not marked failed, sorted by address.
+    pub masters: Vec<Master>,
+    /// Every address in the answer (replicas too): where to ask next time if the seed is gone.
+    pub known: Vec<String>,
+}
+
+/// Parses `CLUSTER NODES`: `<id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong>
+/// <epoch> <link> <slot>...`.
+///
+/// A master flagged `fail` is left out (its replica is being promoted; until then its keys are
+/// unreachable anyway), but one only suspected (`fail?`) by the node asked is kept: it may well
+/// be up. A master without slots holds no keys, so there is nothing to hear from it.
+pub fn parse_nodes(text: &str) -> View {
+    let mut view = View::default();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 8 {
+            continue;
+        }
+        let addr = fields[1].split(['@', ',']).next().unwrap_or_default();
+        let Some((host, port)) = host_port(addr) else {
+            continue;
+        };
+        if host.is_empty() || port == 0 {
+            continue; // `noaddr`: a node that is being forgotten
+        }
+        view.known.push(addr.to_string());
+        let flags: Vec<&str> = fields[2].split(',').collect();
+        let usable = flags.contains(&"master")
+            && !flags
+                .iter()
+                .any(|f| matches!(*f, "fail" | "handshake" | "noaddr"));
+        let serves = fields[8..].iter().any(|s| !s.starts_with('['));
+        if usable && serves {
+            view.masters.push(Master {
+                addr: addr.to_string(),
+                id: fields[0].to_string(),
+            });
+        }
+    }
+    view.masters.sort();
+    view.known.sort();
+    view.known.dedup();
+    view
+}
+
+/// How long one node may take to answer `CLUSTER NODES` before the next one is asked.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why no node could say who the masters are.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read the cluster's nodes from any of {tried}: {last}")]
+pub struct DiscoverError {
+    pub tried: String,
+    pub last: String,
+}
+
+/// Asks each of `clients` (name, client) in turn for `CLUSTER NODES`; the first answer wins.
+pub async fn discover(clients: &[(String, redis::Client)]) -> Result<View, DiscoverError> {
+    let mut last = String::from("no node to ask");
+    for (name, client) in clients {
+        let answer = tokio::time::timeout(ASK_TIMEOUT, async {
+            let mut c = client.get_multiplexed_async_connection().await?;
+            redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async::<String>(&mut c)
+                .await
+        })
+        .await;
+        match answer {
+            Ok(Ok(text)) => {
+                let view = parse_nodes(&text);
+                if !view.masters.is_empty() {
+                    return Ok(view);
+                }
+                last = format!("{name} knows no master that serves slots");
+            }
+            Ok(Err(e)) => last = format!("{name}: {e}"),
+            Err(_) => last = format!("{name}: no answer within {}s", ASK_TIMEOUT.as_secs()),
+        }
+    }
+    Err(DiscoverError {
+        tried: clients
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        last,
+    })
+}
+
+/// `state.prefix` as used on a cluster whose nodes also hold keywatch's state.
+///
+/// Lua scripts and pipelines touch several state keys together (the ledger's sets, the queue's
+/// zset and hash, a batch of claims), and a cluster runs those only when every key is in one
+/// slot: so every state key gets the same hash tag. A prefix that already has one (`{kw}:`) is
+/// kept; else the prefix up to its last `:` (or the whole prefix when there is none) becomes the
+/// tag: `keywatch:` → `{keywatch}:`, `app:kw:` → `{app:kw}:`, `kw` → `{kw}`.
+pub fn tagged_prefix(prefix: &str) -> String {
+    if let Some(open) = prefix.find('{')
+        && prefix[open + 1..].find('}').is_some_and(|len| len > 0)
+    {
+        return prefix.to_string();
+    }
+    match prefix.strip_suffix(':') {
+        Some(head) if !head.is_empty() => format!("{{{head}}}:"),
+        _ => format!("{{{prefix}}}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODES: &str = "\
+07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004,host4 slave e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
+292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 127.0.0.1:30003@31003 master - 0 1426238318243 3 connected 10923-16383
+6ec23923021cf3ffec47632106199cb7f496ce01 127.0.0.1:30005@31005 master,fail - 0 1426238316232 5 disconnected
+824fe116063bc5fcf9f4ffd895bc17aee7731ac3 127.0.0.1:30006@31006 master - 0 1426238317741 6 connected
+e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master,fail? - 0 0 1 connected 0-5460 [5461->-67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1]
+aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa :0@0 master,noaddr - 0 0 0 disconnected 1-2
+";
+
+    #[test]
+    fn masters_that_serve_slots_and_every_known_address() {
+        let v = parse_nodes(NODES);
+        let masters: Vec<&str> = v.masters.iter().map(|m| m.addr.as_str()).collect();
+        // 30005 failed, 30006 has no slots, the noaddr node has no address; a suspected
+        // (`fail?`) master is kept.
+        assert_eq!(
+            masters,
+            ["127.0.0.1:30001", "127.0.0.1:30002", "127.0.0.1:30003"]
+        );
+        assert_eq!(v.known.len(), 6);
+        assert_eq!(v.masters[0].host_port(), Some(("127.0.0.1", 30001)));
+    }
+
+    #[test]
+    fn state_prefix_gets_one_hash_tag() {
+        assert_eq!(tagged_prefix("keywatch:"), "{keywatch}:");
+        assert_eq!(tagged_prefix("app:kw:"), "{app:kw}:");
+        assert_eq!(tagged_prefix("kw"), "{kw}");
+        assert_eq!(tagged_prefix(":"), "{:}");
+        assert_eq!(tagged_prefix("{kw}:"), "{kw}:");
+        assert_eq!(tagged_prefix("x{y}z:"), "x{y}z:");
+        // `{}` is no hash tag to Redis: the whole key would be hashed.
+        assert_eq!(tagged_prefix("{}kw:"), "{{}kw}:");
+    }
+}

@@ -1,0 +1,313 @@
+//! `redis.cluster: true` end to end on a real Redis Cluster (3 masters, a replica each): every
+//! master is subscribed, keys on every shard alert exactly once, alerts go on after a failover,
+//! detail and cleanup reach keys on other shards, and readiness and metrics name every master.
+
+mod common;
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{HttpReceiver, KeywatchProcess, RedisCluster, wait_until, write_rules};
+use support::{PATIENCE, SUBSCRIBED};
+
+/// Cluster settle and failover are slow on a loaded 2-core machine.
+const CLUSTER_PATIENCE: Duration = Duration::from_secs(60);
+
+fn cluster() -> RedisCluster {
+    RedisCluster::builder()
+        .masters(3)
+        .replicas_per_master(1)
+        .notify_keyspace_events("Exg")
+        .start()
+}
+
+fn lock_rules(
+    dir: &std::path::Path,
+    receiver: &HttpReceiver,
+    extra_rule: &str,
+) -> std::path::PathBuf {
+    let yaml = format!(
+        "redis:\n  cluster: true\nchannels:\n  hook:\n    type: webhook\n    url: \"{}\"\nrules:\n  - name: lock-expired\n    match: \"lock:{{id}}\"\n    notify: {{ to: [hook] }}\n{extra_rule}",
+        receiver.url_for("/hook")
+    );
+    write_rules(dir, "rules.yaml", &yaml)
+}
+
+/// `keywatch run` on the cluster, seeded with one node, once every master is subscribed.
+fn run_on(cluster: &RedisCluster, rules: &std::path::Path) -> KeywatchProcess {
+    let kw = common::Keywatch::spawn(
+        [
+            "run",
+            "-r",
+            rules.to_str().unwrap(),
+            "--redis",
+            &cluster.seed_url(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let masters = cluster.masters().len();
+    wait_until(
+        "keywatch subscribed on every master",
+        CLUSTER_PATIENCE,
+        || kw.stderr().matches(SUBSCRIBED).count() >= masters,
+    );
+    kw
+}
+
+fn conn(cluster: &RedisCluster) -> redis::cluster::ClusterConnection {
+    cluster
+        .client()
+        .get_connection()
+        .expect("cluster connection")
+}
+
+/// Keys of the webhook requests received, with how often each came.
+fn delivered(receiver: &HttpReceiver) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for r in receiver.requests() {
+        *out.entry(r.json()["key"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    out
+}
+
+fn set_px(c: &mut redis::cluster::ClusterConnection, key: &str, ms: u64) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg("w")
+        .arg("PX")
+        .arg(ms)
+        .query(c)
+        .unwrap();
+}
+
+/// The HTTP endpoint's address, from the start-up log line.
+fn endpoint(kw: &KeywatchProcess) -> String {
+    let log = kw.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("HTTP endpoint listening"))
+        .expect("the endpoint is logged");
+    let at = line.find("addr=").expect("addr field") + "addr=".len();
+    line[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_string()
+}
+
+fn get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the HTTP endpoint");
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// `keywatch_subscriber_up` per node, from `/metrics`.
+fn subscribers_up(addr: &str) -> BTreeMap<String, i64> {
+    let (_, body) = get(addr, "/metrics");
+    body.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("keywatch_subscriber_up{node=\"")?;
+            let (node, value) = rest.split_once("\"} ")?;
+            Some((node.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn master_addrs(cluster: &RedisCluster) -> Vec<String> {
+    cluster
+        .masters()
+        .iter()
+        .map(|&i| format!("127.0.0.1:{}", cluster.node(i).port()))
+        .collect()
+}
+
+#[test]
+fn keys_on_every_shard_alert_once_and_every_master_is_ready() {
+    let cluster = cluster();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = lock_rules(dir.path(), &receiver, "");
+    let kw = run_on(&cluster, &rules);
+    let addr = endpoint(&kw);
+
+    // (d) readiness and the gauge name every master, and only masters.
+    wait_until("/readyz says ready", PATIENCE, || {
+        get(&addr, "/readyz").0 == 200
+    });
+    let masters = master_addrs(&cluster);
+    let expected: BTreeMap<String, i64> = masters.iter().map(|m| (m.clone(), 1)).collect();
+    wait_until(
+        "keywatch_subscriber_up is 1 for every master",
+        PATIENCE,
+        || subscribers_up(&addr) == expected,
+    );
+
+    // (a) two keys on each master; nobody reads them: the ledger's poke expires them.
+    let mut c = conn(&cluster);
+    let mut keys = Vec::new();
+    for &m in &cluster.masters() {
+        for prefix in ["lock:a", "lock:b"] {
+            let key = cluster.key_on(m, prefix);
+            set_px(&mut c, &key, 1500);
+            keys.push(key);
+        }
+    }
+    receiver.wait_for(keys.len(), CLUSTER_PATIENCE);
+    // Give a duplicate time to show up.
+    std::thread::sleep(Duration::from_millis(2000));
+    let d = delivered(&receiver);
+    let want: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), 1)).collect();
+    assert_eq!(d, want, "{}", kw.describe_output());
+    // The state lives in the cluster under one hash tag.
+    let size: i64 = redis::cmd("ZCARD")
+        .arg("{keywatch}:ledger:0")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(size, 0, "every deadline was handled");
+}
+
+#[test]
+fn alerts_continue_after_a_master_fails_over() {
+    let cluster = cluster();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = lock_rules(dir.path(), &receiver, "");
+    let kw = run_on(&cluster, &rules);
+    let addr = endpoint(&kw);
+    let mut c = conn(&cluster);
+
+    let old_master = cluster.masters()[0];
+    let replica = cluster.replicas_of(old_master)[0];
+    // Set before the failover, due after it: the ledger knows its deadline.
+    let before = cluster.key_on(old_master, "lock:before");
+    set_px(&mut c, &before, 8000);
+    wait_until("the ledger knows the deadline", PATIENCE, || {
+        let n: i64 = redis::cmd("ZCARD")
+            .arg("{keywatch}:ledger:0")
+            .query(&mut conn(&cluster))
+            .unwrap_or(0);
+        n == 1
+    });
+
+    cluster.failover_takeover(replica);
+    let new_master = format!("127.0.0.1:{}", cluster.node(replica).port());
+    let old = format!("127.0.0.1:{}", cluster.node(old_master).port());
+    wait_until(
+        "the promoted replica is subscribed and the old master no longer watched",
+        CLUSTER_PATIENCE,
+        || {
+            let up = subscribers_up(&addr);
+            up.get(&new_master) == Some(&1) && !up.contains_key(&old)
+        },
+    );
+    wait_until("/readyz says ready", PATIENCE, || {
+        get(&addr, "/readyz").0 == 200
+    });
+
+    let mut c = conn(&cluster);
+    let after = cluster.key_on(replica, "lock:after");
+    set_px(&mut c, &after, 1500);
+    receiver.wait_for(2, CLUSTER_PATIENCE);
+    std::thread::sleep(Duration::from_millis(2000));
+    let d = delivered(&receiver);
+    let want: BTreeMap<String, usize> = [(before, 1), (after, 1)].into_iter().collect();
+    assert_eq!(d, want, "{}", kw.describe_output());
+}
+
+#[test]
+fn detail_and_cleanup_reach_keys_on_other_shards() {
+    let cluster = cluster();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rule = "  - name: task\n    match: \"task:{id}\"\n    detail: { key: \"detail:{{ id }}\", remove: true }\n    cleanup:\n      delete: [\"session:{{ id }}:*\", \"cart:{{ id }}\"]\n      hdel: [{ key: \"online\", field: \"{{ id }}\" }]\n    notify: { to: [hook] }\n";
+    let rules = lock_rules(dir.path(), &receiver, rule);
+    let kw = run_on(&cluster, &rules);
+    let mut c = conn(&cluster);
+
+    // Related keys spread over the shards: enough session keys that every master holds some.
+    let id = "42";
+    let _: () = redis::cmd("SET")
+        .arg(format!("detail:{id}"))
+        .arg(r#"{"order": 42}"#)
+        .query(&mut c)
+        .unwrap();
+    let sessions: Vec<String> = (0..30).map(|i| format!("session:{id}:{i}")).collect();
+    let mut shards = std::collections::BTreeSet::new();
+    for s in &sessions {
+        let _: () = redis::cmd("SET").arg(s).arg("x").query(&mut c).unwrap();
+        shards.insert(cluster.master_for_key(s));
+    }
+    assert_eq!(shards.len(), 3, "the session keys span every master");
+    let _: () = redis::cmd("SET")
+        .arg(format!("cart:{id}"))
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("online")
+        .arg(id)
+        .arg("1")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("session:7:0")
+        .arg("other")
+        .query(&mut c)
+        .unwrap();
+
+    set_px(&mut c, &format!("task:{id}"), 1000);
+    let got = receiver.wait_for(1, CLUSTER_PATIENCE);
+    assert_eq!(
+        got[0].json()["detail"],
+        serde_json::json!({"order": 42}),
+        "{}",
+        kw.describe_output()
+    );
+    wait_until("the related keys are gone", PATIENCE, || {
+        let mut c = conn(&cluster);
+        let left: usize = sessions
+            .iter()
+            .chain([format!("cart:{id}"), format!("detail:{id}")].iter())
+            .map(|k| {
+                redis::cmd("EXISTS")
+                    .arg(k)
+                    .query::<usize>(&mut c)
+                    .unwrap_or(1)
+            })
+            .sum();
+        let field: usize = redis::cmd("HEXISTS")
+            .arg("online")
+            .arg(id)
+            .query(&mut c)
+            .unwrap_or(1);
+        left + field == 0
+    });
+    let other: usize = redis::cmd("EXISTS")
+        .arg("session:7:0")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(other, 1, "another session's keys stay");
+}
