@@ -311,3 +311,98 @@ fn detail_and_cleanup_reach_keys_on_other_shards() {
         .unwrap();
     assert_eq!(other, 1, "another session's keys stay");
 }
+
+/// `keywatch CMD ... -r RULES --redis SEED` → (exit code, stdout, stderr).
+fn cli(cluster: &RedisCluster, rules: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let mut all: Vec<&str> = args.to_vec();
+    let url = cluster.seed_url();
+    all.extend(["-r", rules.to_str().unwrap(), "--redis", &url]);
+    let out = common::run_keywatch(all, &[]);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn silence_dead_and_upcoming_work_against_a_cluster() {
+    let cluster = RedisCluster::builder()
+        .masters(3)
+        .notify_keyspace_events("Exg")
+        .start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = lock_rules(dir.path(), &receiver, "");
+
+    let (code, out, err) = cli(
+        &cluster,
+        &rules,
+        &[
+            "silence",
+            "add",
+            "--rule",
+            "lock-expired",
+            "--for",
+            "1h",
+            "--comment",
+            "drill",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = cli(&cluster, &rules, &["silence", "list"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("lock-expired") && out.contains("drill"),
+        "{out}"
+    );
+    let mut c = conn(&cluster);
+    let stored: usize = redis::cmd("HLEN")
+        .arg("{keywatch}:silences")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(stored, 1, "silences live under the hash-tagged prefix");
+    let (code, out, err) = cli(&cluster, &rules, &["dead", "list"]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    // No ledger yet: `upcoming` SCANs every master.
+    let mut keys: Vec<String> = cluster
+        .masters()
+        .iter()
+        .map(|&m| cluster.key_on(m, "lock:u"))
+        .collect();
+    for k in &keys {
+        set_px(&mut c, k, 600_000);
+    }
+    let (code, out, err) = cli(&cluster, &rules, &["upcoming", "--within", "1h", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut listed: Vec<String> = out
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    listed.sort();
+    keys.sort();
+    assert_eq!(listed, keys);
+}
+
+#[test]
+fn check_rejects_other_databases_on_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = write_rules(
+        dir.path(),
+        "rules.yaml",
+        "redis:\n  cluster: true\n  databases: [0, 1]\nchannels:\n  log: { type: log }\nrules:\n  - name: r\n    match: \"a:{x}\"\n    notify: { to: [log] }\n",
+    );
+    let out = common::run_keywatch(["check", "-r", rules.to_str().unwrap()], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("rules.yaml:3:") && err.contains("a Redis Cluster has only database 0"),
+        "{err}"
+    );
+}
