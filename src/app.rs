@@ -155,14 +155,7 @@ pub async fn run(
         &config.event_kinds(),
         ledger.as_ref().map(|_| marker.as_str()),
     );
-    let subscriber = if channels.is_empty() {
-        // Only `expiring` rules: nothing to subscribe to; the scanner is the source.
-        for n in &watched {
-            status.set_subscribed(n, true);
-        }
-        drop(tx);
-        None
-    } else if keyspace.is_cluster() {
+    let subscriber = if keyspace.is_cluster() {
         Some(tokio::spawn(topology::follow(
             keyspace.clone(),
             channels,
@@ -171,6 +164,11 @@ pub async fn run(
             metrics.clone(),
             subscribers.clone(),
         )))
+    } else if channels.is_empty() {
+        // Only `expiring` rules: nothing to subscribe to; the scanner is the source.
+        status.set_subscribed(&node, true);
+        drop(tx);
+        None
     } else {
         let client = keyspace.client(0)?;
         Some(tokio::spawn(notifications::subscribe(

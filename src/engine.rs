@@ -99,7 +99,7 @@ impl Engine {
                     self.metrics.subscriber(&node, true);
                     self.status.set_subscribed(&node, true);
                     self.recheck_flags(&node).await;
-                    self.after_subscribe();
+                    self.after_subscribe(&node);
                 }
                 Signal::Down { node, reason } => {
                     markers.extend(self.markers().down(&node));
@@ -215,9 +215,10 @@ impl Engine {
     /// After every (re)subscription events may have been lost: drop deadlines of keys deleted
     /// meanwhile, ask for a marker (whose arrival recovers what was missed), then learn the
     /// deadlines of keys set meanwhile with a paced scan.
-    fn after_subscribe(&self) {
+    fn after_subscribe(&self, node: &str) {
         let Some(l) = self.ledger.clone() else { return };
         let config = self.config.clone();
+        let only = self.keyspace.is_cluster().then(|| node.to_string());
         tokio::spawn(async move {
             for &db in &config.redis.databases {
                 match l.reconcile(db).await {
@@ -233,7 +234,7 @@ impl Engine {
                     tracing::warn!(db, error = %e, "Ledger: cannot publish a marker.");
                 }
             }
-            ledger::fill_all(&l, &config).await;
+            ledger::fill_all(&l, &config, only.as_deref()).await;
         });
     }
 

@@ -8,7 +8,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, KeywatchProcess, RedisCluster, wait_until, write_rules};
+use common::{HttpReceiver, KeywatchProcess, RedisCluster, http_get, wait_until, write_rules};
 use support::{PATIENCE, SUBSCRIBED};
 
 /// Cluster settle and failover are slow on a loaded 2-core machine.
@@ -32,6 +32,29 @@ fn lock_rules(
         receiver.url_for("/hook")
     );
     write_rules(dir, "rules.yaml", &yaml)
+}
+
+/// A 3-master cluster with replicas, a webhook receiver, and keywatch running on it with the
+/// lock rule plus `extra_rule`.
+struct Setup {
+    cluster: RedisCluster,
+    receiver: HttpReceiver,
+    _dir: tempfile::TempDir,
+    kw: KeywatchProcess,
+}
+
+fn start(extra_rule: &str) -> Setup {
+    let cluster = cluster();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = lock_rules(dir.path(), &receiver, extra_rule);
+    let kw = run_on(&cluster, &rules);
+    Setup {
+        cluster,
+        receiver,
+        _dir: dir,
+        kw,
+    }
 }
 
 /// `keywatch run` on the cluster, seeded with one node, once every master is subscribed.
@@ -84,49 +107,9 @@ fn set_px(c: &mut redis::cluster::ClusterConnection, key: &str, ms: u64) {
         .unwrap();
 }
 
-/// The HTTP endpoint's address, from the start-up log line.
-fn endpoint(kw: &KeywatchProcess) -> String {
-    let log = kw.stderr();
-    let line = log
-        .lines()
-        .find(|l| l.contains("HTTP endpoint listening"))
-        .expect("the endpoint is logged");
-    let at = line.find("addr=").expect("addr field") + "addr=".len();
-    line[at..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .trim_matches('"')
-        .to_string()
-}
-
-fn get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the HTTP endpoint");
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
 /// `keywatch_subscriber_up` per node, from `/metrics`.
 fn subscribers_up(addr: &str) -> BTreeMap<String, i64> {
-    let (_, body) = get(addr, "/metrics");
+    let (_, body) = http_get(addr, "/metrics");
     body.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix("keywatch_subscriber_up{node=\"")?;
@@ -146,16 +129,17 @@ fn master_addrs(cluster: &RedisCluster) -> Vec<String> {
 
 #[test]
 fn keys_on_every_shard_alert_once_and_every_master_is_ready() {
-    let cluster = cluster();
-    let receiver = HttpReceiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = lock_rules(dir.path(), &receiver, "");
-    let kw = run_on(&cluster, &rules);
-    let addr = endpoint(&kw);
+    let Setup {
+        cluster,
+        receiver,
+        kw,
+        _dir,
+    } = start("");
+    let addr = kw.http_addr();
 
     // (d) readiness and the gauge name every master, and only masters.
     wait_until("/readyz says ready", PATIENCE, || {
-        get(&addr, "/readyz").0 == 200
+        http_get(&addr, "/readyz").0 == 200
     });
     let masters = master_addrs(&cluster);
     let expected: BTreeMap<String, i64> = masters.iter().map(|m| (m.clone(), 1)).collect();
@@ -191,12 +175,13 @@ fn keys_on_every_shard_alert_once_and_every_master_is_ready() {
 
 #[test]
 fn alerts_continue_after_a_master_fails_over() {
-    let cluster = cluster();
-    let receiver = HttpReceiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = lock_rules(dir.path(), &receiver, "");
-    let kw = run_on(&cluster, &rules);
-    let addr = endpoint(&kw);
+    let Setup {
+        cluster,
+        receiver,
+        kw,
+        _dir,
+    } = start("");
+    let addr = kw.http_addr();
     let mut c = conn(&cluster);
 
     let old_master = cluster.masters()[0];
@@ -224,7 +209,7 @@ fn alerts_continue_after_a_master_fails_over() {
         },
     );
     wait_until("/readyz says ready", PATIENCE, || {
-        get(&addr, "/readyz").0 == 200
+        http_get(&addr, "/readyz").0 == 200
     });
 
     let mut c = conn(&cluster);
@@ -239,12 +224,13 @@ fn alerts_continue_after_a_master_fails_over() {
 
 #[test]
 fn detail_and_cleanup_reach_keys_on_other_shards() {
-    let cluster = cluster();
-    let receiver = HttpReceiver::start();
-    let dir = tempfile::tempdir().unwrap();
     let rule = "  - name: task\n    match: \"task:{id}\"\n    detail: { key: \"detail:{{ id }}\", remove: true }\n    cleanup:\n      delete: [\"session:{{ id }}:*\", \"cart:{{ id }}\"]\n      hdel: [{ key: \"online\", field: \"{{ id }}\" }]\n    notify: { to: [hook] }\n";
-    let rules = lock_rules(dir.path(), &receiver, rule);
-    let kw = run_on(&cluster, &rules);
+    let Setup {
+        cluster,
+        receiver,
+        kw,
+        _dir,
+    } = start(rule);
     let mut c = conn(&cluster);
 
     // Related keys spread over the shards: enough session keys that every master holds some.

@@ -4,49 +4,16 @@
 mod common;
 mod support;
 
-use std::io::{Read, Write};
 use std::time::Duration;
 
 use common::{HttpReceiver, RedisServer, wait_until};
 
-/// The HTTP endpoint's address, from the start-up log line.
 fn endpoint(kw: &common::KeywatchProcess) -> String {
-    let log = kw.stderr();
-    let line = log
-        .lines()
-        .find(|l| l.contains("HTTP endpoint listening"))
-        .expect("the endpoint is logged");
-    let at = line.find("addr=").expect("addr field") + "addr=".len();
-    line[at..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .trim_matches('"')
-        .to_string()
+    kw.http_addr()
 }
 
-/// (status, body) of a plain GET.
 fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the HTTP endpoint");
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    common::http_get(addr, path)
 }
 
 fn metric(body: &str, prefix: &str) -> f64 {

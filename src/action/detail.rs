@@ -17,6 +17,24 @@ pub enum Location {
     Key { key: Vec<u8> },
 }
 
+impl Location {
+    /// `hash_cmd key field` or `key_cmd key`: reading (HGET/GET) or removing (HDEL/UNLINK).
+    fn command(&self, hash_cmd: &str, key_cmd: &str) -> redis::Cmd {
+        match self {
+            Location::Hash { key, field } => {
+                let mut c = redis::cmd(hash_cmd);
+                c.arg(key).arg(field);
+                c
+            }
+            Location::Key { key } => {
+                let mut c = redis::cmd(key_cmd);
+                c.arg(key);
+                c
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Request {
     pub db: u32,
@@ -74,18 +92,7 @@ pub async fn fetch(
     for (db, idx) in by_db {
         let cmds = idx
             .iter()
-            .map(|&i| match &reqs[i].at {
-                Location::Hash { key, field } => {
-                    let mut c = redis::cmd("HGET");
-                    c.arg(key).arg(field);
-                    c
-                }
-                Location::Key { key } => {
-                    let mut c = redis::cmd("GET");
-                    c.arg(key);
-                    c
-                }
-            })
+            .map(|&i| reqs[i].at.command("HGET", "GET"))
             .collect();
         let answer: Result<Vec<Option<Vec<u8>>>, String> = match keyspace.conn(db).await {
             Ok(c) => c
@@ -114,19 +121,10 @@ pub async fn fetch(
 pub async fn remove(keyspace: &crate::keyspace::Keyspace, reqs: &[&Request]) -> Result<(), String> {
     let mut by_db: BTreeMap<u32, Vec<redis::Cmd>> = BTreeMap::new();
     for r in reqs.iter().filter(|r| r.remove) {
-        let cmd = match &r.at {
-            Location::Hash { key, field } => {
-                let mut c = redis::cmd("HDEL");
-                c.arg(key).arg(field);
-                c
-            }
-            Location::Key { key } => {
-                let mut c = redis::cmd("UNLINK");
-                c.arg(key);
-                c
-            }
-        };
-        by_db.entry(r.db).or_default().push(cmd);
+        by_db
+            .entry(r.db)
+            .or_default()
+            .push(r.at.command("HDEL", "UNLINK"));
     }
     for (db, cmds) in by_db {
         let c = keyspace

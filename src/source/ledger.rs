@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
@@ -140,6 +140,8 @@ struct Inner {
     /// Set once a fill has walked every database: from then on the ledger knows every deadline
     /// the rules want, and the scanner may ask it instead of scanning.
     filled: AtomicBool,
+    /// Fills running now (one per cluster master that came up).
+    filling: AtomicUsize,
 }
 
 fn now_ms() -> i64 {
@@ -160,6 +162,7 @@ impl Ledger {
                 recover: redis::Script::new(RECOVER),
                 metrics,
                 filled: AtomicBool::new(false),
+                filling: AtomicUsize::new(0),
             }),
         }
     }
@@ -414,11 +417,13 @@ impl Ledger {
         }
     }
 
-    /// Fills the ledger from a SCAN of `db`: every key `wanted` accepts that has a TTL.
-    /// Paced to `max_per_second` keys so start-up does not hurt other clients.
+    /// Fills the ledger from a SCAN of `db` (of the cluster node `only`, when given): every key
+    /// `wanted` accepts that has a TTL. Paced to `max_per_second` keys so start-up does not
+    /// hurt other clients.
     pub async fn fill(
         &self,
         db: u32,
+        only: Option<&str>,
         globs: &[Vec<u8>],
         wanted: &(dyn Fn(&[u8]) -> bool + Send + Sync),
         max_per_second: u64,
@@ -426,7 +431,12 @@ impl Ledger {
         let mut learnt = 0;
         let started = tokio::time::Instant::now();
         let mut scanned: u64 = 0;
-        let nodes = self.inner.keyspace.scan_conns(db).await?;
+        let nodes = match only {
+            Some(node) if self.inner.keyspace.is_cluster() => {
+                vec![Conn::Node(self.inner.keyspace.node_conn(node).await?)]
+            }
+            _ => self.inner.keyspace.scan_conns(db).await?,
+        };
         for node in &nodes {
             for glob in globs {
                 let mut conn = node.clone();
@@ -526,8 +536,9 @@ impl Ledger {
 
 /// Learns the deadlines of keys that exist (set before keywatch started, or while events were
 /// lost), with a paced SCAN: one per distinct glob when the rules have few, else one over
-/// everything.
-pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config) {
+/// everything. On a cluster, `only` names the master whose subscriber just came up: the keys of
+/// the others were not missed.
+pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config, only: Option<&str>) {
     use crate::event::EventKind;
     let mut globs: Vec<Vec<u8>> = config
         .rules
@@ -544,13 +555,15 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config) {
         .scanner
         .as_ref()
         .map_or(50_000, |s| s.max_keys_per_second);
-    // Events were lost before this fill: until it ends the scanner scans instead.
+    // Events were lost before this fill: until it (and any other running) ends the scanner
+    // scans instead.
     ledger.inner.filled.store(false, Ordering::SeqCst);
+    ledger.inner.filling.fetch_add(1, Ordering::SeqCst);
     let mut complete = true;
     for &db in &config.redis.databases {
         let wanted = |k: &[u8]| config.wants_deadline(db, k);
         let started = tokio::time::Instant::now();
-        match ledger.fill(db, &globs, &wanted, pace).await {
+        match ledger.fill(db, only, &globs, &wanted, pace).await {
             Ok(n) => tracing::info!(
                 db,
                 keys = n,
@@ -563,7 +576,10 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config) {
             }
         }
     }
-    ledger.inner.filled.store(complete, Ordering::SeqCst);
+    let last = ledger.inner.filling.fetch_sub(1, Ordering::SeqCst) == 1;
+    if last {
+        ledger.inner.filled.store(complete, Ordering::SeqCst);
+    }
 }
 
 /// Pokes every database until `shutdown`; errors are logged and retried after a pause.

@@ -29,7 +29,17 @@ const AFTER_SUSPECT: Duration = Duration::from_millis(500);
 
 struct Watch {
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    /// `None` when there is nothing to subscribe to (only `expiring` rules).
+    task: Option<JoinHandle<()>>,
+}
+
+impl Watch {
+    async fn end(self) {
+        self.stop.cancel();
+        if let Some(t) = self.task {
+            let _ = t.await;
+        }
+    }
 }
 
 /// Subscribes to `channels` on every master until `shutdown`; what the subscribers hear goes to
@@ -67,8 +77,15 @@ pub async fn follow(
                     };
                     tracing::info!(node = %m.addr, id = %m.id, "Cluster: watching a master.");
                     status.expect_node(&m.addr);
-                    metrics.subscriber(&m.addr, false);
                     let stop = shutdown.child_token();
+                    if channels.is_empty() {
+                        // Only `expiring` rules: the scanner is the source and needs no
+                        // subscriber, only the current masters (kept in the keyspace).
+                        status.set_subscribed(&m.addr, true);
+                        watched.insert(m.addr.clone(), Watch { stop, task: None });
+                        continue;
+                    }
+                    metrics.subscriber(&m.addr, false);
                     let task = tokio::spawn(notifications::subscribe(
                         client,
                         m.addr.clone(),
@@ -77,7 +94,13 @@ pub async fn follow(
                         Backoff::default(),
                         stop.clone(),
                     ));
-                    watched.insert(m.addr.clone(), Watch { stop, task });
+                    watched.insert(
+                        m.addr.clone(),
+                        Watch {
+                            stop,
+                            task: Some(task),
+                        },
+                    );
                 }
                 let gone: Vec<String> = watched
                     .keys()
@@ -86,8 +109,7 @@ pub async fn follow(
                     .collect();
                 for node in gone {
                     if let Some(w) = watched.remove(&node) {
-                        w.stop.cancel();
-                        let _ = w.task.await;
+                        w.end().await;
                     }
                     tracing::info!(%node, "Cluster: no longer a master serving slots; stopped watching it.");
                     if tx.send(Signal::Gone { node }).await.is_err() {
@@ -113,7 +135,6 @@ pub async fn follow(
         }
     }
     for (_, w) in watched {
-        w.stop.cancel();
-        let _ = w.task.await;
+        w.end().await;
     }
 }

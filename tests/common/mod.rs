@@ -26,7 +26,9 @@ pub mod tools;
 mod wait;
 
 pub use http_receiver::{HttpReceiver, Request, Response};
-pub use keywatch::{Keywatch, KeywatchProcess, keywatch_bin, keywatch_command, run_keywatch};
+pub use keywatch::{
+    Keywatch, KeywatchProcess, http_get, keywatch_bin, keywatch_command, run_keywatch,
+};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
 pub use redis_server::{RedisServer, RedisServerBuilder};
 pub use rules::write_rules;
