@@ -392,3 +392,52 @@ fn check_rejects_other_databases_on_a_cluster() {
         "{err}"
     );
 }
+
+#[test]
+fn expiries_on_every_shard_while_keywatch_is_down_are_recovered_once() {
+    let Setup {
+        cluster,
+        receiver,
+        mut kw,
+        _dir,
+    } = start("");
+    let mut c = conn(&cluster);
+    let mut keys = Vec::new();
+    for &m in &cluster.masters() {
+        for prefix in ["lock:r", "lock:s", "lock:t"] {
+            let key = cluster.key_on(m, prefix);
+            set_px(&mut c, &key, 3000);
+            keys.push(key);
+        }
+    }
+    wait_until("the ledger knows every deadline", PATIENCE, || {
+        let n: i64 = redis::cmd("ZCARD")
+            .arg("{keywatch}:ledger:0")
+            .query(&mut conn(&cluster))
+            .unwrap_or(0);
+        n == keys.len() as i64
+    });
+    kw.sigkill();
+    // Let every key expire with nobody listening (touching them makes their master delete them).
+    std::thread::sleep(Duration::from_millis(3200));
+    for k in &keys {
+        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).unwrap();
+        assert_eq!(ttl, -2, "{k}");
+    }
+    assert_eq!(receiver.count(), 0);
+
+    let rules = _dir.path().join("rules.yaml");
+    let kw = run_on(&cluster, &rules);
+    receiver.wait_for(keys.len(), CLUSTER_PATIENCE);
+    std::thread::sleep(Duration::from_millis(2000));
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for r in receiver.requests() {
+        let j = r.json();
+        assert_eq!(j["recovered"], true, "{j}");
+        *seen
+            .entry(j["key"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    let want: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), 1)).collect();
+    assert_eq!(seen, want, "{}", kw.describe_output());
+}
