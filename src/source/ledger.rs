@@ -14,10 +14,16 @@
 //!   keeps order, so when the engine reads the marker it has already read every `expired` that
 //!   the touch caused; what is still in the poked set then is an expiry keywatch missed. No
 //!   timing guess is involved.
+//!
+//! The poked set is shared by every instance, so its sequence numbers come from one counter in
+//! Redis (`INCR`), not from each instance's own: an instance's marker then covers exactly the
+//! entries moved before it was numbered, whose touches (by any instance) came before its
+//! PUBLISH. With a counter per instance, one instance's marker could cover another's entry
+//! moved after it was published, and recover a key whose `expired` it had yet to read.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
@@ -102,6 +108,8 @@ return out
 ";
 
 // Everything poked up to a marker that is still there was missed: take it out and return it.
+// Its deadline goes to the "handled" set like HANDLED's, so that another instance reading that
+// `expired` only now (it did not miss it) computes the same claim.
 const RECOVER: &str = r"
 local ms = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1000)
 local out = {}
@@ -109,6 +117,9 @@ for _, m in ipairs(ms) do
   local d = redis.call('HGET', KEYS[2], m)
   redis.call('ZREM', KEYS[1], m)
   redis.call('HDEL', KEYS[2], m)
+  if d then
+    redis.call('ZADD', KEYS[3], d, m)
+  end
   out[#out + 1] = m
   out[#out + 1] = d or '0'
 end
@@ -132,7 +143,6 @@ struct Inner {
     keyspace: Keyspace,
     prefix: String,
     instance: String,
-    seq: AtomicU64,
     move_poked: redis::Script,
     handled: redis::Script,
     recover: redis::Script,
@@ -156,7 +166,6 @@ impl Ledger {
                 keyspace,
                 prefix: prefix.to_string(),
                 instance: format!("{:016x}", fastrand::u64(..)),
-                seq: AtomicU64::new(0),
                 move_poked: redis::Script::new(MOVE_POKED),
                 handled: redis::Script::new(HANDLED),
                 recover: redis::Script::new(RECOVER),
@@ -186,6 +195,14 @@ impl Ledger {
 
     fn handled_set(&self, db: u32) -> String {
         format!("{}ledger:{db}:handled", self.inner.prefix)
+    }
+
+    /// The next sequence number of `db`'s poked set and markers, shared by every instance.
+    async fn next_seq(&self, db: u32) -> redis::RedisResult<u64> {
+        redis::cmd("INCR")
+            .arg(format!("{}ledger:{db}:seq", self.inner.prefix))
+            .query_async(&mut self.inner.state.clone())
+            .await
     }
 
     /// The marker payload of this instance for `db` and `seq`.
@@ -265,6 +282,7 @@ impl Ledger {
                 .recover
                 .key(self.poked(db))
                 .key(self.poked_at(db))
+                .key(self.handled_set(db))
                 .arg(seq)
                 .invoke_async(&mut self.inner.state.clone())
                 .await?;
@@ -289,7 +307,8 @@ impl Ledger {
     /// Asks for a marker now: what was poked before it and not handled by the time it arrives
     /// was missed. Used after every (re)subscription, when events may have been lost.
     pub async fn mark(&self, db: u32) -> redis::RedisResult<()> {
-        let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        // Numbered before it is published: entries numbered lower were moved before.
+        let seq = self.next_seq(db).await?;
         let mut conn = self.inner.keyspace.conn(db).await?;
         redis::cmd("PUBLISH")
             .arg(Self::marker_channel(&self.inner.prefix))
@@ -320,21 +339,12 @@ impl Ledger {
         let keys: Vec<Vec<u8>> = due.iter().map(|(k, _)| k.clone()).collect();
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
         let now: Vec<i64> = conn.each(per_key("PEXPIRETIME", &keys)).await?;
-        let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut gone = self.inner.move_poked.prepare_invoke();
-        gone.key(&zset)
-            .key(self.poked(db))
-            .key(self.poked_at(db))
-            .arg(seq);
-        let mut any_gone = false;
+        let mut gone: Vec<(&Vec<u8>, i64)> = Vec::new();
         let mut fixes = 0;
         let mut fix = redis::pipe();
         for ((k, score), t) in due.iter().zip(now) {
             match t {
-                -2 => {
-                    gone.arg(k).arg(*score as i64);
-                    any_gone = true;
-                }
+                -2 => gone.push((k, *score as i64)),
                 // A plain SET dropped the TTL (Redis says nothing about that): no expiry will come.
                 -1 => {
                     fix.cmd("ZREM").arg(&zset).arg(k).ignore();
@@ -351,8 +361,19 @@ impl Ledger {
         if fixes > 0 {
             fix.exec_async(&mut self.inner.state.clone()).await?;
         }
-        if any_gone {
-            let _: i64 = gone.invoke_async(&mut self.inner.state.clone()).await?;
+        if !gone.is_empty() {
+            // Numbered after the touches returned: a marker numbered higher, by any instance,
+            // is published after them (see the module comment).
+            let seq = self.next_seq(db).await?;
+            let mut inv = self.inner.move_poked.prepare_invoke();
+            inv.key(&zset)
+                .key(self.poked(db))
+                .key(self.poked_at(db))
+                .arg(seq);
+            for (k, score) in gone {
+                inv.arg(k).arg(score);
+            }
+            let _: i64 = inv.invoke_async(&mut self.inner.state.clone()).await?;
             // After the move, so the marker follows every `expired` the touches caused.
             redis::cmd("PUBLISH")
                 .arg(Self::marker_channel(&self.inner.prefix))
