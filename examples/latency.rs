@@ -91,6 +91,7 @@ rules:
             redis: Some(redis.url()),
             listen: "127.0.0.1:0".parse().unwrap(),
             stop_after: None,
+            rules: Vec::new(),
         };
         std::thread::spawn(move || {
             tokio::runtime::Builder::new_multi_thread()

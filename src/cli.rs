@@ -298,6 +298,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 redis,
                 listen,
                 stop_after: None,
+                rules: rules.paths.clone(),
             };
             match rt.block_on(crate::app::run(
                 loaded.config,

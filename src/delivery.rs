@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::action::notify::{self, Message};
 use crate::action::{Actions, Outcome, actions_of};
-use crate::config::Group;
+use crate::config::{Group, Rate};
 use crate::dead::{DeadLetter, DeadStore};
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
@@ -66,7 +66,7 @@ pub struct Delivery {
 struct Inner {
     actions: Actions,
     metrics: Arc<Metrics>,
-    limiters: HashMap<String, Arc<Limiter>>,
+    limiters: Limiters,
     policy: RetryPolicy,
     tracker: TaskTracker,
     shutdown: CancellationToken,
@@ -90,6 +90,35 @@ struct Inner {
 enum Limiter {
     Shared(SharedBucket),
     Local(TokenBucket),
+}
+
+/// The limiters of the channels in force: made on first use, and made anew when a reload
+/// changes a channel's rate.
+struct Limiters {
+    /// `None` only in tests of this module: each limiter is then this instance's own.
+    state: Option<redis::aio::ConnectionManager>,
+    prefix: String,
+    by_channel: Mutex<HashMap<String, (Rate, Arc<Limiter>)>>,
+}
+
+impl Limiters {
+    fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Arc<Limiter>> {
+        let rate = config.channel(channel)?.rate?;
+        let mut map = self.by_channel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((r, l)) = map.get(channel)
+            && *r == rate
+        {
+            return Some(l.clone());
+        }
+        let limiter = Arc::new(match &self.state {
+            Some(conn) => {
+                Limiter::Shared(SharedBucket::new(conn.clone(), &self.prefix, channel, rate))
+            }
+            None => Limiter::Local(TokenBucket::new(rate)),
+        });
+        map.insert(channel.to_string(), (rate, limiter.clone()));
+        Some(limiter)
+    }
 }
 
 impl Limiter {
@@ -194,21 +223,11 @@ impl Delivery {
         shutdown: CancellationToken,
     ) -> Delivery {
         let prefix = actions.config.state.prefix.clone();
-        let limiters = actions
-            .config
-            .channels
-            .iter()
-            .filter_map(|c| {
-                let r = c.rate?;
-                let limiter = match &state {
-                    Some(conn) => {
-                        Limiter::Shared(SharedBucket::new(conn.clone(), &prefix, &c.name, r))
-                    }
-                    None => Limiter::Local(TokenBucket::new(r)),
-                };
-                Some((c.name.clone(), Arc::new(limiter)))
-            })
-            .collect();
+        let limiters = Limiters {
+            state: state.clone(),
+            prefix: prefix.clone(),
+            by_channel: Mutex::new(HashMap::new()),
+        };
         let dead = state.clone().map(|conn| DeadStore::new(conn, &prefix));
         let queue = state.map(|conn| Queue::new(conn, &prefix));
         Delivery {
@@ -348,7 +367,8 @@ async fn run_firing(inner: Arc<Inner>, firing: Arc<Firing>) {
     let Ok(_permit) = inner.concurrent.clone().acquire_owned().await else {
         return;
     };
-    let Some(rule) = inner.actions.config.rule(&firing.rule) else {
+    let actions = inner.actions.refreshed();
+    let Some(rule) = actions.config.rule(&firing.rule) else {
         return;
     };
     let group = rule.notify.as_ref().and_then(|n| n.group);
@@ -425,8 +445,9 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
             return;
         }
         let (rule, channel) = key;
-        let composed = match (i.actions.config.rule(&rule), i.actions.config.channel(&channel)) {
-            (Some(r), Some(ch)) => notify::compose_digest(&i.actions, &batch, r, ch, group.max_items),
+        let actions = i.actions.refreshed();
+        let composed = match (actions.config.rule(&rule), actions.config.channel(&channel)) {
+            (Some(r), Some(ch)) => notify::compose_digest(&actions, &batch, r, ch, group.max_items),
             _ => Err("the rule or channel is no longer defined".into()),
         };
         match composed {
@@ -459,7 +480,7 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
         Work::Step { firing, action } => inner.actions.run(firing, action).await,
         Work::Digest {
             channel, message, ..
-        } => match inner.actions.config.channel(channel) {
+        } => match inner.actions.refreshed().config.channel(channel) {
             Some(ch) => notify::send(&inner.actions.http, ch, message).await,
             None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
         },
@@ -522,7 +543,9 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
             .unwrap_or_else(|p| p.into_inner())
             .remove(&id);
     };
-    let limiter = work.channel().and_then(|c| inner.limiters.get(c).cloned());
+    let limiter = work
+        .channel()
+        .and_then(|c| inner.limiters.get(&inner.actions.live.current(), c));
     loop {
         if let Some(l) = &limiter {
             tokio::select! {
@@ -598,9 +621,10 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
             return;
         };
         inner.tracker.spawn(async move {
+            let actions = i.actions.refreshed();
             let composed = match (
-                i.actions.config.rule(&d.rule),
-                i.actions.config.channel(&channel),
+                actions.config.rule(&d.rule),
+                actions.config.channel(&channel),
             ) {
                 (Some(r), Some(ch)) => {
                     let max = r
@@ -608,7 +632,7 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
                         .as_ref()
                         .and_then(|n| n.group)
                         .map_or(20, |g| g.max_items);
-                    notify::compose_digest(&i.actions, &firings, r, ch, max)
+                    notify::compose_digest(&actions, &firings, r, ch, max)
                 }
                 _ => Err("the rule or channel is no longer defined".into()),
             };

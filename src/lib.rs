@@ -33,6 +33,7 @@
 //! - [`server`]: the HTTP endpoint of SPEC §6.
 //! - [`admin`]: `keywatch silence` and `keywatch dead`, which change state in Redis.
 //! - [`app`]: `keywatch run`: wiring and shutdown.
+//! - [`reload`]: new rules while running (SIGHUP, `POST /-/reload`, file changes), all or nothing.
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
 //! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
@@ -59,6 +60,7 @@ pub mod metrics;
 pub mod pattern;
 pub mod queue;
 pub mod ratelimit;
+pub mod reload;
 pub mod send_test;
 pub mod server;
 pub mod silences;

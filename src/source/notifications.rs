@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
@@ -122,10 +122,12 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Subscribes to `channels` on `client`'s node until `shutdown`, sending what happens to `tx`.
+/// A change of `channels` (a reload) is followed on the same connection: new channels are
+/// subscribed before old ones are left, so nothing published meanwhile is missed.
 pub async fn subscribe(
     client: redis::Client,
     node: String,
-    channels: Vec<String>,
+    mut channels: watch::Receiver<Vec<String>>,
     tx: mpsc::Sender<Signal>,
     backoff: Backoff,
     shutdown: CancellationToken,
@@ -136,7 +138,7 @@ pub async fn subscribe(
         let reason = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return,
-            r = session(&client, &node, &channels, &tx, &shutdown) => r,
+            r = session(&client, &node, &mut channels, &tx, &shutdown) => r,
         };
         let Some(reason) = reason else { return };
         tracing::warn!(%node, %reason, "Subscriber connection ended; reconnecting.");
@@ -168,7 +170,7 @@ pub async fn subscribe(
 async fn session(
     client: &redis::Client,
     node: &str,
-    channels: &[String],
+    channels: &mut watch::Receiver<Vec<String>>,
     tx: &mpsc::Sender<Signal>,
     shutdown: &CancellationToken,
 ) -> Option<String> {
@@ -183,14 +185,13 @@ async fn session(
         }
     };
     let (mut sink, mut stream) = pubsub.split();
-    for ch in channels {
-        match tokio::time::timeout(CONNECT_TIMEOUT, sink.subscribe(ch)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Some(format!("SUBSCRIBE {ch} failed: {e}")),
-            Err(_) => return Some(format!("SUBSCRIBE {ch} timed out")),
-        }
+    let mut subscribed: Vec<String> = Vec::new();
+    let wanted = channels.borrow_and_update().clone();
+    if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
+        return Some(e);
     }
-    tracing::info!(%node, channels = channels.len(), "Subscribed to keyspace events.");
+    tracing::info!(%node, channels = subscribed.len(), "Subscribed to keyspace events.");
+    let mut following = true;
     if tx
         .send(Signal::Up {
             node: node.to_string(),
@@ -228,6 +229,18 @@ async fn session(
                     return None;
                 }
             }
+            changed = channels.changed(), if following => {
+                if changed.is_err() {
+                    // Nobody reloads any more (tests, examples): keep what we have.
+                    following = false;
+                    continue;
+                }
+                let wanted = channels.borrow_and_update().clone();
+                if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
+                    return Some(e);
+                }
+                tracing::info!(%node, channels = subscribed.len(), "Subscriptions follow the reloaded rules.");
+            }
             _ = ping.tick() => {
                 match tokio::time::timeout(PING_TIMEOUT, sink.ping::<()>()).await {
                     Ok(Ok(())) => {}
@@ -237,6 +250,31 @@ async fn session(
             }
         }
     }
+}
+
+/// Brings the subscriptions of one connection from `subscribed` to `wanted`: subscribes first,
+/// then leaves, so a channel kept by both sets is never dropped in between.
+async fn follow(
+    sink: &mut redis::aio::PubSubSink,
+    subscribed: &mut Vec<String>,
+    wanted: Vec<String>,
+) -> Result<(), String> {
+    for ch in wanted.iter().filter(|c| !subscribed.contains(c)) {
+        match tokio::time::timeout(CONNECT_TIMEOUT, sink.subscribe(ch)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("SUBSCRIBE {ch} failed: {e}")),
+            Err(_) => return Err(format!("SUBSCRIBE {ch} timed out")),
+        }
+    }
+    for ch in subscribed.iter().filter(|c| !wanted.contains(c)) {
+        match tokio::time::timeout(CONNECT_TIMEOUT, sink.unsubscribe(ch)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("UNSUBSCRIBE {ch} failed: {e}")),
+            Err(_) => return Err(format!("UNSUBSCRIBE {ch} timed out")),
+        }
+    }
+    *subscribed = wanted;
+    Ok(())
 }
 
 #[cfg(test)]
