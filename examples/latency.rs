@@ -22,6 +22,9 @@ mod ports;
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
 #[allow(dead_code)]
+#[path = "../tests/common/tls.rs"]
+mod tls;
+#[allow(dead_code)]
 #[path = "../tests/common/tools.rs"]
 mod tools;
 

@@ -43,7 +43,12 @@ pub async fn open(
     let conn = tokio::time::timeout(Duration::from_secs(10), client.get_connection_manager())
         .await
         .map_err(|_| format!("cannot connect to Redis at {node}: timed out"))?
-        .map_err(|e| format!("cannot connect to Redis at {node}: {e}"))?;
+        .map_err(|e| {
+            format!(
+                "cannot connect to Redis at {node}: {}",
+                connect::explain(&url, &e)
+            )
+        })?;
     Ok((config, conn))
 }
 

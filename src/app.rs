@@ -80,10 +80,10 @@ pub async fn run(
     let keyspace = Keyspace::new(url, config.redis.clone())?;
     let node = keyspace.node().to_string();
 
-    let mut conn = keyspace
-        .conn(0)
-        .await
-        .map_err(|e| StartError::Redis(format!("cannot connect to Redis at {node}: {e}")))?;
+    let mut conn = keyspace.conn(0).await.map_err(|e| {
+        let e = connect::explain(keyspace.url(), &e);
+        StartError::Redis(format!("cannot connect to Redis at {node}: {e}"))
+    })?;
     flags::ensure(&mut conn, &config, &node)
         .await
         .map_err(StartError::Notifications)?;
@@ -295,13 +295,15 @@ pub async fn state_connection(
         Some(url) => {
             let (client, node) = connect::client(url, &config.redis, 0)?;
             client.get_connection_manager().await.map_err(|e| {
+                let e = connect::explain(url, &e);
                 StartError::Redis(format!("cannot connect to the state Redis at {node}: {e}"))
             })
         }
         None => keyspace.conn(0).await.map_err(|e| {
             StartError::Redis(format!(
-                "cannot connect to Redis at {}: {e}",
-                keyspace.node()
+                "cannot connect to Redis at {}: {}",
+                keyspace.node(),
+                connect::explain(keyspace.url(), &e)
             ))
         }),
     }

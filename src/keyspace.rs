@@ -29,6 +29,11 @@ impl Keyspace {
     /// Checks the URL now (so a bad one fails at start-up); connects on first use.
     pub fn new(url: Secret, settings: RedisSettings) -> Result<Keyspace, ConnectError> {
         let (_, node) = connect::client(&url, &settings, 0)?;
+        if settings.tls.is_some() && !connect::is_tls(&url) {
+            // Not an error: `--redis redis://…` may deliberately point rules written for a TLS
+            // server at a local plain one. But the operator should know nothing is encrypted.
+            tracing::warn!(redis = %node, "`redis.tls` is set but the Redis URL is not `rediss://`: the connection is not encrypted and the TLS files are not used.");
+        }
         Ok(Keyspace {
             inner: Arc::new(Inner {
                 url,
@@ -37,6 +42,11 @@ impl Keyspace {
                 conns: Mutex::new(HashMap::new()),
             }),
         })
+    }
+
+    /// The URL, credentials included: for [`connect::explain`], never for printing.
+    pub fn url(&self) -> &Secret {
+        &self.inner.url
     }
 
     /// `host:port` of the node, safe to print.
