@@ -37,6 +37,7 @@
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
 //! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
+//! - [`doctor`]: `keywatch doctor`, is Redis ready for keywatch (each problem with its fix).
 //! - [`upcoming`]: `keywatch upcoming`, keys that expire soon (ledger, or a paced SCAN).
 
 pub mod action;
@@ -49,6 +50,7 @@ pub mod connect;
 pub mod dead;
 pub mod delivery;
 pub mod demo;
+pub mod doctor;
 pub mod engine;
 pub mod event;
 pub mod explain;

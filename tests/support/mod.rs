@@ -317,3 +317,28 @@ pub fn metric(body: &str, prefix: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// The `ACL SETUSER keywatch …` lines of README's least-privilege section, in order: the line
+/// every deployment needs, then the one that adds cleanup. Tests run keywatch and doctor under
+/// exactly these, so README and reality cannot drift apart.
+pub fn documented_acl_lines() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+            .expect("read README.md");
+    let start = readme
+        .find("### Least-privilege ACL")
+        .expect("README.md has a `### Least-privilege ACL` section");
+    let section = &readme[start..];
+    let end = section[4..].find("\n#").map_or(section.len(), |e| e + 4);
+    let lines: Vec<String> = section[..end]
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER keywatch "))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        lines.len(),
+        2,
+        "README's ACL section should have the base line and the cleanup line: {lines:?}"
+    );
+    lines
+}
