@@ -310,3 +310,49 @@ channels:
     );
     assert!(t.contains("fix: ACL SETUSER keywatch ~delay:detail"), "{t}");
 }
+
+#[test]
+fn a_cluster_lists_its_masters_and_fails_on_the_one_without_flags() {
+    let cluster = common::RedisCluster::builder()
+        .masters(3)
+        .notify_keyspace_events("Exg")
+        .start();
+    let masters = cluster.masters();
+    let quiet = cluster.node(masters[1]);
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("")
+        .query(&mut quiet.conn())
+        .unwrap();
+    let doctor = Doctor::new(&format!("redis: {{ cluster: true }}\n{RULES}"));
+    let out = doctor.run(&cluster.seed_url(), &[]);
+    let t = text(&out);
+    assert_eq!(code(&out), Some(1), "{t}");
+    assert!(t.contains("ok    cluster"), "{t}");
+    assert!(t.contains("3 master(s) serving slots"), "{t}");
+    for &m in &masters {
+        let addr = cluster.node(m).addr();
+        let verdict = if m == masters[1] { "FAIL" } else { "ok  " };
+        assert!(
+            t.contains(&format!("{verdict}  notifications {addr}")),
+            "{addr} should be {verdict}:\n{t}"
+        );
+    }
+    assert!(
+        t.contains(&format!(
+            "fix: redis-cli -h 127.0.0.1 -p {} CONFIG SET notify-keyspace-events",
+            quiet.port()
+        )),
+        "{t}"
+    );
+    // Permissions are not confused by keys another node owns.
+    assert!(t.contains("ok    permissions"), "{t}");
+
+    // The same cluster with `redis.cluster` left false: keywatch would hear one node only.
+    let out = Doctor::new(RULES).run(&cluster.seed_url(), &[]);
+    let t = text(&out);
+    assert_eq!(code(&out), Some(1), "{t}");
+    assert!(t.contains("FAIL  cluster"), "{t}");
+    assert!(t.contains("set `redis.cluster: true`"), "{t}");
+}
