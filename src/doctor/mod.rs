@@ -235,9 +235,15 @@ pub(crate) async fn notifications(
                 "cannot read notify-keyspace-events on {node}: CONFIG GET was refused ({}). Managed Redis services often rename or forbid CONFIG",
                 short(&e)
             );
-            let fix = format!(
+            let provider = format!(
                 "set notify-keyspace-events to include `{needed}` in the service's settings (ElastiCache: the parameter group; Heroku: heroku redis:keyspace-notifications), then `redis.notifications: ignore` in the rules"
             );
+            let fix = match e.code() {
+                Some("NOPERM") => format!(
+                    "grant +config|get (see the permissions line below), or {provider}"
+                ),
+                _ => provider,
+            };
             if config.redis.notifications == Notifications::Ignore {
                 report.warn(
                     name,
