@@ -291,7 +291,7 @@ fn a_detail_removed_after_reading_needs_write_access_to_its_hash() {
 rules:
   - name: close-order
     match: "delay:task:{id}"
-    detail: { hash: "delay:detail", field: "{{ id }}", remove: true }
+    detail: { hash: "order:detail", field: "{{ id }}", remove: true }
     notify: { to: [log] }
 channels:
   log: { type: log }
@@ -301,14 +301,14 @@ channels:
     let t = text(&out);
     assert_eq!(code(&out), Some(1), "{t}");
     assert!(
-        t.contains("HDEL delay:detail keywatch-doctor (detail removal of rule close-order)"),
+        t.contains("HDEL order:detail keywatch-doctor (detail removal of rule close-order)"),
         "{t}"
     );
     assert!(
-        !t.contains("HGET delay:detail"),
+        !t.contains("HGET order:detail"),
         "reading it is allowed:\n{t}"
     );
-    assert!(t.contains("fix: ACL SETUSER keywatch ~delay:detail"), "{t}");
+    assert!(t.contains("fix: ACL SETUSER keywatch ~order:detail"), "{t}");
 }
 
 #[test]
@@ -355,4 +355,23 @@ fn a_cluster_lists_its_masters_and_fails_on_the_one_without_flags() {
     assert_eq!(code(&out), Some(1), "{t}");
     assert!(t.contains("FAIL  cluster"), "{t}");
     assert!(t.contains("set `redis.cluster: true`"), "{t}");
+}
+
+#[test]
+fn the_documented_user_has_every_permission_the_example_rules_need() {
+    let redis = RedisServer::builder()
+        .notify_keyspace_events("Exeg")
+        .start();
+    for line in documented_acl("kw-pass") {
+        acl(&redis, &line);
+    }
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let url = format!("redis://keywatch:kw-pass@{}", redis.addr());
+    let out = run_keywatch(
+        ["doctor", "--redis", &url, "-r", rules.to_str().unwrap()],
+        &[],
+    );
+    let t = text(&out);
+    assert_eq!(code(&out), Some(0), "{t}");
+    assert!(t.contains("ok    permissions"), "{t}");
 }
