@@ -375,3 +375,18 @@ fn the_documented_user_has_every_permission_the_example_rules_need() {
     assert_eq!(code(&out), Some(0), "{t}");
     assert!(t.contains("ok    permissions"), "{t}");
 }
+
+#[test]
+fn a_user_without_multi_gets_its_reads_checked_and_the_rest_reported_unchecked() {
+    let (_redis, t, code) = doctor_as_documented_user_without("+multi");
+    // Nothing is refused, but writes could not be checked without running them: a warning.
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("warn  permissions"), "{t}");
+    assert!(t.contains("could not be checked"), "{t}");
+    assert!(t.contains("SET keywatch:claim:keywatch-doctor"), "{t}");
+    assert!(
+        !t.contains("PEXPIRETIME order_lock:keywatch-doctor:"),
+        "reads are run for real, so they are checked:\n{t}"
+    );
+    assert!(t.contains("ACL SETUSER keywatch +multi +discard"), "{t}");
+}
