@@ -239,9 +239,9 @@ pub(crate) async fn notifications(
                 "set notify-keyspace-events to include `{needed}` in the service's settings (ElastiCache: the parameter group; Heroku: heroku redis:keyspace-notifications), then `redis.notifications: ignore` in the rules"
             );
             let fix = match e.code() {
-                Some("NOPERM") => format!(
-                    "grant +config|get (see the permissions line below), or {provider}"
-                ),
+                Some("NOPERM") => {
+                    format!("grant +config|get (see the permissions line below), or {provider}")
+                }
                 _ => provider,
             };
             if config.redis.notifications == Notifications::Ignore {
