@@ -291,7 +291,7 @@ fn a_detail_removed_after_reading_needs_write_access_to_its_hash() {
 rules:
   - name: close-order
     match: "delay:task:{id}"
-    detail: { hash: "delay:detail", field: "{{ id }}", remove: true }
+    detail: { hash: "order:detail", field: "{{ id }}", remove: true }
     notify: { to: [log] }
 channels:
   log: { type: log }
@@ -301,12 +301,92 @@ channels:
     let t = text(&out);
     assert_eq!(code(&out), Some(1), "{t}");
     assert!(
-        t.contains("HDEL delay:detail keywatch-doctor (detail removal of rule close-order)"),
+        t.contains("HDEL order:detail keywatch-doctor (detail removal of rule close-order)"),
         "{t}"
     );
     assert!(
-        !t.contains("HGET delay:detail"),
+        !t.contains("HGET order:detail"),
         "reading it is allowed:\n{t}"
     );
-    assert!(t.contains("fix: ACL SETUSER keywatch ~delay:detail"), "{t}");
+    assert!(t.contains("fix: ACL SETUSER keywatch ~order:detail"), "{t}");
+}
+
+#[test]
+fn a_cluster_lists_its_masters_and_fails_on_the_one_without_flags() {
+    let cluster = common::RedisCluster::builder()
+        .masters(3)
+        .notify_keyspace_events("Exg")
+        .start();
+    let masters = cluster.masters();
+    let quiet = cluster.node(masters[1]);
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("")
+        .query(&mut quiet.conn())
+        .unwrap();
+    let doctor = Doctor::new(&format!("redis: {{ cluster: true }}\n{RULES}"));
+    let out = doctor.run(&cluster.seed_url(), &[]);
+    let t = text(&out);
+    assert_eq!(code(&out), Some(1), "{t}");
+    assert!(t.contains("ok    cluster"), "{t}");
+    assert!(t.contains("3 master(s) serving slots"), "{t}");
+    for &m in &masters {
+        let addr = cluster.node(m).addr();
+        let verdict = if m == masters[1] { "FAIL" } else { "ok  " };
+        assert!(
+            t.contains(&format!("{verdict}  notifications {addr}")),
+            "{addr} should be {verdict}:\n{t}"
+        );
+    }
+    assert!(
+        t.contains(&format!(
+            "fix: redis-cli -h 127.0.0.1 -p {} CONFIG SET notify-keyspace-events",
+            quiet.port()
+        )),
+        "{t}"
+    );
+    // Permissions are not confused by keys another node owns.
+    assert!(t.contains("ok    permissions"), "{t}");
+
+    // The same cluster with `redis.cluster` left false: keywatch would hear one node only.
+    let out = Doctor::new(RULES).run(&cluster.seed_url(), &[]);
+    let t = text(&out);
+    assert_eq!(code(&out), Some(1), "{t}");
+    assert!(t.contains("FAIL  cluster"), "{t}");
+    assert!(t.contains("set `redis.cluster: true`"), "{t}");
+}
+
+#[test]
+fn the_documented_user_has_every_permission_the_example_rules_need() {
+    let redis = RedisServer::builder()
+        .notify_keyspace_events("Exeg")
+        .start();
+    for line in documented_acl("kw-pass") {
+        acl(&redis, &line);
+    }
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let url = format!("redis://keywatch:kw-pass@{}", redis.addr());
+    let out = run_keywatch(
+        ["doctor", "--redis", &url, "-r", rules.to_str().unwrap()],
+        &[],
+    );
+    let t = text(&out);
+    assert_eq!(code(&out), Some(0), "{t}");
+    assert!(t.contains("ok    permissions"), "{t}");
+}
+
+#[test]
+fn a_user_without_multi_gets_its_reads_checked_and_the_rest_reported_unchecked() {
+    let (_redis, t, code) = doctor_as_documented_user_without("+multi");
+    // Nothing is refused, but writes could not be checked without running them: a warning.
+    assert_eq!(code, Some(0), "{t}");
+    assert!(t.contains("warn  permissions"), "{t}");
+    assert!(t.contains("could not be checked"), "{t}");
+    assert!(t.contains("SET keywatch:claim:keywatch-doctor"), "{t}");
+    assert!(
+        !t.contains("PEXPIRETIME order_lock:keywatch-doctor:"),
+        "reads are run for real, so they are checked:\n{t}"
+    );
+    assert!(t.contains("ACL SETUSER keywatch +multi +discard"), "{t}");
 }

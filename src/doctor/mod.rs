@@ -235,9 +235,15 @@ pub(crate) async fn notifications(
                 "cannot read notify-keyspace-events on {node}: CONFIG GET was refused ({}). Managed Redis services often rename or forbid CONFIG",
                 short(&e)
             );
-            let fix = format!(
+            let provider = format!(
                 "set notify-keyspace-events to include `{needed}` in the service's settings (ElastiCache: the parameter group; Heroku: heroku redis:keyspace-notifications), then `redis.notifications: ignore` in the rules"
             );
+            let fix = match e.code() {
+                Some("NOPERM") => {
+                    format!("grant +config|get (see the permissions line below), or {provider}")
+                }
+                _ => provider,
+            };
             if config.redis.notifications == Notifications::Ignore {
                 report.warn(
                     name,
@@ -556,5 +562,32 @@ pub(crate) fn short(e: &redis::RedisError) -> String {
     match (e.code(), e.detail()) {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use report::Verdict;
+
+    #[test]
+    fn a_stale_backlog_warns_and_says_the_ledger_keeps_time() {
+        let mut r = Report::new("n:1");
+        backlog(
+            &mut r,
+            &Info::parse(
+                "expired_keys:100\r\nexpired_stale_perc:23.50\r\nexpired_time_cap_reached_count:7\r\n",
+            ),
+        );
+        assert_eq!(r.checks[0].verdict, Verdict::Warn);
+        assert!(r.checks[0].detail.contains("23.5%"), "{:?}", r.checks[0]);
+        assert!(r.checks[0].detail.contains("ledger"), "{:?}", r.checks[0]);
+        let mut r = Report::new("n:1");
+        backlog(&mut r, &Info::parse("expired_stale_perc:0.40\r\n"));
+        assert_eq!(r.checks[0].verdict, Verdict::Ok);
+        // A server without the statistic (older Redis) gets no line rather than a guess.
+        let mut r = Report::new("n:1");
+        backlog(&mut r, &Info::parse("expired_keys:1\r\n"));
+        assert!(r.checks.is_empty());
     }
 }
