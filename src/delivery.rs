@@ -58,6 +58,42 @@ impl RetryPolicy {
     }
 }
 
+/// What follows a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Attempt again at this time (unix ms).
+    RetryAt(i64),
+    /// The retry window is over: dead-letter the job.
+    GiveUp,
+}
+
+impl RetryPolicy {
+    /// The decision after failed attempt number `attempt` (1 for the first) at `now`, for a job
+    /// failing since `failing_since` (both unix ms), when the target asked to wait `retry_after`.
+    ///
+    /// The retry window bounds every wait: a `Retry-After` of two days, or a backoff reaching past
+    /// the window, would otherwise hold a job beyond 24 h before its dead letter. Instead the last
+    /// attempt comes at the window's end, and if that fails too the job is dead-lettered then.
+    pub fn after_failure(
+        &self,
+        attempt: u32,
+        failing_since: i64,
+        now: i64,
+        retry_after: Option<Duration>,
+    ) -> Next {
+        let window_end = failing_since.saturating_add(millis(self.give_up_after));
+        if now >= window_end {
+            return Next::GiveUp;
+        }
+        let wait = retry_after.unwrap_or_default().max(self.backoff(attempt));
+        Next::RetryAt(now.saturating_add(millis(wait)).min(window_end))
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[derive(Clone)]
 pub struct Delivery {
     inner: Arc<Inner>,
@@ -573,7 +609,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                 let now = queue::now_ms();
                 let since = *failing_since.get_or_insert(now);
                 n += 1;
-                if now - since >= inner.policy.give_up_after.as_millis() as i64 {
+                let Next::RetryAt(at) = inner.policy.after_failure(n, since, now, after) else {
                     dead_letter(
                         &inner,
                         &work,
@@ -584,8 +620,8 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                     }
                     finish(&inner);
                     return;
-                }
-                let wait = after.unwrap_or_default().max(inner.policy.backoff(n));
+                };
+                let wait = Duration::from_millis(u64::try_from(at - now).unwrap_or(0));
                 if let (Some(q), Work::Step { firing, action }) = (&durable, &work) {
                     let job = Job {
                         firing: (**firing).clone(),
@@ -595,7 +631,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                     };
                     // Out of the in-flight set first, so a lease renewal cannot push the retry back.
                     finish(&inner);
-                    match q.reschedule(&job, now + wait.as_millis() as i64).await {
+                    match q.reschedule(&job, at).await {
                         Ok(()) => return,
                         Err(e) => {
                             tracing::warn!(error = %e, id = %id, "Cannot requeue the job; retrying from memory.")
@@ -724,5 +760,75 @@ mod tests {
         }
         let late: Duration = (0..200).map(|_| p.backoff(10)).sum::<Duration>() / 200;
         assert!(late > Duration::from_secs(20), "{late:?}");
+    }
+
+    const HOUR_MS: i64 = 3_600_000;
+    const DAY_MS: i64 = 24 * HOUR_MS;
+
+    /// Replays the retry schedule of one job against a target that fails every attempt before
+    /// `down_until` (ms after the first attempt): when it was delivered or dead-lettered, and
+    /// after how many attempts. Virtual time: a day of retries runs in microseconds.
+    fn replay(down_until: i64, retry_after: Option<Duration>) -> (Result<i64, i64>, u32) {
+        let p = RetryPolicy::default();
+        let (mut now, mut n, mut since) = (0i64, 0u32, None);
+        loop {
+            n += 1;
+            if now >= down_until {
+                return (Ok(now), n);
+            }
+            let first_failure = *since.get_or_insert(now);
+            match p.after_failure(n, first_failure, now, retry_after) {
+                Next::RetryAt(at) => {
+                    assert!(at > now, "attempt {n} at {now} ms retried at {at} ms");
+                    assert!(
+                        at - now <= 300_000 || retry_after.is_some(),
+                        "waited {} ms",
+                        at - now
+                    );
+                    now = at;
+                }
+                Next::GiveUp => return (Err(now), n),
+            }
+        }
+    }
+
+    #[test]
+    fn a_target_down_for_an_hour_gets_its_alert_once_within_five_minutes_of_coming_back() {
+        for _ in 0..200 {
+            let (outcome, attempts) = replay(HOUR_MS, None);
+            let at = outcome.expect("never dead-lettered within the 24 h window");
+            assert!(
+                (HOUR_MS..=HOUR_MS + 300_000).contains(&at),
+                "delivered at {at} ms"
+            );
+            // 1 s doubling to the 5 min cap, with jitter: about 12–25 attempts in an hour.
+            assert!((12..=60).contains(&attempts), "{attempts} attempts");
+        }
+    }
+
+    #[test]
+    fn nothing_is_dead_lettered_before_24_hours_and_everything_at_24_hours() {
+        for _ in 0..50 {
+            // Back just before the window closes: still delivered, by the attempt at its end.
+            let (outcome, _) = replay(DAY_MS - 1, None);
+            assert!(outcome.is_ok_and(|at| at <= DAY_MS), "{outcome:?}");
+            // Never back: dead-lettered exactly when the window closes, not a backoff later.
+            let (outcome, attempts) = replay(i64::MAX, None);
+            assert_eq!(outcome, Err(DAY_MS), "after {attempts} attempts");
+        }
+    }
+
+    #[test]
+    fn a_retry_after_beyond_the_window_does_not_hold_the_dead_letter_back() {
+        let p = RetryPolicy::default();
+        let two_days = Some(Duration::from_secs(2 * 24 * 3600));
+        assert_eq!(p.after_failure(1, 0, 0, two_days), Next::RetryAt(DAY_MS));
+        assert_eq!(p.after_failure(2, 0, DAY_MS, two_days), Next::GiveUp);
+        // Within the window, Retry-After is obeyed even when it is longer than the backoff.
+        assert_eq!(
+            p.after_failure(1, 0, 1000, Some(Duration::from_secs(3600))),
+            Next::RetryAt(1000 + HOUR_MS)
+        );
+        assert_eq!(replay(i64::MAX, two_days), (Err(DAY_MS), 2));
     }
 }

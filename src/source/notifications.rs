@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
@@ -97,6 +97,30 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Channel)> {
         _ => return None,
     };
     Some((db.parse().ok()?, what))
+}
+
+/// What one pub/sub message means, or `None` for a keyevent keywatch does not act on.
+///
+/// Every message on a channel that is not a keyevent channel is a marker: the subscriber is
+/// subscribed to nothing else.
+pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal> {
+    let key = msg.get_payload_bytes().to_vec();
+    let channel = msg.get_channel_name();
+    Some(match parse_channel(channel) {
+        Some((db, Channel::Event(kind))) => Signal::Event(KeyEvent {
+            kind,
+            db,
+            key,
+            observed_at: now,
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: node.to_string(),
+        }),
+        Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
+        None if !channel.starts_with("__keyevent@") => Signal::Marker(key),
+        None => return None,
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -209,22 +233,7 @@ async fn session(
             _ = shutdown.cancelled() => return None,
             msg = stream.next() => {
                 let Some(msg) = msg else { return Some("connection closed by the server".into()) };
-                let key = msg.get_payload_bytes().to_vec();
-                let signal = match parse_channel(msg.get_channel_name()) {
-                    Some((db, Channel::Event(kind))) => Signal::Event(KeyEvent {
-                        kind,
-                        db,
-                        key,
-                        observed_at: Utc::now(),
-                        deadline: None,
-                        ttl_ms: None,
-                        recovered: false,
-                        source: node.to_string(),
-                    }),
-                    Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
-                    None if !msg.get_channel_name().starts_with("__keyevent@") => Signal::Marker(key),
-                    None => continue,
-                };
+                let Some(signal) = decode(&msg, node, Utc::now()) else { continue };
                 if tx.send(signal).await.is_err() {
                     return None;
                 }
