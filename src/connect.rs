@@ -4,7 +4,9 @@
 //! `host:port` only.
 
 use std::path::Path;
+use std::time::Duration;
 
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use crate::config::{RedisSettings, Secret};
@@ -64,6 +66,19 @@ pub fn explain(url: &Secret, error: &redis::RedisError) -> String {
 /// `host:port` of a URL, safe to print.
 pub fn node_name(info: &ConnectionInfo) -> String {
     info.addr().to_string()
+}
+
+/// A resilient connection from `client`, with the one retry policy of every connection keywatch
+/// keeps (watched databases, the state Redis, the admin commands). redis-rs's default retries six
+/// times with growing pauses, so a wrong password or an untrusted certificate took long enough
+/// to end in the caller's time-out instead of being reported as what it is.
+pub async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_number_of_retries(3)
+        .set_max_delay(Duration::from_secs(2));
+    client.get_connection_manager_with_config(config).await
 }
 
 /// A client for database `db` of the node at `url`, with `redis.username`/`redis.password` when

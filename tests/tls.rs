@@ -255,7 +255,11 @@ fn an_acl_user_works_over_tls_for_run_upcoming_and_silence() {
 
     // Without the password the same command is refused, saying why, without a panic.
     let (code, out) = cli(&daemon.rules, &["silence", "list", "--redis", &url], &[]);
-    assert_ne!(code, Some(0), "{out}");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cannot connect to Redis at") && out.contains("AuthenticationFailed"),
+        "{out}"
+    );
     assert!(!out.contains("panicked"), "{out}");
     daemon.stop();
 }
