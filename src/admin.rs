@@ -30,6 +30,10 @@ pub async fn open(
             )
         }
     })?;
+    // Shown, not fatal: an unset `${REDIS_PASSWORD}` is otherwise only seen as a refused login.
+    for w in &loaded.warnings {
+        eprintln!("{w}");
+    }
     let config = loaded.config;
     let url = match &config.state.url {
         Some(u) => u.clone(),

@@ -260,6 +260,10 @@ fn an_acl_user_works_over_tls_for_run_upcoming_and_silence() {
         out.contains("cannot connect to Redis at") && out.contains("AuthenticationFailed"),
         "{out}"
     );
+    assert!(
+        out.contains("KW_TEST_PASSWORD"),
+        "the unset variable is named: {out}"
+    );
     assert!(!out.contains("panicked"), "{out}");
     daemon.stop();
 }
