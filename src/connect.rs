@@ -46,8 +46,13 @@ pub fn is_tls(url: &Secret) -> bool {
 /// layer's own words ("invalid peer certificate: UnknownIssuer", a time-out) do not say which
 /// setting is wrong.
 pub fn explain(url: &Secret, error: &redis::RedisError) -> String {
+    format!("{error}{}", tls_hint(url, error))
+}
+
+/// What [`explain`] appends: `""`, or what to check, in parentheses after a space.
+pub fn tls_hint(url: &Secret, error: &redis::RedisError) -> &'static str {
     let text = error.to_string();
-    let hint = if text.contains("invalid peer certificate") {
+    if text.contains("invalid peer certificate") {
         " (TLS: the server's certificate is not trusted: set `redis.tls.ca_file` to the CA that signed it, and connect by a name or address the certificate lists)"
     } else if text.contains("CertificateRequired") || text.contains("certificate required") {
         " (TLS: the server asks for a client certificate: set `redis.tls.cert_file` and `redis.tls.key_file`)"
@@ -59,8 +64,7 @@ pub fn explain(url: &Secret, error: &redis::RedisError) -> String {
         " (if the server speaks TLS on this port, use `rediss://`)"
     } else {
         ""
-    };
-    format!("{text}{hint}")
+    }
 }
 
 /// `host:port` of a URL, safe to print.
