@@ -30,6 +30,10 @@ pub async fn open(
             )
         }
     })?;
+    // Shown, not fatal: an unset `${REDIS_PASSWORD}` is otherwise only seen as a refused login.
+    for w in &loaded.warnings {
+        eprintln!("{w}");
+    }
     let config = loaded.config;
     let url = match &config.state.url {
         Some(u) => u.clone(),
@@ -40,7 +44,7 @@ pub async fn open(
         ),
     };
     let (client, node) = connect::client(&url, &config.redis, 0).map_err(|e| e.to_string())?;
-    let conn = tokio::time::timeout(Duration::from_secs(10), client.get_connection_manager())
+    let conn = tokio::time::timeout(Duration::from_secs(30), connect::manager(&client))
         .await
         .map_err(|_| format!("cannot connect to Redis at {node}: timed out"))?
         .map_err(|e| {

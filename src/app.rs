@@ -294,7 +294,7 @@ pub async fn state_connection(
     match &config.state.url {
         Some(url) => {
             let (client, node) = connect::client(url, &config.redis, 0)?;
-            client.get_connection_manager().await.map_err(|e| {
+            connect::manager(&client).await.map_err(|e| {
                 let e = connect::explain(url, &e);
                 StartError::Redis(format!("cannot connect to the state Redis at {node}: {e}"))
             })

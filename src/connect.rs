@@ -4,7 +4,9 @@
 //! `host:port` only.
 
 use std::path::Path;
+use std::time::Duration;
 
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ConnectionInfo, IntoConnectionInfo};
 
 use crate::config::{RedisSettings, Secret};
@@ -44,8 +46,13 @@ pub fn is_tls(url: &Secret) -> bool {
 /// layer's own words ("invalid peer certificate: UnknownIssuer", a time-out) do not say which
 /// setting is wrong.
 pub fn explain(url: &Secret, error: &redis::RedisError) -> String {
+    format!("{error}{}", tls_hint(url, error))
+}
+
+/// What [`explain`] appends: `""`, or what to check, in parentheses after a space.
+pub fn tls_hint(url: &Secret, error: &redis::RedisError) -> &'static str {
     let text = error.to_string();
-    let hint = if text.contains("invalid peer certificate") {
+    if text.contains("invalid peer certificate") {
         " (TLS: the server's certificate is not trusted: set `redis.tls.ca_file` to the CA that signed it, and connect by a name or address the certificate lists)"
     } else if text.contains("CertificateRequired") || text.contains("certificate required") {
         " (TLS: the server asks for a client certificate: set `redis.tls.cert_file` and `redis.tls.key_file`)"
@@ -57,13 +64,25 @@ pub fn explain(url: &Secret, error: &redis::RedisError) -> String {
         " (if the server speaks TLS on this port, use `rediss://`)"
     } else {
         ""
-    };
-    format!("{text}{hint}")
+    }
 }
 
 /// `host:port` of a URL, safe to print.
 pub fn node_name(info: &ConnectionInfo) -> String {
     info.addr().to_string()
+}
+
+/// A resilient connection from `client`, with the one retry policy of every connection keywatch
+/// keeps (watched databases, the state Redis, the admin commands). redis-rs's default retries six
+/// times with growing pauses, so a wrong password or an untrusted certificate took long enough
+/// to end in the caller's time-out instead of being reported as what it is.
+pub async fn manager(client: &redis::Client) -> redis::RedisResult<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)))
+        .set_number_of_retries(3)
+        .set_max_delay(Duration::from_secs(2));
+    client.get_connection_manager_with_config(config).await
 }
 
 /// A client for database `db` of the node at `url`, with `redis.username`/`redis.password` when

@@ -5,9 +5,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use tokio::sync::Mutex;
 
 use crate::config::{RedisSettings, Secret};
@@ -71,12 +70,7 @@ impl Keyspace {
                 e.to_string(),
             ))
         })?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(10)))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(2));
-        let c = client.get_connection_manager_with_config(config).await?;
+        let c = connect::manager(&client).await?;
         conns.insert(db, c.clone());
         Ok(c)
     }

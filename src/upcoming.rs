@@ -103,12 +103,11 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
         |e: redis::RedisError| format!("Redis at {node}: {}", connect::explain(keyspace.url(), &e));
     let ledger = if ledger_covers(config, opts) {
         let state = match &config.state.url {
-            Some(u) => connect::client(u, &config.redis, 0)
-                .map_err(|e| e.to_string())?
-                .0
-                .get_connection_manager()
-                .await
-                .map_err(cannot)?,
+            Some(u) => {
+                let (client, _) =
+                    connect::client(u, &config.redis, 0).map_err(|e| e.to_string())?;
+                connect::manager(&client).await.map_err(cannot)?
+            }
             None => keyspace.conn(0).await.map_err(cannot)?,
         };
         Some(Ledger::new(

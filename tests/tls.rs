@@ -156,6 +156,12 @@ fn a_server_certificate_from_another_ca_is_refused_with_a_clear_error_and_no_sec
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("redis.tls.ca_file"), "{out}");
     assert_no_secret("`upcoming` with the wrong CA", &out, &[password]);
+
+    // And `doctor`, whose verdict on reachability says the same.
+    let (code, out) = cli(&rules, &["doctor", "--json", "--redis", &url], &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("redis.tls.ca_file"), "{out}");
+    assert_no_secret("`doctor` with the wrong CA", &out, &[password]);
 }
 
 #[test]
@@ -253,9 +259,24 @@ fn an_acl_user_works_over_tls_for_run_upcoming_and_silence() {
     );
     assert_no_secret("the CLI over TLS", &out, &[password]);
 
+    let (code, out) = cli(&daemon.rules, &["doctor", "--json", "--redis", &url], &envs);
+    let report: serde_json::Value = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("doctor --json printed no JSON ({e}):\n{out}"));
+    assert_eq!(report["ready"], true, "{out}");
+    assert_eq!(code, Some(0), "{out}");
+    assert_no_secret("`doctor` over TLS", &out, &[password]);
+
     // Without the password the same command is refused, saying why, without a panic.
     let (code, out) = cli(&daemon.rules, &["silence", "list", "--redis", &url], &[]);
-    assert_ne!(code, Some(0), "{out}");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("cannot connect to Redis at") && out.contains("AuthenticationFailed"),
+        "{out}"
+    );
+    assert!(
+        out.contains("KW_TEST_PASSWORD"),
+        "the unset variable is named: {out}"
+    );
     assert!(!out.contains("panicked"), "{out}");
     daemon.stop();
 }

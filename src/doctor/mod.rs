@@ -94,7 +94,7 @@ pub async fn diagnose(config: &Config, url: &Secret) -> Report {
         }
     };
     let mut report = Report::new(&node);
-    let Some(mut conn) = reachable(&mut report, &client, &node).await else {
+    let Some(mut conn) = reachable(&mut report, &client, url, &node).await else {
         return report;
     };
     let info = match redis::cmd("INFO").query_async::<String>(&mut conn).await {
@@ -130,6 +130,7 @@ pub async fn diagnose(config: &Config, url: &Secret) -> Report {
 async fn reachable(
     report: &mut Report,
     client: &redis::Client,
+    url: &Secret,
     node: &str,
 ) -> Option<MultiplexedConnection> {
     let started = Instant::now();
@@ -139,7 +140,11 @@ async fn reachable(
         Err(e) => {
             report.fail(
                 "reachable",
-                format!("cannot connect to {node}: {}", short(&e)),
+                format!(
+                    "cannot connect to {node}: {}{}",
+                    short(&e),
+                    connect::tls_hint(url, &e)
+                ),
                 Some("check the address (--redis, KEYWATCH_REDIS_URL or redis.url), the credentials (user and password in the URL, or redis.username/redis.password), TLS (rediss://) and the firewall".into()),
             );
             return None;
