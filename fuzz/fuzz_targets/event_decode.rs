@@ -10,14 +10,21 @@ use keywatch::source::notifications::{Channel, Signal, decode, parse_channel};
 use libfuzzer_sys::fuzz_target;
 use redis::{Msg, PushKind, Value};
 
-fuzz_target!(|input: (u8, Vec<u8>, Vec<u8>)| {
-    let (shape, channel, payload) = input;
+// The input is raw bytes, not `Arbitrary` data: `shape`, then the channel up to the first NUL,
+// then the payload. `Arbitrary`'s `Vec<u8>` interleaves continuation bytes, which keeps the
+// fuzzer from ever spelling `__keyevent@0__:expired` out of its dictionary.
+fuzz_target!(|data: &[u8]| {
+    let Some((&shape, rest)) = data.split_first() else { return };
+    let (channel, payload) = match rest.iter().position(|&b| b == 0) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &[][..]),
+    };
     let bulk = |b: &[u8]| Value::BulkString(b.to_vec());
     let value = match shape % 4 {
-        0 => Value::Array(vec![bulk(b"message"), bulk(&channel), bulk(&payload)]),
-        1 => Value::Array(vec![bulk(b"pmessage"), bulk(b"__keyevent@*"), bulk(&channel), bulk(&payload)]),
-        2 => Value::Push { kind: PushKind::Message, data: vec![bulk(&channel), bulk(&payload)] },
-        _ => Value::Array(vec![bulk(b"message"), bulk(&channel), Value::Int(i64::from(shape))]),
+        0 => Value::Array(vec![bulk(b"message"), bulk(channel), bulk(payload)]),
+        1 => Value::Array(vec![bulk(b"pmessage"), bulk(b"__keyevent@*"), bulk(channel), bulk(payload)]),
+        2 => Value::Push { kind: PushKind::Message, data: vec![bulk(channel), bulk(payload)] },
+        _ => Value::Array(vec![bulk(b"message"), bulk(channel), Value::Int(i64::from(shape))]),
     };
     let Some(msg) = Msg::from_owned_value(value) else { return };
     let name = msg.get_channel_name().to_owned();
