@@ -113,9 +113,7 @@ fn glob_match(pat: &[u8], s: &[u8]) -> bool {
             }
             hit != not && glob_match(p, rest_s)
         }
-        b'\\' if pat.len() >= 2 => {
-            s.first() == Some(&pat[1]) && glob_match(&pat[2..], &s[1..])
-        }
+        b'\\' if pat.len() >= 2 => s.first() == Some(&pat[1]) && glob_match(&pat[2..], &s[1..]),
         b => s.first() == Some(&b) && glob_match(&pat[1..], &s[1..]),
     }
 }

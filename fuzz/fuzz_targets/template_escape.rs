@@ -33,7 +33,9 @@ fuzz_target!(|input: (u8, Vec<u8>, Vec<u8>, String)| {
     for mode in Escape::ALL {
         let mut set = TemplateSet::new();
         let v = set.add("{{ v }}", mode).expect("a plain template compiles");
-        let k = set.add("{{ key }}", mode).expect("a plain template compiles");
+        let k = set
+            .add("{{ key }}", mode)
+            .expect("a plain template compiles");
         for (id, raw) in [(v, &capture), (k, &key)] {
             let bytes = set.render(id, &ctx).expect("a plain template renders");
             let text = set.render_text(id, &ctx).expect("a plain template renders");
@@ -66,7 +68,9 @@ fn check(mode: Escape, raw: &[u8], bytes: &[u8], text: &str) {
                         assert!(b"*?[]\\".contains(&next), "needless escape of {next:?}");
                         out.push(next);
                     }
-                    b'*' | b'?' | b'[' | b']' => panic!("unescaped glob metacharacter in {bytes:?}"),
+                    b'*' | b'?' | b'[' | b']' => {
+                        panic!("unescaped glob metacharacter in {bytes:?}")
+                    }
                     _ => out.push(b),
                 }
             }
@@ -75,9 +79,16 @@ fn check(mode: Escape, raw: &[u8], bytes: &[u8], text: &str) {
         Escape::Url => {
             for (i, &b) in bytes.iter().enumerate() {
                 let unreserved = b.is_ascii_alphanumeric() || b"-._~".contains(&b);
-                let hex = |j: usize| bytes.get(j).is_some_and(|h| h.is_ascii_digit() || (b'A'..=b'F').contains(h));
+                let hex = |j: usize| {
+                    bytes
+                        .get(j)
+                        .is_some_and(|h| h.is_ascii_digit() || (b'A'..=b'F').contains(h))
+                };
                 assert!(
-                    unreserved || b == b'%' || (i >= 1 && bytes[i - 1] == b'%') || (i >= 2 && bytes[i - 2] == b'%'),
+                    unreserved
+                        || b == b'%'
+                        || (i >= 1 && bytes[i - 1] == b'%')
+                        || (i >= 2 && bytes[i - 2] == b'%'),
                     "byte {b:#x} not encoded in {bytes:?}"
                 );
                 if b == b'%' {
@@ -85,13 +96,17 @@ fn check(mode: Escape, raw: &[u8], bytes: &[u8], text: &str) {
                 }
             }
             let decoded: Vec<u8> = percent_encoding::percent_decode(bytes).collect();
-            assert_eq!(decoded, raw, "percent-decoding does not give the value back");
+            assert_eq!(
+                decoded, raw,
+                "percent-decoding does not give the value back"
+            );
         }
         Escape::Slack => {
             assert!(!text.contains('<') && !text.contains('>'), "{text:?}");
             let back = text.replace("&lt;", "<").replace("&gt;", ">");
             assert!(
-                back.match_indices('&').all(|(i, _)| back[i..].starts_with("&amp;")),
+                back.match_indices('&')
+                    .all(|(i, _)| back[i..].starts_with("&amp;")),
                 "bare & in {text:?}"
             );
             assert_eq!(back.replace("&amp;", "&"), lossy, "{text:?}");
@@ -111,7 +126,10 @@ fn unescape_chat(text: &str, markdown: bool) -> String {
         match c {
             '\\' if markdown => {
                 let next = it.next().expect("a lone backslash");
-                assert!(MARKDOWN_SPECIALS.contains(&next), "needless escape of {next:?} in {text:?}");
+                assert!(
+                    MARKDOWN_SPECIALS.contains(&next),
+                    "needless escape of {next:?} in {text:?}"
+                );
                 out.push(next);
             }
             '@' | '<' => {

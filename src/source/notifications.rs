@@ -96,6 +96,11 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Channel)> {
         "persist" | "rename_from" => Channel::Deadline(Note::Forget),
         _ => return None,
     };
+    // As Redis writes it (`%d`): `u32::from_str` would also take `+0` and `007`.
+    let canonical = db == "0" || (!db.starts_with('0') && !db.is_empty());
+    if !canonical || !db.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     Some((db.parse().ok()?, what))
 }
 
@@ -337,6 +342,18 @@ mod tests {
             Some((0, Channel::Deadline(Note::Forget)))
         );
         assert_eq!(parse_channel("__keyevent@0__:set"), None);
+        // Found by `fuzz/fuzz_targets/event_decode.rs`: databases not written as Redis writes them.
+        for db in ["+0", "00", "07", "", " 1", "4294967296"] {
+            assert_eq!(
+                parse_channel(&format!("__keyevent@{db}__:expired")),
+                None,
+                "{db:?}"
+            );
+        }
+        assert_eq!(
+            parse_channel("__keyevent@4294967295__:expired"),
+            Some((u32::MAX, Channel::Event(EventKind::Expired)))
+        );
         assert_eq!(parse_channel("other"), None);
     }
 }
