@@ -49,11 +49,9 @@ fn a_backlog_beyond_the_rate_merges_into_digests_whose_counts_add_up() {
         Duration::from_secs(90),
         || total() >= KEYS,
     );
-    common::wait_until(
-        "every job is acknowledged",
-        support::PATIENCE,
-        || queued(&redis) == 0,
-    );
+    common::wait_until("every job is acknowledged", support::PATIENCE, || {
+        queued(&redis) == 0
+    });
     // Time for anything sent twice to show.
     std::thread::sleep(Duration::from_secs(2));
     let requests = receiver.requests();
@@ -82,9 +80,16 @@ fn a_backlog_beyond_the_rate_merges_into_digests_whose_counts_add_up() {
             Some(events) => {
                 let count = b["count"].as_u64().unwrap() as usize;
                 assert_eq!(b["rule"], "lock-expired");
-                assert_eq!(events.len() + b["omitted"].as_u64().unwrap() as usize, count);
+                assert_eq!(
+                    events.len() + b["omitted"].as_u64().unwrap() as usize,
+                    count
+                );
                 assert!(events.len() <= 20, "{b}");
-                keys.extend(events.iter().map(|e| e["key"].as_str().unwrap().to_string()));
+                keys.extend(
+                    events
+                        .iter()
+                        .map(|e| e["key"].as_str().unwrap().to_string()),
+                );
             }
             None => keys.push(b["key"].as_str().unwrap().to_string()),
         }
