@@ -18,12 +18,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::action::notify::{self, Message};
 use crate::action::{Actions, Outcome, actions_of};
+use crate::backlog::{Lane, Turn, Waiting};
 use crate::config::{Group, Rate};
 use crate::dead::{DeadLetter, DeadStore};
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
 use crate::queue::{self, Job, Queue};
-use crate::ratelimit::{SharedBucket, TokenBucket};
+use crate::ratelimit::{Limiter, SharedBucket, TokenBucket};
 use crate::status::{self, Status};
 
 /// How failed actions are retried.
@@ -102,6 +103,7 @@ pub struct Delivery {
 struct Inner {
     actions: Actions,
     metrics: Arc<Metrics>,
+    /// Rate limits and waiting lines (where a backlog merges into digests) per channel.
     limiters: Limiters,
     policy: RetryPolicy,
     tracker: TaskTracker,
@@ -122,27 +124,32 @@ struct Inner {
     status: OnceLock<Arc<Status>>,
 }
 
-/// A channel's rate limit: shared by every instance through Redis, or this instance's own.
-enum Limiter {
-    Shared(SharedBucket),
-    Local(TokenBucket),
-}
+/// Items listed in a digest of a rule without `group.max_items` (a merged backlog).
+const DIGEST_ITEMS: usize = 20;
 
-/// The limiters of the channels in force: made on first use, and made anew when a reload
-/// changes a channel's rate.
+/// The limiter and waiting line of each channel in force: made on first use, and made anew when a
+/// reload changes a channel's rate.
 struct Limiters {
     /// `None` only in tests of this module: each limiter is then this instance's own.
     state: Option<redis::aio::ConnectionManager>,
     prefix: String,
-    by_channel: Mutex<HashMap<String, (Rate, Arc<Limiter>)>>,
+    by_channel: Mutex<HashMap<String, Limited>>,
+}
+
+/// A rate-limited channel's limiter and waiting line, at the rate they were made for.
+#[derive(Clone)]
+struct Limited {
+    rate: Rate,
+    limiter: Arc<Limiter>,
+    lane: Arc<Lane>,
 }
 
 impl Limiters {
-    fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Arc<Limiter>> {
+    fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Limited> {
         let rate = config.channel(channel)?.rate?;
         let mut map = self.by_channel.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((r, l)) = map.get(channel)
-            && *r == rate
+        if let Some(l) = map.get(channel)
+            && l.rate == rate
         {
             return Some(l.clone());
         }
@@ -152,17 +159,13 @@ impl Limiters {
             }
             None => Limiter::Local(TokenBucket::new(rate)),
         });
-        map.insert(channel.to_string(), (rate, limiter.clone()));
-        Some(limiter)
-    }
-}
-
-impl Limiter {
-    async fn take(&self) {
-        match self {
-            Limiter::Shared(b) => b.take().await,
-            Limiter::Local(b) => b.take().await,
-        }
+        let limited = Limited {
+            rate,
+            lane: Arc::new(Lane::new(limiter.clone(), rate)),
+            limiter,
+        };
+        map.insert(channel.to_string(), limited.clone());
+        Some(limited)
     }
 }
 
@@ -181,6 +184,9 @@ enum Work {
         channel: String,
         message: Arc<Message>,
         firings: Vec<Arc<Firing>>,
+        /// Queued jobs the digest stands for (a merged backlog), acknowledged when it is sent;
+        /// empty for a `group` digest, which is held only in memory.
+        jobs: Vec<String>,
     },
 }
 
@@ -488,7 +494,7 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
         };
         match composed {
             Ok(message) => {
-                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch };
+                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch, jobs: Vec::new() };
                 deliver(i.clone(), work, 0, None).await
             }
             Err(e) => {
@@ -562,28 +568,43 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
 /// the queue between attempts (any instance may take the next one); a digest (held only in
 /// memory) waits here. `failing_since` is when the first attempt failed, unix ms.
 async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: Option<i64>) {
+    let id = work.job_id();
+    inflight(&inner).insert(id.clone());
+    // A notification of a rate-limited channel waits in its channel's line, and may come out of
+    // it carrying the channel's backlog as a digest.
+    let (work, mut token) = match lane_of(&inner, &work) {
+        Some(lane) => match take_turn(&inner, &lane, work, &id).await {
+            Some(w) => (w, true),
+            // Left in flight: shutdown hands it back, or the digest it joined acknowledges it.
+            None => return,
+        },
+        None => (work, false),
+    };
+    // The queued jobs this work acknowledges when it is finished.
+    let jobs: Vec<String> = match (&work, &inner.queue) {
+        (_, None) => Vec::new(),
+        (Work::Step { .. }, Some(_)) => vec![id.clone()],
+        (Work::Digest { jobs, .. }, Some(_)) => jobs.clone(),
+    };
     let durable = match (&work, &inner.queue) {
         (Work::Step { .. }, Some(q)) => Some(q.clone()),
         _ => None,
     };
-    let id = work.job_id();
-    inner
-        .inflight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id.clone());
     let finish = |inner: &Inner| {
-        inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        let mut set = inflight(inner);
+        set.remove(&id);
+        for j in &jobs {
+            set.remove(j);
+        }
     };
     let limiter = work
         .channel()
-        .and_then(|c| inner.limiters.get(&inner.actions.live.current(), c));
+        .and_then(|c| inner.limiters.get(&inner.actions.live.current(), c))
+        .map(|l| l.limiter);
     loop {
-        if let Some(l) = &limiter {
+        if let Some(l) = &limiter
+            && !std::mem::take(&mut token)
+        {
             tokio::select! {
                 biased;
                 // Left in flight: shutdown hands it back.
@@ -597,11 +618,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                 if let Outcome::Failed(reason) = &outcome {
                     dead_letter(&inner, &work, reason);
                 }
-                if let Some(q) = &durable
-                    && let Err(e) = q.done(&id).await
-                {
-                    tracing::warn!(error = %e, id = %id, "Cannot mark the job done; it may run again when its lease ends.");
-                }
+                acknowledge(&inner, &jobs).await;
                 finish(&inner);
                 return;
             }
@@ -615,9 +632,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                         &work,
                         "gave up: failing for longer than the retry window",
                     );
-                    if let Some(q) = &durable {
-                        let _ = q.done(&id).await;
-                    }
+                    acknowledge(&inner, &jobs).await;
                     finish(&inner);
                     return;
                 };
@@ -648,6 +663,98 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
     }
 }
 
+fn inflight(inner: &Inner) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+    inner.inflight.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes finished jobs from the queue (one group-committed round trip for all of them).
+async fn acknowledge(inner: &Inner, jobs: &[String]) {
+    let Some(q) = &inner.queue else { return };
+    let acks = futures_util::future::join_all(jobs.iter().map(|j| q.done(j))).await;
+    if let Some(Err(e)) = acks.into_iter().find(|r| r.is_err()) {
+        tracing::warn!(error = %e, jobs = jobs.len(), "Cannot mark jobs done; they may run again when their lease ends.");
+    }
+}
+
+/// The waiting line of a notification's channel, if the channel has a rate.
+fn lane_of(inner: &Inner, work: &Work) -> Option<Arc<Lane>> {
+    match work {
+        Work::Step {
+            action: Action::Notify { channel },
+            ..
+        } => inner
+            .limiters
+            .get(&inner.actions.live.current(), channel)
+            .map(|l| l.lane),
+        _ => None,
+    }
+}
+
+/// Waits for the channel's token; the work to send with it (this notification, or a digest of
+/// it and the backlog of its rule), or `None` when there is nothing more to do here.
+async fn take_turn(inner: &Arc<Inner>, lane: &Arc<Lane>, work: Work, id: &str) -> Option<Work> {
+    let Work::Step { firing, action } = &work else {
+        return Some(work);
+    };
+    let waiting = Waiting {
+        firing: firing.clone(),
+        job: id.to_string(),
+    };
+    let others = match lane.wait(waiting, &inner.tracker, &inner.shutdown).await? {
+        Turn::Alone => return Some(work),
+        Turn::Merged => return None,
+        Turn::Lead(others) => others,
+    };
+    let Action::Notify { channel } = action else {
+        return Some(work);
+    };
+    let mut firings = vec![firing.clone()];
+    let mut jobs = vec![id.to_string()];
+    for w in others {
+        firings.push(w.firing);
+        jobs.push(w.job);
+    }
+    let actions = inner.actions.refreshed();
+    let composed = match (
+        actions.config.rule(&firing.rule),
+        actions.config.channel(channel),
+    ) {
+        (Some(r), Some(ch)) => {
+            let max = r
+                .notify
+                .as_ref()
+                .and_then(|n| n.group)
+                .map_or(DIGEST_ITEMS, |g| g.max_items);
+            notify::compose_digest(&actions, &firings, r, ch, max)
+        }
+        _ => Err("the rule or channel is no longer defined".into()),
+    };
+    match composed {
+        Ok(message) => Some(Work::Digest {
+            rule: firing.rule.clone(),
+            channel: channel.clone(),
+            message: Arc::new(message),
+            firings,
+            jobs,
+        }),
+        Err(e) => {
+            // Sent alone, then; the others go back to the queue for their own turns.
+            tracing::error!(rule = %firing.rule, %channel, reason = %e, "Cannot merge the channel's backlog into a digest; sending one by one.");
+            let back = jobs.split_off(1);
+            if let Some(q) = &inner.queue
+                && let Err(e) = q.hand_back(&back).await
+            {
+                tracing::warn!(error = %e, "Cannot hand jobs back; they come due again when their lease ends.");
+            }
+            let mut set = inflight(inner);
+            for j in &back {
+                set.remove(j);
+            }
+            Some(work)
+        }
+    }
+}
+
 /// Gives a dead letter a second life: the same firings, the same action, from attempt one.
 fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
     let firings: Vec<Arc<Firing>> = d.firings.into_iter().map(Arc::new).collect();
@@ -667,7 +774,7 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
                         .notify
                         .as_ref()
                         .and_then(|n| n.group)
-                        .map_or(20, |g| g.max_items);
+                        .map_or(DIGEST_ITEMS, |g| g.max_items);
                     notify::compose_digest(&actions, &firings, r, ch, max)
                 }
                 _ => Err("the rule or channel is no longer defined".into()),
@@ -679,6 +786,7 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
                         channel,
                         message: Arc::new(message),
                         firings,
+                        jobs: Vec::new(),
                     };
                     deliver(i.clone(), work, 0, None).await
                 }

@@ -27,6 +27,7 @@
 //! - [`queue`]: the durable job queue in Redis, shared by instances.
 //! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
 //! - [`ratelimit`]: token buckets for channels.
+//! - [`backlog`]: a rate-limited channel's waiting line; a backlog the rate cannot serve merges into digests.
 //! - [`metrics`]: every metric of SPEC §7, defined once.
 //! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
 //! - [`status_page`]: the HTML status page at `/`, for on-call engineers on a phone.
@@ -43,6 +44,7 @@
 pub mod action;
 pub mod admin;
 pub mod app;
+pub mod backlog;
 pub mod claims;
 pub mod cli;
 pub mod config;
