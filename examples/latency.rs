@@ -22,6 +22,9 @@ mod ports;
 #[path = "../tests/common/redis_server.rs"]
 mod redis_server;
 #[allow(dead_code)]
+#[path = "../tests/common/tls.rs"]
+mod tls;
+#[allow(dead_code)]
 #[path = "../tests/common/tools.rs"]
 mod tools;
 
@@ -91,6 +94,7 @@ rules:
             redis: Some(redis.url()),
             listen: "127.0.0.1:0".parse().unwrap(),
             stop_after: None,
+            rules: Vec::new(),
         };
         std::thread::spawn(move || {
             tokio::runtime::Builder::new_multi_thread()

@@ -154,6 +154,7 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
         redis: Some(server.url()),
         listen: "127.0.0.1:0".parse().unwrap(),
         stop_after: None,
+        rules: Vec::new(),
     };
     let run = tokio::spawn(app::run(loaded.config, opts, stop.clone()));
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -72,6 +72,7 @@ async fn run(instances: usize, jobs: u64) -> (f64, usize, usize) {
             redis: Some(server.url()),
             listen: "127.0.0.1:0".parse().unwrap(),
             stop_after: None,
+            rules: Vec::new(),
         };
         runs.push(tokio::spawn(app::run(loaded.config, opts, stop.clone())));
     }

@@ -27,6 +27,10 @@ pub async fn open(paths: &[PathBuf], redis_flag: Option<&str>) -> Result<(Config
             )
         }
     })?;
+    // Shown, not fatal: an unset `${REDIS_PASSWORD}` is otherwise only seen as a refused login.
+    for w in &loaded.warnings {
+        eprintln!("{w}");
+    }
     let config = loaded.config;
     let url = connect::pick_url(
         redis_flag,
@@ -37,7 +41,7 @@ pub async fn open(paths: &[PathBuf], redis_flag: Option<&str>) -> Result<(Config
         crate::keyspace::Keyspace::new(url, config.redis.clone()).map_err(|e| e.to_string())?;
     let node = keyspace.node().to_string();
     let conn = tokio::time::timeout(
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         crate::keyspace::state_conn(config.state.url.as_ref(), &config.redis, &keyspace),
     )
     .await

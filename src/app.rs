@@ -9,19 +9,20 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::action::Actions;
 use crate::claims::Claims;
-use crate::config::{self, Config, Mode};
+use crate::config::{self, Config, LiveConfig, Mode};
 use crate::connect;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::engine::Engine;
 use crate::event::EventKind;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
+use crate::reload::{self, Cause, ReloadHandle, Reloader};
 use crate::server;
 use crate::silences;
 use crate::source::flags;
@@ -52,6 +53,9 @@ pub struct RunOptions {
     pub listen: SocketAddr,
     /// Stop after this long (demo and tests); `None` runs until a signal.
     pub stop_after: Option<Duration>,
+    /// The `-r` paths, read again on every reload and watched for changes; empty when the rules
+    /// came from elsewhere (the demo, examples): then there is nothing to reload.
+    pub rules: Vec<PathBuf>,
 }
 
 /// How long in-flight work may take after SIGTERM. SPEC §5 allows 10 s from the signal to the
@@ -69,12 +73,11 @@ pub async fn run(
     // a stop requested while keywatch starts (it already logs "Subscribed" by then) must still
     // end in a clean exit 0.
     let signals = StopSignals::install();
-    let config = Arc::new(config);
-    let url = connect::pick_url(
-        opts.redis.as_deref(),
-        std::env::var("KEYWATCH_REDIS_URL").ok(),
-        &config.redis,
-    );
+    let env_url = std::env::var("KEYWATCH_REDIS_URL")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let url_override = opts.redis.is_some() || env_url.is_some();
+    let url = connect::pick_url(opts.redis.as_deref(), env_url, &config.redis);
     let keyspace = Keyspace::new(url, config.redis.clone())?;
     let node = keyspace.node().to_string();
 
@@ -89,10 +92,10 @@ pub async fn run(
         vec![node.clone()]
     };
     for n in &watched {
-        let mut conn = keyspace
-            .node_conn(n)
-            .await
-            .map_err(|e| StartError::Redis(format!("cannot connect to Redis at {n}: {e}")))?;
+        let mut conn = keyspace.node_conn(n).await.map_err(|e| {
+            let e = connect::explain(keyspace.url(), &e);
+            StartError::Redis(format!("cannot connect to Redis at {n}: {e}"))
+        })?;
         flags::ensure(&mut conn, &config, n)
             .await
             .map_err(StartError::Notifications)?;
@@ -101,6 +104,11 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     metrics.rules_loaded.set(config.rules.len() as i64);
     metrics.config_last_reload_successful.set(1);
+    metrics
+        .config_last_reload_success_timestamp
+        .set(chrono::Utc::now().timestamp());
+    let (live, publisher) = LiveConfig::new(config);
+    let config = live.current();
     let status = Arc::new(Status::default());
     for n in &watched {
         status.expect_node(n);
@@ -114,7 +122,7 @@ pub async fn run(
             error,
         })?;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "HTTP endpoint listening (/, /metrics, /healthz, /readyz).");
+        tracing::info!(%addr, "HTTP endpoint listening (/, /metrics, /healthz, /readyz, /-/reload).");
     }
 
     let subscribers = CancellationToken::new();
@@ -122,70 +130,57 @@ pub async fn run(
     let http_stop = CancellationToken::new();
 
     let state = state_connection(&config, &keyspace).await?;
-    let ledger = config.uses_ledger().then(|| {
-        Ledger::new(
-            state.clone(),
-            keyspace.clone(),
-            &config.state.prefix,
-            metrics.clone(),
-        )
-    });
+    // Kept whether or not the rules in force need it: a reload may add the first rule on
+    // expiries. It costs nothing until then.
+    let ledger = Ledger::new(
+        state.clone(),
+        keyspace.clone(),
+        &config.state.prefix,
+        metrics.clone(),
+    );
     let claims = Claims::new(state.clone(), &config.state.prefix);
     let silenced = Arc::new(silences::Active::default());
     status.set_silences(silenced.clone());
     let instance = format!("{}:{}", hostname(), std::process::id());
-    let marker = Ledger::marker_channel(&config.state.prefix);
     let (tx, rx) = mpsc::channel(64 * 1024);
-    let scanner = if config.event_kinds().contains(&EventKind::Expiring) {
-        let state = state_connection(&config, &keyspace).await?;
-        let s = Scanner::new(
+    let scanner = tokio::spawn(keep_scanner(
+        live.clone(),
+        Scanner::new(
             config.clone(),
             keyspace.clone(),
-            state,
-            ledger.clone(),
+            state_connection(&config, &keyspace).await?,
+            Some(ledger.clone()),
             metrics.clone(),
             tx.clone(),
-        );
-        Some(tokio::spawn(s.run(subscribers.clone())))
-    } else {
-        None
-    };
-    let channels = notifications::channels(
-        &config.redis.databases,
-        &config.event_kinds(),
-        ledger.as_ref().map(|_| marker.as_str()),
-    );
+        ),
+        subscribers.clone(),
+    ));
+    let (subscriptions, wanted) = watch::channel(reload::subscriptions(&config));
     let subscriber = if keyspace.is_cluster() {
-        Some(tokio::spawn(topology::follow(
+        tokio::spawn(topology::follow(
             keyspace.clone(),
-            channels,
+            wanted,
             tx,
             status.clone(),
             metrics.clone(),
             subscribers.clone(),
-        )))
-    } else if channels.is_empty() {
-        // Only `expiring` rules: nothing to subscribe to; the scanner is the source.
-        status.set_subscribed(&node, true);
-        drop(tx);
-        None
+        ))
     } else {
-        let client = keyspace.client(0)?;
-        Some(tokio::spawn(notifications::subscribe(
-            client,
+        tokio::spawn(notifications::subscribe(
+            keyspace.client(0)?,
             node.clone(),
-            channels,
+            wanted,
             tx,
             Backoff::default(),
             subscribers.clone(),
-        )))
+        ))
     };
 
-    let actions = Actions {
-        config: config.clone(),
-        http: crate::action::http::client(),
-        keyspace: keyspace.clone(),
-    };
+    let actions = Actions::new(
+        live.clone(),
+        crate::action::http::client(),
+        keyspace.clone(),
+    );
     let delivery = Delivery::new(
         actions,
         metrics.clone(),
@@ -203,21 +198,44 @@ pub async fn run(
         silenced.clone(),
         poker_stop.clone(),
     ));
-    if let Some(l) = &ledger {
-        tokio::spawn(ledger::run_poker(
-            l.clone(),
-            config.redis.databases.clone(),
-            poker_stop.clone(),
-        ));
-    }
-    let page_ledger = ledger.clone();
+    tokio::spawn(ledger::run_poker(
+        ledger.clone(),
+        live.clone(),
+        poker_stop.clone(),
+    ));
+
+    let (reload_handle, reload_requests) = Reloader::channel();
+    let reloader = Reloader {
+        paths: opts.rules.clone(),
+        publisher,
+        url_override,
+        keyspace: keyspace.clone(),
+        metrics: metrics.clone(),
+        status: status.clone(),
+        ledger: ledger.clone(),
+        subscriptions,
+    };
+    tokio::spawn(reloader.run(reload_requests, poker_stop.clone()));
+    let _watcher = if opts.rules.is_empty() {
+        None
+    } else {
+        match reload::watch_files(&opts.rules, reload_handle.clone()) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot watch the rule files for changes; reload with SIGHUP or POST /-/reload.");
+                None
+            }
+        }
+    };
+
     let engine = Engine {
         config: config.clone(),
+        live: live.clone(),
         keyspace,
         delivery: delivery.clone(),
         metrics: metrics.clone(),
         status: status.clone(),
-        ledger,
+        ledger: Some(ledger.clone()),
         claims,
         instance,
         silenced,
@@ -229,24 +247,21 @@ pub async fn run(
         server::Shared {
             metrics,
             status,
-            ledger: page_ledger,
+            ledger: Some(ledger),
+            reload: Some(reload_handle.clone()),
         },
         http_stop.clone(),
     ));
 
     tracing::info!(rules = config.rules.len(), channels = config.channels.len(), redis = %node, "keywatch is running.");
-    wait_for_stop(&shutdown, opts.stop_after, signals).await;
+    wait_for_stop(&shutdown, opts.stop_after, signals, &reload_handle).await;
 
     let started = Instant::now();
     tracing::info!("Stopping: no new events are taken; finishing work in flight.");
     subscribers.cancel();
     poker_stop.cancel();
-    if let Some(s) = subscriber {
-        let _ = s.await;
-    }
-    if let Some(s) = scanner {
-        let _ = s.await;
-    }
+    let _ = subscriber.await;
+    let _ = scanner.await;
     let _ = tokio::time::timeout(SHUTDOWN_GRACE, engine).await;
     let left = SHUTDOWN_GRACE.saturating_sub(started.elapsed());
     if !delivery.shutdown(left).await {
@@ -256,6 +271,33 @@ pub async fn run(
     let _ = http.await;
     tracing::info!(took_ms = started.elapsed().as_millis() as u64, "Stopped.");
     Ok(())
+}
+
+/// Runs the scanner under the rules in force, anew after every reload, so that a new schedule
+/// or new `expiring` rules apply at once. A run cut short by a reload counts as missed and runs
+/// again under the new rules. Returns (dropping its event sender) at `shutdown`.
+async fn keep_scanner(mut live: LiveConfig, scanner: Scanner, shutdown: CancellationToken) {
+    let mut scanner = scanner;
+    loop {
+        let config = live.current();
+        scanner.config = config.clone();
+        let this_run = shutdown.child_token();
+        let task = config
+            .event_kinds()
+            .contains(&EventKind::Expiring)
+            .then(|| tokio::spawn(scanner.clone().run(this_run.clone())));
+        let go_on = tokio::select! {
+            _ = shutdown.cancelled() => false,
+            changed = live.changed() => changed.is_some(),
+        };
+        this_run.cancel();
+        if let Some(t) = task {
+            let _ = t.await;
+        }
+        if !go_on {
+            return;
+        }
+    }
 }
 
 /// This machine's name, for telling instances apart in Redis.
@@ -271,7 +313,8 @@ fn hostname() -> String {
         .unwrap_or_else(|| "keywatch".into())
 }
 
-/// Where keywatch keeps its own state: `state.url`, or database 0 of the watched Redis.
+/// Where keywatch keeps its own state: `state.url`, or database 0 of the watched Redis (the
+/// cluster, on a cluster).
 pub async fn state_connection(
     config: &Config,
     keyspace: &Keyspace,
@@ -281,11 +324,11 @@ pub async fn state_connection(
         .map_err(StartError::Redis)
 }
 
-/// SIGTERM and SIGINT listeners; a signal that arrives before [`wait_for_stop`] is kept.
+/// SIGTERM and SIGINT stop keywatch; SIGHUP reloads the rules. A signal that arrives before
+/// [`wait_for_stop`] is kept.
 struct StopSignals {
     term: Option<tokio::signal::unix::Signal>,
     int: Option<tokio::signal::unix::Signal>,
-    /// SIGHUP would end the process by default; until rule reload exists it is logged and ignored.
     hup: Option<tokio::signal::unix::Signal>,
 }
 
@@ -304,6 +347,7 @@ async fn wait_for_stop(
     shutdown: &CancellationToken,
     stop_after: Option<Duration>,
     signals: StopSignals,
+    reload: &ReloadHandle,
 ) {
     let StopSignals {
         mut term,
@@ -325,7 +369,8 @@ async fn wait_for_stop(
                 return;
             }
             _ = async { match hup.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => {
-                tracing::warn!("SIGHUP received: reloading rules is not supported yet; restart keywatch to load new rules. Still running.");
+                tracing::info!("SIGHUP received: reloading the rules.");
+                reload.request(Cause::Signal);
             }
         }
     }

@@ -98,6 +98,18 @@ pub enum Command {
         #[command(flatten)]
         rules: RulesArg,
     },
+    /// Is Redis ready for keywatch? Reachability, version, role, notify-keyspace-events,
+    /// cluster masters, permissions, expiry backlog; each problem with its fix (exit 1).
+    Doctor {
+        /// Redis URL (overrides KEYWATCH_REDIS_URL and `redis.url`).
+        #[arg(long, value_name = "URL")]
+        redis: Option<String>,
+        /// One JSON object: {"node", "ready", "checks": [{"check", "verdict", "detail", "fix"}]}.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        rules: RulesArg,
+    },
     /// Show which rules match KEY and the actions they would run, fully rendered; send nothing.
     Explain {
         /// The key (bytes that are not UTF-8 may be given as `\xNN`).
@@ -274,7 +286,10 @@ pub fn run(cli: Cli) -> ExitCode {
     // One TLS provider for reqwest and redis, chosen before either builds a TLS config.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let default_level = match cli.command {
-        Command::Check { .. } | Command::Explain { .. } | Command::Upcoming { .. } => "warn",
+        Command::Check { .. }
+        | Command::Explain { .. }
+        | Command::Upcoming { .. }
+        | Command::Doctor { .. } => "warn",
         // The tour shows what fires and what the actions did, not the daemon's housekeeping.
         Command::Demo => "warn,keywatch::alert=info,keywatch::delivery=info",
         _ => "info",
@@ -298,6 +313,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 redis,
                 listen,
                 stop_after: None,
+                rules: rules.paths.clone(),
             };
             match rt.block_on(crate::app::run(
                 loaded.config,
@@ -334,6 +350,17 @@ pub fn run(cli: Cli) -> ExitCode {
                 limit,
             };
             crate::upcoming::main(&loaded.config, &opts, json, &rt)
+        }
+        Command::Doctor { redis, json, rules } => {
+            let loaded = match load_or_report(&rules.paths, Mode::Check) {
+                Ok(l) => l,
+                Err(code) => return code,
+            };
+            let Some(rt) = runtime() else {
+                return ExitCode::from(1);
+            };
+            let opts = crate::doctor::Options { redis, json };
+            crate::doctor::main(&loaded.config, &opts, &rt)
         }
         Command::SendTest { channel, rules } => {
             let loaded = match load_or_report(&rules.paths, Mode::Run) {

@@ -18,12 +18,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::action::notify::{self, Message};
 use crate::action::{Actions, Outcome, actions_of};
-use crate::config::Group;
+use crate::backlog::{Lane, Turn, Waiting};
+use crate::config::{Group, Rate};
 use crate::dead::{DeadLetter, DeadStore};
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
 use crate::queue::{self, Job, Queue};
-use crate::ratelimit::{SharedBucket, TokenBucket};
+use crate::ratelimit::{Limiter, SharedBucket, TokenBucket};
 use crate::status::{self, Status};
 
 /// How failed actions are retried.
@@ -58,6 +59,42 @@ impl RetryPolicy {
     }
 }
 
+/// What follows a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Attempt again at this time (unix ms).
+    RetryAt(i64),
+    /// The retry window is over: dead-letter the job.
+    GiveUp,
+}
+
+impl RetryPolicy {
+    /// The decision after failed attempt number `attempt` (1 for the first) at `now`, for a job
+    /// failing since `failing_since` (both unix ms), when the target asked to wait `retry_after`.
+    ///
+    /// The retry window bounds every wait: a `Retry-After` of two days, or a backoff reaching past
+    /// the window, would otherwise hold a job beyond 24 h before its dead letter. Instead the last
+    /// attempt comes at the window's end, and if that fails too the job is dead-lettered then.
+    pub fn after_failure(
+        &self,
+        attempt: u32,
+        failing_since: i64,
+        now: i64,
+        retry_after: Option<Duration>,
+    ) -> Next {
+        let window_end = failing_since.saturating_add(millis(self.give_up_after));
+        if now >= window_end {
+            return Next::GiveUp;
+        }
+        let wait = retry_after.unwrap_or_default().max(self.backoff(attempt));
+        Next::RetryAt(now.saturating_add(millis(wait)).min(window_end))
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 #[derive(Clone)]
 pub struct Delivery {
     inner: Arc<Inner>,
@@ -66,7 +103,8 @@ pub struct Delivery {
 struct Inner {
     actions: Actions,
     metrics: Arc<Metrics>,
-    limiters: HashMap<String, Arc<Limiter>>,
+    /// Rate limits and waiting lines (where a backlog merges into digests) per channel.
+    limiters: Limiters,
     policy: RetryPolicy,
     tracker: TaskTracker,
     shutdown: CancellationToken,
@@ -86,18 +124,48 @@ struct Inner {
     status: OnceLock<Arc<Status>>,
 }
 
-/// A channel's rate limit: shared by every instance through Redis, or this instance's own.
-enum Limiter {
-    Shared(SharedBucket),
-    Local(TokenBucket),
+/// Items listed in a digest of a rule without `group.max_items` (a merged backlog).
+const DIGEST_ITEMS: usize = 20;
+
+/// The limiter and waiting line of each channel in force: made on first use, and made anew when a
+/// reload changes a channel's rate.
+struct Limiters {
+    /// `None` only in tests of this module: each limiter is then this instance's own.
+    state: Option<crate::keyspace::Conn>,
+    prefix: String,
+    by_channel: Mutex<HashMap<String, Limited>>,
 }
 
-impl Limiter {
-    async fn take(&self) {
-        match self {
-            Limiter::Shared(b) => b.take().await,
-            Limiter::Local(b) => b.take().await,
+/// A rate-limited channel's limiter and waiting line, at the rate they were made for.
+#[derive(Clone)]
+struct Limited {
+    rate: Rate,
+    limiter: Arc<Limiter>,
+    lane: Arc<Lane>,
+}
+
+impl Limiters {
+    fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Limited> {
+        let rate = config.channel(channel)?.rate?;
+        let mut map = self.by_channel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = map.get(channel)
+            && l.rate == rate
+        {
+            return Some(l.clone());
         }
+        let limiter = Arc::new(match &self.state {
+            Some(conn) => {
+                Limiter::Shared(SharedBucket::new(conn.clone(), &self.prefix, channel, rate))
+            }
+            None => Limiter::Local(TokenBucket::new(rate)),
+        });
+        let limited = Limited {
+            rate,
+            lane: Arc::new(Lane::new(limiter.clone(), rate)),
+            limiter,
+        };
+        map.insert(channel.to_string(), limited.clone());
+        Some(limited)
     }
 }
 
@@ -116,6 +184,9 @@ enum Work {
         channel: String,
         message: Arc<Message>,
         firings: Vec<Arc<Firing>>,
+        /// Queued jobs the digest stands for (a merged backlog), acknowledged when it is sent;
+        /// empty for a `group` digest, which is held only in memory.
+        jobs: Vec<String>,
     },
 }
 
@@ -194,21 +265,11 @@ impl Delivery {
         shutdown: CancellationToken,
     ) -> Delivery {
         let prefix = actions.config.state.prefix.clone();
-        let limiters = actions
-            .config
-            .channels
-            .iter()
-            .filter_map(|c| {
-                let r = c.rate?;
-                let limiter = match &state {
-                    Some(conn) => {
-                        Limiter::Shared(SharedBucket::new(conn.clone(), &prefix, &c.name, r))
-                    }
-                    None => Limiter::Local(TokenBucket::new(r)),
-                };
-                Some((c.name.clone(), Arc::new(limiter)))
-            })
-            .collect();
+        let limiters = Limiters {
+            state: state.clone(),
+            prefix: prefix.clone(),
+            by_channel: Mutex::new(HashMap::new()),
+        };
         let dead = state.clone().map(|conn| DeadStore::new(conn, &prefix));
         let queue = state.map(|conn| Queue::new(conn, &prefix));
         Delivery {
@@ -348,7 +409,8 @@ async fn run_firing(inner: Arc<Inner>, firing: Arc<Firing>) {
     let Ok(_permit) = inner.concurrent.clone().acquire_owned().await else {
         return;
     };
-    let Some(rule) = inner.actions.config.rule(&firing.rule) else {
+    let actions = inner.actions.refreshed();
+    let Some(rule) = actions.config.rule(&firing.rule) else {
         return;
     };
     let group = rule.notify.as_ref().and_then(|n| n.group);
@@ -425,13 +487,14 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
             return;
         }
         let (rule, channel) = key;
-        let composed = match (i.actions.config.rule(&rule), i.actions.config.channel(&channel)) {
-            (Some(r), Some(ch)) => notify::compose_digest(&i.actions, &batch, r, ch, group.max_items),
+        let actions = i.actions.refreshed();
+        let composed = match (actions.config.rule(&rule), actions.config.channel(&channel)) {
+            (Some(r), Some(ch)) => notify::compose_digest(&actions, &batch, r, ch, group.max_items),
             _ => Err("the rule or channel is no longer defined".into()),
         };
         match composed {
             Ok(message) => {
-                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch };
+                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch, jobs: Vec::new() };
                 deliver(i.clone(), work, 0, None).await
             }
             Err(e) => {
@@ -459,7 +522,7 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
         Work::Step { firing, action } => inner.actions.run(firing, action).await,
         Work::Digest {
             channel, message, ..
-        } => match inner.actions.config.channel(channel) {
+        } => match inner.actions.refreshed().config.channel(channel) {
             Some(ch) => notify::send(&inner.actions.http, ch, message).await,
             None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
         },
@@ -505,26 +568,43 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
 /// the queue between attempts (any instance may take the next one); a digest (held only in
 /// memory) waits here. `failing_since` is when the first attempt failed, unix ms.
 async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: Option<i64>) {
+    let id = work.job_id();
+    inflight(&inner).insert(id.clone());
+    // A notification of a rate-limited channel waits in its channel's line, and may come out of
+    // it carrying the channel's backlog as a digest.
+    let (work, mut token) = match lane_of(&inner, &work) {
+        Some(lane) => match take_turn(&inner, &lane, work, &id).await {
+            Some(w) => (w, true),
+            // Left in flight: shutdown hands it back, or the digest it joined acknowledges it.
+            None => return,
+        },
+        None => (work, false),
+    };
+    // The queued jobs this work acknowledges when it is finished.
+    let jobs: Vec<String> = match (&work, &inner.queue) {
+        (_, None) => Vec::new(),
+        (Work::Step { .. }, Some(_)) => vec![id.clone()],
+        (Work::Digest { jobs, .. }, Some(_)) => jobs.clone(),
+    };
     let durable = match (&work, &inner.queue) {
         (Work::Step { .. }, Some(q)) => Some(q.clone()),
         _ => None,
     };
-    let id = work.job_id();
-    inner
-        .inflight
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id.clone());
     let finish = |inner: &Inner| {
-        inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        let mut set = inflight(inner);
+        set.remove(&id);
+        for j in &jobs {
+            set.remove(j);
+        }
     };
-    let limiter = work.channel().and_then(|c| inner.limiters.get(c).cloned());
+    let limiter = work
+        .channel()
+        .and_then(|c| inner.limiters.get(&inner.actions.live.current(), c))
+        .map(|l| l.limiter);
     loop {
-        if let Some(l) = &limiter {
+        if let Some(l) = &limiter
+            && !std::mem::take(&mut token)
+        {
             tokio::select! {
                 biased;
                 // Left in flight: shutdown hands it back.
@@ -538,11 +618,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                 if let Outcome::Failed(reason) = &outcome {
                     dead_letter(&inner, &work, reason);
                 }
-                if let Some(q) = &durable
-                    && let Err(e) = q.done(&id).await
-                {
-                    tracing::warn!(error = %e, id = %id, "Cannot mark the job done; it may run again when its lease ends.");
-                }
+                acknowledge(&inner, &jobs).await;
                 finish(&inner);
                 return;
             }
@@ -550,19 +626,17 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                 let now = queue::now_ms();
                 let since = *failing_since.get_or_insert(now);
                 n += 1;
-                if now - since >= inner.policy.give_up_after.as_millis() as i64 {
+                let Next::RetryAt(at) = inner.policy.after_failure(n, since, now, after) else {
                     dead_letter(
                         &inner,
                         &work,
                         "gave up: failing for longer than the retry window",
                     );
-                    if let Some(q) = &durable {
-                        let _ = q.done(&id).await;
-                    }
+                    acknowledge(&inner, &jobs).await;
                     finish(&inner);
                     return;
-                }
-                let wait = after.unwrap_or_default().max(inner.policy.backoff(n));
+                };
+                let wait = Duration::from_millis(u64::try_from(at - now).unwrap_or(0));
                 if let (Some(q), Work::Step { firing, action }) = (&durable, &work) {
                     let job = Job {
                         firing: (**firing).clone(),
@@ -572,7 +646,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                     };
                     // Out of the in-flight set first, so a lease renewal cannot push the retry back.
                     finish(&inner);
-                    match q.reschedule(&job, now + wait.as_millis() as i64).await {
+                    match q.reschedule(&job, at).await {
                         Ok(()) => return,
                         Err(e) => {
                             tracing::warn!(error = %e, id = %id, "Cannot requeue the job; retrying from memory.")
@@ -589,6 +663,98 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
     }
 }
 
+fn inflight(inner: &Inner) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+    inner.inflight.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes finished jobs from the queue (one group-committed round trip for all of them).
+async fn acknowledge(inner: &Inner, jobs: &[String]) {
+    let Some(q) = &inner.queue else { return };
+    let acks = futures_util::future::join_all(jobs.iter().map(|j| q.done(j))).await;
+    if let Some(Err(e)) = acks.into_iter().find(|r| r.is_err()) {
+        tracing::warn!(error = %e, jobs = jobs.len(), "Cannot mark jobs done; they may run again when their lease ends.");
+    }
+}
+
+/// The waiting line of a notification's channel, if the channel has a rate.
+fn lane_of(inner: &Inner, work: &Work) -> Option<Arc<Lane>> {
+    match work {
+        Work::Step {
+            action: Action::Notify { channel },
+            ..
+        } => inner
+            .limiters
+            .get(&inner.actions.live.current(), channel)
+            .map(|l| l.lane),
+        _ => None,
+    }
+}
+
+/// Waits for the channel's token; the work to send with it (this notification, or a digest of
+/// it and the backlog of its rule), or `None` when there is nothing more to do here.
+async fn take_turn(inner: &Arc<Inner>, lane: &Arc<Lane>, work: Work, id: &str) -> Option<Work> {
+    let Work::Step { firing, action } = &work else {
+        return Some(work);
+    };
+    let waiting = Waiting {
+        firing: firing.clone(),
+        job: id.to_string(),
+    };
+    let others = match lane.wait(waiting, &inner.tracker, &inner.shutdown).await? {
+        Turn::Alone => return Some(work),
+        Turn::Merged => return None,
+        Turn::Lead(others) => others,
+    };
+    let Action::Notify { channel } = action else {
+        return Some(work);
+    };
+    let mut firings = vec![firing.clone()];
+    let mut jobs = vec![id.to_string()];
+    for w in others {
+        firings.push(w.firing);
+        jobs.push(w.job);
+    }
+    let actions = inner.actions.refreshed();
+    let composed = match (
+        actions.config.rule(&firing.rule),
+        actions.config.channel(channel),
+    ) {
+        (Some(r), Some(ch)) => {
+            let max = r
+                .notify
+                .as_ref()
+                .and_then(|n| n.group)
+                .map_or(DIGEST_ITEMS, |g| g.max_items);
+            notify::compose_digest(&actions, &firings, r, ch, max)
+        }
+        _ => Err("the rule or channel is no longer defined".into()),
+    };
+    match composed {
+        Ok(message) => Some(Work::Digest {
+            rule: firing.rule.clone(),
+            channel: channel.clone(),
+            message: Arc::new(message),
+            firings,
+            jobs,
+        }),
+        Err(e) => {
+            // Sent alone, then; the others go back to the queue for their own turns.
+            tracing::error!(rule = %firing.rule, %channel, reason = %e, "Cannot merge the channel's backlog into a digest; sending one by one.");
+            let back = jobs.split_off(1);
+            if let Some(q) = &inner.queue
+                && let Err(e) = q.hand_back(&back).await
+            {
+                tracing::warn!(error = %e, "Cannot hand jobs back; they come due again when their lease ends.");
+            }
+            let mut set = inflight(inner);
+            for j in &back {
+                set.remove(j);
+            }
+            Some(work)
+        }
+    }
+}
+
 /// Gives a dead letter a second life: the same firings, the same action, from attempt one.
 fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
     let firings: Vec<Arc<Firing>> = d.firings.into_iter().map(Arc::new).collect();
@@ -598,17 +764,18 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
             return;
         };
         inner.tracker.spawn(async move {
+            let actions = i.actions.refreshed();
             let composed = match (
-                i.actions.config.rule(&d.rule),
-                i.actions.config.channel(&channel),
+                actions.config.rule(&d.rule),
+                actions.config.channel(&channel),
             ) {
                 (Some(r), Some(ch)) => {
                     let max = r
                         .notify
                         .as_ref()
                         .and_then(|n| n.group)
-                        .map_or(20, |g| g.max_items);
-                    notify::compose_digest(&i.actions, &firings, r, ch, max)
+                        .map_or(DIGEST_ITEMS, |g| g.max_items);
+                    notify::compose_digest(&actions, &firings, r, ch, max)
                 }
                 _ => Err("the rule or channel is no longer defined".into()),
             };
@@ -619,6 +786,7 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
                         channel,
                         message: Arc::new(message),
                         firings,
+                        jobs: Vec::new(),
                     };
                     deliver(i.clone(), work, 0, None).await
                 }
@@ -700,5 +868,75 @@ mod tests {
         }
         let late: Duration = (0..200).map(|_| p.backoff(10)).sum::<Duration>() / 200;
         assert!(late > Duration::from_secs(20), "{late:?}");
+    }
+
+    const HOUR_MS: i64 = 3_600_000;
+    const DAY_MS: i64 = 24 * HOUR_MS;
+
+    /// Replays the retry schedule of one job against a target that fails every attempt before
+    /// `down_until` (ms after the first attempt): when it was delivered or dead-lettered, and
+    /// after how many attempts. Virtual time: a day of retries runs in microseconds.
+    fn replay(down_until: i64, retry_after: Option<Duration>) -> (Result<i64, i64>, u32) {
+        let p = RetryPolicy::default();
+        let (mut now, mut n, mut since) = (0i64, 0u32, None);
+        loop {
+            n += 1;
+            if now >= down_until {
+                return (Ok(now), n);
+            }
+            let first_failure = *since.get_or_insert(now);
+            match p.after_failure(n, first_failure, now, retry_after) {
+                Next::RetryAt(at) => {
+                    assert!(at > now, "attempt {n} at {now} ms retried at {at} ms");
+                    assert!(
+                        at - now <= 300_000 || retry_after.is_some(),
+                        "waited {} ms",
+                        at - now
+                    );
+                    now = at;
+                }
+                Next::GiveUp => return (Err(now), n),
+            }
+        }
+    }
+
+    #[test]
+    fn a_target_down_for_an_hour_gets_its_alert_once_within_five_minutes_of_coming_back() {
+        for _ in 0..200 {
+            let (outcome, attempts) = replay(HOUR_MS, None);
+            let at = outcome.expect("never dead-lettered within the 24 h window");
+            assert!(
+                (HOUR_MS..=HOUR_MS + 300_000).contains(&at),
+                "delivered at {at} ms"
+            );
+            // 1 s doubling to the 5 min cap, with jitter: about 12–25 attempts in an hour.
+            assert!((12..=60).contains(&attempts), "{attempts} attempts");
+        }
+    }
+
+    #[test]
+    fn nothing_is_dead_lettered_before_24_hours_and_everything_at_24_hours() {
+        for _ in 0..50 {
+            // Back just before the window closes: still delivered, by the attempt at its end.
+            let (outcome, _) = replay(DAY_MS - 1, None);
+            assert!(outcome.is_ok_and(|at| at <= DAY_MS), "{outcome:?}");
+            // Never back: dead-lettered exactly when the window closes, not a backoff later.
+            let (outcome, attempts) = replay(i64::MAX, None);
+            assert_eq!(outcome, Err(DAY_MS), "after {attempts} attempts");
+        }
+    }
+
+    #[test]
+    fn a_retry_after_beyond_the_window_does_not_hold_the_dead_letter_back() {
+        let p = RetryPolicy::default();
+        let two_days = Some(Duration::from_secs(2 * 24 * 3600));
+        assert_eq!(p.after_failure(1, 0, 0, two_days), Next::RetryAt(DAY_MS));
+        assert_eq!(p.after_failure(2, 0, DAY_MS, two_days), Next::GiveUp);
+        // Within the window, Retry-After is obeyed even when it is longer than the backoff.
+        assert_eq!(
+            p.after_failure(1, 0, 1000, Some(Duration::from_secs(3600))),
+            Next::RetryAt(1000 + HOUR_MS)
+        );
+        assert_eq!(replay(i64::MAX, two_days), (Err(DAY_MS), 2));
     }
 }

@@ -74,6 +74,7 @@ pub async fn run() -> Result<(), DemoError> {
         redis: Some(url.clone()),
         listen: "127.0.0.1:0".parse().expect("a valid address"),
         stop_after: Some(Duration::from_secs(20)),
+        rules: Vec::new(),
     };
     let runner = tokio::spawn(app::run(loaded.config, opts, stop.clone()));
 

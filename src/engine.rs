@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::action::detail;
 use crate::claims::Claims;
-use crate::config::Config;
+use crate::config::{Config, LiveConfig};
 use crate::delivery::Delivery;
 use crate::event::{EventKind, KeyEvent};
 use crate::job::Firing;
@@ -29,12 +29,14 @@ pub const BATCH: usize = 1024;
 const RECHECK_PINGS: u32 = 8;
 
 pub struct Engine {
+    /// The rules in force for the batch at hand: one snapshot of `live` per batch.
     pub config: Arc<Config>,
+    pub live: LiveConfig,
     pub keyspace: Keyspace,
     pub delivery: Delivery,
     pub metrics: Arc<Metrics>,
     pub status: Arc<Status>,
-    /// The deadline ledger, when a rule reacts to expiries.
+    /// The deadline ledger; used while a rule reacts to expiries (see [`Engine::ledger`]).
     pub ledger: Option<Ledger>,
     /// Event claims shared by every instance watching the same Redis.
     pub claims: Claims,
@@ -55,11 +57,18 @@ struct Matched {
 
 impl Engine {
     /// Runs until every sender of `rx` is gone.
-    pub async fn run(self, mut rx: mpsc::Receiver<Signal>) {
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Signal>) {
         let mut batch = Vec::with_capacity(BATCH);
         while rx.recv_many(&mut batch, BATCH).await > 0 {
+            self.config = self.live.current();
             self.handle(std::mem::take(&mut batch)).await;
         }
+    }
+
+    /// The ledger, while the rules in force need one (a reload may add or drop the last rule
+    /// on expiries).
+    fn ledger(&self) -> Option<&Ledger> {
+        self.ledger.as_ref().filter(|_| self.config.uses_ledger())
     }
 
     async fn handle(&self, signals: Vec<Signal>) {
@@ -71,7 +80,7 @@ impl Engine {
         for s in signals {
             match s {
                 Signal::Event(e) => {
-                    if self.ledger.is_some()
+                    if self.ledger().is_some()
                         && matches!(e.kind, EventKind::Evicted | EventKind::Deleted)
                     {
                         forget.push((e.db, e.key.clone()));
@@ -79,7 +88,7 @@ impl Engine {
                     events.push(e);
                 }
                 Signal::Deadline { db, key, note } => {
-                    if self.ledger.is_some() && self.config.wants_deadline(db, &key) {
+                    if self.ledger().is_some() && self.config.wants_deadline(db, &key) {
                         match note {
                             Note::Expire | Note::RenameTo => learn.push((db, key)),
                             Note::Forget => forget.push((db, key)),
@@ -88,9 +97,7 @@ impl Engine {
                 }
                 Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker { node, payload } => {
-                    if let Some((db, seq)) =
-                        self.ledger.as_ref().and_then(|l| l.own_marker(&payload))
-                    {
+                    if let Some((db, seq)) = self.ledger().and_then(|l| l.own_marker(&payload)) {
                         markers.extend(self.markers().heard(&node, db, seq));
                     }
                 }
@@ -116,7 +123,7 @@ impl Engine {
                 }
             }
         }
-        if let Some(l) = &self.ledger {
+        if let Some(l) = self.ledger() {
             for (db, keys) in ledger::by_db(forget) {
                 if let Err(e) = l.forget(db, &keys).await {
                     tracing::warn!(db, error = %e, "Ledger: cannot forget deadlines.");
@@ -129,7 +136,7 @@ impl Engine {
             }
             self.attach_deadlines(l, &mut events).await;
         }
-        if let Some(l) = &self.ledger {
+        if let Some(l) = self.ledger() {
             for (db, seq) in markers {
                 self.recover(l, db, seq, &mut events).await;
             }
@@ -216,7 +223,9 @@ impl Engine {
     /// meanwhile, ask for a marker (whose arrival recovers what was missed), then learn the
     /// deadlines of keys set meanwhile with a paced scan.
     fn after_subscribe(&self, node: &str) {
-        let Some(l) = self.ledger.clone() else { return };
+        let Some(l) = self.ledger().cloned() else {
+            return;
+        };
         let config = self.config.clone();
         let only = self.keyspace.is_cluster().then(|| node.to_string());
         tokio::spawn(async move {

@@ -7,10 +7,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::{Mutex, Notify, OnceCell};
@@ -118,14 +117,6 @@ struct Cluster {
     suspect: Notify,
 }
 
-fn manager_config() -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(Duration::from_secs(5)))
-        .set_response_timeout(Some(Duration::from_secs(10)))
-        .set_number_of_retries(3)
-        .set_max_delay(Duration::from_secs(2))
-}
-
 fn settings_error(e: ConnectError) -> redis::RedisError {
     redis::RedisError::from((
         redis::ErrorKind::InvalidClientConfig,
@@ -139,6 +130,11 @@ impl Keyspace {
     /// `redis.cluster`, the URL is one node of the cluster (the seed).
     pub fn new(url: Secret, settings: RedisSettings) -> Result<Keyspace, ConnectError> {
         let (_, node) = connect::client(&url, &settings, 0)?;
+        if settings.tls.is_some() && !connect::is_tls(&url) {
+            // Not an error: `--redis redis://…` may deliberately point rules written for a TLS
+            // server at a local plain one. But the operator should know nothing is encrypted.
+            tracing::warn!(redis = %node, "`redis.tls` is set but the Redis URL is not `rediss://`: the connection is not encrypted and the TLS files are not used.");
+        }
         let cluster = if settings.cluster {
             Some(Cluster {
                 client: connect::cluster_client(&url, &settings)?,
@@ -160,6 +156,11 @@ impl Keyspace {
                 cluster,
             }),
         })
+    }
+
+    /// The URL, credentials included: for [`connect::explain`], never for printing.
+    pub fn url(&self) -> &Secret {
+        &self.inner.url
     }
 
     /// `host:port` of the node of the URL (the seed, on a cluster), safe to print.
@@ -202,9 +203,7 @@ impl Keyspace {
             return Ok(c.clone());
         }
         let client = self.client(db).map_err(settings_error)?;
-        let c = client
-            .get_connection_manager_with_config(manager_config())
-            .await?;
+        let c = connect::manager(&client).await?;
         conns.insert(db, c.clone());
         Ok(c)
     }
@@ -220,9 +219,7 @@ impl Keyspace {
             return Ok(c.clone());
         }
         let client = self.client_for(addr).map_err(settings_error)?;
-        let c = client
-            .get_connection_manager_with_config(manager_config())
-            .await?;
+        let c = connect::manager(&client).await?;
         nodes.insert(addr.to_string(), c.clone());
         Ok(c)
     }
@@ -312,16 +309,21 @@ pub async fn state_conn(
     match state_url {
         Some(url) => {
             let (client, node) = connect::client(url, settings, 0).map_err(|e| e.to_string())?;
-            client
-                .get_connection_manager_with_config(manager_config())
+            connect::manager(&client)
                 .await
                 .map(Conn::Node)
-                .map_err(|e| format!("cannot connect to the state Redis at {node}: {e}"))
+                .map_err(|e| {
+                    let e = connect::explain(url, &e);
+                    format!("cannot connect to the state Redis at {node}: {e}")
+                })
         }
-        None => watched
-            .conn(0)
-            .await
-            .map_err(|e| format!("cannot connect to Redis at {}: {e}", watched.node())),
+        None => watched.conn(0).await.map_err(|e| {
+            format!(
+                "cannot connect to Redis at {}: {}",
+                watched.node(),
+                connect::explain(watched.url(), &e)
+            )
+        }),
     }
 }
 

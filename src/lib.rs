@@ -28,20 +28,24 @@
 //! - [`queue`]: the durable job queue in Redis, shared by instances.
 //! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
 //! - [`ratelimit`]: token buckets for channels.
+//! - [`backlog`]: a rate-limited channel's waiting line; a backlog the rate cannot serve merges into digests.
 //! - [`metrics`]: every metric of SPEC §7, defined once.
 //! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
 //! - [`status_page`]: the HTML status page at `/`, for on-call engineers on a phone.
 //! - [`server`]: the HTTP endpoint of SPEC §6.
 //! - [`admin`]: `keywatch silence` and `keywatch dead`, which change state in Redis.
 //! - [`app`]: `keywatch run`: wiring and shutdown.
+//! - [`reload`]: new rules while running (SIGHUP, `POST /-/reload`, file changes), all or nothing.
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
 //! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
+//! - [`doctor`]: `keywatch doctor`, is Redis ready for keywatch (each problem with its fix).
 //! - [`upcoming`]: `keywatch upcoming`, keys that expire soon (ledger, or a paced SCAN).
 
 pub mod action;
 pub mod admin;
 pub mod app;
+pub mod backlog;
 pub mod claims;
 pub mod cli;
 pub mod cluster;
@@ -50,6 +54,7 @@ pub mod connect;
 pub mod dead;
 pub mod delivery;
 pub mod demo;
+pub mod doctor;
 pub mod engine;
 pub mod event;
 pub mod explain;
@@ -61,6 +66,7 @@ pub mod metrics;
 pub mod pattern;
 pub mod queue;
 pub mod ratelimit;
+pub mod reload;
 pub mod send_test;
 pub mod server;
 pub mod silences;

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub rules_loaded: Gauge<i64, AtomicI64>,
     pub reload_failures: Counter<u64, AtomicU64>,
     pub config_last_reload_successful: Gauge<i64, AtomicI64>,
+    /// Unix seconds of the last successful load (start or reload), as Prometheus has it.
+    pub config_last_reload_success_timestamp: Gauge<i64, AtomicI64>,
     pub scan_keys: Counter<u64, AtomicU64>,
     pub scan_seconds: Histogram,
     pub silenced: Family<Labels, Counter>,
@@ -71,6 +73,7 @@ impl Metrics {
             rules_loaded: Gauge::default(),
             reload_failures: Counter::default(),
             config_last_reload_successful: Gauge::default(),
+            config_last_reload_success_timestamp: Gauge::default(),
             scan_keys: Counter::default(),
             scan_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             silenced: Family::default(),
@@ -140,13 +143,18 @@ impl Metrics {
         );
         r.register(
             "keywatch_reload_failures",
-            "Rule reloads rejected because the new rules were invalid",
+            "Rule reloads that left the old rules in force (invalid rules, or a setting that needs a restart)",
             m.reload_failures.clone(),
         );
         r.register(
             "keywatch_config_last_reload_successful",
             "1 if the last rule reload succeeded",
             m.config_last_reload_successful.clone(),
+        );
+        r.register(
+            "keywatch_config_last_reload_success_timestamp_seconds",
+            "When the rules in force were loaded (Unix seconds)",
+            m.config_last_reload_success_timestamp.clone(),
         );
         r.register(
             "keywatch_scan_keys",

@@ -15,6 +15,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::job::{Action, Firing};
 
+mod writer;
+pub use writer::WriteError;
+use writer::Writer;
+
 /// How long a taken job is someone's before it is due again. The instance renews the leases of
 /// its jobs in flight every [`RENEW_EVERY`], so a long attempt keeps its job, and a job of an
 /// instance that died comes due within this.
@@ -53,6 +57,8 @@ pub struct Queue {
     zset: String,
     jobs: String,
     take: redis::Script,
+    /// New and finished jobs, group-committed.
+    writer: Writer,
 }
 
 pub fn now_ms() -> i64 {
@@ -62,45 +68,35 @@ pub fn now_ms() -> i64 {
 impl Queue {
     pub fn new(conn: Conn, prefix: &str) -> Queue {
         Queue {
-            conn,
+            conn: conn.clone(),
             zset: format!("{prefix}queue"),
             jobs: format!("{prefix}queue:jobs"),
             take: redis::Script::new(TAKE),
+            writer: Writer::start(
+                conn,
+                format!("{prefix}queue"),
+                format!("{prefix}queue:jobs"),
+            ),
         }
     }
 
-    /// Stores jobs this instance is about to attempt (leased to it).
-    pub async fn put_leased(&self, jobs: &[Job]) -> redis::RedisResult<()> {
+    /// Stores jobs this instance is about to attempt (leased to it). Shares one round trip
+    /// with whatever other jobs are being stored or finished at the same time.
+    pub async fn put_leased(&self, jobs: &[Job]) -> Result<(), WriteError> {
         if jobs.is_empty() {
             return Ok(());
         }
         let due = now_ms() + LEASE.as_millis() as i64;
-        let mut p = redis::pipe();
-        for j in jobs {
-            let id = j.id();
-            p.cmd("HSET")
-                .arg(&self.jobs)
-                .arg(&id)
-                .arg(serde_json::to_string(j).unwrap_or_default())
-                .ignore();
-            p.cmd("ZADD").arg(&self.zset).arg(due).arg(&id).ignore();
-        }
-        p.exec_async(&mut self.conn.clone()).await
+        let payloads = jobs
+            .iter()
+            .map(|j| (j.id(), serde_json::to_string(j).unwrap_or_default()))
+            .collect();
+        self.writer.put_all(payloads, due).await
     }
 
-    /// The job is finished (sent, or dead-lettered).
-    pub async fn done(&self, id: &str) -> redis::RedisResult<()> {
-        redis::pipe()
-            .cmd("ZREM")
-            .arg(&self.zset)
-            .arg(id)
-            .ignore()
-            .cmd("HDEL")
-            .arg(&self.jobs)
-            .arg(id)
-            .ignore()
-            .exec_async(&mut self.conn.clone())
-            .await
+    /// The job is finished (sent, or dead-lettered); group-committed like [`Queue::put_leased`].
+    pub async fn done(&self, id: &str) -> Result<(), WriteError> {
+        self.writer.done(id.to_string()).await
     }
 
     /// The job's next attempt is due at `due_ms`, on whichever instance takes it.

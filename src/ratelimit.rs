@@ -12,6 +12,22 @@ use tokio::time::Instant;
 
 use crate::config::Rate;
 
+/// A channel's rate limit: shared by every instance through Redis, or this instance's own.
+pub enum Limiter {
+    Shared(SharedBucket),
+    Local(TokenBucket),
+}
+
+impl Limiter {
+    /// Waits for a token.
+    pub async fn take(&self) {
+        match self {
+            Limiter::Shared(b) => b.take().await,
+            Limiter::Local(b) => b.take().await,
+        }
+    }
+}
+
 pub struct TokenBucket {
     rate: Rate,
     state: Mutex<State>,

@@ -1,4 +1,5 @@
-//! The HTTP endpoint of SPEC §6: `/metrics`, `/healthz`, `/readyz`, and the status page `/`.
+//! The HTTP endpoint of SPEC §6: `/metrics`, `/healthz`, `/readyz`, `POST /-/reload`, and the
+//! status page `/`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,10 +8,11 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse};
-use axum::routing::get;
+use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::reload::{Cause, ReloadHandle};
 use crate::source::ledger::Ledger;
 use crate::status::Status;
 
@@ -20,6 +22,8 @@ pub struct Shared {
     pub status: Arc<Status>,
     /// For the upcoming expiries of the status page; `None` when keywatch keeps no ledger.
     pub ledger: Option<Ledger>,
+    /// `None` where nothing can be reloaded (tests of the page alone).
+    pub reload: Option<ReloadHandle>,
 }
 
 pub fn router(shared: Shared) -> Router {
@@ -28,6 +32,7 @@ pub fn router(shared: Shared) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/-/reload", post(reload))
         .with_state(shared)
 }
 
@@ -64,6 +69,24 @@ async fn readyz(State(s): State<Shared>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready\n{body}"),
         )
+    }
+}
+
+/// Like Prometheus's `/-/reload`: 200 once the new rules are in force, 500 with the reasons when
+/// the old ones stay.
+async fn reload(State(s): State<Shared>) -> impl IntoResponse {
+    let Some(handle) = s.reload else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "reloading is not available here\n".to_string(),
+        );
+    };
+    match handle.reload(Cause::Http).await {
+        Ok(summary) => (StatusCode::OK, format!("{summary}\n")),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("failed to reload the rules; the old rules stay in force: {e}\n"),
+        ),
     }
 }
 

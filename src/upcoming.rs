@@ -99,7 +99,8 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
     );
     let keyspace = Keyspace::new(url, config.redis.clone()).map_err(|e| e.to_string())?;
     let node = keyspace.node().to_string();
-    let cannot = |e: redis::RedisError| format!("Redis at {node}: {e}");
+    let cannot =
+        |e: redis::RedisError| format!("Redis at {node}: {}", connect::explain(keyspace.url(), &e));
     // On a cluster, SCAN walks every master.
     keyspace.discover().await.map_err(|e| e.to_string())?;
     let ledger = if ledger_covers(config, opts) {

@@ -148,17 +148,3 @@ fn dead_letters_are_kept_listed_redriven_and_dropped() {
             .contains("no dead letters")
     );
 }
-
-#[test]
-fn sighup_is_logged_and_keywatch_keeps_running() {
-    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
-    let receiver = HttpReceiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
-    kw.sighup();
-    kw.wait_for_output("SIGHUP received", Duration::from_secs(10));
-    expire(&redis, "lock:after-hup");
-    receiver.wait_for(1, Duration::from_secs(10));
-    assert!(kw.try_status().is_none(), "keywatch exited on SIGHUP");
-}

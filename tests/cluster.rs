@@ -8,8 +8,8 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, KeywatchProcess, RedisCluster, http_get, wait_until, write_rules};
-use support::{PATIENCE, SUBSCRIBED};
+use common::{HttpReceiver, KeywatchProcess, RedisCluster, wait_until, write_rules};
+use support::{PATIENCE, SUBSCRIBED, endpoint, get};
 
 /// Cluster settle and failover are slow on a loaded 2-core machine.
 const CLUSTER_PATIENCE: Duration = Duration::from_secs(60);
@@ -109,7 +109,7 @@ fn set_px(c: &mut redis::cluster::ClusterConnection, key: &str, ms: u64) {
 
 /// `keywatch_subscriber_up` per node, from `/metrics`.
 fn subscribers_up(addr: &str) -> BTreeMap<String, i64> {
-    let (_, body) = http_get(addr, "/metrics");
+    let (_, body) = get(addr, "/metrics");
     body.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix("keywatch_subscriber_up{node=\"")?;
@@ -135,11 +135,11 @@ fn keys_on_every_shard_alert_once_and_every_master_is_ready() {
         kw,
         _dir,
     } = start("");
-    let addr = kw.http_addr();
+    let addr = endpoint(&kw);
 
     // (d) readiness and the gauge name every master, and only masters.
     wait_until("/readyz says ready", PATIENCE, || {
-        http_get(&addr, "/readyz").0 == 200
+        get(&addr, "/readyz").0 == 200
     });
     let masters = master_addrs(&cluster);
     let expected: BTreeMap<String, i64> = masters.iter().map(|m| (m.clone(), 1)).collect();
@@ -181,7 +181,7 @@ fn alerts_continue_after_a_master_fails_over() {
         kw,
         _dir,
     } = start("");
-    let addr = kw.http_addr();
+    let addr = endpoint(&kw);
     let mut c = conn(&cluster);
 
     let old_master = cluster.masters()[0];
@@ -209,7 +209,7 @@ fn alerts_continue_after_a_master_fails_over() {
         },
     );
     wait_until("/readyz says ready", PATIENCE, || {
-        http_get(&addr, "/readyz").0 == 200
+        get(&addr, "/readyz").0 == 200
     });
 
     let mut c = conn(&cluster);

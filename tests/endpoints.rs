@@ -8,20 +8,7 @@ use std::time::Duration;
 
 use common::{HttpReceiver, RedisServer, wait_until};
 
-fn endpoint(kw: &common::KeywatchProcess) -> String {
-    kw.http_addr()
-}
-
-fn get(addr: &str, path: &str) -> (u16, String) {
-    common::http_get(addr, path)
-}
-
-fn metric(body: &str, prefix: &str) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
+use support::{endpoint, get, metric};
 
 #[test]
 fn readiness_follows_the_subscription_and_metrics_follow_events() {
@@ -75,4 +62,59 @@ fn readiness_follows_the_subscription_and_metrics_follow_events() {
     assert_eq!(get(&addr, "/healthz").0, 200);
     let (_, m) = get(&addr, "/metrics");
     assert_eq!(metric(&m, "keywatch_subscriber_up{"), 0.0, "{m}");
+}
+
+#[test]
+fn not_ready_until_subscribed() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    // A user that may do everything but subscribe (Redis 7 gives new users no channels).
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "kw", "on", ">kw-pass", "~*", "+@all"][..])
+        .query(&mut redis.conn())
+        .unwrap();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let url = format!("redis://kw:kw-pass@127.0.0.1:{}", redis.port());
+    let mut kw = common::Keywatch::spawn(
+        [
+            "run",
+            "-r",
+            rules.to_str().unwrap(),
+            "--redis",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    kw.wait_for_output("HTTP endpoint listening", support::PATIENCE);
+    let addr = endpoint(&kw);
+    kw.wait_for_output("SUBSCRIBE", support::PATIENCE);
+    let (status, body) = get(&addr, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not subscribed"), "{body}");
+    assert_eq!(get(&addr, "/healthz").0, 200);
+
+    // Allowed to subscribe, keywatch gets there on its next attempt, and is ready.
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "kw", "allchannels"][..])
+        .query(&mut redis.conn())
+        .unwrap();
+    wait_until("/readyz says ready", support::PATIENCE, || {
+        get(&addr, "/readyz").0 == 200
+    });
+    let _: () = redis::cmd("SET")
+        .arg("lock:ready")
+        .arg("w")
+        .arg("PX")
+        .arg(1)
+        .query(&mut redis.conn())
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let _: Option<String> = redis::cmd("GET")
+        .arg("lock:ready")
+        .query(&mut redis.conn())
+        .unwrap();
+    receiver.wait_for(1, support::PATIENCE);
 }

@@ -20,7 +20,7 @@ pub mod wecom;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Config, LiveConfig};
 use crate::job::{Action, Firing};
 use crate::keyspace::Keyspace;
 
@@ -52,14 +52,38 @@ impl Outcome {
 /// What every action needs: the rules, an HTTP client, and the watched Redis.
 #[derive(Clone)]
 pub struct Actions {
+    /// One snapshot of the rules: a rule, its channel and the templates they point at must come
+    /// from the same reload, so an attempt works on [`Actions::refreshed`] throughout.
     pub config: Arc<Config>,
+    pub live: LiveConfig,
     pub http: reqwest::Client,
     pub keyspace: Keyspace,
 }
 
 impl Actions {
-    /// One attempt of `action` for `firing`.
+    pub fn new(live: LiveConfig, http: reqwest::Client, keyspace: Keyspace) -> Actions {
+        Actions {
+            config: live.current(),
+            live,
+            http,
+            keyspace,
+        }
+    }
+
+    /// These actions with the rules in force now; take it once per attempt or digest.
+    pub fn refreshed(&self) -> Actions {
+        Actions {
+            config: self.live.current(),
+            ..self.clone()
+        }
+    }
+
+    /// One attempt of `action` for `firing`, under the rules in force now.
     pub async fn run(&self, firing: &Firing, action: &Action) -> Outcome {
+        self.refreshed().run_snapshot(firing, action).await
+    }
+
+    async fn run_snapshot(&self, firing: &Firing, action: &Action) -> Outcome {
         let Some(rule) = self.config.rule(&firing.rule) else {
             return Outcome::Failed(format!(
                 "rule `{}` is no longer in the rule set",

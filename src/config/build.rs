@@ -374,10 +374,12 @@ fn build_rule(
             &format!("{what} `reload.url`"),
             &check,
         );
+        // `on` is empty when every event listed was unknown (already an error): no sample then.
         if let Some(id) = url
+            && let Some(&kind) = r.on.first()
             && !rd.url.unresolved
         {
-            let sample = Context::sample(&r.name.value, r.on[0], &captures);
+            let sample = Context::sample(&r.name.value, kind, &captures);
             if let Ok(bytes) = templates.render(id, &sample) {
                 check_http_url(
                     d,
@@ -663,4 +665,34 @@ fn literal_prefix(s: &str) -> String {
         .find(['{', '*', '?', '[', '\\', '(', '^', '.', '$'])
         .unwrap_or(s.len());
     s[..end].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use crate::config::{LoadError, Mode, load_texts};
+
+    /// Found by `fuzz/fuzz_targets/rules_check.rs`: a `reload` rule whose `on` lists only
+    /// unknown events panicked (indexing the empty list) instead of reporting the event.
+    #[test]
+    fn reload_rule_with_only_unknown_events_is_an_error_not_a_panic() {
+        let yaml = "rules:\n  - name: r\n    match: \"a:{id}\"\n    on: [e$xpired]\n    reload: { url: \"http://127.0.0.1:1/{{ id }}\" }\n";
+        let result = load_texts(
+            vec![PathBuf::from("rules.yaml")],
+            &[yaml.to_string()],
+            Mode::Check,
+            &|_| None,
+        );
+        let Err(LoadError::Invalid(diags)) = result else {
+            panic!("an unknown event must be an error");
+        };
+        let text: Vec<String> = diags.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [
+                "rules.yaml:4:10: rule `r`: unknown event `e$xpired` in `on`; expected expired, evicted, deleted, expiring; did you mean `expired`?"
+            ],
+        );
+    }
 }

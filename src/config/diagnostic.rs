@@ -84,7 +84,7 @@ impl Diagnostics {
         let d = Diagnostic {
             loc: loc.clone(),
             severity,
-            message,
+            message: one_line(message),
         };
         // The same problem can be reached twice (a template checked for two channels).
         if !self.list.contains(&d) {
@@ -109,6 +109,26 @@ impl Diagnostics {
         });
         self.list
     }
+}
+
+/// Messages quote the user's text (an unknown field, a bad value), which YAML lets span lines or
+/// hold terminal escapes; `check` promises one problem per line, so control characters are
+/// written as escapes (`\n`, `\u{1b}`).
+fn one_line(message: String) -> String {
+    if !message.chars().any(|c| c.is_control() && c != '\t') {
+        return message;
+    }
+    let mut out = String::with_capacity(message.len() + 8);
+    for c in message.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push('\t'),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// "did you mean `x`?" for a misspelt name among the names that would have been accepted.
@@ -136,6 +156,23 @@ mod tests {
         );
         assert_eq!(did_you_mean("colour", ["message", "title", "to"]), "");
         assert_eq!(did_you_mean("ot", ["to", "on"]), "; did you mean `to`?");
+    }
+
+    /// Found by `fuzz/fuzz_targets/rules_check.rs`: an unknown field spelt over several lines
+    /// (a quoted YAML key with newlines) printed a diagnostic over several lines.
+    #[test]
+    fn user_text_with_newlines_and_escapes_stays_on_one_line() {
+        let file: Arc<Path> = Arc::from(Path::new("rules/a.yaml"));
+        let mut diags = Diagnostics::default();
+        diags.error(
+            &Loc::new(&file, 23, 1),
+            "unknown field `/\n\n3fir\r\x1b[31m` in a rule file",
+        );
+        let line = diags.into_sorted(&|_| 0)[0].to_string();
+        assert_eq!(
+            line,
+            "rules/a.yaml:23:1: unknown field `/\\n\\n3fir\\r\\u{1b}[31m` in a rule file"
+        );
     }
 
     #[test]

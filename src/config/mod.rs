@@ -10,6 +10,7 @@ pub mod channels;
 pub mod decode;
 pub mod diagnostic;
 pub mod env;
+pub mod live;
 pub mod model;
 pub mod rules;
 pub mod sections;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 
 pub use decode::Mode;
 pub use diagnostic::{Diagnostic, Loc, Severity};
+pub use live::{ConfigPublisher, LiveConfig};
 pub use model::*;
 
 use decode::Decoder;
@@ -92,6 +94,12 @@ pub fn load(
     mode: Mode,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Loaded, LoadError> {
+    let (files, texts) = read_rule_files(paths)?;
+    load_texts(files, &texts, mode, env)
+}
+
+/// The rule files under `paths` and their texts, in load order.
+pub fn read_rule_files(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<String>), LoadError> {
     let files = rule_files(paths)?;
     let mut texts = Vec::with_capacity(files.len());
     for f in &files {
@@ -106,7 +114,7 @@ pub fn load(
         })?;
         texts.push(text);
     }
-    load_texts(files, &texts, mode, env)
+    Ok((files, texts))
 }
 
 /// The same as [`load`] for texts already read (tests, reload).

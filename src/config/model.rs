@@ -171,7 +171,7 @@ pub struct RedisSettings {
     pub password: Option<Secret>,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TlsFiles {
     pub ca_file: Option<PathBuf>,
     pub cert_file: Option<PathBuf>,

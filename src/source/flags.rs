@@ -50,13 +50,11 @@ pub fn merged(current: &str, needed: &str) -> String {
     out
 }
 
-/// Checks (or fixes, with `notifications: enable`) `notify-keyspace-events` against what the
-/// rules need. Never overwrites flags another application set.
-pub async fn ensure(
+/// The letters the rules need on this server, and its `notify-keyspace-events` (`CONFIG GET`).
+pub async fn read(
     conn: &mut impl redis::aio::ConnectionLike,
     config: &Config,
-    node: &str,
-) -> Result<(), String> {
+) -> (String, redis::RedisResult<String>) {
     let mut needed = config.needed_notify_flags();
     if config.uses_ledger() && evicts(conn).await {
         // Under an evicting maxmemory-policy the ledger must hear evictions, or an evicted key
@@ -65,13 +63,27 @@ pub async fn ensure(
             needed.push('e');
         }
     }
-    let current: Result<Vec<String>, redis::RedisError> = redis::cmd("CONFIG")
+    let current: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("notify-keyspace-events")
         .query_async(conn)
         .await;
+    (
+        needed,
+        current.map(|v| v.get(1).cloned().unwrap_or_default()),
+    )
+}
+
+/// Checks (or fixes, with `notifications: enable`) `notify-keyspace-events` against what the
+/// rules need. Never overwrites flags another application set.
+pub async fn ensure(
+    conn: &mut impl redis::aio::ConnectionLike,
+    config: &Config,
+    node: &str,
+) -> Result<(), String> {
+    let (needed, current) = read(conn, config).await;
     let current = match current {
-        Ok(v) => v.get(1).cloned().unwrap_or_default(),
+        Ok(v) => v,
         Err(e) => {
             let msg = format!(
                 "cannot read notify-keyspace-events on {node} ({e}). Managed Redis services often refuse CONFIG: set notify-keyspace-events to include `{needed}` in the service's settings (e.g. the ElastiCache parameter group), then set `redis.notifications: ignore` in the rules."
@@ -91,10 +103,7 @@ pub async fn ensure(
         return Ok(());
     }
     let merged = merged(&current, &needed);
-    let (host, port) = node.rsplit_once(':').unwrap_or((node, "6379"));
-    let fix = format!(
-        "redis-cli -h {host} -p {port} CONFIG SET notify-keyspace-events {merged}\n  (and in redis.conf, to survive a restart: notify-keyspace-events {merged})"
-    );
+    let fix = fix(node, &merged).replace('\n', "\n  ");
     match config.redis.notifications {
         Notifications::Check => Err(format!(
             "Redis at {node} has notify-keyspace-events \"{current}\", which lacks `{missing}`: keywatch would miss events. This adds them and keeps the flags already set:\n  {fix}\nor set `redis.notifications: enable` to let keywatch add them at start-up."
@@ -121,6 +130,14 @@ pub async fn ensure(
             Ok(())
         }
     }
+}
+
+/// The commands that set `merged` on `node` (`host:port`), now and across restarts.
+pub fn fix(node: &str, merged: &str) -> String {
+    let (host, port) = node.rsplit_once(':').unwrap_or((node, "6379"));
+    format!(
+        "redis-cli -h {host} -p {port} CONFIG SET notify-keyspace-events {merged}\n(and in redis.conf, to survive a restart: notify-keyspace-events {merged})"
+    )
 }
 
 /// Whether the server may evict keys (`maxmemory-policy` other than `noeviction`).

@@ -30,6 +30,7 @@ use crate::keyspace::{Conn, per_key};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::LiveConfig;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 
@@ -604,11 +605,18 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config, only: Opt
 }
 
 /// Pokes every database until `shutdown`; errors are logged and retried after a pause.
-pub async fn run_poker(ledger: Ledger, dbs: Vec<u32>, shutdown: CancellationToken) {
+pub async fn run_poker(ledger: Ledger, live: LiveConfig, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(POKE_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
     loop {
+        // Read each round: a reload may change the databases, or whether a ledger is kept.
+        let config = live.current();
+        let dbs = if config.uses_ledger() {
+            config.redis.databases.clone()
+        } else {
+            Vec::new()
+        };
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => return,

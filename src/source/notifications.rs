@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
@@ -104,7 +104,39 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Channel)> {
         "persist" | "rename_from" => Channel::Deadline(Note::Forget),
         _ => return None,
     };
+    // As Redis writes it (`%d`): `u32::from_str` would also take `+0` and `007`.
+    let canonical = db == "0" || (!db.starts_with('0') && !db.is_empty());
+    if !canonical || !db.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
     Some((db.parse().ok()?, what))
+}
+
+/// What one pub/sub message means, or `None` for a keyevent keywatch does not act on.
+///
+/// Every message on a channel that is not a keyevent channel is a marker: the subscriber is
+/// subscribed to nothing else.
+pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal> {
+    let key = msg.get_payload_bytes().to_vec();
+    let channel = msg.get_channel_name();
+    Some(match parse_channel(channel) {
+        Some((db, Channel::Event(kind))) => Signal::Event(KeyEvent {
+            kind,
+            db,
+            key,
+            observed_at: now,
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: node.to_string(),
+        }),
+        Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
+        None if !channel.starts_with("__keyevent@") => Signal::Marker {
+            node: node.to_string(),
+            payload: key,
+        },
+        None => return None,
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -130,10 +162,12 @@ const PING_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Subscribes to `channels` on `client`'s node until `shutdown`, sending what happens to `tx`.
+/// A change of `channels` (a reload) is followed on the same connection: new channels are
+/// subscribed before old ones are left, so nothing published meanwhile is missed.
 pub async fn subscribe(
     client: redis::Client,
     node: String,
-    channels: Vec<String>,
+    mut channels: watch::Receiver<Vec<String>>,
     tx: mpsc::Sender<Signal>,
     backoff: Backoff,
     shutdown: CancellationToken,
@@ -144,7 +178,7 @@ pub async fn subscribe(
         let reason = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return,
-            r = session(&client, &node, &channels, &tx, &shutdown) => r,
+            r = session(&client, &node, &mut channels, &tx, &shutdown) => r,
         };
         let Some(reason) = reason else { return };
         tracing::warn!(%node, %reason, "Subscriber connection ended; reconnecting.");
@@ -176,7 +210,7 @@ pub async fn subscribe(
 async fn session(
     client: &redis::Client,
     node: &str,
-    channels: &[String],
+    channels: &mut watch::Receiver<Vec<String>>,
     tx: &mpsc::Sender<Signal>,
     shutdown: &CancellationToken,
 ) -> Option<String> {
@@ -191,14 +225,13 @@ async fn session(
         }
     };
     let (mut sink, mut stream) = pubsub.split();
-    for ch in channels {
-        match tokio::time::timeout(CONNECT_TIMEOUT, sink.subscribe(ch)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Some(format!("SUBSCRIBE {ch} failed: {e}")),
-            Err(_) => return Some(format!("SUBSCRIBE {ch} timed out")),
-        }
+    let mut subscribed: Vec<String> = Vec::new();
+    let wanted = channels.borrow_and_update().clone();
+    if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
+        return Some(e);
     }
-    tracing::info!(%node, channels = channels.len(), "Subscribed to keyspace events.");
+    tracing::info!(%node, channels = subscribed.len(), "Subscribed to keyspace events.");
+    let mut following = true;
     if tx
         .send(Signal::Up {
             node: node.to_string(),
@@ -216,28 +249,22 @@ async fn session(
             _ = shutdown.cancelled() => return None,
             msg = stream.next() => {
                 let Some(msg) = msg else { return Some("connection closed by the server".into()) };
-                let key = msg.get_payload_bytes().to_vec();
-                let signal = match parse_channel(msg.get_channel_name()) {
-                    Some((db, Channel::Event(kind))) => Signal::Event(KeyEvent {
-                        kind,
-                        db,
-                        key,
-                        observed_at: Utc::now(),
-                        deadline: None,
-                        ttl_ms: None,
-                        recovered: false,
-                        source: node.to_string(),
-                    }),
-                    Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
-                    None if !msg.get_channel_name().starts_with("__keyevent@") => Signal::Marker {
-                        node: node.to_string(),
-                        payload: key,
-                    },
-                    None => continue,
-                };
+                let Some(signal) = decode(&msg, node, Utc::now()) else { continue };
                 if tx.send(signal).await.is_err() {
                     return None;
                 }
+            }
+            changed = channels.changed(), if following => {
+                if changed.is_err() {
+                    // Nobody reloads any more (tests, examples): keep what we have.
+                    following = false;
+                    continue;
+                }
+                let wanted = channels.borrow_and_update().clone();
+                if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
+                    return Some(e);
+                }
+                tracing::info!(%node, channels = subscribed.len(), "Subscriptions follow the reloaded rules.");
             }
             _ = ping.tick() => {
                 match tokio::time::timeout(PING_TIMEOUT, sink.ping::<()>()).await {
@@ -248,6 +275,31 @@ async fn session(
             }
         }
     }
+}
+
+/// Brings the subscriptions of one connection from `subscribed` to `wanted`: subscribes first,
+/// then leaves, so a channel kept by both sets is never dropped in between.
+async fn follow(
+    sink: &mut redis::aio::PubSubSink,
+    subscribed: &mut Vec<String>,
+    wanted: Vec<String>,
+) -> Result<(), String> {
+    for ch in wanted.iter().filter(|c| !subscribed.contains(c)) {
+        match tokio::time::timeout(CONNECT_TIMEOUT, sink.subscribe(ch)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("SUBSCRIBE {ch} failed: {e}")),
+            Err(_) => return Err(format!("SUBSCRIBE {ch} timed out")),
+        }
+    }
+    for ch in subscribed.iter().filter(|c| !wanted.contains(c)) {
+        match tokio::time::timeout(CONNECT_TIMEOUT, sink.unsubscribe(ch)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("UNSUBSCRIBE {ch} failed: {e}")),
+            Err(_) => return Err(format!("UNSUBSCRIBE {ch} timed out")),
+        }
+    }
+    *subscribed = wanted;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -301,6 +353,18 @@ mod tests {
             Some((0, Channel::Deadline(Note::Forget)))
         );
         assert_eq!(parse_channel("__keyevent@0__:set"), None);
+        // Found by `fuzz/fuzz_targets/event_decode.rs`: databases not written as Redis writes them.
+        for db in ["+0", "00", "07", "", " 1", "4294967296"] {
+            assert_eq!(
+                parse_channel(&format!("__keyevent@{db}__:expired")),
+                None,
+                "{db:?}"
+            );
+        }
+        assert_eq!(
+            parse_channel("__keyevent@4294967295__:expired"),
+            Some((u32::MAX, Channel::Event(EventKind::Expired)))
+        );
         assert_eq!(parse_channel("other"), None);
     }
 }

@@ -282,6 +282,7 @@ pub struct RunStats {
 }
 
 /// The scanner task of `keywatch run`.
+#[derive(Clone)]
 pub struct Scanner {
     pub config: Arc<Config>,
     pub keyspace: Keyspace,

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -29,24 +29,22 @@ const AFTER_SUSPECT: Duration = Duration::from_millis(500);
 
 struct Watch {
     stop: CancellationToken,
-    /// `None` when there is nothing to subscribe to (only `expiring` rules).
-    task: Option<JoinHandle<()>>,
+    task: JoinHandle<()>,
 }
 
 impl Watch {
     async fn end(self) {
         self.stop.cancel();
-        if let Some(t) = self.task {
-            let _ = t.await;
-        }
+        let _ = self.task.await;
     }
 }
 
-/// Subscribes to `channels` on every master until `shutdown`; what the subscribers hear goes to
-/// `tx`, plus [`Signal::Gone`] for a node that stopped being a master.
+/// Subscribes to `channels` on every master until `shutdown`, each subscriber following the
+/// channels' changes (a reload) on its own connection; what the subscribers hear goes to `tx`,
+/// plus [`Signal::Gone`] for a node that stopped being a master.
 pub async fn follow(
     keyspace: Keyspace,
-    channels: Vec<String>,
+    channels: watch::Receiver<Vec<String>>,
     tx: mpsc::Sender<Signal>,
     status: Arc<Status>,
     metrics: Arc<Metrics>,
@@ -78,13 +76,7 @@ pub async fn follow(
                     tracing::info!(node = %m.addr, id = %m.id, "Cluster: watching a master.");
                     status.expect_node(&m.addr);
                     let stop = shutdown.child_token();
-                    if channels.is_empty() {
-                        // Only `expiring` rules: the scanner is the source and needs no
-                        // subscriber, only the current masters (kept in the keyspace).
-                        status.set_subscribed(&m.addr, true);
-                        watched.insert(m.addr.clone(), Watch { stop, task: None });
-                        continue;
-                    }
+                    // Also with no channel at all (only `expiring` rules): a reload may add some.
                     metrics.subscriber(&m.addr, false);
                     let task = tokio::spawn(notifications::subscribe(
                         client,
@@ -94,13 +86,7 @@ pub async fn follow(
                         Backoff::default(),
                         stop.clone(),
                     ));
-                    watched.insert(
-                        m.addr.clone(),
-                        Watch {
-                            stop,
-                            task: Some(task),
-                        },
-                    );
+                    watched.insert(m.addr.clone(), Watch { stop, task });
                 }
                 let gone: Vec<String> = watched
                     .keys()

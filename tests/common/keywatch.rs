@@ -163,22 +163,6 @@ impl KeywatchProcess {
         self.stderr.text()
     }
 
-    /// The HTTP endpoint's address (`127.0.0.1:PORT`), from the start-up log line.
-    pub fn http_addr(&self) -> String {
-        let log = self.stderr();
-        let line = log
-            .lines()
-            .find(|l| l.contains("HTTP endpoint listening"))
-            .expect("the endpoint is logged");
-        let at = line.find("addr=").expect("addr field") + "addr=".len();
-        line[at..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .trim_matches('"')
-            .to_string()
-    }
-
     /// Waits until stdout or stderr contains `needle`; returns that stream's text so far. Panics
     /// after `timeout`, or earlier if the process exits without writing it, showing both streams.
     pub fn wait_for_output(&mut self, needle: &str, timeout: Duration) -> String {
@@ -293,29 +277,4 @@ impl Drop for KeywatchProcess {
             let _ = self.child.wait();
         }
     }
-}
-
-/// (status, body) of a plain `GET path` on keywatch's HTTP endpoint at `addr`.
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::Write;
-    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the HTTP endpoint");
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }

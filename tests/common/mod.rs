@@ -14,6 +14,8 @@
 //!   scripted responses ([`HttpReceiver`]).
 //! - [`keywatch`]: running the real `keywatch` binary ([`Keywatch`], [`run_keywatch`]).
 //! - [`rules`]: writing rule files into temp dirs ([`write_rules`]).
+//! - [`tls`]: a test CA with server and client certificates, made in the test ([`TestPki`]), for
+//!   servers started with [`RedisServerBuilder::tls`].
 #![allow(dead_code, unused_imports)]
 
 pub mod http_receiver;
@@ -22,16 +24,16 @@ pub mod ports;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod rules;
+pub mod tls;
 pub mod tools;
 mod wait;
 
 pub use http_receiver::{HttpReceiver, Request, Response};
-pub use keywatch::{
-    Keywatch, KeywatchProcess, http_get, keywatch_bin, keywatch_command, run_keywatch,
-};
+pub use keywatch::{Keywatch, KeywatchProcess, keywatch_bin, keywatch_command, run_keywatch};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
-pub use redis_server::{RedisServer, RedisServerBuilder};
+pub use redis_server::{ClientCert, RedisServer, RedisServerBuilder};
 pub use rules::write_rules;
 /// For [`KeywatchProcess::signal`], e.g. `Signal::HUP`.
 pub use rustix::process::Signal;
+pub use tls::TestPki;
 pub use wait::wait_until;

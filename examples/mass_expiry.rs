@@ -1,0 +1,538 @@
+//! Mass expiry: 100,000 delayed tasks (the unpaid-order pattern: an empty key per task, its detail
+//! in the hash `delay:detail`) all due at one instant, measured three ways in one run, each on a
+//! fresh throwaway redis-server:
+//!
+//! 1. Redis's own pace: a bare subscriber counting `expired` events (the limit of any subscriber);
+//! 2. keywatch (`keywatch run` in a child process, production code path and logging) with the
+//!    close-unpaid-order rule: the detail read, stored with the job, removed, and a `reload` POST
+//!    carrying it to a local receiver — "handled" means the receiver has a request with the
+//!    task's own detail for every task; plus keywatch's peak RSS;
+//! 3. the naive per-event subscriber (`examples/naive_subscriber.py`: HGET + HDEL per event).
+//!
+//! ```text
+//! cargo run --release --example mass_expiry [-- --tasks 100000] [--save FILE] [--compare FILE]
+//!                                           [--skip-naive] [--python python3]
+//! ```
+//!
+//! `--save` writes the figures as JSON; `--compare` reads such a file and prints the change.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::routing::post;
+use futures_util::StreamExt;
+use keywatch::local_redis::LocalRedis;
+use serde::{Deserialize, Serialize};
+
+/// Tasks written per pipeline while loading.
+const LOAD_CHUNK: usize = 2000;
+/// Longest wait for a scenario to finish before it is reported as incomplete.
+const GIVE_UP: Duration = Duration::from_secs(600);
+
+/// The figures of one run, as saved with `--save`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Figures {
+    tasks: usize,
+    /// Seconds from the due instant to the last `expired` event at a bare subscriber.
+    redis_s: f64,
+    /// Seconds from the due instant until every task's request reached the receiver.
+    keywatch_s: f64,
+    keywatch_peak_rss_mb: f64,
+    keywatch_delivered: usize,
+    keywatch_requests: usize,
+    /// Details left in `delay:detail` after keywatch handled every task (should be 0).
+    details_left: usize,
+    /// Seconds from the due instant until the naive subscriber handled every task.
+    naive_s: Option<f64>,
+}
+
+struct Args {
+    tasks: usize,
+    save: Option<PathBuf>,
+    compare: Option<PathBuf>,
+    skip_naive: bool,
+    python: String,
+}
+
+fn parse_args() -> Args {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    Args {
+        tasks: value("--tasks")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100_000),
+        save: value("--save").map(PathBuf::from),
+        compare: value("--compare").map(PathBuf::from),
+        skip_naive: args.iter().any(|a| a == "--skip-naive"),
+        python: value("--python").unwrap_or_else(|| "python3".into()),
+    }
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+fn detail(i: usize) -> String {
+    format!(r#"{{"order_id": {i}, "user": "u-{i}", "amount": "99.00"}}"#)
+}
+
+/// Writes the tasks, due together at an instant far enough ahead for the load to finish;
+/// returns that instant (unix ms).
+async fn load(url: &str, tasks: usize) -> i64 {
+    let client = redis::Client::open(url).expect("redis url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the throwaway redis-server");
+    let due = now_ms() + 3000 + (tasks as i64) / 20;
+    let ids: Vec<usize> = (0..tasks).collect();
+    for chunk in ids.chunks(LOAD_CHUNK) {
+        let mut p = redis::pipe();
+        for &i in chunk {
+            p.cmd("HSET")
+                .arg("delay:detail")
+                .arg(i)
+                .arg(detail(i))
+                .ignore();
+            p.cmd("SET")
+                .arg(format!("delay:task:{i}"))
+                .arg("")
+                .arg("PXAT")
+                .arg(due)
+                .ignore();
+        }
+        let _: () = p.query_async(&mut c).await.expect("load tasks");
+    }
+    assert!(
+        now_ms() < due - 200,
+        "loading took too long: the tasks were due before it ended"
+    );
+    due
+}
+
+async fn sleep_until_ms(at: i64) {
+    let ms = (at - now_ms()).max(0) as u64;
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+fn secs_since(due_ms: i64, at_ms: f64) -> f64 {
+    (at_ms - due_ms as f64) / 1000.0
+}
+
+fn unix_ms_f64() -> f64 {
+    chrono::Utc::now().timestamp_micros() as f64 / 1000.0
+}
+
+/// Redis's own pace: a subscriber that only counts.
+async fn redis_pace(tasks: usize) -> f64 {
+    let server = LocalRedis::start(&["--notify-keyspace-events", "Ex"]).expect("redis-server");
+    let client = redis::Client::open(server.url()).expect("redis url");
+    let mut ps = client.get_async_pubsub().await.expect("subscribe");
+    ps.subscribe("__keyevent@0__:expired")
+        .await
+        .expect("subscribe");
+    let counter = tokio::spawn(async move {
+        let mut stream = ps.on_message();
+        let mut n = 0;
+        let mut last = 0.0;
+        while n < tasks {
+            match tokio::time::timeout(GIVE_UP, stream.next()).await {
+                Ok(Some(m)) if m.get_payload_bytes().starts_with(b"delay:task:") => {
+                    n += 1;
+                    last = unix_ms_f64();
+                }
+                Ok(Some(_)) => {}
+                _ => break,
+            }
+        }
+        (n, last)
+    });
+    let due = load(&server.url(), tasks).await;
+    let (n, last) = counter.await.expect("counter");
+    assert_eq!(n, tasks, "the bare subscriber saw {n} of {tasks} expiries");
+    secs_since(due, last)
+}
+
+/// What the receiver has seen: which tasks, how many requests, when the last new task came.
+#[derive(Default)]
+struct Seen {
+    tasks: Vec<bool>,
+    distinct: usize,
+    requests: usize,
+    last_ms: f64,
+}
+
+#[derive(Deserialize)]
+struct Detail {
+    order_id: usize,
+}
+
+/// A local order service: counts `POST /orders/close` bodies carrying a task's detail.
+async fn receiver(tasks: usize) -> (String, Arc<Mutex<Seen>>) {
+    let seen = Arc::new(Mutex::new(Seen {
+        tasks: vec![false; tasks],
+        ..Default::default()
+    }));
+    let s = seen.clone();
+    let app = Router::new().route(
+        "/orders/close",
+        post(move |body: Bytes| {
+            let s = s.clone();
+            async move {
+                let d: Option<Detail> = serde_json::from_slice(&body).ok();
+                let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
+                g.requests += 1;
+                if let Some(d) = d
+                    && d.order_id < g.tasks.len()
+                    && !g.tasks[d.order_id]
+                {
+                    g.tasks[d.order_id] = true;
+                    g.distinct += 1;
+                    g.last_ms = unix_ms_f64();
+                }
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the receiver");
+    let url = format!(
+        "http://{}/orders/close",
+        listener.local_addr().expect("receiver address")
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// Peak resident set of a process, MB (`VmHWM`).
+fn peak_rss_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// Waits until `n` clients subscribe to the expired channel (keywatch is listening).
+async fn wait_subscribed(url: &str) {
+    let client = redis::Client::open(url).expect("redis url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let started = Instant::now();
+    loop {
+        let subs: (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg("__keyevent@0__:expired")
+            .query_async(&mut c)
+            .await
+            .expect("PUBSUB NUMSUB");
+        if subs.1 > 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "keywatch did not subscribe within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct Keywatch {
+    child: Child,
+    /// Holds the rule file while keywatch runs.
+    _dir: tempfile::TempDir,
+}
+
+/// keywatch's log of the last run (kept: it is where to look when a run falls short).
+fn log_path() -> PathBuf {
+    std::env::temp_dir().join("keywatch-mass-expiry.log")
+}
+
+impl Drop for Keywatch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `keywatch run` as a child process: this example started again with `--keywatch`.
+fn start_keywatch(redis: &str, receiver: &str) -> Keywatch {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        format!(
+            r#"rules:
+  - name: close-unpaid-order
+    match: "delay:task:{{id}}"
+    on: [expired]
+    detail: {{ hash: "delay:detail", field: "{{{{ id }}}}", remove: true }}
+    reload:
+      url: "{receiver}"
+      method: POST
+      headers: {{ Content-Type: application/json }}
+      body: "{{{{ detail | tojson }}}}"
+"#
+        ),
+    )
+    .expect("write rules");
+    let log = std::fs::File::create(log_path()).expect("log file");
+    let exe = std::env::current_exe().expect("this example's path");
+    let child = Command::new(exe)
+        .arg("--keywatch")
+        .args(["run", "-r"])
+        .arg(&rules)
+        .args(["--redis", redis, "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start keywatch");
+    Keywatch { child, _dir: dir }
+}
+
+struct KeywatchRun {
+    secs: f64,
+    rss_mb: f64,
+    delivered: usize,
+    requests: usize,
+    details_left: usize,
+}
+
+async fn keywatch_run(tasks: usize) -> KeywatchRun {
+    let server = LocalRedis::start(&["--notify-keyspace-events", "Exg"]).expect("redis-server");
+    let (hook, seen) = receiver(tasks).await;
+    let kw = start_keywatch(&server.url(), &hook);
+    wait_subscribed(&server.url()).await;
+    let due = load(&server.url(), tasks).await;
+    sleep_until_ms(due).await;
+    let give_up = Instant::now() + GIVE_UP;
+    while seen.lock().unwrap_or_else(|p| p.into_inner()).distinct < tasks
+        && Instant::now() < give_up
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (delivered, requests, last_ms) = {
+        let g = seen.lock().unwrap_or_else(|p| p.into_inner());
+        (g.distinct, g.requests, g.last_ms)
+    };
+    // Requests still on their way would be duplicates: give them a moment to show.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let requests = requests.max(seen.lock().unwrap_or_else(|p| p.into_inner()).requests);
+    let rss_mb = peak_rss_mb(kw.child.id());
+    let client = redis::Client::open(server.url()).expect("redis url");
+    let mut c = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let details_left: usize = redis::cmd("HLEN")
+        .arg("delay:detail")
+        .query_async(&mut c)
+        .await
+        .unwrap_or(usize::MAX);
+    if delivered < tasks {
+        eprintln!(
+            "keywatch delivered {delivered} of {tasks}; its log: {}",
+            log_path().display()
+        );
+    }
+    drop(kw);
+    KeywatchRun {
+        secs: secs_since(due, last_ms),
+        rss_mb,
+        delivered,
+        requests,
+        details_left,
+    }
+}
+
+fn naive_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/naive_subscriber.py")
+}
+
+/// The naive subscriber on the same workload: seconds from the due instant to its last task.
+async fn naive_run(tasks: usize, python: &str) -> Option<f64> {
+    use tokio::io::AsyncBufReadExt;
+    let server = LocalRedis::start(&["--notify-keyspace-events", "Ex"]).expect("redis-server");
+    let mut child = match tokio::process::Command::new(python)
+        .arg(naive_script())
+        .arg(server.port().to_string())
+        .arg(tasks.to_string())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "cannot run the naive subscriber with `{python}` ({e}); install python3 or pass --python PATH, or --skip-naive"
+            );
+            return None;
+        }
+    };
+    let stdout = child.stdout.take()?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    match lines.next_line().await {
+        Ok(Some(l)) if l == "ready" => {}
+        other => {
+            eprintln!("the naive subscriber did not start: {other:?}");
+            return None;
+        }
+    }
+    let due = load(&server.url(), tasks).await;
+    let done = tokio::time::timeout(GIVE_UP, lines.next_line()).await;
+    let at: f64 = match done {
+        Ok(Ok(Some(l))) => l.strip_prefix("done ")?.parse().ok()?,
+        _ => {
+            eprintln!("the naive subscriber did not finish within {GIVE_UP:?}");
+            return None;
+        }
+    };
+    let _ = child.wait().await;
+    Some(secs_since(due, at * 1000.0))
+}
+
+fn print_table(f: &Figures) {
+    let rate = |s: f64| f.tasks as f64 / s;
+    println!(
+        "\nmass expiry: {} delayed tasks due at one instant (detail in a hash beside each key)\n",
+        f.tasks
+    );
+    println!("| measured from the due instant | seconds | tasks/s | vs Redis's pace | peak RSS |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| Redis publishes every `expired` (bare subscriber: the limit) | {:.2} | {:.0} | 1.00× | |",
+        f.redis_s,
+        rate(f.redis_s)
+    );
+    println!(
+        "| keywatch: every task's detail POSTed to a local receiver | {:.2} | {:.0} | {:.2}× | {:.0} MB |",
+        f.keywatch_s,
+        rate(f.keywatch_s),
+        f.keywatch_s / f.redis_s,
+        f.keywatch_peak_rss_mb
+    );
+    if let Some(n) = f.naive_s {
+        println!(
+            "| naive per-event subscriber (HGET + HDEL each, no HTTP) | {:.2} | {:.0} | {:.2}× | |",
+            n,
+            rate(n),
+            n / f.redis_s
+        );
+    }
+    println!(
+        "\nkeywatch: {} of {} tasks delivered in {} requests, {} details left in the hash",
+        f.keywatch_delivered, f.tasks, f.keywatch_requests, f.details_left
+    );
+    let pace = f.keywatch_s / f.redis_s;
+    println!(
+        "goal ≤ 1.2× Redis's pace: {:.2}× ({})",
+        pace,
+        if pace <= 1.2 { "met" } else { "not met" }
+    );
+    if let Some(n) = f.naive_s {
+        let faster = n / f.keywatch_s;
+        println!(
+            "goal ≥ 20× faster than naive: {:.1}× ({})",
+            faster,
+            if faster >= 20.0 { "met" } else { "not met" }
+        );
+    }
+}
+
+fn print_comparison(old: &Figures, new: &Figures) {
+    println!("\ncompared with the saved run ({} tasks):\n", old.tasks);
+    println!("| figure | saved | now | change |");
+    println!("|---|---:|---:|---:|");
+    let row = |name: &str, a: f64, b: f64| {
+        println!(
+            "| {name} | {a:.2} | {b:.2} | {:+.1} % |",
+            (b - a) / a * 100.0
+        );
+    };
+    row("Redis's pace, s", old.redis_s, new.redis_s);
+    row("keywatch, s", old.keywatch_s, new.keywatch_s);
+    row(
+        "keywatch ÷ Redis",
+        old.keywatch_s / old.redis_s,
+        new.keywatch_s / new.redis_s,
+    );
+    row(
+        "keywatch peak RSS, MB",
+        old.keywatch_peak_rss_mb,
+        new.keywatch_peak_rss_mb,
+    );
+    if let (Some(a), Some(b)) = (old.naive_s, new.naive_s) {
+        row("naive, s", a, b);
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let mut argv = std::env::args();
+    if argv.nth(1).as_deref() == Some("--keywatch") {
+        // The child: `keywatch` itself, as the binary runs it.
+        let cli = <keywatch::cli::Cli as clap::Parser>::parse_from(
+            std::iter::once("keywatch".to_string()).chain(argv),
+        );
+        return keywatch::cli::run(cli);
+    }
+    let args = parse_args();
+    let old = args.compare.as_ref().map(|p| {
+        let text = std::fs::read_to_string(p)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
+        serde_json::from_str::<Figures>(&text)
+            .unwrap_or_else(|e| panic!("{} is not a saved run: {e}", p.display()))
+    });
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let figures = rt.block_on(async {
+        let redis_s = redis_pace(args.tasks).await;
+        eprintln!("Redis's pace: {redis_s:.2} s");
+        let kw = keywatch_run(args.tasks).await;
+        eprintln!("keywatch: {:.2} s", kw.secs);
+        let naive_s = if args.skip_naive {
+            None
+        } else {
+            naive_run(args.tasks, &args.python).await
+        };
+        Figures {
+            tasks: args.tasks,
+            redis_s,
+            keywatch_s: kw.secs,
+            keywatch_peak_rss_mb: kw.rss_mb,
+            keywatch_delivered: kw.delivered,
+            keywatch_requests: kw.requests,
+            details_left: kw.details_left,
+            naive_s,
+        }
+    });
+    print_table(&figures);
+    if let Some(old) = &old {
+        print_comparison(old, &figures);
+    }
+    if let Some(p) = &args.save {
+        let text = serde_json::to_string_pretty(&figures).expect("figures as JSON");
+        std::fs::write(p, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", p.display()));
+        println!("\nsaved to {}", p.display());
+    }
+    if figures.keywatch_delivered == figures.tasks {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    }
+}

@@ -1,0 +1,177 @@
+//! A rate-limited channel's waiting line, and what happens when it grows longer than the rate
+//! can serve: the waiting notifications of one rule merge into one digest (SPEC §4 digest form:
+//! `count`, the first items, "… and N more") instead of trickling out for hours.
+//!
+//! Every notification for a channel with a `rate` waits here for a token. One task per channel
+//! takes the tokens and hands each to the oldest waiting message; when, at that moment, more are
+//! still waiting than the channel may send in [`MAX_WAIT`] (DingTalk's 20/min: more than 20), the
+//! oldest message takes the waiting messages of its rule along as one digest. The merged messages'
+//! jobs stay stored in the queue and leased to this instance until that digest is sent (then they
+//! are all acknowledged), so a crash before then delivers them again — at most a duplicate, never
+//! a loss.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Rate;
+use crate::job::Firing;
+use crate::ratelimit::Limiter;
+
+/// The longest a notification should wait for its channel's rate before it is merged.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// What a waiting notification is told when its channel's turn comes.
+#[derive(Debug)]
+pub enum Turn {
+    /// A token is taken for this message: send it as it is.
+    Alone,
+    /// A token is taken for a digest of this message and these (same rule, oldest first), whose
+    /// jobs are now this message's to acknowledge.
+    Lead(Vec<Waiting>),
+    /// Taken into another message's digest; that message acknowledges this job.
+    Merged,
+}
+
+/// A notification waiting for a token.
+#[derive(Debug)]
+pub struct Waiting {
+    pub firing: Arc<Firing>,
+    /// Its job in the durable queue.
+    pub job: String,
+}
+
+struct Entry {
+    waiting: Waiting,
+    turn: oneshot::Sender<Turn>,
+}
+
+/// One rate-limited channel's line.
+pub struct Lane {
+    limiter: Arc<Limiter>,
+    /// Messages waiting beyond this many merge.
+    merge_over: usize,
+    line: Mutex<VecDeque<Entry>>,
+    arrived: Notify,
+    started: AtomicBool,
+}
+
+/// How many messages `rate` lets through in [`MAX_WAIT`] (at least one).
+pub fn merge_threshold(rate: Rate) -> usize {
+    let per_message = rate.per.as_secs_f64() / f64::from(rate.burst.max(1));
+    ((MAX_WAIT.as_secs_f64() / per_message).floor() as usize).max(1)
+}
+
+impl Lane {
+    pub fn new(limiter: Arc<Limiter>, rate: Rate) -> Lane {
+        Lane {
+            limiter,
+            merge_over: merge_threshold(rate),
+            line: Mutex::new(VecDeque::new()),
+            arrived: Notify::new(),
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// Waits for this message's turn. `None`: shutdown came first (the job stays in flight and
+    /// is handed back).
+    pub async fn wait(
+        self: &Arc<Self>,
+        waiting: Waiting,
+        tracker: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) -> Option<Turn> {
+        if !self.started.swap(true, Ordering::AcqRel) {
+            tracker.spawn(self.clone().serve(shutdown.clone()));
+        }
+        let (turn, rx) = oneshot::channel();
+        self.lock().push_back(Entry { waiting, turn });
+        self.arrived.notify_one();
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => None,
+            t = rx => t.ok(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
+        // A std Mutex: the guard never lives across an await.
+        self.line.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands out tokens, oldest message first, until shutdown.
+    async fn serve(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            while self.lock().is_empty() {
+                tokio::select! {
+                    biased;
+                    _ = shutdown.cancelled() => return,
+                    _ = self.arrived.notified() => {}
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = self.limiter.take() => {}
+            }
+            let Some((lead, merged)) = self.next_turn() else {
+                continue;
+            };
+            if merged.is_empty() {
+                let _ = lead.turn.send(Turn::Alone);
+                continue;
+            }
+            let mut others = Vec::with_capacity(merged.len());
+            for e in merged {
+                let _ = e.turn.send(Turn::Merged);
+                others.push(e.waiting);
+            }
+            tracing::info!(
+                rule = %lead.waiting.firing.rule,
+                merged = others.len() + 1,
+                "Channel backlog longer than its rate allows: merging waiting notifications into one digest."
+            );
+            if let Err(Turn::Lead(back)) = lead.turn.send(Turn::Lead(others)) {
+                // The lead's task is gone (shutdown): the merged ones are still in flight here
+                // and are handed back with it.
+                tracing::debug!(jobs = back.len(), "Digest lead gone at shutdown.");
+            }
+        }
+    }
+
+    /// The oldest message, and the waiting messages of its rule when the line is too long.
+    fn next_turn(&self) -> Option<(Entry, Vec<Entry>)> {
+        let mut line = self.lock();
+        let lead = line.pop_front()?;
+        if line.len() < self.merge_over {
+            return Some((lead, Vec::new()));
+        }
+        let (same, rest): (VecDeque<Entry>, VecDeque<Entry>) = line
+            .drain(..)
+            .partition(|e| e.waiting.firing.rule == lead.waiting.firing.rule);
+        *line = rest;
+        Some((lead, same.into_iter().collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threshold_is_what_the_rate_sends_in_a_minute() {
+        let rate = |burst, secs| Rate {
+            burst,
+            per: Duration::from_secs(secs),
+        };
+        assert_eq!(merge_threshold(rate(20, 60)), 20);
+        assert_eq!(merge_threshold(rate(1, 1)), 60);
+        assert_eq!(merge_threshold(rate(5, 1)), 300);
+        assert_eq!(merge_threshold(rate(1, 3600)), 1);
+    }
+}

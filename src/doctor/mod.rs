@@ -1,0 +1,598 @@
+//! `keywatch doctor`: is this Redis ready for keywatch, and if not, what exactly to do.
+//!
+//! Each check prints a verdict (ok / warn / FAIL) and, where something is wrong, the exact fix:
+//! reachability, server and version, replication role, cluster masters, `notify-keyspace-events`
+//! against what the rules need, the permission of every command keywatch sends, the keys with a
+//! TTL and the expiry backlog, and a sample count of each rule's keys. It connects the way `run`
+//! does ([`crate::connect`]) and changes nothing; secrets never reach its output (nodes are named
+//! `host:port`).
+//!
+//! - [`report`]: verdicts and their rendering (table or JSON).
+//! - [`info`]: the `INFO` reply: server, version, role, expiry statistics.
+//! - [`permissions`]: the commands keywatch sends and how each permission is checked.
+//! - [`cluster`]: the masters of a Redis Cluster, from `CLUSTER NODES`.
+
+pub mod cluster;
+pub mod info;
+pub mod permissions;
+pub mod report;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use redis::AsyncConnectionConfig;
+use redis::aio::MultiplexedConnection;
+
+use crate::config::{Config, Notifications, Secret};
+use crate::connect;
+use crate::source::flags;
+
+use info::Info;
+use permissions::{Conn, Outcome};
+use report::Report;
+
+/// SCAN calls per rule pattern for the sample count: at `COUNT 1000`, up to 10,000 keys walked,
+/// a few milliseconds of Redis time.
+const SAMPLE_CALLS: usize = 10;
+const SAMPLE_COUNT: usize = 1000;
+
+/// Above this share of expired-but-not-yet-deleted keys Redis's expiry cycle is behind (its own
+/// target is 10%, `ACTIVE_EXPIRE_CYCLE_ACCEPTABLE_STALE`).
+const STALE_WARN_PERC: f64 = 10.0;
+
+pub struct Options {
+    /// `--redis`; else `KEYWATCH_REDIS_URL`, `redis.url`, the default.
+    pub redis: Option<String>,
+    pub json: bool,
+}
+
+/// Runs the checks and prints the report; exit 0 ready, 1 not ready, 2 a URL that does not
+/// parse.
+pub fn main(config: &Config, opts: &Options, rt: &tokio::runtime::Runtime) -> ExitCode {
+    let url = connect::pick_url(
+        opts.redis.as_deref(),
+        std::env::var("KEYWATCH_REDIS_URL").ok(),
+        &config.redis,
+    );
+    if let Err(e) = connect::client(&url, &config.redis, 0) {
+        eprintln!("keywatch doctor: {e}");
+        return ExitCode::from(2);
+    }
+    let report = rt.block_on(diagnose(config, &url));
+    let out = if opts.json {
+        format!("{}\n", report.json())
+    } else {
+        report.text()
+    };
+    // `keywatch doctor | head` must end quietly, not panic on the closed pipe.
+    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+    if report.ready() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+async fn open(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
+    let cfg = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(5)))
+        .set_response_timeout(Some(Duration::from_secs(10)));
+    client
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await
+}
+
+/// Every check against the Redis at `url`.
+pub async fn diagnose(config: &Config, url: &Secret) -> Report {
+    let (client, node) = match connect::client(url, &config.redis, 0) {
+        Ok(c) => c,
+        Err(e) => {
+            let mut r = Report::new("?");
+            r.fail("reachable", e.to_string(), None);
+            return r;
+        }
+    };
+    let mut report = Report::new(&node);
+    let Some(mut conn) = reachable(&mut report, &client, url, &node).await else {
+        return report;
+    };
+    let info = match redis::cmd("INFO").query_async::<String>(&mut conn).await {
+        Ok(text) => Some(Info::parse(&text)),
+        Err(e) => {
+            report.warn(
+                "info",
+                format!("INFO was refused ({}): server, version, role and expiry statistics are unknown", short(&e)),
+                Some(format!("ACL SETUSER {} +info", user_hint(&client))),
+            );
+            None
+        }
+    };
+    if let Some(info) = &info {
+        server(&mut report, config, info);
+        role(&mut report, info, &node);
+    }
+    let cluster = config.redis.cluster || info.as_ref().is_some_and(Info::cluster_enabled);
+    if cluster {
+        cluster::check(&mut report, config, url, &mut conn, info.as_ref()).await;
+    } else {
+        notifications(&mut report, config, &mut conn, &node, "notifications").await;
+    }
+    permissions(&mut report, config, &client, &mut conn).await;
+    if let Some(info) = &info {
+        keyspace(&mut report, config, info);
+        backlog(&mut report, info);
+    }
+    rule_samples(&mut report, config, url, cluster).await;
+    report
+}
+
+async fn reachable(
+    report: &mut Report,
+    client: &redis::Client,
+    url: &Secret,
+    node: &str,
+) -> Option<MultiplexedConnection> {
+    let started = Instant::now();
+    let conn = open(client).await;
+    let mut conn = match conn {
+        Ok(c) => c,
+        Err(e) => {
+            report.fail(
+                "reachable",
+                format!(
+                    "cannot connect to {node}: {}{}",
+                    short(&e),
+                    connect::tls_hint(url, &e)
+                ),
+                Some("check the address (--redis, KEYWATCH_REDIS_URL or redis.url), the credentials (user and password in the URL, or redis.username/redis.password), TLS (rediss://) and the firewall".into()),
+            );
+            return None;
+        }
+    };
+    match redis::cmd("PING").query_async::<String>(&mut conn).await {
+        Ok(_) => {
+            report.ok(
+                "reachable",
+                format!(
+                    "{node} answered PING ({:.1} ms with connecting)",
+                    started.elapsed().as_secs_f64() * 1000.0
+                ),
+            );
+            Some(conn)
+        }
+        Err(e) => {
+            report.fail(
+                "reachable",
+                format!("{node} refused PING: {}", short(&e)),
+                Some(format!("ACL SETUSER {} +ping", user_hint(client))),
+            );
+            None
+        }
+    }
+}
+
+fn server(report: &mut Report, config: &Config, info: &Info) {
+    let Some(s) = info.server() else {
+        report.warn("server", "INFO does not say the server's version", None);
+        return;
+    };
+    report.ok(
+        "server",
+        format!(
+            "{} {}{}",
+            s.kind.name(),
+            s.version_text,
+            if info.cluster_enabled() {
+                " (cluster mode)"
+            } else {
+                ""
+            }
+        ),
+    );
+    let needs_deadlines = config.uses_ledger();
+    match (needs_deadlines, s.has_pexpiretime()) {
+        (false, _) => {}
+        (true, true) => report.ok(
+            "deadlines",
+            "PEXPIRETIME is there: the deadline ledger keeps expiries on time and recovers missed ones",
+        ),
+        (true, false) => report.fail(
+            "deadlines",
+            format!(
+                "{} {} has no PEXPIRETIME: the deadline ledger and the scanner cannot read deadlines",
+                s.kind.name(),
+                s.version_text
+            ),
+            Some("upgrade to Redis 7.0 or later, or Valkey".into()),
+        ),
+    }
+}
+
+fn role(report: &mut Report, info: &Info, node: &str) {
+    match info.master_of_replica() {
+        None => report.ok("role", format!("{node} is a master")),
+        Some((host, port)) => report.fail(
+            "role",
+            format!(
+                "{node} is a replica of {host}:{port}: replicas never publish `expired` (they apply the master's deletions, heard as `del`), and the ledger cannot make them expire keys"
+            ),
+            Some(format!(
+                "point keywatch at the master: --redis redis://{host}:{port} (with the same credentials)"
+            )),
+        ),
+    }
+}
+
+/// `notify-keyspace-events` of one node against what the rules need.
+pub(crate) async fn notifications(
+    report: &mut Report,
+    config: &Config,
+    conn: &mut MultiplexedConnection,
+    node: &str,
+    name: &str,
+) {
+    let (needed, current) = flags::read(conn, config).await;
+    let current = match current {
+        Ok(v) => v,
+        Err(e) => {
+            let detail = format!(
+                "cannot read notify-keyspace-events on {node}: CONFIG GET was refused ({}). Managed Redis services often rename or forbid CONFIG",
+                short(&e)
+            );
+            let provider = format!(
+                "set notify-keyspace-events to include `{needed}` in the service's settings (ElastiCache: the parameter group; Heroku: heroku redis:keyspace-notifications), then `redis.notifications: ignore` in the rules"
+            );
+            let fix = match e.code() {
+                Some("NOPERM") => {
+                    format!("grant +config|get (see the permissions line below), or {provider}")
+                }
+                _ => provider,
+            };
+            if config.redis.notifications == Notifications::Ignore {
+                report.warn(
+                    name,
+                    format!("{detail}; `notifications: ignore` starts anyway"),
+                    Some(fix),
+                );
+            } else {
+                report.fail(name, detail, Some(fix));
+            }
+            return;
+        }
+    };
+    let missing = flags::missing(&current, &needed);
+    if missing.is_empty() {
+        report.ok(
+            name,
+            format!("notify-keyspace-events on {node} is \"{current}\": it has the `{needed}` the rules need"),
+        );
+        return;
+    }
+    let merged = flags::merged(&current, &needed);
+    let detail = format!(
+        "notify-keyspace-events on {node} is \"{current}\", which lacks `{missing}` (the rules need `{needed}`): keywatch would miss events"
+    );
+    match config.redis.notifications {
+        Notifications::Check => report.fail(name, detail, Some(flags::fix(node, &merged))),
+        Notifications::Enable => report.ok(
+            name,
+            format!(
+                "{detail}, but `notifications: enable` adds them at start (CONFIG SET notify-keyspace-events {merged}, keeping the flags set)"
+            ),
+        ),
+        Notifications::Ignore => report.warn(
+            name,
+            format!("{detail}; `notifications: ignore` starts anyway"),
+            Some(flags::fix(node, &merged)),
+        ),
+    }
+}
+
+/// The user the connection acts as: `ACL WHOAMI`, else the one in the settings, else `default`.
+async fn whoami(client: &redis::Client, conn: &mut MultiplexedConnection) -> String {
+    match redis::cmd("ACL")
+        .arg("WHOAMI")
+        .query_async::<String>(conn)
+        .await
+    {
+        Ok(u) => u,
+        Err(_) => user_hint(client),
+    }
+}
+
+fn user_hint(client: &redis::Client) -> String {
+    client
+        .get_connection_info()
+        .redis_settings()
+        .username()
+        .unwrap_or("default")
+        .to_string()
+}
+
+async fn permissions(
+    report: &mut Report,
+    config: &Config,
+    client: &redis::Client,
+    conn: &mut MultiplexedConnection,
+) {
+    let needs = permissions::needs(config);
+    let user = whoami(client, conn).await;
+    let method = permissions::method(conn, &user).await;
+    // keywatch's own state may live in another Redis (`state.url`), as another user.
+    let state = match &config.state.url {
+        None => None,
+        Some(url) => match connect::client(url, &config.redis, 0) {
+            Ok((c, n)) => match open(&c).await {
+                Ok(mut sc) => {
+                    let u = whoami(&c, &mut sc).await;
+                    let m = permissions::method(&mut sc, &u).await;
+                    Some((c, sc, u, m))
+                }
+                Err(e) => {
+                    report.fail(
+                        "state",
+                        format!(
+                            "cannot connect to the state Redis at {n} (state.url): {}",
+                            short(&e)
+                        ),
+                        None,
+                    );
+                    return;
+                }
+            },
+            Err(e) => {
+                report.fail("state", format!("state.url: {e}"), None);
+                return;
+            }
+        },
+    };
+    let mut refused: Vec<Refusal> = Vec::new();
+    let mut unchecked = Vec::new();
+    for need in &needs {
+        let (c, sc, u, m) = match (&need.conn, &state) {
+            (Conn::State, Some((c, sc, u, m))) => (c, sc.clone(), u, m),
+            _ => (client, conn.clone(), &user, &method),
+        };
+        let mut sc = sc;
+        match permissions::check(m, &mut sc, c, need).await {
+            Outcome::Allowed => {}
+            Outcome::Refused { reason, noperm } => refused.push(Refusal {
+                grant: if noperm { need.grant(&reason) } else { None },
+                user: u.clone(),
+                what: match refusal_kind(&reason, noperm) {
+                    "other" => format!("{} ({}): {reason}", need.shown(), need.purpose),
+                    _ => format!("{} ({})", need.shown(), need.purpose),
+                },
+                kind: refusal_kind(&reason, noperm),
+            }),
+            Outcome::Unchecked(why) => unchecked.push(format!("{}: {why}", need.shown())),
+        }
+    }
+    let how = match &state {
+        Some((_, _, u, m)) => format!(
+            "{}; state Redis: {}, user {u:?}",
+            method.describe(),
+            m.describe()
+        ),
+        None => method.describe(),
+    };
+    if refused.is_empty() {
+        report.ok(
+            "permissions",
+            format!(
+                "user {user:?} may send the {} commands keywatch sends ({how})",
+                needs.len() - unchecked.len()
+            ),
+        );
+    }
+    // One line per kind of refusal, with one fix granting all of it: a missing `~prefix*`
+    // refuses dozens of commands at once.
+    for kind in ["command", "key", "channel", "other"] {
+        let group: Vec<&Refusal> = refused.iter().filter(|r| r.kind == kind).collect();
+        if group.is_empty() {
+            continue;
+        }
+        let by = match kind {
+            "other" => "by the server",
+            _ => "by the ACL",
+        };
+        let mut detail = format!("{} command(s) refused {by} ({how}):", group.len());
+        for r in group.iter().take(12) {
+            detail.push('\n');
+            detail.push_str(&r.what);
+        }
+        if group.len() > 12 {
+            detail.push_str(&format!("\nand {} more", group.len() - 12));
+        }
+        let mut fixes: Vec<(String, Vec<String>)> = Vec::new();
+        for r in &group {
+            let Some(g) = &r.grant else { continue };
+            match fixes.iter_mut().find(|(u, _)| *u == r.user) {
+                Some((_, gs)) if gs.contains(g) => {}
+                Some((_, gs)) => gs.push(g.clone()),
+                None => fixes.push((r.user.clone(), vec![g.clone()])),
+            }
+        }
+        let fix = (!fixes.is_empty()).then(|| {
+            fixes
+                .iter()
+                .map(|(u, gs)| format!("ACL SETUSER {u} {}", gs.join(" ")))
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        report.fail(&format!("permissions ({kind})"), detail, fix);
+    }
+    if !unchecked.is_empty() {
+        report.warn(
+            "permissions",
+            format!(
+                "{} command(s) could not be checked ({how}):\n{}",
+                unchecked.len(),
+                unchecked.join("\n")
+            ),
+            Some(format!(
+                "run doctor as a user allowed ACL DRYRUN, or ACL SETUSER {user} +multi +discard"
+            )),
+        );
+    }
+}
+
+/// A command the server refused, and what grants it.
+struct Refusal {
+    grant: Option<String>,
+    user: String,
+    what: String,
+    kind: &'static str,
+}
+
+fn refusal_kind(reason: &str, noperm: bool) -> &'static str {
+    let r = reason.to_ascii_lowercase();
+    match () {
+        _ if !noperm => "other",
+        _ if r.contains("command") => "command",
+        _ if r.contains("channel") => "channel",
+        _ if r.contains("key") => "key",
+        _ => "other",
+    }
+}
+
+fn keyspace(report: &mut Report, config: &Config, info: &Info) {
+    let all = info.keyspace();
+    let mut lines = Vec::new();
+    for &db in &config.redis.databases {
+        let (keys, expires) = all
+            .iter()
+            .find(|(d, _, _)| *d == db)
+            .map_or((0, 0), |&(_, k, e)| (k, e));
+        lines.push(format!("db{db}: {keys} keys, {expires} with a TTL"));
+    }
+    report.ok("keys", lines.join("; "));
+}
+
+fn backlog(report: &mut Report, info: &Info) {
+    let Some(stale) = info.number("expired_stale_perc") else {
+        return;
+    };
+    let expired = info.number("expired_keys").unwrap_or(0.0);
+    let capped = info.number("expired_time_cap_reached_count").unwrap_or(0.0);
+    let detail = format!(
+        "expired_stale_perc {stale:.1}% (keys past their TTL not deleted yet), expired_keys {expired:.0}, expired_time_cap_reached_count {capped:.0}"
+    );
+    if stale > STALE_WARN_PERC {
+        report.warn(
+            "expiry backlog",
+            format!(
+                "{detail}: Redis's expiry cycle is behind, so it publishes `expired` late. keywatch's ledger pokes each watched key at its deadline, so its alerts stay on time anyway"
+            ),
+            None,
+        );
+    } else {
+        report.ok("expiry backlog", detail);
+    }
+}
+
+/// A bounded `SCAN MATCH` per rule: how many keys the rule would see, from a sample.
+async fn rule_samples(report: &mut Report, config: &Config, url: &Secret, cluster: bool) {
+    for &db in &config.redis.databases {
+        let conn = match connect::client(url, &config.redis, db) {
+            Ok((c, _)) => open(&c).await,
+            Err(_) => continue,
+        };
+        let Ok(mut conn) = conn else { continue };
+        for rule in &config.rules {
+            if rule.db.as_ref().is_some_and(|d| !d.contains(&db)) {
+                continue;
+            }
+            let glob = rule.pattern.scan_glob();
+            let mut cursor = 0u64;
+            let (mut walked, mut found, mut complete) = (0usize, 0usize, false);
+            let mut failed = None;
+            for _ in 0..SAMPLE_CALLS {
+                let step: redis::RedisResult<(u64, Vec<Vec<u8>>)> = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(glob)
+                    .arg("COUNT")
+                    .arg(SAMPLE_COUNT)
+                    .query_async(&mut conn)
+                    .await;
+                let (next, keys) = match step {
+                    Ok(s) => s,
+                    Err(e) => {
+                        failed = Some(short(&e));
+                        break;
+                    }
+                };
+                walked += SAMPLE_COUNT;
+                found += keys
+                    .iter()
+                    .filter(|k| !k.starts_with(config.state.prefix.as_bytes()))
+                    .filter(|k| rule.pattern.is_match(k))
+                    .count();
+                cursor = next;
+                if next == 0 {
+                    complete = true;
+                    break;
+                }
+            }
+            if let Some(e) = failed {
+                report.warn(
+                    &format!("rule {}", rule.name),
+                    format!("cannot sample its keys: SCAN was refused ({e})"),
+                    None,
+                );
+                continue;
+            }
+            let scope = if cluster { ", this node only" } else { "" };
+            let how = if complete {
+                format!("every key of db{db} walked{scope}")
+            } else {
+                format!("a sample: about {walked} keys of db{db} walked{scope}")
+            };
+            report.ok(
+                &format!("rule {}", rule.name),
+                format!(
+                    "{} (SCAN MATCH {}): {found} matching key(s) ({how})",
+                    rule.pattern.source(),
+                    String::from_utf8_lossy(glob)
+                ),
+            );
+        }
+    }
+}
+
+/// A Redis error in a few words, never with a URL.
+pub(crate) fn short(e: &redis::RedisError) -> String {
+    match (e.code(), e.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use report::Verdict;
+
+    #[test]
+    fn a_stale_backlog_warns_and_says_the_ledger_keeps_time() {
+        let mut r = Report::new("n:1");
+        backlog(
+            &mut r,
+            &Info::parse(
+                "expired_keys:100\r\nexpired_stale_perc:23.50\r\nexpired_time_cap_reached_count:7\r\n",
+            ),
+        );
+        assert_eq!(r.checks[0].verdict, Verdict::Warn);
+        assert!(r.checks[0].detail.contains("23.5%"), "{:?}", r.checks[0]);
+        assert!(r.checks[0].detail.contains("ledger"), "{:?}", r.checks[0]);
+        let mut r = Report::new("n:1");
+        backlog(&mut r, &Info::parse("expired_stale_perc:0.40\r\n"));
+        assert_eq!(r.checks[0].verdict, Verdict::Ok);
+        // A server without the statistic (older Redis) gets no line rather than a guess.
+        let mut r = Report::new("n:1");
+        backlog(&mut r, &Info::parse("expired_keys:1\r\n"));
+        assert!(r.checks.is_empty());
+    }
+}

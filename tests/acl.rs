@@ -1,0 +1,140 @@
+//! keywatch under exactly the least-privilege user README documents: an expiry reaches a webhook
+//! with the deadline the ledger learnt, a cleanup deletes and `HDEL`s, and Redis refused nothing
+//! (`ACL LOG` stays empty).
+
+mod common;
+mod support;
+
+use common::{HttpReceiver, Keywatch, RedisServer, wait_until, write_rules};
+use support::{PATIENCE, SUBSCRIBED, set_px};
+
+const PASSWORD: &str = "kw-Acl-pass";
+
+/// `ACL LOG` entries, but for redis-rs naming its connections (`CLIENT SETINFO`, Redis ≥ 7.2):
+/// it ignores a refusal, and Redis 7.0 cannot even grant it (README says so).
+fn acl_refusals(redis: &RedisServer) -> Vec<String> {
+    let log: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut redis.conn())
+        .expect("ACL LOG");
+    log.iter()
+        .map(|e| format!("{e:?}"))
+        .filter(|e| !e.contains("setinfo"))
+        .collect()
+}
+
+#[test]
+fn keywatch_runs_under_exactly_the_documented_user() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let mut conn = redis.conn();
+    for line in support::documented_acl_lines() {
+        let words: Vec<String> = line
+            .split_whitespace()
+            .map(|w| w.replace("PASSWORD", PASSWORD))
+            .collect();
+        let mut cmd = redis::cmd(&words[0]);
+        for w in &words[1..] {
+            cmd.arg(w);
+        }
+        let () = cmd
+            .query(&mut conn)
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+    }
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = write_rules(
+        dir.path(),
+        "rules.yaml",
+        &format!(
+            r#"
+channels:
+  hook: {{ type: webhook, url: "{}", rate: 100/s }}
+rules:
+  - name: order-lock
+    match: "order_lock:{{id}}"
+    notify: {{ to: [hook] }}
+  - name: session-cleanup
+    match: "session:{{sid}}"
+    cleanup:
+      delete: ["session:{{{{ sid }}}}:*", "cart:{{{{ sid }}}}"]
+      hdel: [{{ key: "online_users", field: "{{{{ sid }}}}" }}]
+"#,
+            receiver.url_for("/hook")
+        ),
+    );
+    let url = format!("redis://keywatch:{PASSWORD}@{}", redis.addr());
+    let mut kw = Keywatch::spawn(
+        [
+            "run",
+            "-r",
+            rules.to_str().unwrap(),
+            "--redis",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    kw.wait_for_output(SUBSCRIBED, PATIENCE);
+
+    // The ledger learns the deadline from the `expire` event, then the expiry is delivered.
+    set_px(&mut conn, "order_lock:42", 3000);
+    wait_until("the ledger knows order_lock:42", PATIENCE, || {
+        redis::cmd("ZSCORE")
+            .arg("keywatch:ledger:0")
+            .arg("order_lock:42")
+            .query::<Option<f64>>(&mut conn)
+            .unwrap()
+            .is_some()
+    });
+    let got = receiver.wait_for(1, PATIENCE);
+    let event = got[0].json();
+    assert_eq!(event["key"], "order_lock:42", "{event}");
+    assert_eq!(event["recovered"], false, "{event}");
+    assert!(event["deadline"].is_string(), "no deadline: {event}");
+
+    // The cleanup deletes exactly its keys and field, through the documented cleanup line.
+    for k in ["session:7:a", "session:7:b", "cart:7", "cart:8"] {
+        let () = redis::cmd("SET").arg(k).arg("v").query(&mut conn).unwrap();
+    }
+    let () = redis::cmd("HSET")
+        .arg("online_users")
+        .arg("7")
+        .arg("1")
+        .arg("8")
+        .arg("1")
+        .query(&mut conn)
+        .unwrap();
+    set_px(&mut conn, "session:7", 300);
+    wait_until("the cleanup of session 7 ran", PATIENCE, || {
+        let left: i64 = redis::cmd("EXISTS")
+            .arg("session:7:a")
+            .arg("session:7:b")
+            .arg("cart:7")
+            .query(&mut conn)
+            .unwrap();
+        let field: bool = redis::cmd("HEXISTS")
+            .arg("online_users")
+            .arg("7")
+            .query(&mut conn)
+            .unwrap();
+        left == 0 && !field
+    });
+    let kept: i64 = redis::cmd("EXISTS").arg("cart:8").query(&mut conn).unwrap();
+    assert_eq!(kept, 1, "cart:8 was deleted");
+
+    let log = acl_refusals(&redis);
+    assert!(
+        log.is_empty(),
+        "Redis refused commands of the documented user: {log:?}\n{}",
+        kw.describe_output()
+    );
+    kw.sigterm();
+    let status = kw.wait_timeout(PATIENCE);
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "keywatch did not exit 0 ({status:?})\n{}",
+        kw.describe_output()
+    );
+    assert!(!kw.stderr().contains("NOPERM"), "{}", kw.describe_output());
+}
