@@ -306,8 +306,9 @@ impl Ledger {
     }
 
     /// Asks for a marker now: what was poked before it and not handled by the time it arrives
-    /// was missed. Used after every (re)subscription, when events may have been lost.
-    pub async fn mark(&self, db: u32) -> redis::RedisResult<()> {
+    /// was missed. Used after every (re)subscription, when events may have been lost. Returns
+    /// its sequence number.
+    pub async fn mark(&self, db: u32) -> redis::RedisResult<u64> {
         // Numbered before it is published: entries numbered lower were moved before.
         let seq = self.next_seq(db).await?;
         let mut conn = self.inner.keyspace.conn(db).await?;
@@ -315,7 +316,8 @@ impl Ledger {
             .arg(Self::marker_channel(&self.inner.prefix))
             .arg(self.marker(db, seq))
             .exec_async(&mut conn)
-            .await
+            .await?;
+        Ok(seq)
     }
 
     /// One round of the poker for `db`: touch every due key; returns how many were due.
