@@ -529,6 +529,8 @@ fn state_needs(config: &Config, out: &mut Vec<Need>) {
             );
             add("ledger", "zscore", &["ZSCORE", &z, "k"], true);
             add("ledger", "zcard", &["ZCARD", &z], true);
+            let seq = format!("{z}:seq");
+            add("ledger: marker numbers", "incr", &["INCR", &seq], false);
             add(
                 "ledger: scripts",
                 "evalsha",
