@@ -233,3 +233,54 @@ fn keys_set_before_keywatch_started_are_learnt_by_scan() {
         "{d:?}"
     );
 }
+
+/// Instances share one marker sequence: a marker covers only keys poked before it was published,
+/// whoever poked them (with a counter per instance, another instance's older marker could claim a
+/// key whose `expired` it had not processed yet, and the key fired twice); and a recovered expiry's
+/// deadline is known to an instance that hears the `expired` later, so both claim the same event.
+#[test]
+fn markers_cover_only_earlier_pokes_of_any_instance() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let env = |_: &str| None;
+        let rules = "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n";
+        let config = keywatch::config::load_texts(
+            vec!["r.yaml".into()],
+            &[rules.to_string()],
+            keywatch::config::Mode::Check,
+            &env,
+        )
+        .unwrap()
+        .config;
+        let url = keywatch::config::Secret::new(redis.url());
+        let keyspace = keywatch::keyspace::Keyspace::new(url, config.redis.clone()).unwrap();
+        let state = keyspace.conn(0).await.unwrap();
+        let metrics = std::sync::Arc::new(keywatch::metrics::Metrics::new());
+        let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        let b = Ledger::new(state, keyspace, "kw:", metrics);
+        support::set_px(&mut redis.conn(), "k:1", 300);
+        a.learn(0, &[b"k:1".to_vec()]).await.unwrap();
+
+        // B's marker goes out before anything is poked; A pokes the key once it is due.
+        let early = b.mark(0).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(a.poke(0).await.unwrap(), 1);
+        assert!(
+            b.recover(0, early).await.unwrap().is_empty(),
+            "a marker published before the poke claimed the poked key"
+        );
+
+        // A later marker covers it: recovered with its deadline, which B then learns as handled.
+        let late = a.mark(0).await.unwrap();
+        assert!(late > early);
+        let missed = a.recover(0, late).await.unwrap();
+        assert_eq!(missed.len(), 1, "{missed:?}");
+        let handled = b.handled(0, &[b"k:1".to_vec()]).await.unwrap();
+        assert_eq!(handled, vec![Some(missed[0].deadline_ms)]);
+    });
+}

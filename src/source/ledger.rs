@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -55,19 +55,20 @@ pub struct Missed {
 
 // Moves touched-and-gone keys from the ledger to the poked set, but only if the ledger still
 // holds the deadline the poker saw: if the engine handled the `expired` in between, nothing moves.
+// Entries are stamped with the next number of the database's marker sequence, shared by every
+// instance (see `Ledger::mark`); returns that number.
 const MOVE_POKED: &str = r"
-local n = 0
-for i = 2, #ARGV, 2 do
+local seq = redis.call('INCR', KEYS[4])
+for i = 1, #ARGV, 2 do
   local m = ARGV[i]
   local s = redis.call('ZSCORE', KEYS[1], m)
   if s and tonumber(s) == tonumber(ARGV[i + 1]) then
     redis.call('ZREM', KEYS[1], m)
-    redis.call('ZADD', KEYS[2], ARGV[1], m)
+    redis.call('ZADD', KEYS[2], seq, m)
     redis.call('HSET', KEYS[3], m, ARGV[i + 1])
-    n = n + 1
   end
 end
-return n
+return seq
 ";
 
 // An `expired` was handled: drop the key's due deadline (not a later one: the key may already
@@ -103,6 +104,9 @@ return out
 ";
 
 // Everything poked up to a marker that is still there was missed: take it out and return it.
+// A recovery is a handling: its deadline goes to the handled set like HANDLED's, so that another
+// instance that still receives the `expired` (it was only slower) learns the same deadline and
+// computes the same claim, instead of firing the key a second time.
 const RECOVER: &str = r"
 local ms = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1000)
 local out = {}
@@ -110,6 +114,9 @@ for _, m in ipairs(ms) do
   local d = redis.call('HGET', KEYS[2], m)
   redis.call('ZREM', KEYS[1], m)
   redis.call('HDEL', KEYS[2], m)
+  if d then
+    redis.call('ZADD', KEYS[3], d, m)
+  end
   out[#out + 1] = m
   out[#out + 1] = d or '0'
 end
@@ -133,7 +140,6 @@ struct Inner {
     keyspace: Keyspace,
     prefix: String,
     instance: String,
-    seq: AtomicU64,
     move_poked: redis::Script,
     handled: redis::Script,
     recover: redis::Script,
@@ -160,7 +166,6 @@ impl Ledger {
                 keyspace,
                 prefix: prefix.to_string(),
                 instance: format!("{:016x}", fastrand::u64(..)),
-                seq: AtomicU64::new(0),
                 move_poked: redis::Script::new(MOVE_POKED),
                 handled: redis::Script::new(HANDLED),
                 recover: redis::Script::new(RECOVER),
@@ -189,6 +194,14 @@ impl Ledger {
 
     fn handled_set(&self, db: u32) -> String {
         format!("{}ledger:{db}:handled", self.inner.prefix)
+    }
+
+    /// The marker sequence of `db`, one for all instances: a poked entry numbered at most a
+    /// marker's number was moved before that marker was published, whoever moved it, so its
+    /// `expired` reached every subscriber before the marker. Per-instance counters broke this: a
+    /// marker of one instance could cover entries another instance moved after it.
+    fn seq_key(&self, db: u32) -> String {
+        format!("{}ledger:{db}:seq", self.inner.prefix)
     }
 
     /// The marker payload of this instance for `db` and `seq`.
@@ -272,6 +285,7 @@ impl Ledger {
                 .recover
                 .key(self.poked(db))
                 .key(self.poked_at(db))
+                .key(self.handled_set(db))
                 .arg(seq)
                 .invoke_async(&mut self.inner.state.clone())
                 .await?;
@@ -295,14 +309,19 @@ impl Ledger {
 
     /// Asks for a marker now: what was poked before it and not handled by the time it arrives
     /// was missed. Used after every (re)subscription, when events may have been lost.
-    pub async fn mark(&self, db: u32) -> redis::RedisResult<()> {
-        let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
+    /// Returns the marker's number.
+    pub async fn mark(&self, db: u32) -> redis::RedisResult<u64> {
+        let seq: u64 = redis::cmd("INCR")
+            .arg(self.seq_key(db))
+            .query_async(&mut self.inner.state.clone())
+            .await?;
         let mut conn = self.inner.keyspace.conn(db).await?;
         redis::cmd("PUBLISH")
             .arg(Self::marker_channel(&self.inner.prefix))
             .arg(self.marker(db, seq))
             .exec_async(&mut conn)
-            .await
+            .await?;
+        Ok(seq)
     }
 
     /// One round of the poker for `db`: touch every due key; returns how many were due.
@@ -330,12 +349,11 @@ impl Ledger {
             pipe.cmd("PEXPIRETIME").arg(k);
         }
         let now: Vec<i64> = pipe.query_async(&mut conn).await?;
-        let seq = self.inner.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let mut gone = self.inner.move_poked.prepare_invoke();
         gone.key(&zset)
             .key(self.poked(db))
             .key(self.poked_at(db))
-            .arg(seq);
+            .key(self.seq_key(db));
         let mut any_gone = false;
         let mut fixes = 0;
         let mut fix = redis::pipe();
@@ -362,7 +380,7 @@ impl Ledger {
             fix.exec_async(&mut self.inner.state.clone()).await?;
         }
         if any_gone {
-            let _: i64 = gone.invoke_async(&mut self.inner.state.clone()).await?;
+            let seq: u64 = gone.invoke_async(&mut self.inner.state.clone()).await?;
             // After the move, so the marker follows every `expired` the touches caused.
             redis::cmd("PUBLISH")
                 .arg(Self::marker_channel(&self.inner.prefix))
