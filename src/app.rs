@@ -45,6 +45,10 @@ pub enum StartError {
     },
     #[error(transparent)]
     Connect(#[from] connect::ConnectError),
+    #[error(
+        "`redis.cluster: true`: watching a Redis Cluster is not supported by `run` yet (keyspace events stay on the node that owns each key, so watching the seed node alone would miss most of them); point keywatch at a single master, or run one keywatch per master with `redis.cluster: false`. `keywatch doctor` does inspect a cluster."
+    )]
+    ClusterUnsupported,
 }
 
 pub struct RunOptions {
@@ -72,6 +76,9 @@ pub async fn run(
     // a stop requested while keywatch starts (it already logs "Subscribed" by then) must still
     // end in a clean exit 0.
     let signals = StopSignals::install();
+    if config.redis.cluster {
+        return Err(StartError::ClusterUnsupported);
+    }
     let env_url = std::env::var("KEYWATCH_REDIS_URL")
         .ok()
         .filter(|u| !u.is_empty());

@@ -98,6 +98,37 @@ fn check_mode_refuses_a_server_without_flags_and_its_fix_works() {
     assert!(keywatch.wait_timeout(PATIENCE).is_some_and(|s| s.success()));
 }
 
+/// Until `run` watches every master of a cluster, `redis.cluster: true` is refused at start with
+/// the reason, rather than watched on the seed node alone (which would miss most events).
+#[test]
+fn a_cluster_setting_is_refused_by_run_with_the_reason() {
+    let redis = redis_with_flags("Exg");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = write_rules(
+        dir.path(),
+        "rules.yaml",
+        &format!("redis:\n  cluster: true\n{LOG_RULES}"),
+    );
+    let out = run_keywatch(
+        [
+            "run",
+            "-r",
+            &rules.to_string_lossy(),
+            "--redis",
+            &redis.url(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("`redis.cluster: true`") && stderr.contains("not supported by `run` yet"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn check_mode_fix_keeps_the_flags_already_set() {
     let redis = redis_with_flags("Kl");
