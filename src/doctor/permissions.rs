@@ -529,8 +529,6 @@ fn state_needs(config: &Config, out: &mut Vec<Need>) {
             );
             add("ledger", "zscore", &["ZSCORE", &z, "k"], true);
             add("ledger", "zcard", &["ZCARD", &z], true);
-            let seq = format!("{z}:seq");
-            add("ledger: marker numbers", "incr", &["INCR", &seq], false);
             add(
                 "ledger: scripts",
                 "evalsha",
@@ -552,6 +550,8 @@ fn state_needs(config: &Config, out: &mut Vec<Need>) {
             add("ledger (script)", "hget", &["HGET", &at, "k"], true);
             add("ledger (script)", "hset", &["HSET", &at, "k", "0"], false);
             add("ledger (script)", "hdel", &["HDEL", &at, "k"], false);
+            let seq = format!("{z}:seq");
+            add("ledger: marker sequence", "incr", &["INCR", &seq], false);
         }
     }
     if config.event_kinds().contains(&EventKind::Expiring) {

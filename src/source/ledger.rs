@@ -61,19 +61,20 @@ pub struct Missed {
 
 // Moves touched-and-gone keys from the ledger to the poked set, but only if the ledger still
 // holds the deadline the poker saw: if the engine handled the `expired` in between, nothing moves.
+// Entries are stamped with the next number of the database's marker sequence, shared by every
+// instance (see `Ledger::mark`); returns that number.
 const MOVE_POKED: &str = r"
-local n = 0
-for i = 2, #ARGV, 2 do
+local seq = redis.call('INCR', KEYS[4])
+for i = 1, #ARGV, 2 do
   local m = ARGV[i]
   local s = redis.call('ZSCORE', KEYS[1], m)
   if s and tonumber(s) == tonumber(ARGV[i + 1]) then
     redis.call('ZREM', KEYS[1], m)
-    redis.call('ZADD', KEYS[2], ARGV[1], m)
+    redis.call('ZADD', KEYS[2], seq, m)
     redis.call('HSET', KEYS[3], m, ARGV[i + 1])
-    n = n + 1
   end
 end
-return n
+return seq
 ";
 
 // An `expired` was handled: drop the key's due deadline (not a later one: the key may already
@@ -109,8 +110,9 @@ return out
 ";
 
 // Everything poked up to a marker that is still there was missed: take it out and return it.
-// Its deadline goes to the "handled" set like HANDLED's, so that another instance reading that
-// `expired` only now (it did not miss it) computes the same claim.
+// A recovery is a handling: its deadline goes to the handled set like HANDLED's, so that another
+// instance that still receives the `expired` (it was only slower) learns the same deadline and
+// computes the same claim, instead of firing the key a second time.
 const RECOVER: &str = r"
 local ms = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1000)
 local out = {}
@@ -198,12 +200,12 @@ impl Ledger {
         format!("{}ledger:{db}:handled", self.inner.prefix)
     }
 
-    /// The next sequence number of `db`'s poked set and markers, shared by every instance.
-    async fn next_seq(&self, db: u32) -> redis::RedisResult<u64> {
-        redis::cmd("INCR")
-            .arg(format!("{}ledger:{db}:seq", self.inner.prefix))
-            .query_async(&mut self.inner.state.clone())
-            .await
+    /// The marker sequence of `db`, one for all instances: a poked entry numbered at most a
+    /// marker's number was moved before that marker was published, whoever moved it, so its
+    /// `expired` reached every subscriber before the marker. Per-instance counters broke this: a
+    /// marker of one instance could cover entries another instance moved after it.
+    fn seq_key(&self, db: u32) -> String {
+        format!("{}ledger:{db}:seq", self.inner.prefix)
     }
 
     /// The marker payload of this instance for `db` and `seq`.
@@ -306,11 +308,13 @@ impl Ledger {
     }
 
     /// Asks for a marker now: what was poked before it and not handled by the time it arrives
-    /// was missed. Used after every (re)subscription, when events may have been lost. Returns
-    /// its sequence number.
+    /// was missed. Used after every (re)subscription, when events may have been lost.
+    /// Returns the marker's number.
     pub async fn mark(&self, db: u32) -> redis::RedisResult<u64> {
-        // Numbered before it is published: entries numbered lower were moved before.
-        let seq = self.next_seq(db).await?;
+        let seq: u64 = redis::cmd("INCR")
+            .arg(self.seq_key(db))
+            .query_async(&mut self.inner.state.clone())
+            .await?;
         let mut conn = self.inner.keyspace.conn(db).await?;
         redis::cmd("PUBLISH")
             .arg(Self::marker_channel(&self.inner.prefix))
@@ -342,12 +346,20 @@ impl Ledger {
         let keys: Vec<Vec<u8>> = due.iter().map(|(k, _)| k.clone()).collect();
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
         let now: Vec<i64> = conn.each(per_key("PEXPIRETIME", &keys)).await?;
-        let mut gone: Vec<(&Vec<u8>, i64)> = Vec::new();
+        let mut gone = self.inner.move_poked.prepare_invoke();
+        gone.key(&zset)
+            .key(self.poked(db))
+            .key(self.poked_at(db))
+            .key(self.seq_key(db));
+        let mut any_gone = false;
         let mut fixes = 0;
         let mut fix = redis::pipe();
         for ((k, score), t) in due.iter().zip(now) {
             match t {
-                -2 => gone.push((k, *score as i64)),
+                -2 => {
+                    gone.arg(k).arg(*score as i64);
+                    any_gone = true;
+                }
                 // A plain SET dropped the TTL (Redis says nothing about that): no expiry will come.
                 -1 => {
                     fix.cmd("ZREM").arg(&zset).arg(k).ignore();
@@ -364,19 +376,8 @@ impl Ledger {
         if fixes > 0 {
             fix.exec_async(&mut self.inner.state.clone()).await?;
         }
-        if !gone.is_empty() {
-            // Numbered after the touches returned: a marker numbered higher, by any instance,
-            // is published after them (see the module comment).
-            let seq = self.next_seq(db).await?;
-            let mut inv = self.inner.move_poked.prepare_invoke();
-            inv.key(&zset)
-                .key(self.poked(db))
-                .key(self.poked_at(db))
-                .arg(seq);
-            for (k, score) in gone {
-                inv.arg(k).arg(score);
-            }
-            let _: i64 = inv.invoke_async(&mut self.inner.state.clone()).await?;
+        if any_gone {
+            let seq: u64 = gone.invoke_async(&mut self.inner.state.clone()).await?;
             // After the move, so the marker follows every `expired` the touches caused.
             redis::cmd("PUBLISH")
                 .arg(Self::marker_channel(&self.inner.prefix))
