@@ -714,22 +714,7 @@ async fn take_turn(inner: &Arc<Inner>, lane: &Arc<Lane>, work: Work, id: &str) -
         firings.push(w.firing);
         jobs.push(w.job);
     }
-    let actions = inner.actions.refreshed();
-    let composed = match (
-        actions.config.rule(&firing.rule),
-        actions.config.channel(channel),
-    ) {
-        (Some(r), Some(ch)) => {
-            let max = r
-                .notify
-                .as_ref()
-                .and_then(|n| n.group)
-                .map_or(DIGEST_ITEMS, |g| g.max_items);
-            notify::compose_digest(&actions, &firings, r, ch, max)
-        }
-        _ => Err("the rule or channel is no longer defined".into()),
-    };
-    match composed {
+    match compose_digest_now(inner, &firing.rule, channel, &firings) {
         Ok(message) => Some(Work::Digest {
             rule: firing.rule.clone(),
             channel: channel.clone(),
@@ -755,6 +740,28 @@ async fn take_turn(inner: &Arc<Inner>, lane: &Arc<Lane>, work: Work, id: &str) -
     }
 }
 
+/// A digest of `firings` of `rule` for `channel` under the rules in force now, listing the rule's
+/// `group.max_items` (or [`DIGEST_ITEMS`] for a merged backlog of a rule without `group`).
+fn compose_digest_now(
+    inner: &Inner,
+    rule: &str,
+    channel: &str,
+    firings: &[Arc<Firing>],
+) -> Result<Message, String> {
+    let actions = inner.actions.refreshed();
+    match (actions.config.rule(rule), actions.config.channel(channel)) {
+        (Some(r), Some(ch)) => {
+            let max = r
+                .notify
+                .as_ref()
+                .and_then(|n| n.group)
+                .map_or(DIGEST_ITEMS, |g| g.max_items);
+            notify::compose_digest(&actions, firings, r, ch, max)
+        }
+        _ => Err("the rule or channel is no longer defined".into()),
+    }
+}
+
 /// Gives a dead letter a second life: the same firings, the same action, from attempt one.
 fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
     let firings: Vec<Arc<Firing>> = d.firings.into_iter().map(Arc::new).collect();
@@ -764,22 +771,7 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
             return;
         };
         inner.tracker.spawn(async move {
-            let actions = i.actions.refreshed();
-            let composed = match (
-                actions.config.rule(&d.rule),
-                actions.config.channel(&channel),
-            ) {
-                (Some(r), Some(ch)) => {
-                    let max = r
-                        .notify
-                        .as_ref()
-                        .and_then(|n| n.group)
-                        .map_or(DIGEST_ITEMS, |g| g.max_items);
-                    notify::compose_digest(&actions, &firings, r, ch, max)
-                }
-                _ => Err("the rule or channel is no longer defined".into()),
-            };
-            match composed {
+            match compose_digest_now(&i, &d.rule, &channel, &firings) {
                 Ok(message) => {
                     let work = Work::Digest {
                         rule: d.rule,

@@ -337,3 +337,20 @@ pub fn per_key(name: &str, keys: &[Vec<u8>]) -> Vec<Cmd> {
         })
         .collect()
 }
+
+/// One page of `SCAN cursor MATCH glob COUNT count`: the next cursor (0 when done) and the keys.
+pub async fn scan_page(
+    conn: &mut impl redis::aio::ConnectionLike,
+    cursor: u64,
+    glob: &[u8],
+    count: usize,
+) -> redis::RedisResult<(u64, Vec<Vec<u8>>)> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(glob)
+        .arg("COUNT")
+        .arg(count)
+        .query_async(conn)
+        .await
+}

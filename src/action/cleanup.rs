@@ -130,14 +130,7 @@ async fn scan_unlink_on(
     let mut cursor: u64 = 0;
     let mut deleted = 0;
     loop {
-        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(glob)
-            .arg("COUNT")
-            .arg(SCAN_COUNT)
-            .query_async(scan)
-            .await?;
+        let (next, keys) = crate::keyspace::scan_page(scan, cursor, glob, SCAN_COUNT).await?;
         let keys: Vec<Vec<u8>> = keys.into_iter().filter(|k| !k.starts_with(own)).collect();
         if !keys.is_empty() {
             deleted += redis::cmd("UNLINK")

@@ -509,14 +509,7 @@ async fn rule_samples(report: &mut Report, config: &Config, url: &Secret, cluste
             let (mut walked, mut found, mut complete) = (0usize, 0usize, false);
             let mut failed = None;
             for _ in 0..SAMPLE_CALLS {
-                let step: redis::RedisResult<(u64, Vec<Vec<u8>>)> = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(glob)
-                    .arg("COUNT")
-                    .arg(SAMPLE_COUNT)
-                    .query_async(&mut conn)
-                    .await;
+                let step = crate::keyspace::scan_page(&mut conn, cursor, glob, SAMPLE_COUNT).await;
                 let (next, keys) = match step {
                     Ok(s) => s,
                     Err(e) => {

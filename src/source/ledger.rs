@@ -467,14 +467,8 @@ impl Ledger {
                 let mut conn = node.clone();
                 let mut cursor: u64 = 0;
                 loop {
-                    let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(glob)
-                        .arg("COUNT")
-                        .arg(1000)
-                        .query_async(&mut conn)
-                        .await?;
+                    let (next, keys) =
+                        crate::keyspace::scan_page(&mut conn, cursor, glob, 1000).await?;
                     scanned += 1000;
                     self.inner.metrics.scan_keys.inc_by(keys.len() as u64);
                     let keys: Vec<Vec<u8>> = keys
