@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,7 +25,7 @@ use crate::config::{Group, Rate};
 use crate::dead::{DeadLetter, DeadStore};
 use crate::job::{Action, Firing};
 use crate::metrics::Metrics;
-use crate::queue::{self, Job, Queue};
+use crate::queue::{self, Job, Queue, Window};
 use crate::ratelimit::{Limiter, SharedBucket, TokenBucket};
 use crate::status::{self, Status};
 
@@ -108,10 +110,16 @@ struct Inner {
     policy: RetryPolicy,
     tracker: TaskTracker,
     shutdown: CancellationToken,
-    /// Bounds the firings whose first attempts run at once, so a storm queues instead of
-    /// opening ten thousand connections.
+    /// Bounds the firings whose attempts run at once here. A storm's firings beyond it wait in
+    /// the durable queue, not in memory, so ten thousand expiries open no more connections and
+    /// hold no more memory than this many.
     concurrent: Arc<Semaphore>,
-    /// Open digest windows, by (rule, channel).
+    /// Set while jobs this instance had no room for may be waiting in the queue: a firing that
+    /// finishes then wakes the queue loop to take the next ones at once.
+    backlogged: AtomicBool,
+    wake: Notify,
+    /// Digest windows held in memory, by (rule, channel): only when there is no queue, or Redis
+    /// refused to store the notifications in their shared window.
     digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
     /// Where dead letters are kept (Redis); `None` only in tests of this module.
     dead: Option<DeadStore>,
@@ -119,10 +127,16 @@ struct Inner {
     queue: Option<Queue>,
     /// Jobs this instance is attempting now, handed back at shutdown.
     inflight: Mutex<std::collections::HashSet<String>>,
+    /// Jobs of digest windows whose digest this instance is attempting now (leases renewed,
+    /// handed back at shutdown).
+    windows_inflight: Mutex<HashMap<Window, std::collections::HashSet<String>>>,
     /// Where outcomes and dead letters are shown (the status page); set once by `report_to`
     /// so that the constructor stays the same for callers that have no status page.
     status: OnceLock<Arc<Status>>,
 }
+
+/// Firings attempted at once by one instance (see `Inner::concurrent`).
+const CONCURRENT: usize = 256;
 
 /// Items listed in a digest of a rule without `group.max_items` (a merged backlog).
 const DIGEST_ITEMS: usize = 20;
@@ -184,9 +198,12 @@ enum Work {
         channel: String,
         message: Arc<Message>,
         firings: Vec<Arc<Firing>>,
-        /// Queued jobs the digest stands for (a merged backlog), acknowledged when it is sent;
-        /// empty for a `group` digest, which is held only in memory.
+        /// Queued jobs the digest stands for, acknowledged when it is sent or dead-lettered;
+        /// empty for a digest held only in memory (no queue, or the queue was unreachable).
         jobs: Vec<String>,
+        /// The `group` window the jobs wait in; `None` for a merged backlog (whose jobs are in
+        /// the queue itself).
+        window: Option<Window>,
     },
 }
 
@@ -280,11 +297,14 @@ impl Delivery {
                 policy,
                 tracker: TaskTracker::new(),
                 shutdown,
-                concurrent: Arc::new(Semaphore::new(256)),
+                concurrent: Arc::new(Semaphore::new(CONCURRENT)),
+                backlogged: AtomicBool::new(false),
+                wake: Notify::new(),
                 digests: Mutex::new(HashMap::new()),
                 dead,
                 queue,
                 inflight: Mutex::new(Default::default()),
+                windows_inflight: Mutex::new(HashMap::new()),
                 status: OnceLock::new(),
             }),
         }
@@ -324,12 +344,81 @@ impl Delivery {
         let _ = self.inner.status.set(status);
     }
 
-    /// Takes a firing; its jobs run in the background.
-    pub fn submit(&self, firing: Firing) {
-        let inner = self.inner.clone();
-        self.inner
-            .tracker
-            .spawn(async move { run_firing(inner, Arc::new(firing)).await });
+    /// Takes the firings of one batch. Their jobs are in the durable queue when this returns,
+    /// so the caller may then remove what the firings copied (the details) without a crash in
+    /// between losing them. The firings this instance has room for start at once; the others
+    /// wait in the queue, due now, for whichever instance has room first — so a storm of
+    /// 100,000 expiries costs Redis memory, not ours, and is shared by every instance.
+    pub async fn accept(&self, firings: Vec<Firing>) {
+        let inner = &self.inner;
+        let actions = inner.actions.refreshed();
+        let mut now = Vec::new();
+        let mut later = Vec::new();
+        let mut windows: HashMap<Window, (Group, Vec<Arc<Firing>>)> = HashMap::new();
+        for firing in firings {
+            let firing = Arc::new(firing);
+            let Some(rule) = actions.config.rule(&firing.rule) else {
+                continue;
+            };
+            let group = rule.notify.as_ref().and_then(|n| n.group);
+            let mut steps = Vec::new();
+            for action in actions_of(rule) {
+                match (&action, group) {
+                    (Action::Notify { channel }, Some(g)) => {
+                        let w = Window {
+                            rule: firing.rule.clone(),
+                            channel: channel.clone(),
+                        };
+                        windows
+                            .entry(w)
+                            .or_insert((g, Vec::new()))
+                            .1
+                            .push(firing.clone());
+                    }
+                    _ => steps.push(Step::first(action)),
+                }
+            }
+            if steps.is_empty() {
+                continue;
+            }
+            match inner.concurrent.clone().try_acquire_owned() {
+                Ok(permit) => now.push((firing, steps, permit)),
+                Err(_) => later.push((firing, steps)),
+            }
+        }
+        for (w, (group, firings)) in windows {
+            put_in_window(inner, w, group, firings).await;
+        }
+        if let Some(q) = &inner.queue {
+            let leased = jobs_of(now.iter().map(|(f, s, _)| (f, s)));
+            let pending = jobs_of(later.iter().map(|(f, s)| (f, s)));
+            match q.store(&leased, &pending).await {
+                Ok(()) if !later.is_empty() => {
+                    later.clear();
+                    inner.backlogged.store(true, Ordering::Relaxed);
+                    inner.wake.notify_one();
+                }
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, jobs = leased.len() + pending.len(), "Cannot store jobs in the queue; attempting them from memory.");
+                }
+            }
+        }
+        for (firing, steps, permit) in now {
+            let i = inner.clone();
+            inner
+                .tracker
+                .spawn(async move { run_steps(i, firing, steps, permit).await });
+        }
+        // Only when the queue could not take them (or there is none): in memory, in turn.
+        for (firing, steps) in later {
+            let i = inner.clone();
+            inner.tracker.spawn(async move {
+                if let Ok(permit) = i.concurrent.clone().acquire_owned().await {
+                    run_steps(i, firing, steps, permit).await;
+                }
+            });
+        }
     }
 
     /// Stops retry loops and waits up to `grace` for attempts in flight.
@@ -346,6 +435,21 @@ impl Delivery {
             .unwrap_or_else(|p| p.into_inner())
             .drain()
             .collect();
+        let windows: Vec<(Window, Vec<String>)> = self
+            .inner
+            .windows_inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(w, ids)| (w, ids.into_iter().collect()))
+            .collect();
+        if let Some(q) = &self.inner.queue {
+            for (w, ids) in &windows {
+                if let Err(e) = q.window_hand_back(w, ids).await {
+                    tracing::warn!(error = %e, rule = %w.rule, "Cannot hand a digest window back; it comes due again when its lease ends.");
+                }
+            }
+        }
         if let (Some(q), false) = (&self.inner.queue, left.is_empty()) {
             match q.hand_back(&left).await {
                 Ok(()) => tracing::info!(
@@ -360,8 +464,9 @@ impl Delivery {
         finished
     }
 
-    /// Takes due jobs from the durable queue (retries, and jobs of instances that died or
-    /// stopped) every 200 ms until shutdown.
+    /// Takes due jobs from the durable queue — retries, jobs of instances that died or stopped,
+    /// and the backlog of a storm — as far as this instance has room: every 200 ms, and at once
+    /// when a firing finishes while a backlog waits. Stops at shutdown.
     pub fn start_queue(&self) {
         let Some(queue) = self.inner.queue.clone() else {
             return;
@@ -369,101 +474,268 @@ impl Delivery {
         let inner = self.inner.clone();
         self.inner.tracker.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
-            let mut count = 0u32;
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_gauge = Instant::now();
+            let mut last_renew = Instant::now();
             loop {
-                tokio::select! {
+                let ticked = tokio::select! {
                     biased;
                     _ = inner.shutdown.cancelled() => return,
-                    _ = tick.tick() => {}
+                    _ = tick.tick() => true,
+                    _ = inner.wake.notified() => false,
+                };
+                if last_gauge.elapsed() >= Duration::from_secs(1) {
+                    last_gauge = Instant::now();
+                    if let Ok(n) = queue.len().await {
+                        inner.metrics.queue_pending.set(n);
+                    }
                 }
-                count = count.wrapping_add(1);
-                if count.is_multiple_of(5)
-                    && let Ok(n) = queue.len().await
-                {
-                    inner.metrics.queue_pending.set(n);
-                }
-                if count.is_multiple_of(crate::queue::RENEW_EVERY.as_millis() as u32 / 200) {
-                    let ids: Vec<String> = inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+                if last_renew.elapsed() >= crate::queue::RENEW_EVERY {
+                    last_renew = Instant::now();
+                    let ids: Vec<String> = inflight(&inner).iter().cloned().collect();
                     if let Err(e) = queue.renew(&ids).await {
                         tracing::warn!(error = %e, "Cannot renew job leases; another instance may take them over.");
                     }
-                }
-                let jobs = match queue.take_due(200).await {
-                    Ok(j) => j,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Cannot read the job queue; retrying.");
-                        continue;
+                    let windows: Vec<(Window, Vec<String>)> = windows_inflight(&inner)
+                        .iter()
+                        .map(|(w, ids)| (w.clone(), ids.iter().cloned().collect()))
+                        .collect();
+                    for (w, ids) in windows {
+                        if let Err(e) = queue.window_renew(&w, &ids).await {
+                            tracing::warn!(error = %e, rule = %w.rule, "Cannot renew a digest window's lease; another instance may take it over.");
+                        }
                     }
-                };
-                for job in jobs {
-                    let i = inner.clone();
-                    let work = Work::Step { firing: Arc::new(job.firing), action: job.action };
-                    inner.tracker.spawn(async move { deliver(i, work, job.attempt, job.failing_since).await });
                 }
+                if ticked {
+                    take_windows(&inner, &queue).await;
+                }
+                take_due(&inner, &queue).await;
             }
         });
     }
 }
 
-async fn run_firing(inner: Arc<Inner>, firing: Arc<Firing>) {
-    let Ok(_permit) = inner.concurrent.clone().acquire_owned().await else {
-        return;
-    };
-    let actions = inner.actions.refreshed();
-    let Some(rule) = actions.config.rule(&firing.rule) else {
-        return;
-    };
-    let group = rule.notify.as_ref().and_then(|n| n.group);
-    let mut steps = Vec::new();
-    for action in actions_of(rule) {
-        match (&action, group) {
-            (Action::Notify { channel }, Some(g)) => collect(&inner, &firing, channel, g),
-            _ => steps.push(action),
-        }
-    }
-    // Stored before the first attempt: from here on the job survives this process.
+/// Most jobs taken from the queue in one round trip.
+const TAKE_MAX: usize = 512;
+
+/// Most jobs of one window taken into one digest: a storm's window of 100,000 becomes a few
+/// digests of this many, and no Lua call holds Redis for long.
+const WINDOW_TAKE_MAX: usize = 5000;
+
+/// Stores the firings' notifications in their shared window (before the caller removes their
+/// details); held in this instance's memory only when there is no queue or Redis refused.
+async fn put_in_window(inner: &Arc<Inner>, w: Window, group: Group, firings: Vec<Arc<Firing>>) {
     if let Some(q) = &inner.queue {
-        let jobs: Vec<Job> = steps
+        let jobs: Vec<Job> = firings
             .iter()
-            .map(|a| Job {
-                firing: (*firing).clone(),
-                action: a.clone(),
+            .map(|f| Job {
+                firing: (**f).clone(),
+                action: Action::Notify {
+                    channel: w.channel.clone(),
+                },
                 attempt: 0,
                 failing_since: None,
             })
             .collect();
-        if let Err(e) = q.put_leased(&jobs).await {
-            tracing::warn!(error = %e, rule = %firing.rule, "Cannot store jobs in the queue; attempting them from memory.");
+        match q.window_put(&w, group.window, &jobs).await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, rule = %w.rule, channel = %w.channel, "Cannot store notifications in their digest window; collecting them in this instance's memory.");
+            }
         }
     }
-    // First attempts in the order of SPEC §2; notifications wait for their channel's bucket
-    // in their own task, so a throttled channel holds back nothing else.
-    for action in steps {
-        if inner.shutdown.is_cancelled() {
+    for f in &firings {
+        collect(inner, f, &w.channel, group);
+    }
+}
+
+/// Sends the digest of every window that has ended (or whose retry is due), as one digest per
+/// window (up to [`WINDOW_TAKE_MAX`] events each).
+async fn take_windows(inner: &Arc<Inner>, queue: &Queue) {
+    let windows = match queue.windows().await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot read the digest windows; retrying.");
             return;
         }
-        let work = Work::Step {
-            firing: firing.clone(),
-            action,
-        };
-        if matches!(
-            &work,
-            Work::Step {
-                action: Action::Notify { .. },
-                ..
+    };
+    for w in windows {
+        let jobs = match queue.window_take(&w, WINDOW_TAKE_MAX).await {
+            Ok(j) if j.is_empty() => continue,
+            Ok(j) => j,
+            Err(e) => {
+                tracing::warn!(error = %e, rule = %w.rule, "Cannot take a digest window; retrying.");
+                continue;
             }
-        ) {
-            let i = inner.clone();
-            inner
-                .tracker
-                .spawn(async move { deliver(i, work, 0, None).await });
-        } else {
-            deliver(inner.clone(), work, 0, None).await;
+        };
+        let attempt = jobs.iter().map(|j| j.attempt).max().unwrap_or(0);
+        let failing_since = jobs.iter().filter_map(|j| j.failing_since).min();
+        let ids: Vec<String> = jobs.iter().map(Job::id).collect();
+        let firings: Vec<Arc<Firing>> = jobs.into_iter().map(|j| Arc::new(j.firing)).collect();
+        match compose_digest_now(inner, &w.rule, &w.channel, &firings) {
+            Ok(message) => {
+                let work = Work::Digest {
+                    rule: w.rule.clone(),
+                    channel: w.channel.clone(),
+                    message: Arc::new(message),
+                    firings,
+                    jobs: ids,
+                    window: Some(w),
+                };
+                let i = inner.clone();
+                inner
+                    .tracker
+                    .spawn(async move { deliver(i, work, attempt, failing_since).await });
+            }
+            Err(e) => {
+                let work = Work::Digest {
+                    rule: w.rule.clone(),
+                    channel: w.channel.clone(),
+                    message: Arc::new(Message::uncomposed_digest(
+                        &w.rule,
+                        firings.first().map_or("", |f| f.id.as_str()),
+                        &w.channel,
+                        firings.len(),
+                    )),
+                    firings,
+                    jobs: ids.clone(),
+                    window: Some(w.clone()),
+                };
+                dead_letter(inner, &work, &format!("cannot compose the digest: {e}"));
+                if let Err(e) = queue.window_done(&w, &ids).await {
+                    tracing::warn!(error = %e, rule = %w.rule, "Cannot remove a dead-lettered digest window; it may be dead-lettered again.");
+                }
+            }
         }
     }
 }
 
-/// Adds a firing to its (rule, channel) digest; the first one of a window schedules the send.
+/// Takes due jobs while there is room, and starts them: the jobs of one firing together, in
+/// the order of SPEC §2.
+async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
+    loop {
+        let room = inner.concurrent.available_permits().min(TAKE_MAX);
+        if room == 0 {
+            return;
+        }
+        // As many jobs as there are free firings: a firing has one to four jobs, so a full
+        // answer leaves at most a few firings waiting briefly for a permit below.
+        let jobs = match queue.take_due(room).await {
+            Ok(j) => j,
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot read the job queue; retrying.");
+                return;
+            }
+        };
+        let full = jobs.len() == room;
+        if !full {
+            inner.backlogged.store(false, Ordering::Relaxed);
+        }
+        for (firing, steps) in by_firing(jobs) {
+            let i = inner.clone();
+            inner.tracker.spawn(async move {
+                if let Ok(permit) = i.concurrent.clone().acquire_owned().await {
+                    run_steps(i, firing, steps, permit).await;
+                }
+            });
+        }
+        if !full {
+            return;
+        }
+    }
+}
+
+/// One job of a firing: its action, and the attempts it has had.
+struct Step {
+    action: Action,
+    attempt: u32,
+    failing_since: Option<i64>,
+}
+
+impl Step {
+    fn first(action: Action) -> Step {
+        Step {
+            action,
+            attempt: 0,
+            failing_since: None,
+        }
+    }
+}
+
+/// The jobs of firings, as stored in the queue.
+fn jobs_of<'a>(runs: impl Iterator<Item = (&'a Arc<Firing>, &'a Vec<Step>)>) -> Vec<Job> {
+    runs.flat_map(|(firing, steps)| {
+        steps.iter().map(|s| Job {
+            firing: (**firing).clone(),
+            action: s.action.clone(),
+            attempt: s.attempt,
+            failing_since: s.failing_since,
+        })
+    })
+    .collect()
+}
+
+/// Jobs taken from the queue, gathered per firing (in the order first seen) and put in the
+/// order of SPEC §2 within each.
+fn by_firing(jobs: Vec<Job>) -> Vec<(Arc<Firing>, Vec<Step>)> {
+    let mut out: Vec<(Arc<Firing>, Vec<Step>)> = Vec::new();
+    let mut at: HashMap<String, usize> = HashMap::new();
+    for job in jobs {
+        let step = Step {
+            action: job.action,
+            attempt: job.attempt,
+            failing_since: job.failing_since,
+        };
+        match at.get(&job.firing.id) {
+            Some(&i) => out[i].1.push(step),
+            None => {
+                at.insert(job.firing.id.clone(), out.len());
+                out.push((Arc::new(job.firing), vec![step]));
+            }
+        }
+    }
+    for (_, steps) in &mut out {
+        steps.sort_by_key(|s| s.action.order());
+    }
+    out
+}
+
+/// The attempts of one firing's jobs, in the order of SPEC §2. A failing step goes to the
+/// queue for its retry and does not hold back the next; a notification waits for its channel's
+/// bucket in its own task (without the permit), so a throttled channel holds back nothing else.
+async fn run_steps(
+    inner: Arc<Inner>,
+    firing: Arc<Firing>,
+    steps: Vec<Step>,
+    permit: OwnedSemaphorePermit,
+) {
+    for step in steps {
+        if inner.shutdown.is_cancelled() {
+            break;
+        }
+        let notify = matches!(step.action, Action::Notify { .. });
+        let work = Work::Step {
+            firing: firing.clone(),
+            action: step.action,
+        };
+        let (n, since) = (step.attempt, step.failing_since);
+        if notify {
+            let i = inner.clone();
+            inner
+                .tracker
+                .spawn(async move { deliver(i, work, n, since).await });
+        } else {
+            deliver(inner.clone(), work, n, since).await;
+        }
+    }
+    drop(permit);
+    if inner.backlogged.load(Ordering::Relaxed) {
+        inner.wake.notify_one();
+    }
+}
+
+/// Adds a firing to its (rule, channel) digest held in memory (see `Inner::digests`); the first
+/// one of a window schedules the send.
 fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group) {
     let key = (firing.rule.clone(), channel.to_string());
     let first = {
@@ -494,7 +766,7 @@ fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group
         };
         match composed {
             Ok(message) => {
-                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch, jobs: Vec::new() };
+                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch, jobs: Vec::new(), window: None };
                 deliver(i.clone(), work, 0, None).await
             }
             Err(e) => {
@@ -570,6 +842,20 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
 async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: Option<i64>) {
     let id = work.job_id();
     inflight(&inner).insert(id.clone());
+    let window = match &work {
+        Work::Digest {
+            window: Some(w),
+            jobs,
+            ..
+        } => {
+            windows_inflight(&inner)
+                .entry(w.clone())
+                .or_default()
+                .extend(jobs.iter().cloned());
+            Some(w.clone())
+        }
+        _ => None,
+    };
     // A notification of a rate-limited channel waits in its channel's line, and may come out of
     // it carrying the channel's backlog as a digest.
     let (work, mut token) = match lane_of(&inner, &work) {
@@ -596,6 +882,17 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
         for j in &jobs {
             set.remove(j);
         }
+        if let Some(w) = &window {
+            let mut windows = windows_inflight(inner);
+            if let Some(ids) = windows.get_mut(w) {
+                for j in &jobs {
+                    ids.remove(j);
+                }
+                if ids.is_empty() {
+                    windows.remove(w);
+                }
+            }
+        }
     };
     let limiter = work
         .channel()
@@ -618,7 +915,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                 if let Outcome::Failed(reason) = &outcome {
                     dead_letter(&inner, &work, reason);
                 }
-                acknowledge(&inner, &jobs).await;
+                acknowledge(&inner, window.as_ref(), &jobs).await;
                 finish(&inner);
                 return;
             }
@@ -632,7 +929,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                         &work,
                         "gave up: failing for longer than the retry window",
                     );
-                    acknowledge(&inner, &jobs).await;
+                    acknowledge(&inner, window.as_ref(), &jobs).await;
                     finish(&inner);
                     return;
                 };
@@ -653,6 +950,34 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                         }
                     }
                 }
+                // A window's digest leaves for its window: any instance attempts it next.
+                if let (
+                    Some(q),
+                    Some(w),
+                    Work::Digest {
+                        firings, channel, ..
+                    },
+                ) = (&inner.queue, &window, &work)
+                {
+                    let again: Vec<Job> = firings
+                        .iter()
+                        .map(|f| Job {
+                            firing: (**f).clone(),
+                            action: Action::Notify {
+                                channel: channel.clone(),
+                            },
+                            attempt: n,
+                            failing_since,
+                        })
+                        .collect();
+                    finish(&inner);
+                    match q.window_retry(w, &again, at).await {
+                        Ok(()) => return,
+                        Err(e) => {
+                            tracing::warn!(error = %e, rule = %w.rule, "Cannot requeue the digest; retrying from memory.")
+                        }
+                    }
+                }
                 tokio::select! {
                     biased;
                     _ = inner.shutdown.cancelled() => return,
@@ -667,9 +992,24 @@ fn inflight(inner: &Inner) -> std::sync::MutexGuard<'_, std::collections::HashSe
     inner.inflight.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Removes finished jobs from the queue (one group-committed round trip for all of them).
-async fn acknowledge(inner: &Inner, jobs: &[String]) {
+fn windows_inflight(
+    inner: &Inner,
+) -> std::sync::MutexGuard<'_, HashMap<Window, std::collections::HashSet<String>>> {
+    inner
+        .windows_inflight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes finished jobs from the queue, or from their window (one round trip for all).
+async fn acknowledge(inner: &Inner, window: Option<&Window>, jobs: &[String]) {
     let Some(q) = &inner.queue else { return };
+    if let Some(w) = window {
+        if let Err(e) = q.window_done(w, jobs).await {
+            tracing::warn!(error = %e, jobs = jobs.len(), rule = %w.rule, "Cannot mark a digest window done; it may be sent again when its lease ends.");
+        }
+        return;
+    }
     let acks = futures_util::future::join_all(jobs.iter().map(|j| q.done(j))).await;
     if let Some(Err(e)) = acks.into_iter().find(|r| r.is_err()) {
         tracing::warn!(error = %e, jobs = jobs.len(), "Cannot mark jobs done; they may run again when their lease ends.");
@@ -721,6 +1061,7 @@ async fn take_turn(inner: &Arc<Inner>, lane: &Arc<Lane>, work: Work, id: &str) -
             message: Arc::new(message),
             firings,
             jobs,
+            window: None,
         }),
         Err(e) => {
             // Sent alone, then; the others go back to the queue for their own turns.
@@ -779,6 +1120,7 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
                         message: Arc::new(message),
                         firings,
                         jobs: Vec::new(),
+                        window: None,
                     };
                     deliver(i.clone(), work, 0, None).await
                 }

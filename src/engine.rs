@@ -56,13 +56,33 @@ struct Matched {
 }
 
 impl Engine {
-    /// Runs until every sender of `rx` is gone.
+    /// Runs until every sender of `rx` is gone, and the last batch's firings are handed over.
+    ///
+    /// A batch is matched and claimed in order (the ledger's bookkeeping depends on it); its
+    /// firing stage — three round trips: read details, store jobs, remove details — runs in a
+    /// task of its own, overlapping the next batches' (at most [`FIRING_STAGES`] at once), so
+    /// in a storm Redis's answers are waited for side by side rather than one after another.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Signal>) {
         let mut batch = Vec::with_capacity(BATCH);
+        let mut stages = tokio::task::JoinSet::new();
         while rx.recv_many(&mut batch, BATCH).await > 0 {
             self.config = self.live.current();
-            self.handle(std::mem::take(&mut batch)).await;
+            let matched = self.handle(std::mem::take(&mut batch)).await;
+            if matched.is_empty() {
+                continue;
+            }
+            while stages.len() >= FIRING_STAGES {
+                stages.join_next().await;
+            }
+            let stage = FiringStage {
+                config: self.config.clone(),
+                keyspace: self.keyspace.clone(),
+                status: self.status.clone(),
+                delivery: self.delivery.clone(),
+            };
+            stages.spawn(stage.fire(matched));
         }
+        while stages.join_next().await.is_some() {}
     }
 
     /// The ledger, while the rules in force need one (a reload may add or drop the last rule
@@ -71,7 +91,8 @@ impl Engine {
         self.ledger.as_ref().filter(|_| self.config.uses_ledger())
     }
 
-    async fn handle(&self, signals: Vec<Signal>) {
+    /// Takes in one batch of signals; returns what fired (claimed by this instance, not silenced).
+    async fn handle(&self, signals: Vec<Signal>) -> Vec<Matched> {
         let mut events = Vec::new();
         let mut learn = Vec::new();
         let mut forget = Vec::new();
@@ -150,7 +171,7 @@ impl Engine {
             }
         }
         if candidates.is_empty() && warnings.is_empty() {
-            return;
+            return Vec::new();
         }
         let won = self
             .claims
@@ -208,10 +229,7 @@ impl Engine {
                 });
             }
         }
-        if matched.is_empty() {
-            return;
-        }
-        self.fire(matched).await;
+        matched
     }
 
     fn markers(&self) -> std::sync::MutexGuard<'_, ledger::Markers> {
@@ -323,8 +341,21 @@ impl Engine {
             tracing::error!("{msg}");
         }
     }
+}
 
-    async fn fire(&self, matched: Vec<Matched>) {
+/// Batches whose firing stages may overlap (see [`Engine::run`]).
+const FIRING_STAGES: usize = 4;
+
+/// What the firing stage of one batch needs, owned, so that it can run beside the next batch.
+struct FiringStage {
+    config: Arc<Config>,
+    keyspace: Keyspace,
+    status: Arc<Status>,
+    delivery: Delivery,
+}
+
+impl FiringStage {
+    async fn fire(self, matched: Vec<Matched>) {
         let config = &self.config;
         // Detail locations, rendered per event; a rule without `detail` has none.
         let mut requests = Vec::new();
@@ -357,6 +388,7 @@ impl Engine {
         };
 
         let mut removable = Vec::new();
+        let mut firings = Vec::with_capacity(matched.len());
         for (m, s) in matched.into_iter().zip(slot) {
             let rule = &config.rules[m.rule];
             let value = match s {
@@ -384,9 +416,11 @@ impl Engine {
                 value,
             );
             self.status.record_firing(&firing);
-            self.delivery.submit(firing);
+            firings.push(firing);
         }
-        // Only now that every firing holds its copy may the originals go (SPEC §2).
+        self.delivery.accept(firings).await;
+        // Only now that every firing's copy is stored with its jobs may the originals go
+        // (SPEC §2): a crash before this line leaves the details, not a hole.
         if !removable.is_empty()
             && let Err(e) = detail::remove(&self.keyspace, &removable).await
         {

@@ -191,6 +191,17 @@ impl Action {
         }
     }
 
+    /// Where the action comes among a firing's first attempts (SPEC §2: reload → exec →
+    /// cleanup → notify).
+    pub fn order(&self) -> u8 {
+        match self {
+            Action::Reload => 0,
+            Action::Exec => 1,
+            Action::Cleanup => 2,
+            Action::Notify { .. } => 3,
+        }
+    }
+
     /// The `Idempotency-Key` of a request: the event id plus the action (and channel).
     pub fn idempotency_key(&self, firing_id: &str) -> String {
         match self {

@@ -270,3 +270,153 @@ rules:
         );
     }
 }
+
+/// Rules with one grouped rule whose window is `window`, notifying the receiver's `/hook`.
+fn grouped_rules(
+    dir: &std::path::Path,
+    receiver: &HttpReceiver,
+    window: &str,
+) -> std::path::PathBuf {
+    let yaml = format!(
+        r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}"
+rules:
+  - name: cache-gone
+    match: "cache:{{id}}"
+    notify: {{ to: [hook], group: {{ window: {window}, max_items: 100 }} }}
+"#,
+        receiver.url_for("/hook")
+    );
+    write_rules(dir, "rules.yaml", &yaml)
+}
+
+/// `SET cache:0..n` all expiring at one instant `ms` from now.
+fn expire_together(c: &mut redis::Connection, n: usize, ms: i64) {
+    let at = chrono::Utc::now().timestamp_millis() + ms;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("SET")
+            .arg(format!("cache:{i}"))
+            .arg("v")
+            .arg("PXAT")
+            .arg(at)
+            .ignore();
+    }
+    let _: () = pipe.query(c).unwrap();
+}
+
+/// The window is shared: three instances claim different events of one window, and still one
+/// digest covers them all (each used to send its own).
+#[test]
+fn three_instances_send_one_digest_per_window() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = grouped_rules(dir.path(), &receiver, "3s");
+    let _a = support::run_on(&redis, &rules);
+    let _b = support::run_on(&redis, &rules);
+    let _c = support::run_on(&redis, &rules);
+    expire_together(&mut redis.conn(), 90, 300);
+    receiver.wait_for(1, Duration::from_secs(30));
+    // Well past the window's end: time for any other instance's digest to arrive.
+    std::thread::sleep(Duration::from_secs(4));
+    let digests = receiver.requests();
+    let counts: Vec<u64> = digests
+        .iter()
+        .map(|r| r.json()["count"].as_u64().unwrap())
+        .collect();
+    assert_eq!(counts, [90], "one digest for the window, covering all 90");
+    let keys: std::collections::BTreeSet<String> = digests[0].json()["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(keys.len(), 90, "each event listed once: {keys:?}");
+}
+
+/// A window open when keywatch stops is not lost: its events wait in Redis, and the next
+/// instance sends the digest when the window ends.
+#[test]
+fn a_window_open_at_shutdown_is_sent_after_restart() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = grouped_rules(dir.path(), &receiver, "5s");
+    let mut a = support::run_on(&redis, &rules);
+    let mut c = redis.conn();
+    expire_together(&mut c, 20, 200);
+    common::wait_until(
+        "all 20 expiries are waiting in the window",
+        Duration::from_secs(20),
+        || {
+            redis::cmd("ZCARD")
+                .arg("keywatch:group:cache-gone:hook")
+                .query::<i64>(&mut c)
+                .unwrap()
+                == 20
+        },
+    );
+    a.sigterm();
+    assert!(
+        a.wait_timeout(Duration::from_secs(20)).is_some(),
+        "keywatch did not stop\n{}",
+        a.describe_output()
+    );
+    assert!(
+        receiver.requests().is_empty(),
+        "nothing is sent before the window ends"
+    );
+    let _b = support::run_on(&redis, &rules);
+    receiver.wait_for(1, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    let counts: Vec<u64> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.json()["count"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        counts,
+        [20],
+        "the window's digest, sent once by the new instance"
+    );
+    let left: i64 = redis::cmd("EXISTS")
+        .arg("keywatch:group:cache-gone:hook")
+        .arg("keywatch:groups")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(left, 0, "a sent window leaves nothing behind");
+}
+
+/// A window's digest that fails goes back to its window with its attempt counted; whichever
+/// instance takes it next sends the same digest (same `Idempotency-Key`) once.
+#[test]
+fn a_failed_window_digest_is_retried_by_any_instance() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    receiver.push(common::Response::status(503));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = grouped_rules(dir.path(), &receiver, "1s");
+    let _a = support::run_on(&redis, &rules);
+    let _b = support::run_on(&redis, &rules);
+    expire_together(&mut redis.conn(), 30, 200);
+    let got = receiver.wait_for(2, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(3));
+    let got = if receiver.count() > got.len() {
+        receiver.requests()
+    } else {
+        got
+    };
+    assert_eq!(got.len(), 2, "one failed attempt, one retry: {got:?}");
+    for r in &got {
+        assert_eq!(r.json()["count"].as_u64(), Some(30));
+    }
+    assert_eq!(
+        got[0].header("idempotency-key"),
+        got[1].header("idempotency-key"),
+        "the retry is the same digest"
+    );
+}

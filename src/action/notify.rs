@@ -38,6 +38,22 @@ pub struct Message {
 }
 
 impl Message {
+    /// Stands in for a digest that could not be composed (its rule or channel is gone), so its
+    /// dead letter still says how many events it held, under the key it would have had.
+    pub fn uncomposed_digest(rule: &str, first_id: &str, channel: &str, count: usize) -> Message {
+        Message {
+            rule: rule.to_string(),
+            event: String::new(),
+            title: String::new(),
+            text: String::new(),
+            items: Vec::new(),
+            count,
+            digest: true,
+            idempotency_key: format!("{first_id}:digest:{channel}:{count}"),
+            custom_body: None,
+        }
+    }
+
     pub fn omitted(&self) -> usize {
         self.count.saturating_sub(self.items.len())
     }

@@ -425,6 +425,30 @@ fn state_needs(config: &Config, out: &mut Vec<Need>) {
         true,
     );
 
+    let (windows, window) = (format!("{p}groups"), format!("{p}group:doctor:doctor"));
+    add(
+        "digest windows",
+        "set",
+        &["SET", &format!("{window}:window"), "0", "PX", "1000"],
+        false,
+    );
+    add(
+        "digest windows",
+        "get",
+        &["GET", &format!("{window}:window")],
+        true,
+    );
+    add("digest windows", "sadd", &["SADD", &windows, "w"], false);
+    add("digest windows", "smembers", &["SMEMBERS", &windows], true);
+    add("digest windows", "srem", &["SREM", &windows, "w"], false);
+    add(
+        "digest windows",
+        "zadd",
+        &["ZADD", &window, "NX", "0", "id"],
+        false,
+    );
+    add("digest windows", "zcard", &["ZCARD", &window], true);
+
     let (dead, index, redrive) = (
         format!("{p}dead"),
         format!("{p}dead:index"),

@@ -58,11 +58,12 @@ impl Writer {
         self.send(Op::Put { id, payload, due }).await
     }
 
-    /// Stores several jobs; they share the batch, so this is one round trip at most.
-    pub async fn put_all(&self, jobs: Vec<(String, String)>, due: i64) -> Result<(), WriteError> {
+    /// Stores several jobs (id, payload, due); they share the batch, so this is one round
+    /// trip at most.
+    pub async fn put_all(&self, jobs: Vec<(String, String, i64)>) -> Result<(), WriteError> {
         let waits: Vec<_> = jobs
             .into_iter()
-            .map(|(id, payload)| self.put(id, payload, due))
+            .map(|(id, payload, due)| self.put(id, payload, due))
             .collect();
         for r in futures_util::future::join_all(waits).await {
             r?;
