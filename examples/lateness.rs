@@ -88,18 +88,6 @@ fn stats(mut v: Vec<i64>) -> Stats {
     }
 }
 
-fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
-        })
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 async fn plain(far: u64, due: u64, spread_ms: i64) -> Stats {
     let server = LocalRedis::start(&["--notify-keyspace-events", "Ex"]).unwrap();
     let client = redis::Client::open(server.url()).unwrap();
@@ -210,6 +198,6 @@ async fn main() {
     }
     println!(
         "\n(undelivered within 20 s after the last deadline count as missing; peak RSS of this process {:.0} MB)",
-        peak_rss_mb()
+        keywatch::proc_stats::own_peak_rss_mb()
     );
 }

@@ -26,6 +26,7 @@ use axum::body::Bytes;
 use axum::routing::post;
 use futures_util::StreamExt;
 use keywatch::local_redis::LocalRedis;
+use keywatch::proc_stats::{cpu_secs, peak_rss_mb};
 use serde::{Deserialize, Serialize};
 
 /// Tasks written per pipeline while loading.
@@ -221,34 +222,6 @@ async fn receiver(tasks: usize) -> (String, Arc<Mutex<Seen>>) {
     );
     tokio::spawn(async move { axum::serve(listener, app).await });
     (url, seen)
-}
-
-/// Peak resident set of a process, MB (`VmHWM`).
-fn peak_rss_mb(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
-/// CPU seconds a process has used so far (user + system, from `/proc/PID/stat`).
-fn cpu_secs(pid: u32) -> f64 {
-    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            // Fields after the command name (which may hold spaces) in parentheses.
-            let rest = s.rsplit_once(')')?.1;
-            let f: Vec<&str> = rest.split_whitespace().collect();
-            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
-        })
-        .unwrap_or(f64::NAN);
-    // USER_HZ is 100 on every Linux this runs on.
-    ticks / 100.0
 }
 
 /// When the hash of details became empty (unix ms): every task taken over.

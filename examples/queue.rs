@@ -127,4 +127,8 @@ async fn main() {
             keys as f64 / secs
         );
     }
+    println!(
+        "\n(peak RSS of this process, every instance and the receiver included: {:.0} MB)",
+        keywatch::proc_stats::own_peak_rss_mb()
+    );
 }

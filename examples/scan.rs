@@ -199,6 +199,10 @@ async fn main() {
         "  p99 rise: {:+.3} ms",
         (scanning.p99_us as f64 - idle.p99_us as f64) / 1000.0
     );
+    println!(
+        "  peak RSS of this process (scanner and pinger): {:.0} MB",
+        keywatch::proc_stats::own_peak_rss_mb()
+    );
     // Where Redis's time went (INFO commandstats: calls and µs per call).
     let mut c = redis::Client::open(url.as_str())
         .unwrap()

@@ -38,6 +38,7 @@
 //! - [`reload`]: new rules while running (SIGHUP, `POST /-/reload`, file changes), all or nothing.
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
 //! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
+//! - [`proc_stats`]: peak RSS and CPU time from `/proc`, for the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
 //! - [`doctor`]: `keywatch doctor`, is Redis ready for keywatch (each problem with its fix).
 //! - [`upcoming`]: `keywatch upcoming`, keys that expire soon (ledger, or a paced SCAN).
@@ -68,6 +69,7 @@ pub mod explain;
 pub mod job;
 pub mod keyspace;
 pub mod local_redis;
+pub mod proc_stats;
 pub mod matcher;
 pub mod metrics;
 pub mod pattern;
