@@ -58,8 +58,8 @@ struct Matched {
 impl Engine {
     /// Runs until every sender of `rx` is gone, and the last batch's firings are handed over.
     ///
-    /// A batch is matched and claimed in order (the ledger's bookkeeping depends on it); its
-    /// firing stage — three round trips: read details, store jobs, remove details — runs in a
+    /// A batch's ledger bookkeeping and matching run in order (markers depend on it); its firing
+    /// stage — four round trips: claim, read details, store jobs, remove details — runs in a
     /// task of its own, overlapping the next batches' (at most [`FIRING_STAGES`] at once), so
     /// in a storm Redis's answers are waited for side by side rather than one after another.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Signal>) {
@@ -67,8 +67,8 @@ impl Engine {
         let mut stages = tokio::task::JoinSet::new();
         while rx.recv_many(&mut batch, BATCH).await > 0 {
             self.config = self.live.current();
-            let matched = self.handle(std::mem::take(&mut batch)).await;
-            if matched.is_empty() {
+            let taken = self.handle(std::mem::take(&mut batch)).await;
+            if taken.candidates.is_empty() && taken.warnings.is_empty() {
                 continue;
             }
             while stages.len() >= FIRING_STAGES {
@@ -79,8 +79,17 @@ impl Engine {
                 keyspace: self.keyspace.clone(),
                 status: self.status.clone(),
                 delivery: self.delivery.clone(),
+                metrics: self.metrics.clone(),
+                claims: self.claims.clone(),
+                instance: self.instance.clone(),
+                silenced: self.silenced.clone(),
             };
-            stages.spawn(stage.fire(matched));
+            stages.spawn(async move {
+                let matched = stage.claim(taken).await;
+                if !matched.is_empty() {
+                    stage.fire(matched).await;
+                }
+            });
         }
         while stages.join_next().await.is_some() {}
     }
@@ -91,8 +100,9 @@ impl Engine {
         self.ledger.as_ref().filter(|_| self.config.uses_ledger())
     }
 
-    /// Takes in one batch of signals; returns what fired (claimed by this instance, not silenced).
-    async fn handle(&self, signals: Vec<Signal>) -> Vec<Matched> {
+    /// Takes in one batch of signals: ledger bookkeeping, then matching; returns the events
+    /// that match rules, to be claimed by the firing stage.
+    async fn handle(&self, signals: Vec<Signal>) -> Taken {
         let mut events = Vec::new();
         let mut learn = Vec::new();
         let mut forget = Vec::new();
@@ -170,66 +180,10 @@ impl Engine {
                 candidates.push((e, rules));
             }
         }
-        if candidates.is_empty() && warnings.is_empty() {
-            return Vec::new();
+        Taken {
+            candidates,
+            warnings,
         }
-        let won = self
-            .claims
-            .claim(
-                &candidates.iter().map(|(e, _)| e).collect::<Vec<_>>(),
-                &self.instance,
-            )
-            .await;
-        let mut matched = Vec::new();
-        for ((e, rules), won) in candidates.into_iter().zip(won) {
-            if !won {
-                tracing::debug!(key = %e.key_lossy(), event = %e.kind, "Another instance took this event.");
-                continue;
-            }
-            if e.recovered {
-                for (rule, _) in &rules {
-                    self.metrics.recovered_for(&self.config.rules[*rule].name);
-                }
-            } else if let Some(late) = e.late_ms() {
-                self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
-            }
-            for (rule, captures) in rules {
-                let name = &self.config.rules[rule].name;
-                self.metrics.matched(name, e.kind.as_str());
-                if self.silenced.mutes(name, &e.key) {
-                    self.metrics.silenced_for(name);
-                    tracing::info!(rule = %name, key = %e.key_lossy(), "Silenced: counted, not sent.");
-                    continue;
-                }
-                matched.push(Matched {
-                    event: e.clone(),
-                    rule,
-                    captures,
-                });
-            }
-        }
-        // Scanner warnings were claimed per key and deadline by the scanner; they fire just the
-        // rules they name, through the same silences and delivery.
-        for (e, names) in warnings {
-            self.metrics.event(e.kind.as_str(), e.db);
-            for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
-                let name = &self.config.rules[rule].name;
-                if !names.contains(name) {
-                    continue;
-                }
-                self.metrics.matched(name, e.kind.as_str());
-                if self.silenced.mutes(name, &e.key) {
-                    self.metrics.silenced_for(name);
-                    continue;
-                }
-                matched.push(Matched {
-                    event: e.clone(),
-                    rule,
-                    captures,
-                });
-            }
-        }
-        matched
     }
 
     fn markers(&self) -> std::sync::MutexGuard<'_, ledger::Markers> {
@@ -352,10 +306,87 @@ struct FiringStage {
     keyspace: Keyspace,
     status: Arc<Status>,
     delivery: Delivery,
+    metrics: Arc<Metrics>,
+    claims: Claims,
+    instance: String,
+    silenced: Arc<crate::silences::Active>,
+}
+
+/// A batch's events that match rules (with each rule's captures), and the scanner's warnings
+/// with the rules they name: what the firing stage claims.
+struct Taken {
+    candidates: Vec<(KeyEvent, Vec<(usize, Vec<Vec<u8>>)>)>,
+    warnings: Vec<(KeyEvent, Vec<String>)>,
 }
 
 impl FiringStage {
-    async fn fire(self, matched: Vec<Matched>) {
+    /// Claims the batch's events (one pipeline); returns what fires here: the events this
+    /// instance won, for each matching rule not silenced, and the scanner's warnings.
+    async fn claim(&self, taken: Taken) -> Vec<Matched> {
+        let Taken {
+            candidates,
+            warnings,
+        } = taken;
+        let won = self
+            .claims
+            .claim(
+                &candidates.iter().map(|(e, _)| e).collect::<Vec<_>>(),
+                &self.instance,
+            )
+            .await;
+        let mut matched = Vec::new();
+        for ((e, rules), won) in candidates.into_iter().zip(won) {
+            if !won {
+                tracing::debug!(key = %e.key_lossy(), event = %e.kind, "Another instance took this event.");
+                continue;
+            }
+            if e.recovered {
+                for (rule, _) in &rules {
+                    self.metrics.recovered_for(&self.config.rules[*rule].name);
+                }
+            } else if let Some(late) = e.late_ms() {
+                self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
+            }
+            for (rule, captures) in rules {
+                let name = &self.config.rules[rule].name;
+                self.metrics.matched(name, e.kind.as_str());
+                if self.silenced.mutes(name, &e.key) {
+                    self.metrics.silenced_for(name);
+                    tracing::info!(rule = %name, key = %e.key_lossy(), "Silenced: counted, not sent.");
+                    continue;
+                }
+                matched.push(Matched {
+                    event: e.clone(),
+                    rule,
+                    captures,
+                });
+            }
+        }
+        // Scanner warnings were claimed per key and deadline by the scanner; they fire just the
+        // rules they name, through the same silences and delivery.
+        for (e, names) in warnings {
+            self.metrics.event(e.kind.as_str(), e.db);
+            for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
+                let name = &self.config.rules[rule].name;
+                if !names.contains(name) {
+                    continue;
+                }
+                self.metrics.matched(name, e.kind.as_str());
+                if self.silenced.mutes(name, &e.key) {
+                    self.metrics.silenced_for(name);
+                    continue;
+                }
+                matched.push(Matched {
+                    event: e.clone(),
+                    rule,
+                    captures,
+                });
+            }
+        }
+        matched
+    }
+
+    async fn fire(&self, matched: Vec<Matched>) {
         let config = &self.config;
         // Detail locations, rendered per event; a rule without `detail` has none.
         let mut requests = Vec::new();
