@@ -312,10 +312,13 @@ struct FiringStage {
     silenced: Arc<crate::silences::Active>,
 }
 
+/// A rule's index in the config and the captures of its pattern.
+type RuleMatch = (usize, Vec<Vec<u8>>);
+
 /// A batch's events that match rules (with each rule's captures), and the scanner's warnings
 /// with the rules they name: what the firing stage claims.
 struct Taken {
-    candidates: Vec<(KeyEvent, Vec<(usize, Vec<Vec<u8>>)>)>,
+    candidates: Vec<(KeyEvent, Vec<RuleMatch>)>,
     warnings: Vec<(KeyEvent, Vec<String>)>,
 }
 
