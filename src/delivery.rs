@@ -627,10 +627,10 @@ async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
                 return;
             }
         };
+        // A full answer means more may be waiting (also another instance's storm): take more
+        // as soon as a firing finishes, not only at the next tick.
         let full = jobs.len() == room;
-        if !full {
-            inner.backlogged.store(false, Ordering::Relaxed);
-        }
+        inner.backlogged.store(full, Ordering::Relaxed);
         for (firing, steps) in by_firing(jobs) {
             let i = inner.clone();
             inner.tracker.spawn(async move {
