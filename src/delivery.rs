@@ -709,6 +709,10 @@ async fn run_steps(
     steps: Vec<Step>,
     permit: OwnedSemaphorePermit,
 ) {
+    // Every step is this instance's from now on: its lease is renewed while earlier steps run
+    // (a slow reload must not let another instance take the notification behind it), and
+    // shutdown hands back the steps it never reached.
+    inflight(&inner).extend(steps.iter().map(|s| s.action.idempotency_key(&firing.id)));
     for step in steps {
         if inner.shutdown.is_cancelled() {
             break;
