@@ -140,7 +140,7 @@ impl Reloader {
                 r = requests.rx.recv() => match r { Some(r) => r, None => return },
             };
             if req.cause == Cause::Files {
-                let now = self.fingerprint().await;
+                let now = self.settled_fingerprint().await;
                 if now.is_some() && now == last_files {
                     tracing::debug!("Rule files touched but unchanged; nothing to reload.");
                     continue;
@@ -259,6 +259,22 @@ impl Reloader {
         ))
     }
 
+    /// The fingerprint once the files have stopped changing: a file written in place is
+    /// truncated before it is written, and a reload that read it in between would load an
+    /// empty file — valid, with no rules — and drop every rule until the next change.
+    async fn settled_fingerprint(&self) -> Option<u64> {
+        let mut last = self.fingerprint().await;
+        for _ in 0..SETTLE_TRIES {
+            tokio::time::sleep(SETTLE).await;
+            let now = self.fingerprint().await;
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+        last
+    }
+
     /// A hash of the rule files' names and contents; `None` when they cannot be read (the
     /// reload then says why).
     async fn fingerprint(&self) -> Option<u64> {
@@ -275,6 +291,11 @@ impl Reloader {
         .flatten()
     }
 }
+
+/// How long rule files must stay unchanged before a change to them is loaded, checked at most
+/// [`SETTLE_TRIES`] times (a file still changing after that is loaded as it is then).
+const SETTLE: Duration = Duration::from_millis(150);
+const SETTLE_TRIES: u32 = 20;
 
 /// The receiving end of [`ReloadHandle`]s.
 pub struct ReloadRequests {
