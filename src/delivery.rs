@@ -526,17 +526,7 @@ const WINDOW_TAKE_MAX: usize = 5000;
 /// details); held in this instance's memory only when there is no queue or Redis refused.
 async fn put_in_window(inner: &Arc<Inner>, w: Window, group: Group, firings: Vec<Arc<Firing>>) {
     if let Some(q) = &inner.queue {
-        let jobs: Vec<Job> = firings
-            .iter()
-            .map(|f| Job {
-                firing: (**f).clone(),
-                action: Action::Notify {
-                    channel: w.channel.clone(),
-                },
-                attempt: 0,
-                failing_since: None,
-            })
-            .collect();
+        let jobs = window_jobs(&firings, &w.channel, 0, None);
         match q.window_put(&w, group.window, &jobs).await {
             Ok(_) => return,
             Err(e) => {
@@ -547,6 +537,26 @@ async fn put_in_window(inner: &Arc<Inner>, w: Window, group: Group, firings: Vec
     for f in &firings {
         collect(inner, f, &w.channel, group);
     }
+}
+
+/// The notification jobs of `firings` for `channel`, as a digest window keeps them.
+fn window_jobs(
+    firings: &[Arc<Firing>],
+    channel: &str,
+    attempt: u32,
+    failing_since: Option<i64>,
+) -> Vec<Job> {
+    firings
+        .iter()
+        .map(|f| Job {
+            firing: (**f).clone(),
+            action: Action::Notify {
+                channel: channel.to_string(),
+            },
+            attempt,
+            failing_since,
+        })
+        .collect()
 }
 
 /// Sends the digest of every window that has ended (or whose retry is due), as one digest per
@@ -963,17 +973,7 @@ async fn deliver(inner: Arc<Inner>, work: Work, mut n: u32, mut failing_since: O
                     },
                 ) = (&inner.queue, &window, &work)
                 {
-                    let again: Vec<Job> = firings
-                        .iter()
-                        .map(|f| Job {
-                            firing: (**f).clone(),
-                            action: Action::Notify {
-                                channel: channel.clone(),
-                            },
-                            attempt: n,
-                            failing_since,
-                        })
-                        .collect();
+                    let again = window_jobs(firings, channel, n, failing_since);
                     finish(&inner);
                     match q.window_retry(w, &again, at).await {
                         Ok(()) => return,

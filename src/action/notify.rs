@@ -49,7 +49,7 @@ impl Message {
             items: Vec::new(),
             count,
             digest: true,
-            idempotency_key: format!("{first_id}:digest:{channel}:{count}"),
+            idempotency_key: digest_key(first_id, channel, count),
             custom_body: None,
         }
     }
@@ -57,6 +57,12 @@ impl Message {
     pub fn omitted(&self) -> usize {
         self.count.saturating_sub(self.items.len())
     }
+}
+
+/// The `Idempotency-Key` of a digest: the same firings for the same channel give the same key,
+/// so a retried digest is recognisably the same message.
+fn digest_key(first_id: &str, channel: &str, count: usize) -> String {
+    format!("{first_id}:digest:{channel}:{count}")
 }
 
 /// The message of one firing for one channel.
@@ -164,7 +170,7 @@ pub fn compose_digest(
         items,
         count: firings.len(),
         digest: true,
-        idempotency_key: format!("{}:digest:{}:{}", first.id, ch.name, firings.len()),
+        idempotency_key: digest_key(&first.id, &ch.name, firings.len()),
         custom_body: None,
     })
 }
