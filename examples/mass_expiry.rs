@@ -11,8 +11,11 @@
 //!
 //! ```text
 //! cargo run --release --example mass_expiry [-- --tasks 100000] [--save FILE] [--compare FILE]
-//!                                           [--skip-naive] [--python python3]
+//!                                           [--skip-naive] [--python python3] [--state-redis]
 //! ```
+//!
+//! `--state-redis` keeps keywatch's own state (ledger, claims, queue) in a second redis-server
+//! (`state.url`), so that the watched one only expires, publishes and serves the details.
 //!
 //! `--save` writes the figures as JSON; `--compare` reads such a file and prints the change.
 
@@ -52,6 +55,10 @@ struct Figures {
     #[serde(default)]
     keywatch_cpu_s: f64,
     keywatch_peak_rss_mb: f64,
+    /// CPU seconds redis-server used over the same span as `keywatch_cpu_s`: Redis is single
+    /// threaded, so this is the other half of what bounds the pace.
+    #[serde(default)]
+    redis_cpu_s: f64,
     keywatch_delivered: usize,
     keywatch_requests: usize,
     /// Details left in `delay:detail` after keywatch handled every task (should be 0).
@@ -66,6 +73,8 @@ struct Args {
     compare: Option<PathBuf>,
     skip_naive: bool,
     python: String,
+    /// keywatch's state (ledger, claims, queue) in a second redis-server (`state.url`).
+    state_redis: bool,
 }
 
 fn parse_args() -> Args {
@@ -84,6 +93,7 @@ fn parse_args() -> Args {
         compare: value("--compare").map(PathBuf::from),
         skip_naive: args.iter().any(|a| a == "--skip-naive"),
         python: value("--python").unwrap_or_else(|| "python3".into()),
+        state_redis: args.iter().any(|a| a == "--state-redis"),
     }
 }
 
@@ -291,13 +301,16 @@ impl Drop for Keywatch {
 }
 
 /// `keywatch run` as a child process: this example started again with `--keywatch`.
-fn start_keywatch(redis: &str, receiver: &str) -> Keywatch {
+fn start_keywatch(redis: &str, receiver: &str, state: Option<&str>) -> Keywatch {
     let dir = tempfile::tempdir().expect("temp dir");
     let rules = dir.path().join("rules.yaml");
+    let state = state
+        .map(|url| format!("state:\n  url: \"{url}\"\n"))
+        .unwrap_or_default();
     std::fs::write(
         &rules,
         format!(
-            r#"rules:
+            r#"{state}rules:
   - name: close-unpaid-order
     match: "delay:task:{{id}}"
     on: [expired]
@@ -330,21 +343,37 @@ struct KeywatchRun {
     secs: f64,
     taken_s: f64,
     cpu_s: f64,
+    redis_cpu_s: f64,
+    /// `INFO commandstats` lines of the keywatch run, most time first.
+    commands: Vec<(String, u64, f64)>,
     rss_mb: f64,
     delivered: usize,
     requests: usize,
     details_left: usize,
 }
 
-async fn keywatch_run(tasks: usize) -> KeywatchRun {
+async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
     let server = LocalRedis::start(&["--notify-keyspace-events", "Exg"]).expect("redis-server");
+    let state = state_redis.then(|| LocalRedis::start(&[]).expect("redis-server for the state"));
     let (hook, seen) = receiver(tasks).await;
-    let kw = start_keywatch(&server.url(), &hook);
+    let kw = start_keywatch(
+        &server.url(),
+        &hook,
+        state.as_ref().map(|s| s.url()).as_deref(),
+    );
     wait_subscribed(&server.url()).await;
     let due = load(&server.url(), tasks).await;
     let pid = kw.child.id();
     sleep_until_ms(due).await;
     let cpu_at_due = cpu_secs(pid);
+    let redis_cpu_at_due = cpu_secs(server.pid());
+    let state_cpu_at_due = state.as_ref().map(|s| cpu_secs(s.pid())).unwrap_or(0.0);
+    let stats_client = redis::Client::open(server.url()).expect("redis url");
+    let mut stats_conn = stats_client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let commands_at_due = command_stats(&mut stats_conn).await;
     let taken = tokio::spawn(watch_details(server.url()));
     let give_up = Instant::now() + GIVE_UP;
     while seen.lock().unwrap_or_else(|p| p.into_inner()).distinct < tasks
@@ -357,6 +386,21 @@ async fn keywatch_run(tasks: usize) -> KeywatchRun {
         (g.distinct, g.requests, g.last_ms)
     };
     let cpu_s = cpu_secs(pid) - cpu_at_due;
+    let redis_cpu_s = cpu_secs(server.pid()) - redis_cpu_at_due;
+    if let Some(s) = &state {
+        eprintln!(
+            "the state's redis-server meanwhile: {:.2} CPU s; its commands, most time first:",
+            cpu_secs(s.pid()) - state_cpu_at_due
+        );
+        let client = redis::Client::open(s.url()).expect("redis url");
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        for (name, calls, usec) in command_stats(&mut c).await.iter().take(12) {
+            eprintln!("  {name:<16} {calls:>9} calls {:>9.3} s", usec / 1e6);
+        }
+    }
     let taken_ms = taken.await.unwrap_or(f64::NAN);
     // Requests still on their way would be duplicates: give them a moment to show.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -372,6 +416,7 @@ async fn keywatch_run(tasks: usize) -> KeywatchRun {
         .query_async(&mut c)
         .await
         .unwrap_or(usize::MAX);
+    let commands = since(commands_at_due, command_stats(&mut c).await);
     if delivered < tasks {
         eprintln!(
             "keywatch delivered {delivered} of {tasks}; its log: {}",
@@ -383,11 +428,57 @@ async fn keywatch_run(tasks: usize) -> KeywatchRun {
         secs: secs_since(due, last_ms),
         taken_s: secs_since(due, taken_ms),
         cpu_s,
+        redis_cpu_s,
+        commands,
         rss_mb,
         delivered,
         requests,
         details_left,
     }
+}
+
+/// The commands of `after` less those of `before`, most time first.
+fn since(
+    before: Vec<(String, u64, f64)>,
+    after: Vec<(String, u64, f64)>,
+) -> Vec<(String, u64, f64)> {
+    let mut out: Vec<(String, u64, f64)> = after
+        .into_iter()
+        .map(|(name, calls, usec)| {
+            let (c0, u0) = before
+                .iter()
+                .find(|b| b.0 == name)
+                .map(|b| (b.1, b.2))
+                .unwrap_or((0, 0.0));
+            (name, calls - c0, usec - u0)
+        })
+        .filter(|c| c.1 > 0)
+        .collect();
+    out.sort_by(|a, b| b.2.total_cmp(&a.2));
+    out
+}
+
+/// `INFO commandstats` as (command, calls, total µs), most time first: where Redis's time went.
+async fn command_stats(c: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64, f64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap_or_default();
+    let mut out: Vec<(String, u64, f64)> = info
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<f64>().ok())
+            };
+            Some((name.to_string(), field("calls")? as u64, field("usec")?))
+        })
+        .collect();
+    out.sort_by(|a, b| b.2.total_cmp(&a.2));
+    out
 }
 
 fn naive_script() -> PathBuf {
@@ -471,13 +562,14 @@ fn print_table(f: &Figures) {
         );
     }
     println!(
-        "\nkeywatch: {} of {} tasks delivered in {} requests, {} details left in the hash; {:.2} CPU s ({:.1} µs per task)",
+        "\nkeywatch: {} of {} tasks delivered in {} requests, {} details left in the hash; {:.2} CPU s ({:.1} µs per task); redis-server meanwhile {:.2} CPU s",
         f.keywatch_delivered,
         f.tasks,
         f.keywatch_requests,
         f.details_left,
         f.keywatch_cpu_s,
-        f.keywatch_cpu_s * 1e6 / f.tasks as f64
+        f.keywatch_cpu_s * 1e6 / f.tasks as f64,
+        f.redis_cpu_s
     );
     let verdict = |ok: bool| if ok { "met" } else { "not met" };
     for (what, s) in [
@@ -517,6 +609,7 @@ fn print_comparison(old: &Figures, new: &Figures) {
     );
     row("keywatch, delivered, s", old.keywatch_s, new.keywatch_s);
     row("keywatch CPU, s", old.keywatch_cpu_s, new.keywatch_cpu_s);
+    row("redis-server CPU, s", old.redis_cpu_s, new.redis_cpu_s);
     row(
         "keywatch ÷ Redis",
         old.keywatch_s / old.redis_s,
@@ -552,8 +645,15 @@ fn main() -> std::process::ExitCode {
     let figures = rt.block_on(async {
         let redis_s = redis_pace(args.tasks).await;
         eprintln!("Redis's pace: {redis_s:.2} s");
-        let kw = keywatch_run(args.tasks).await;
+        let kw = keywatch_run(args.tasks, args.state_redis).await;
         eprintln!("keywatch: {:.2} s", kw.secs);
+        eprintln!(
+            "redis-server from the due instant to the last request: {:.2} CPU s; the commands of that span, most time first:",
+            kw.redis_cpu_s
+        );
+        for (name, calls, usec) in kw.commands.iter().take(10) {
+            eprintln!("  {name:<16} {calls:>9} calls {:>9.3} s", usec / 1e6);
+        }
         let naive_s = if args.skip_naive {
             None
         } else {
@@ -566,6 +666,7 @@ fn main() -> std::process::ExitCode {
             keywatch_peak_rss_mb: kw.rss_mb,
             keywatch_taken_s: kw.taken_s,
             keywatch_cpu_s: kw.cpu_s,
+            redis_cpu_s: kw.redis_cpu_s,
             keywatch_delivered: kw.delivered,
             keywatch_requests: kw.requests,
             details_left: kw.details_left,
