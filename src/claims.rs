@@ -1,10 +1,17 @@
 //! One event, one firing, however many instances saw it.
 //!
 //! Every instance subscribed to the same Redis receives every keyevent. Before an event fires,
-//! its instance claims it with `SET NX PX` on a key derived from the database, event, key and
-//! deadline (when known — the ledger gives every instance the same one); only the instance whose
-//! claim succeeds goes on. Without a known deadline the claim covers a short window, so the same
-//! key deleted twice within it (5 s) counts once.
+//! its instance claims it on a name derived from the database, event, key and deadline (when
+//! known — the ledger gives every instance the same one); only the instance whose claim
+//! succeeds goes on.
+//!
+//! An event with a known deadline is claimed as a field of a hash shared by every deadline in
+//! the same minute (`HSETNX`, one script per batch), which Redis drops ten minutes after that
+//! minute ends. A key of its own per claim (`SET NX PX`) would make Redis publish an `expire`
+//! event for every claim to every subscriber — in a mass expiry as many again as the expiries
+//! themselves, all of it work for a Redis that is busy expiring. Without a known deadline the
+//! claim can only tell copies apart from repeats by time: a key of its own that lives 5 s, so the
+//! same key deleted twice within it counts once.
 
 use std::time::Duration;
 
@@ -17,11 +24,44 @@ use crate::event::KeyEvent;
 const WITH_DEADLINE: Duration = Duration::from_secs(600);
 /// Without a deadline the claim can only tell copies apart from repeats by time.
 const WITHOUT_DEADLINE: Duration = Duration::from_secs(5);
+/// Deadlines whose claims share one hash.
+const BUCKET_MS: i64 = 60_000;
+
+/// Claims events with deadlines: `HSETNX` per event, and each hash kept until
+/// `ARGV[2i + 1]` (set only when that is later than what it has: one `expire` event per bucket
+/// and minute, not per claim). Returns 1 where this instance won.
+const CLAIM_DEADLINES: &str = r"
+local out = {}
+local kept = {}
+for i = 1, #KEYS do
+  local k = KEYS[i]
+  out[i] = redis.call('HSETNX', k, ARGV[2 * i], ARGV[1])
+  if not kept[k] then
+    kept[k] = true
+    local until_ms = tonumber(ARGV[2 * i + 1])
+    if redis.call('PEXPIRETIME', k) < until_ms then
+      redis.call('PEXPIREAT', k, until_ms)
+    end
+  end
+end
+return out
+";
+
+/// The hash holding the claims of deadlines in `deadline_ms`'s minute, and until when it is
+/// kept: ten minutes after that minute ends, or after the minute after `now_ms` for a deadline
+/// long past (a recovery), rounded to minutes so that it rarely moves.
+fn bucket(prefix: &str, deadline_ms: i64, now_ms: i64) -> (String, i64) {
+    let b = deadline_ms.div_euclid(BUCKET_MS);
+    let now_b = now_ms.div_euclid(BUCKET_MS);
+    let until = (b.max(now_b) + 1) * BUCKET_MS + WITH_DEADLINE.as_millis() as i64;
+    (format!("{prefix}claims:{b}"), until)
+}
 
 #[derive(Clone)]
 pub struct Claims {
     conn: Conn,
     prefix: String,
+    script: std::sync::Arc<redis::Script>,
 }
 
 impl Claims {
@@ -29,10 +69,12 @@ impl Claims {
         Claims {
             conn,
             prefix: prefix.to_string(),
+            script: std::sync::Arc::new(redis::Script::new(CLAIM_DEADLINES)),
         }
     }
 
-    fn key(&self, e: &KeyEvent) -> String {
+    /// The event's name in claims: 128 bits of SHA-256, so that huge keys make small claims.
+    fn id(e: &KeyEvent) -> String {
         let mut h = Sha256::new();
         h.update(e.db.to_be_bytes());
         h.update(e.kind.as_str().as_bytes());
@@ -42,30 +84,68 @@ impl Claims {
         if let Some(d) = e.deadline {
             h.update(d.timestamp_millis().to_be_bytes());
         }
-        let digest = h.finalize();
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}claim:{hex}", self.prefix)
+        hex::encode(&h.finalize()[..16])
+    }
+
+    fn key(&self, e: &KeyEvent) -> String {
+        format!("{}claim:{}", self.prefix, Self::id(e))
     }
 
     /// Claims each event; `true` where this instance won. On a Redis error every event counts
     /// as claimed: a duplicate is better than a loss.
     pub async fn claim(&self, events: &[&KeyEvent], instance: &str) -> Vec<bool> {
-        if events.is_empty() {
+        let (timed, untimed): (Vec<usize>, Vec<usize>) =
+            (0..events.len()).partition(|&i| events[i].deadline.is_some());
+        let (a, b) = tokio::join!(
+            self.claim_deadlines(events, &timed, instance),
+            self.claim_for_a_while(events, &untimed, instance)
+        );
+        let mut won = vec![true; events.len()];
+        for (i, w) in timed.into_iter().zip(a).chain(untimed.into_iter().zip(b)) {
+            won[i] = w;
+        }
+        won
+    }
+
+    async fn claim_deadlines(&self, events: &[&KeyEvent], which: &[usize], me: &str) -> Vec<bool> {
+        if which.is_empty() {
+            return Vec::new();
+        }
+        let now = chrono::Utc::now().timestamp_millis();
+        let mut inv = self.script.prepare_invoke();
+        inv.arg(me);
+        for &i in which {
+            let e = events[i];
+            let deadline = e.deadline.map(|d| d.timestamp_millis()).unwrap_or(now);
+            let (key, until) = bucket(&self.prefix, deadline, now);
+            inv.key(key).arg(Self::id(e)).arg(until);
+        }
+        match inv.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await {
+            Ok(v) => v.into_iter().map(|r| r == 1).collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot claim events in Redis; handling them here (other instances may too).");
+                vec![true; which.len()]
+            }
+        }
+    }
+
+    async fn claim_for_a_while(
+        &self,
+        events: &[&KeyEvent],
+        which: &[usize],
+        me: &str,
+    ) -> Vec<bool> {
+        if which.is_empty() {
             return Vec::new();
         }
         let mut pipe = redis::pipe();
-        for e in events {
-            let ttl = if e.deadline.is_some() {
-                WITH_DEADLINE
-            } else {
-                WITHOUT_DEADLINE
-            };
+        for &i in which {
             pipe.cmd("SET")
-                .arg(self.key(e))
-                .arg(instance)
+                .arg(self.key(events[i]))
+                .arg(me)
                 .arg("NX")
                 .arg("PX")
-                .arg(ttl.as_millis() as u64);
+                .arg(WITHOUT_DEADLINE.as_millis() as u64);
         }
         match pipe
             .query_async::<Vec<Option<String>>>(&mut self.conn.clone())
@@ -74,8 +154,36 @@ impl Claims {
             Ok(v) => v.into_iter().map(|r| r.is_some()).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot claim events in Redis; handling them here (other instances may too).");
-                vec![true; events.len()]
+                vec![true; which.len()]
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minute_of_deadlines_shares_a_hash_kept_ten_minutes_past_it() {
+        let (k, until) = bucket("p:", 120_000, 100_000);
+        assert_eq!(k, "p:claims:2");
+        assert_eq!(until, 180_000 + 600_000);
+        let (k2, _) = bucket("p:", 179_999, 100_000);
+        assert_eq!(k2, k);
+        assert_ne!(bucket("p:", 180_000, 100_000).0, k);
+    }
+
+    #[test]
+    fn a_deadline_long_past_is_kept_from_now_on() {
+        // A recovery an hour late: its hash must not be dropped as soon as it is written.
+        let now = 10 * 3_600_000 + 12_345;
+        let (_, until) = bucket("p:", now - 3_600_000, now);
+        assert!(until >= now + 600_000, "{until}");
+    }
+
+    #[test]
+    fn deadlines_before_1970_do_not_share_a_bucket_with_zero() {
+        assert_eq!(bucket("p:", -1, 0).0, "p:claims:-1");
     }
 }

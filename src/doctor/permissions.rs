@@ -302,10 +302,10 @@ fn rule_needs(config: &Config, rule: &crate::config::Rule, out: &mut Vec<Need>) 
             .into_bytes()
     };
     if let Some(d) = &rule.detail {
-        // HGET/HDEL of a hash field (HDEL reads as it writes), or GET/UNLINK of a key.
+        // HMGET/HDEL of a hash field (HDEL reads as it writes), or GET/UNLINK of a key.
         let (read, remove, access, parts): (&[u8], &[u8], Access, Vec<_>) = match &d.source {
             DetailSource::Hash { key, field } => (
-                b"HGET",
+                b"HMGET",
                 b"HDEL",
                 Access::ReadWrite,
                 vec![render(*key), render(*field)],
@@ -391,6 +391,25 @@ fn state_needs(config: &Config, out: &mut Vec<Need>) {
         "claims: one firing per event",
         "set",
         &["SET", &claim, "1", "NX", "PX", "1000"],
+        false,
+    );
+    let claims = format!("{p}claims:0");
+    add(
+        "claims: one firing per event",
+        "hsetnx",
+        &["HSETNX", &claims, "id", "1"],
+        false,
+    );
+    add(
+        "claims: one firing per event",
+        "pexpiretime",
+        &["PEXPIRETIME", &claims],
+        true,
+    );
+    add(
+        "claims: one firing per event",
+        "pexpireat",
+        &["PEXPIREAT", &claims, "1000"],
         false,
     );
 
