@@ -305,7 +305,7 @@ channels:
         "{t}"
     );
     assert!(
-        !t.contains("HGET order:detail"),
+        !t.contains("HMGET order:detail"),
         "reading it is allowed:\n{t}"
     );
     assert!(t.contains("fix: ACL SETUSER keywatch ~order:detail"), "{t}");

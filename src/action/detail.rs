@@ -78,8 +78,9 @@ pub fn parse(bytes: &[u8]) -> serde_json::Value {
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
-/// Reads every request, one pipeline per database (one command per key on a cluster); the answers are in request order
-/// (`Ok(None)`: nothing there).
+/// Reads the details, one pipeline per database: the fields of one hash in one `HMGET`, so a
+/// batch of tasks whose details share a hash (the usual layout) costs Redis one command, not
+/// one per task.
 pub async fn fetch(
     keyspace: &crate::keyspace::Keyspace,
     reqs: &[Request],
@@ -90,21 +91,27 @@ pub async fn fetch(
         by_db.entry(r.db).or_default().push(i);
     }
     for (db, idx) in by_db {
-        let cmds = idx
-            .iter()
-            .map(|&i| reqs[i].at.command("HGET", "GET"))
-            .collect();
-        let answer: Result<Vec<Option<Vec<u8>>>, String> = match keyspace.conn(db).await {
+        let plan = Plan::of(idx.iter().map(|&i| (i, &reqs[i].at)), "HMGET", "GET");
+        let answer = match keyspace.conn(db).await {
             Ok(c) => c
-                .each(cmds)
+                .each::<redis::Value>(plan.cmds)
                 .await
                 .map_err(|e| format!("detail: Redis: {e}")),
             Err(e) => Err(format!("detail: Redis: {e}")),
         };
         match answer {
             Ok(values) => {
-                for (&i, v) in idx.iter().zip(values) {
-                    out[i] = Ok(v);
+                for (targets, v) in plan.targets.iter().zip(values) {
+                    let values: Vec<Option<Vec<u8>>> = match v {
+                        redis::Value::Array(items) => items
+                            .into_iter()
+                            .map(|i| redis::from_redis_value(i).unwrap_or(None))
+                            .collect(),
+                        single => vec![redis::from_redis_value(single).unwrap_or(None)],
+                    };
+                    for (&i, v) in targets.iter().zip(values) {
+                        out[i] = Ok(v);
+                    }
                 }
             }
             Err(e) => {
@@ -117,30 +124,114 @@ pub async fn fetch(
     out
 }
 
-/// Deletes the details marked `remove`, one pipeline per database.
+/// Deletes the details marked `remove`, one pipeline per database (one `HDEL` per hash).
 pub async fn remove(keyspace: &crate::keyspace::Keyspace, reqs: &[&Request]) -> Result<(), String> {
-    let mut by_db: BTreeMap<u32, Vec<redis::Cmd>> = BTreeMap::new();
+    let mut by_db: BTreeMap<u32, Vec<&Location>> = BTreeMap::new();
     for r in reqs.iter().filter(|r| r.remove) {
-        by_db
-            .entry(r.db)
-            .or_default()
-            .push(r.at.command("HDEL", "UNLINK"));
+        by_db.entry(r.db).or_default().push(&r.at);
     }
-    for (db, cmds) in by_db {
+    for (db, at) in by_db {
+        let plan = Plan::of(at.into_iter().enumerate(), "HDEL", "UNLINK");
         let c = keyspace
             .conn(db)
             .await
             .map_err(|e| format!("detail removal: Redis: {e}"))?;
-        c.each::<redis::Value>(cmds)
+        c.each::<redis::Value>(plan.cmds)
             .await
             .map_err(|e| format!("detail removal: Redis: {e}"))?;
     }
     Ok(())
 }
 
+/// Fields of one hash per command, at most this many: one command never grows unbounded.
+const FIELDS_PER_COMMAND: usize = 1024;
+
+/// The commands for a set of locations: one per hash (its fields together, in chunks of
+/// [`FIELDS_PER_COMMAND`]), one per plain key (a key of its own may be anywhere on a cluster).
+struct Plan {
+    cmds: Vec<redis::Cmd>,
+    /// For each command, the callers' indices its answer's items belong to, in order.
+    targets: Vec<Vec<usize>>,
+}
+
+impl Plan {
+    fn of<'a>(
+        at: impl Iterator<Item = (usize, &'a Location)>,
+        hash_cmd: &str,
+        key_cmd: &str,
+    ) -> Plan {
+        let mut hashes: BTreeMap<&[u8], Vec<(usize, &[u8])>> = BTreeMap::new();
+        let mut plan = Plan {
+            cmds: Vec::new(),
+            targets: Vec::new(),
+        };
+        for (i, l) in at {
+            match l {
+                Location::Hash { key, field } => hashes.entry(key).or_default().push((i, field)),
+                Location::Key { .. } => {
+                    plan.cmds.push(l.command(hash_cmd, key_cmd));
+                    plan.targets.push(vec![i]);
+                }
+            }
+        }
+        for (key, fields) in hashes {
+            for chunk in fields.chunks(FIELDS_PER_COMMAND) {
+                let mut c = redis::cmd(hash_cmd);
+                c.arg(key);
+                for (_, f) in chunk {
+                    c.arg(*f);
+                }
+                plan.cmds.push(c);
+                plan.targets.push(chunk.iter().map(|(i, _)| *i).collect());
+            }
+        }
+        plan
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn hash(key: &str, field: &str) -> Location {
+        Location::Hash {
+            key: key.into(),
+            field: field.into(),
+        }
+    }
+
+    fn text(c: &redis::Cmd) -> String {
+        c.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "<cursor>".into(),
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn fields_of_one_hash_share_a_command_and_answers_find_their_caller() {
+        let at = [
+            hash("d", "1"),
+            Location::Key { key: "k".into() },
+            hash("e", "9"),
+            hash("d", "2"),
+        ];
+        let plan = Plan::of(at.iter().enumerate(), "HMGET", "GET");
+        let cmds: Vec<String> = plan.cmds.iter().map(text).collect();
+        assert_eq!(cmds, ["GET k", "HMGET d 1 2", "HMGET e 9"]);
+        assert_eq!(plan.targets, vec![vec![1], vec![0, 3], vec![2]]);
+    }
+
+    #[test]
+    fn a_huge_batch_of_one_hash_is_split() {
+        let at: Vec<Location> = (0..2500).map(|i| hash("d", &i.to_string())).collect();
+        let plan = Plan::of(at.iter().enumerate(), "HDEL", "UNLINK");
+        assert_eq!(plan.cmds.len(), 3);
+        assert_eq!(plan.targets.iter().map(Vec::len).sum::<usize>(), 2500);
+        assert_eq!(plan.targets[2][0], 2048);
+    }
 
     #[test]
     fn json_details_are_parsed_and_text_is_kept() {
