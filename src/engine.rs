@@ -66,6 +66,7 @@ impl Engine {
         let mut batch = Vec::with_capacity(BATCH);
         let mut stages = tokio::task::JoinSet::new();
         while rx.recv_many(&mut batch, BATCH).await > 0 {
+            self.metrics.events_waiting.set(rx.len() as i64);
             self.config = self.live.current();
             let taken = self.handle(std::mem::take(&mut batch)).await;
             if taken.candidates.is_empty() && taken.warnings.is_empty() {

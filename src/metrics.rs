@@ -29,6 +29,9 @@ pub struct Metrics {
     pub queue_pending: Gauge<i64, AtomicI64>,
     pub dead_letters: Counter<u64, AtomicU64>,
     pub ledger_keys: Gauge<i64, AtomicI64>,
+    /// Keyspace events received and not yet matched: how far behind Redis keywatch is. The
+    /// deadline poker reads it too (see `ledger::run_poker`).
+    pub events_waiting: Gauge<i64, AtomicI64>,
     pub recovered: Family<Labels, Counter>,
     pub subscriber_up: Family<Labels, Gauge<i64, AtomicI64>>,
     pub reconnects: Counter<u64, AtomicU64>,
@@ -67,6 +70,7 @@ impl Metrics {
             queue_pending: Gauge::default(),
             dead_letters: Counter::default(),
             ledger_keys: Gauge::default(),
+            events_waiting: Gauge::default(),
             recovered: Family::default(),
             subscriber_up: Family::default(),
             reconnects: Counter::default(),
@@ -120,6 +124,11 @@ impl Metrics {
             "keywatch_ledger_keys",
             "Keys whose deadline keywatch tracks",
             m.ledger_keys.clone(),
+        );
+        r.register(
+            "keywatch_events_waiting",
+            "Keyspace events received and not yet matched",
+            m.events_waiting.clone(),
         );
         r.register(
             "keywatch_recovered",
@@ -249,6 +258,7 @@ mod tests {
             "keywatch_queue_pending ",
             "keywatch_dead_letters_total ",
             "keywatch_ledger_keys ",
+            "keywatch_events_waiting ",
             "keywatch_recovered_total{",
             "keywatch_subscriber_up{",
             "keywatch_reconnects_total ",

@@ -39,6 +39,11 @@ use crate::metrics::Metrics;
 pub const POKE_EVERY: Duration = Duration::from_millis(2);
 /// Due keys touched per round trip.
 const POKE_BATCH: usize = 2000;
+/// Keyspace events waiting to be matched from which the poker holds back (see [`run_poker`]).
+const BEHIND: i64 = crate::engine::BATCH as i64;
+/// Longest the poker holds back while events wait: what a key whose `expired` Redis has not
+/// published at all may be kept waiting meanwhile.
+const HOLD_AT_MOST: Duration = Duration::from_secs(1);
 
 /// What a keyevent says about a deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -602,10 +607,19 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config, only: Opt
 }
 
 /// Pokes every database until `shutdown`; errors are logged and retried after a pause.
+///
+/// While keyspace events wait to be matched (a mass expiry: Redis is already expiring and
+/// publishing faster than keywatch takes them in), the poker holds back, up to
+/// [`HOLD_AT_MOST`]: the keys it would find due are mostly gone already, with their `expired`
+/// on its way, and recording each as poked (to recover it, were its event lost) is work for
+/// the same busy Redis that the matching of those very events then has to undo. What it skips
+/// it finds in the next round, if the event really was lost.
 pub async fn run_poker(ledger: Ledger, live: LiveConfig, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(POKE_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
+    let behind = || ledger.inner.metrics.events_waiting.get() >= BEHIND;
+    let mut last_round = tokio::time::Instant::now();
     loop {
         // Read each round: a reload may change the databases, or whether a ledger is kept.
         let config = live.current();
@@ -628,11 +642,15 @@ pub async fn run_poker(ledger: Ledger, live: LiveConfig, shutdown: CancellationT
                 }
             }
             _ = tick.tick() => {
+                if behind() && last_round.elapsed() < HOLD_AT_MOST {
+                    continue;
+                }
+                last_round = tokio::time::Instant::now();
                 for &db in &dbs {
-                    // Keep poking while whole batches are due (a mass expiry), then wait a tick.
+                    // Keep poking while whole batches are due, then wait a tick.
                     loop {
                         match ledger.poke(db).await {
-                            Ok(n) if n == POKE_BATCH => continue,
+                            Ok(n) if n == POKE_BATCH && !behind() => continue,
                             Ok(_) => break,
                             Err(e) => {
                                 tracing::warn!(db, error = %e, "Deadline poker: Redis error; retrying in a second.");
