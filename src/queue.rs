@@ -332,11 +332,17 @@ impl Queue {
         self.set_due(&self.window_zset(w), ids, now_ms()).await
     }
 
-    /// Jobs waiting, being attempted or waiting for a retry.
+    /// Jobs waiting, being attempted or waiting for a retry: the queue's and those in digest
+    /// windows (each notification waiting in a window is a job too, and a window holding
+    /// thousands is a backlog as real as the queue's).
     pub async fn len(&self) -> redis::RedisResult<i64> {
-        redis::cmd("ZCARD")
-            .arg(&self.zset)
-            .query_async(&mut self.conn.clone())
-            .await
+        let windows = self.windows().await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZCARD").arg(&self.zset);
+        for w in &windows {
+            pipe.cmd("ZCARD").arg(self.window_zset(w));
+        }
+        let counts: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(counts.iter().sum())
     }
 }

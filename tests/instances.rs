@@ -363,6 +363,18 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
                 == 20
         },
     );
+    // A window's notifications are jobs waiting too: the backlog gauge counts them.
+    let addr = support::endpoint(&a);
+    common::wait_until(
+        "keywatch_queue_pending counts the 20 waiting in the window",
+        Duration::from_secs(10),
+        || {
+            support::metric(
+                &support::get(&addr, "/metrics").1,
+                "keywatch_queue_pending ",
+            ) == 20.0
+        },
+    );
     a.sigterm();
     assert!(
         a.wait_timeout(Duration::from_secs(20)).is_some(),
