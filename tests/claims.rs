@@ -25,16 +25,7 @@ fn expired(key: &str, deadline_ms: Option<i64>) -> KeyEvent {
 }
 
 async fn claims(redis: &RedisServer) -> Claims {
-    let env = |_: &str| None;
-    let rules = "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n";
-    let config = keywatch::config::load_texts(
-        vec!["r.yaml".into()],
-        &[rules.to_string()],
-        keywatch::config::Mode::Check,
-        &env,
-    )
-    .unwrap()
-    .config;
+    let config = common::rules::log_rule_config();
     let keyspace = Keyspace::new(
         keywatch::config::Secret::new(redis.url()),
         config.redis.clone(),

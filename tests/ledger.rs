@@ -247,16 +247,7 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let env = |_: &str| None;
-        let rules = "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n";
-        let config = keywatch::config::load_texts(
-            vec!["r.yaml".into()],
-            &[rules.to_string()],
-            keywatch::config::Mode::Check,
-            &env,
-        )
-        .unwrap()
-        .config;
+        let config = common::rules::log_rule_config();
         let url = keywatch::config::Secret::new(redis.url());
         let keyspace = keywatch::keyspace::Keyspace::new(url, config.redis.clone()).unwrap();
         let state = keyspace.conn(0).await.unwrap();
