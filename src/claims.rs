@@ -7,7 +7,9 @@
 //!
 //! An event with a known deadline is claimed as a field of a hash shared by every deadline in
 //! the same minute (`HSETNX`, one script per batch), which Redis drops ten minutes after that
-//! minute ends. A key of its own per claim (`SET NX PX`) would make Redis publish an `expire`
+//! minute ends. Each minute's claims are spread over [`SHARDS`] hashes by their name, so that
+//! dropping the hash of a storm's minute (a delete that blocks Redis for as long as it takes,
+//! unless `lazyfree-lazy-expire` is on) stays short. A key of its own per claim (`SET NX PX`) would make Redis publish an `expire`
 //! event for every claim to every subscriber — in a mass expiry as many again as the expiries
 //! themselves, all of it work for a Redis that is busy expiring. Without a known deadline the
 //! claim can only tell copies apart from repeats by time: a key of its own that lives 5 s, so the
@@ -26,6 +28,9 @@ const WITH_DEADLINE: Duration = Duration::from_secs(600);
 const WITHOUT_DEADLINE: Duration = Duration::from_secs(5);
 /// Deadlines whose claims share one hash.
 const BUCKET_MS: i64 = 60_000;
+/// Hashes per minute of deadlines: a million expiries in one minute make sixteen hashes of
+/// about 62,500 fields each.
+const SHARDS: usize = 16;
 
 /// Claims events with deadlines: `HSETNX` per event, and each hash kept until
 /// `ARGV[2i + 1]` (set only when that is later than what it has: one `expire` event per bucket
@@ -47,14 +52,16 @@ end
 return out
 ";
 
-/// The hash holding the claims of deadlines in `deadline_ms`'s minute, and until when it is
-/// kept: ten minutes after that minute ends, or after the minute after `now_ms` for a deadline
-/// long past (a recovery), rounded to minutes so that it rarely moves.
-fn bucket(prefix: &str, deadline_ms: i64, now_ms: i64) -> (String, i64) {
+/// The hash holding the claim `id` of a deadline in `deadline_ms`'s minute, and until when it
+/// is kept: ten minutes after that minute ends, or after the minute after `now_ms` for a
+/// deadline long past (a recovery), rounded to minutes so that it rarely moves.
+fn bucket(prefix: &str, id: &str, deadline_ms: i64, now_ms: i64) -> (String, i64) {
     let b = deadline_ms.div_euclid(BUCKET_MS);
     let now_b = now_ms.div_euclid(BUCKET_MS);
     let until = (b.max(now_b) + 1) * BUCKET_MS + WITH_DEADLINE.as_millis() as i64;
-    (format!("{prefix}claims:{b}"), until)
+    // The id is hex: its first digit picks one of 16 shards.
+    let shard = usize::from_str_radix(&id[..1], 16).unwrap_or(0) % SHARDS;
+    (format!("{prefix}claims:{b}:{shard:x}"), until)
 }
 
 #[derive(Clone)]
@@ -117,8 +124,9 @@ impl Claims {
         for &i in which {
             let e = events[i];
             let deadline = e.deadline.map(|d| d.timestamp_millis()).unwrap_or(now);
-            let (key, until) = bucket(&self.prefix, deadline, now);
-            inv.key(key).arg(Self::id(e)).arg(until);
+            let id = Self::id(e);
+            let (key, until) = bucket(&self.prefix, &id, deadline, now);
+            inv.key(key).arg(id).arg(until);
         }
         match inv.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await {
             Ok(v) => v.into_iter().map(|r| r == 1).collect(),
@@ -166,24 +174,44 @@ mod tests {
 
     #[test]
     fn a_minute_of_deadlines_shares_a_hash_kept_ten_minutes_past_it() {
-        let (k, until) = bucket("p:", 120_000, 100_000);
-        assert_eq!(k, "p:claims:2");
+        let (k, until) = bucket("p:", "a1", 120_000, 100_000);
+        assert_eq!(k, "p:claims:2:a");
         assert_eq!(until, 180_000 + 600_000);
-        let (k2, _) = bucket("p:", 179_999, 100_000);
+        let (k2, _) = bucket("p:", "a9", 179_999, 100_000);
         assert_eq!(k2, k);
-        assert_ne!(bucket("p:", 180_000, 100_000).0, k);
+        assert_ne!(bucket("p:", "a1", 180_000, 100_000).0, k);
     }
 
     #[test]
     fn a_deadline_long_past_is_kept_from_now_on() {
         // A recovery an hour late: its hash must not be dropped as soon as it is written.
         let now = 10 * 3_600_000 + 12_345;
-        let (_, until) = bucket("p:", now - 3_600_000, now);
+        let (_, until) = bucket("p:", "0", now - 3_600_000, now);
         assert!(until >= now + 600_000, "{until}");
     }
 
     #[test]
     fn deadlines_before_1970_do_not_share_a_bucket_with_zero() {
-        assert_eq!(bucket("p:", -1, 0).0, "p:claims:-1");
+        assert_eq!(bucket("p:", "f", -1, 0).0, "p:claims:-1:f");
+    }
+
+    #[test]
+    fn a_minute_of_claims_is_spread_over_sixteen_hashes() {
+        let shards: std::collections::BTreeSet<String> = (0..1000)
+            .map(|i| {
+                let e = KeyEvent {
+                    kind: crate::event::EventKind::Expired,
+                    db: 0,
+                    key: format!("k:{i}").into_bytes(),
+                    observed_at: chrono::Utc::now(),
+                    deadline: chrono::DateTime::from_timestamp_millis(120_000),
+                    ttl_ms: None,
+                    recovered: false,
+                    source: String::new(),
+                };
+                bucket("p:", &Claims::id(&e), 120_000, 0).0
+            })
+            .collect();
+        assert_eq!(shards.len(), SHARDS, "{shards:?}");
     }
 }
