@@ -8,12 +8,12 @@
 //! An event with a known deadline is claimed as a field of a hash shared by every deadline in
 //! the same minute (`HSETNX`, one script per batch), which Redis drops ten minutes after that
 //! minute ends. Each minute's claims are spread over [`SHARDS`] hashes by their name, so that
-//! dropping the hash of a storm's minute (a delete that blocks Redis for as long as it takes,
-//! unless `lazyfree-lazy-expire` is on) stays short. A key of its own per claim (`SET NX PX`) would make Redis publish an `expire`
-//! event for every claim to every subscriber — in a mass expiry as many again as the expiries
-//! themselves, all of it work for a Redis that is busy expiring. Without a known deadline the
-//! claim can only tell copies apart from repeats by time: a key of its own that lives 5 s, so the
-//! same key deleted twice within it counts once.
+//! dropping the hashes of a storm's minute (a delete blocks Redis for as long as it takes,
+//! unless `lazyfree-lazy-expire` is on) stays short. A key of its own per claim (`SET NX PX`)
+//! would make Redis publish an `expire` event for every claim to every subscriber — in a mass
+//! expiry as many again as the expiries themselves, all of it work for a Redis that is busy
+//! expiring. Without a known deadline the claim can only tell copies apart from repeats by time:
+//! a key of its own that lives 5 s, so the same key deleted twice within it counts once.
 
 use std::time::Duration;
 
