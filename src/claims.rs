@@ -101,50 +101,62 @@ impl Claims {
     /// Claims each event; `true` where this instance won. On a Redis error every event counts
     /// as claimed: a duplicate is better than a loss.
     pub async fn claim(&self, events: &[&KeyEvent], instance: &str) -> Vec<bool> {
-        let (timed, untimed): (Vec<usize>, Vec<usize>) =
-            (0..events.len()).partition(|&i| events[i].deadline.is_some());
+        let mut timed = Vec::new();
+        let mut untimed = Vec::new();
+        for (i, e) in events.iter().enumerate() {
+            match e.deadline {
+                Some(d) => timed.push((i, d.timestamp_millis())),
+                None => untimed.push(i),
+            }
+        }
         let (a, b) = tokio::join!(
             self.claim_deadlines(events, &timed, instance),
             self.claim_for_a_while(events, &untimed, instance)
         );
         let mut won = vec![true; events.len()];
-        for (i, w) in timed.into_iter().zip(a).chain(untimed.into_iter().zip(b)) {
-            won[i] = w;
+        let timed = timed.into_iter().map(|(i, _)| i).collect();
+        for (which, result) in [(timed, a), (untimed, b)] {
+            match result {
+                Ok(w) => which.into_iter().zip(w).for_each(|(i, w)| won[i] = w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot claim events in Redis; handling them here (other instances may too).")
+                }
+            }
         }
         won
     }
 
-    async fn claim_deadlines(&self, events: &[&KeyEvent], which: &[usize], me: &str) -> Vec<bool> {
+    /// Claims `(index, deadline ms)` of `events` in the hashes of their deadlines' minutes.
+    async fn claim_deadlines(
+        &self,
+        events: &[&KeyEvent],
+        which: &[(usize, i64)],
+        me: &str,
+    ) -> redis::RedisResult<Vec<bool>> {
         if which.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let now = chrono::Utc::now().timestamp_millis();
         let mut inv = self.script.prepare_invoke();
         inv.arg(me);
-        for &i in which {
-            let e = events[i];
-            let deadline = e.deadline.map(|d| d.timestamp_millis()).unwrap_or(now);
-            let id = Self::id(e);
+        for &(i, deadline) in which {
+            let id = Self::id(events[i]);
             let (key, until) = bucket(&self.prefix, &id, deadline, now);
             inv.key(key).arg(id).arg(until);
         }
-        match inv.invoke_async::<Vec<i64>>(&mut self.conn.clone()).await {
-            Ok(v) => v.into_iter().map(|r| r == 1).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot claim events in Redis; handling them here (other instances may too).");
-                vec![true; which.len()]
-            }
-        }
+        let won: Vec<i64> = inv.invoke_async(&mut self.conn.clone()).await?;
+        Ok(won.into_iter().map(|r| r == 1).collect())
     }
 
+    /// Claims `which` of `events` for [`WITHOUT_DEADLINE`], a key each.
     async fn claim_for_a_while(
         &self,
         events: &[&KeyEvent],
         which: &[usize],
         me: &str,
-    ) -> Vec<bool> {
+    ) -> redis::RedisResult<Vec<bool>> {
         if which.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         for &i in which {
@@ -155,16 +167,8 @@ impl Claims {
                 .arg("PX")
                 .arg(WITHOUT_DEADLINE.as_millis() as u64);
         }
-        match pipe
-            .query_async::<Vec<Option<String>>>(&mut self.conn.clone())
-            .await
-        {
-            Ok(v) => v.into_iter().map(|r| r.is_some()).collect(),
-            Err(e) => {
-                tracing::warn!(error = %e, "Cannot claim events in Redis; handling them here (other instances may too).");
-                vec![true; which.len()]
-            }
-        }
+        let won: Vec<Option<String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(won.into_iter().map(|r| r.is_some()).collect())
     }
 }
 
