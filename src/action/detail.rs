@@ -17,24 +17,6 @@ pub enum Location {
     Key { key: Vec<u8> },
 }
 
-impl Location {
-    /// `hash_cmd key field` or `key_cmd key`: reading (HGET/GET) or removing (HDEL/UNLINK).
-    fn command(&self, hash_cmd: &str, key_cmd: &str) -> redis::Cmd {
-        match self {
-            Location::Hash { key, field } => {
-                let mut c = redis::cmd(hash_cmd);
-                c.arg(key).arg(field);
-                c
-            }
-            Location::Key { key } => {
-                let mut c = redis::cmd(key_cmd);
-                c.arg(key);
-                c
-            }
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct Request {
     pub db: u32,
@@ -168,8 +150,10 @@ impl Plan {
         for (i, l) in at {
             match l {
                 Location::Hash { key, field } => hashes.entry(key).or_default().push((i, field)),
-                Location::Key { .. } => {
-                    plan.cmds.push(l.command(hash_cmd, key_cmd));
+                Location::Key { key } => {
+                    let mut c = redis::cmd(key_cmd);
+                    c.arg(key);
+                    plan.cmds.push(c);
                     plan.targets.push(vec![i]);
                 }
             }
