@@ -132,32 +132,26 @@ impl Context {
 
     /// Makes `count` and `events` (the event JSON objects of the first `max_items`) defined, for
     /// digest messages.
-    pub fn with_digest(mut self, count: usize, events: Vec<serde_json::Value>) -> Context {
+    pub fn with_digest(self, count: usize, events: Vec<serde_json::Value>) -> Context {
         let events: Vec<Value> = events
             .iter()
             .map(|e| Value::from(Serde(bytestr::encode_json(e).as_ref())))
             .collect();
-        let mut vars = self.vars();
-        vars.insert("count".to_owned(), Value::from(count));
-        vars.insert("events".to_owned(), Value::from(events));
-        self.root = Value::from(vars);
-        self
+        self.with([
+            ("count", Value::from(count)),
+            ("events", Value::from(events)),
+        ])
     }
 
     /// Replaces `detail` with the stand-in `sample()` uses, for `keywatch explain`: the real
     /// detail exists only in Redis at event time.
-    pub fn with_sample_detail(mut self) -> Context {
-        let mut vars = self.vars();
-        vars.insert(
-            "detail".to_owned(),
-            Value::from_object(SampleDetail { depth: 0 }),
-        );
-        self.root = Value::from(vars);
-        self
+    pub fn with_sample_detail(self) -> Context {
+        self.with([("detail", Value::from_object(SampleDetail { depth: 0 }))])
     }
 
-    /// The names and values, for the rare contexts that add to them (digests, samples).
-    fn vars(&self) -> BTreeMap<String, Value> {
+    /// The context with `extra` names set (replacing any of the same name): for the rare
+    /// contexts that add to an event's (digests, samples), so the map is rebuilt only there.
+    fn with<const N: usize>(self, extra: [(&str, Value); N]) -> Context {
         let mut vars = BTreeMap::new();
         if let Ok(names) = self.root.try_iter() {
             for name in names {
@@ -166,7 +160,12 @@ impl Context {
                 }
             }
         }
-        vars
+        for (k, v) in extra {
+            vars.insert(k.to_owned(), v);
+        }
+        Context {
+            root: Value::from(vars),
+        }
     }
 
     pub(crate) fn root(&self) -> &Value {
