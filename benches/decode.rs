@@ -60,43 +60,26 @@ fn binary_key(i: usize) -> Vec<u8> {
 
 fn bench(c: &mut Criterion) {
     let marker = Ledger::marker_channel("keywatch:");
+    // A case: MESSAGES messages on one channel, the payload of message i from `payload(i)`.
+    let case = |name, channel: &[u8], payload: &dyn Fn(usize) -> Vec<u8>| -> (&str, Vec<Msg>) {
+        (
+            name,
+            (0..MESSAGES).map(|i| msg(channel, payload(i))).collect(),
+        )
+    };
     let cases: Vec<(&str, Vec<Msg>)> = vec![
-        (
-            "expired_short_key",
-            (0..MESSAGES)
-                .map(|i| msg(b"__keyevent@0__:expired", short_key(i)))
-                .collect(),
-        ),
-        (
-            "expired_1k_key",
-            (0..MESSAGES)
-                .map(|i| msg(b"__keyevent@0__:expired", long_key(i)))
-                .collect(),
-        ),
-        (
+        case("expired_short_key", b"__keyevent@0__:expired", &short_key),
+        case("expired_1k_key", b"__keyevent@0__:expired", &long_key),
+        case(
             "expired_non_utf8_key",
-            (0..MESSAGES)
-                .map(|i| msg(b"__keyevent@3__:expired", binary_key(i)))
-                .collect(),
+            b"__keyevent@3__:expired",
+            &binary_key,
         ),
-        (
-            "expire_deadline",
-            (0..MESSAGES)
-                .map(|i| msg(b"__keyevent@0__:expire", short_key(i)))
-                .collect(),
-        ),
-        (
-            "marker",
-            (0..MESSAGES)
-                .map(|i| msg(marker.as_bytes(), format!("kw-7f3a9c:0:{i}").into_bytes()))
-                .collect(),
-        ),
-        (
-            "ignored_keyevent_set",
-            (0..MESSAGES)
-                .map(|i| msg(b"__keyevent@0__:set", short_key(i)))
-                .collect(),
-        ),
+        case("expire_deadline", b"__keyevent@0__:expire", &short_key),
+        case("marker", marker.as_bytes(), &|i| {
+            format!("kw-7f3a9c:0:{i}").into_bytes()
+        }),
+        case("ignored_keyevent_set", b"__keyevent@0__:set", &short_key),
     ];
 
     let now = Utc::now();
