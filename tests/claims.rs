@@ -34,6 +34,13 @@ async fn claims(redis: &RedisServer) -> Claims {
     Claims::new(keyspace.conn(0).await.unwrap(), "kw:")
 }
 
+/// The one key matching `pattern` (fails if there are none or several).
+fn the_only_key(conn: &mut redis::Connection, pattern: &str) -> String {
+    let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(conn).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    keys.into_iter().next().unwrap()
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -120,13 +127,9 @@ fn a_late_claim_is_kept_ten_minutes_from_now() {
         let won = c.claim(&[&expired("k", Some(now - 3_600_000))], "a").await;
         assert_eq!(won, [true]);
         let mut conn = redis.conn();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("kw:claims:*")
-            .query(&mut conn)
-            .unwrap();
-        assert_eq!(keys.len(), 1, "{keys:?}");
+        let key = the_only_key(&mut conn, "kw:claims:*");
         let until: i64 = redis::cmd("PEXPIRETIME")
-            .arg(&keys[0])
+            .arg(&key)
             .query(&mut conn)
             .unwrap();
         assert!(until >= now + 600_000, "kept until {until}, now {now}");
@@ -143,12 +146,8 @@ fn a_claim_without_a_deadline_lasts_five_seconds() {
         assert_eq!(c.claim(&[&e], "a").await, [true]);
         assert_eq!(c.claim(&[&e], "b").await, [false]);
         let mut conn = redis.conn();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg("kw:claim:*")
-            .query(&mut conn)
-            .unwrap();
-        assert_eq!(keys.len(), 1, "{keys:?}");
-        let ttl: i64 = redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
+        let key = the_only_key(&mut conn, "kw:claim:*");
+        let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
         assert!(ttl > 0 && ttl <= 5_000, "{ttl}");
     });
 }
