@@ -366,14 +366,11 @@ async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
     let pid = kw.child.id();
     sleep_until_ms(due).await;
     let cpu_at_due = cpu_secs(pid);
-    let redis_cpu_at_due = cpu_secs(server.pid());
-    let state_cpu_at_due = state.as_ref().map(|s| cpu_secs(s.pid())).unwrap_or(0.0);
-    let stats_client = redis::Client::open(server.url()).expect("redis url");
-    let mut stats_conn = stats_client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let commands_at_due = command_stats(&mut stats_conn).await;
+    let mut watched = RedisSpan::start(&server).await;
+    let mut state_span = match &state {
+        Some(s) => Some(RedisSpan::start(s).await),
+        None => None,
+    };
     let taken = tokio::spawn(watch_details(server.url()));
     let give_up = Instant::now() + GIVE_UP;
     while seen.lock().unwrap_or_else(|p| p.into_inner()).distinct < tasks
@@ -386,37 +383,21 @@ async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
         (g.distinct, g.requests, g.last_ms)
     };
     let cpu_s = cpu_secs(pid) - cpu_at_due;
-    let redis_cpu_s = cpu_secs(server.pid()) - redis_cpu_at_due;
-    if let Some(s) = &state {
-        eprintln!(
-            "the state's redis-server meanwhile: {:.2} CPU s; its commands, most time first:",
-            cpu_secs(s.pid()) - state_cpu_at_due
-        );
-        let client = redis::Client::open(s.url()).expect("redis url");
-        let mut c = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        for (name, calls, usec) in command_stats(&mut c).await.iter().take(12) {
-            eprintln!("  {name:<16} {calls:>9} calls {:>9.3} s", usec / 1e6);
-        }
+    let (redis_cpu_s, commands) = watched.end().await;
+    if let Some(span) = &mut state_span {
+        let (cpu, commands) = span.end().await;
+        print_commands("the state's redis-server", cpu, &commands);
     }
     let taken_ms = taken.await.unwrap_or(f64::NAN);
     // Requests still on their way would be duplicates: give them a moment to show.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let requests = requests.max(seen.lock().unwrap_or_else(|p| p.into_inner()).requests);
     let rss_mb = peak_rss_mb(kw.child.id());
-    let client = redis::Client::open(server.url()).expect("redis url");
-    let mut c = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
     let details_left: usize = redis::cmd("HLEN")
         .arg("delay:detail")
-        .query_async(&mut c)
+        .query_async(&mut watched.conn)
         .await
         .unwrap_or(usize::MAX);
-    let commands = since(commands_at_due, command_stats(&mut c).await);
     if delivered < tasks {
         eprintln!(
             "keywatch delivered {delivered} of {tasks}; its log: {}",
@@ -437,11 +418,50 @@ async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
     }
 }
 
+/// A redis-server's CPU seconds and commands from one instant on.
+struct RedisSpan {
+    pid: u32,
+    conn: redis::aio::MultiplexedConnection,
+    cpu_at: f64,
+    commands_at: Vec<(String, u64, f64)>,
+}
+
+impl RedisSpan {
+    async fn start(server: &LocalRedis) -> RedisSpan {
+        let client = redis::Client::open(server.url()).expect("redis url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the throwaway redis-server");
+        let commands_at = command_stats(&mut conn).await;
+        RedisSpan {
+            pid: server.pid(),
+            conn,
+            cpu_at: cpu_secs(server.pid()),
+            commands_at,
+        }
+    }
+
+    /// CPU seconds and commands (most time first) since [`RedisSpan::start`].
+    async fn end(&mut self) -> (f64, Vec<(String, u64, f64)>) {
+        let cpu = cpu_secs(self.pid) - self.cpu_at;
+        let now = command_stats(&mut self.conn).await;
+        (cpu, since(&self.commands_at, now))
+    }
+}
+
+/// A server's CPU seconds and its ten costliest commands, on stderr.
+fn print_commands(server: &str, cpu_s: f64, commands: &[(String, u64, f64)]) {
+    eprintln!(
+        "{server} from the due instant to the last request: {cpu_s:.2} CPU s; the commands of that span, most time first:"
+    );
+    for (name, calls, usec) in commands.iter().take(10) {
+        eprintln!("  {name:<16} {calls:>9} calls {:>9.3} s", usec / 1e6);
+    }
+}
+
 /// The commands of `after` less those of `before`, most time first.
-fn since(
-    before: Vec<(String, u64, f64)>,
-    after: Vec<(String, u64, f64)>,
-) -> Vec<(String, u64, f64)> {
+fn since(before: &[(String, u64, f64)], after: Vec<(String, u64, f64)>) -> Vec<(String, u64, f64)> {
     let mut out: Vec<(String, u64, f64)> = after
         .into_iter()
         .map(|(name, calls, usec)| {
@@ -458,15 +478,14 @@ fn since(
     out
 }
 
-/// `INFO commandstats` as (command, calls, total µs), most time first: where Redis's time went.
+/// `INFO commandstats` as (command, calls, total µs): where Redis's time went.
 async fn command_stats(c: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64, f64)> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(c)
         .await
         .unwrap_or_default();
-    let mut out: Vec<(String, u64, f64)> = info
-        .lines()
+    info.lines()
         .filter_map(|l| {
             let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
             let field = |f: &str| {
@@ -476,9 +495,7 @@ async fn command_stats(c: &mut redis::aio::MultiplexedConnection) -> Vec<(String
             };
             Some((name.to_string(), field("calls")? as u64, field("usec")?))
         })
-        .collect();
-    out.sort_by(|a, b| b.2.total_cmp(&a.2));
-    out
+        .collect()
 }
 
 fn naive_script() -> PathBuf {
@@ -647,13 +664,7 @@ fn main() -> std::process::ExitCode {
         eprintln!("Redis's pace: {redis_s:.2} s");
         let kw = keywatch_run(args.tasks, args.state_redis).await;
         eprintln!("keywatch: {:.2} s", kw.secs);
-        eprintln!(
-            "redis-server from the due instant to the last request: {:.2} CPU s; the commands of that span, most time first:",
-            kw.redis_cpu_s
-        );
-        for (name, calls, usec) in kw.commands.iter().take(10) {
-            eprintln!("  {name:<16} {calls:>9} calls {:>9.3} s", usec / 1e6);
-        }
+        print_commands("redis-server", kw.redis_cpu_s, &kw.commands);
         let naive_s = if args.skip_naive {
             None
         } else {
