@@ -354,3 +354,16 @@ pub async fn scan_page(
         .query_async(conn)
         .await
 }
+
+/// A command as text, its arguments joined by spaces (non-UTF-8 bytes lossily): what tests
+/// compare built commands against.
+#[cfg(test)]
+pub(crate) fn command_text(c: &Cmd) -> String {
+    c.args_iter()
+        .map(|a| match a {
+            redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+            _ => "<other>".into(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -184,16 +184,6 @@ mod tests {
         }
     }
 
-    fn text(c: &redis::Cmd) -> String {
-        c.args_iter()
-            .map(|a| match a {
-                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                _ => "<cursor>".into(),
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
-    }
-
     #[test]
     fn fields_of_one_hash_share_a_command_and_answers_find_their_caller() {
         let at = [
@@ -203,7 +193,11 @@ mod tests {
             hash("d", "2"),
         ];
         let plan = Plan::of(at.iter().enumerate(), "HMGET", "GET");
-        let cmds: Vec<String> = plan.cmds.iter().map(text).collect();
+        let cmds: Vec<String> = plan
+            .cmds
+            .iter()
+            .map(crate::keyspace::command_text)
+            .collect();
         assert_eq!(cmds, ["GET k", "HMGET d 1 2", "HMGET e 9"]);
         assert_eq!(plan.targets, vec![vec![1], vec![0, 3], vec![2]]);
     }

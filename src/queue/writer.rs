@@ -166,17 +166,7 @@ mod tests {
 
     /// The commands of a pipeline as text, one line each.
     fn commands(p: &redis::Pipeline) -> Vec<String> {
-        p.cmd_iter()
-            .map(|c| {
-                c.args_iter()
-                    .map(|a| match a {
-                        redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
-                        _ => "<other>".into(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .collect()
+        p.cmd_iter().map(crate::keyspace::command_text).collect()
     }
 
     #[test]
