@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use fastrand::Rng;
-use keywatch::matcher::Matcher;
 use keywatch::pattern::Pattern;
+use keywatch::pattern::matcher::Matcher;
 use regex::bytes::Regex;
 
 const RULES: usize = 1_000;

@@ -90,7 +90,7 @@ rules:
     let stop = CancellationToken::new();
     let keywatch = {
         let stop = stop.clone();
-        let opts = keywatch::app::RunOptions {
+        let opts = keywatch::command::run::RunOptions {
             redis: Some(redis.url()),
             listen: "127.0.0.1:0".parse().unwrap(),
             stop_after: None,
@@ -101,7 +101,7 @@ rules:
                 .enable_all()
                 .build()
                 .unwrap()
-                .block_on(keywatch::app::run(loaded.config, opts, stop))
+                .block_on(keywatch::command::run::run(loaded.config, opts, stop))
         })
     };
 

@@ -16,9 +16,9 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
 use futures_util::StreamExt;
-use keywatch::app::{self, RunOptions};
+use keywatch::command::run::{self, RunOptions};
 use keywatch::config::{self, Mode};
-use keywatch::local_redis::LocalRedis;
+use keywatch::keyspace::local_server::LocalRedis;
 use tokio_util::sync::CancellationToken;
 
 fn now_ms() -> i64 {
@@ -144,7 +144,7 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
         stop_after: None,
         rules: Vec::new(),
     };
-    let run = tokio::spawn(app::run(loaded.config, opts, stop.clone()));
+    let run = tokio::spawn(run::run(loaded.config, opts, stop.clone()));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let deadlines = load(&server.url(), far, due, spread_ms).await;
     let give_up =

@@ -28,7 +28,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
 use futures_util::StreamExt;
-use keywatch::local_redis::LocalRedis;
+use keywatch::keyspace::local_server::LocalRedis;
 use keywatch::proc_stats::{cpu_secs, peak_rss_mb};
 use serde::{Deserialize, Serialize};
 
@@ -646,10 +646,10 @@ fn main() -> std::process::ExitCode {
     let mut argv = std::env::args();
     if argv.nth(1).as_deref() == Some("--keywatch") {
         // The child: `keywatch` itself, as the binary runs it.
-        let cli = <keywatch::cli::Cli as clap::Parser>::parse_from(
+        let cli = <keywatch::command::Cli as clap::Parser>::parse_from(
             std::iter::once("keywatch".to_string()).chain(argv),
         );
-        return keywatch::cli::run(cli);
+        return keywatch::command::run(cli);
     }
     let args = parse_args();
     let old = args.compare.as_ref().map(|p| {

@@ -3,7 +3,7 @@
 //!
 //! `cargo run --release --example queue [-- --jobs 20000]`
 //!
-//! Each instance runs in this process (the library's `app::run`), each with its own
+//! Each instance runs in this process (the library's `command::run::run`), each with its own
 //! connections; `--jobs` keys expire at one instant on a webhook rule, and the time from that
 //! instant to the last webhook received gives the rate.
 
@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
-use keywatch::app::{self, RunOptions};
+use keywatch::command::run::{self, RunOptions};
 use keywatch::config::{self, Mode};
-use keywatch::local_redis::LocalRedis;
+use keywatch::keyspace::local_server::LocalRedis;
 use tokio_util::sync::CancellationToken;
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -74,7 +74,7 @@ async fn run(instances: usize, jobs: u64) -> (f64, usize, usize) {
             stop_after: None,
             rules: Vec::new(),
         };
-        runs.push(tokio::spawn(app::run(loaded.config, opts, stop.clone())));
+        runs.push(tokio::spawn(run::run(loaded.config, opts, stop.clone())));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
 

@@ -1,5 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    keywatch::cli::main()
+    keywatch::command::main()
 }

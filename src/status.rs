@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 
 use crate::config::Config;
-use crate::job::Firing;
+use crate::firing::Firing;
 
 /// How many recent firings the status page shows.
 const RECENT: usize = 100;
@@ -68,7 +68,7 @@ pub struct RuleCounts {
 #[derive(Default)]
 pub struct Status {
     /// The silences in force, for the status page.
-    silences: std::sync::OnceLock<std::sync::Arc<crate::silences::Active>>,
+    silences: std::sync::OnceLock<std::sync::Arc<crate::engine::silences::Active>>,
     // std Mutexes: held for a few instructions, never across an await.
     nodes: Mutex<BTreeMap<String, bool>>,
     recent: Mutex<VecDeque<RecentFiring>>,
@@ -80,12 +80,12 @@ pub struct Status {
 
 impl Status {
     /// Shows these silences on the status page from now on (the first call wins).
-    pub fn set_silences(&self, active: std::sync::Arc<crate::silences::Active>) {
+    pub fn set_silences(&self, active: std::sync::Arc<crate::engine::silences::Active>) {
         let _ = self.silences.set(active);
     }
 
     /// The silences in force now.
-    pub fn silences(&self) -> Vec<crate::silences::Silence> {
+    pub fn silences(&self) -> Vec<crate::engine::silences::Silence> {
         self.silences.get().map(|a| a.current()).unwrap_or_default()
     }
 

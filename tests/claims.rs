@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::RedisServer;
-use keywatch::claims::Claims;
+use keywatch::engine::claims::Claims;
 use keywatch::event::{EventKind, KeyEvent};
 use keywatch::keyspace::Keyspace;
 

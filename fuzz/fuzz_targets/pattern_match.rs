@@ -8,7 +8,7 @@
 //!   the glob is exact, every key the glob accepts is accepted by the pattern.
 #![no_main]
 
-use keywatch::matcher::Matcher;
+use keywatch::pattern::matcher::Matcher;
 use keywatch::pattern::Pattern;
 use libfuzzer_sys::fuzz_target;
 

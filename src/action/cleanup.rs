@@ -4,7 +4,7 @@
 //! own keys are never deleted.
 
 use crate::config::{CleanupStep, Rule};
-use crate::job::Firing;
+use crate::firing::Firing;
 
 use super::{Actions, Outcome};
 use crate::keyspace::Conn;

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use tokio::io::AsyncReadExt;
 
 use crate::config::{ExecStep, Rule};
-use crate::job::Firing;
+use crate::firing::Firing;
 
 use super::{Actions, Outcome};
 

@@ -5,23 +5,16 @@
 //! rate limit), when to retry by the delivery stage.
 
 pub mod cleanup;
-pub mod detail;
-pub mod dingtalk;
 pub mod exec;
-pub mod feishu;
 pub mod http;
-pub mod log;
 pub mod notify;
 pub mod reload;
-pub mod slack;
-pub mod webhook;
-pub mod wecom;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{Config, LiveConfig};
-use crate::job::{Action, Firing};
+use crate::firing::{Action, Firing};
 use crate::keyspace::Keyspace;
 
 /// How one attempt went.

@@ -2,7 +2,7 @@
 //! body. Captures are percent-encoded inside the URL, so key text cannot change its path or query.
 
 use crate::config::{ReloadStep, Rule};
-use crate::job::{Action, Firing};
+use crate::firing::{Action, Firing};
 
 use super::http::{self, Request};
 use super::{Actions, Outcome};

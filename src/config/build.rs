@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::event::EventKind;
-use crate::matcher::Matcher;
 use crate::pattern::Pattern;
+use crate::pattern::matcher::Matcher;
 use crate::template::{CONTEXT_NAMES, Context, Escape, TemplateId, TemplateSet};
 
 use super::channels::{ChannelDraft, check_http_url};
@@ -50,7 +50,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
     };
     if redis.cluster && state.url.is_none() {
         // The state shares the watched cluster: its keys must all hash to one slot.
-        state.prefix = crate::cluster::tagged_prefix(&state.prefix);
+        state.prefix = crate::keyspace::cluster::tagged_prefix(&state.prefix);
     }
     let mut templates = TemplateSet::new();
 

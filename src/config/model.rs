@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::event::EventKind;
-use crate::matcher::Matcher;
 use crate::pattern::Pattern;
+use crate::pattern::matcher::Matcher;
 use crate::template::{Escape, TemplateId, TemplateSet};
 
 use super::diagnostic::Loc;

@@ -3,8 +3,8 @@
 //! recovers missed ones ([`ledger`]), the scanner that warns before deadlines ([`scanner`]), and, on a Redis Cluster, a
 //! subscriber per master that follows failovers and reshards ([`topology`]).
 
+pub mod cluster;
 pub mod flags;
 pub mod ledger;
 pub mod notifications;
 pub mod scanner;
-pub mod topology;

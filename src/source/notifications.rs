@@ -48,7 +48,7 @@ pub enum Signal {
         reason: String,
     },
     /// The node is no longer watched: a cluster node that stopped being a master
-    /// ([`crate::source::topology`]).
+    /// ([`crate::source::cluster`]).
     Gone {
         node: String,
     },

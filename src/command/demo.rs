@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{self, RunOptions};
+use crate::command::run::{self, RunOptions};
 use crate::config::{self, Mode};
-use crate::local_redis::{LocalRedis, LocalRedisError};
+use crate::keyspace::local_server::{LocalRedis, LocalRedisError};
 
 pub const RULES: &str = r#"
 redis:
@@ -76,7 +76,7 @@ pub async fn run() -> Result<(), DemoError> {
         stop_after: Some(Duration::from_secs(20)),
         rules: Vec::new(),
     };
-    let runner = tokio::spawn(app::run(loaded.config, opts, stop.clone()));
+    let runner = tokio::spawn(run::run(loaded.config, opts, stop.clone()));
 
     let client = redis::Client::open(url.as_str()).map_err(|e| DemoError::Run(e.to_string()))?;
     let mut c = client

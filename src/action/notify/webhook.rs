@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 
 use crate::config::{Channel, Webhook, WebhookFormat};
 
-use super::http::Request;
-use super::notify::Message;
+use super::Message;
+use crate::action::http::Request;
 
 pub fn request(ch: &Channel, w: &Webhook, msg: &Message) -> Request {
     let (body, content_type) = match (&msg.custom_body, w.format) {

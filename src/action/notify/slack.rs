@@ -5,15 +5,15 @@ use serde_json::json;
 
 use crate::config::{Channel, Slack};
 
-use super::Outcome;
-use super::http::{self, Answer, Request};
-use super::notify::{Message, fit, json_headers};
+use super::{Message, fit, json_headers};
+use crate::action::Outcome;
+use crate::action::http::{self, Answer, Request};
 
 /// Slack truncates `text` at 40,000 characters; stay under it in bytes.
 const TEXT_LIMIT: usize = 39_000;
 
 pub fn request(ch: &Channel, s: &Slack, msg: &Message) -> Request {
-    let text = super::notify::with_keyword(ch, &format!("*{}*\n{}", msg.title, msg.text));
+    let text = super::with_keyword(ch, &format!("*{}*\n{}", msg.title, msg.text));
     Request {
         method: reqwest::Method::POST,
         url: s.url.expose().to_string(),

@@ -7,7 +7,7 @@ use chrono::Utc;
 use crate::action::notify::{self, Item, Message};
 use crate::action::{Outcome, http};
 use crate::config::Config;
-use crate::job::rfc3339;
+use crate::firing::rfc3339;
 
 pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
     let Some(ch) = config.channel(channel) else {

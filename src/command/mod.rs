@@ -3,6 +3,14 @@
 //! Exit codes: 0 success; 1 the checked thing is bad (invalid rules, Redis not ready, no rule
 //! matches for `explain`); 2 usage error or unreadable input.
 
+pub mod admin;
+pub mod demo;
+pub mod doctor;
+pub mod explain;
+pub mod run;
+pub mod send_test;
+pub mod upcoming;
+
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
@@ -326,13 +334,13 @@ pub fn run(cli: Cli) -> ExitCode {
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };
-            let opts = crate::app::RunOptions {
+            let opts = crate::command::run::RunOptions {
                 redis,
                 listen,
                 stop_after: None,
                 rules: rules.paths.clone(),
             };
-            match rt.block_on(crate::app::run(
+            match rt.block_on(crate::command::run::run(
                 loaded.config,
                 opts,
                 tokio_util::sync::CancellationToken::new(),
@@ -360,13 +368,13 @@ pub fn run(cli: Cli) -> ExitCode {
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };
-            let opts = crate::upcoming::Options {
+            let opts = crate::command::upcoming::Options {
                 within,
                 pattern: pattern.map(|p| *p),
                 redis,
                 limit,
             };
-            crate::upcoming::main(&loaded.config, &opts, json, &rt)
+            crate::command::upcoming::main(&loaded.config, &opts, json, &rt)
         }
         Command::Doctor { redis, json, rules } => {
             let loaded = match load_or_report(&rules.paths, Mode::Check) {
@@ -376,8 +384,8 @@ pub fn run(cli: Cli) -> ExitCode {
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };
-            let opts = crate::doctor::Options { redis, json };
-            crate::doctor::main(&loaded.config, &opts, &rt)
+            let opts = crate::command::doctor::Options { redis, json };
+            crate::command::doctor::main(&loaded.config, &opts, &rt)
         }
         Command::SendTest { channel, rules } => {
             let loaded = match load_or_report(&rules.paths, Mode::Run) {
@@ -387,7 +395,7 @@ pub fn run(cli: Cli) -> ExitCode {
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };
-            match rt.block_on(crate::send_test::run(&loaded.config, &channel)) {
+            match rt.block_on(crate::command::send_test::run(&loaded.config, &channel)) {
                 Ok(msg) => {
                     println!("{msg}");
                     ExitCode::SUCCESS
@@ -406,7 +414,7 @@ pub fn run(cli: Cli) -> ExitCode {
                     duration,
                     comment,
                 } => {
-                    crate::admin::silence_add(
+                    crate::command::admin::silence_add(
                         &config,
                         &mut conn,
                         &rule,
@@ -417,29 +425,29 @@ pub fn run(cli: Cli) -> ExitCode {
                     .await
                 }
                 SilenceCommand::List { json } => {
-                    crate::admin::silence_list(&config, &mut conn, json).await
+                    crate::command::admin::silence_list(&config, &mut conn, json).await
                 }
                 SilenceCommand::Remove { id } => {
-                    crate::admin::silence_remove(&config, &mut conn, &id).await
+                    crate::command::admin::silence_remove(&config, &mut conn, &id).await
                 }
             }
         }),
         Command::Dead { command, target } => admin(target, |config, conn| async move {
             match command {
                 DeadCommand::List { json, limit } => {
-                    crate::admin::dead_list(&config, &conn, json, limit).await
+                    crate::command::admin::dead_list(&config, &conn, json, limit).await
                 }
                 DeadCommand::Retry { ids, all } => {
                     if ids.is_empty() && !all {
                         return Err("name the dead letters to retry, or --all".into());
                     }
-                    crate::admin::dead_retry(&config, &conn, &ids).await
+                    crate::command::admin::dead_retry(&config, &conn, &ids).await
                 }
                 DeadCommand::Drop { ids, all } => {
                     if ids.is_empty() && !all {
                         return Err("name the dead letters to drop, or --all".into());
                     }
-                    crate::admin::dead_drop(&config, &conn, &ids).await
+                    crate::command::admin::dead_drop(&config, &conn, &ids).await
                 }
             }
         }),
@@ -447,7 +455,7 @@ pub fn run(cli: Cli) -> ExitCode {
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };
-            match rt.block_on(crate::demo::run()) {
+            match rt.block_on(crate::command::demo::run()) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("keywatch demo: {e}");
@@ -465,8 +473,8 @@ pub fn run(cli: Cli) -> ExitCode {
                 Ok(l) => l,
                 Err(code) => return code,
             };
-            let key = crate::explain::key_bytes(&key);
-            let out = crate::explain::explain(&loaded.config, &key, event, db);
+            let key = crate::command::explain::key_bytes(&key);
+            let out = crate::command::explain::explain(&loaded.config, &key, event, db);
             print!("{}", out.text);
             if out.matched {
                 ExitCode::SUCCESS
@@ -488,7 +496,8 @@ where
         return ExitCode::from(1);
     };
     let result = rt.block_on(async {
-        let (config, conn) = crate::admin::open(&target.rules, target.redis.as_deref()).await?;
+        let (config, conn) =
+            crate::command::admin::open(&target.rules, target.redis.as_deref()).await?;
         f(config, conn).await
     });
     match result {

@@ -6,10 +6,17 @@ use std::sync::Arc;
 use chrono::Utc;
 
 use crate::config::{Channel, ChannelKind, Rule};
-use crate::job::{Action, Firing};
+use crate::firing::{Action, Firing};
 
-use super::http::{self, Answer, Request};
-use super::{Actions, Outcome, dingtalk, feishu, log, slack, webhook, wecom};
+use crate::action::http::{self, Answer, Request};
+use crate::action::{Actions, Outcome};
+
+pub mod dingtalk;
+pub mod feishu;
+pub mod log;
+pub mod slack;
+pub mod webhook;
+pub mod wecom;
 
 /// One event of a message (a digest has several).
 #[derive(Clone, Debug)]

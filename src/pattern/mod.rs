@@ -8,7 +8,9 @@
 //! leftmost scan for each literal decides it (see [`Shape`]). That is what the [`Matcher`] uses
 //! for every key, so the regex only runs for keys that matched.
 //!
-//! [`Matcher`]: crate::matcher::Matcher
+//! [`Matcher`]: crate::pattern::matcher::Matcher
+
+pub mod matcher;
 
 use std::fmt::Write as _;
 

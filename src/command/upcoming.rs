@@ -13,9 +13,9 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::Config;
-use crate::connect;
 use crate::event::EventKind;
 use crate::keyspace::Keyspace;
+use crate::keyspace::connect;
 use crate::metrics::Metrics;
 use crate::pattern::Pattern;
 use crate::source::ledger::Ledger;

@@ -7,7 +7,7 @@
 use redis::aio::MultiplexedConnection;
 
 use crate::config::{Config, Secret};
-use crate::connect;
+use crate::keyspace::connect;
 
 use super::info::Info;
 use super::report::Report;

@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::keyspace::Conn;
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Action, Firing};
+use crate::firing::{Action, Firing};
 
 mod writer;
 pub use writer::WriteError;

@@ -6,9 +6,9 @@ use serde_json::json;
 
 use crate::config::{Channel, ChatFormat, WeCom};
 
-use super::Outcome;
-use super::http::{Answer, Request};
-use super::notify::{Message, fit, json_headers, judge_errcode, with_keyword};
+use super::{Message, fit, json_headers, judge_errcode, with_keyword};
+use crate::action::Outcome;
+use crate::action::http::{Answer, Request};
 
 const TEXT_LIMIT: usize = 2_048;
 const MARKDOWN_LIMIT: usize = 4_096;

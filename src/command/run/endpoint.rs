@@ -11,8 +11,8 @@ use axum::response::{Html, IntoResponse};
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
+use crate::command::run::reload::{Cause, ReloadHandle};
 use crate::metrics::Metrics;
-use crate::reload::{Cause, ReloadHandle};
 use crate::source::ledger::Ledger;
 use crate::status::Status;
 
@@ -48,8 +48,14 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
 
 async fn status_page(State(s): State<Shared>) -> impl IntoResponse {
     let config = s.status.config();
-    let upcoming = crate::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
-    let page = crate::status_page::render(&s.status, &s.metrics, &upcoming, chrono::Utc::now());
+    let upcoming =
+        crate::command::run::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
+    let page = crate::command::run::status_page::render(
+        &s.status,
+        &s.metrics,
+        &upcoming,
+        chrono::Utc::now(),
+    );
     ([(header::CACHE_CONTROL, "no-store")], Html(page))
 }
 

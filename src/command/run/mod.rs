@@ -4,6 +4,10 @@
 //! senders let the engine drain and stop, after which delivery gets what is left of the
 //! [`SHUTDOWN_GRACE`] budget to finish attempts in flight.
 
+pub mod endpoint;
+pub mod reload;
+pub mod status_page;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,23 +18,22 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::action::Actions;
-use crate::claims::Claims;
 use crate::config::{self, Config, LiveConfig, Mode};
-use crate::connect;
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::engine::Engine;
+use crate::engine::claims::Claims;
+use crate::engine::silences;
 use crate::event::EventKind;
 use crate::keyspace::Keyspace;
+use crate::keyspace::connect;
 use crate::metrics::Metrics;
-use crate::reload::{self, Cause, ReloadHandle, Reloader};
-use crate::server;
-use crate::silences;
+use crate::source::cluster;
 use crate::source::flags;
 use crate::source::ledger::{self, Ledger};
 use crate::source::notifications::{self, Backoff};
 use crate::source::scanner::Scanner;
-use crate::source::topology;
 use crate::status::Status;
+use reload::{Cause, ReloadHandle, Reloader};
 
 /// Why `run` could not start (exit code 1), already worded for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -115,7 +118,7 @@ pub async fn run(
     }
     status.set_config(config.clone());
 
-    let listener = server::bind(opts.listen)
+    let listener = endpoint::bind(opts.listen)
         .await
         .map_err(|error| StartError::Listen {
             addr: opts.listen,
@@ -157,7 +160,7 @@ pub async fn run(
     ));
     let (subscriptions, wanted) = watch::channel(reload::subscriptions(&config));
     let subscriber = if keyspace.is_cluster() {
-        tokio::spawn(topology::follow(
+        tokio::spawn(cluster::follow(
             keyspace.clone(),
             wanted,
             tx,
@@ -242,9 +245,9 @@ pub async fn run(
         markers: Default::default(),
     };
     let engine = tokio::spawn(engine.run(rx));
-    let http = tokio::spawn(server::serve(
+    let http = tokio::spawn(endpoint::serve(
         listener,
-        server::Shared {
+        endpoint::Shared {
             metrics,
             status,
             ledger: Some(ledger),

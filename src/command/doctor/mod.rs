@@ -4,7 +4,7 @@
 //! reachability, server and version, replication role, cluster masters, `notify-keyspace-events`
 //! against what the rules need, the permission of every command keywatch sends, the keys with a
 //! TTL and the expiry backlog, and a sample count of each rule's keys. It connects the way `run`
-//! does ([`crate::connect`]) and changes nothing; secrets never reach its output (nodes are named
+//! does ([`crate::keyspace::connect`]) and changes nothing; secrets never reach its output (nodes are named
 //! `host:port`).
 //!
 //! - [`report`]: verdicts and their rendering (table or JSON).
@@ -25,7 +25,7 @@ use redis::AsyncConnectionConfig;
 use redis::aio::MultiplexedConnection;
 
 use crate::config::{Config, Notifications, Secret};
-use crate::connect;
+use crate::keyspace::connect;
 use crate::source::flags;
 
 use info::Info;

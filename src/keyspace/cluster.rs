@@ -4,7 +4,7 @@
 //! cluster bus, so keywatch must subscribe on every master, and find the new one after a
 //! failover or a reshard. [`discover`] asks any node it knows for `CLUSTER NODES` (every
 //! version has it; `CLUSTER SHARDS` is 7.0+ and says nothing more that keywatch needs);
-//! [`crate::source::topology`] follows the answer over time.
+//! [`crate::source::cluster`] follows the answer over time.
 
 use std::time::Duration;
 

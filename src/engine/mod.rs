@@ -5,16 +5,19 @@
 //! details are read in one pipeline per database, which is what keeps a mass expiry near the
 //! pace at which Redis publishes it.
 
+pub mod claims;
+pub mod detail;
+pub mod silences;
+
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::action::detail;
-use crate::claims::Claims;
 use crate::config::{Config, LiveConfig};
 use crate::delivery::Delivery;
+use crate::engine::claims::Claims;
 use crate::event::{EventKind, KeyEvent};
-use crate::job::Firing;
+use crate::firing::Firing;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 use crate::source::ledger::{self, Ledger, Note};
@@ -43,7 +46,7 @@ pub struct Engine {
     /// This process's name in claims.
     pub instance: String,
     /// Silences in force, kept current from Redis.
-    pub silenced: Arc<crate::silences::Active>,
+    pub silenced: Arc<crate::engine::silences::Active>,
     /// The ledger's markers, heard on which nodes (see [`ledger::Markers`]).
     pub markers: std::sync::Mutex<ledger::Markers>,
 }
@@ -310,7 +313,7 @@ struct FiringStage {
     metrics: Arc<Metrics>,
     claims: Claims,
     instance: String,
-    silenced: Arc<crate::silences::Active>,
+    silenced: Arc<crate::engine::silences::Active>,
 }
 
 /// A rule's index in the config and the captures of its pattern.

@@ -9,9 +9,9 @@ use serde_json::json;
 
 use crate::config::{Channel, ChatFormat, Feishu};
 
-use super::Outcome;
-use super::http::{self, Answer, Request};
-use super::notify::{Message, fit, hmac_sha256_b64, json_headers, with_keyword};
+use super::{Message, fit, hmac_sha256_b64, json_headers, with_keyword};
+use crate::action::Outcome;
+use crate::action::http::{self, Answer, Request};
 
 /// Feishu's body limit is 20 KB.
 const TEXT_LIMIT: usize = 18_000;

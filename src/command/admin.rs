@@ -8,11 +8,11 @@ use crate::keyspace::Conn;
 use chrono::Utc;
 
 use crate::config::{self, Config, Mode};
-use crate::connect;
-use crate::dead::DeadStore;
-use crate::job::rfc3339;
+use crate::delivery::dead::DeadStore;
+use crate::engine::silences::{self, Silence};
+use crate::firing::rfc3339;
+use crate::keyspace::connect;
 use crate::pattern::Pattern;
-use crate::silences::{self, Silence};
 
 /// The rules (for their state settings) and a connection to the state Redis.
 pub async fn open(paths: &[PathBuf], redis_flag: Option<&str>) -> Result<(Config, Conn), String> {
@@ -159,7 +159,7 @@ pub async fn dead_list(
     );
     for d in list {
         let action = match &d.action {
-            crate::job::Action::Notify { channel } => format!("notify:{channel}"),
+            crate::firing::Action::Notify { channel } => format!("notify:{channel}"),
             a => a.name().to_string(),
         };
         out.push_str(&format!(

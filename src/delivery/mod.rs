@@ -7,6 +7,11 @@
 //! Notifications wait for their channel's token bucket in their own task, so one slow or
 //! throttled channel never delays another.
 
+pub mod backlog;
+pub mod dead;
+pub mod queue;
+pub mod ratelimit;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -20,14 +25,14 @@ use tokio_util::task::TaskTracker;
 
 use crate::action::notify::{self, Message};
 use crate::action::{Actions, Outcome, actions_of};
-use crate::backlog::{Lane, Turn, Waiting};
 use crate::config::{Group, Rate};
-use crate::dead::{DeadLetter, DeadStore};
-use crate::job::{Action, Firing};
+use crate::delivery::backlog::{Lane, Turn, Waiting};
+use crate::delivery::dead::{DeadLetter, DeadStore};
+use crate::delivery::ratelimit::{Limiter, SharedBucket, TokenBucket};
+use crate::firing::{Action, Firing};
 use crate::metrics::Metrics;
-use crate::queue::{self, Job, Queue, Window};
-use crate::ratelimit::{Limiter, SharedBucket, TokenBucket};
 use crate::status::{self, Status};
+use queue::{Job, Queue, Window};
 
 /// How failed actions are retried.
 #[derive(Clone, Debug)]
@@ -490,7 +495,7 @@ impl Delivery {
                         inner.metrics.queue_pending.set(n);
                     }
                 }
-                if last_renew.elapsed() >= crate::queue::RENEW_EVERY {
+                if last_renew.elapsed() >= crate::delivery::queue::RENEW_EVERY {
                     last_renew = Instant::now();
                     let ids: Vec<String> = inflight(&inner).iter().cloned().collect();
                     if let Err(e) = queue.renew(&ids).await {

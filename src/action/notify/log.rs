@@ -2,8 +2,8 @@
 
 use crate::config::Channel;
 
-use super::Outcome;
-use super::notify::Message;
+use super::Message;
+use crate::action::Outcome;
 
 pub fn send(ch: &Channel, msg: &Message) -> Outcome {
     tracing::info!(target: "keywatch::alert", channel = %ch.name, rule = %msg.rule, event = %msg.event, count = msg.count, "{}: {}", msg.title, msg.text);

@@ -22,9 +22,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config, ConfigPublisher, LoadError, Mode, Severity};
-use crate::connect;
 use crate::event::EventKind;
 use crate::keyspace::Keyspace;
+use crate::keyspace::connect;
 use crate::metrics::Metrics;
 use crate::source::flags;
 use crate::source::ledger::{self, Ledger};

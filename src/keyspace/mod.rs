@@ -5,6 +5,10 @@
 //! `ClusterConnection` sends each per-key command to the master that owns the key, and SCAN
 //! and configuration checks, which concern one node, go to each master by direct connection.
 
+pub mod cluster;
+pub mod connect;
+pub mod local_server;
+
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -14,9 +18,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::{Mutex, Notify, OnceCell};
 
-use crate::cluster::{DiscoverError, Master};
 use crate::config::{RedisSettings, Secret};
-use crate::connect::{self, ConnectError};
+use crate::keyspace::cluster::{DiscoverError, Master};
+use connect::ConnectError;
 
 /// Per-key commands in flight at once on a cluster (see [`Conn::each`]).
 const CLUSTER_IN_FLIGHT: usize = 128;
@@ -107,7 +111,7 @@ struct Inner {
 struct Cluster {
     client: redis::cluster::ClusterClient,
     conn: OnceCell<ClusterConnection>,
-    /// The masters as last discovered ([`crate::source::topology`] keeps this current).
+    /// The masters as last discovered ([`crate::source::cluster`] keeps this current).
     masters: RwLock<Vec<Master>>,
     /// Every node address seen in the last discovery: asked after the seed, which may be gone.
     known: RwLock<Vec<String>>,
@@ -179,7 +183,7 @@ impl Keyspace {
 
     /// A client for the node at `addr` (`host:port`), with the URL's credentials and TLS.
     pub fn client_for(&self, addr: &str) -> Result<redis::Client, ConnectError> {
-        let at = crate::cluster::host_port(addr)
+        let at = crate::keyspace::cluster::host_port(addr)
             .ok_or_else(|| ConnectError::BadUrl(format!("`{addr}` is not host:port")))?;
         connect::client_at(&self.inner.url, &self.inner.settings, 0, Some(at)).map(|(c, _)| c)
     }
@@ -271,7 +275,7 @@ impl Keyspace {
                 clients.push((addr, c));
             }
         }
-        let view = crate::cluster::discover(&clients).await?;
+        let view = crate::keyspace::cluster::discover(&clients).await?;
         cluster
             .nodes
             .lock()
@@ -300,7 +304,7 @@ impl Keyspace {
 
 /// Where keywatch keeps its own state: `state.url` (always a single node), or the watched Redis
 /// (through the cluster connection on a cluster: the state keys share one hash tag, see
-/// [`crate::cluster::tagged_prefix`]). The error is worded for the operator.
+/// [`crate::keyspace::cluster::tagged_prefix`]). The error is worded for the operator.
 pub async fn state_conn(
     state_url: Option<&Secret>,
     settings: &RedisSettings,

@@ -7,9 +7,9 @@ use serde_json::json;
 
 use crate::config::{Channel, ChatFormat, DingTalk};
 
-use super::Outcome;
-use super::http::{Answer, Request};
-use super::notify::{Message, fit, hmac_sha256_b64, json_headers, judge_errcode, with_keyword};
+use super::{Message, fit, hmac_sha256_b64, json_headers, judge_errcode, with_keyword};
+use crate::action::Outcome;
+use crate::action::http::{Answer, Request};
 
 /// DingTalk rejects bodies over 20,000 bytes (errcode 460101); leave room for the JSON around.
 const TEXT_LIMIT: usize = 18_000;

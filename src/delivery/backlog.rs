@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Rate;
-use crate::job::Firing;
-use crate::ratelimit::Limiter;
+use crate::delivery::ratelimit::Limiter;
+use crate::firing::Firing;
 
 /// The longest a notification should wait for its channel's rate before it is merged.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);

@@ -221,7 +221,7 @@ pub fn render(
                     .as_deref()
                     .map(|p| format!("keys {}", esc(p)))
                     .unwrap_or_else(|| "all keys".into()),
-                esc(&crate::job::rfc3339(s.until)),
+                esc(&crate::firing::rfc3339(s.until)),
                 esc(&s.comment),
                 esc(&s.id)
             ));
@@ -265,7 +265,7 @@ fn rules(h: &mut String, status: &Status, config: Option<&Config>) {
         let mut channels: Vec<String> = Vec::new();
         for a in actions_of(rule) {
             match a {
-                crate::job::Action::Notify { channel } => channels.push(channel),
+                crate::firing::Action::Notify { channel } => channels.push(channel),
                 other => actions.push(other.name().to_string()),
             }
         }

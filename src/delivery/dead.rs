@@ -6,7 +6,7 @@ use crate::keyspace::Conn;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Action, Firing};
+use crate::firing::{Action, Firing};
 
 /// How many dead letters are kept; beyond that the oldest go (and the log still has them).
 pub const KEEP: usize = 10_000;
