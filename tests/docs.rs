@@ -1,6 +1,6 @@
-//! The documentation stays true to the binary: the example rules in `rules/` (English and
-//! Chinese) pass `check`, and the Chinese README covers every rule field, channel type and
-//! command that the English one does.
+//! The documentation stays true to the binary and to itself: the example rules in `rules/`
+//! (English and Chinese) pass `check`; both READMEs name every rule field and channel type of the
+//! rule reference (`docs/rules.md`), and the Chinese one every command the English one shows.
 
 mod common;
 
@@ -42,12 +42,12 @@ fn the_example_rules_pass_check() {
     );
 }
 
-/// The first column of the table rows of `section` in `readme` (`| `name` | ... |`).
-fn table_names(readme: &str, heading: &str) -> Vec<String> {
-    let start = readme
+/// The first column of the table rows of the section `heading` in `doc` (`| `name` | ... |`).
+fn table_names(doc: &str, heading: &str) -> Vec<String> {
+    let start = doc
         .find(heading)
         .unwrap_or_else(|| panic!("no {heading:?}"));
-    readme[start..]
+    doc[start..]
         .lines()
         .skip(1)
         .skip_while(|l| !l.starts_with('|'))
@@ -58,20 +58,29 @@ fn table_names(readme: &str, heading: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `text` has `name` in code: a backtick, the name, then no more of a name
+/// (`` `warn_before: 7d` `` names `warn_before`, `` `oncall` `` does not name `on`).
+fn names(text: &str, name: &str) -> bool {
+    text.match_indices(&format!("`{name}")).any(|(i, m)| {
+        !text[i + m.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
 #[test]
-fn the_chinese_readme_covers_what_the_english_one_does() {
+fn both_readmes_name_every_rule_field_channel_type_and_command() {
+    let reference = read("docs/rules.md");
     let en = read("README.md");
     let zh = read("README.zh-CN.md");
-    let fields = table_names(&en, "### Rule fields");
-    let types = table_names(&en, "### Channels");
+    let fields = table_names(&reference, "## Rule fields");
+    let types = table_names(&reference, "## Channels");
     assert!(
         fields.len() >= 10 && types.len() >= 6,
         "{fields:?} {types:?}"
     );
-    let zh_fields = table_names(&zh, "### 规则字段");
-    let zh_types = table_names(&zh, "### 渠道");
-    assert_eq!(zh_fields, fields, "rule fields differ between the READMEs");
-    assert_eq!(zh_types, types, "channel types differ between the READMEs");
+    for name in fields.iter().chain(&types) {
+        assert!(names(&en, name), "README.md does not name `{name}`");
+        assert!(names(&zh, name), "README.zh-CN.md does not name `{name}`");
+    }
     for command in [
         "keywatch run",
         "keywatch check",
@@ -80,6 +89,7 @@ fn the_chinese_readme_covers_what_the_english_one_does() {
         "keywatch demo",
         "keywatch completions",
         "cargo run --release -- demo",
+        "./.ci/run",
         "cargo test",
     ] {
         if en.contains(command) {
