@@ -1,6 +1,6 @@
-//! keywatch under exactly the least-privilege user README documents: an expiry reaches a webhook
-//! with the deadline the ledger learnt, a cleanup deletes and `HDEL`s, and Redis refused nothing
-//! (`ACL LOG` stays empty).
+//! keywatch under exactly the least-privilege user docs/redis.md documents: an expiry reaches a
+//! webhook with the deadline the ledger learnt, a cleanup deletes and `HDEL`s, and Redis refused
+//! nothing (`ACL LOG` stays empty).
 
 mod common;
 mod support;
@@ -11,7 +11,7 @@ use support::{PATIENCE, SUBSCRIBED, set_px};
 const PASSWORD: &str = "kw-Acl-pass";
 
 /// `ACL LOG` entries, but for redis-rs naming its connections (`CLIENT SETINFO`, Redis ≥ 7.2):
-/// it ignores a refusal, and Redis 7.0 cannot even grant it (README says so).
+/// it ignores a refusal, and Redis 7.0 cannot even grant it (docs/redis.md says so).
 fn acl_refusals(redis: &RedisServer) -> Vec<String> {
     let log: Vec<redis::Value> = redis::cmd("ACL")
         .arg("LOG")

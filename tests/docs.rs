@@ -1,6 +1,7 @@
-//! The documentation stays true to the binary: the example rules in `rules/` (English and
-//! Chinese) pass `check`, and the Chinese README covers every rule field, channel type and
-//! command that the English one does.
+//! The documentation stays true to the binary and to itself: the example rules in `rules/`
+//! (English and Chinese) pass `check`; both READMEs name every rule field and channel type of the
+//! rule reference (`docs/rules.md`), and the Chinese one every command the English one shows; every
+//! relative link of the READMEs and `docs/` leads to a file and heading that exist.
 
 mod common;
 
@@ -42,12 +43,12 @@ fn the_example_rules_pass_check() {
     );
 }
 
-/// The first column of the table rows of `section` in `readme` (`| `name` | ... |`).
-fn table_names(readme: &str, heading: &str) -> Vec<String> {
-    let start = readme
+/// The first column of the table rows of the section `heading` in `doc` (`| `name` | ... |`).
+fn table_names(doc: &str, heading: &str) -> Vec<String> {
+    let start = doc
         .find(heading)
         .unwrap_or_else(|| panic!("no {heading:?}"));
-    readme[start..]
+    doc[start..]
         .lines()
         .skip(1)
         .skip_while(|l| !l.starts_with('|'))
@@ -58,20 +59,29 @@ fn table_names(readme: &str, heading: &str) -> Vec<String> {
         .collect()
 }
 
+/// Whether `text` has `name` in code: a backtick, the name, then no more of a name
+/// (`` `warn_before: 7d` `` names `warn_before`, `` `oncall` `` does not name `on`).
+fn names(text: &str, name: &str) -> bool {
+    text.match_indices(&format!("`{name}")).any(|(i, m)| {
+        !text[i + m.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
 #[test]
-fn the_chinese_readme_covers_what_the_english_one_does() {
+fn both_readmes_name_every_rule_field_channel_type_and_command() {
+    let reference = read("docs/rules.md");
     let en = read("README.md");
     let zh = read("README.zh-CN.md");
-    let fields = table_names(&en, "### Rule fields");
-    let types = table_names(&en, "### Channels");
+    let fields = table_names(&reference, "## Rule fields");
+    let types = table_names(&reference, "## Channels");
     assert!(
         fields.len() >= 10 && types.len() >= 6,
         "{fields:?} {types:?}"
     );
-    let zh_fields = table_names(&zh, "### 规则字段");
-    let zh_types = table_names(&zh, "### 渠道");
-    assert_eq!(zh_fields, fields, "rule fields differ between the READMEs");
-    assert_eq!(zh_types, types, "channel types differ between the READMEs");
+    for name in fields.iter().chain(&types) {
+        assert!(names(&en, name), "README.md does not name `{name}`");
+        assert!(names(&zh, name), "README.zh-CN.md does not name `{name}`");
+    }
     for command in [
         "keywatch run",
         "keywatch check",
@@ -80,10 +90,115 @@ fn the_chinese_readme_covers_what_the_english_one_does() {
         "keywatch demo",
         "keywatch completions",
         "cargo run --release -- demo",
+        "./.ci/run",
         "cargo test",
     ] {
         if en.contains(command) {
             assert!(zh.contains(command), "README.zh-CN.md lacks `{command}`");
         }
     }
+}
+
+/// GitHub's anchor for a heading: lowercase, punctuation but `-` and `_` dropped, spaces as `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|&c| c.is_alphanumeric() || c == '-' || c == '_' || c == ' ')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of the headings of a Markdown file, outside code blocks; a repeated heading gets
+/// `-1`, `-2`, … as on GitHub.
+fn anchors(markdown: &str) -> Vec<String> {
+    let mut bases: Vec<String> = Vec::new();
+    let mut anchors = Vec::new();
+    for line in prose_lines(markdown) {
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        let base = slug(heading.trim_start_matches('#'));
+        let repeats = bases.iter().filter(|b| **b == base).count();
+        anchors.push(match repeats {
+            0 => base.clone(),
+            n => format!("{base}-{n}"),
+        });
+        bases.push(base);
+    }
+    anchors
+}
+
+/// The lines of a Markdown file outside fenced code blocks.
+fn prose_lines(markdown: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    markdown.lines().filter(move |l| {
+        if l.trim_start().starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
+/// The targets of the inline links `[text](target)` of a Markdown file, outside code.
+fn link_targets(markdown: &str) -> Vec<String> {
+    let mut targets = Vec::new();
+    for line in prose_lines(markdown) {
+        // Code spans hold `[...]` and `(...)` that are not links.
+        let text: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            if let Some(end) = rest.find(')') {
+                targets.push(rest[..end].to_string());
+                rest = &rest[end..];
+            }
+        }
+    }
+    targets
+}
+
+#[test]
+fn every_relative_link_points_at_a_file_and_heading_that_exist() {
+    let mut documents = vec![repo().join("README.md"), repo().join("README.zh-CN.md")];
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .expect("read docs/")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() >= 5, "docs/ holds the manual: {pages:?}");
+    documents.extend(pages);
+    let mut broken = Vec::new();
+    for document in &documents {
+        let text = std::fs::read_to_string(document).unwrap();
+        let name = document.strip_prefix(repo()).unwrap().display().to_string();
+        for target in link_targets(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let file = if path.is_empty() {
+                document.clone()
+            } else {
+                document.parent().unwrap().join(path)
+            };
+            if !file.exists() {
+                broken.push(format!("{name}: ({target}): no file {}", file.display()));
+                continue;
+            }
+            if anchor.is_empty() {
+                continue;
+            }
+            let headings = anchors(&std::fs::read_to_string(&file).unwrap_or_default());
+            if !headings.iter().any(|h| h == anchor) {
+                broken.push(format!(
+                    "{name}: ({target}): no heading #{anchor} in {path}; there are {headings:?}"
+                ));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }

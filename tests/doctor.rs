@@ -57,7 +57,7 @@ fn code(out: &Output) -> Option<i32> {
     out.status.code()
 }
 
-/// The ACL lines of README's least-privilege section, `PASSWORD` replaced.
+/// The ACL lines of the least-privilege section of docs/redis.md, `PASSWORD` replaced.
 fn documented_acl(password: &str) -> Vec<Vec<String>> {
     support::documented_acl_lines()
         .into_iter()

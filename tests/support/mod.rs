@@ -318,16 +318,17 @@ pub fn metric(body: &str, prefix: &str) -> f64 {
         .sum()
 }
 
-/// The `ACL SETUSER keywatch …` lines of README's least-privilege section, in order: the line
-/// every deployment needs, then the one that adds cleanup. Tests run keywatch and doctor under
-/// exactly these, so README and reality cannot drift apart.
+/// The `ACL SETUSER keywatch …` lines of the least-privilege section of `docs/redis.md`, in
+/// order: the line every deployment needs, then the one that adds cleanup. Tests run keywatch and
+/// doctor under exactly these, so the documentation and reality cannot drift apart.
 pub fn documented_acl_lines() -> Vec<String> {
-    let readme =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-            .expect("read README.md");
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/redis.md"),
+    )
+    .expect("read docs/redis.md");
     let start = readme
-        .find("### Least-privilege ACL")
-        .expect("README.md has a `### Least-privilege ACL` section");
+        .find("## Least-privilege ACL")
+        .expect("docs/redis.md has a `## Least-privilege ACL` section");
     let section = &readme[start..];
     let end = section[4..].find("\n#").map_or(section.len(), |e| e + 4);
     let lines: Vec<String> = section[..end]
@@ -338,7 +339,7 @@ pub fn documented_acl_lines() -> Vec<String> {
     assert_eq!(
         lines.len(),
         2,
-        "README's ACL section should have the base line and the cleanup line: {lines:?}"
+        "the ACL section of docs/redis.md should have the base line and the cleanup line: {lines:?}"
     );
     lines
 }
