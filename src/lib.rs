@@ -51,6 +51,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod action;
+pub mod channel;
 pub mod command;
 pub mod config;
 pub mod delivery;
@@ -59,8 +60,10 @@ pub mod event;
 pub mod firing;
 pub mod keyspace;
 pub mod metrics;
+pub mod outcome;
 pub mod pattern;
 pub mod proc_stats;
 pub mod source;
 pub mod status;
 pub mod template;
+pub mod yaml;

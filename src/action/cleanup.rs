@@ -6,8 +6,9 @@
 use crate::config::{CleanupStep, Rule};
 use crate::firing::Firing;
 
-use super::{Actions, Outcome};
+use super::Actions;
 use crate::keyspace::Conn;
+use crate::outcome::Outcome;
 
 /// Keys asked per SCAN call: large enough to walk a big keyspace in few round trips, small
 /// enough to keep each call short for other clients.

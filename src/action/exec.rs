@@ -10,7 +10,8 @@ use tokio::io::AsyncReadExt;
 use crate::config::{ExecStep, Rule};
 use crate::firing::Firing;
 
-use super::{Actions, Outcome};
+use super::Actions;
+use crate::outcome::Outcome;
 
 /// Output kept for the log, per stream.
 const KEEP: usize = 4096;

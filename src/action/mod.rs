@@ -1,46 +1,21 @@
 //! What rules do: `reload`, `exec`, `cleanup` and `notify`, each attempt ending in an [`Outcome`].
 //!
-//! One small module per integration behind one entry point, [`Actions::run`]; whether to retry
-//! is decided by the integration (it knows that DingTalk's HTTP 200 with `errcode` 130101 is a
-//! rate limit), when to retry by the delivery stage.
+//! One small module per action behind one entry point, [`Actions::run`]; `notify` sends through
+//! the channel integrations of [`crate::channel`]. Whether to retry is decided by the action or
+//! integration (it knows that DingTalk's HTTP 200 with `errcode` 130101 is a rate limit), when to
+//! retry by the delivery stage.
 
 pub mod cleanup;
 pub mod exec;
-pub mod http;
 pub mod notify;
 pub mod reload;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::config::{Config, LiveConfig};
 use crate::firing::{Action, Firing};
 use crate::keyspace::Keyspace;
-
-/// How one attempt went.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Done; the text says what the target answered (for logs and `send-test`).
-    Sent(String),
-    /// Worth trying again, after `after` when the target said so (`Retry-After`).
-    Retry {
-        reason: String,
-        after: Option<Duration>,
-    },
-    /// Will never work as configured (bad signature, unknown webhook): dead-letter it now.
-    Failed(String),
-}
-
-impl Outcome {
-    /// The `outcome` label of `keywatch_actions_total`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Sent(_) => "sent",
-            Outcome::Retry { .. } => "retry",
-            Outcome::Failed(_) => "failed",
-        }
-    }
-}
+use crate::outcome::Outcome;
 
 /// What every action needs: the rules, an HTTP client, and the watched Redis.
 #[derive(Clone)]

@@ -4,8 +4,9 @@
 use crate::config::{ReloadStep, Rule};
 use crate::firing::{Action, Firing};
 
-use super::http::{self, Request};
-use super::{Actions, Outcome};
+use super::Actions;
+use crate::channel::http::{self, Request};
+use crate::outcome::Outcome;
 
 pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &ReloadStep) -> Outcome {
     match request(a, f, step) {

@@ -61,7 +61,7 @@ pub async fn silence_add(
         let names: Vec<&str> = config.rules.iter().map(|r| r.name.as_str()).collect();
         return Err(format!(
             "no rule `{rule}` in the rules{}",
-            config::diagnostic::did_you_mean(rule, names.iter().copied())
+            crate::yaml::diagnostic::did_you_mean(rule, names.iter().copied())
         ));
     }
     if let Some(p) = pattern {

@@ -8,7 +8,7 @@ use std::fmt::Write;
 
 use chrono::Utc;
 
-use crate::config::{ChannelKind, Config, DetailSource, Rule};
+use crate::config::{Config, DetailSource, Rule};
 use crate::event::{EventKind, KeyEvent};
 use crate::template::{Context, TemplateId};
 
@@ -240,15 +240,12 @@ fn explain_rule(
             let Some(ch) = config.channel(name) else {
                 continue;
             };
-            let target = match &ch.kind {
-                ChannelKind::Log => "the log".to_string(),
-                k => k.url().map(|u| u.redacted_url()).unwrap_or_default(),
-            };
+            let target = ch.integration.target();
             let rate = ch.rate.map(|r| format!(", rate {r}")).unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  5. notify {name} ({} → {target}{rate})",
-                ch.kind.type_name()
+                ch.kind.name
             );
             let escape = ch.escape();
             if let Some(id) = n.title.get(escape) {

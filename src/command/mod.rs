@@ -204,7 +204,7 @@ pub struct StateArgs {
 }
 
 fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
-    crate::config::decode::parse_duration(s)
+    crate::yaml::decode::parse_duration(s)
         .filter(|d| !d.is_zero())
         .ok_or_else(|| format!("`{s}` is not a duration; write e.g. `30m`, `2h` or `7d`"))
 }

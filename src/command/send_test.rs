@@ -4,10 +4,10 @@
 
 use chrono::Utc;
 
-use crate::action::notify::{self, Item, Message};
-use crate::action::{Outcome, http};
+use crate::channel::{self, Item, Message, http};
 use crate::config::Config;
 use crate::firing::rfc3339;
+use crate::outcome::Outcome;
 
 pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
     let Some(ch) = config.channel(channel) else {
@@ -39,23 +39,19 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
         idempotency_key: format!("send-test:{}", now.timestamp_millis()),
         custom_body: None,
     };
-    let target = ch
-        .kind
-        .url()
-        .map(|u| u.redacted_url())
-        .unwrap_or_else(|| "the log".into());
-    match notify::send(&http::client(), ch, &msg).await {
+    let target = ch.integration.target();
+    match channel::send(&http::client(), ch, &msg).await {
         Outcome::Sent(answer) => Ok(format!(
             "sent to {channel} ({} → {target}): {answer}",
-            ch.kind.type_name()
+            ch.kind.name
         )),
         Outcome::Retry { reason, .. } => Err(format!(
             "not sent to {channel} ({} → {target}): {reason} (keywatch would retry this)",
-            ch.kind.type_name()
+            ch.kind.name
         )),
         Outcome::Failed(reason) => Err(format!(
             "not sent to {channel} ({} → {target}): {reason} (keywatch would not retry this: fix the channel)",
-            ch.kind.type_name()
+            ch.kind.name
         )),
     }
 }

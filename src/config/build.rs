@@ -12,12 +12,12 @@ use crate::pattern::Pattern;
 use crate::pattern::matcher::Matcher;
 use crate::template::{CONTEXT_NAMES, Context, Escape, TemplateId, TemplateSet};
 
-use super::channels::{ChannelDraft, check_http_url};
-use super::decode::{Decoder, Text};
-use super::diagnostic::did_you_mean;
 use super::model::*;
 use super::rules::{PatternSrc, RuleDraft};
 use super::sections::{RedisDraft, ScannerDraft, StateDraft};
+use crate::channel::{Channel, ChannelDraft, check_http_url};
+use crate::yaml::decode::{Decoder, Text};
+use crate::yaml::diagnostic::did_you_mean;
 
 /// Everything read from all files, before meaning is checked.
 #[derive(Default)]
@@ -56,7 +56,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
 
     let mut channels = Vec::new();
     for ChannelDraft { mut channel, body } in drafts.channels {
-        if let (ChannelKind::Webhook(w), Some(body)) = (&mut channel.kind, body) {
+        if let Some(body) = body {
             let check = TemplateCheck {
                 rule: "send-test",
                 captures: &[],
@@ -66,7 +66,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
                 has_detail: false,
                 has_group: false,
             };
-            w.body = compile(
+            channel.body = compile(
                 d,
                 &mut templates,
                 &body,
@@ -386,7 +386,7 @@ fn build_rule(
                     &String::from_utf8_lossy(&bytes),
                     &rd.url.loc,
                     &format!("{what} `reload.url`"),
-                    "reload",
+                    "https://example.com/reload",
                 );
             }
         }

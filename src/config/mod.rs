@@ -1,32 +1,27 @@
 //! Rule files → a validated [`Config`].
 //!
 //! Loading reads every file, parses YAML into a spanned tree ([`yaml`]), decodes each section
-//! into drafts while collecting every problem ([`decode`], [`sections`], [`channels`],
+//! into drafts while collecting every problem ([`crate::yaml::decode`], [`sections`], [`crate::channel`],
 //! [`rules`]), then checks meaning across files and compiles patterns, templates and the
 //! matcher ([`build`]). Nothing stops at the first problem.
 
 pub mod build;
-pub mod channels;
-pub mod decode;
-pub mod diagnostic;
-pub mod env;
 pub mod live;
 pub mod model;
 pub mod rules;
 pub mod sections;
-pub mod yaml;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use decode::Mode;
-pub use diagnostic::{Diagnostic, Loc, Severity};
+pub use crate::yaml::decode::Mode;
+pub use crate::yaml::diagnostic::{Diagnostic, Loc, Severity};
 pub use live::{ConfigPublisher, LiveConfig};
 pub use model::*;
 
-use decode::Decoder;
-use diagnostic::Diagnostics;
-use yaml::{Kind, Node};
+use crate::yaml::decode::Decoder;
+use crate::yaml::diagnostic::Diagnostics;
+use crate::yaml::{Kind, Node};
 
 /// Why loading failed.
 #[derive(Debug, thiserror::Error)]
@@ -126,13 +121,13 @@ pub fn load_texts(
 ) -> Result<Loaded, LoadError> {
     let mut diags = Diagnostics::default();
     let mut drafts = build::Drafts::default();
-    let mut channel_names: Vec<decode::Spanned<String>> = Vec::new();
+    let mut channel_names: Vec<crate::yaml::decode::Spanned<String>> = Vec::new();
     let config = {
         let mut d = Decoder::new(&mut diags, mode, env);
         for (path, text) in files.iter().zip(texts) {
             let file: Arc<Path> = Arc::from(path.as_path());
             let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-            for doc in yaml::parse(&file, text, d.diags) {
+            for doc in crate::yaml::parse(&file, text, d.diags) {
                 decode_document(&mut d, &doc, &base, &mut drafts, &mut channel_names);
             }
         }
@@ -156,7 +151,7 @@ fn decode_document(
     doc: &Node,
     base: &Path,
     drafts: &mut build::Drafts,
-    channel_names: &mut Vec<decode::Spanned<String>>,
+    channel_names: &mut Vec<crate::yaml::decode::Spanned<String>>,
 ) {
     if matches!(doc.kind, Kind::Null) {
         return;
@@ -171,7 +166,7 @@ fn decode_document(
         sections::decode_state(d, n, &mut drafts.state);
     }
     if let Some(n) = m.get("channels") {
-        channels::decode_channels(d, n, base, &mut drafts.channels, channel_names);
+        crate::channel::decode_channels(d, n, base, &mut drafts.channels, channel_names);
     }
     if let Some(n) = m.get("rules") {
         rules::decode_rules(d, n, &mut drafts.rules);

@@ -4,7 +4,6 @@
 //! never re-validates: a `Rule` always has a compiled pattern, a known channel list and templates
 //! that rendered once against the rule's captures.
 
-use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -13,49 +12,9 @@ use crate::pattern::Pattern;
 use crate::pattern::matcher::Matcher;
 use crate::template::{Escape, TemplateId, TemplateSet};
 
-use super::diagnostic::Loc;
-
-/// A value that must never reach a log, `explain`, `doctor` or an error message.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(s: impl Into<String>) -> Secret {
-        Secret(s.into())
-    }
-
-    /// The real value, for the one place that sends it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// A URL with everything that can carry a credential hidden: user info, path, query.
-    /// `https://oapi.dingtalk.com/robot/send?access_token=…` → `https://oapi.dingtalk.com/<secret>`.
-    pub fn redacted_url(&self) -> String {
-        match url::Url::parse(&self.0) {
-            Ok(u) => match u.host_str() {
-                Some(h) => match u.port() {
-                    Some(p) => format!("{}://{h}:{p}/<secret>", u.scheme()),
-                    None => format!("{}://{h}/<secret>", u.scheme()),
-                },
-                None => "<secret>".into(),
-            },
-            Err(_) => "<secret>".into(),
-        }
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<secret>")
-    }
-}
-
-impl fmt::Display for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<secret>")
-    }
-}
+pub use crate::channel::{Channel, Rate};
+pub use crate::yaml::Secret;
+use crate::yaml::diagnostic::Loc;
 
 /// Everything loaded from the rule files.
 pub struct Config {
@@ -197,157 +156,6 @@ pub struct ScannerSettings {
     pub schedule: Schedule,
     pub timezone: chrono_tz::Tz,
     pub max_keys_per_second: u64,
-}
-
-/// A token bucket: up to `burst` at once, refilled evenly over `per`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rate {
-    pub burst: u32,
-    pub per: Duration,
-}
-
-impl fmt::Display for Rate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.burst, humantime::format_duration(self.per))
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct Channel {
-    pub name: String,
-    pub loc: Loc,
-    pub kind: ChannelKind,
-    /// `None`: no limit (webhooks and the log).
-    pub rate: Option<Rate>,
-    pub timeout: Duration,
-    /// Put in every message, for robots with keyword security.
-    pub keyword: Option<String>,
-}
-
-impl Channel {
-    /// How values are escaped in this channel's messages.
-    pub fn escape(&self) -> Escape {
-        self.kind.escape()
-    }
-}
-
-#[derive(Clone, Debug)]
-pub enum ChannelKind {
-    DingTalk(DingTalk),
-    Slack(Slack),
-    Feishu(Feishu),
-    WeCom(WeCom),
-    Webhook(Webhook),
-    Log,
-}
-
-impl ChannelKind {
-    pub fn type_name(&self) -> &'static str {
-        match self {
-            ChannelKind::DingTalk(_) => "dingtalk",
-            ChannelKind::Slack(_) => "slack",
-            ChannelKind::Feishu(_) => "feishu",
-            ChannelKind::WeCom(_) => "wecom",
-            ChannelKind::Webhook(_) => "webhook",
-            ChannelKind::Log => "log",
-        }
-    }
-
-    pub fn escape(&self) -> Escape {
-        match self {
-            ChannelKind::DingTalk(c) => c.msgtype.escape(),
-            ChannelKind::Feishu(c) => c.msgtype.escape(),
-            ChannelKind::WeCom(c) => c.msgtype.escape(),
-            ChannelKind::Slack(_) => Escape::Slack,
-            ChannelKind::Webhook(_) | ChannelKind::Log => Escape::Raw,
-        }
-    }
-
-    /// The secret URL, for channels that have one.
-    pub fn url(&self) -> Option<&Secret> {
-        match self {
-            ChannelKind::DingTalk(c) => Some(&c.url),
-            ChannelKind::Slack(c) => Some(&c.url),
-            ChannelKind::Feishu(c) => Some(&c.url),
-            ChannelKind::WeCom(c) => Some(&c.url),
-            ChannelKind::Webhook(c) => Some(&c.url),
-            ChannelKind::Log => None,
-        }
-    }
-}
-
-/// Text or Markdown messages for the chat robots that offer both.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChatFormat {
-    Text,
-    Markdown,
-}
-
-impl ChatFormat {
-    pub fn escape(self) -> Escape {
-        match self {
-            ChatFormat::Text => Escape::Text,
-            ChatFormat::Markdown => Escape::Markdown,
-        }
-    }
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Mention {
-    pub mobiles: Vec<String>,
-    pub user_ids: Vec<String>,
-    pub all: bool,
-}
-
-impl Mention {
-    pub fn is_empty(&self) -> bool {
-        self.mobiles.is_empty() && self.user_ids.is_empty() && !self.all
-    }
-}
-
-#[derive(Clone, Debug)]
-pub struct DingTalk {
-    pub url: Secret,
-    pub secret: Option<Secret>,
-    pub mention: Mention,
-    pub msgtype: ChatFormat,
-}
-
-#[derive(Clone, Debug)]
-pub struct Slack {
-    pub url: Secret,
-}
-
-#[derive(Clone, Debug)]
-pub struct Feishu {
-    pub url: Secret,
-    pub secret: Option<Secret>,
-    pub mention: Mention,
-    pub msgtype: ChatFormat,
-}
-
-#[derive(Clone, Debug)]
-pub struct WeCom {
-    pub url: Secret,
-    pub mention: Mention,
-    pub msgtype: ChatFormat,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WebhookFormat {
-    /// The event JSON of SPEC §4.
-    Keywatch,
-    /// Alertmanager's version-4 webhook JSON, so existing bridges work unchanged.
-    Alertmanager,
-}
-
-#[derive(Clone, Debug)]
-pub struct Webhook {
-    pub url: Secret,
-    pub headers: Vec<(String, Secret)>,
-    pub format: WebhookFormat,
-    /// A custom body template instead of the JSON of `format`.
-    pub body: Option<TemplateId>,
 }
 
 #[derive(Clone, Debug)]

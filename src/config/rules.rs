@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use crate::event::EventKind;
 
-use super::decode::{Decoder, Spanned, Text};
-use super::diagnostic::{Loc, did_you_mean};
 use super::model::Group;
-use super::yaml::Node;
+use crate::yaml::Node;
+use crate::yaml::decode::{Decoder, Spanned, Text};
+use crate::yaml::diagnostic::{Loc, did_you_mean};
 
 pub enum PatternSrc {
     Match(Text),
@@ -165,7 +165,7 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
                     }
                 }
             }
-            if on.is_empty() && matches!(n.kind, super::yaml::Kind::Seq(ref v) if v.is_empty()) {
+            if on.is_empty() && matches!(n.kind, crate::yaml::Kind::Seq(ref v) if v.is_empty()) {
                 d.error(&n.loc, format!("{what}: `on` lists no event"));
             }
         }
@@ -327,7 +327,7 @@ fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft
     let mut m = d.map(node, &what)?;
     let command: Vec<Text> = match m.require(d, "command") {
         Some(n) => match &n.kind {
-            super::yaml::Kind::Seq(items) => items
+            crate::yaml::Kind::Seq(items) => items
                 .iter()
                 .filter_map(|i| d.text(i, &format!("{what} `command`")))
                 .collect(),

@@ -6,10 +6,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::decode::{Decoder, Text};
-use super::diagnostic::Loc;
 use super::model::{Notifications, Schedule, TlsFiles};
-use super::yaml::Node;
+use crate::yaml::Node;
+use crate::yaml::decode::{Decoder, Text};
+use crate::yaml::diagnostic::Loc;
 
 /// One field of a singleton section, with where it was set.
 #[derive(Clone, Debug)]
@@ -258,7 +258,7 @@ pub fn decode_scanner(d: &mut Decoder<'_>, node: &Node, into: &mut ScannerDraft)
 pub fn parse_schedule(d: &mut Decoder<'_>, t: &Text) -> Option<(String, Schedule)> {
     let s = t.value.trim();
     if let Some(rest) = s.strip_prefix("@every") {
-        return match super::decode::parse_duration(rest) {
+        return match crate::yaml::decode::parse_duration(rest) {
             Some(every) if every >= Duration::from_secs(1) => {
                 Some((s.to_string(), Schedule::Every(every)))
             }

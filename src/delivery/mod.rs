@@ -23,14 +23,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::action::notify::{self, Message};
-use crate::action::{Actions, Outcome, actions_of};
+use crate::action::notify;
+use crate::action::{Actions, actions_of};
+use crate::channel::{self, Message};
 use crate::config::{Group, Rate};
 use crate::delivery::backlog::{Lane, Turn, Waiting};
 use crate::delivery::dead::{DeadLetter, DeadStore};
 use crate::delivery::ratelimit::{Limiter, SharedBucket, TokenBucket};
 use crate::firing::{Action, Firing};
 use crate::metrics::Metrics;
+use crate::outcome::Outcome;
 use crate::status::{self, Status};
 use queue::{Job, Queue, Window};
 
@@ -814,7 +816,7 @@ async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
         Work::Digest {
             channel, message, ..
         } => match inner.actions.refreshed().config.channel(channel) {
-            Some(ch) => notify::send(&inner.actions.http, ch, message).await,
+            Some(ch) => channel::send(&inner.actions.http, ch, message).await,
             None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
         },
     };

@@ -181,7 +181,7 @@ pub async fn run(
 
     let actions = Actions::new(
         live.clone(),
-        crate::action::http::client(),
+        crate::channel::http::client(),
         keyspace.clone(),
     );
     let delivery = Delivery::new(

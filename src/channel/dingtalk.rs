@@ -2,14 +2,84 @@
 //! `text` or `markdown`, `at` mentions backed by `@mobile` tokens in the text (DingTalk only
 //! mentions people whose token is in the content), and `errcode` checked in the HTTP 200 body.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::config::{Channel, ChatFormat, DingTalk};
+use crate::outcome::Outcome;
+use crate::template::Escape;
+use crate::yaml::Secret;
 
-use super::{Message, fit, hmac_sha256_b64, json_headers, judge_errcode, with_keyword};
-use crate::action::Outcome;
-use crate::action::http::{Answer, Request};
+use super::chat::{
+    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, judge_errcode, with_keyword,
+};
+use super::http::{Answer, Request};
+use super::{Channel, Dispatch, Fields, Integration, Kind, Message, Rate};
+
+pub const KIND: Kind = Kind {
+    name: "dingtalk",
+    fields: &[
+        "url",
+        "url_file",
+        "secret",
+        "secret_file",
+        "mention",
+        "msgtype",
+    ],
+    default_rate: Some(Rate {
+        burst: 20,
+        per: Duration::from_secs(60),
+    }),
+    example_url: "https://oapi.dingtalk.com/robot/send?access_token=...",
+    decode,
+};
+
+#[derive(Clone, Debug)]
+pub struct DingTalk {
+    pub url: Secret,
+    pub secret: Option<Secret>,
+    pub mention: Mention,
+    pub msgtype: ChatFormat,
+}
+
+fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
+    let url = f.url();
+    let secret = f.secret("secret");
+    let mention = f.mention(true);
+    let msgtype = f.msgtype(ChatFormat::Markdown);
+    Some(Arc::new(DingTalk {
+        url: url?,
+        secret,
+        mention,
+        msgtype,
+    }))
+}
+
+impl Integration for DingTalk {
+    fn escape(&self) -> Escape {
+        self.msgtype.escape()
+    }
+
+    fn target(&self) -> String {
+        self.url.redacted_url()
+    }
+
+    fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch {
+        Dispatch::Request(request(ch, self, msg, now))
+    }
+
+    /// Success is HTTP 2xx *and* `errcode` 0: DingTalk reports its errors inside HTTP 200.
+    fn judge(&self, ch: &Channel, a: &Answer) -> Outcome {
+        // 130101: rate limited (the robot is throttled for a while); 310000: keyword, signature
+        // or timestamp check failed; 101002/4601xx: message too long. The last two will not get
+        // better.
+        judge_errcode(ch, a, 130101, &|code| {
+            matches!(code, 310000 | 101002 | 460000..=460199)
+        })
+    }
+}
 
 /// DingTalk rejects bodies over 20,000 bytes (errcode 460101); leave room for the JSON around.
 const TEXT_LIMIT: usize = 18_000;
@@ -75,13 +145,4 @@ pub fn request(ch: &Channel, d: &DingTalk, msg: &Message, now: DateTime<Utc>) ->
         headers: json_headers(),
         body: serde_json::to_vec(&body).unwrap_or_default(),
     }
-}
-
-/// Success is HTTP 2xx *and* `errcode` 0: DingTalk reports its errors inside HTTP 200.
-pub fn judge(ch: &Channel, a: &Answer) -> Outcome {
-    // 130101: rate limited (the robot is throttled for a while); 310000: keyword, signature or
-    // timestamp check failed; 101002/4601xx: message too long. The last two will not get better.
-    judge_errcode(ch, a, 130101, &|code| {
-        matches!(code, 310000 | 101002 | 460000..=460199)
-    })
 }

@@ -1,4 +1,8 @@
-//! A YAML 1.2 document as a tree whose every node knows its line and column.
+//! Rule files as YAML 1.2 trees whose every node knows its line and column, and the decoding
+//! helpers that turn them into typed values while collecting every problem with its location.
+//!
+//! Below `config` and `channel` alike: a channel integration decodes its own fields with
+//! these helpers, so `config` can hand it the node without knowing the integration.
 //!
 //! We build the tree ourselves from saphyr-parser's events instead of deserializing with serde:
 //! serde stops at the first error and forgets where values came from, while `keywatch check` must
@@ -11,7 +15,14 @@ use std::sync::Arc;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
-use super::diagnostic::{Diagnostics, Loc};
+pub mod decode;
+pub mod diagnostic;
+pub mod env;
+mod secret;
+
+pub use secret::Secret;
+
+use diagnostic::{Diagnostics, Loc};
 
 /// A node of a parsed document.
 #[derive(Clone, Debug)]

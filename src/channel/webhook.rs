@@ -2,12 +2,88 @@
 //! so existing bridges (prometheus-webhook-dingtalk, PrometheusAlert) work unchanged, or a
 //! custom `body`. Every request carries `Idempotency-Key`.
 
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
-use crate::config::{Channel, Webhook, WebhookFormat};
+use crate::template::Escape;
+use crate::yaml::Secret;
 
-use super::Message;
-use crate::action::http::Request;
+use super::http::Request;
+use super::{Channel, Dispatch, Fields, Integration, Kind, Message};
+
+pub const KIND: Kind = Kind {
+    name: "webhook",
+    fields: &["url", "url_file", "headers", "format", "body"],
+    default_rate: None,
+    example_url: "https://example.com/hooks/keywatch",
+    decode,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WebhookFormat {
+    /// The event JSON of SPEC §4.
+    Keywatch,
+    /// Alertmanager's version-4 webhook JSON, so existing bridges work unchanged.
+    Alertmanager,
+}
+
+#[derive(Clone, Debug)]
+pub struct Webhook {
+    pub url: Secret,
+    pub headers: Vec<(String, Secret)>,
+    pub format: WebhookFormat,
+}
+
+fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
+    let url = f.url();
+    let what = f.what.clone();
+    let headers =
+        f.m.get("headers")
+            .map(|n| f.d.string_map(n, &format!("{what} `headers`")))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k.value, Secret::new(v.value)))
+            .collect();
+    let format = match f.text("format") {
+        None if f.m.key_loc("format").is_some() => None,
+        None => Some(WebhookFormat::Keywatch),
+        Some(t) => match t.value.as_str() {
+            "keywatch" => Some(WebhookFormat::Keywatch),
+            "alertmanager" => Some(WebhookFormat::Alertmanager),
+            other => {
+                f.d.error(
+                    &t.loc,
+                    format!(
+                        "{what} `format` must be `keywatch` or `alertmanager`, found `{other}`"
+                    ),
+                );
+                None
+            }
+        },
+    };
+    f.body = f.text("body");
+    Some(Arc::new(Webhook {
+        url: url?,
+        headers,
+        format: format?,
+    }))
+}
+
+impl Integration for Webhook {
+    fn escape(&self) -> Escape {
+        Escape::Raw
+    }
+
+    fn target(&self) -> String {
+        self.url.redacted_url()
+    }
+
+    fn dispatch(&self, ch: &Channel, msg: &Message, _now: DateTime<Utc>) -> Dispatch {
+        Dispatch::Request(request(ch, self, msg))
+    }
+}
 
 pub fn request(ch: &Channel, w: &Webhook, msg: &Message) -> Request {
     let (body, content_type) = match (&msg.custom_body, w.format) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::diagnostic::{Diagnostics, Loc, did_you_mean};
 use super::env;
-use super::yaml::{Kind, Node};
+use super::{Kind, Node};
 
 /// Whether missing environment variables and secret files are fatal. `check` runs on developer
 /// machines where production secrets are absent, so there they are warnings.

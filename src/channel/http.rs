@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 
-use super::Outcome;
+use crate::outcome::Outcome;
 
 /// A request ready to send. `url` may carry a token: it never reaches a log or an error.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,126 @@
+//! `notify`: a message composed from a rule's templates, escaped for its channel, sent through
+//! the channel's integration, and judged by that integration's idea of success.
+
+use std::sync::Arc;
+
+use crate::channel::message::digest_key;
+use crate::channel::{self, Channel, Item, Message};
+use crate::config::Rule;
+use crate::firing::{Action, Firing};
+use crate::outcome::Outcome;
+
+use super::Actions;
+
+/// The message of one firing for one channel.
+pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Message, String> {
+    let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
+    let escape = ch.escape();
+    let t = &a.config.templates;
+    let ctx = f.context();
+    let title = match n.title.get(escape) {
+        Some(id) => t
+            .render_text(id, &ctx)
+            .map_err(|e| format!("notify.title: {}", e.message))?,
+        None => rule.name.clone(),
+    };
+    let text = match n.message.get(escape) {
+        Some(id) => t
+            .render_text(id, &ctx)
+            .map_err(|e| format!("notify.message: {}", e.message))?,
+        None => String::new(),
+    };
+    let custom_body = match ch.body {
+        Some(id) => Some(
+            t.render_text(id, &ctx)
+                .map_err(|e| format!("channel body: {}", e.message))?
+                .into_bytes(),
+        ),
+        None => None,
+    };
+    Ok(Message {
+        rule: rule.name.clone(),
+        event: f.kind.as_str().to_string(),
+        items: vec![Item {
+            event: f.to_json(),
+            text: text.clone(),
+        }],
+        title,
+        text,
+        count: 1,
+        digest: false,
+        idempotency_key: Action::Notify {
+            channel: ch.name.clone(),
+        }
+        .idempotency_key(&f.id),
+        custom_body,
+    })
+}
+
+/// One digest message for `firings` (all of one rule, for one channel): the title rendered with
+/// `count` and `events`, then one line per event up to `max_items`, then "… and N more".
+pub fn compose_digest(
+    a: &Actions,
+    firings: &[Arc<Firing>],
+    rule: &Rule,
+    ch: &Channel,
+    max_items: usize,
+) -> Result<Message, String> {
+    let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
+    let first = firings.first().ok_or("an empty digest")?;
+    let escape = ch.escape();
+    let t = &a.config.templates;
+    let mut items = Vec::new();
+    for f in firings.iter().take(max_items) {
+        let text = match n.message.get(escape) {
+            Some(id) => t
+                .render_text(id, &f.context())
+                .map_err(|e| format!("notify.message: {}", e.message))?,
+            None => String::new(),
+        };
+        items.push(Item {
+            event: f.to_json(),
+            text,
+        });
+    }
+    let events: Vec<serde_json::Value> = items.iter().map(|i| i.event.clone()).collect();
+    let ctx = first.context().with_digest(firings.len(), events);
+    let title = match n.title.get(escape) {
+        Some(id) => t
+            .render_text(id, &ctx)
+            .map_err(|e| format!("notify.title: {}", e.message))?,
+        None => rule.name.clone(),
+    };
+    let mut text = String::new();
+    if firings.len() > 1 {
+        text.push_str(&format!(
+            "{} {} events:\n",
+            firings.len(),
+            first.kind.as_str()
+        ));
+    }
+    for i in &items {
+        text.push_str(&format!("- {}\n", i.text));
+    }
+    let omitted = firings.len().saturating_sub(items.len());
+    if omitted > 0 {
+        text.push_str(&format!("… and {omitted} more\n"));
+    }
+    Ok(Message {
+        rule: rule.name.clone(),
+        event: first.kind.as_str().to_string(),
+        title,
+        text: text.trim_end().to_string(),
+        items,
+        count: firings.len(),
+        digest: true,
+        idempotency_key: digest_key(&first.id, &ch.name, firings.len()),
+        custom_body: None,
+    })
+}
+
+pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Outcome {
+    match compose(a, f, rule, ch) {
+        Ok(msg) => channel::send(&a.http, ch, &msg).await,
+        Err(e) => Outcome::Failed(e),
+    }
+}

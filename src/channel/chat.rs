@@ -1,0 +1,138 @@
+//! What the chat robots (DingTalk, Feishu, WeCom, Slack) have in common: text or Markdown,
+//! mentions, a size limit, keyword security, signatures, and errors inside an HTTP 200.
+
+use crate::outcome::Outcome;
+
+use super::Channel;
+use super::http::{self, Answer};
+use crate::template::Escape;
+
+/// Text or Markdown messages for the chat robots that offer both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatFormat {
+    Text,
+    Markdown,
+}
+
+impl ChatFormat {
+    pub fn escape(self) -> Escape {
+        match self {
+            ChatFormat::Text => Escape::Text,
+            ChatFormat::Markdown => Escape::Markdown,
+        }
+    }
+}
+
+/// Who a robot's messages mention.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mention {
+    pub mobiles: Vec<String>,
+    pub user_ids: Vec<String>,
+    pub all: bool,
+}
+
+impl Mention {
+    pub fn is_empty(&self) -> bool {
+        self.mobiles.is_empty() && self.user_ids.is_empty() && !self.all
+    }
+}
+
+/// The JSON content type every chat API expects.
+pub fn json_headers() -> Vec<(String, String)> {
+    vec![(
+        "Content-Type".into(),
+        "application/json; charset=utf-8".into(),
+    )]
+}
+
+/// `keyword` first, for robots whose keyword security rejects messages without it.
+pub fn with_keyword(ch: &Channel, text: &str) -> String {
+    match &ch.keyword {
+        Some(k) if !text.contains(k.as_str()) => format!("{k} {text}"),
+        _ => text.to_string(),
+    }
+}
+
+/// Cuts `text` to at most `limit` bytes on a character boundary, saying how much was left out,
+/// so an over-long message still arrives instead of being rejected by the target.
+pub fn fit(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let suffix_room = 40;
+    let mut end = limit.saturating_sub(suffix_room);
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n… and {} more bytes", &text[..end], text.len() - end)
+}
+
+/// The `errcode`/`errmsg` convention of DingTalk and WeCom robots: errors come inside an HTTP
+/// 200, so success is 2xx *and* `errcode` 0. `rate_limited` is retried after one rate period
+/// of the channel; codes `permanent` accepts are given up; anything else is retried.
+pub fn judge_errcode(
+    ch: &Channel,
+    a: &Answer,
+    rate_limited: i64,
+    permanent: &dyn Fn(i64) -> bool,
+) -> Outcome {
+    if !a.status.is_success() {
+        return http::judge_status(a);
+    }
+    let Some(j) = a.json() else {
+        return Outcome::Retry {
+            reason: format!("unexpected answer: {}", a.body_text()),
+            after: None,
+        };
+    };
+    let code = j.get("errcode").and_then(|c| c.as_i64()).unwrap_or(-1);
+    let msg = j.get("errmsg").and_then(|m| m.as_str()).unwrap_or("");
+    match code {
+        0 => Outcome::Sent(format!("errcode 0 {msg}")),
+        c if c == rate_limited => Outcome::Retry {
+            reason: format!("errcode {c} (rate limited): {msg}"),
+            after: Some(
+                ch.rate
+                    .map_or(std::time::Duration::from_secs(60), |r| r.per),
+            ),
+        },
+        c if permanent(c) => Outcome::Failed(format!("errcode {c}: {msg}")),
+        c => Outcome::Retry {
+            reason: format!("errcode {c}: {msg}"),
+            after: None,
+        },
+    }
+}
+
+/// HMAC-SHA256 of `message` with `key`, base64: DingTalk and Feishu signatures.
+pub fn hmac_sha256_b64(key: &[u8], message: &[u8]) -> String {
+    use base64::Engine;
+    use hmac::{Hmac, KeyInit, Mac};
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key)
+        .expect("HMAC accepts keys of any length");
+    mac.update(message);
+    base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_keeps_short_text_and_cuts_long_text_on_char_boundaries() {
+        assert_eq!(fit("short", 100), "short");
+        let long = "é".repeat(1000);
+        let cut = fit(&long, 200);
+        assert!(cut.len() <= 200, "{}", cut.len());
+        assert!(cut.ends_with("more bytes"));
+    }
+
+    #[test]
+    fn hmac_matches_a_known_answer() {
+        // Python: base64.b64encode(hmac.new(b"SEC123", b"1700000000000\nSEC123", hashlib.sha256).digest())
+        assert_eq!(
+            hmac_sha256_b64(b"SEC123", b"1700000000000\nSEC123"),
+            "lkcPI1uoxBY1gUnCnnPH1Kkru0Hqjo7rFpA3haIVhEQ="
+        );
+    }
+}

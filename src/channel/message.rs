@@ -1,0 +1,55 @@
+//! A message as every channel receives it: rendered and escaped for that channel already.
+
+/// One event of a message (a digest has several).
+#[derive(Clone, Debug)]
+pub struct Item {
+    /// The event JSON of SPEC §4.
+    pub event: serde_json::Value,
+    /// Its rendered `notify.message`, escaped for the channel.
+    pub text: String,
+}
+
+/// What a channel sends: already rendered and escaped for that channel.
+#[derive(Clone, Debug)]
+pub struct Message {
+    pub rule: String,
+    pub event: String,
+    pub title: String,
+    /// The body: one event's message, or a digest's lines.
+    pub text: String,
+    pub items: Vec<Item>,
+    /// Events the message stands for (more than `items` when a digest was cut).
+    pub count: usize,
+    pub digest: bool,
+    pub idempotency_key: String,
+    /// A webhook's custom `body`, rendered.
+    pub custom_body: Option<Vec<u8>>,
+}
+
+impl Message {
+    /// Stands in for a digest that could not be composed (its rule or channel is gone), so its
+    /// dead letter still says how many events it held, under the key it would have had.
+    pub fn uncomposed_digest(rule: &str, first_id: &str, channel: &str, count: usize) -> Message {
+        Message {
+            rule: rule.to_string(),
+            event: String::new(),
+            title: String::new(),
+            text: String::new(),
+            items: Vec::new(),
+            count,
+            digest: true,
+            idempotency_key: digest_key(first_id, channel, count),
+            custom_body: None,
+        }
+    }
+
+    pub fn omitted(&self) -> usize {
+        self.count.saturating_sub(self.items.len())
+    }
+}
+
+/// The `Idempotency-Key` of a digest: the same firings for the same channel give the same key,
+/// so a retried digest is recognisably the same message.
+pub fn digest_key(first_id: &str, channel: &str, count: usize) -> String {
+    format!("{first_id}:digest:{channel}:{count}")
+}

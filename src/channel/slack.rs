@@ -1,0 +1,78 @@
+//! Slack incoming webhooks: `{"text": …}`, success only as HTTP 200 with body `ok`; 429 waits
+//! for `Retry-After`; `no_service`, `channel_not_found`, archived channels are permanent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use crate::outcome::Outcome;
+use crate::template::Escape;
+use crate::yaml::Secret;
+
+use super::chat::{fit, json_headers, with_keyword};
+use super::http::{self, Answer, Request};
+use super::{Channel, Dispatch, Fields, Integration, Kind, Message, Rate};
+
+pub const KIND: Kind = Kind {
+    name: "slack",
+    fields: &["url", "url_file"],
+    default_rate: Some(Rate {
+        burst: 1,
+        per: Duration::from_secs(1),
+    }),
+    example_url: "https://hooks.slack.com/services/T000/B000/XXXX",
+    decode,
+};
+
+#[derive(Clone, Debug)]
+pub struct Slack {
+    pub url: Secret,
+}
+
+fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
+    Some(Arc::new(Slack { url: f.url()? }))
+}
+
+impl Integration for Slack {
+    fn escape(&self) -> Escape {
+        Escape::Slack
+    }
+
+    fn target(&self) -> String {
+        self.url.redacted_url()
+    }
+
+    fn dispatch(&self, ch: &Channel, msg: &Message, _now: DateTime<Utc>) -> Dispatch {
+        Dispatch::Request(request(ch, self, msg))
+    }
+
+    fn judge(&self, _ch: &Channel, a: &Answer) -> Outcome {
+        if a.status.is_success() {
+            let body = a.body_text();
+            return if body == "ok" {
+                Outcome::Sent("ok".into())
+            } else {
+                Outcome::Retry {
+                    reason: format!("HTTP {} without `ok`: {body}", a.status.as_u16()),
+                    after: None,
+                }
+            };
+        }
+        http::judge_status(a)
+    }
+}
+
+/// Slack truncates `text` at 40,000 characters; stay under it in bytes.
+const TEXT_LIMIT: usize = 39_000;
+
+pub fn request(ch: &Channel, s: &Slack, msg: &Message) -> Request {
+    let text = with_keyword(ch, &format!("*{}*\n{}", msg.title, msg.text));
+    Request {
+        method: reqwest::Method::POST,
+        url: s.url.expose().to_string(),
+        headers: json_headers(),
+        body: serde_json::to_vec(&json!({"text": fit(&text, TEXT_LIMIT)})).unwrap_or_default(),
+    }
+}

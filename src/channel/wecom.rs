@@ -1,0 +1,109 @@
+//! WeCom group robots (企业微信群机器人): `text` with `mentioned_list` /
+//! `mentioned_mobile_list`, or `markdown` with `<@userid>`; `errcode` checked in the 200 body;
+//! markdown content is limited to 4,096 bytes and text to 2,048.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use crate::outcome::Outcome;
+use crate::template::Escape;
+use crate::yaml::Secret;
+
+use super::chat::{ChatFormat, Mention, fit, json_headers, judge_errcode, with_keyword};
+use super::http::{Answer, Request};
+use super::{Channel, Dispatch, Fields, Integration, Kind, Message, Rate};
+
+pub const KIND: Kind = Kind {
+    name: "wecom",
+    fields: &["url", "url_file", "mention", "msgtype"],
+    default_rate: Some(Rate {
+        burst: 20,
+        per: Duration::from_secs(60),
+    }),
+    example_url: "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=...",
+    decode,
+};
+
+#[derive(Clone, Debug)]
+pub struct WeCom {
+    pub url: Secret,
+    pub mention: Mention,
+    pub msgtype: ChatFormat,
+}
+
+fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
+    let url = f.url();
+    let mention = f.mention(true);
+    let msgtype = f.msgtype(ChatFormat::Text);
+    if msgtype == ChatFormat::Markdown && !mention.mobiles.is_empty() {
+        let warning = format!(
+            "{}: WeCom markdown messages cannot mention by mobile number; use `msgtype: text` or `mention.user_ids`",
+            f.what
+        );
+        f.d.warning(&f.loc, warning);
+    }
+    Some(Arc::new(WeCom {
+        url: url?,
+        mention,
+        msgtype,
+    }))
+}
+
+impl Integration for WeCom {
+    fn escape(&self) -> Escape {
+        self.msgtype.escape()
+    }
+
+    fn target(&self) -> String {
+        self.url.redacted_url()
+    }
+
+    fn dispatch(&self, ch: &Channel, msg: &Message, _now: DateTime<Utc>) -> Dispatch {
+        Dispatch::Request(request(ch, self, msg))
+    }
+
+    fn judge(&self, ch: &Channel, a: &Answer) -> Outcome {
+        judge_errcode(ch, a, 45009, &|code| matches!(code, 40058 | 93000))
+    }
+}
+
+const TEXT_LIMIT: usize = 2_048;
+const MARKDOWN_LIMIT: usize = 4_096;
+
+pub fn request(ch: &Channel, w: &WeCom, msg: &Message) -> Request {
+    let body = match w.msgtype {
+        ChatFormat::Text => {
+            let mut users = w.mention.user_ids.clone();
+            if w.mention.all {
+                users.push("@all".into());
+            }
+            let content = fit(
+                &with_keyword(ch, &format!("{}\n{}", msg.title, msg.text)),
+                TEXT_LIMIT,
+            );
+            json!({"msgtype": "text", "text": {"content": content, "mentioned_list": users, "mentioned_mobile_list": w.mention.mobiles}})
+        }
+        ChatFormat::Markdown => {
+            let mentions: String = w
+                .mention
+                .user_ids
+                .iter()
+                .map(|u| format!(" <@{u}>"))
+                .collect();
+            let content = fit(
+                &with_keyword(ch, &format!("**{}**\n{}", msg.title, msg.text)),
+                MARKDOWN_LIMIT - mentions.len(),
+            );
+            json!({"msgtype": "markdown", "markdown": {"content": format!("{content}{mentions}")}})
+        }
+    };
+    Request {
+        method: reqwest::Method::POST,
+        url: w.url.expose().to_string(),
+        headers: json_headers(),
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+    }
+}

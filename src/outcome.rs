@@ -1,0 +1,29 @@
+//! How one attempt of an action went: the vocabulary shared by the integrations that judge an
+//! answer, the actions that run, and the delivery stage that decides when to try again.
+
+use std::time::Duration;
+
+/// How one attempt went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done; the text says what the target answered (for logs and `send-test`).
+    Sent(String),
+    /// Worth trying again, after `after` when the target said so (`Retry-After`).
+    Retry {
+        reason: String,
+        after: Option<Duration>,
+    },
+    /// Will never work as configured (bad signature, unknown webhook): dead-letter it now.
+    Failed(String),
+}
+
+impl Outcome {
+    /// The `outcome` label of `keywatch_actions_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Sent(_) => "sent",
+            Outcome::Retry { .. } => "retry",
+            Outcome::Failed(_) => "failed",
+        }
+    }
+}
