@@ -67,8 +67,6 @@ pub struct RuleCounts {
 
 #[derive(Default)]
 pub struct Status {
-    /// The silences in force, for the status page.
-    silences: std::sync::OnceLock<std::sync::Arc<crate::engine::silences::Active>>,
     // std Mutexes: held for a few instructions, never across an await.
     nodes: Mutex<BTreeMap<String, bool>>,
     recent: Mutex<VecDeque<RecentFiring>>,
@@ -79,16 +77,6 @@ pub struct Status {
 }
 
 impl Status {
-    /// Shows these silences on the status page from now on (the first call wins).
-    pub fn set_silences(&self, active: std::sync::Arc<crate::engine::silences::Active>) {
-        let _ = self.silences.set(active);
-    }
-
-    /// The silences in force now.
-    pub fn silences(&self) -> Vec<crate::engine::silences::Silence> {
-        self.silences.get().map(|a| a.current()).unwrap_or_default()
-    }
-
     /// Declares a node that must be subscribed before keywatch is ready.
     pub fn expect_node(&self, node: &str) {
         self.nodes

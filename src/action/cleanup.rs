@@ -6,7 +6,7 @@
 use crate::config::{CleanupStep, Rule};
 use crate::firing::Firing;
 
-use super::Actions;
+use super::context::Actions;
 use crate::keyspace::Conn;
 use crate::outcome::Outcome;
 

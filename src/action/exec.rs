@@ -10,7 +10,7 @@ use tokio::io::AsyncReadExt;
 use crate::config::{ExecStep, Rule};
 use crate::firing::Firing;
 
-use super::Actions;
+use super::context::Actions;
 use crate::outcome::Outcome;
 
 /// Output kept for the log, per stream.

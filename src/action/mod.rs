@@ -5,47 +5,18 @@
 //! integration (it knows that DingTalk's HTTP 200 with `errcode` 130101 is a rate limit), when to
 //! retry by the delivery stage.
 
+mod context;
+pub use context::Actions;
+
 pub mod cleanup;
 pub mod exec;
 pub mod notify;
 pub mod reload;
 
-use std::sync::Arc;
-
-use crate::config::{Config, LiveConfig};
 use crate::firing::{Action, Firing};
-use crate::keyspace::Keyspace;
 use crate::outcome::Outcome;
 
-/// What every action needs: the rules, an HTTP client, and the watched Redis.
-#[derive(Clone)]
-pub struct Actions {
-    /// One snapshot of the rules: a rule, its channel and the templates they point at must come
-    /// from the same reload, so an attempt works on [`Actions::refreshed`] throughout.
-    pub config: Arc<Config>,
-    pub live: LiveConfig,
-    pub http: reqwest::Client,
-    pub keyspace: Keyspace,
-}
-
 impl Actions {
-    pub fn new(live: LiveConfig, http: reqwest::Client, keyspace: Keyspace) -> Actions {
-        Actions {
-            config: live.current(),
-            live,
-            http,
-            keyspace,
-        }
-    }
-
-    /// These actions with the rules in force now; take it once per attempt or digest.
-    pub fn refreshed(&self) -> Actions {
-        Actions {
-            config: self.live.current(),
-            ..self.clone()
-        }
-    }
-
     /// One attempt of `action` for `firing`, under the rules in force now.
     pub async fn run(&self, firing: &Firing, action: &Action) -> Outcome {
         self.refreshed().run_snapshot(firing, action).await

@@ -9,7 +9,7 @@ use crate::config::Rule;
 use crate::firing::{Action, Firing};
 use crate::outcome::Outcome;
 
-use super::Actions;
+use super::context::Actions;
 
 /// The message of one firing for one channel.
 pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Message, String> {

@@ -4,7 +4,7 @@
 use crate::config::{ReloadStep, Rule};
 use crate::firing::{Action, Firing};
 
-use super::Actions;
+use super::context::Actions;
 use crate::channel::http::{self, Request};
 use crate::outcome::Outcome;
 

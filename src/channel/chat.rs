@@ -3,8 +3,8 @@
 
 use crate::outcome::Outcome;
 
-use super::Channel;
 use super::http::{self, Answer};
+use super::integration::Channel;
 use crate::template::Escape;
 
 /// Text or Markdown messages for the chat robots that offer both.

@@ -15,8 +15,10 @@ use crate::yaml::Secret;
 use super::chat::{
     ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, judge_errcode, with_keyword,
 };
+use super::fields::Fields;
 use super::http::{Answer, Request};
-use super::{Channel, Dispatch, Fields, Integration, Kind, Message, Rate};
+use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
+use super::message::Message;
 
 pub const KIND: Kind = Kind {
     name: "dingtalk",

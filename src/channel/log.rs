@@ -7,7 +7,9 @@ use chrono::{DateTime, Utc};
 use crate::outcome::Outcome;
 use crate::template::Escape;
 
-use super::{Channel, Dispatch, Fields, Integration, Kind, Message};
+use super::fields::Fields;
+use super::integration::{Channel, Dispatch, Integration, Kind};
+use super::message::Message;
 
 pub const KIND: Kind = Kind {
     name: "log",

@@ -8,30 +8,30 @@
 //! one new file and one line in [`KINDS`].
 
 pub mod chat;
-mod decode;
 pub mod dingtalk;
 pub mod feishu;
+mod fields;
 pub mod http;
+mod integration;
 pub mod log;
 pub mod message;
 pub mod slack;
 pub mod webhook;
 pub mod wecom;
 
-use std::fmt;
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 
 use crate::outcome::Outcome;
-use crate::template::{Escape, TemplateId};
-use crate::yaml::diagnostic::Loc;
+use crate::yaml::Node;
+use crate::yaml::decode::{Decoder, Spanned, Text, parse_duration};
+use crate::yaml::diagnostic::did_you_mean;
 
-pub use decode::{ChannelDraft, Fields, check_http_url, decode_channels, is_channel_name};
+pub use fields::{Fields, check_http_url};
+pub use integration::{Channel, Dispatch, Integration, Kind, Rate};
 pub use message::{Item, Message};
-
-use http::{Answer, Request};
 
 /// Every integration, by the `type` that selects it in the rule files.
 pub const KINDS: &[&Kind] = &[
@@ -42,91 +42,6 @@ pub const KINDS: &[&Kind] = &[
     &webhook::KIND,
     &log::KIND,
 ];
-
-/// One `type` of channel: what the rule files may say about it and how that is decoded.
-pub struct Kind {
-    /// The `type` value that selects it.
-    pub name: &'static str,
-    /// Its fields beyond the ones every channel takes (`type`, `rate`, `timeout`, `keyword`);
-    /// also used to explain a field written on a channel of another type.
-    pub fields: &'static [&'static str],
-    /// The `rate` it gets when none is written (SPEC §2): what the service tolerates per robot.
-    pub default_rate: Option<Rate>,
-    /// A URL of the right shape, for the error that rejects a malformed one.
-    pub example_url: &'static str,
-    /// Reads the fields into the integration; `None` after reporting what was wrong.
-    pub decode: fn(&mut Fields<'_, '_>) -> Option<Arc<dyn Integration>>,
-}
-
-/// One chat service or webhook, with its settings as the rule files gave them.
-pub trait Integration: fmt::Debug + Send + Sync {
-    /// How values are escaped in this channel's messages.
-    fn escape(&self) -> Escape;
-
-    /// Where messages go, as `explain` and `send-test` may show it (no token).
-    fn target(&self) -> String;
-
-    /// What sending `msg` at `now` takes (signatures depend on the time): the request to send,
-    /// or, for a channel that needs none, the message handled here and now.
-    fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch;
-
-    /// What the answer to a request means: sent, worth retrying, or never going to work.
-    fn judge(&self, _ch: &Channel, answer: &Answer) -> Outcome {
-        http::judge_status(answer)
-    }
-}
-
-/// What delivering one message takes.
-pub enum Dispatch {
-    /// An HTTP request, whose answer the integration then judges.
-    Request(Request),
-    /// Nothing to send: the message was handled in-process (the log).
-    Done(Outcome),
-}
-
-/// A token bucket: up to `burst` at once, refilled evenly over `per`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rate {
-    pub burst: u32,
-    pub per: Duration,
-}
-
-impl fmt::Display for Rate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.burst, humantime::format_duration(self.per))
-    }
-}
-
-/// A channel of the rule files.
-#[derive(Clone, Debug)]
-pub struct Channel {
-    pub name: String,
-    pub loc: Loc,
-    /// The `type` it was declared with.
-    pub kind: &'static Kind,
-    pub integration: Arc<dyn Integration>,
-    /// `None`: no limit (webhooks and the log).
-    pub rate: Option<Rate>,
-    pub timeout: Duration,
-    /// Put in every message, for robots with keyword security.
-    pub keyword: Option<String>,
-    /// A custom body template instead of the integration's own payload (webhooks only),
-    /// compiled with the rules' templates after decoding.
-    pub body: Option<TemplateId>,
-}
-
-impl fmt::Debug for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name)
-    }
-}
-
-impl Channel {
-    /// How values are escaped in this channel's messages.
-    pub fn escape(&self) -> Escape {
-        self.integration.escape()
-    }
-}
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {
@@ -143,4 +58,175 @@ pub async fn send(client: &reqwest::Client, ch: &Channel, msg: &Message) -> Outc
             Err(o) => o,
         },
     }
+}
+
+/// A decoded channel; a webhook's custom `body` is compiled later with the rules' templates.
+pub struct ChannelDraft {
+    pub channel: Channel,
+    pub body: Option<Text>,
+}
+
+const COMMON: &[&str] = &["type", "rate", "timeout", "keyword"];
+
+pub fn is_channel_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+pub fn decode_channels(
+    d: &mut Decoder<'_>,
+    node: &Node,
+    base: &Path,
+    out: &mut Vec<ChannelDraft>,
+    names: &mut Vec<Spanned<String>>,
+) {
+    let Some(mut m) = d.map(node, "the `channels` section") else {
+        return;
+    };
+    for e in m.drain() {
+        let Some(name) = d.name(
+            e.key,
+            "channel name",
+            is_channel_name,
+            "use lowercase letters, digits, `_` and `-`",
+        ) else {
+            continue;
+        };
+        if let Some(first) = names.iter().find(|n| n.value == name.value) {
+            d.error(
+                &name.loc,
+                format!(
+                    "channel `{}` is defined twice: first at {}",
+                    name.value, first.loc
+                ),
+            );
+            continue;
+        }
+        names.push(name.clone());
+        if let Some(c) = decode_channel(d, e.value, &name, base) {
+            out.push(c);
+        }
+    }
+}
+
+fn decode_channel(
+    d: &mut Decoder<'_>,
+    node: &Node,
+    name: &Spanned<String>,
+    base: &Path,
+) -> Option<ChannelDraft> {
+    let what = format!("channel `{}`", name.value);
+    let mut m = d.map(node, &what)?;
+    let kind_node = m.require(d, "type")?;
+    let kind_text = d.text(kind_node, &format!("{what} `type`"))?;
+    let Some(kind) = kind(&kind_text.value) else {
+        let names: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+        d.error(
+            &kind_text.loc,
+            format!(
+                "{what}: unknown type `{}`; expected one of {}{}",
+                kind_text.value,
+                names.join(", "),
+                did_you_mean(&kind_text.value, names.iter().copied())
+            ),
+        );
+        return None;
+    };
+
+    let rate = match m.get("rate") {
+        Some(n) => d
+            .text(n, &format!("{what} `rate`"))
+            .and_then(|t| parse_rate(d, &t)),
+        None => kind.default_rate,
+    };
+    let timeout = match m.get("timeout") {
+        // A bad value is reported; the default stands in so the other fields are still checked.
+        Some(n) => d
+            .duration(n, &format!("{what} `timeout`"))
+            .map_or(Duration::from_secs(10), |t| t.value),
+        None => Duration::from_secs(10),
+    };
+    let keyword = m
+        .get("keyword")
+        .and_then(|n| d.text(n, &format!("{what} `keyword`")))
+        .map(|t| t.value);
+
+    let mut fields = Fields {
+        d,
+        m,
+        what,
+        loc: name.loc.clone(),
+        base,
+        example_url: kind.example_url,
+        body: None,
+    };
+    let integration = (kind.decode)(&mut fields);
+    let Fields { d, m, body, .. } = fields;
+
+    let mut known: Vec<&str> = COMMON.to_vec();
+    known.extend_from_slice(kind.fields);
+    m.finish(d, &known, &|field| {
+        let owners: Vec<&str> = KINDS
+            .iter()
+            .filter(|k| k.fields.contains(&field))
+            .map(|k| k.name)
+            .collect();
+        (!owners.is_empty()).then(|| {
+            format!(
+                "`{field}` is not used by {} channels (it belongs to {})",
+                kind.name,
+                owners.join(", ")
+            )
+        })
+    });
+
+    Some(ChannelDraft {
+        channel: Channel {
+            name: name.value.clone(),
+            loc: name.loc.clone(),
+            kind,
+            integration: integration?,
+            rate,
+            timeout,
+            keyword,
+            body: None,
+        },
+        body,
+    })
+}
+
+/// `20/min`, `5/s`, `100/h`, `3/10s`: a burst of N refilled evenly over the period.
+pub fn parse_rate(d: &mut Decoder<'_>, t: &Text) -> Option<Rate> {
+    let bad = |d: &mut Decoder<'_>| {
+        d.error(
+            &t.loc,
+            format!(
+                "`rate`: `{}` is not a rate; write e.g. `20/min`, `5/s` or `100/h`",
+                t.value
+            ),
+        );
+        None
+    };
+    let Some((n, per)) = t.value.split_once('/') else {
+        return bad(d);
+    };
+    let Ok(burst) = n.trim().parse::<u32>() else {
+        return bad(d);
+    };
+    let per = match per.trim() {
+        "s" | "sec" | "second" => Duration::from_secs(1),
+        "m" | "min" | "minute" => Duration::from_secs(60),
+        "h" | "hour" => Duration::from_secs(3600),
+        "d" | "day" => Duration::from_secs(86_400),
+        other => match parse_duration(other) {
+            Some(p) => p,
+            None => return bad(d),
+        },
+    };
+    if burst == 0 || per.is_zero() {
+        d.error(&t.loc, "`rate` must allow at least one message per period");
+        return None;
+    }
+    Some(Rate { burst, per })
 }

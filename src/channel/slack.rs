@@ -12,8 +12,10 @@ use crate::template::Escape;
 use crate::yaml::Secret;
 
 use super::chat::{fit, json_headers, with_keyword};
+use super::fields::Fields;
 use super::http::{self, Answer, Request};
-use super::{Channel, Dispatch, Fields, Integration, Kind, Message, Rate};
+use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
+use super::message::Message;
 
 pub const KIND: Kind = Kind {
     name: "slack",

@@ -10,8 +10,10 @@ use serde_json::{Value, json};
 use crate::template::Escape;
 use crate::yaml::Secret;
 
+use super::fields::Fields;
 use super::http::Request;
-use super::{Channel, Dispatch, Fields, Integration, Kind, Message};
+use super::integration::{Channel, Dispatch, Integration, Kind};
+use super::message::Message;
 
 pub const KIND: Kind = Kind {
     name: "webhook",

@@ -50,7 +50,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
     };
     if redis.cluster && state.url.is_none() {
         // The state shares the watched cluster: its keys must all hash to one slot.
-        state.prefix = crate::keyspace::cluster::tagged_prefix(&state.prefix);
+        state.prefix = super::sections::tagged_prefix(&state.prefix);
     }
     let mut templates = TemplateSet::new();
 

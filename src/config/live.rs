@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::Config;
+use super::model::Config;
 
 #[derive(Clone)]
 pub struct LiveConfig {

@@ -122,25 +122,6 @@ pub async fn discover(clients: &[(String, redis::Client)]) -> Result<View, Disco
     })
 }
 
-/// `state.prefix` as used on a cluster whose nodes also hold keywatch's state.
-///
-/// Lua scripts and pipelines touch several state keys together (the ledger's sets, the queue's
-/// zset and hash, a batch of claims), and a cluster runs those only when every key is in one
-/// slot: so every state key gets the same hash tag. A prefix that already has one (`{kw}:`) is
-/// kept; else the prefix up to its last `:` (or the whole prefix when there is none) becomes the
-/// tag: `keywatch:` → `{keywatch}:`, `app:kw:` → `{app:kw}:`, `kw` → `{kw}`.
-pub fn tagged_prefix(prefix: &str) -> String {
-    if let Some(open) = prefix.find('{')
-        && prefix[open + 1..].find('}').is_some_and(|len| len > 0)
-    {
-        return prefix.to_string();
-    }
-    match prefix.strip_suffix(':') {
-        Some(head) if !head.is_empty() => format!("{{{head}}}:"),
-        _ => format!("{{{prefix}}}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,17 +148,5 @@ aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa :0@0 master,noaddr - 0 0 0 disconnected
         );
         assert_eq!(v.known.len(), 6);
         assert_eq!(v.masters[0].host_port(), Some(("127.0.0.1", 30001)));
-    }
-
-    #[test]
-    fn state_prefix_gets_one_hash_tag() {
-        assert_eq!(tagged_prefix("keywatch:"), "{keywatch}:");
-        assert_eq!(tagged_prefix("app:kw:"), "{app:kw}:");
-        assert_eq!(tagged_prefix("kw"), "{kw}");
-        assert_eq!(tagged_prefix(":"), "{:}");
-        assert_eq!(tagged_prefix("{kw}:"), "{kw}:");
-        assert_eq!(tagged_prefix("x{y}z:"), "x{y}z:");
-        // `{}` is no hash tag to Redis: the whole key would be hashed.
-        assert_eq!(tagged_prefix("{}kw:"), "{{}kw}:");
     }
 }

@@ -304,7 +304,7 @@ impl Keyspace {
 
 /// Where keywatch keeps its own state: `state.url` (always a single node), or the watched Redis
 /// (through the cluster connection on a cluster: the state keys share one hash tag, see
-/// [`crate::keyspace::cluster::tagged_prefix`]). The error is worded for the operator.
+/// [`crate::config::sections::tagged_prefix`]). The error is worded for the operator.
 pub async fn state_conn(
     state_url: Option<&Secret>,
     settings: &RedisSettings,

@@ -39,8 +39,6 @@ use crate::metrics::Metrics;
 pub const POKE_EVERY: Duration = Duration::from_millis(2);
 /// Due keys touched per round trip.
 const POKE_BATCH: usize = 2000;
-/// Keyspace events waiting to be matched from which the poker holds back (see [`run_poker`]).
-const BEHIND: i64 = crate::engine::BATCH as i64;
 /// Longest the poker holds back while events wait: what a key whose `expired` Redis has not
 /// published at all may be kept waiting meanwhile.
 const HOLD_AT_MOST: Duration = Duration::from_secs(1);
@@ -614,11 +612,18 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config, only: Opt
 /// on its way, and recording each as poked (to recover it, were its event lost) is work for
 /// the same busy Redis that the matching of those very events then has to undo. What it skips
 /// it finds in the next round, if the event really was lost.
-pub async fn run_poker(ledger: Ledger, live: LiveConfig, shutdown: CancellationToken) {
+///
+/// `behind` says whether events wait to be matched; the engine that matches them knows how
+/// many is too many, the poker only obeys.
+pub async fn run_poker(
+    ledger: Ledger,
+    live: LiveConfig,
+    behind: impl Fn() -> bool,
+    shutdown: CancellationToken,
+) {
     let mut tick = tokio::time::interval(POKE_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
-    let behind = || ledger.inner.metrics.events_waiting.get() >= BEHIND;
     let mut last_round = tokio::time::Instant::now();
     loop {
         // Read each round: a reload may change the databases, or whether a ledger is kept.

@@ -24,6 +24,8 @@ pub struct Shared {
     pub ledger: Option<Ledger>,
     /// `None` where nothing can be reloaded (tests of the page alone).
     pub reload: Option<ReloadHandle>,
+    /// The silences in force, for the status page; `None` in tests of the page alone.
+    pub silences: Option<Arc<crate::engine::silences::Active>>,
 }
 
 pub fn router(shared: Shared) -> Router {
@@ -48,12 +50,13 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
 
 async fn status_page(State(s): State<Shared>) -> impl IntoResponse {
     let config = s.status.config();
-    let upcoming =
-        crate::command::run::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
-    let page = crate::command::run::status_page::render(
+    let upcoming = super::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
+    let silences = s.silences.as_ref().map(|a| a.current()).unwrap_or_default();
+    let page = super::status_page::render(
         &s.status,
         &s.metrics,
         &upcoming,
+        &silences,
         chrono::Utc::now(),
     );
     ([(header::CACHE_CONTROL, "no-store")], Html(page))

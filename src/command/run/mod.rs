@@ -143,7 +143,6 @@ pub async fn run(
     );
     let claims = Claims::new(state.clone(), &config.state.prefix);
     let silenced = Arc::new(silences::Active::default());
-    status.set_silences(silenced.clone());
     let instance = format!("{}:{}", hostname(), std::process::id());
     let (tx, rx) = mpsc::channel(64 * 1024);
     let scanner = tokio::spawn(keep_scanner(
@@ -201,9 +200,11 @@ pub async fn run(
         silenced.clone(),
         poker_stop.clone(),
     ));
+    let waiting = metrics.clone();
     tokio::spawn(ledger::run_poker(
         ledger.clone(),
         live.clone(),
+        move || waiting.events_waiting.get() >= crate::engine::BATCH as i64,
         poker_stop.clone(),
     ));
 
@@ -241,7 +242,7 @@ pub async fn run(
         ledger: Some(ledger.clone()),
         claims,
         instance,
-        silenced,
+        silenced: silenced.clone(),
         markers: Default::default(),
     };
     let engine = tokio::spawn(engine.run(rx));
@@ -252,6 +253,7 @@ pub async fn run(
             status,
             ledger: Some(ledger),
             reload: Some(reload_handle.clone()),
+            silences: Some(silenced.clone()),
         },
         http_stop.clone(),
     ));

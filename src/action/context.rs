@@ -1,0 +1,35 @@
+//! What every action needs, in one value handed to each attempt.
+
+use crate::config::{Config, LiveConfig};
+use crate::keyspace::Keyspace;
+use std::sync::Arc;
+
+/// What every action needs: the rules, an HTTP client, and the watched Redis.
+#[derive(Clone)]
+pub struct Actions {
+    /// One snapshot of the rules: a rule, its channel and the templates they point at must come
+    /// from the same reload, so an attempt works on [`Actions::refreshed`] throughout.
+    pub config: Arc<Config>,
+    pub live: LiveConfig,
+    pub http: reqwest::Client,
+    pub keyspace: Keyspace,
+}
+
+impl Actions {
+    pub fn new(live: LiveConfig, http: reqwest::Client, keyspace: Keyspace) -> Actions {
+        Actions {
+            config: live.current(),
+            live,
+            http,
+            keyspace,
+        }
+    }
+
+    /// These actions with the rules in force now; take it once per attempt or digest.
+    pub fn refreshed(&self) -> Actions {
+        Actions {
+            config: self.live.current(),
+            ..self.clone()
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! What every channel is to the rest of keywatch: the settings all channels share, and its
+//! integration behind one small trait.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::outcome::Outcome;
+use crate::template::{Escape, TemplateId};
+use crate::yaml::diagnostic::Loc;
+
+use super::fields::Fields;
+use super::http::{self, Answer, Request};
+use super::message::Message;
+
+/// One `type` of channel: what the rule files may say about it and how that is decoded.
+pub struct Kind {
+    /// The `type` value that selects it.
+    pub name: &'static str,
+    /// Its fields beyond the ones every channel takes (`type`, `rate`, `timeout`, `keyword`);
+    /// also used to explain a field written on a channel of another type.
+    pub fields: &'static [&'static str],
+    /// The `rate` it gets when none is written (SPEC §2): what the service tolerates per robot.
+    pub default_rate: Option<Rate>,
+    /// A URL of the right shape, for the error that rejects a malformed one.
+    pub example_url: &'static str,
+    /// Reads the fields into the integration; `None` after reporting what was wrong.
+    pub decode: fn(&mut Fields<'_, '_>) -> Option<Arc<dyn Integration>>,
+}
+
+/// One chat service or webhook, with its settings as the rule files gave them.
+pub trait Integration: fmt::Debug + Send + Sync {
+    /// How values are escaped in this channel's messages.
+    fn escape(&self) -> Escape;
+
+    /// Where messages go, as `explain` and `send-test` may show it (no token).
+    fn target(&self) -> String;
+
+    /// What sending `msg` at `now` takes (signatures depend on the time): the request to send,
+    /// or, for a channel that needs none, the message handled here and now.
+    fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch;
+
+    /// What the answer to a request means: sent, worth retrying, or never going to work.
+    fn judge(&self, _ch: &Channel, answer: &Answer) -> Outcome {
+        http::judge_status(answer)
+    }
+}
+
+/// What delivering one message takes.
+pub enum Dispatch {
+    /// An HTTP request, whose answer the integration then judges.
+    Request(Request),
+    /// Nothing to send: the message was handled in-process (the log).
+    Done(Outcome),
+}
+
+/// A token bucket: up to `burst` at once, refilled evenly over `per`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    pub burst: u32,
+    pub per: Duration,
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.burst, humantime::format_duration(self.per))
+    }
+}
+
+/// A channel of the rule files.
+#[derive(Clone, Debug)]
+pub struct Channel {
+    pub name: String,
+    pub loc: Loc,
+    /// The `type` it was declared with.
+    pub kind: &'static Kind,
+    pub integration: Arc<dyn Integration>,
+    /// `None`: no limit (webhooks and the log).
+    pub rate: Option<Rate>,
+    pub timeout: Duration,
+    /// Put in every message, for robots with keyword security.
+    pub keyword: Option<String>,
+    /// A custom body template instead of the integration's own payload (webhooks only),
+    /// compiled with the rules' templates after decoding.
+    pub body: Option<TemplateId>,
+}
+
+impl fmt::Debug for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Channel {
+    /// How values are escaped in this channel's messages.
+    pub fn escape(&self) -> Escape {
+        self.integration.escape()
+    }
+}
