@@ -141,6 +141,13 @@ pub fn tagged_prefix(prefix: &str) -> String {
     }
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands cluster discovery sends ([`crate::keyspace::commands`]).
+    [
+        Use::new(Conn::Watched, "cluster|nodes", "finds the cluster's masters").when(When::Cluster),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
