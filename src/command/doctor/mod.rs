@@ -13,6 +13,8 @@
 //! - [`cluster`]: the masters of a Redis Cluster, from `CLUSTER NODES`.
 
 pub mod cluster;
+#[cfg(test)]
+mod guard;
 pub mod info;
 pub mod permissions;
 pub mod report;
