@@ -146,6 +146,25 @@ async fn scan_unlink_on(
     }
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands cleanups send ([`crate::keyspace::commands`]).
+    [
+        Use::new(Conn::Watched, "scan", "cleanup")
+            .on(Keys::CleanupDelete, Access::Read)
+            .args("0 MATCH {glob} COUNT 10")
+            .when(When::Cleanup),
+        Use::new(Conn::Watched, "unlink", "cleanup")
+            .on(Keys::CleanupDelete, Access::Write)
+            .args("{key}")
+            .when(When::Cleanup),
+        Use::new(Conn::Watched, "hdel", "cleanup")
+            .on(Keys::CleanupHash, Access::ReadWrite)
+            .args("{key} {field}")
+            .when(When::Cleanup),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -346,3 +346,62 @@ impl Queue {
         Ok(counts.iter().sum())
     }
 }
+
+crate::keyspace::commands::declare! {
+    /// The commands the job queue and digest windows send, the writer's and the scripts' included
+    /// ([`crate::keyspace::commands`]).
+    const QUEUE = "job queue";
+    const WINDOWS = "digest windows";
+    const SCRIPTS = "job queue and digest windows (scripts)";
+    [
+        Use::new(Conn::State, "hset", QUEUE)
+            .on(Keys::State("queue:jobs"), Access::Write)
+            .args("{key} id job"),
+        Use::new(Conn::State, "zadd", QUEUE)
+            .on(Keys::State("queue"), Access::Write)
+            .args("{key} XX 0 id"),
+        Use::new(Conn::State, "zrem", QUEUE)
+            .on(Keys::State("queue"), Access::Write)
+            .args("{key} id"),
+        Use::new(Conn::State, "hdel", QUEUE)
+            .on(Keys::State("queue:jobs"), Access::ReadWrite)
+            .args("{key} id"),
+        Use::new(Conn::State, "zcard", QUEUE)
+            .on(Keys::State("queue"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "smembers", WINDOWS)
+            .on(Keys::State("groups"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "script|load", SCRIPTS)
+            .access(Access::Write)
+            .args("return(1)"),
+        Use::new(Conn::State, "evalsha", "job queue: take")
+            .on(Keys::State("queue"), Access::ReadWrite)
+            .args("{sha} 2 {prefix}queue {prefix}queue:jobs"),
+        Use::new(Conn::State, "evalsha", WINDOWS)
+            .on(Keys::State("group:*:*:window"), Access::ReadWrite)
+            .args("{sha} 4 {key} {prefix}group:r:c {prefix}queue:jobs {prefix}groups"),
+        Use::new(Conn::State, "zrange", SCRIPTS)
+            .on(Keys::State("queue"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
+        Use::new(Conn::State, "hmget", SCRIPTS)
+            .on(Keys::State("queue:jobs"), Access::Read)
+            .args("{key} id"),
+        Use::new(Conn::State, "get", SCRIPTS)
+            .on(Keys::State("group:*:*:window"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "set", SCRIPTS)
+            .on(Keys::State("group:*:*:window"), Access::Write)
+            .args("{key} 0 PX 1000"),
+        Use::new(Conn::State, "zadd", SCRIPTS)
+            .on(Keys::State("group:*:*"), Access::Write)
+            .args("{key} NX 0 id"),
+        Use::new(Conn::State, "sadd", SCRIPTS)
+            .on(Keys::State("groups"), Access::Write)
+            .args("{key} w"),
+        Use::new(Conn::State, "srem", SCRIPTS)
+            .on(Keys::State("groups"), Access::Write)
+            .args("{key} w"),
+
+    ]
+}

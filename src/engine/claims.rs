@@ -172,6 +172,33 @@ impl Claims {
     }
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands claims send, their script's included ([`crate::keyspace::commands`]).
+    const WHY = "claims: one firing per event";
+    const SCRIPT = "claims: one firing per event (script)";
+    [
+        Use::new(Conn::State, "set", WHY)
+            .on(Keys::State("claim:*"), Access::Write)
+            .args("{key} 1 NX PX 1000"),
+        Use::new(Conn::State, "script|load", WHY)
+            .access(Access::Write)
+            .args("return(1)"),
+        Use::new(Conn::State, "evalsha", WHY)
+            .on(Keys::State("claims:*:*"), Access::ReadWrite)
+            .args("{sha} 1 {key} 1 id 1000"),
+        Use::new(Conn::State, "hsetnx", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Write)
+            .args("{key} id 1"),
+        Use::new(Conn::State, "pexpiretime", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "pexpireat", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Write)
+            .args("{key} 1000"),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

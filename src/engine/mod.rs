@@ -466,3 +466,10 @@ impl FiringStage {
         }
     }
 }
+
+crate::keyspace::commands::declare! {
+    /// The commands the engine sends itself ([`crate::keyspace::commands`]).
+    [
+        Use::new(Conn::Watched, "ping", "health checks"),
+    ]
+}

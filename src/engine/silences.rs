@@ -144,6 +144,22 @@ pub fn new_id() -> String {
     format!("{:08x}", fastrand::u32(..))
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands silences send, `keywatch silence`'s included ([`crate::keyspace::commands`]).
+    [
+        Use::new(Conn::State, "hgetall", "silences")
+            .on(Keys::State("silences"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "hset", "silences")
+            .on(Keys::State("silences"), Access::Write)
+            .args("{key} id silence"),
+        Use::new(Conn::State, "hdel", "silences")
+            .on(Keys::State("silences"), Access::ReadWrite)
+            .args("{key} id"),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

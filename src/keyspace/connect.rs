@@ -229,6 +229,38 @@ fn read_certificates(path: &Path) -> Result<Vec<u8>, ConnectError> {
 
 const CERTIFICATE_PEM: &[u8] = b"-----BEGIN CERTIFICATE-----";
 
+crate::keyspace::commands::declare! {
+    /// The commands the Redis client sends on its own for the connections made here
+    /// ([`crate::keyspace::commands`]): `SELECT` for a database other than 0, and on a cluster
+    /// `CLUSTER SLOTS` to learn who serves what and `ASKING` to follow a slot being moved (and
+    /// `AUTH`, which every user may send).
+    [
+        Use::new(
+            Conn::Watched,
+            "select",
+            "connections to the watched databases other than 0",
+        )
+        .access(Access::Write)
+        .args("{db}")
+        .when(When::OtherDatabase),
+        Use::new(
+            Conn::Watched,
+            "cluster|slots",
+            "cluster connection: who serves each slot",
+        )
+        .when(When::Cluster),
+        // It changes how the connection's next command is served.
+        Use::new(
+            Conn::Watched,
+            "asking",
+            "cluster connection: follows a slot being moved",
+        )
+        .access(Access::Write)
+        .when(When::Cluster),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! and configuration checks, which concern one node, go to each master by direct connection.
 
 pub mod cluster;
+pub mod commands;
 pub mod connect;
 pub mod local_server;
 
@@ -370,4 +371,13 @@ pub(crate) fn command_text(c: &Cmd) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands this plumbing sends ([`commands`]).
+    [
+        Use::new(Conn::Watched, "scan", "pages of SCAN (see the callers)")
+            .args("0 MATCH keywatch-doctor COUNT 10")
+            .when(When::ForCallers),
+    ]
 }

@@ -153,6 +153,34 @@ async fn evicts(conn: &mut impl redis::aio::ConnectionLike) -> bool {
         .is_some_and(|p| p != "noeviction")
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands the check of `notify-keyspace-events` sends ([`crate::keyspace::commands`]).
+    [
+        Use::new(
+            Conn::Watched,
+            "config|get",
+            "reads notify-keyspace-events at start and after reconnects",
+        )
+        .args("notify-keyspace-events"),
+        Use::new(
+            Conn::Watched,
+            "config|get",
+            "ledger: hears evictions under an evicting maxmemory-policy",
+        )
+        .args("maxmemory-policy")
+        .when(When::Ledger),
+        Use::new(
+            Conn::Watched,
+            "config|set",
+            "adds missing flags (`notifications: enable`)",
+        )
+        .access(Access::Write)
+        .args("notify-keyspace-events {flags}")
+        .when(When::EnableNotifications),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -736,6 +736,84 @@ pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, V
     out
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands the ledger sends, its scripts' included ([`crate::keyspace::commands`]).
+    const WHY = "ledger: deadlines of the watched keys";
+    const SCRIPTS = "ledger: handled, poked and missed keys (script)";
+    [
+        Use::new(Conn::Watched, "scan", "ledger: learns deadlines")
+            .on(Keys::Watched, Access::Read)
+            .args("0 MATCH {glob} COUNT 10")
+            .when(When::Ledger),
+        Use::new(Conn::Watched, "pexpiretime", "ledger: reads (and pokes) deadlines")
+            .on(Keys::Watched, Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Conn::Watched, "exists", "ledger: drops deadlines of deleted keys")
+            .on(Keys::Watched, Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Conn::Watched, "publish", "ledger: marker after a poke")
+            .access(Access::Write)
+            .channel(Channel::Marker)
+            .args("{channel} keywatch-doctor")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zadd", WHY)
+            .on(Keys::State("ledger:*"), Access::Write)
+            .args("{key} 0 k")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zrem", WHY)
+            .on(Keys::State("ledger:*"), Access::Write)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zrange", WHY)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zscore", WHY)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zcard", WHY)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Conn::State, "incr", "ledger: marker sequence")
+            .on(Keys::State("ledger:*:seq"), Access::ReadWrite)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Conn::State, "script|load", "ledger: scripts")
+            .access(Access::Write)
+            .args("return(1)")
+            .when(When::Ledger),
+        Use::new(Conn::State, "evalsha", "ledger: scripts")
+            .on(Keys::State("ledger:*"), Access::ReadWrite)
+            .args("{sha} 4 {prefix}ledger:0 {prefix}ledger:0:poked {prefix}ledger:0:poked-deadline {prefix}ledger:0:handled")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zremrangebyscore", SCRIPTS)
+            .on(Keys::State("ledger:*:handled"), Access::Write)
+            .args("{key} -inf 0")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zrangebyscore", SCRIPTS)
+            .on(Keys::State("ledger:*:poked"), Access::Read)
+            .args("{key} -inf 0 LIMIT 0 1")
+            .when(When::Ledger),
+        Use::new(Conn::State, "hget", SCRIPTS)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Conn::State, "hset", SCRIPTS)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
+            .args("{key} k 0")
+            .when(When::Ledger),
+        Use::new(Conn::State, "hdel", SCRIPTS)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::ReadWrite)
+            .args("{key} k")
+            .when(When::Ledger),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -302,6 +302,30 @@ async fn follow(
     Ok(())
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands the keyevent subscriber sends ([`crate::keyspace::commands`]). A reload that
+    /// drops a rule leaves its channels: `UNSUBSCRIBE` is sent in an ordinary run too.
+    [
+        Use::new(Conn::Watched, "subscribe", "keyevent subscription")
+            .channel(Channel::Keyevent)
+            .args("{channel}"),
+        Use::new(Conn::Watched, "subscribe", "ledger: marker subscription")
+            .channel(Channel::Marker)
+            .args("{channel}")
+            .when(When::Ledger),
+        // Redis checks no channel permission on leaving one.
+        Use::new(
+            Conn::Watched,
+            "unsubscribe",
+            "reload: leaves channels the rules no longer need",
+        )
+        .access(Access::Write)
+        .args("__keyevent@0__:keywatch-doctor"),
+        Use::new(Conn::Watched, "ping", "subscriber: health checks"),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -608,6 +608,37 @@ impl Scanner {
     }
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands the scanner sends ([`crate::keyspace::commands`]).
+    [
+        Use::new(Conn::Watched, "scan", "scanner: finds keys")
+            .on(Keys::Watched, Access::Read)
+            .args("0 MATCH {glob} COUNT 10")
+            .when(When::Expiring),
+        Use::new(Conn::Watched, "pexpiretime", "scanner: reads deadlines")
+            .on(Keys::Watched, Access::Read)
+            .args("{key}")
+            .when(When::Expiring),
+        Use::new(Conn::State, "get", "scanner: when it last ran")
+            .on(Keys::State("scanner:last"), Access::Read)
+            .args("{key}")
+            .when(When::Expiring),
+        Use::new(Conn::State, "set", "scanner: when it last ran")
+            .on(Keys::State("scanner:last"), Access::Write)
+            .args("{key} 0")
+            .when(When::Expiring),
+        Use::new(Conn::State, "set", "scanner: one instance per run")
+            .on(Keys::State("scanner:run:*"), Access::Write)
+            .args("{key} 1 NX PX 1000")
+            .when(When::Expiring),
+        Use::new(Conn::State, "set", "scanner: each key warned once")
+            .on(Keys::State("warned:*"), Access::Write)
+            .args("{key} 1 NX PXAT 1")
+            .when(When::Expiring),
+
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

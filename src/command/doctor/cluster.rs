@@ -121,6 +121,14 @@ pub async fn check(
     }
 }
 
+crate::keyspace::commands::declare! {
+    /// The commands the doctor's cluster check sends ([`crate::keyspace::commands`]).
+    [
+        Use::new(Conn::Watched, "cluster|nodes", "doctor: the cluster's masters")
+            .when(When::Cluster),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,6 +13,8 @@
 //! - [`cluster`]: the masters of a Redis Cluster, from `CLUSTER NODES`.
 
 pub mod cluster;
+#[cfg(test)]
+mod guard;
 pub mod info;
 pub mod permissions;
 pub mod report;
@@ -561,6 +563,31 @@ pub(crate) fn short(e: &redis::RedisError) -> String {
         (Some(code), Some(detail)) => format!("{code} {detail}"),
         _ => e.to_string(),
     }
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands the doctor sends to look around ([`crate::keyspace::commands`]); its
+    /// permission checks are in [`permissions::REDIS`].
+    [
+        Use::new(
+            Conn::Watched,
+            "info",
+            "doctor: version, role and expiry statistics",
+        )
+        .when(When::Doctor),
+        Use::new(Conn::Watched, "ping", "doctor: reachability").when(When::Doctor),
+        Use::new(
+            Conn::Watched,
+            "acl|whoami",
+            "doctor: which user's permissions to check",
+        )
+        .when(When::DoctorOptional),
+        Use::new(Conn::Watched, "scan", "doctor: samples the rules' keys")
+            .on(Keys::Watched, Access::Read)
+            .args("0 MATCH {glob} COUNT 10")
+            .when(When::Doctor),
+
+    ]
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! Every command `keywatch run` sends, on which keys and channels, and whether the connected
 //! user may send it.
 //!
-//! The list mirrors the modules that talk to Redis (ledger, scanner, notifications, flags,
-//! detail, cleanup, claims, queue, dead letters, silences, rate limits), including the commands
-//! inside their Lua scripts: Redis checks those against the caller's ACL when the script runs,
-//! so permission to `EVALSHA` alone proves nothing. A command that is added there belongs here.
+//! The list is derived from the declarations of the modules that talk to Redis ([`REGISTRY`],
+//! see [`crate::keyspace::commands`]), the commands inside their Lua scripts included: Redis
+//! checks those against the caller's ACL when the script runs, so permission to `EVALSHA` alone
+//! proves nothing.
 //!
 //! How a permission is checked, best first:
 //! - `ACL DRYRUN user …` (Redis ≥ 7.0, Valkey): nothing runs, nothing is logged;
@@ -16,8 +16,10 @@
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
-use crate::config::{Config, DetailSource, Notifications};
+use crate::config::{Config, DetailSource, Notifications, Rule};
 use crate::event::{EventKind, KeyEvent};
+pub use crate::keyspace::commands::{Access, Conn};
+use crate::keyspace::commands::{Channel, Keys, Use, Uses, When};
 use crate::source::flags;
 use crate::source::ledger::Ledger;
 use crate::source::notifications;
@@ -25,32 +27,6 @@ use crate::template::Context;
 
 /// What stands in for a capture (and for a glob's `*`) in the sample keys checked.
 const SAMPLE: &str = "keywatch-doctor";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    Read,
-    Write,
-    ReadWrite,
-}
-
-impl Access {
-    /// The ACL key-permission selector that grants it.
-    fn selector(self) -> &'static str {
-        match self {
-            Access::Read => "%R~",
-            Access::Write => "%W~",
-            Access::ReadWrite => "~",
-        }
-    }
-}
-
-/// Which connection a command goes to: the watched Redis, or the one keeping keywatch's state
-/// (`state.url`, else the watched one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Conn {
-    Watched,
-    State,
-}
 
 /// One command keywatch sends.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,33 +46,6 @@ pub struct Need {
 }
 
 impl Need {
-    fn new(purpose: &str, conn: Conn, command: &str, args: &[&[u8]]) -> Need {
-        Need {
-            purpose: purpose.to_string(),
-            conn,
-            command: command.to_string(),
-            args: args.iter().map(|a| a.to_vec()).collect(),
-            key: None,
-            channel: None,
-            harmless: false,
-        }
-    }
-
-    fn key(mut self, glob: &[u8], access: Access) -> Need {
-        self.key = Some((String::from_utf8_lossy(glob).into_owned(), access));
-        self
-    }
-
-    fn channel(mut self, channel: &str) -> Need {
-        self.channel = Some(channel.to_string());
-        self
-    }
-
-    fn harmless(mut self) -> Need {
-        self.harmless = true;
-        self
-    }
-
     /// The command as an operator would type it.
     pub fn shown(&self) -> String {
         self.args
@@ -106,10 +55,11 @@ impl Need {
             .join(" ")
     }
 
-    fn is_subscribe(&self) -> bool {
-        self.args
-            .first()
-            .is_some_and(|a| a.eq_ignore_ascii_case(b"SUBSCRIBE"))
+    /// `SUBSCRIBE` or `UNSUBSCRIBE`: checked on a subscriber connection of their own.
+    fn is_pubsub(&self) -> bool {
+        self.args.first().is_some_and(|a| {
+            a.eq_ignore_ascii_case(b"SUBSCRIBE") || a.eq_ignore_ascii_case(b"UNSUBSCRIBE")
+        })
     }
 
     /// The ACL rule that grants what `reason` says is missing (`+config|get`, `~keywatch:*`,
@@ -169,115 +119,147 @@ pub fn sample_of(glob: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Every module's declarations: what the doctor checks and the documented ACL grants. State
+/// modules come first among keywatch's own keys: a refusal lists a dozen commands, and those
+/// of the queue and claims are what every setup has.
+pub const REGISTRY: &[&Uses] = &[
+    &crate::engine::REDIS,
+    &crate::source::flags::REDIS,
+    &crate::source::notifications::REDIS,
+    &crate::keyspace::REDIS,
+    &crate::keyspace::connect::REDIS,
+    &crate::keyspace::cluster::REDIS,
+    &crate::engine::detail::REDIS,
+    &crate::action::cleanup::REDIS,
+    &crate::engine::claims::REDIS,
+    &crate::delivery::queue::REDIS,
+    &crate::delivery::dead::REDIS,
+    &crate::engine::silences::REDIS,
+    &crate::delivery::ratelimit::REDIS,
+    &crate::source::ledger::REDIS,
+    &crate::source::scanner::REDIS,
+    &crate::command::doctor::REDIS,
+    &crate::command::doctor::cluster::REDIS,
+    &REDIS,
+];
+
+/// Stands in for a script's SHA-1: `ACL DRYRUN` checks the keys, not that the script exists.
+const SHA: &str = "0000000000000000000000000000000000000000";
+
+/// What fills one declaration's placeholders, for one rule, channel or database.
+#[derive(Clone, Default)]
+struct Fill {
+    key: Vec<u8>,
+    glob: Vec<u8>,
+    field: Vec<u8>,
+    channel: String,
+    db: String,
+    /// The key glob a fix grants, and with which access.
+    grant: Option<(Vec<u8>, Access)>,
+    /// The rule it is sent for.
+    rule: Option<String>,
+}
+
 /// Every command `keywatch run` would send with these rules, deduplicated, in a stable order.
 pub fn needs(config: &Config) -> Vec<Need> {
     let mut out = Vec::new();
-    watched_needs(config, &mut out);
-    for rule in &config.rules {
-        rule_needs(config, rule, &mut out);
+    for u in REGISTRY.iter().flat_map(|d| d.uses) {
+        if applies(config, u.when) {
+            out.extend(fills(config, u).iter().map(|f| need(config, u, f)));
+        }
     }
-    state_needs(config, &mut out);
     let mut seen = std::collections::HashSet::new();
-    out.retain(|n| seen.insert((n.conn as u8, n.args.clone())));
+    out.retain(|n| seen.insert((n.conn, n.args.clone())));
     out
 }
 
-fn watched_needs(config: &Config, out: &mut Vec<Need>) {
-    use Conn::Watched as W;
-    out.push(Need::new("health checks", W, "ping", &[b"PING"]).harmless());
-    out.push(
-        Need::new(
-            "reads notify-keyspace-events at start and after reconnects",
-            W,
-            "config|get",
-            &[b"CONFIG", b"GET", b"notify-keyspace-events"],
-        )
-        .harmless(),
-    );
-    if config.redis.notifications == Notifications::Enable {
-        let merged = flags::merged("", &config.needed_notify_flags());
-        out.push(Need::new(
-            "adds missing flags (`notifications: enable`)",
-            W,
-            "config|set",
-            &[
-                b"CONFIG",
-                b"SET",
-                b"notify-keyspace-events",
-                merged.as_bytes(),
-            ],
-        ));
-    }
-    for &db in &config.redis.databases {
-        if db != 0 {
-            let n = db.to_string();
-            out.push(Need::new(
-                "connections to the watched databases other than 0",
-                W,
-                "select",
-                &[b"SELECT", n.as_bytes()],
-            ));
-        }
-    }
-    let marker = Ledger::marker_channel(&config.state.prefix);
-    let ledger = config.uses_ledger().then_some(marker.as_str());
-    for ch in notifications::channels(&config.redis.databases, &config.event_kinds(), ledger) {
-        let purpose = if ch == marker {
-            "ledger: marker subscription"
-        } else {
-            "keyevent subscription"
-        };
-        out.push(
-            Need::new(purpose, W, "subscribe", &[b"SUBSCRIBE", ch.as_bytes()])
-                .channel(&ch)
-                .harmless(),
-        );
-    }
-    if config.uses_ledger() {
-        out.push(
-            Need::new(
-                "ledger: hears evictions under an evicting maxmemory-policy",
-                W,
-                "config|get",
-                &[b"CONFIG", b"GET", b"maxmemory-policy"],
-            )
-            .harmless(),
-        );
-        out.push(
-            Need::new(
-                "ledger: marker after a poke",
-                W,
-                "publish",
-                &[b"PUBLISH", marker.as_bytes(), b"keywatch-doctor"],
-            )
-            .channel(&marker),
-        );
+/// Whether a `run` with `config` sends what is declared with `when` (rules are looked at in
+/// [`rule_fills`]).
+fn applies(config: &Config, when: When) -> bool {
+    match when {
+        When::Always | When::DetailRemoved | When::Cleanup => true,
+        When::Ledger => config.uses_ledger(),
+        When::Expiring => config.event_kinds().contains(&EventKind::Expiring),
+        When::EnableNotifications => config.redis.notifications == Notifications::Enable,
+        When::OtherDatabase => config.redis.databases.iter().any(|&db| db != 0),
+        When::Cluster => config.redis.cluster,
+        When::RateLimit => config.channels.iter().any(|c| c.rate.is_some()),
+        When::Doctor | When::DoctorOptional | When::ForCallers => false,
     }
 }
 
-fn rule_needs(config: &Config, rule: &crate::config::Rule, out: &mut Vec<Need>) {
-    use Conn::Watched as W;
+fn fills(config: &Config, u: &Use) -> Vec<Fill> {
+    let p = &config.state.prefix;
+    let mut fill = Fill::default();
+    match u.keys {
+        Keys::None => {}
+        // One grant covers all of keywatch's own keys: the ACL stays the same as keys come.
+        Keys::State(glob) => {
+            fill.key = [p.as_bytes(), &sample_of(glob.as_bytes())].concat();
+            fill.grant = Some((format!("{p}*").into_bytes(), Access::ReadWrite));
+        }
+        _ => {
+            return config
+                .rules
+                .iter()
+                .flat_map(|r| rule_fills(config, r, u))
+                .collect();
+        }
+    }
+    let marker = Ledger::marker_channel(p);
+    match u.channel {
+        Some(Channel::Keyevent) => {
+            let ledger = config.uses_ledger().then_some(marker.as_str());
+            notifications::channels(&config.redis.databases, &config.event_kinds(), ledger)
+                .into_iter()
+                .filter(|ch| *ch != marker)
+                .map(|channel| Fill {
+                    channel,
+                    ..fill.clone()
+                })
+                .collect()
+        }
+        Some(Channel::Marker) => vec![Fill {
+            channel: marker,
+            ..fill
+        }],
+        None if u.when == When::OtherDatabase => config
+            .redis
+            .databases
+            .iter()
+            .filter(|&&db| db != 0)
+            .map(|db| Fill {
+                db: db.to_string(),
+                ..fill.clone()
+            })
+            .collect(),
+        None => vec![fill],
+    }
+}
+
+/// The fills of a declaration on keys of `rule` (none where the rule has no such keys).
+fn rule_fills(config: &Config, rule: &Rule, u: &Use) -> Vec<Fill> {
     let glob = rule.pattern.scan_glob();
-    let sample = sample_of(glob);
-    let scan = |purpose: &str, glob: &[u8]| {
-        Need::new(
-            purpose,
-            W,
-            "scan",
-            &[b"SCAN", b"0", b"MATCH", glob, b"COUNT", b"10"],
-        )
-        .harmless()
+    let of = |key: &[u8], glob: &[u8], grant: &[u8], field: &[u8]| Fill {
+        key: key.to_vec(),
+        glob: glob.to_vec(),
+        field: field.to_vec(),
+        grant: Some((grant.to_vec(), u.access)),
+        rule: Some(rule.name.clone()),
+        ..Fill::default()
     };
-    let name = &rule.name;
-    if rule.on.contains(&EventKind::Expired) || rule.on.contains(&EventKind::Expiring) {
-        out.push(scan(
-            &format!("ledger: learns deadlines of rule {name}'s keys"),
-            glob,
-        ));
-        let why = format!("ledger: reads (and pokes) deadlines of rule {name}'s keys");
-        out.push(keyed(&why, &[b"PEXPIRETIME", &sample], glob, Access::Read));
-        let why = format!("ledger: drops deadlines of deleted keys of rule {name}");
-        out.push(keyed(&why, &[b"EXISTS", &sample], glob, Access::Read));
+    if u.keys == Keys::Watched {
+        let follows = match u.when {
+            When::Ledger => [EventKind::Expired, EventKind::Expiring]
+                .iter()
+                .any(|k| rule.on.contains(k)),
+            When::Expiring => rule.on.contains(&EventKind::Expiring),
+            _ => true,
+        };
+        return match follows {
+            true => vec![of(&sample_of(glob), glob, glob, b"")],
+            false => Vec::new(),
+        };
     }
     // Templates are rendered with a stand-in for every capture, so the glob of each key an
     // action touches comes out with `*` where the key's own text goes.
@@ -286,329 +268,234 @@ fn rule_needs(config: &Config, rule: &crate::config::Rule, out: &mut Vec<Need>) 
     let event = KeyEvent {
         kind: rule.on.first().copied().unwrap_or(EventKind::Expired),
         db: 0,
-        key: sample.clone(),
+        key: sample_of(glob),
         observed_at: chrono::Utc::now(),
         deadline: None,
         ttl_ms: None,
         recovered: false,
         source: "doctor".into(),
     };
-    let ctx = Context::for_event(name, &event, names, &values, None).with_sample_detail();
-    let t = &config.templates;
-    let render = |id| t.render(id, &ctx).ok();
+    let ctx = Context::for_event(&rule.name, &event, names, &values, None).with_sample_detail();
+    let render = |id| config.templates.render(id, &ctx).ok();
     let glob_of = |rendered: &[u8]| -> Vec<u8> {
         String::from_utf8_lossy(rendered)
             .replace(SAMPLE, "*")
             .into_bytes()
     };
-    if let Some(d) = &rule.detail {
-        // HMGET/HDEL of a hash field (HDEL reads as it writes), or GET/UNLINK of a key.
-        let (read, remove, access, parts): (&[u8], &[u8], Access, Vec<_>) = match &d.source {
-            DetailSource::Hash { key, field } => (
-                b"HMGET",
-                b"HDEL",
-                Access::ReadWrite,
-                vec![render(*key), render(*field)],
-            ),
-            DetailSource::Key { key } => (b"GET", b"UNLINK", Access::Write, vec![render(*key)]),
-        };
-        if let Some(parts) = parts.into_iter().collect::<Option<Vec<Vec<u8>>>>() {
-            let glob = glob_of(&parts[0]);
-            let with = |command: &'static [u8]| -> Vec<&[u8]> {
-                std::iter::once(command)
-                    .chain(parts.iter().map(Vec::as_slice))
-                    .collect()
+    let mut out = Vec::new();
+    match u.keys {
+        Keys::DetailHash | Keys::DetailKey => {
+            let Some(d) = &rule.detail else {
+                return out;
             };
-            let why = format!("detail of rule {name}");
-            out.push(keyed(&why, &with(read), &glob, Access::Read));
-            if d.remove {
-                let why = format!("detail removal of rule {name}");
-                out.push(keyed(&why, &with(remove), &glob, access));
+            if u.when == When::DetailRemoved && !d.remove {
+                return out;
+            }
+            let (key, field) = match (&d.source, u.keys) {
+                (DetailSource::Hash { key, field }, Keys::DetailHash) => {
+                    (render(*key), render(*field))
+                }
+                (DetailSource::Key { key }, Keys::DetailKey) => (render(*key), Some(Vec::new())),
+                _ => return out,
+            };
+            if let (Some(k), Some(f)) = (key, field) {
+                out.push(of(&k, b"", &glob_of(&k), &f));
             }
         }
-    }
-    if let Some(c) = &rule.cleanup {
-        let why = format!("cleanup of rule {name}");
-        for &id in &c.delete {
-            let Some(pattern) = render(id) else { continue };
-            let key = sample_of(&pattern);
-            if key != pattern {
-                out.push(scan(&why, &pattern));
+        Keys::CleanupDelete => {
+            for &id in rule.cleanup.iter().flat_map(|c| &c.delete) {
+                let Some(pattern) = render(id) else { continue };
+                let key = sample_of(&pattern);
+                // A literal key is unlinked as it is, without a SCAN for it.
+                if key == pattern && u.args.contains("{glob}") {
+                    continue;
+                }
+                out.push(of(&key, &pattern, &glob_of(&pattern), b""));
             }
-            out.push(keyed(
-                &why,
-                &[b"UNLINK", &key],
-                &glob_of(&pattern),
-                Access::Write,
-            ));
         }
-        for h in &c.hdel {
-            let (Some(k), Some(f)) = (render(h.key), render(h.field)) else {
-                continue;
-            };
-            out.push(keyed(
-                &why,
-                &[b"HDEL", &k, &f],
-                &glob_of(&k),
-                Access::ReadWrite,
-            ));
+        Keys::CleanupHash => {
+            for h in rule.cleanup.iter().flat_map(|c| &c.hdel) {
+                if let (Some(k), Some(f)) = (render(h.key), render(h.field)) {
+                    out.push(of(&k, b"", &glob_of(&k), &f));
+                }
+            }
         }
+        Keys::None | Keys::State(_) | Keys::Watched => {}
     }
+    out
 }
 
-/// A command on a watched key; its ACL name is the command's. Reads are harmless to run.
-fn keyed(purpose: &str, args: &[&[u8]], glob: &[u8], access: Access) -> Need {
-    let command = String::from_utf8_lossy(args[0]).to_ascii_lowercase();
-    let need = Need::new(purpose, Conn::Watched, &command, args).key(glob, access);
-    match access {
-        Access::Read => need.harmless(),
-        _ => need,
-    }
-}
+/// The placeholders a declaration's sample arguments may use.
+const PLACEHOLDERS: &[&str] = &[
+    "key", "glob", "field", "channel", "db", "prefix", "flags", "sha",
+];
 
-/// keywatch's own keys, by the names the modules give them; the commands of their Lua scripts
-/// are listed one by one.
-fn state_needs(config: &Config, out: &mut Vec<Need>) {
-    let p = &config.state.prefix;
-    let all = format!("{p}*");
-    let mut add = |purpose: &str, command: &str, args: &[&str], harmless: bool| {
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
-        let mut n =
-            Need::new(purpose, Conn::State, command, &args).key(all.as_bytes(), Access::ReadWrite);
-        n.harmless = harmless;
-        out.push(n);
+fn need(config: &Config, u: &Use, fill: &Fill) -> Need {
+    let flags = flags::merged("", &config.needed_notify_flags());
+    let value = |name: &str| -> Vec<u8> {
+        match name {
+            "key" => fill.key.clone(),
+            "glob" => fill.glob.clone(),
+            "field" => fill.field.clone(),
+            "channel" => fill.channel.clone().into_bytes(),
+            "db" => fill.db.clone().into_bytes(),
+            "prefix" => config.state.prefix.clone().into_bytes(),
+            "flags" => flags.clone().into_bytes(),
+            _ => SHA.into(),
+        }
     };
-    let sha = "0000000000000000000000000000000000000000";
-    add(
-        "Lua scripts",
-        "script|load",
-        &["SCRIPT", "LOAD", "return 1"],
-        false,
-    );
-
-    let claim = format!("{p}claim:keywatch-doctor");
-    add(
-        "claims: one firing per event",
-        "set",
-        &["SET", &claim, "1", "NX", "PX", "1000"],
-        false,
-    );
-    let claims = format!("{p}claims:0");
-    add(
-        "claims: one firing per event",
-        "hsetnx",
-        &["HSETNX", &claims, "id", "1"],
-        false,
-    );
-    add(
-        "claims: one firing per event",
-        "pexpiretime",
-        &["PEXPIRETIME", &claims],
-        true,
-    );
-    add(
-        "claims: one firing per event",
-        "pexpireat",
-        &["PEXPIREAT", &claims, "1000"],
-        false,
-    );
-
-    let (queue, jobs) = (format!("{p}queue"), format!("{p}queue:jobs"));
-    add("job queue", "hset", &["HSET", &jobs, "id", "job"], false);
-    add("job queue", "zadd", &["ZADD", &queue, "0", "id"], false);
-    add(
-        "job queue",
-        "zadd",
-        &["ZADD", &queue, "XX", "0", "id"],
-        false,
-    );
-    add("job queue", "zrem", &["ZREM", &queue, "id"], false);
-    add("job queue", "hdel", &["HDEL", &jobs, "id"], false);
-    add("job queue", "zcard", &["ZCARD", &queue], true);
-    add(
-        "job queue: take",
-        "evalsha",
-        &["EVALSHA", sha, "2", &queue, &jobs],
-        false,
-    );
-    add(
-        "job queue: take (script)",
-        "zrange",
-        &["ZRANGE", &queue, "-inf", "0", "BYSCORE", "LIMIT", "0", "1"],
-        true,
-    );
-    add(
-        "job queue: take (script)",
-        "hmget",
-        &["HMGET", &jobs, "id"],
-        true,
-    );
-
-    let (windows, window) = (format!("{p}groups"), format!("{p}group:doctor:doctor"));
-    add(
-        "digest windows",
-        "set",
-        &["SET", &format!("{window}:window"), "0", "PX", "1000"],
-        false,
-    );
-    add(
-        "digest windows",
-        "get",
-        &["GET", &format!("{window}:window")],
-        true,
-    );
-    add("digest windows", "sadd", &["SADD", &windows, "w"], false);
-    add("digest windows", "smembers", &["SMEMBERS", &windows], true);
-    add("digest windows", "srem", &["SREM", &windows, "w"], false);
-    add(
-        "digest windows",
-        "zadd",
-        &["ZADD", &window, "NX", "0", "id"],
-        false,
-    );
-    add("digest windows", "zcard", &["ZCARD", &window], true);
-
-    let (dead, index, redrive) = (
-        format!("{p}dead"),
-        format!("{p}dead:index"),
-        format!("{p}dead:redrive"),
-    );
-    add(
-        "dead letters",
-        "hset",
-        &["HSET", &dead, "id", "letter"],
-        false,
-    );
-    add("dead letters", "zadd", &["ZADD", &index, "0", "id"], false);
-    add("dead letters", "zcard", &["ZCARD", &index], true);
-    add("dead letters", "zpopmin", &["ZPOPMIN", &index, "1"], false);
-    add("dead letters", "hdel", &["HDEL", &dead, "id"], false);
-    add(
-        "dead letters",
-        "zrange",
-        &["ZRANGE", &index, "0", "0", "REV"],
-        true,
-    );
-    add("dead letters", "hmget", &["HMGET", &dead, "id"], true);
-    add("dead letters", "zrem", &["ZREM", &index, "id"], false);
-    add(
-        "dead letters: retry",
-        "lpush",
-        &["LPUSH", &redrive, "letter"],
-        false,
-    );
-    add(
-        "dead letters: retry",
-        "rpop",
-        &["RPOP", &redrive, "1"],
-        false,
-    );
-
-    let silences = format!("{p}silences");
-    add("silences", "hgetall", &["HGETALL", &silences], true);
-    add(
-        "silences",
-        "hset",
-        &["HSET", &silences, "id", "silence"],
-        false,
-    );
-    add("silences", "hdel", &["HDEL", &silences, "id"], false);
-
-    for c in config.channels.iter().filter(|c| c.rate.is_some()) {
-        let bucket = format!("{p}rate:{}", c.name);
-        let why = format!("rate limit of channel {}", c.name);
-        add(
-            &why,
-            "evalsha",
-            &["EVALSHA", sha, "1", &bucket, "1", "1000"],
-            false,
-        );
-        add(&format!("{why} (script)"), "time", &["TIME"], true);
-        add(
-            &format!("{why} (script)"),
-            "hmget",
-            &["HMGET", &bucket, "tokens", "ts"],
-            true,
-        );
-        add(
-            &format!("{why} (script)"),
-            "hset",
-            &["HSET", &bucket, "tokens", "1", "ts", "0"],
-            false,
-        );
-        add(
-            &format!("{why} (script)"),
-            "pexpire",
-            &["PEXPIRE", &bucket, "1000"],
-            false,
-        );
+    let mut args: Vec<Vec<u8>> = u.words().into_iter().map(String::into_bytes).collect();
+    args.extend(u.args.split_whitespace().map(|w| fill_in(w, &value)));
+    Need {
+        purpose: match &fill.rule {
+            Some(rule) => format!("{} of rule {rule}", u.why),
+            None => u.why.to_string(),
+        },
+        conn: u.conn,
+        command: u.command.to_string(),
+        args,
+        key: fill
+            .grant
+            .as_ref()
+            .map(|(g, a)| (String::from_utf8_lossy(g).into_owned(), *a)),
+        channel: u.channel.map(|_| fill.channel.clone()),
+        harmless: u.access == Access::Read,
     }
+}
 
-    if config.uses_ledger() {
-        for &db in &config.redis.databases {
-            let z = format!("{p}ledger:{db}");
-            let (poked, at, handled) = (
-                format!("{z}:poked"),
-                format!("{z}:poked-deadline"),
-                format!("{z}:handled"),
-            );
-            add("ledger", "zadd", &["ZADD", &z, "0", "k"], false);
-            add("ledger", "zrem", &["ZREM", &z, "k"], false);
-            add(
-                "ledger",
-                "zrange",
-                &[
-                    "ZRANGE",
-                    &z,
-                    "-inf",
-                    "0",
-                    "BYSCORE",
-                    "LIMIT",
-                    "0",
-                    "1",
-                    "WITHSCORES",
-                ],
-                true,
-            );
-            add("ledger", "zscore", &["ZSCORE", &z, "k"], true);
-            add("ledger", "zcard", &["ZCARD", &z], true);
-            add(
-                "ledger: scripts",
-                "evalsha",
-                &["EVALSHA", sha, "4", &z, &poked, &at, &handled],
-                false,
-            );
-            add(
-                "ledger (script)",
-                "zremrangebyscore",
-                &["ZREMRANGEBYSCORE", &handled, "-inf", "0"],
-                false,
-            );
-            add(
-                "ledger (script)",
-                "zrangebyscore",
-                &["ZRANGEBYSCORE", &poked, "-inf", "0", "LIMIT", "0", "1"],
-                true,
-            );
-            add("ledger (script)", "hget", &["HGET", &at, "k"], true);
-            add("ledger (script)", "hset", &["HSET", &at, "k", "0"], false);
-            add("ledger (script)", "hdel", &["HDEL", &at, "k"], false);
-            let seq = format!("{z}:seq");
-            add("ledger: marker sequence", "incr", &["INCR", &seq], false);
+/// `word` with each `{placeholder}` replaced, in one pass: what replaces one is never read
+/// again (a state prefix may hold braces, as a cluster hash tag).
+fn fill_in(word: &str, value: &dyn Fn(&str) -> Vec<u8>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = word;
+    while let Some(open) = rest.find('{') {
+        out.extend_from_slice(&rest.as_bytes()[..open]);
+        let after = &rest[open + 1..];
+        match after.find('}').map(|close| &after[..close]) {
+            Some(name) if PLACEHOLDERS.contains(&name) => {
+                out.extend(value(name));
+                rest = &after[name.len() + 1..];
+            }
+            _ => {
+                out.push(b'{');
+                rest = after;
+            }
         }
     }
-    if config.event_kinds().contains(&EventKind::Expiring) {
-        let last = format!("{p}scanner:last");
-        add("scanner", "get", &["GET", &last], true);
-        add("scanner", "set", &["SET", &last, "0"], false);
-        let warned = format!("{p}warned:0:rule:0:keywatch-doctor");
-        add(
-            "scanner: warned once",
-            "set",
-            &["SET", &warned, "1", "NX", "PXAT", "1"],
-            false,
-        );
+    out.extend_from_slice(rest.as_bytes());
+    out
+}
+
+/// The documented least-privilege line for `prefix`: every command some setup sends, but for
+/// those only some setups need ([`When::in_base_acl`]), which the docs name one by one.
+pub fn base_acl_line(prefix: &str) -> String {
+    let base: Vec<&Use> = REGISTRY
+        .iter()
+        .flat_map(|d| d.uses)
+        .filter(|u| u.when.in_base_acl())
+        .collect();
+    let mut words = vec!["ACL SETUSER keywatch reset on >PASSWORD".to_string()];
+    if base.iter().any(|u| matches!(u.keys, Keys::State(_))) {
+        words.push(format!("~{prefix}*"));
     }
+    let reads = |k: Keys| !matches!(k, Keys::None | Keys::State(_));
+    if base.iter().any(|u| reads(u.keys)) {
+        words.push(format!("{}*", Access::Read.selector()));
+    }
+    words.push("resetchannels".into());
+    for ch in [Channel::Keyevent, Channel::Marker] {
+        if base.iter().any(|u| u.channel == Some(ch)) {
+            words.push(match ch {
+                Channel::Keyevent => "&__keyevent@*__:*".to_string(),
+                Channel::Marker => format!("&{}", Ledger::marker_channel(prefix)),
+            });
+        }
+    }
+    for c in base_commands() {
+        words.push(format!("+{c}"));
+    }
+    words.join(" ")
+}
+
+fn base_commands() -> Vec<&'static str> {
+    let mut out: Vec<&str> = Vec::new();
+    for u in REGISTRY.iter().flat_map(|d| d.uses) {
+        if u.when.in_base_acl() && !out.contains(&u.command) {
+            out.push(u.command);
+        }
+    }
+    out
+}
+
+/// What `config`'s rules add to the base line: the commands the base leaves out, and write
+/// access to exactly what they delete. `None` when they add nothing.
+pub fn rules_acl_line(config: &Config) -> Option<String> {
+    let base = base_commands();
+    let needs = needs(config);
+    let commands = needs
+        .iter()
+        .filter(|n| !base.contains(&n.command.as_str()))
+        .map(|n| format!("+{}", n.command));
+    let keys = needs.iter().filter_map(|n| match &n.key {
+        Some((glob, access)) if n.conn == Conn::Watched && *access != Access::Read => {
+            Some(format!("{}{glob}", access.selector()))
+        }
+        _ => None,
+    });
+    let mut grants: Vec<String> = Vec::new();
+    for g in commands.chain(keys) {
+        if !grants.contains(&g) {
+            grants.push(g);
+        }
+    }
+    (!grants.is_empty()).then(|| format!("ACL SETUSER keywatch {}", grants.join(" ")))
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands the permission check sends itself ([`crate::keyspace::commands`]).
+    [
+        Use::new(
+            Conn::Watched,
+            "acl|dryrun",
+            "doctor: checks without running anything",
+        )
+        .args("keywatch PING")
+        .when(When::DoctorOptional),
+        Use::new(
+            Conn::Watched,
+            "multi",
+            "doctor: checks without running anything",
+        )
+        .when(When::Doctor),
+        Use::new(
+            Conn::Watched,
+            "discard",
+            "doctor: checks without running anything",
+        )
+        .when(When::Doctor),
+        Use::new(
+            Conn::Watched,
+            "ping",
+            "doctor: checks without running anything",
+        )
+        .when(When::Doctor),
+        Use::new(
+            Conn::Watched,
+            "subscribe",
+            "doctor: checks a subscription as keywatch subscribes",
+        )
+        .channel(Channel::Keyevent)
+        .args("{channel}")
+        .when(When::Doctor),
+        Use::new(
+            Conn::Watched,
+            "unsubscribe",
+            "doctor: checks leaving a channel as keywatch leaves",
+        )
+        .access(Access::Write)
+        .args("__keyevent@0__:keywatch-doctor")
+        .when(When::Doctor),
+    ]
 }
 
 /// How permissions are checked on one connection.
@@ -710,8 +597,8 @@ pub async fn check(
             Err(e) => refused(&e),
         };
     }
-    if need.is_subscribe() {
-        return subscribe(client, need).await;
+    if need.is_pubsub() {
+        return pubsub(client, need).await;
     }
     match method {
         Method::Multi => {
@@ -750,20 +637,31 @@ fn command(need: &Need) -> redis::Cmd {
     c
 }
 
-/// A subscription is checked on a subscriber connection of its own, as keywatch subscribes.
-async fn subscribe(client: &redis::Client, need: &Need) -> Outcome {
-    let Some(ch) = &need.channel else {
+/// A subscription is checked on a subscriber connection of its own, as keywatch subscribes; so
+/// is leaving a channel (which it was never on: nothing changes).
+async fn pubsub(client: &redis::Client, need: &Need) -> Outcome {
+    let Some(ch) = need.args.get(1) else {
         return Outcome::Unchecked("no channel".into());
     };
     let mut pubsub = match client.get_async_pubsub().await {
         Ok(p) => p,
         Err(e) => return Outcome::Unchecked(format!("cannot open a subscriber connection: {e}")),
     };
-    match tokio::time::timeout(std::time::Duration::from_secs(10), pubsub.subscribe(ch)).await {
+    let leave = need.args[0].eq_ignore_ascii_case(b"UNSUBSCRIBE");
+    let sent = async {
+        match leave {
+            true => pubsub.unsubscribe(ch).await,
+            false => pubsub.subscribe(ch).await,
+        }
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(10), sent).await {
         Ok(Ok(())) => Outcome::Allowed,
         Ok(Err(e)) if e.code().is_some() => refused(&e),
         Ok(Err(e)) => Outcome::Unchecked(e.to_string()),
-        Err(_) => Outcome::Unchecked("SUBSCRIBE got no answer within 10 s".into()),
+        Err(_) => Outcome::Unchecked(format!(
+            "{} got no answer within 10 s",
+            String::from_utf8_lossy(&need.args[0])
+        )),
     }
 }
 
@@ -779,15 +677,31 @@ mod tests {
         assert_eq!(sample_of(b"x[^abc]y"), b"x_y");
     }
 
+    fn need(
+        command: &str,
+        args: &[&str],
+        key: Option<(&str, Access)>,
+        channel: Option<&str>,
+    ) -> Need {
+        Need {
+            purpose: "t".into(),
+            conn: Conn::State,
+            command: command.into(),
+            args: args.iter().map(|a| a.as_bytes().to_vec()).collect(),
+            key: key.map(|(g, a)| (g.to_string(), a)),
+            channel: channel.map(str::to_string),
+            harmless: false,
+        }
+    }
+
     #[test]
     fn fixes_grant_what_the_refusal_names() {
-        let n = Need::new(
-            "t",
-            Conn::State,
+        let n = need(
             "zadd",
-            &[b"ZADD", b"keywatch:queue", b"0", b"id"],
-        )
-        .key(b"keywatch:*", Access::ReadWrite);
+            &["ZADD", "keywatch:queue", "0", "id"],
+            Some(("keywatch:*", Access::ReadWrite)),
+            None,
+        );
         assert_eq!(
             n.grant("This user has no permissions to run the 'zadd' command")
                 .as_deref(),
@@ -800,11 +714,61 @@ mod tests {
             .as_deref(),
             Some("~keywatch:*")
         );
-        let s = Need::new("t", Conn::Watched, "subscribe", &[b"SUBSCRIBE", b"c"]).channel("c");
+        let s = need("subscribe", &["SUBSCRIBE", "c"], None, Some("c"));
         assert_eq!(
             s.grant("This user has no permissions to access the 'c' channel")
                 .as_deref(),
             Some("&c")
         );
+    }
+
+    /// docs/redis.md's least-privilege lines are a copy of what the declarations grant: the
+    /// base line for the default prefix, and what the example rules in rules/ add.
+    #[test]
+    fn the_documented_acl_lines_are_the_derived_ones() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let docs = std::fs::read_to_string(root.join("docs/redis.md")).unwrap();
+        let start = docs.find("## Least-privilege ACL").unwrap();
+        let section = &docs[start..];
+        let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+        let documented: Vec<&str> = section
+            .lines()
+            .filter(|l| l.starts_with("ACL SETUSER keywatch "))
+            .collect();
+        let env = |name: &str| match name.contains("REDIS") {
+            true => Some("redis://127.0.0.1:6379".to_string()),
+            false => Some("https://example.com/hook".to_string()),
+        };
+        let rules = crate::config::load(&[root.join("rules")], crate::config::Mode::Check, &env)
+            .unwrap_or_else(|e| panic!("rules/: {e:?}"))
+            .config;
+        assert_eq!(rules.state.prefix, "keywatch:");
+        let derived = [
+            base_acl_line(&rules.state.prefix),
+            rules_acl_line(&rules).expect("the example rules delete something"),
+        ];
+        assert_eq!(
+            documented,
+            derived,
+            "docs/redis.md, section \"Least-privilege ACL\", should have these lines:\n{}\n",
+            derived.join("\n")
+        );
+    }
+
+    #[test]
+    fn declarations_use_known_placeholders_only() {
+        for u in REGISTRY.iter().flat_map(|d| d.uses) {
+            let mut rest = u.args;
+            while let Some(open) = rest.find('{') {
+                let name = &rest[open + 1..];
+                let name = &name[..name.find('}').unwrap_or(name.len())];
+                assert!(
+                    PLACEHOLDERS.contains(&name),
+                    "{}: unknown {{{name}}}",
+                    u.command
+                );
+                rest = &rest[open + 1..];
+            }
+        }
     }
 }
