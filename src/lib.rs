@@ -38,6 +38,7 @@
 //! - [`reload`]: new rules while running (SIGHUP, `POST /-/reload`, file changes), all or nothing.
 //! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
 //! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
+//! - [`server_fetch`]: where no redis-server is installed, the pinned valkey-server from PyPI.
 //! - [`proc_stats`]: peak RSS and CPU time from `/proc`, for the benchmark tools.
 //! - [`send_test`]: `keywatch send-test`, one test message through one channel.
 //! - [`doctor`]: `keywatch doctor`, is Redis ready for keywatch (each problem with its fix).
@@ -78,6 +79,7 @@ pub mod ratelimit;
 pub mod reload;
 pub mod send_test;
 pub mod server;
+pub mod server_fetch;
 pub mod silences;
 pub mod source;
 pub mod status;
