@@ -6,42 +6,45 @@
 //!
 //! # Layout
 //!
-//! - [`cli`]: the command line of SPEC §1 (clap), parsed once into a command enum that dispatches.
+//! Each stage of the pipeline is a folder; data flows down this list and no module imports one
+//! above it (`tests/layout.rs` checks that no two modules or files import each other, directly
+//! or around a circle). A later stage is handed what it needs; an earlier one reports back
+//! through a channel or callback it is given.
+//!
+//! Shared vocabulary and rule files:
+//! - [`event`]: what happened to which key; the vocabulary every stage shares.
+//! - [`yaml`]: rule files as trees that know every value's line and column; located errors.
+//! - [`pattern`]: the key pattern language of SPEC §3, and [`pattern::matcher`], every rule's
+//!   pattern compiled into one matcher.
+//! - [`template`]: Jinja rendering with per-target escaping, so key text never widens an action.
+//! - [`outcome`]: how one attempt of an action went.
+//! - [`channel`]: where messages go: one [`channel::Integration`] per chat service or webhook,
+//!   each in one file (its fields, its request, its idea of success).
 //! - [`config`]: rule files → a validated, compiled [`config::Config`]; every problem reported as
 //!   `FILE:LINE:COLUMN: message`, all of them in one run.
-//! - [`pattern`]: the key pattern language of SPEC §3 on bytes, with captures and SCAN globs.
-//! - [`matcher`]: all rules compiled into one matcher that finds every matching rule of a key.
-//! - [`template`]: Jinja rendering with per-target escaping, so key text never widens an action.
-//! - [`event`]: what happened to which key; the vocabulary every stage shares.
-//! - [`job`]: a matched event of one rule ([`job::Firing`]) and the actions it owes.
-//! - [`explain`]: `keywatch explain`: what would run for a key, rendered, sending nothing.
-//! - [`connect`]: settings → Redis clients (URL precedence, credentials, TLS).
-//! - [`keyspace`]: the watched Redis, one node or a cluster, behind one connection type.
-//! - [`cluster`]: Redis Cluster masters from `CLUSTER NODES`; state keys on one hash tag.
-//! - [`source`]: where events come from (keyspace notifications; `notify-keyspace-events`; the
-//!   deadline ledger; the scanner that warns before deadlines; following a cluster's masters).
-//! - [`claims`]: one firing per event, however many instances saw it.
-//! - [`engine`]: matching and detail reads, in batches, producing firings.
-//! - [`dead`]: dead letters kept in Redis, listed, re-driven and dropped.
-//! - [`silences`]: rules muted for a while, kept in Redis, obeyed by every instance.
-//! - [`delivery`]: runs firings' actions in order, retries with backoff, rate-limits channels.
-//! - [`queue`]: the durable job queue in Redis, shared by instances.
-//! - [`action`]: reload, exec, cleanup, detail, and one module per chat integration.
-//! - [`ratelimit`]: token buckets for channels.
-//! - [`backlog`]: a rate-limited channel's waiting line; a backlog the rate cannot serve merges into digests.
+//! - [`firing`]: a matched event of one rule ([`firing::Firing`]) and its jobs
+//!   ([`firing::Job`]): the unit every later stage passes on, stores and retries.
+//!
+//! The pipeline:
+//! - [`keyspace`]: the watched Redis (one node or a cluster) and the one keeping keywatch's
+//!   state: connections, cluster discovery, the Redis commands each module declares
+//!   ([`keyspace::commands`]), and a throwaway server for the demo and benchmarks.
+//! - [`source`]: where events come from, as [`source::Signal`]s: keyspace notifications, the
+//!   flags they need, the deadline ledger, the scanner that warns before deadlines, and the
+//!   subscribers that follow a cluster's masters.
+//! - [`engine`]: signals → firings: matching in batches, silences, detail reads, and claims
+//!   (one firing per event, however many instances saw it).
+//! - [`delivery`]: runs firings' jobs in order from a durable queue in Redis, retries with
+//!   backoff, digests, rate-limited lanes, dead letters.
+//! - [`action`]: what a job does: reload, exec, cleanup, notify.
+//!
+//! Seen from outside:
 //! - [`metrics`]: every metric of SPEC §7, defined once.
 //! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
-//! - [`status_page`]: the HTML status page at `/`, for on-call engineers on a phone.
-//! - [`server`]: the HTTP endpoint of SPEC §6.
-//! - [`admin`]: `keywatch silence` and `keywatch dead`, which change state in Redis.
-//! - [`app`]: `keywatch run`: wiring and shutdown.
-//! - [`reload`]: new rules while running (SIGHUP, `POST /-/reload`, file changes), all or nothing.
-//! - [`demo`]: `keywatch demo`, a tour on a throwaway redis-server.
-//! - [`local_redis`]: a throwaway `redis-server` child, for the demo and the benchmark tools.
+//! - [`command`]: the command line of SPEC §1 and each command: `run` (with its HTTP endpoint,
+//!   status page and reloads), `check`, `explain`, `doctor`, `demo`, `send-test`, `upcoming`,
+//!   `silence`, `dead`.
 //! - [`proc_stats`]: peak RSS and CPU time from `/proc`, for the benchmark tools.
-//! - [`send_test`]: `keywatch send-test`, one test message through one channel.
-//! - [`doctor`]: `keywatch doctor`, is Redis ready for keywatch (each problem with its fix).
-//! - [`upcoming`]: `keywatch upcoming`, keys that expire soon (ledger, or a paced SCAN).
 
 /// A storm of expiries allocates and frees small buffers on every worker thread (firings,
 /// rendered templates, HTTP requests); glibc's allocator spent about a third of a mass expiry's

@@ -53,10 +53,14 @@ pub enum DemoError {
 
 /// Runs the tour; returns when every demo key has fired (or after 20 s).
 pub async fn run() -> Result<(), DemoError> {
-    let server = LocalRedis::start(&[])?;
+    // Blocking: it may first download a valkey-server (see `server_fetch`).
+    let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
+        .await
+        .map_err(|e| DemoError::Run(e.to_string()))??;
     let url = server.url();
     println!(
-        "keywatch demo: started a throwaway redis-server on 127.0.0.1:{}",
+        "keywatch demo: started a throwaway {} on 127.0.0.1:{}",
+        server.binary().display(),
         server.port()
     );
     println!("rules:{RULES}");
@@ -152,7 +156,7 @@ pub async fn run() -> Result<(), DemoError> {
     drop(server);
     result.map_err(|e| DemoError::Run(e.to_string()))?;
     println!(
-        "keywatch demo: done (the redis-server was stopped). Next: write rules in rules/, check them with `keywatch check`, run `keywatch run`."
+        "keywatch demo: done (the server was stopped). Next: write rules in rules/, check them with `keywatch check`, run `keywatch run`."
     );
     Ok(())
 }

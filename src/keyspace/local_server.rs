@@ -1,9 +1,13 @@
 //! A throwaway `redis-server` child on a free loopback port, for `keywatch demo` and the
 //! benchmark tools: it never touches a Redis the user already runs, and it is killed (and its
-//! folder removed) when dropped.
+//! folder removed) when dropped. Where no server is installed, [`super::server_fetch`] fetches
+//! a pinned valkey-server, so a machine with only Rust can run the tour.
 
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
+
+use super::server_fetch::{self, FetchError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalRedisError {
@@ -11,6 +15,10 @@ pub enum LocalRedisError {
         "redis-server was not found ({0}). Install it (Debian/Ubuntu: `apt-get install redis-server`, macOS: `brew install redis`) or point KEYWATCH_REDIS_SERVER at a redis-server or valkey-server binary."
     )]
     NoServer(String),
+    #[error(
+        "no redis-server or valkey-server is on the PATH, and fetching valkey-server failed: {0}. Install one (Debian/Ubuntu: `apt-get install redis-server`, macOS: `brew install redis`) or point KEYWATCH_REDIS_SERVER at a redis-server or valkey-server binary."
+    )]
+    Fetch(#[from] FetchError),
     #[error("cannot start redis-server: {0}")]
     Start(String),
 }
@@ -18,7 +26,8 @@ pub enum LocalRedisError {
 pub struct LocalRedis {
     child: std::process::Child,
     port: u16,
-    dir: std::path::PathBuf,
+    dir: PathBuf,
+    bin: PathBuf,
 }
 
 impl Drop for LocalRedis {
@@ -29,16 +38,18 @@ impl Drop for LocalRedis {
     }
 }
 
-/// `KEYWATCH_REDIS_SERVER`, or `redis-server` from the PATH.
-pub fn server_binary() -> String {
-    std::env::var("KEYWATCH_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+/// `KEYWATCH_REDIS_SERVER`, else `redis-server` or `valkey-server` from the PATH, else the
+/// pinned valkey-server (cached, or fetched now).
+pub fn server_binary() -> Result<PathBuf, LocalRedisError> {
+    Ok(server_fetch::server_binary()?)
 }
 
 impl LocalRedis {
     /// Starts a server with `--save "" --appendonly no` plus `extra` arguments, and waits until
     /// it answers PING.
     pub fn start(extra: &[&str]) -> Result<LocalRedis, LocalRedisError> {
-        let bin = server_binary();
+        let bin = server_binary()?;
+        let shown = bin.display();
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -66,11 +77,16 @@ impl LocalRedis {
                 .spawn()
                 .map_err(|e| match e.kind() {
                     std::io::ErrorKind::NotFound => {
-                        LocalRedisError::NoServer(format!("`{bin}`: {e}"))
+                        LocalRedisError::NoServer(format!("`{shown}`: {e}"))
                     }
                     _ => LocalRedisError::Start(e.to_string()),
                 })?;
-            let mut server = LocalRedis { child, port, dir };
+            let mut server = LocalRedis {
+                child,
+                port,
+                dir,
+                bin: bin.clone(),
+            };
             for _ in 0..100 {
                 if let Ok(Some(_)) = server.child.try_wait() {
                     break; // the port was taken between our probe and its bind: try another
@@ -85,7 +101,7 @@ impl LocalRedis {
             }
         }
         Err(LocalRedisError::Start(format!(
-            "`{bin}` did not come up on a free port"
+            "`{shown}` did not come up on a free port"
         )))
     }
 
@@ -99,5 +115,10 @@ impl LocalRedis {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The server binary this child runs, for telling the user which one that was.
+    pub fn binary(&self) -> &std::path::Path {
+        &self.bin
     }
 }

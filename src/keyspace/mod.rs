@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod commands;
 pub mod connect;
 pub mod local_server;
+pub mod server_fetch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
