@@ -1,7 +1,6 @@
 //! `keywatch silence` and `keywatch dead` against running instances.
 
 mod common;
-mod support;
 
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ fn cli(redis: &RedisServer, rules: &std::path::Path, args: &[&str]) -> (i32, Str
 
 fn expire(redis: &RedisServer, key: &str) {
     let mut c = redis.conn();
-    support::set_px(&mut c, key, 50);
+    common::set_px(&mut c, key, 50);
 }
 
 #[test]
@@ -30,9 +29,9 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
 
     let (code, out) = cli(
         &redis,
@@ -104,8 +103,8 @@ fn dead_letters_are_kept_listed_redriven_and_dropped() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _kw = common::run_on(&redis, &rules);
 
     expire(&redis, "lock:1");
     receiver.wait_for(1, Duration::from_secs(10));

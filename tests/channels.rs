@@ -5,15 +5,14 @@
 //! Each test has its own Redis, receivers and daemon, so the tests run in parallel.
 
 mod common;
-mod support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{HttpReceiver, RedisServer, Request, Response};
-use serde_json::{Value, json};
-use support::{
-    Daemon, PATIENCE, Rules, assert_no_secret, expire_now, field_is, redis_with_expiry_events,
+use common::{
+    Daemon, HttpReceiver, PATIENCE, RedisServer, Request, Response, Rules, assert_no_secret,
+    field_is,
 };
+use serde_json::{Value, json};
 
 /// HMAC-SHA256 of `message` keyed by `key`, base64 (standard alphabet, padded): the signature
 /// primitive of DingTalk and Feishu, computed here independently of keywatch's code.
@@ -114,7 +113,7 @@ rules:
     let daemon = Daemon::start(&yaml);
     let before = SystemTime::now();
     // Key text that would mention everyone, and a phone number, if it were not neutralised.
-    expire_now(&mut daemon.conn(), "order_lock:@all @13800000000");
+    daemon.expire("order_lock:@all @13800000000");
     let hostile = "@\u{200B}all @\u{200B}13800000000";
 
     // Markdown (the default), signed.
@@ -598,7 +597,7 @@ rules:
         am.url_for("/am"),
         custom.url_for("/custom"),
     );
-    let redis = redis_with_expiry_events();
+    let redis = RedisServer::with_events("Exg");
     let source = redis.addr();
     let daemon = Daemon::start_with(redis, &yaml, &[("AUDIT_TOKEN", "t0ken")]);
     let before = chrono::Utc::now();

@@ -3,13 +3,14 @@
 //! detail and cleanup reach keys on other shards, and readiness and metrics name every master.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, KeywatchProcess, RedisCluster, wait_until, write_rules};
-use support::{PATIENCE, SUBSCRIBED, endpoint, get};
+use common::{
+    HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisCluster, SUBSCRIBED, endpoint, get, set_px,
+    spawn_run, wait_until, write_rules,
+};
 
 /// Cluster settle and failover are slow on a loaded 2-core machine.
 const CLUSTER_PATIENCE: Duration = Duration::from_secs(60);
@@ -59,18 +60,7 @@ fn start(extra_rule: &str) -> Setup {
 
 /// `keywatch run` on the cluster, seeded with one node, once every master is subscribed.
 fn run_on(cluster: &RedisCluster, rules: &std::path::Path) -> KeywatchProcess {
-    let kw = common::Keywatch::spawn(
-        [
-            "run",
-            "-r",
-            rules.to_str().unwrap(),
-            "--redis",
-            &cluster.seed_url(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
+    let kw = spawn_run(&cluster.seed_url(), rules, Logs::Text, &[]);
     let masters = cluster.masters().len();
     wait_until(
         "keywatch subscribed on every master",
@@ -95,16 +85,6 @@ fn delivered(receiver: &HttpReceiver) -> BTreeMap<String, usize> {
             .or_default() += 1;
     }
     out
-}
-
-fn set_px(c: &mut redis::cluster::ClusterConnection, key: &str, ms: u64) {
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg("w")
-        .arg("PX")
-        .arg(ms)
-        .query(c)
-        .unwrap();
 }
 
 /// `keywatch_subscriber_up` per node, from `/metrics`.
@@ -264,7 +244,7 @@ fn detail_and_cleanup_reach_keys_on_other_shards() {
         .query(&mut c)
         .unwrap();
 
-    set_px(&mut c, &format!("task:{id}"), 1000);
+    set_px(&mut c, format!("task:{id}"), 1000);
     let got = receiver.wait_for(1, CLUSTER_PATIENCE);
     assert_eq!(
         got[0].json()["detail"],

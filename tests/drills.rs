@@ -6,7 +6,6 @@
 //! (`delivery::tests`); a real receiver failing for a while is in `tests/pipeline.rs`.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -103,15 +102,15 @@ fn redis_killed_and_restarted_with_aof_keeps_deadlines_and_queued_jobs() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = webhook_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
 
     // Jobs waiting in the queue for a retry: the receiver is down when their keys expire.
     receiver.down();
     for i in 0..5 {
-        support::set_px(&mut c, &format!("lock:queued:{i}"), 50);
+        common::set_px(&mut c, format!("lock:queued:{i}"), 50);
     }
-    wait_until("5 jobs wait in the queue", support::PATIENCE, || {
+    wait_until("5 jobs wait in the queue", common::PATIENCE, || {
         zcard(&redis, "keywatch:queue") == 5
     });
     // Deadlines that pass while Redis is down.
@@ -119,11 +118,11 @@ fn redis_killed_and_restarted_with_aof_keeps_deadlines_and_queued_jobs() {
     let due: Vec<String> = (0..20).map(|i| format!("lock:due:{i}")).collect();
     let due_at = std::time::Instant::now() + Duration::from_millis(6000);
     for key in &due {
-        support::set_px(&mut c, key, 6000);
+        common::set_px(&mut c, key, 6000);
     }
     wait_until(
         "the ledger knows the 20 deadlines",
-        support::PATIENCE,
+        common::PATIENCE,
         || due.iter().all(|k| in_ledger(&redis, k)),
     );
     drop(c);
@@ -166,14 +165,14 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = webhook_rules(dir.path(), &receiver, "redis: { notifications: enable }\n");
-    let mut kw = support::run_on(&redis, &rules);
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        support::set_px(&mut c, &format!("lock:lost:{i}"), 60_000);
+        common::set_px(&mut c, format!("lock:lost:{i}"), 60_000);
     }
     wait_until(
         "the ledger knows the 10 deadlines",
-        support::PATIENCE,
+        common::PATIENCE,
         || zcard(&redis, "keywatch:ledger:0") == 10,
     );
     drop(c);
@@ -195,9 +194,9 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     assert_eq!(left, 0, "a server without persistence kept keys?");
     let early: Vec<String> = (0..10).map(|i| format!("lock:early:{i}")).collect();
     for key in &early {
-        support::set_px(&mut c, key, 4000);
+        common::set_px(&mut c, key, 4000);
     }
-    wait_until("keywatch re-adds the flags", support::PATIENCE, || {
+    wait_until("keywatch re-adds the flags", common::PATIENCE, || {
         let flags: Vec<String> = redis::cmd("CONFIG")
             .arg("GET")
             .arg("notify-keyspace-events")
@@ -207,15 +206,15 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     });
     kw.wait_for_output(
         "Subscriber connection ended; reconnecting.",
-        support::PATIENCE,
+        common::PATIENCE,
     );
     // And keys set once keywatch is back are learnt from their `expire` events.
     let late: Vec<String> = (0..10).map(|i| format!("lock:late:{i}")).collect();
-    wait_until("keywatch has resubscribed", support::PATIENCE, || {
-        kw.stderr().matches(support::SUBSCRIBED).count() >= 2
+    wait_until("keywatch has resubscribed", common::PATIENCE, || {
+        kw.stderr().matches(common::SUBSCRIBED).count() >= 2
     });
     for key in &late {
-        support::set_px(&mut c, key, 1500);
+        common::set_px(&mut c, key, 1500);
     }
 
     let d = each_exactly_once(&receiver, 20);
@@ -240,7 +239,7 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = webhook_rules(dir.path(), &receiver, "");
-    let kw = support::run_on(&redis, &rules);
+    let kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
 
     // Long names, one deadline for all, far enough ahead for the ledger to learn every one.
@@ -262,7 +261,7 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
         }
         let () = pipe.query(&mut c).unwrap();
     }
-    wait_until("the ledger knows every deadline", support::PATIENCE, || {
+    wait_until("the ledger knows every deadline", common::PATIENCE, || {
         zcard(&redis, "keywatch:ledger:0") == KEYS as i64
     });
     let before = cut_offs(&redis);

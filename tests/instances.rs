@@ -1,7 +1,6 @@
 //! Several keywatch instances on one Redis: every event fires once, not once per instance.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,12 +30,12 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
-        support::set_px(&mut c, &format!("lock:{i}"), 700 + i * 20);
+        common::set_px(&mut c, format!("lock:{i}"), 700 + i * 20);
         let _: () = redis::cmd("SET")
             .arg(format!("job:{i}"))
             .arg("w")
@@ -89,12 +88,12 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
-        support::set_px(&mut c, &format!("lock:{i}"), 300);
+        common::set_px(&mut c, format!("lock:{i}"), 300);
     }
     let got = receiver.wait_for(30, Duration::from_secs(60));
     let first = got.iter().map(|r| r.received_instant).min().unwrap();
@@ -120,11 +119,11 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     let receiver = HttpReceiver::start();
     receiver.down();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        support::set_px(&mut c, &format!("lock:{i}"), 200);
+        common::set_px(&mut c, format!("lock:{i}"), 200);
     }
     common::wait_until(
         "10 jobs wait in the queue for a retry",
@@ -143,7 +142,7 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     );
 
     receiver.up();
-    let _kw = support::run_on(&redis, &rules);
+    let _kw = common::run_on(&redis, &rules);
     receiver.wait_for(10, Duration::from_secs(60));
     let keys: std::collections::BTreeSet<String> = receiver
         .requests()
@@ -167,15 +166,15 @@ fn an_instance_killed_mid_run_loses_nothing() {
             .then(|| common::Response::status(500).body("warming up"))
     });
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     let mut conn = redis.conn();
     // 300 keys expiring over 600 ms; the kill comes while their first attempts have failed and
     // the jobs wait in the queue, some leased to the instance that dies.
     for i in 0..KEYS {
-        support::set_px(&mut conn, &format!("lock:{i}"), 300 + i as u64 * 2);
+        common::set_px(&mut conn, format!("lock:{i}"), 300 + i as u64 * 2);
     }
     std::thread::sleep(Duration::from_millis(1500));
     a.sigkill();
@@ -221,8 +220,8 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     let deadline = chrono::Utc::now().timestamp_millis() + 1500;
     let mut pipe = redis::pipe();
@@ -319,9 +318,9 @@ fn three_instances_send_one_digest_per_window() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = grouped_rules(dir.path(), &receiver, "3s");
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     expire_together(&mut redis.conn(), 90, 300);
     receiver.wait_for(1, Duration::from_secs(30));
     // Well past the window's end: time for any other instance's digest to arrive.
@@ -349,7 +348,7 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = grouped_rules(dir.path(), &receiver, "5s");
-    let mut a = support::run_on(&redis, &rules);
+    let mut a = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     expire_together(&mut c, 20, 200);
     common::wait_until(
@@ -364,16 +363,11 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
         },
     );
     // A window's notifications are jobs waiting too: the backlog gauge counts them.
-    let addr = support::endpoint(&a);
+    let addr = common::endpoint(&a);
     common::wait_until(
         "keywatch_queue_pending counts the 20 waiting in the window",
         Duration::from_secs(10),
-        || {
-            support::metric(
-                &support::get(&addr, "/metrics").1,
-                "keywatch_queue_pending ",
-            ) == 20.0
-        },
+        || common::metric(&common::get(&addr, "/metrics").1, "keywatch_queue_pending ") == 20.0,
     );
     a.sigterm();
     assert!(
@@ -385,7 +379,7 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
         receiver.requests().is_empty(),
         "nothing is sent before the window ends"
     );
-    let _b = support::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
     receiver.wait_for(1, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(1500));
     let counts: Vec<u64> = receiver
@@ -415,8 +409,8 @@ fn a_failed_window_digest_is_retried_by_any_instance() {
     receiver.push(common::Response::status(503));
     let dir = tempfile::tempdir().unwrap();
     let rules = grouped_rules(dir.path(), &receiver, "1s");
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
     expire_together(&mut redis.conn(), 30, 200);
     let got = receiver.wait_for(2, Duration::from_secs(30));
     std::thread::sleep(Duration::from_secs(3));

@@ -3,7 +3,6 @@
 //! away never alerted.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,12 +35,12 @@ fn expiries_with_known_deadlines_carry_deadline_and_lateness() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     // Nobody touches these keys: the ledger's poke makes Redis expire them at their deadline.
     for i in 0..20 {
-        support::set_px(&mut c, &format!("lock:{i}"), 800 + i * 10);
+        common::set_px(&mut c, format!("lock:{i}"), 800 + i * 10);
     }
     let got = receiver.wait_for(20, Duration::from_secs(30));
     for r in &got {
@@ -58,11 +57,11 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..25 {
-        support::set_px(&mut c, &format!("lock:{i}"), 3000);
+        common::set_px(&mut c, format!("lock:{i}"), 3000);
     }
     wait_until(
         "the ledger knows the 25 deadlines",
@@ -81,7 +80,7 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     }
     assert_eq!(receiver.count(), 0);
 
-    let _kw = support::run_on(&redis, &rules);
+    let _kw = common::run_on(&redis, &rules);
     receiver.wait_for(25, Duration::from_secs(30));
     // Give a duplicate time to show up.
     std::thread::sleep(Duration::from_millis(1500));
@@ -102,11 +101,11 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
         .start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        support::set_px(&mut c, &format!("lock:{i}"), 3000);
+        common::set_px(&mut c, format!("lock:{i}"), 3000);
     }
     wait_until(
         "the ledger knows the 10 deadlines",
@@ -151,11 +150,11 @@ fn renamed_persisted_and_reset_keys_are_never_alerted() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     let set = |c: &mut redis::Connection, k: &str| {
-        support::set_px(c, k, 3000);
+        common::set_px(c, k, 3000);
     };
     set(&mut c, "lock:renamed");
     set(&mut c, "lock:persisted");
@@ -209,17 +208,17 @@ fn keys_set_before_keywatch_started_are_learnt_by_scan() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let rules = common::lock_rules(dir.path(), &receiver, "");
     let mut c = redis.conn();
     for i in 0..30 {
-        support::set_px(&mut c, &format!("lock:{i}"), 4000);
+        common::set_px(&mut c, format!("lock:{i}"), 4000);
     }
     let _: () = redis::cmd("SET")
         .arg("lock:forever")
         .arg("w")
         .query(&mut c)
         .unwrap();
-    let _kw = support::run_on(&redis, &rules);
+    let _kw = common::run_on(&redis, &rules);
     wait_until(
         "the scan learnt the 30 deadlines",
         Duration::from_secs(10),
@@ -254,7 +253,7 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         let metrics = std::sync::Arc::new(keywatch::metrics::Metrics::new());
         let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
         let b = Ledger::new(state, keyspace, "kw:", metrics);
-        support::set_px(&mut redis.conn(), "k:1", 300);
+        common::set_px(&mut redis.conn(), "k:1", 300);
         a.learn(0, &[b"k:1".to_vec()]).await.unwrap();
 
         // B's marker goes out before anything is poked; A pokes the key once it is due.

@@ -6,15 +6,13 @@
 //! Chromium/Chrome binary. Without one the test fails and says so; it never skips.
 
 mod common;
-mod support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{HttpReceiver, Response};
-use support::{Daemon, field_is, redis_with_expiry_events};
+use common::{Daemon, HttpReceiver, RedisServer, Response, field_is};
 
 /// Chromium's start-up is slow on a loaded CI machine; a page load never takes this long.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
@@ -130,7 +128,7 @@ fn get_page(addr: &str) -> String {
 }
 
 fn wait_for_page(addr: &str, needle: &str) {
-    let deadline = Instant::now() + support::PATIENCE;
+    let deadline = Instant::now() + common::PATIENCE;
     loop {
         let page = get_page(addr);
         if page.contains(needle) {
@@ -180,7 +178,7 @@ rules:
         good = good.url_for("/hook"),
         gone = gone.url_for("/old-hook"),
     );
-    let daemon = Daemon::start_with(redis_with_expiry_events(), &yaml, &[]);
+    let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
     let addr = endpoint(&daemon);
 
     // Markup in a key must be shown as text.
@@ -197,7 +195,7 @@ rules:
     });
 
     // A key that expires later: the ledger learns its deadline and the page lists it.
-    support::set_with_ttl(
+    common::set_with_ttl(
         &mut daemon.conn(),
         "order_lock:7",
         "v",
