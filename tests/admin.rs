@@ -30,8 +30,8 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = common::lock_rules(dir.path(), &receiver, "");
-    let _a = common::run_on(&redis, &rules);
-    let _b = common::run_on(&redis, &rules);
+    let a = common::run_on(&redis, &rules);
+    let b = common::run_on(&redis, &rules);
 
     let (code, out) = cli(
         &redis,
@@ -74,14 +74,27 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("did you mean `lock-expired`"), "{out}");
 
-    // Give both instances their one-second refresh, then expire a silenced and a free key.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Wait until both instances obey the silence (their status pages list the silences they
+    // hold), then expire a silenced and a free key.
+    for kw in [&a, &b] {
+        let addr = common::endpoint(kw);
+        wait_until(
+            "the instance holds the silence",
+            Duration::from_secs(10),
+            || {
+                let (_, page) = common::get(&addr, "/");
+                page.split_once("<section id=\"silences\">")
+                    .is_some_and(|(_, silences)| silences.contains("maintenance"))
+            },
+        );
+    }
     expire(&redis, "lock:10");
     expire(&redis, "lock:20");
     let got = receiver.wait_for(1, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(1000));
+    // Then a free key, after them: an alert for lock:10 would have come before it.
+    expire(&redis, "lock:21");
     let keys: Vec<String> = receiver
-        .requests()
+        .wait_past(&["lock:21"], Duration::from_secs(10))
         .iter()
         .map(|r| r.json()["key"].as_str().unwrap().to_string())
         .collect();
@@ -94,8 +107,8 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
             .contains("no silences")
     });
     expire(&redis, "lock:11");
-    receiver.wait_for(2, Duration::from_secs(10));
-    assert_eq!(receiver.requests()[1].json()["key"], "lock:11");
+    receiver.wait_for(3, Duration::from_secs(10));
+    assert_eq!(receiver.requests()[2].json()["key"], "lock:11");
 }
 
 #[test]

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisCluster, SUBSCRIBED, endpoint, get, set_px,
-    spawn_run, wait_until, write_rules,
+    HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisCluster, Request, SUBSCRIBED, endpoint,
+    get, set_and_expire_now, set_px, spawn_run, touch_until_gone, wait_until, write_rules,
 };
 
 /// Cluster settle and failover are slow on a loaded 2-core machine.
@@ -70,6 +70,22 @@ fn run_on(cluster: &RedisCluster, rules: &std::path::Path) -> KeywatchProcess {
     kw
 }
 
+/// Expires one key on each master, after the test's own keys, and returns the requests received
+/// until every one of them is delivered, without them: whatever a test's keys were going to
+/// cause on any shard (a duplicate) has arrived by then.
+fn past_sentinels(cluster: &RedisCluster, receiver: &HttpReceiver) -> Vec<Request> {
+    let mut c = conn(cluster);
+    let sentinels: Vec<String> = cluster
+        .masters()
+        .iter()
+        .map(|&m| cluster.key_on(m, "lock:sentinel"))
+        .collect();
+    for key in &sentinels {
+        set_and_expire_now(&mut c, &[key]);
+    }
+    receiver.wait_past(&sentinels, CLUSTER_PATIENCE)
+}
+
 fn conn(cluster: &RedisCluster) -> redis::cluster::ClusterConnection {
     cluster
         .client()
@@ -78,9 +94,9 @@ fn conn(cluster: &RedisCluster) -> redis::cluster::ClusterConnection {
 }
 
 /// Keys of the webhook requests received, with how often each came.
-fn delivered(receiver: &HttpReceiver) -> BTreeMap<String, usize> {
+fn delivered(requests: &[Request]) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in requests {
         *out.entry(r.json()["key"].as_str().unwrap().to_string())
             .or_default() += 1;
     }
@@ -140,9 +156,7 @@ fn keys_on_every_shard_alert_once_and_every_master_is_ready() {
         }
     }
     receiver.wait_for(keys.len(), CLUSTER_PATIENCE);
-    // Give a duplicate time to show up.
-    std::thread::sleep(Duration::from_millis(2000));
-    let d = delivered(&receiver);
+    let d = delivered(&past_sentinels(&cluster, &receiver));
     let want: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), 1)).collect();
     assert_eq!(d, want, "{}", kw.describe_output());
     // The state lives in the cluster under one hash tag.
@@ -196,8 +210,7 @@ fn alerts_continue_after_a_master_fails_over() {
     let after = cluster.key_on(replica, "lock:after");
     set_px(&mut c, &after, 1500);
     receiver.wait_for(2, CLUSTER_PATIENCE);
-    std::thread::sleep(Duration::from_millis(2000));
-    let d = delivered(&receiver);
+    let d = delivered(&past_sentinels(&cluster, &receiver));
     let want: BTreeMap<String, usize> = [(before, 1), (after, 1)].into_iter().collect();
     assert_eq!(d, want, "{}", kw.describe_output());
 }
@@ -398,8 +411,11 @@ fn expiries_on_every_shard_while_keywatch_is_down_are_recovered_once() {
         n == keys.len() as i64
     });
     kw.sigkill();
-    // Let every key expire with nobody listening (touching them makes their master delete them).
-    std::thread::sleep(Duration::from_millis(3200));
+    // Let every key expire with nobody listening: touching them until they are gone makes their
+    // master delete them as soon as their TTL has passed.
+    for k in &keys {
+        touch_until_gone(&mut c, &[k]);
+    }
     for k in &keys {
         let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).unwrap();
         assert_eq!(ttl, -2, "{k}");
@@ -409,9 +425,8 @@ fn expiries_on_every_shard_while_keywatch_is_down_are_recovered_once() {
     let rules = _dir.path().join("rules.yaml");
     let kw = run_on(&cluster, &rules);
     receiver.wait_for(keys.len(), CLUSTER_PATIENCE);
-    std::thread::sleep(Duration::from_millis(2000));
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in past_sentinels(&cluster, &receiver) {
         let j = r.json();
         assert_eq!(j["recovered"], true, "{j}");
         *seen

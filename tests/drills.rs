@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{HttpReceiver, RedisServer, wait_until, write_rules};
+use common::{HttpReceiver, RedisServer, Request, wait_until, write_rules};
 
 /// Upper bound for deliveries after a fault; a healthy run needs a few seconds.
 const AFTER_FAULT: Duration = Duration::from_secs(90);
@@ -24,9 +24,9 @@ fn zcard(redis: &RedisServer, key: &str) -> i64 {
 }
 
 /// Webhook requests received per key: (how many, how many marked `recovered`).
-fn deliveries(receiver: &HttpReceiver) -> BTreeMap<String, (usize, usize)> {
+fn deliveries(requests: &[Request]) -> BTreeMap<String, (usize, usize)> {
     let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in requests {
         let j = r.json();
         let key = j["key"].as_str().expect("event JSON has a key").to_string();
         let e = out.entry(key).or_default();
@@ -36,14 +36,22 @@ fn deliveries(receiver: &HttpReceiver) -> BTreeMap<String, (usize, usize)> {
     out
 }
 
-/// Waits for `keys` distinct keys, then a while longer for a duplicate to show up, and asserts
-/// that each came exactly once. Returns the deliveries.
-fn each_exactly_once(receiver: &HttpReceiver, keys: usize) -> BTreeMap<String, (usize, usize)> {
+/// A key of the drills' rule, expired after the drill's own keys.
+const SENTINEL: &str = "lock:sentinel";
+
+/// Waits for `keys` distinct keys, then for [`SENTINEL`], expired after them through the same
+/// pipeline (so a duplicate of theirs would have come before it), and asserts that each came
+/// exactly once. Returns the deliveries, without the sentinel.
+fn each_exactly_once(
+    redis: &RedisServer,
+    receiver: &HttpReceiver,
+    keys: usize,
+) -> BTreeMap<String, (usize, usize)> {
     wait_until(&format!("{keys} keys are delivered"), AFTER_FAULT, || {
-        deliveries(receiver).len() >= keys
+        deliveries(&receiver.requests()).len() >= keys
     });
-    std::thread::sleep(Duration::from_secs(2));
-    let d = deliveries(receiver);
+    common::set_and_expire_now(&mut redis.conn(), &[SENTINEL]);
+    let d = deliveries(&receiver.wait_past(&[SENTINEL], AFTER_FAULT));
     assert_eq!(d.len(), keys, "keys delivered: {:?}", d.keys());
     let doubled: Vec<_> = d.iter().filter(|(_, (n, _))| *n != 1).collect();
     assert!(doubled.is_empty(), "delivered more than once: {doubled:?}");
@@ -128,13 +136,14 @@ fn redis_killed_and_restarted_with_aof_keeps_deadlines_and_queued_jobs() {
     drop(c);
 
     redis.kill();
+    // Scenario, not synchronisation: the 20 deadlines pass while Redis is down.
     std::thread::sleep(
         due_at.saturating_duration_since(std::time::Instant::now()) + Duration::from_millis(500),
     );
     redis.start_again();
     receiver.up();
 
-    let d = each_exactly_once(&receiver, 25);
+    let d = each_exactly_once(&redis, &receiver, 25);
     assert!(
         kw.try_status().is_none(),
         "keywatch exited\n{}",
@@ -217,11 +226,11 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
         common::set_px(&mut c, key, 1500);
     }
 
-    let d = each_exactly_once(&receiver, 20);
+    let d = each_exactly_once(&redis, &receiver, 20);
     for key in early.iter().chain(&late) {
         assert!(d.contains_key(key), "{key} never alerted: {:?}", d.keys());
     }
-    for r in receiver.requests() {
+    for r in receiver.wait_past(&[SENTINEL], common::PATIENCE) {
         let j = r.json();
         assert!(j["deadline"].is_string(), "deadline not relearnt for {j}");
     }
@@ -273,7 +282,7 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
         .query(&mut c)
         .unwrap();
 
-    let d = each_exactly_once(&receiver, KEYS);
+    let d = each_exactly_once(&redis, &receiver, KEYS);
     let cuts = cut_offs(&redis) - before;
     assert!(
         cuts > 0,

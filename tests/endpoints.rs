@@ -92,17 +92,6 @@ fn not_ready_until_subscribed() {
     wait_until("/readyz says ready", common::PATIENCE, || {
         get(&addr, "/readyz").0 == 200
     });
-    let _: () = redis::cmd("SET")
-        .arg("lock:ready")
-        .arg("w")
-        .arg("PX")
-        .arg(1)
-        .query(&mut redis.conn())
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(5));
-    let _: Option<String> = redis::cmd("GET")
-        .arg("lock:ready")
-        .query(&mut redis.conn())
-        .unwrap();
+    common::set_and_expire_now(&mut redis.conn(), &["lock:ready"]);
     receiver.wait_for(1, common::PATIENCE);
 }

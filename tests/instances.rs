@@ -49,10 +49,12 @@ rules:
             .unwrap();
     }
     receiver.wait_for(60, Duration::from_secs(30));
-    // Time for any duplicate to arrive.
-    std::thread::sleep(Duration::from_millis(2000));
+    // Sentinels through the same pipeline, a few so that more than one instance is likely to
+    // take one: once they are delivered, any duplicate of the 60 has arrived too.
+    let sentinels = ["lock:sentinel-a", "lock:sentinel-b", "lock:sentinel-c"];
+    common::set_and_expire_now(&mut c, &sentinels);
     let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in receiver.wait_past(&sentinels, common::PATIENCE) {
         let j = r.json();
         *seen
             .entry((
@@ -176,7 +178,20 @@ fn an_instance_killed_mid_run_loses_nothing() {
     for i in 0..KEYS {
         common::set_px(&mut conn, format!("lock:{i}"), 300 + i as u64 * 2);
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    // (Failed attempts can only come before `failing_until`.)
+    common::wait_until(
+        "every key has had a failed first attempt",
+        failing_until.saturating_duration_since(std::time::Instant::now()),
+        || {
+            let tried: std::collections::BTreeSet<String> = receiver
+                .requests()
+                .iter()
+                .filter(|r| r.received_instant < failing_until)
+                .map(|r| r.json()["key"].as_str().unwrap().to_string())
+                .collect();
+            tried.len() == KEYS
+        },
+    );
     a.sigkill();
 
     common::wait_until("every key delivered", Duration::from_secs(120), || {
@@ -247,8 +262,7 @@ rules:
                 >= 10_000
         },
     );
-    std::thread::sleep(Duration::from_millis(2500));
-    let digests = receiver.requests();
+    let digests = past_window_sentinel(&redis, &receiver);
     let total: u64 = digests
         .iter()
         .map(|r| r.json()["count"].as_u64().unwrap())
@@ -271,6 +285,17 @@ rules:
             j["count"].as_u64().unwrap() - events
         );
     }
+}
+
+/// A key of the grouped rules, expired after the test's own.
+const SENTINEL: &str = "cache:sentinel";
+
+/// Expires [`SENTINEL`] and returns the requests received until its digest arrived, without it.
+/// Its window opens after the test's own windows have ended, so whatever they were going to send
+/// (another instance's digest of the same window, a digest sent twice) has arrived by then.
+fn past_window_sentinel(redis: &RedisServer, receiver: &HttpReceiver) -> Vec<common::Request> {
+    common::set_and_expire_now(&mut redis.conn(), &[SENTINEL]);
+    receiver.wait_past(&[SENTINEL], Duration::from_secs(30))
 }
 
 /// Rules with one grouped rule whose window is `window`, notifying the receiver's `/hook`.
@@ -323,9 +348,7 @@ fn three_instances_send_one_digest_per_window() {
     let _c = common::run_on(&redis, &rules);
     expire_together(&mut redis.conn(), 90, 300);
     receiver.wait_for(1, Duration::from_secs(30));
-    // Well past the window's end: time for any other instance's digest to arrive.
-    std::thread::sleep(Duration::from_secs(4));
-    let digests = receiver.requests();
+    let digests = past_window_sentinel(&redis, &receiver);
     let counts: Vec<u64> = digests
         .iter()
         .map(|r| r.json()["count"].as_u64().unwrap())
@@ -381,9 +404,7 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
     );
     let _b = common::run_on(&redis, &rules);
     receiver.wait_for(1, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(1500));
-    let counts: Vec<u64> = receiver
-        .requests()
+    let counts: Vec<u64> = past_window_sentinel(&redis, &receiver)
         .iter()
         .map(|r| r.json()["count"].as_u64().unwrap())
         .collect();
@@ -392,12 +413,19 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
         [20],
         "the window's digest, sent once by the new instance"
     );
-    let left: i64 = redis::cmd("EXISTS")
-        .arg("keywatch:group:cache-gone:hook")
-        .arg("keywatch:groups")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(left, 0, "a sent window leaves nothing behind");
+    // The sentinel's window was sent too, and may be a moment from being removed.
+    common::wait_until(
+        "a sent window leaves nothing behind",
+        common::PATIENCE,
+        || {
+            let left: i64 = redis::cmd("EXISTS")
+                .arg("keywatch:group:cache-gone:hook")
+                .arg("keywatch:groups")
+                .query(&mut c)
+                .unwrap();
+            left == 0
+        },
+    );
 }
 
 /// A window's digest that fails goes back to its window with its attempt counted; whichever
@@ -412,13 +440,8 @@ fn a_failed_window_digest_is_retried_by_any_instance() {
     let _a = common::run_on(&redis, &rules);
     let _b = common::run_on(&redis, &rules);
     expire_together(&mut redis.conn(), 30, 200);
-    let got = receiver.wait_for(2, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_secs(3));
-    let got = if receiver.count() > got.len() {
-        receiver.requests()
-    } else {
-        got
-    };
+    receiver.wait_for(2, Duration::from_secs(30));
+    let got = past_window_sentinel(&redis, &receiver);
     assert_eq!(got.len(), 2, "one failed attempt, one retry: {got:?}");
     for r in &got {
         assert_eq!(r.json()["count"].as_u64(), Some(30));
