@@ -413,9 +413,7 @@ fn expiries_on_every_shard_while_keywatch_is_down_are_recovered_once() {
     kw.sigkill();
     // Let every key expire with nobody listening: touching them until they are gone makes their
     // master delete them as soon as their TTL has passed.
-    for k in &keys {
-        touch_until_gone(&mut c, &[k]);
-    }
+    touch_until_gone(&mut c, &keys);
     for k in &keys {
         let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).unwrap();
         assert_eq!(ttl, -2, "{k}");

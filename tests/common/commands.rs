@@ -1,5 +1,6 @@
 //! The Redis commands tests keep repeating: keys with a TTL, keys that expire right now, the
-//! server's notification flags. Generic over the connection, so they work on a cluster too.
+//! server's notification flags. Generic over the connection, and one command at a time (a
+//! cluster connection does not pipeline), so they work on a cluster too.
 
 use std::time::{Duration, Instant};
 
@@ -30,11 +31,9 @@ pub fn set_px<K: ToRedisArgs>(conn: &mut impl ConnectionLike, key: K, ms: u64) {
 
 /// Sets each key to `v` and makes it expire now (see [`expire_now`]).
 pub fn set_and_expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[K]) {
-    let mut pipe = redis::pipe();
     for k in keys {
-        pipe.cmd("SET").arg(k).arg("v").ignore();
+        let () = redis::cmd("SET").arg(k).arg("v").query(conn).expect("SET");
     }
-    pipe.exec(conn).expect("SET the keys");
     expire_now(conn, keys);
 }
 
@@ -43,13 +42,13 @@ pub fn set_and_expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: 
 /// its TTL until Redis reports it gone, which deletes it lazily. This does not wait for Redis's
 /// background expiry cycle.
 pub fn expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[K]) {
-    let mut pipe = redis::pipe();
-    for k in keys {
-        pipe.cmd("PEXPIRE").arg(k).arg(1);
-    }
-    let set: Vec<i64> = pipe.query(conn).expect("PEXPIRE the keys");
-    for (i, s) in set.iter().enumerate() {
-        assert_eq!(*s, 1, "key #{i} does not exist, so it cannot expire");
+    for (i, k) in keys.iter().enumerate() {
+        let set: i64 = redis::cmd("PEXPIRE")
+            .arg(k)
+            .arg(1)
+            .query(conn)
+            .expect("PEXPIRE");
+        assert_eq!(set, 1, "key #{i} does not exist, so it cannot expire");
     }
     touch_until_gone(conn, keys);
 }
@@ -61,11 +60,10 @@ pub fn touch_until_gone<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[
     let deadline = Instant::now() + PATIENCE;
     while !left.is_empty() {
         std::thread::sleep(Duration::from_millis(2));
-        let mut pipe = redis::pipe();
-        for k in &left {
-            pipe.cmd("PTTL").arg(*k);
-        }
-        let ttls: Vec<i64> = pipe.query(conn).expect("PTTL the keys");
+        let ttls: Vec<i64> = left
+            .iter()
+            .map(|k| redis::cmd("PTTL").arg(*k).query(conn).expect("PTTL"))
+            .collect();
         assert!(
             !ttls.contains(&-1),
             "PTTL answered -1: a key has no TTL, it will never expire"
