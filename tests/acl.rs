@@ -3,10 +3,10 @@
 //! nothing (`ACL LOG` stays empty).
 
 mod common;
-mod support;
 
-use common::{HttpReceiver, Keywatch, RedisServer, wait_until, write_rules};
-use support::{PATIENCE, SUBSCRIBED, set_px};
+use common::{
+    HttpReceiver, Logs, PATIENCE, RedisServer, run_subscribed, set_px, wait_until, write_rules,
+};
 
 const PASSWORD: &str = "kw-Acl-pass";
 
@@ -27,7 +27,7 @@ fn acl_refusals(redis: &RedisServer) -> Vec<String> {
 fn keywatch_runs_under_exactly_the_documented_user() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let mut conn = redis.conn();
-    for line in support::documented_acl_lines() {
+    for line in common::documented_acl_lines() {
         let words: Vec<String> = line
             .split_whitespace()
             .map(|w| w.replace("PASSWORD", PASSWORD))
@@ -63,19 +63,7 @@ rules:
         ),
     );
     let url = format!("redis://keywatch:{PASSWORD}@{}", redis.addr());
-    let mut kw = Keywatch::spawn(
-        [
-            "run",
-            "-r",
-            rules.to_str().unwrap(),
-            "--redis",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    kw.wait_for_output(SUBSCRIBED, PATIENCE);
+    let mut kw = run_subscribed(&url, &rules, Logs::Text, &[]);
 
     // The ledger learns the deadline from the `expire` event, then the expiry is delivered.
     set_px(&mut conn, "order_lock:42", 3000);
@@ -129,12 +117,6 @@ rules:
         "Redis refused commands of the documented user: {log:?}\n{}",
         kw.describe_output()
     );
-    kw.sigterm();
-    let status = kw.wait_timeout(PATIENCE);
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "keywatch did not exit 0 ({status:?})\n{}",
-        kw.describe_output()
-    );
-    assert!(!kw.stderr().contains("NOPERM"), "{}", kw.describe_output());
+    let log = kw.stop();
+    assert!(!log.contains("NOPERM"), "{}", kw.describe_output());
 }

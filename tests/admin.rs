@@ -1,7 +1,6 @@
 //! `keywatch silence` and `keywatch dead` against running instances.
 
 mod common;
-mod support;
 
 use std::time::Duration;
 
@@ -22,7 +21,7 @@ fn cli(redis: &RedisServer, rules: &std::path::Path, args: &[&str]) -> (i32, Str
 
 fn expire(redis: &RedisServer, key: &str) {
     let mut c = redis.conn();
-    support::set_px(&mut c, key, 50);
+    common::set_px(&mut c, key, 50);
 }
 
 #[test]
@@ -30,9 +29,9 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let a = common::run_on(&redis, &rules);
+    let b = common::run_on(&redis, &rules);
 
     let (code, out) = cli(
         &redis,
@@ -75,14 +74,27 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("did you mean `lock-expired`"), "{out}");
 
-    // Give both instances their one-second refresh, then expire a silenced and a free key.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Wait until both instances obey the silence (their status pages list the silences they
+    // hold), then expire a silenced and a free key.
+    for kw in [&a, &b] {
+        let addr = common::endpoint(kw);
+        wait_until(
+            "the instance holds the silence",
+            Duration::from_secs(10),
+            || {
+                let (_, page) = common::get(&addr, "/");
+                page.split_once("<section id=\"silences\">")
+                    .is_some_and(|(_, silences)| silences.contains("maintenance"))
+            },
+        );
+    }
     expire(&redis, "lock:10");
     expire(&redis, "lock:20");
     let got = receiver.wait_for(1, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(1000));
+    // Then a free key, after them: an alert for lock:10 would have come before it.
+    expire(&redis, "lock:21");
     let keys: Vec<String> = receiver
-        .requests()
+        .wait_past(&["lock:21"], Duration::from_secs(10))
         .iter()
         .map(|r| r.json()["key"].as_str().unwrap().to_string())
         .collect();
@@ -95,8 +107,8 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
             .contains("no silences")
     });
     expire(&redis, "lock:11");
-    receiver.wait_for(2, Duration::from_secs(10));
-    assert_eq!(receiver.requests()[1].json()["key"], "lock:11");
+    receiver.wait_for(3, Duration::from_secs(10));
+    assert_eq!(receiver.requests()[2].json()["key"], "lock:11");
 }
 
 #[test]
@@ -104,8 +116,8 @@ fn dead_letters_are_kept_listed_redriven_and_dropped() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _kw = common::run_on(&redis, &rules);
 
     expire(&redis, "lock:1");
     receiver.wait_for(1, Duration::from_secs(10));

@@ -2,7 +2,6 @@
 //! instead of trickling out for hours, and none is lost.
 
 mod common;
-mod support;
 
 use std::time::Duration;
 
@@ -31,8 +30,8 @@ fn a_backlog_beyond_the_rate_merges_into_digests_whose_counts_add_up() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     // 20/min: 200 notifications one by one would take nine minutes.
-    let rules = support::lock_rules(dir.path(), &receiver, "    rate: 20/min\n");
-    let kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "    rate: 20/min\n");
+    let kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     // One deadline for every key, after all are set: the whole backlog is there at once however
     // slowly a loaded machine runs this loop (a trickle would be sent as it comes, token by token).
@@ -62,12 +61,12 @@ fn a_backlog_beyond_the_rate_merges_into_digests_whose_counts_add_up() {
         Duration::from_secs(90),
         || total() >= KEYS,
     );
-    common::wait_until("every job is acknowledged", support::PATIENCE, || {
+    common::wait_until("every job is acknowledged", common::PATIENCE, || {
         queued(&redis) == 0
     });
-    // Time for anything sent twice to show.
-    std::thread::sleep(Duration::from_secs(2));
-    let requests = receiver.requests();
+    // One more key through the same channel and bucket: anything sent twice comes before it.
+    common::set_and_expire_now(&mut c, &["lock:sentinel"]);
+    let requests = receiver.wait_past(&["lock:sentinel"], Duration::from_secs(30));
     let bodies: Vec<serde_json::Value> = requests.iter().map(|r| r.json()).collect();
     assert_eq!(
         bodies.iter().map(events_in).sum::<usize>(),

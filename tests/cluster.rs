@@ -3,13 +3,14 @@
 //! detail and cleanup reach keys on other shards, and readiness and metrics name every master.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, KeywatchProcess, RedisCluster, wait_until, write_rules};
-use support::{PATIENCE, SUBSCRIBED, endpoint, get};
+use common::{
+    HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisCluster, Request, SUBSCRIBED, endpoint,
+    get, set_and_expire_now, set_px, spawn_run, touch_until_gone, wait_until, write_rules,
+};
 
 /// Cluster settle and failover are slow on a loaded 2-core machine.
 const CLUSTER_PATIENCE: Duration = Duration::from_secs(60);
@@ -59,18 +60,7 @@ fn start(extra_rule: &str) -> Setup {
 
 /// `keywatch run` on the cluster, seeded with one node, once every master is subscribed.
 fn run_on(cluster: &RedisCluster, rules: &std::path::Path) -> KeywatchProcess {
-    let kw = common::Keywatch::spawn(
-        [
-            "run",
-            "-r",
-            rules.to_str().unwrap(),
-            "--redis",
-            &cluster.seed_url(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
+    let kw = spawn_run(&cluster.seed_url(), rules, Logs::Text, &[]);
     let masters = cluster.masters().len();
     wait_until(
         "keywatch subscribed on every master",
@@ -78,6 +68,22 @@ fn run_on(cluster: &RedisCluster, rules: &std::path::Path) -> KeywatchProcess {
         || kw.stderr().matches(SUBSCRIBED).count() >= masters,
     );
     kw
+}
+
+/// Expires one key on each master, after the test's own keys, and returns the requests received
+/// until every one of them is delivered, without them: whatever a test's keys were going to
+/// cause on any shard (a duplicate) has arrived by then.
+fn past_sentinels(cluster: &RedisCluster, receiver: &HttpReceiver) -> Vec<Request> {
+    let mut c = conn(cluster);
+    let sentinels: Vec<String> = cluster
+        .masters()
+        .iter()
+        .map(|&m| cluster.key_on(m, "lock:sentinel"))
+        .collect();
+    for key in &sentinels {
+        set_and_expire_now(&mut c, &[key]);
+    }
+    receiver.wait_past(&sentinels, CLUSTER_PATIENCE)
 }
 
 fn conn(cluster: &RedisCluster) -> redis::cluster::ClusterConnection {
@@ -88,23 +94,13 @@ fn conn(cluster: &RedisCluster) -> redis::cluster::ClusterConnection {
 }
 
 /// Keys of the webhook requests received, with how often each came.
-fn delivered(receiver: &HttpReceiver) -> BTreeMap<String, usize> {
+fn delivered(requests: &[Request]) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in requests {
         *out.entry(r.json()["key"].as_str().unwrap().to_string())
             .or_default() += 1;
     }
     out
-}
-
-fn set_px(c: &mut redis::cluster::ClusterConnection, key: &str, ms: u64) {
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg("w")
-        .arg("PX")
-        .arg(ms)
-        .query(c)
-        .unwrap();
 }
 
 /// `keywatch_subscriber_up` per node, from `/metrics`.
@@ -160,9 +156,7 @@ fn keys_on_every_shard_alert_once_and_every_master_is_ready() {
         }
     }
     receiver.wait_for(keys.len(), CLUSTER_PATIENCE);
-    // Give a duplicate time to show up.
-    std::thread::sleep(Duration::from_millis(2000));
-    let d = delivered(&receiver);
+    let d = delivered(&past_sentinels(&cluster, &receiver));
     let want: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), 1)).collect();
     assert_eq!(d, want, "{}", kw.describe_output());
     // The state lives in the cluster under one hash tag.
@@ -216,8 +210,7 @@ fn alerts_continue_after_a_master_fails_over() {
     let after = cluster.key_on(replica, "lock:after");
     set_px(&mut c, &after, 1500);
     receiver.wait_for(2, CLUSTER_PATIENCE);
-    std::thread::sleep(Duration::from_millis(2000));
-    let d = delivered(&receiver);
+    let d = delivered(&past_sentinels(&cluster, &receiver));
     let want: BTreeMap<String, usize> = [(before, 1), (after, 1)].into_iter().collect();
     assert_eq!(d, want, "{}", kw.describe_output());
 }
@@ -264,7 +257,7 @@ fn detail_and_cleanup_reach_keys_on_other_shards() {
         .query(&mut c)
         .unwrap();
 
-    set_px(&mut c, &format!("task:{id}"), 1000);
+    set_px(&mut c, format!("task:{id}"), 1000);
     let got = receiver.wait_for(1, CLUSTER_PATIENCE);
     assert_eq!(
         got[0].json()["detail"],
@@ -418,8 +411,9 @@ fn expiries_on_every_shard_while_keywatch_is_down_are_recovered_once() {
         n == keys.len() as i64
     });
     kw.sigkill();
-    // Let every key expire with nobody listening (touching them makes their master delete them).
-    std::thread::sleep(Duration::from_millis(3200));
+    // Let every key expire with nobody listening: touching them until they are gone makes their
+    // master delete them as soon as their TTL has passed.
+    touch_until_gone(&mut c, &keys);
     for k in &keys {
         let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut c).unwrap();
         assert_eq!(ttl, -2, "{k}");
@@ -429,9 +423,8 @@ fn expiries_on_every_shard_while_keywatch_is_down_are_recovered_once() {
     let rules = _dir.path().join("rules.yaml");
     let kw = run_on(&cluster, &rules);
     receiver.wait_for(keys.len(), CLUSTER_PATIENCE);
-    std::thread::sleep(Duration::from_millis(2000));
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in past_sentinels(&cluster, &receiver) {
         let j = r.json();
         assert_eq!(j["recovered"], true, "{j}");
         *seen

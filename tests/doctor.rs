@@ -4,7 +4,6 @@
 //! (exit 0), and a password in the URL that never reaches the output.
 
 mod common;
-mod support;
 
 use std::process::Output;
 
@@ -59,7 +58,7 @@ fn code(out: &Output) -> Option<i32> {
 
 /// The ACL lines of the least-privilege section of docs/redis.md, `PASSWORD` replaced.
 fn documented_acl(password: &str) -> Vec<Vec<String>> {
-    support::documented_acl_lines()
+    common::documented_acl_lines()
         .into_iter()
         .map(|l| {
             l.split_whitespace()

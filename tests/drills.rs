@@ -6,13 +6,12 @@
 //! (`delivery::tests`); a real receiver failing for a while is in `tests/pipeline.rs`.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{HttpReceiver, RedisServer, wait_until, write_rules};
+use common::{HttpReceiver, RedisServer, Request, wait_until, write_rules};
 
 /// Upper bound for deliveries after a fault; a healthy run needs a few seconds.
 const AFTER_FAULT: Duration = Duration::from_secs(90);
@@ -25,9 +24,9 @@ fn zcard(redis: &RedisServer, key: &str) -> i64 {
 }
 
 /// Webhook requests received per key: (how many, how many marked `recovered`).
-fn deliveries(receiver: &HttpReceiver) -> BTreeMap<String, (usize, usize)> {
+fn deliveries(requests: &[Request]) -> BTreeMap<String, (usize, usize)> {
     let mut out: BTreeMap<String, (usize, usize)> = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in requests {
         let j = r.json();
         let key = j["key"].as_str().expect("event JSON has a key").to_string();
         let e = out.entry(key).or_default();
@@ -37,14 +36,22 @@ fn deliveries(receiver: &HttpReceiver) -> BTreeMap<String, (usize, usize)> {
     out
 }
 
-/// Waits for `keys` distinct keys, then a while longer for a duplicate to show up, and asserts
-/// that each came exactly once. Returns the deliveries.
-fn each_exactly_once(receiver: &HttpReceiver, keys: usize) -> BTreeMap<String, (usize, usize)> {
+/// A key of the drills' rule, expired after the drill's own keys.
+const SENTINEL: &str = "lock:sentinel";
+
+/// Waits for `keys` distinct keys, then for [`SENTINEL`], expired after them through the same
+/// pipeline (so a duplicate of theirs would have come before it), and asserts that each came
+/// exactly once. Returns the deliveries, without the sentinel.
+fn each_exactly_once(
+    redis: &RedisServer,
+    receiver: &HttpReceiver,
+    keys: usize,
+) -> BTreeMap<String, (usize, usize)> {
     wait_until(&format!("{keys} keys are delivered"), AFTER_FAULT, || {
-        deliveries(receiver).len() >= keys
+        deliveries(&receiver.requests()).len() >= keys
     });
-    std::thread::sleep(Duration::from_secs(2));
-    let d = deliveries(receiver);
+    common::set_and_expire_now(&mut redis.conn(), &[SENTINEL]);
+    let d = deliveries(&receiver.wait_past(&[SENTINEL], AFTER_FAULT));
     assert_eq!(d.len(), keys, "keys delivered: {:?}", d.keys());
     let doubled: Vec<_> = d.iter().filter(|(_, (n, _))| *n != 1).collect();
     assert!(doubled.is_empty(), "delivered more than once: {doubled:?}");
@@ -103,15 +110,15 @@ fn redis_killed_and_restarted_with_aof_keeps_deadlines_and_queued_jobs() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = webhook_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
 
     // Jobs waiting in the queue for a retry: the receiver is down when their keys expire.
     receiver.down();
     for i in 0..5 {
-        support::set_px(&mut c, &format!("lock:queued:{i}"), 50);
+        common::set_px(&mut c, format!("lock:queued:{i}"), 50);
     }
-    wait_until("5 jobs wait in the queue", support::PATIENCE, || {
+    wait_until("5 jobs wait in the queue", common::PATIENCE, || {
         zcard(&redis, "keywatch:queue") == 5
     });
     // Deadlines that pass while Redis is down.
@@ -119,23 +126,24 @@ fn redis_killed_and_restarted_with_aof_keeps_deadlines_and_queued_jobs() {
     let due: Vec<String> = (0..20).map(|i| format!("lock:due:{i}")).collect();
     let due_at = std::time::Instant::now() + Duration::from_millis(6000);
     for key in &due {
-        support::set_px(&mut c, key, 6000);
+        common::set_px(&mut c, key, 6000);
     }
     wait_until(
         "the ledger knows the 20 deadlines",
-        support::PATIENCE,
+        common::PATIENCE,
         || due.iter().all(|k| in_ledger(&redis, k)),
     );
     drop(c);
 
     redis.kill();
+    // Scenario, not synchronisation: the 20 deadlines pass while Redis is down.
     std::thread::sleep(
         due_at.saturating_duration_since(std::time::Instant::now()) + Duration::from_millis(500),
     );
     redis.start_again();
     receiver.up();
 
-    let d = each_exactly_once(&receiver, 25);
+    let d = each_exactly_once(&redis, &receiver, 25);
     assert!(
         kw.try_status().is_none(),
         "keywatch exited\n{}",
@@ -166,14 +174,14 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = webhook_rules(dir.path(), &receiver, "redis: { notifications: enable }\n");
-    let mut kw = support::run_on(&redis, &rules);
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        support::set_px(&mut c, &format!("lock:lost:{i}"), 60_000);
+        common::set_px(&mut c, format!("lock:lost:{i}"), 60_000);
     }
     wait_until(
         "the ledger knows the 10 deadlines",
-        support::PATIENCE,
+        common::PATIENCE,
         || zcard(&redis, "keywatch:ledger:0") == 10,
     );
     drop(c);
@@ -195,9 +203,9 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     assert_eq!(left, 0, "a server without persistence kept keys?");
     let early: Vec<String> = (0..10).map(|i| format!("lock:early:{i}")).collect();
     for key in &early {
-        support::set_px(&mut c, key, 4000);
+        common::set_px(&mut c, key, 4000);
     }
-    wait_until("keywatch re-adds the flags", support::PATIENCE, || {
+    wait_until("keywatch re-adds the flags", common::PATIENCE, || {
         let flags: Vec<String> = redis::cmd("CONFIG")
             .arg("GET")
             .arg("notify-keyspace-events")
@@ -207,22 +215,22 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     });
     kw.wait_for_output(
         "Subscriber connection ended; reconnecting.",
-        support::PATIENCE,
+        common::PATIENCE,
     );
     // And keys set once keywatch is back are learnt from their `expire` events.
     let late: Vec<String> = (0..10).map(|i| format!("lock:late:{i}")).collect();
-    wait_until("keywatch has resubscribed", support::PATIENCE, || {
-        kw.stderr().matches(support::SUBSCRIBED).count() >= 2
+    wait_until("keywatch has resubscribed", common::PATIENCE, || {
+        kw.stderr().matches(common::SUBSCRIBED).count() >= 2
     });
     for key in &late {
-        support::set_px(&mut c, key, 1500);
+        common::set_px(&mut c, key, 1500);
     }
 
-    let d = each_exactly_once(&receiver, 20);
+    let d = each_exactly_once(&redis, &receiver, 20);
     for key in early.iter().chain(&late) {
         assert!(d.contains_key(key), "{key} never alerted: {:?}", d.keys());
     }
-    for r in receiver.requests() {
+    for r in receiver.wait_past(&[SENTINEL], common::PATIENCE) {
         let j = r.json();
         assert!(j["deadline"].is_string(), "deadline not relearnt for {j}");
     }
@@ -240,7 +248,7 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = webhook_rules(dir.path(), &receiver, "");
-    let kw = support::run_on(&redis, &rules);
+    let kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
 
     // Long names, one deadline for all, far enough ahead for the ledger to learn every one.
@@ -262,7 +270,7 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
         }
         let () = pipe.query(&mut c).unwrap();
     }
-    wait_until("the ledger knows every deadline", support::PATIENCE, || {
+    wait_until("the ledger knows every deadline", common::PATIENCE, || {
         zcard(&redis, "keywatch:ledger:0") == KEYS as i64
     });
     let before = cut_offs(&redis);
@@ -274,7 +282,7 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
         .query(&mut c)
         .unwrap();
 
-    let d = each_exactly_once(&receiver, KEYS);
+    let d = each_exactly_once(&redis, &receiver, KEYS);
     let cuts = cut_offs(&redis) - before;
     assert!(
         cuts > 0,

@@ -2,21 +2,20 @@
 //! subscription, and metrics move as events flow.
 
 mod common;
-mod support;
 
 use std::time::Duration;
 
 use common::{HttpReceiver, RedisServer, wait_until};
 
-use support::{endpoint, get, metric};
+use common::{endpoint, get, metric};
 
 #[test]
 fn readiness_follows_the_subscription_and_metrics_follow_events() {
     let mut redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let kw = common::run_on(&redis, &rules);
     let addr = endpoint(&kw);
 
     assert_eq!(get(&addr, "/healthz"), (200, "ok\n".to_string()));
@@ -74,23 +73,12 @@ fn not_ready_until_subscribed() {
         .unwrap();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let rules = common::lock_rules(dir.path(), &receiver, "");
     let url = format!("redis://kw:kw-pass@127.0.0.1:{}", redis.port());
-    let mut kw = common::Keywatch::spawn(
-        [
-            "run",
-            "-r",
-            rules.to_str().unwrap(),
-            "--redis",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    kw.wait_for_output("HTTP endpoint listening", support::PATIENCE);
+    let mut kw = common::spawn_run(&url, &rules, common::Logs::Text, &[]);
+    kw.wait_for_output("HTTP endpoint listening", common::PATIENCE);
     let addr = endpoint(&kw);
-    kw.wait_for_output("SUBSCRIBE", support::PATIENCE);
+    kw.wait_for_output("SUBSCRIBE", common::PATIENCE);
     let (status, body) = get(&addr, "/readyz");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("not subscribed"), "{body}");
@@ -101,20 +89,9 @@ fn not_ready_until_subscribed() {
         .arg(&["SETUSER", "kw", "allchannels"][..])
         .query(&mut redis.conn())
         .unwrap();
-    wait_until("/readyz says ready", support::PATIENCE, || {
+    wait_until("/readyz says ready", common::PATIENCE, || {
         get(&addr, "/readyz").0 == 200
     });
-    let _: () = redis::cmd("SET")
-        .arg("lock:ready")
-        .arg("w")
-        .arg("PX")
-        .arg(1)
-        .query(&mut redis.conn())
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(5));
-    let _: Option<String> = redis::cmd("GET")
-        .arg("lock:ready")
-        .query(&mut redis.conn())
-        .unwrap();
-    receiver.wait_for(1, support::PATIENCE);
+    common::set_and_expire_now(&mut redis.conn(), &["lock:ready"]);
+    receiver.wait_for(1, common::PATIENCE);
 }

@@ -1,7 +1,6 @@
 //! Several keywatch instances on one Redis: every event fires once, not once per instance.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,12 +30,12 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
-        support::set_px(&mut c, &format!("lock:{i}"), 700 + i * 20);
+        common::set_px(&mut c, format!("lock:{i}"), 700 + i * 20);
         let _: () = redis::cmd("SET")
             .arg(format!("job:{i}"))
             .arg("w")
@@ -50,10 +49,12 @@ rules:
             .unwrap();
     }
     receiver.wait_for(60, Duration::from_secs(30));
-    // Time for any duplicate to arrive.
-    std::thread::sleep(Duration::from_millis(2000));
+    // Sentinels through the same pipeline, a few so that more than one instance is likely to
+    // take one: once they are delivered, any duplicate of the 60 has arrived too.
+    let sentinels = ["lock:sentinel-a", "lock:sentinel-b", "lock:sentinel-c"];
+    common::set_and_expire_now(&mut c, &sentinels);
     let mut seen: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in receiver.wait_past(&sentinels, common::PATIENCE) {
         let j = r.json();
         *seen
             .entry((
@@ -89,12 +90,12 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..30 {
-        support::set_px(&mut c, &format!("lock:{i}"), 300);
+        common::set_px(&mut c, format!("lock:{i}"), 300);
     }
     let got = receiver.wait_for(30, Duration::from_secs(60));
     let first = got.iter().map(|r| r.received_instant).min().unwrap();
@@ -120,11 +121,11 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     let receiver = HttpReceiver::start();
     receiver.down();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        support::set_px(&mut c, &format!("lock:{i}"), 200);
+        common::set_px(&mut c, format!("lock:{i}"), 200);
     }
     common::wait_until(
         "10 jobs wait in the queue for a retry",
@@ -143,7 +144,7 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     );
 
     receiver.up();
-    let _kw = support::run_on(&redis, &rules);
+    let _kw = common::run_on(&redis, &rules);
     receiver.wait_for(10, Duration::from_secs(60));
     let keys: std::collections::BTreeSet<String> = receiver
         .requests()
@@ -167,17 +168,30 @@ fn an_instance_killed_mid_run_loses_nothing() {
             .then(|| common::Response::status(500).body("warming up"))
     });
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     let mut conn = redis.conn();
     // 300 keys expiring over 600 ms; the kill comes while their first attempts have failed and
     // the jobs wait in the queue, some leased to the instance that dies.
     for i in 0..KEYS {
-        support::set_px(&mut conn, &format!("lock:{i}"), 300 + i as u64 * 2);
+        common::set_px(&mut conn, format!("lock:{i}"), 300 + i as u64 * 2);
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    // (Failed attempts can only come before `failing_until`.)
+    common::wait_until(
+        "every key has had a failed first attempt",
+        failing_until.saturating_duration_since(std::time::Instant::now()),
+        || {
+            let tried: std::collections::BTreeSet<String> = receiver
+                .requests()
+                .iter()
+                .filter(|r| r.received_instant < failing_until)
+                .map(|r| r.json()["key"].as_str().unwrap().to_string())
+                .collect();
+            tried.len() == KEYS
+        },
+    );
     a.sigkill();
 
     common::wait_until("every key delivered", Duration::from_secs(120), || {
@@ -221,8 +235,8 @@ rules:
         receiver.url_for("/hook")
     );
     let rules = write_rules(dir.path(), "rules.yaml", &yaml);
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     let deadline = chrono::Utc::now().timestamp_millis() + 1500;
     let mut pipe = redis::pipe();
@@ -248,8 +262,7 @@ rules:
                 >= 10_000
         },
     );
-    std::thread::sleep(Duration::from_millis(2500));
-    let digests = receiver.requests();
+    let digests = past_window_sentinel(&redis, &receiver);
     let total: u64 = digests
         .iter()
         .map(|r| r.json()["count"].as_u64().unwrap())
@@ -272,6 +285,17 @@ rules:
             j["count"].as_u64().unwrap() - events
         );
     }
+}
+
+/// A key of the grouped rules, expired after the test's own.
+const SENTINEL: &str = "cache:sentinel";
+
+/// Expires [`SENTINEL`] and returns the requests received until its digest arrived, without it.
+/// Its window opens after the test's own windows have ended, so whatever they were going to send
+/// (another instance's digest of the same window, a digest sent twice) has arrived by then.
+fn past_window_sentinel(redis: &RedisServer, receiver: &HttpReceiver) -> Vec<common::Request> {
+    common::set_and_expire_now(&mut redis.conn(), &[SENTINEL]);
+    receiver.wait_past(&[SENTINEL], Duration::from_secs(30))
 }
 
 /// Rules with one grouped rule whose window is `window`, notifying the receiver's `/hook`.
@@ -319,14 +343,12 @@ fn three_instances_send_one_digest_per_window() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = grouped_rules(dir.path(), &receiver, "3s");
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
-    let _c = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
+    let _c = common::run_on(&redis, &rules);
     expire_together(&mut redis.conn(), 90, 300);
     receiver.wait_for(1, Duration::from_secs(30));
-    // Well past the window's end: time for any other instance's digest to arrive.
-    std::thread::sleep(Duration::from_secs(4));
-    let digests = receiver.requests();
+    let digests = past_window_sentinel(&redis, &receiver);
     let counts: Vec<u64> = digests
         .iter()
         .map(|r| r.json()["count"].as_u64().unwrap())
@@ -349,7 +371,7 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = grouped_rules(dir.path(), &receiver, "5s");
-    let mut a = support::run_on(&redis, &rules);
+    let mut a = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     expire_together(&mut c, 20, 200);
     common::wait_until(
@@ -364,16 +386,11 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
         },
     );
     // A window's notifications are jobs waiting too: the backlog gauge counts them.
-    let addr = support::endpoint(&a);
+    let addr = common::endpoint(&a);
     common::wait_until(
         "keywatch_queue_pending counts the 20 waiting in the window",
         Duration::from_secs(10),
-        || {
-            support::metric(
-                &support::get(&addr, "/metrics").1,
-                "keywatch_queue_pending ",
-            ) == 20.0
-        },
+        || common::metric(&common::get(&addr, "/metrics").1, "keywatch_queue_pending ") == 20.0,
     );
     a.sigterm();
     assert!(
@@ -385,11 +402,9 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
         receiver.requests().is_empty(),
         "nothing is sent before the window ends"
     );
-    let _b = support::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
     receiver.wait_for(1, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(1500));
-    let counts: Vec<u64> = receiver
-        .requests()
+    let counts: Vec<u64> = past_window_sentinel(&redis, &receiver)
         .iter()
         .map(|r| r.json()["count"].as_u64().unwrap())
         .collect();
@@ -398,12 +413,19 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
         [20],
         "the window's digest, sent once by the new instance"
     );
-    let left: i64 = redis::cmd("EXISTS")
-        .arg("keywatch:group:cache-gone:hook")
-        .arg("keywatch:groups")
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(left, 0, "a sent window leaves nothing behind");
+    // The sentinel's window was sent too, and may be a moment from being removed.
+    common::wait_until(
+        "a sent window leaves nothing behind",
+        common::PATIENCE,
+        || {
+            let left: i64 = redis::cmd("EXISTS")
+                .arg("keywatch:group:cache-gone:hook")
+                .arg("keywatch:groups")
+                .query(&mut c)
+                .unwrap();
+            left == 0
+        },
+    );
 }
 
 /// A window's digest that fails goes back to its window with its attempt counted; whichever
@@ -415,16 +437,11 @@ fn a_failed_window_digest_is_retried_by_any_instance() {
     receiver.push(common::Response::status(503));
     let dir = tempfile::tempdir().unwrap();
     let rules = grouped_rules(dir.path(), &receiver, "1s");
-    let _a = support::run_on(&redis, &rules);
-    let _b = support::run_on(&redis, &rules);
+    let _a = common::run_on(&redis, &rules);
+    let _b = common::run_on(&redis, &rules);
     expire_together(&mut redis.conn(), 30, 200);
-    let got = receiver.wait_for(2, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_secs(3));
-    let got = if receiver.count() > got.len() {
-        receiver.requests()
-    } else {
-        got
-    };
+    receiver.wait_for(2, Duration::from_secs(30));
+    let got = past_window_sentinel(&redis, &receiver);
     assert_eq!(got.len(), 2, "one failed attempt, one retry: {got:?}");
     for r in &got {
         assert_eq!(r.json()["count"].as_u64(), Some(30));

@@ -3,12 +3,23 @@
 //! away never alerted.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, RedisServer, Signal, wait_until};
+use common::{
+    HttpReceiver, PATIENCE, RedisServer, Request, Signal, set_and_expire_now, touch_until_gone,
+    wait_until,
+};
+
+/// The key each test expires after its own, through the same pipeline: once it is delivered,
+/// whatever the earlier ones caused (a duplicate) has arrived too.
+const SENTINEL: &str = "lock:sentinel";
+
+/// Every key of `count` ("lock:0", …).
+fn lock_keys(count: usize) -> Vec<String> {
+    (0..count).map(|i| format!("lock:{i}")).collect()
+}
 
 fn ledger_size(redis: &RedisServer) -> i64 {
     redis::cmd("ZCARD")
@@ -18,9 +29,9 @@ fn ledger_size(redis: &RedisServer) -> i64 {
 }
 
 /// Keys of the webhook requests received, with how often each came and whether recovered.
-fn delivered(receiver: &HttpReceiver) -> BTreeMap<String, (usize, bool)> {
+fn delivered(requests: &[Request]) -> BTreeMap<String, (usize, bool)> {
     let mut out: BTreeMap<String, (usize, bool)> = BTreeMap::new();
-    for r in receiver.requests() {
+    for r in requests {
         let j = r.json();
         let e = out
             .entry(j["key"].as_str().unwrap().to_string())
@@ -36,12 +47,12 @@ fn expiries_with_known_deadlines_carry_deadline_and_lateness() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     // Nobody touches these keys: the ledger's poke makes Redis expire them at their deadline.
     for i in 0..20 {
-        support::set_px(&mut c, &format!("lock:{i}"), 800 + i * 10);
+        common::set_px(&mut c, format!("lock:{i}"), 800 + i * 10);
     }
     let got = receiver.wait_for(20, Duration::from_secs(30));
     for r in &got {
@@ -50,7 +61,7 @@ fn expiries_with_known_deadlines_carry_deadline_and_lateness() {
         assert!(j["deadline"].is_string(), "deadline known: {j}");
         assert!(j["late_ms"].is_i64(), "late_ms known: {j}");
     }
-    assert_eq!(delivered(&receiver).len(), 20);
+    assert_eq!(delivered(&receiver.requests()).len(), 20);
 }
 
 #[test]
@@ -58,11 +69,11 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..25 {
-        support::set_px(&mut c, &format!("lock:{i}"), 3000);
+        common::set_px(&mut c, format!("lock:{i}"), 3000);
     }
     wait_until(
         "the ledger knows the 25 deadlines",
@@ -70,8 +81,9 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
         || ledger_size(&redis) == 25,
     );
     kw.sigkill();
-    // Let every key expire with nobody listening (touching them makes Redis delete them now).
-    std::thread::sleep(Duration::from_millis(3200));
+    // Let every key expire with nobody listening: touching them until they are gone makes Redis
+    // delete them as soon as their TTL has passed.
+    touch_until_gone(&mut c, &lock_keys(25));
     for i in 0..25 {
         let ttl: i64 = redis::cmd("PTTL")
             .arg(format!("lock:{i}"))
@@ -81,11 +93,10 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
     }
     assert_eq!(receiver.count(), 0);
 
-    let _kw = support::run_on(&redis, &rules);
+    let _kw = common::run_on(&redis, &rules);
     receiver.wait_for(25, Duration::from_secs(30));
-    // Give a duplicate time to show up.
-    std::thread::sleep(Duration::from_millis(1500));
-    let d = delivered(&receiver);
+    set_and_expire_now(&mut c, &[SENTINEL]);
+    let d = delivered(&receiver.wait_past(&[SENTINEL], PATIENCE));
     assert_eq!(d.len(), 25, "{d:?}");
     for (key, (n, recovered)) in &d {
         assert_eq!(*n, 1, "{key} delivered {n} times");
@@ -102,11 +113,11 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
         .start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let mut kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     for i in 0..10 {
-        support::set_px(&mut c, &format!("lock:{i}"), 3000);
+        common::set_px(&mut c, format!("lock:{i}"), 3000);
     }
     wait_until(
         "the ledger knows the 10 deadlines",
@@ -126,7 +137,8 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
         Duration::from_secs(10),
         || redis.log().contains("overcoming of output buffer limits"),
     );
-    std::thread::sleep(Duration::from_millis(3200));
+    // Let every key expire while keywatch is stopped (see above).
+    touch_until_gone(&mut c, &lock_keys(10));
     for i in 0..10 {
         let ttl: i64 = redis::cmd("PTTL")
             .arg(format!("lock:{i}"))
@@ -137,8 +149,8 @@ fn expiries_lost_to_an_output_buffer_cut_off_are_recovered() {
     kw.signal(Signal::CONT);
 
     receiver.wait_for(10, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(1500));
-    let d = delivered(&receiver);
+    set_and_expire_now(&mut c, &[SENTINEL]);
+    let d = delivered(&receiver.wait_past(&[SENTINEL], PATIENCE));
     assert_eq!(d.len(), 10, "{d:?}");
     assert!(
         d.values().all(|(n, recovered)| *n == 1 && *recovered),
@@ -151,11 +163,11 @@ fn renamed_persisted_and_reset_keys_are_never_alerted() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
-    let _kw = support::run_on(&redis, &rules);
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _kw = common::run_on(&redis, &rules);
     let mut c = redis.conn();
     let set = |c: &mut redis::Connection, k: &str| {
-        support::set_px(c, k, 3000);
+        common::set_px(c, k, 3000);
     };
     set(&mut c, "lock:renamed");
     set(&mut c, "lock:persisted");
@@ -190,8 +202,10 @@ fn renamed_persisted_and_reset_keys_are_never_alerted() {
         .unwrap();
 
     receiver.wait_for(2, Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(2000));
-    let d = delivered(&receiver);
+    // The other keys' deadlines were lock:control's: an alert for one of them would come before
+    // a key that expires after lock:control was delivered.
+    set_and_expire_now(&mut c, &[SENTINEL]);
+    let d = delivered(&receiver.wait_past(&[SENTINEL], PATIENCE));
     assert_eq!(
         d.keys().collect::<Vec<_>>(),
         ["lock:5", "lock:control"],
@@ -201,7 +215,10 @@ fn renamed_persisted_and_reset_keys_are_never_alerted() {
         d.values().all(|(n, recovered)| *n == 1 && !*recovered),
         "{d:?}"
     );
-    assert_eq!(ledger_size(&redis), 0, "the ledger forgot every deadline");
+    // The sentinel's own deadline may still be on its way out.
+    wait_until("the ledger forgot every deadline", PATIENCE, || {
+        ledger_size(&redis) == 0
+    });
 }
 
 #[test]
@@ -209,24 +226,24 @@ fn keys_set_before_keywatch_started_are_learnt_by_scan() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = support::lock_rules(dir.path(), &receiver, "");
+    let rules = common::lock_rules(dir.path(), &receiver, "");
     let mut c = redis.conn();
     for i in 0..30 {
-        support::set_px(&mut c, &format!("lock:{i}"), 4000);
+        common::set_px(&mut c, format!("lock:{i}"), 4000);
     }
     let _: () = redis::cmd("SET")
         .arg("lock:forever")
         .arg("w")
         .query(&mut c)
         .unwrap();
-    let _kw = support::run_on(&redis, &rules);
+    let _kw = common::run_on(&redis, &rules);
     wait_until(
         "the scan learnt the 30 deadlines",
         Duration::from_secs(10),
         || ledger_size(&redis) == 30,
     );
     receiver.wait_for(30, Duration::from_secs(30));
-    let d = delivered(&receiver);
+    let d = delivered(&receiver.requests());
     assert_eq!(d.len(), 30);
     assert!(
         d.values().all(|(n, recovered)| *n == 1 && !*recovered),
@@ -254,11 +271,12 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         let metrics = std::sync::Arc::new(keywatch::metrics::Metrics::new());
         let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
         let b = Ledger::new(state, keyspace, "kw:", metrics);
-        support::set_px(&mut redis.conn(), "k:1", 300);
+        common::set_px(&mut redis.conn(), "k:1", 300);
         a.learn(0, &[b"k:1".to_vec()]).await.unwrap();
 
         // B's marker goes out before anything is poked; A pokes the key once it is due.
         let early = b.mark(0).await.unwrap();
+        // Scenario, not synchronisation: k:1's 300 ms TTL passes, so that it is due for the poke.
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(a.poke(0).await.unwrap(), 1);
         assert!(

@@ -1,16 +1,17 @@
 //! End to end through the whole pipeline: the real `keywatch` binary against a real
 //! redis-server, with real HTTP receivers and real child processes. Keys are made to expire at
-//! once (see `pipeline_support::expire_now`), so no test waits for Redis's expiry cycle.
+//! once (see `common::expire_now`), so no test waits for Redis's expiry cycle.
 
 mod common;
-mod pipeline_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{HttpReceiver, Response, run_keywatch, wait_until, write_rules};
-use pipeline_support::{PATIENCE, Rig, SUBSCRIBED, notify_flags, redis_with_flags, spawn_run};
+use common::{
+    HttpReceiver, Logs, PATIENCE, RedisServer, Response, Rig, SUBSCRIBED, notify_flags,
+    run_keywatch, spawn_run, wait_until, write_rules,
+};
 use redis::Commands;
 
 /// The letters of a `notify-keyspace-events` value.
@@ -75,7 +76,7 @@ fn refused_fix(redis: &common::RedisServer) -> String {
 
 #[test]
 fn check_mode_refuses_a_server_without_flags_and_its_fix_works() {
-    let redis = redis_with_flags("");
+    let redis = RedisServer::with_events("");
     let fix = refused_fix(&redis);
     assert_eq!(
         letters(&fix),
@@ -92,7 +93,7 @@ fn check_mode_refuses_a_server_without_flags_and_its_fix_works() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let rules = write_rules(dir.path(), "rules.yaml", LOG_RULES);
-    let mut keywatch = spawn_run(&redis, &rules);
+    let mut keywatch = spawn_run(&redis.url(), &rules, Logs::Text, &[]);
     keywatch.wait_for_output(SUBSCRIBED, PATIENCE);
     keywatch.sigterm();
     assert!(keywatch.wait_timeout(PATIENCE).is_some_and(|s| s.success()));
@@ -100,7 +101,7 @@ fn check_mode_refuses_a_server_without_flags_and_its_fix_works() {
 
 #[test]
 fn check_mode_fix_keeps_the_flags_already_set() {
-    let redis = redis_with_flags("Kl");
+    let redis = RedisServer::with_events("Kl");
     let fix = refused_fix(&redis);
     assert_eq!(
         letters(&fix),
@@ -118,7 +119,7 @@ fn enable_mode_adds_only_the_missing_flags() {
     let flags = notify_flags(&mut rig.conn());
     assert_eq!(letters(&flags), letters("KlExg"), "after enable: {flags}");
     assert!(
-        rig.log()
+        rig.stderr()
             .contains("Added missing notify-keyspace-events flags")
     );
     rig.stop();
@@ -136,9 +137,9 @@ fn ignore_mode_starts_without_flags() {
         "ignore must not set flags"
     );
     assert!(
-        rig.log().contains("starting anyway"),
+        rig.stderr().contains("starting anyway"),
         "no warning:\n{}",
-        rig.log()
+        rig.stderr()
     );
     rig.stop();
 }
@@ -167,7 +168,7 @@ rules:
     let _: () = conn.hset("delay:detail", "1", order).unwrap();
     let _: () = conn.hset("delay:detail", "2", "another order").unwrap();
     let _: () = conn.set("job-detail:9", "plain text").unwrap();
-    rig.set_and_expire(&["delay:task:1", "delay:task:404", "job:9"]);
+    rig.expire_all(&["delay:task:1", "delay:task:404", "job:9"]);
 
     let requests = rig.receiver.wait_for(3, PATIENCE);
     let by_path: BTreeMap<String, &common::Request> =
@@ -220,7 +221,7 @@ rules:
       body: "{{ name }}"
 "#,
     );
-    rig.set_and_expire(&["cache:a/../b?x=1#", "cache:100% sure"]);
+    rig.expire_all(&["cache:a/../b?x=1#", "cache:100% sure"]);
     let requests = rig.receiver.wait_for(2, PATIENCE);
     let mut targets: Vec<&str> = requests.iter().map(|r| r.target.as_str()).collect();
     targets.sort();
@@ -288,7 +289,7 @@ rules:
         p = pwned.display()
     );
     let key = format!("report:{day}");
-    rig.set_and_expire(&[key.as_str()]);
+    rig.expire_all(&[key.as_str()]);
 
     let env_file = rig.path("out.env");
     wait_until("the command ran", PATIENCE, || env_file.exists());
@@ -324,7 +325,7 @@ rules:
       timeout: 300ms
 "#,
     );
-    rig.set_and_expire(&["flaky:1", "slow:1"]);
+    rig.expire_all(&["flaky:1", "slow:1"]);
 
     // Timeout: the first process is killed (not left to sleep its 60 s), and that is a failure.
     let pids = rig.path("slow.pids");
@@ -342,11 +343,11 @@ rules:
     wait_until("the timed-out command is killed", PATIENCE, || {
         std::fs::read(&cmdline).map_or(true, |c| !c.starts_with(b"sleep"))
     });
-    let mut keywatch = rig.keywatch;
+    let mut keywatch = rig.daemon.process;
     keywatch.wait_for_output("did not finish within 300ms; killed", PATIENCE);
 
     // Non-zero exit: retried (with backoff) until it succeeds on the third run, then no more.
-    let runs = rig.dir.path().join("flaky.runs");
+    let runs = rig.daemon.rules.dir.path().join("flaky.runs");
     let log = keywatch.wait_for_output("outcome=\"sent\" attempt=3", PATIENCE);
     let flaky: Vec<&str> = log.lines().filter(|l| l.contains("rule=flaky")).collect();
     assert_eq!(
@@ -421,7 +422,7 @@ rules:
     let _: () = conn.hset("keywatch:silences", "x", "1").unwrap();
     let mut done = 0;
     let mut wait_cleanup = |rig: &Rig, key: &str| {
-        rig.set_and_expire(&[key]);
+        rig.expire_all(&[key]);
         done += 1;
         let n = done;
         rig.wait_for_log_count("action=\"cleanup\" channel=\"\" outcome=\"sent\"", n);
@@ -490,7 +491,7 @@ struct Seen {
 
 #[test]
 fn steps_run_reload_exec_cleanup_notify_and_a_failing_reload_does_not_stop_notify() {
-    let redis = redis_with_flags("Exg");
+    let redis = RedisServer::with_events("Exg");
     let receiver = HttpReceiver::start();
     // What the receiver saw of the other steps when each request arrived.
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
@@ -540,12 +541,12 @@ rules:
     notify: { to: [hook] }
 "#,
     );
-    *dir_for_handler.lock().unwrap() = Some(rig.dir.path().to_owned());
+    *dir_for_handler.lock().unwrap() = Some(rig.daemon.rules.dir.path().to_owned());
     let mut conn = rig.conn();
     for id in ["1", "fail"] {
         let _: () = conn.set(format!("order:{id}:tmp"), "v").unwrap();
     }
-    rig.set_and_expire(&["order:1", "order:fail"]);
+    rig.expire_all(&["order:1", "order:fail"]);
 
     // Counted in what the handler saw, not in the receiver's log: the receiver records a request
     // before its handler runs, so the log can hold both notifications while the handler is still
@@ -578,10 +579,10 @@ rules:
         );
     }
     assert!(
-        rig.log()
+        rig.stderr()
             .contains("rule=ordered key=order:fail action=\"reload\""),
         "the failed reload is not logged:\n{}",
-        rig.log()
+        rig.stderr()
     );
     rig.stop();
 }
@@ -604,7 +605,7 @@ rules:
     );
     let keys: Vec<String> = (0..50).map(|i| format!("burst:{i}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    rig.set_and_expire(&refs);
+    rig.expire_all(&refs);
 
     let total = |reqs: &[common::Request]| -> u64 {
         reqs.iter()
@@ -614,9 +615,10 @@ rules:
     wait_until("digests cover all 50 keys", PATIENCE, || {
         total(&rig.receiver.requests()) >= 50
     });
-    // One more window: nothing is sent twice.
-    std::thread::sleep(Duration::from_millis(2500));
-    let digests = rig.receiver.requests();
+    // One more key, in a window that opens after theirs ended: nothing is sent twice before
+    // its digest.
+    rig.expire_all(&["burst:sentinel"]);
+    let digests = rig.receiver.wait_past(&["burst:sentinel"], PATIENCE);
     assert_eq!(total(&digests), 50);
     assert!(
         (1..=3).contains(&digests.len()),
@@ -663,30 +665,26 @@ rules:
 "#,
     );
     assert!(letters(&notify_flags(&mut rig.conn())).is_superset(&letters("Exg")));
-    rig.set_and_expire(&["restart:before"]);
+    rig.expire_all(&["restart:before"]);
     rig.receiver.wait_for(1, PATIENCE);
 
     // A restarted server has forgotten the CONFIG SET (its command line has no flags).
     rig.redis.restart();
     rig.wait_for_log_count(SUBSCRIBED, 2);
     assert!(
-        rig.log()
+        rig.stderr()
             .contains("Subscriber connection ended; reconnecting."),
         "{}",
-        rig.log()
+        rig.stderr()
     );
     let readded = |rig: &Rig| letters(&notify_flags(&mut rig.conn())).is_superset(&letters("Exg"));
-    let deadline = Instant::now() + PATIENCE;
-    while !readded(&rig) {
-        assert!(
-            Instant::now() < deadline,
-            "keywatch did not re-add the flags
-{}",
-            rig.keywatch.describe_output()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    rig.set_and_expire(&["restart:after"]);
+    common::poll(
+        "keywatch re-adds the flags",
+        PATIENCE,
+        || readded(&rig).then_some(()),
+        || rig.process.describe_output(),
+    );
+    rig.expire_all(&["restart:after"]);
     let requests = rig.receiver.wait_for(2, PATIENCE);
     let keys: BTreeSet<String> = requests.iter().map(event_key).collect();
     assert_eq!(
@@ -703,12 +701,12 @@ rules:
 fn sigterm_exits_zero_within_ten_seconds_when_idle() {
     let mut rig = Rig::start("Exg", LOG_RULES);
     let started = Instant::now();
-    rig.keywatch.sigterm();
-    let status = rig.keywatch.wait_timeout(Duration::from_secs(10));
+    rig.process.sigterm();
+    let status = rig.process.wait_timeout(Duration::from_secs(10));
     assert!(
         status.is_some_and(|s| s.success()),
         "{status:?}\n{}",
-        rig.keywatch.describe_output()
+        rig.process.describe_output()
     );
     eprintln!("idle shutdown took {:?}", started.elapsed());
 }
@@ -718,7 +716,7 @@ fn sigterm_exits_zero_within_ten_seconds_while_a_webhook_is_slow() {
     let receiver =
         HttpReceiver::with_default(Response::ok_body("ok").delay(Duration::from_secs(30)));
     let mut rig = Rig::start_with(
-        redis_with_flags("Exg"),
+        RedisServer::with_events("Exg"),
         receiver,
         r#"
 channels:
@@ -729,17 +727,17 @@ rules:
     notify: { to: [slow] }
 "#,
     );
-    rig.set_and_expire(&["slow:1"]);
+    rig.expire_all(&["slow:1"]);
     rig.receiver.wait_for(1, PATIENCE);
     let started = Instant::now();
-    rig.keywatch.sigterm();
-    let status = rig.keywatch.wait_timeout(Duration::from_secs(10));
+    rig.process.sigterm();
+    let status = rig.process.wait_timeout(Duration::from_secs(10));
     eprintln!("shutdown with a slow webhook took {:?}", started.elapsed());
     assert!(
         status.is_some_and(|s| s.success()),
         "{status:?} after {:?}\n{}",
         started.elapsed(),
-        rig.keywatch.describe_output()
+        rig.process.describe_output()
     );
 }
 
@@ -810,7 +808,7 @@ fn a_receiver_failing_for_a_few_seconds_still_gets_every_key() {
         });
     }
     let rig = Rig::start_with(
-        redis_with_flags("Exg"),
+        RedisServer::with_events("Exg"),
         receiver,
         r#"
 channels:
@@ -824,7 +822,7 @@ rules:
     let keys: Vec<String> = (0..20).map(|i| format!("recover:{i}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     *fail_until.lock().unwrap() = Some(Instant::now() + Duration::from_secs(3));
-    rig.set_and_expire(&refs);
+    rig.expire_all(&refs);
 
     wait_until("every key is delivered", Duration::from_secs(60), || {
         delivered.lock().unwrap().len() == keys.len()
@@ -837,6 +835,6 @@ rules:
     for (key, ids) in keys_seen.lock().unwrap().iter() {
         assert_eq!(ids.len(), 1, "{key}: {ids:?}");
     }
-    assert!(rig.log().contains("outcome=\"retry\""));
+    assert!(rig.stderr().contains("outcome=\"retry\""));
     rig.stop();
 }

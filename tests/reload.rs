@@ -3,10 +3,10 @@
 //! on demand. Real redis-server, real HTTP receiver, the real binary.
 
 mod common;
-mod support;
 
-use common::{HttpReceiver, wait_until, write_rules};
-use support::{Daemon, PATIENCE, endpoint, field_is, get, metric, post};
+use common::{
+    Daemon, HttpReceiver, PATIENCE, endpoint, field_is, get, metric, post, wait_until, write_rules,
+};
 
 fn rules(receiver: &HttpReceiver, rule: &str, pattern: &str, on: &str) -> String {
     format!(

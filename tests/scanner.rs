@@ -3,13 +3,14 @@
 //! instances, again after a renewal only when the new deadline comes near; and `upcoming`.
 
 mod common;
-mod support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, Keywatch, KeywatchProcess, RedisServer, wait_until};
-use support::{Daemon, PATIENCE, Rules, field_is, redis_with_expiry_events, set_with_ttl};
+use common::{
+    Daemon, HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisServer, Rules, field_is,
+    run_subscribed, set_with_ttl, wait_until,
+};
 
 fn rules_yaml(receiver: &HttpReceiver, warn_before: &str) -> String {
     format!(
@@ -76,7 +77,7 @@ fn wait_for_scans(daemon: &Daemon, more: usize) {
 #[test]
 fn keys_set_before_and_after_start_are_warned_once_and_far_ones_not_at_all() {
     let receiver = HttpReceiver::start();
-    let redis = redis_with_expiry_events();
+    let redis = RedisServer::with_events("Exg");
     let mut c = redis.conn();
     set_with_ttl(&mut c, "lock:before", "w", Duration::from_secs(40));
     set_with_ttl(&mut c, "lock:far", "w", Duration::from_secs(600));
@@ -110,7 +111,7 @@ fn keys_set_before_and_after_start_are_warned_once_and_far_ones_not_at_all() {
 fn a_renewed_key_is_warned_again_only_near_its_new_deadline() {
     let receiver = HttpReceiver::start();
     let daemon = Daemon::start_with(
-        redis_with_expiry_events(),
+        RedisServer::with_events("Exg"),
         &rules_yaml(&receiver, "3s"),
         &[],
     );
@@ -143,36 +144,17 @@ fn a_renewed_key_is_warned_again_only_near_its_new_deadline() {
     daemon.stop();
 }
 
-fn spawn(redis: &RedisServer, rules: &Rules) -> KeywatchProcess {
-    let mut kw = Keywatch::spawn(
-        [
-            "--log-format",
-            "json",
-            "run",
-            "-r",
-            &rules.arg(),
-            "--redis",
-            &redis.url(),
-            "--listen",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
-    kw.wait_for_output(support::SUBSCRIBED, PATIENCE);
-    kw
-}
-
 #[test]
 fn two_instances_warn_once() {
     let receiver = HttpReceiver::start();
-    let redis = redis_with_expiry_events();
+    let redis = RedisServer::with_events("Exg");
     let rules = Rules::new(&rules_yaml(&receiver, "60s"));
     let mut c = redis.conn();
     for i in 0..10 {
         set_with_ttl(&mut c, format!("lock:a{i}"), "w", Duration::from_secs(30));
     }
-    let mut one = spawn(&redis, &rules);
-    let mut two = spawn(&redis, &rules);
+    let mut one = run_subscribed(&redis.url(), &rules.path, Logs::Json, &[]);
+    let mut two = run_subscribed(&redis.url(), &rules.path, Logs::Json, &[]);
     for i in 0..10 {
         set_with_ttl(&mut c, format!("lock:b{i}"), "w", Duration::from_secs(30));
     }
@@ -272,7 +254,7 @@ fn assert_upcoming(redis: &RedisServer, rules: &Rules) {
 
 #[test]
 fn upcoming_lists_soonest_first_by_scan() {
-    let redis = redis_with_expiry_events();
+    let redis = RedisServer::with_events("Exg");
     set_upcoming_keys(&redis);
     let rules = Rules::new(UPCOMING_RULES);
     assert_upcoming(&redis, &rules);
@@ -306,7 +288,7 @@ fn upcoming_lists_soonest_first_by_scan() {
 
 #[test]
 fn upcoming_reads_the_ledger_when_keywatch_keeps_one() {
-    let redis = redis_with_expiry_events();
+    let redis = RedisServer::with_events("Exg");
     set_upcoming_keys(&redis);
     let daemon = Daemon::start_with(redis, UPCOMING_RULES, &[]);
     wait_until("the ledger knows the deadlines", PATIENCE, || {

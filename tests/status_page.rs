@@ -6,15 +6,13 @@
 //! Chromium/Chrome binary. Without one the test fails and says so; it never skips.
 
 mod common;
-mod support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{HttpReceiver, Response};
-use support::{Daemon, field_is, redis_with_expiry_events};
+use common::{Daemon, HttpReceiver, RedisServer, Response, endpoint, field_is, get};
 
 /// Chromium's start-up is slow on a loaded CI machine; a page load never takes this long.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
@@ -98,6 +96,7 @@ fn run_chromium(extra: &[String], url: &str) -> String {
                 err.join().unwrap()
             );
         }
+        // Polls chromium's exit (bounded by BROWSER_TIMEOUT above); not a fixed wait.
         std::thread::sleep(Duration::from_millis(50));
     };
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
@@ -105,43 +104,14 @@ fn run_chromium(extra: &[String], url: &str) -> String {
     out
 }
 
-/// The `addr` the daemon logged for its HTTP endpoint (it listens on port 0).
-fn endpoint(daemon: &Daemon) -> String {
-    let line = daemon.wait_for_log("naming the HTTP endpoint", |l| {
-        l.get("message")
-            .and_then(|m| m.as_str())
-            .is_some_and(|m| m.starts_with("HTTP endpoint listening"))
-    });
-    line["addr"].as_str().expect("addr field").to_string()
-}
-
-/// A plain GET of `/`, without a browser: for waiting until the page shows `needle`.
-fn get_page(addr: &str) -> String {
-    use std::io::Write;
-    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the HTTP endpoint");
-    write!(
-        conn,
-        "GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut body = String::new();
-    conn.read_to_string(&mut body).expect("read the page");
-    body
-}
-
+/// Waits until the status page (a plain GET of `/`, without a browser) shows `needle`.
 fn wait_for_page(addr: &str, needle: &str) {
-    let deadline = Instant::now() + support::PATIENCE;
-    loop {
-        let page = get_page(addr);
-        if page.contains(needle) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the status page never showed {needle:?}:\n{page}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    common::poll(
+        &format!("the status page shows {needle:?}"),
+        common::PATIENCE,
+        || get(addr, "/").1.contains(needle).then_some(()),
+        || get(addr, "/").1,
+    );
 }
 
 /// The text of `<section id="ID">` in `dom`.
@@ -180,8 +150,8 @@ rules:
         good = good.url_for("/hook"),
         gone = gone.url_for("/old-hook"),
     );
-    let daemon = Daemon::start_with(redis_with_expiry_events(), &yaml, &[]);
-    let addr = endpoint(&daemon);
+    let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    let addr = endpoint(&daemon.process);
 
     // Markup in a key must be shown as text.
     let key = "order_lock:<b>42</b>";
@@ -197,7 +167,7 @@ rules:
     });
 
     // A key that expires later: the ledger learns its deadline and the page lists it.
-    support::set_with_ttl(
+    common::set_with_ttl(
         &mut daemon.conn(),
         "order_lock:7",
         "v",

@@ -3,12 +3,13 @@
 //! `redis.tls` files of its rules (every connection: subscriber, keyspace, state, admin CLI).
 
 mod common;
-mod support;
 
 use std::sync::Arc;
 
-use common::{ClientCert, HttpReceiver, RedisServer, TestPki};
-use support::{Daemon, PATIENCE, Rules, assert_no_secret, set_px};
+use common::{
+    ClientCert, Daemon, HttpReceiver, PATIENCE, RedisServer, Rules, TestPki, assert_no_secret,
+    set_px,
+};
 
 /// Rules with `redis.tls` = `tls` (a flow mapping), `extra` top-level lines, a webhook channel
 /// `hook` to `receiver` and one rule, `lock-expired`, on `lock:{id}`.

@@ -344,14 +344,51 @@ impl HttpReceiver {
     /// Waits until at least `n` requests have arrived and returns all of them (maybe more than
     /// `n`). Panics after `timeout`, listing what did arrive.
     pub fn wait_for(&self, n: usize, timeout: Duration) -> Vec<Request> {
+        self.wait_until(&format!("{n} request(s)"), timeout, |requests| {
+            requests.len() >= n
+        })
+    }
+
+    /// For "nothing more arrived" without sleeping: the test has sent each of `sentinels` (say,
+    /// keys that expire) through the same pipeline after everything else, so whatever the
+    /// earlier events were going to cause (a duplicate, a retry) comes before them. Waits until a
+    /// request whose JSON body holds each sentinel as a string (`"lock:sentinel"`) has arrived,
+    /// asserts that each came once, and returns every other request so far, in arrival order.
+    pub fn wait_past<S: AsRef<str>>(&self, sentinels: &[S], timeout: Duration) -> Vec<Request> {
+        let sentinels: Vec<String> = sentinels
+            .iter()
+            .map(|s| format!("\"{}\"", s.as_ref()))
+            .collect();
+        let holds = |r: &Request, s: &str| String::from_utf8_lossy(&r.body).contains(s);
+        let requests = self.wait_until(&format!("the sentinels {sentinels:?}"), timeout, |rs| {
+            sentinels.iter().all(|s| rs.iter().any(|r| holds(r, s)))
+        });
+        for s in &sentinels {
+            let n = requests.iter().filter(|r| holds(r, s)).count();
+            assert_eq!(n, 1, "sentinel {s:?} arrived {n} times");
+        }
+        requests
+            .into_iter()
+            .filter(|r| !sentinels.iter().any(|s| holds(r, s)))
+            .collect()
+    }
+
+    /// Waits until `done` holds for the requests so far and returns them. Panics after `timeout`
+    /// with `what`, listing what did arrive.
+    fn wait_until(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&[Request]) -> bool,
+    ) -> Vec<Request> {
         let deadline = Instant::now() + timeout;
         let mut state = self.inner.lock();
-        while state.requests.len() < n {
+        while !done(&state.requests) {
             let now = Instant::now();
             if now >= deadline {
                 let got: Vec<String> = state.requests.iter().map(Request::summary).collect();
                 panic!(
-                    "HTTP receiver {} expected {n} request(s) within {timeout:?}, got {}:\n{}",
+                    "HTTP receiver {} expected {what} within {timeout:?}, got {}:\n{}",
                     self.url(),
                     got.len(),
                     got.join("\n")

@@ -6,34 +6,49 @@
 //! # Layout
 //!
 //! - [`ports`]: free loopback ports, never handed out twice within one test process.
-//! - [`tools`]: where `redis-server` / `redis-cli` are (`KEYWATCH_REDIS_SERVER`,
-//!   `KEYWATCH_REDIS_CLI`, or `PATH`); a missing server fails the test with the fix, never skips it.
+//! - [`tools`]: where `redis-server` is (`KEYWATCH_REDIS_SERVER`
+//!   or `PATH`); a missing server fails the test with the fix, never skips it.
 //! - [`redis_server`]: one throwaway `redis-server` child per test ([`RedisServer`]).
 //! - [`redis_cluster`]: a Redis Cluster of such children, formed by hand ([`RedisCluster`]).
+//! - [`commands`]: Redis commands tests repeat: keys with a TTL, keys that expire right now
+//!   ([`expire_now`]), the notification flags.
 //! - [`http_receiver`]: a real HTTP/1.1 server on std threads that records exact bytes and plays
 //!   scripted responses ([`HttpReceiver`]).
-//! - [`keywatch`]: running the real `keywatch` binary ([`Keywatch`], [`run_keywatch`]).
-//! - [`rules`]: writing rule files into temp dirs ([`write_rules`]).
+//! - [`daemon`]: running the real `keywatch` binary: one-shot commands ([`run_keywatch`]), the
+//!   daemon as a child ([`KeywatchProcess`], [`run_on`]), on its own Redis ([`Daemon`]) and with
+//!   a receiver ([`Rig`]).
+//! - [`endpoint`]: the daemon's HTTP endpoint: its address, GET/POST, metric sums.
+//! - [`rules`]: rule files in temp dirs ([`write_rules`], [`Rules`], [`lock_rules`]) and configs.
 //! - [`tls`]: a test CA with server and client certificates, made in the test ([`TestPki`]), for
 //!   servers started with [`RedisServerBuilder::tls`].
+//! - [`wait`]: [`PATIENCE`], the upper bound of every wait, and polling ([`wait_until`]).
 #![allow(dead_code, unused_imports)]
 
+pub mod commands;
+pub mod daemon;
+pub mod endpoint;
 pub mod http_receiver;
-pub mod keywatch;
 pub mod ports;
 pub mod redis_cluster;
 pub mod redis_server;
 pub mod rules;
 pub mod tls;
 pub mod tools;
-mod wait;
+pub mod wait;
 
+pub use commands::{
+    expire_now, notify_flags, set_and_expire_now, set_px, set_with_ttl, touch_until_gone,
+};
+pub use daemon::{
+    Daemon, KeywatchProcess, Logs, Rig, SUBSCRIBED, assert_no_secret, field_is, keywatch_bin,
+    keywatch_command, run_keywatch, run_on, run_subscribed, spawn_keywatch, spawn_run,
+};
+pub use endpoint::{endpoint, get, metric, post};
 pub use http_receiver::{HttpReceiver, Request, Response};
-pub use keywatch::{Keywatch, KeywatchProcess, keywatch_bin, keywatch_command, run_keywatch};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
 pub use redis_server::{ClientCert, RedisServer, RedisServerBuilder};
-pub use rules::write_rules;
+pub use rules::{Rules, documented_acl_lines, lock_rules, log_rule_config, write_rules};
 /// For [`KeywatchProcess::signal`], e.g. `Signal::HUP`.
 pub use rustix::process::Signal;
 pub use tls::TestPki;
-pub use wait::wait_until;
+pub use wait::{PATIENCE, poll, wait_until};

@@ -104,22 +104,9 @@ impl RedisClusterBuilder {
         self
     }
 
-    /// `cluster-node-timeout` (default 5 s): how long before a silent node is considered failed.
-    /// Lower it for automatic-failover drills; too low makes a loaded 2-core CI runner flap.
-    pub fn node_timeout(mut self, timeout: Duration) -> Self {
-        self.node_timeout = timeout;
-        self
-    }
-
     /// `notify-keyspace-events` on every node.
     pub fn notify_keyspace_events(mut self, flags: &str) -> Self {
         self.node = self.node.notify_keyspace_events(flags);
-        self
-    }
-
-    /// An extra argument for every node (see [`RedisServerBuilder::arg`]).
-    pub fn arg(mut self, arg: &str) -> Self {
-        self.node = self.node.arg(arg);
         self
     }
 
@@ -174,11 +161,6 @@ impl RedisCluster {
 
     pub fn node(&self, i: usize) -> &RedisServer {
         &self.nodes[i]
-    }
-
-    /// For drills: `cluster.node_mut(0).kill()`, `.start_again()`, `.pause()`.
-    pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
-        &mut self.nodes[i]
     }
 
     /// The URL of node 0, for clients that discover the rest.

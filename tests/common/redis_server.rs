@@ -109,11 +109,6 @@ impl RedisServerBuilder {
         self
     }
 
-    /// `--enable-debug-command yes`, for `DEBUG SET-ACTIVE-EXPIRE 0`, `DEBUG SLEEP` and the like.
-    pub fn enable_debug_command(self) -> Self {
-        self.config("enable-debug-command", "yes")
-    }
-
     /// TLS only: `--port 0 --tls-port PORT` with the server certificate of `pki`, its CA as
     /// `--tls-ca-cert-file`, and `--tls-auth-clients` as `client_cert` says. [`RedisServer::url`]
     /// becomes `rediss://…`, and the harness's own clients trust `pki`'s CA and present its
@@ -186,6 +181,17 @@ impl RedisServer {
         RedisServerBuilder::default()
     }
 
+    /// A plain server with `flags` as its `notify-keyspace-events` on the command line (so a
+    /// restart keeps them), e.g. `"Exg"`; `""` for a server without notifications.
+    pub fn with_events(flags: &str) -> RedisServer {
+        let builder = Self::builder();
+        if flags.is_empty() {
+            builder.start()
+        } else {
+            builder.notify_keyspace_events(flags).start()
+        }
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -233,11 +239,6 @@ impl RedisServer {
             (None, Some(pass)) => format!("{}://:{}@{}", self.scheme(), encode(pass), self.addr()),
             _ => self.url(),
         }
-    }
-
-    /// The data dir (`--dir`): AOF files, `nodes.conf`, and `redis.log`.
-    pub fn data_dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// A client with the builder's credentials; for a TLS server, trusting the test CA and
@@ -340,22 +341,6 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
-    }
-
-    /// SIGSTOP: the server hangs (connections stay open, nothing answers) until [`Self::resume`].
-    pub fn pause(&self) {
-        send_signal(
-            self.child.as_ref().expect("pause a running server"),
-            Signal::STOP,
-        );
-    }
-
-    /// SIGCONT after [`Self::pause`].
-    pub fn resume(&self) {
-        send_signal(
-            self.child.as_ref().expect("resume a running server"),
-            Signal::CONT,
-        );
     }
 
     /// Starts the stopped or killed server again on the same port, with the same arguments and

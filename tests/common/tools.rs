@@ -1,4 +1,4 @@
-//! Where the Redis binaries are.
+//! Where `redis-server` is.
 //!
 //! Tests never skip themselves when `redis-server` is missing: a skipped test looks like a passing
 //! one in CI. They fail and say how to fix it.
@@ -12,15 +12,6 @@ pub fn redis_server_bin() -> PathBuf {
         "KEYWATCH_REDIS_SERVER",
         "redis-server",
         "a redis-server or valkey-server binary",
-    )
-}
-
-/// The `redis-cli` (or `valkey-cli`) binary: `KEYWATCH_REDIS_CLI`, else `redis-cli` on `PATH`.
-pub fn redis_cli_bin() -> PathBuf {
-    find_tool(
-        "KEYWATCH_REDIS_CLI",
-        "redis-cli",
-        "a redis-cli or valkey-cli binary",
     )
 }
 

@@ -1,4 +1,6 @@
-//! Running the real `keywatch` binary.
+//! Running the real `keywatch` binary: one-shot commands ([`run_keywatch`]), the daemon as a
+//! child ([`KeywatchProcess`], [`spawn_run`], [`run_on`]), and the daemon set up on its own Redis
+//! with its own rules ([`Daemon`]) and a receiver ([`Rig`]).
 //!
 //! The child's environment is the test's minus every `KEYWATCH_*` variable, so that a developer's
 //! shell (say, `KEYWATCH_REDIS_URL` pointing at a real Redis) cannot steer a test; tests pass what
@@ -6,7 +8,7 @@
 
 use std::ffi::OsStr;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -14,7 +16,16 @@ use std::time::{Duration, Instant};
 
 use rustix::process::Signal;
 
-use super::redis_server::{send_signal, wait_child};
+use redis::ToRedisArgs;
+
+use super::commands::set_and_expire_now;
+use super::http_receiver::HttpReceiver;
+use super::redis_server::{RedisServer, send_signal, wait_child};
+use super::rules::Rules;
+use super::wait::{PATIENCE, poll};
+
+/// What the daemon logs once its subscriber is in place: events flow from then on.
+pub const SUBSCRIBED: &str = "Subscribed to keyspace events.";
 
 /// Upper bound for a one-shot command (`check`, `explain`) to finish.
 const ONE_SHOT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -25,7 +36,7 @@ pub fn keywatch_bin() -> PathBuf {
 }
 
 /// A `Command` for the binary with `args` and `envs`, the environment cleaned of `KEYWATCH_*`,
-/// stdin closed. For cases `Keywatch::spawn` and `run_keywatch` do not cover (another working
+/// stdin closed. For cases [`spawn_keywatch`] and [`run_keywatch`] do not cover (another working
 /// directory, say).
 pub fn keywatch_command<I, S>(args: I, envs: &[(&str, &str)]) -> Command
 where
@@ -65,18 +76,52 @@ where
     }
 }
 
-/// Namespace for starting the daemon: `Keywatch::spawn(args, envs)`.
-pub struct Keywatch;
+/// Starts `keywatch ARGS...` with `envs`, capturing stdout and stderr as they are written.
+pub fn spawn_keywatch<I, S>(args: I, envs: &[(&str, &str)]) -> KeywatchProcess
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    KeywatchProcess::from_command(keywatch_command(args, envs))
+}
 
-impl Keywatch {
-    /// Starts `keywatch ARGS...` with `envs`, capturing stdout and stderr as they are written.
-    pub fn spawn<I, S>(args: I, envs: &[(&str, &str)]) -> KeywatchProcess
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<OsStr>,
-    {
-        KeywatchProcess::from_command(keywatch_command(args, envs))
+/// How the daemon logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logs {
+    /// The default text format.
+    Text,
+    /// `--log-format json`, so that tests read fields instead of parsing text that may be coloured.
+    Json,
+}
+
+/// `keywatch [--log-format json] run -r RULES --redis URL --listen 127.0.0.1:0` with `envs`, not
+/// waited for. Each daemon gets its own free HTTP port, so several may run on one Redis.
+pub fn spawn_run(url: &str, rules: &Path, logs: Logs, envs: &[(&str, &str)]) -> KeywatchProcess {
+    let mut args: Vec<&OsStr> = Vec::new();
+    if logs == Logs::Json {
+        args.extend(["--log-format", "json"].map(OsStr::new));
     }
+    args.extend(["run", "-r"].map(OsStr::new));
+    args.push(rules.as_os_str());
+    args.extend(["--redis", url, "--listen", "127.0.0.1:0"].map(OsStr::new));
+    spawn_keywatch(args, envs)
+}
+
+/// [`spawn_run`], once the daemon has logged [`SUBSCRIBED`].
+pub fn run_subscribed(
+    url: &str,
+    rules: &Path,
+    logs: Logs,
+    envs: &[(&str, &str)],
+) -> KeywatchProcess {
+    let mut kw = spawn_run(url, rules, logs, envs);
+    kw.wait_for_output(SUBSCRIBED, PATIENCE);
+    kw
+}
+
+/// `keywatch run` with text logs and the rules at `rules` on `redis`, once it has subscribed.
+pub fn run_on(redis: &RedisServer, rules: &Path) -> KeywatchProcess {
+    run_subscribed(&redis.url(), rules, Logs::Text, &[])
 }
 
 /// Output of one stream, filled by a reader thread.
@@ -149,10 +194,6 @@ impl KeywatchProcess {
         }
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Everything written to stdout so far.
     pub fn stdout(&self) -> String {
         self.stdout.text()
@@ -215,8 +256,17 @@ impl KeywatchProcess {
         self.signal(Signal::TERM);
     }
 
-    pub fn sigint(&mut self) {
-        self.signal(Signal::INT);
+    /// SIGTERM, then waits for the exit; returns stderr (the logs). Panics unless it exits 0
+    /// within [`PATIENCE`].
+    pub fn stop(&mut self) -> String {
+        self.sigterm();
+        let status = self.wait_timeout(PATIENCE);
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "keywatch did not exit 0 after SIGTERM ({status:?})\n{}",
+            self.describe_output()
+        );
+        self.stderr()
     }
 
     pub fn sighup(&mut self) {
@@ -276,5 +326,168 @@ impl Drop for KeywatchProcess {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+/// `keywatch run` against its own `redis-server` and its own rules, subscribed and ready for events.
+pub struct Daemon {
+    /// Declared first so the daemon is killed before its Redis goes away.
+    pub process: KeywatchProcess,
+    pub redis: RedisServer,
+    pub rules: Rules,
+}
+
+impl Daemon {
+    /// Starts `keywatch run` with `yaml` on a fresh Redis with `Exg` notifications (g: keywatch
+    /// learns deadlines), with JSON logs.
+    pub fn start(yaml: &str) -> Daemon {
+        Daemon::start_with(RedisServer::with_events("Exg"), yaml, &[])
+    }
+
+    /// Starts `keywatch --log-format json run` with `yaml` and `envs` on `redis` (with its
+    /// credentials, if any), and waits until it has subscribed. JSON logs, so that tests read
+    /// fields ([`Daemon::logs`]).
+    pub fn start_with(redis: RedisServer, yaml: &str, envs: &[(&str, &str)]) -> Daemon {
+        Daemon::launch(redis, Rules::new(yaml), Logs::Json, envs)
+    }
+
+    /// Starts `keywatch run` with `rules` on `redis` and waits until it has subscribed.
+    pub fn launch(redis: RedisServer, rules: Rules, logs: Logs, envs: &[(&str, &str)]) -> Daemon {
+        let process = run_subscribed(&redis.auth_url(), &rules.path, logs, envs);
+        Daemon {
+            process,
+            redis,
+            rules,
+        }
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        self.redis.conn()
+    }
+
+    /// Sets `key` and makes it expire now (see [`set_and_expire_now`]).
+    pub fn expire<K: ToRedisArgs>(&self, key: K) {
+        self.expire_all(&[key]);
+    }
+
+    /// Sets each of `keys` and makes them expire now (see [`set_and_expire_now`]).
+    pub fn expire_all<K: ToRedisArgs>(&self, keys: &[K]) {
+        set_and_expire_now(&mut self.conn(), keys);
+    }
+
+    /// Everything the daemon has logged so far.
+    pub fn stderr(&self) -> String {
+        self.process.stderr()
+    }
+
+    /// Every log line so far that is a JSON object (fields flattened: `message`, `level`,
+    /// `rule`, `channel`, `outcome`, `reason`, ...).
+    pub fn logs(&self) -> Vec<serde_json::Value> {
+        self.stderr()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(serde_json::Value::is_object)
+            .collect()
+    }
+
+    /// Waits until a JSON log line satisfies `pred`; returns it. Panics after [`PATIENCE`],
+    /// showing the logs.
+    pub fn wait_for_log(
+        &self,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        poll(
+            &format!("a log line {what}"),
+            PATIENCE,
+            || self.logs().into_iter().find(|l| pred(l)),
+            || self.process.describe_output(),
+        )
+    }
+
+    /// Waits until the log holds `needle` at least `n` times; panics with the log after
+    /// [`PATIENCE`].
+    pub fn wait_for_log_count(&self, needle: &str, n: usize) {
+        poll(
+            &format!("the log shows {needle:?} {n} times"),
+            PATIENCE,
+            || (self.stderr().matches(needle).count() >= n).then_some(()),
+            || self.process.describe_output(),
+        )
+    }
+
+    /// SIGTERM, then waits for the exit; returns the logs. Panics if it does not exit cleanly.
+    pub fn stop(mut self) -> String {
+        self.process.stop()
+    }
+}
+
+/// A whole pipeline: a [`Daemon`] with text logs whose rules send to `receiver`.
+///
+/// Rule texts may say `@RECEIVER@` (the receiver's base URL) and `@DIR@` (the rules' folder, for
+/// marker files); they are replaced before the file is written.
+pub struct Rig {
+    pub daemon: Daemon,
+    pub receiver: HttpReceiver,
+}
+
+impl Rig {
+    /// Starts a server with `flags` as its `notify-keyspace-events` (`""`: none), a receiver
+    /// answering 200 `ok`, and keywatch with `rules`; returns once keywatch is subscribed.
+    pub fn start(flags: &str, rules: &str) -> Rig {
+        Self::start_with(
+            RedisServer::with_events(flags),
+            HttpReceiver::start(),
+            rules,
+        )
+    }
+
+    pub fn start_with(redis: RedisServer, receiver: HttpReceiver, rules: &str) -> Rig {
+        let rules = Rules::new_with(|dir| {
+            rules
+                .replace("@RECEIVER@", &receiver.url())
+                .replace("@DIR@", &dir.to_string_lossy())
+        });
+        let daemon = Daemon::launch(redis, rules, Logs::Text, &[]);
+        Rig { daemon, receiver }
+    }
+
+    /// A file in the rules' folder.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.daemon.rules.dir.path().join(name)
+    }
+
+    /// SIGTERM, and panics unless keywatch exits 0 within [`PATIENCE`].
+    pub fn stop(self) {
+        self.daemon.stop();
+    }
+}
+
+impl std::ops::Deref for Rig {
+    type Target = Daemon;
+
+    fn deref(&self) -> &Daemon {
+        &self.daemon
+    }
+}
+
+impl std::ops::DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut Daemon {
+        &mut self.daemon
+    }
+}
+
+/// Whether JSON log line `line` has field `name` equal to the string `value`.
+pub fn field_is(line: &serde_json::Value, name: &str, value: &str) -> bool {
+    line.get(name).and_then(serde_json::Value::as_str) == Some(value)
+}
+
+/// Asserts that `text` (logs, command output) contains none of `secrets`.
+pub fn assert_no_secret(what: &str, text: &str, secrets: &[&str]) {
+    for secret in secrets {
+        assert!(
+            !text.contains(secret),
+            "{what} leaks the secret {secret:?}:\n{text}"
+        );
     }
 }

@@ -1,0 +1,93 @@
+//! The Redis commands tests keep repeating: keys with a TTL, keys that expire right now, the
+//! server's notification flags. Generic over the connection, and one command at a time (a
+//! cluster connection does not pipeline), so they work on a cluster too.
+
+use std::time::{Duration, Instant};
+
+use redis::{ConnectionLike, ToRedisArgs};
+
+use super::wait::PATIENCE;
+
+/// `SET key value PX ttl`.
+pub fn set_with_ttl<K: ToRedisArgs, V: ToRedisArgs>(
+    conn: &mut impl ConnectionLike,
+    key: K,
+    value: V,
+    ttl: Duration,
+) {
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(ttl.as_millis().max(1) as u64)
+        .query(conn)
+        .expect("SET … PX");
+}
+
+/// `SET key w PX ms`: a key that expires `ms` from now.
+pub fn set_px<K: ToRedisArgs>(conn: &mut impl ConnectionLike, key: K, ms: u64) {
+    set_with_ttl(conn, key, "w", Duration::from_millis(ms));
+}
+
+/// Sets each key to `v` and makes it expire now (see [`expire_now`]).
+pub fn set_and_expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[K]) {
+    for k in keys {
+        let () = redis::cmd("SET").arg(k).arg("v").query(conn).expect("SET");
+    }
+    expire_now(conn, keys);
+}
+
+/// Makes existing `keys` expire now, with an `expired` event: Redis publishes one only when it
+/// deletes a key, so give each key a 1 ms TTL (a deadline in the past would be a `del`) and read
+/// its TTL until Redis reports it gone, which deletes it lazily. This does not wait for Redis's
+/// background expiry cycle.
+pub fn expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[K]) {
+    for (i, k) in keys.iter().enumerate() {
+        let set: i64 = redis::cmd("PEXPIRE")
+            .arg(k)
+            .arg(1)
+            .query(conn)
+            .expect("PEXPIRE");
+        assert_eq!(set, 1, "key #{i} does not exist, so it cannot expire");
+    }
+    touch_until_gone(conn, keys);
+}
+
+/// `PTTL` of every key every few milliseconds until each answers -2 (gone): touching an expired
+/// key makes Redis delete it and publish `expired` right away.
+pub fn touch_until_gone<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[K]) {
+    let mut left: Vec<&K> = keys.iter().collect();
+    let deadline = Instant::now() + PATIENCE;
+    while !left.is_empty() {
+        std::thread::sleep(Duration::from_millis(2));
+        let ttls: Vec<i64> = left
+            .iter()
+            .map(|k| redis::cmd("PTTL").arg(*k).query(conn).expect("PTTL"))
+            .collect();
+        assert!(
+            !ttls.contains(&-1),
+            "PTTL answered -1: a key has no TTL, it will never expire"
+        );
+        left = left
+            .into_iter()
+            .zip(ttls)
+            .filter(|(_, t)| *t != -2)
+            .map(|(k, _)| k)
+            .collect();
+        assert!(
+            Instant::now() < deadline,
+            "{} key(s) did not expire within {PATIENCE:?}",
+            left.len()
+        );
+    }
+}
+
+/// `CONFIG GET notify-keyspace-events`.
+pub fn notify_flags(conn: &mut impl ConnectionLike) -> String {
+    let pair: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query(conn)
+        .expect("CONFIG GET notify-keyspace-events");
+    pair.get(1).cloned().unwrap_or_default()
+}

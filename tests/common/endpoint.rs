@@ -1,0 +1,67 @@
+//! keywatch's own HTTP endpoint (`--listen`): its address from the start-up log, plain requests,
+//! and metric sums.
+
+use super::daemon::KeywatchProcess;
+use super::wait::PATIENCE;
+
+/// The HTTP endpoint's address, from the start-up log line (text or JSON logs).
+pub fn endpoint(kw: &KeywatchProcess) -> String {
+    let log = kw.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("HTTP endpoint listening"))
+        .expect("the endpoint is logged");
+    if let Ok(json) = serde_json::from_str::<serde_json::Value>(line)
+        && let Some(addr) = json.get("addr").and_then(serde_json::Value::as_str)
+    {
+        return addr.to_string();
+    }
+    let at = line.find("addr=").expect("addr field") + "addr=".len();
+    line[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_string()
+}
+
+/// (status, body) of a plain GET.
+pub fn get(addr: &str, path: &str) -> (u16, String) {
+    http(addr, "GET", path)
+}
+
+/// (status, body) of a POST without a body.
+pub fn post(addr: &str, path: &str) -> (u16, String) {
+    http(addr, "POST", path)
+}
+
+fn http(addr: &str, method: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).expect("connect to the HTTP endpoint");
+    conn.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        conn,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The sum of the samples of the metric lines starting with `prefix`.
+pub fn metric(body: &str, prefix: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
