@@ -1,10 +1,11 @@
-//! A matched event of one rule ([`Firing`]) and the units of work it produces ([`Job`]).
+//! A matched event of one rule ([`Firing`]) and the jobs it owes ([`Job`], each one [`Action`]).
 //!
 //! A firing carries everything its actions need (captures, the detail read once at event time),
 //! so a retry an hour later renders the same message from the same data, and a firing can be
 //! stored in the queue and picked up by another instance.
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
@@ -207,6 +208,84 @@ impl Action {
         match self {
             Action::Notify { channel } => format!("{firing_id}:notify:{channel}"),
             other => format!("{firing_id}:{}", other.name()),
+        }
+    }
+}
+
+/// One action a firing owes: the unit the delivery stage stores, takes, attempts, retries and
+/// dead-letters. Stored in the queue as JSON, so another instance can take it over.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Shared by the jobs of one firing in memory; stored whole with each job.
+    pub firing: Arc<Firing>,
+    pub action: Action,
+    /// Attempts made so far.
+    pub attempt: u32,
+    /// When the first attempt failed (unix ms), for the 24 h retry window.
+    pub failing_since: Option<i64>,
+}
+
+impl Job {
+    /// A job not yet attempted.
+    pub fn first(firing: Arc<Firing>, action: Action) -> Job {
+        Job {
+            firing,
+            action,
+            attempt: 0,
+            failing_since: None,
+        }
+    }
+
+    /// Its id in the queue: the `Idempotency-Key` of its requests.
+    pub fn id(&self) -> String {
+        self.action.idempotency_key(&self.firing.id)
+    }
+}
+
+/// A job given up: a permanent error, or 24 h of retries. Kept in Redis so that nothing is
+/// dropped silently (`keywatch dead list|retry|drop`), and shown on the status page.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// What `keywatch dead retry|drop` names it by.
+    pub id: String,
+    pub at: DateTime<Utc>,
+    pub rule: String,
+    /// The key as text (for a digest: how many keys).
+    pub key: String,
+    pub action: Action,
+    pub reason: String,
+    /// The firings the action was for (several for a digest).
+    pub firings: Vec<Firing>,
+    pub digest: bool,
+}
+
+impl DeadLetter {
+    /// A new dead letter, now, with an id of its own.
+    pub fn new(
+        rule: &str,
+        key: String,
+        action: Action,
+        reason: &str,
+        firings: Vec<Firing>,
+        digest: bool,
+    ) -> DeadLetter {
+        DeadLetter {
+            id: format!("{:012x}", fastrand::u64(..) >> 16),
+            at: Utc::now(),
+            rule: rule.to_string(),
+            key,
+            action,
+            reason: reason.to_string(),
+            firings,
+            digest,
+        }
+    }
+
+    /// The action as the status page names it: `notify:CHANNEL` for notifications.
+    pub fn label(&self) -> String {
+        match &self.action {
+            Action::Notify { channel } => format!("notify:{channel}"),
+            other => other.name().to_string(),
         }
     }
 }

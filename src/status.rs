@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 
 use crate::config::Config;
-use crate::firing::Firing;
+use crate::firing::{DeadLetter, Firing};
 
 /// How many recent firings the status page shows.
 const RECENT: usize = 100;
@@ -41,18 +41,6 @@ pub struct ActionOutcome {
     pub attempts: u32,
     /// The target's answer or the failure reason.
     pub detail: String,
-}
-
-/// An action that failed for good.
-#[derive(Clone, Debug)]
-pub struct DeadLetter {
-    pub at: DateTime<Utc>,
-    pub rule: String,
-    /// The key, or `N keys (digest)`.
-    pub key: String,
-    pub action: String,
-    pub id: String,
-    pub reason: String,
 }
 
 /// Counts of one rule since start.
@@ -175,12 +163,13 @@ impl Status {
     pub fn record_dead_letter(&self, d: DeadLetter) {
         self.count(&d.rule, |c| c.dead += 1);
         {
+            let label = d.label();
             let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(o) = r
                 .iter_mut()
                 .rev()
-                .find(|f| f.id == d.id && f.rule == d.rule)
-                .and_then(|f| f.outcomes.iter_mut().find(|o| o.action == d.action))
+                .find(|f| f.rule == d.rule && d.firings.iter().any(|x| x.id == f.id))
+                .and_then(|f| f.outcomes.iter_mut().find(|o| o.action == label))
             {
                 o.outcome = "dead".to_string();
             }

@@ -4,6 +4,9 @@
 use crate::outcome::Outcome;
 
 use super::http::{self, Answer};
+use crate::yaml::decode::{Decoder, MapReader};
+
+use super::fields::Fields;
 use super::integration::Channel;
 use crate::template::Escape;
 
@@ -34,6 +37,72 @@ pub struct Mention {
 impl Mention {
     pub fn is_empty(&self) -> bool {
         self.mobiles.is_empty() && self.user_ids.is_empty() && !self.all
+    }
+}
+
+/// `mention: {mobiles, user_ids, all}`; services that cannot mention by mobile number
+/// reject `mobiles` with the reason.
+pub fn mention(f: &mut Fields<'_, '_>, mobiles_allowed: bool) -> Mention {
+    let mut out = Mention::default();
+    let what = f.what.clone();
+    let d = &mut *f.d;
+    let Some(node) = f.m.get("mention") else {
+        return out;
+    };
+    let Some(mut mm) = d.map(node, &format!("{what} `mention`")) else {
+        return out;
+    };
+    let read = |d: &mut Decoder<'_>, mm: &mut MapReader<'_>, field: &str| -> Vec<String> {
+        let Some(n) = mm.get(field) else {
+            return Vec::new();
+        };
+        d.one_or_many(n, &format!("{what} `mention.{field}`"))
+            .into_iter()
+            .filter_map(|item| {
+                d.text(item, &format!("{what} `mention.{field}`"))
+                    .map(|t| t.value)
+            })
+            .collect()
+    };
+    if mobiles_allowed {
+        out.mobiles = read(d, &mut mm, "mobiles");
+    }
+    out.user_ids = read(d, &mut mm, "user_ids");
+    if let Some(n) = mm.get("all") {
+        out.all = d.bool(n, &format!("{what} `mention.all`")).unwrap_or(false);
+    }
+    let known: &[&str] = if mobiles_allowed {
+        &["mobiles", "user_ids", "all"]
+    } else {
+        &["user_ids", "all"]
+    };
+    mm.finish(d, known, &|f| {
+        (f == "mobiles").then(|| {
+            "Feishu robots cannot mention by mobile number; use `user_ids` (open_id)".to_string()
+        })
+    });
+    out
+}
+
+/// `msgtype: text | markdown`.
+pub fn msgtype(f: &mut Fields<'_, '_>, default: ChatFormat) -> ChatFormat {
+    let Some(n) = f.m.get("msgtype") else {
+        return default;
+    };
+    match f.d.text(n, &format!("{} `msgtype`", f.what)) {
+        Some(t) if t.value == "text" => ChatFormat::Text,
+        Some(t) if t.value == "markdown" => ChatFormat::Markdown,
+        Some(t) => {
+            f.d.error(
+                &t.loc,
+                format!(
+                    "{} `msgtype` must be `text` or `markdown`, found `{}`",
+                    f.what, t.value
+                ),
+            );
+            default
+        }
+        None => default,
     }
 }
 

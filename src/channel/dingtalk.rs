@@ -13,7 +13,8 @@ use crate::template::Escape;
 use crate::yaml::Secret;
 
 use super::chat::{
-    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, judge_errcode, with_keyword,
+    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, judge_errcode, mention, msgtype,
+    with_keyword,
 };
 use super::fields::Fields;
 use super::http::{Answer, Request};
@@ -49,8 +50,8 @@ pub struct DingTalk {
 fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
     let url = f.url();
     let secret = f.secret("secret");
-    let mention = f.mention(true);
-    let msgtype = f.msgtype(ChatFormat::Markdown);
+    let mention = mention(f, true);
+    let msgtype = msgtype(f, ChatFormat::Markdown);
     Some(Arc::new(DingTalk {
         url: url?,
         secret,

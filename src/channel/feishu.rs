@@ -12,7 +12,9 @@ use crate::outcome::Outcome;
 use crate::template::Escape;
 use crate::yaml::Secret;
 
-use super::chat::{ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, with_keyword};
+use super::chat::{
+    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, mention, msgtype, with_keyword,
+};
 use super::fields::Fields;
 use super::http::{self, Answer, Request};
 use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
@@ -47,8 +49,8 @@ pub struct Feishu {
 fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
     let url = f.url();
     let secret = f.secret("secret");
-    let mention = f.mention(false);
-    let msgtype = f.msgtype(ChatFormat::Text);
+    let mention = mention(f, false);
+    let msgtype = msgtype(f, ChatFormat::Text);
     Some(Arc::new(Feishu {
         url: url?,
         secret,

@@ -7,8 +7,6 @@ use crate::yaml::Secret;
 use crate::yaml::decode::{Decoder, MapReader, Text};
 use crate::yaml::diagnostic::Loc;
 
-use super::chat::{ChatFormat, Mention};
-
 /// What an integration's [`Kind::decode`] reads its fields from, with the helpers the chat
 /// robots share.
 pub struct Fields<'d, 'a> {
@@ -57,73 +55,6 @@ impl Fields<'_, '_> {
     pub fn text(&mut self, field: &str) -> Option<Text> {
         let n = self.m.get(field)?;
         self.d.text(n, &format!("{} `{field}`", self.what))
-    }
-
-    /// `mention: {mobiles, user_ids, all}`; services that cannot mention by mobile number
-    /// reject `mobiles` with the reason.
-    pub fn mention(&mut self, mobiles_allowed: bool) -> Mention {
-        let mut out = Mention::default();
-        let what = self.what.clone();
-        let d = &mut *self.d;
-        let Some(node) = self.m.get("mention") else {
-            return out;
-        };
-        let Some(mut mm) = d.map(node, &format!("{what} `mention`")) else {
-            return out;
-        };
-        let read = |d: &mut Decoder<'_>, mm: &mut MapReader<'_>, field: &str| -> Vec<String> {
-            let Some(n) = mm.get(field) else {
-                return Vec::new();
-            };
-            d.one_or_many(n, &format!("{what} `mention.{field}`"))
-                .into_iter()
-                .filter_map(|item| {
-                    d.text(item, &format!("{what} `mention.{field}`"))
-                        .map(|t| t.value)
-                })
-                .collect()
-        };
-        if mobiles_allowed {
-            out.mobiles = read(d, &mut mm, "mobiles");
-        }
-        out.user_ids = read(d, &mut mm, "user_ids");
-        if let Some(n) = mm.get("all") {
-            out.all = d.bool(n, &format!("{what} `mention.all`")).unwrap_or(false);
-        }
-        let known: &[&str] = if mobiles_allowed {
-            &["mobiles", "user_ids", "all"]
-        } else {
-            &["user_ids", "all"]
-        };
-        mm.finish(d, known, &|f| {
-            (f == "mobiles").then(|| {
-                "Feishu robots cannot mention by mobile number; use `user_ids` (open_id)"
-                    .to_string()
-            })
-        });
-        out
-    }
-
-    /// `msgtype: text | markdown`.
-    pub fn msgtype(&mut self, default: ChatFormat) -> ChatFormat {
-        let Some(n) = self.m.get("msgtype") else {
-            return default;
-        };
-        match self.d.text(n, &format!("{} `msgtype`", self.what)) {
-            Some(t) if t.value == "text" => ChatFormat::Text,
-            Some(t) if t.value == "markdown" => ChatFormat::Markdown,
-            Some(t) => {
-                self.d.error(
-                    &t.loc,
-                    format!(
-                        "{} `msgtype` must be `text` or `markdown`, found `{}`",
-                        self.what, t.value
-                    ),
-                );
-                default
-            }
-            None => default,
-        }
     }
 }
 

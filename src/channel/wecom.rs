@@ -12,7 +12,9 @@ use crate::outcome::Outcome;
 use crate::template::Escape;
 use crate::yaml::Secret;
 
-use super::chat::{ChatFormat, Mention, fit, json_headers, judge_errcode, with_keyword};
+use super::chat::{
+    ChatFormat, Mention, fit, json_headers, judge_errcode, mention, msgtype, with_keyword,
+};
 use super::fields::Fields;
 use super::http::{Answer, Request};
 use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
@@ -38,8 +40,8 @@ pub struct WeCom {
 
 fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
     let url = f.url();
-    let mention = f.mention(true);
-    let msgtype = f.msgtype(ChatFormat::Text);
+    let mention = mention(f, true);
+    let msgtype = msgtype(f, ChatFormat::Text);
     if msgtype == ChatFormat::Markdown && !mention.mobiles.is_empty() {
         let warning = format!(
             "{}: WeCom markdown messages cannot mention by mobile number; use `msgtype: text` or `mention.user_ids`",

@@ -3,27 +3,11 @@
 //! discards them; a running instance picks re-driven ones up within a second.
 
 use crate::keyspace::Conn;
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
-use crate::firing::{Action, Firing};
+pub use crate::firing::DeadLetter;
 
 /// How many dead letters are kept; beyond that the oldest go (and the log still has them).
 pub const KEEP: usize = 10_000;
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DeadLetter {
-    pub id: String,
-    pub at: DateTime<Utc>,
-    pub rule: String,
-    /// The key as text (for a digest: how many keys).
-    pub key: String,
-    pub action: Action,
-    pub reason: String,
-    /// The firings the action was for (several for a digest).
-    pub firings: Vec<Firing>,
-    pub digest: bool,
-}
 
 #[derive(Clone)]
 pub struct DeadStore {

@@ -19,9 +19,8 @@
 use std::time::Duration;
 
 use crate::keyspace::Conn;
-use serde::{Deserialize, Serialize};
 
-use crate::firing::{Action, Firing};
+use crate::firing::Job;
 
 mod writer;
 pub use writer::WriteError;
@@ -32,22 +31,6 @@ use writer::Writer;
 /// instance that died comes due within this.
 pub const LEASE: Duration = Duration::from_secs(15);
 pub const RENEW_EVERY: Duration = Duration::from_secs(5);
-
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Job {
-    pub firing: Firing,
-    pub action: Action,
-    /// Attempts made so far.
-    pub attempt: u32,
-    /// When the first attempt failed (unix ms), for the 24 h retry window.
-    pub failing_since: Option<i64>,
-}
-
-impl Job {
-    pub fn id(&self) -> String {
-        self.action.idempotency_key(&self.firing.id)
-    }
-}
 
 // Takes up to ARGV[2] jobs due at ARGV[1] by moving them to ARGV[3] (the end of the lease).
 const TAKE: &str = r"

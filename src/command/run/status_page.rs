@@ -413,7 +413,7 @@ fn dead_letters(h: &mut String, status: &Status, now: DateTime<Utc>) {
              <div class=\"reason bad\">{reason}</div></li>",
             key = esc(&d.key),
             rule = esc(&d.rule),
-            action = esc(&d.action),
+            action = esc(&d.label()),
             ago = ago(now, d.at),
             at = clock(d.at),
             reason = esc(&d.reason),
@@ -425,7 +425,7 @@ fn dead_letters(h: &mut String, status: &Status, now: DateTime<Utc>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::DeadLetter;
+    use crate::firing::{Action, DeadLetter};
 
     #[test]
     fn escapes_markup_quotes_and_control_bytes() {
@@ -478,14 +478,16 @@ mod tests {
     #[test]
     fn key_text_never_becomes_markup() {
         let status = Status::default();
-        status.record_dead_letter(DeadLetter {
-            at: Utc::now(),
-            rule: "r".into(),
-            key: "<img src=x onerror=alert(1)>".into(),
-            action: "notify:hook".into(),
-            id: "1".into(),
-            reason: "HTTP 404 <b>no</b>".into(),
-        });
+        status.record_dead_letter(DeadLetter::new(
+            "r",
+            "<img src=x onerror=alert(1)>".into(),
+            Action::Notify {
+                channel: "hook".into(),
+            },
+            "HTTP 404 <b>no</b>",
+            Vec::new(),
+            false,
+        ));
         let page = render(
             &status,
             &Metrics::new(),

@@ -20,7 +20,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Rate;
-use crate::delivery::ratelimit::Limiter;
+use std::collections::HashMap;
+
+use crate::delivery::ratelimit::{Limiter, SharedBucket, TokenBucket};
 use crate::firing::Firing;
 
 /// The longest a notification should wait for its channel's rate before it is merged.
@@ -156,6 +158,48 @@ impl Lane {
             .partition(|e| e.waiting.firing.rule == lead.waiting.firing.rule);
         *line = rest;
         Some((lead, same.into_iter().collect()))
+    }
+}
+
+/// The limiter and waiting line of each channel in force: made on first use, and made anew when a
+/// reload changes a channel's rate.
+pub(super) struct Limiters {
+    /// `None` only in tests of this module: each limiter is then this instance's own.
+    pub(super) state: Option<crate::keyspace::Conn>,
+    pub(super) prefix: String,
+    pub(super) by_channel: Mutex<HashMap<String, Limited>>,
+}
+
+/// A rate-limited channel's limiter and waiting line, at the rate they were made for.
+#[derive(Clone)]
+pub(super) struct Limited {
+    pub(super) rate: Rate,
+    pub(super) limiter: Arc<Limiter>,
+    pub(super) lane: Arc<Lane>,
+}
+
+impl Limiters {
+    pub(super) fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Limited> {
+        let rate = config.channel(channel)?.rate?;
+        let mut map = self.by_channel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(l) = map.get(channel)
+            && l.rate == rate
+        {
+            return Some(l.clone());
+        }
+        let limiter = Arc::new(match &self.state {
+            Some(conn) => {
+                Limiter::Shared(SharedBucket::new(conn.clone(), &self.prefix, channel, rate))
+            }
+            None => Limiter::Local(TokenBucket::new(rate)),
+        });
+        let limited = Limited {
+            rate,
+            lane: Arc::new(Lane::new(limiter.clone(), rate)),
+            limiter,
+        };
+        map.insert(channel.to_string(), limited.clone());
+        Some(limited)
     }
 }
 

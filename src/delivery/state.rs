@@ -1,0 +1,76 @@
+//! What the delivery stage's tasks share: the actions, the queue, the limits, and what this
+//! instance has in flight (handed back at shutdown).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Mutex, OnceLock};
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::action::Actions;
+use crate::firing::Firing;
+use crate::metrics::Metrics;
+use crate::status::Status;
+
+use super::dead::DeadStore;
+use super::lane::Limiters;
+use super::queue::{Queue, Window};
+use super::retry::RetryPolicy;
+use super::work::DigestKey;
+
+pub(super) struct Inner {
+    pub(super) actions: Actions,
+    pub(super) metrics: Arc<Metrics>,
+    /// Rate limits and waiting lines (where a backlog merges into digests) per channel.
+    pub(super) limiters: Limiters,
+    pub(super) policy: RetryPolicy,
+    pub(super) tracker: TaskTracker,
+    pub(super) shutdown: CancellationToken,
+    /// Bounds the firings whose attempts run at once here. A storm's firings beyond it wait in
+    /// the durable queue, not in memory, so ten thousand expiries open no more connections and
+    /// hold no more memory than this many.
+    pub(super) concurrent: Arc<Semaphore>,
+    /// Set while jobs this instance had no room for may be waiting in the queue: a firing that
+    /// finishes then wakes the queue loop to take the next ones at once.
+    pub(super) backlogged: AtomicBool,
+    pub(super) wake: Notify,
+    /// Digest windows held in memory, by (rule, channel): only when there is no queue, or Redis
+    /// refused to store the notifications in their shared window.
+    pub(super) digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
+    /// Where dead letters are kept (Redis); `None` only in tests of this module.
+    pub(super) dead: Option<DeadStore>,
+    /// The durable queue of action jobs (Redis); `None` only in tests of this module.
+    pub(super) queue: Option<Queue>,
+    /// Jobs this instance is attempting now, handed back at shutdown.
+    pub(super) inflight: Mutex<std::collections::HashSet<String>>,
+    /// Jobs of digest windows whose digest this instance is attempting now (leases renewed,
+    /// handed back at shutdown).
+    pub(super) windows_inflight: Mutex<HashMap<Window, std::collections::HashSet<String>>>,
+    /// Where outcomes and dead letters are shown (the status page); set once by `report_to`
+    /// so that the constructor stays the same for callers that have no status page.
+    pub(super) status: OnceLock<Arc<Status>>,
+}
+
+/// Firings attempted at once by one instance (see `Inner::concurrent`).
+pub(super) const CONCURRENT: usize = 256;
+
+/// Items listed in a digest of a rule without `group.max_items` (a merged backlog).
+pub(super) const DIGEST_ITEMS: usize = 20;
+
+pub(super) fn inflight(
+    inner: &Inner,
+) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+    inner.inflight.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(super) fn windows_inflight(
+    inner: &Inner,
+) -> std::sync::MutexGuard<'_, HashMap<Window, std::collections::HashSet<String>>> {
+    inner
+        .windows_inflight
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}

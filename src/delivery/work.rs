@@ -1,0 +1,138 @@
+//! What the delivery stage attempts: one job of a firing, or one digest of many firings'
+//! notifications.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::channel::Message;
+use crate::firing::{Action, Firing, Job};
+
+use super::queue::Window;
+
+/// A digest window is per (rule, channel).
+pub(super) type DigestKey = (String, String);
+
+/// A unit of delivery: one action of one firing, or one digest message.
+#[derive(Clone)]
+pub(super) enum Work {
+    /// One job of one firing; its attempts are counted by the loop that makes them.
+    Job { firing: Arc<Firing>, action: Action },
+    Digest {
+        rule: String,
+        channel: String,
+        message: Arc<Message>,
+        firings: Vec<Arc<Firing>>,
+        /// Queued jobs the digest stands for, acknowledged when it is sent or dead-lettered;
+        /// empty for a digest held only in memory (no queue, or the queue was unreachable).
+        jobs: Vec<String>,
+        /// The `group` window the jobs wait in; `None` for a merged backlog (whose jobs are in
+        /// the queue itself).
+        window: Option<Window>,
+    },
+}
+
+impl Work {
+    pub(super) fn rule(&self) -> &str {
+        match self {
+            Work::Job { firing, .. } => &firing.rule,
+            Work::Digest { rule, .. } => rule,
+        }
+    }
+
+    pub(super) fn action_name(&self) -> &'static str {
+        match self {
+            Work::Job { action, .. } => action.name(),
+            Work::Digest { .. } => "notify",
+        }
+    }
+
+    pub(super) fn channel(&self) -> Option<&str> {
+        match self {
+            Work::Job {
+                action: Action::Notify { channel },
+                ..
+            } => Some(channel),
+            Work::Job { .. } => None,
+            Work::Digest { channel, .. } => Some(channel),
+        }
+    }
+
+    /// What the log line names: the key, or how many keys a digest stands for.
+    pub(super) fn subject(&self) -> String {
+        match self {
+            Work::Job { firing, .. } => String::from_utf8_lossy(&firing.key).into_owned(),
+            Work::Digest { message, .. } => format!("{} keys (digest)", message.count),
+        }
+    }
+
+    /// The job's id in the queue and in-flight set.
+    pub(super) fn job_id(&self) -> String {
+        match self {
+            Work::Job { firing, action } => action.idempotency_key(&firing.id),
+            Work::Digest { message, .. } => message.idempotency_key.clone(),
+        }
+    }
+
+    pub(super) fn id(&self) -> &str {
+        match self {
+            Work::Job { firing, .. } => &firing.id,
+            Work::Digest { message, .. } => &message.idempotency_key,
+        }
+    }
+
+    /// The firing this work belongs to; a digest stands for many.
+    pub(super) fn firing_id(&self) -> Option<&str> {
+        match self {
+            Work::Job { firing, .. } => Some(&firing.id),
+            Work::Digest { .. } => None,
+        }
+    }
+
+    /// The action as the status page names it: `notify:CHANNEL` for notifications.
+    pub(super) fn status_label(&self) -> String {
+        match self.channel() {
+            Some(c) => format!("notify:{c}"),
+            None => self.action_name().to_string(),
+        }
+    }
+}
+
+/// Jobs taken from the queue, gathered per firing (in the order first seen) and put in the
+/// order of SPEC §2 within each.
+pub(super) fn by_firing(jobs: Vec<Job>) -> Vec<Vec<Job>> {
+    let mut out: Vec<Vec<Job>> = Vec::new();
+    let mut at: HashMap<String, usize> = HashMap::new();
+    for job in jobs {
+        match at.get(&job.firing.id) {
+            Some(&i) => out[i].push(job),
+            None => {
+                at.insert(job.firing.id.clone(), out.len());
+                out.push(vec![job]);
+            }
+        }
+    }
+    for jobs in &mut out {
+        jobs.sort_by_key(|j| j.action.order());
+    }
+    out
+}
+
+/// The notification jobs of `firings` for `channel`, as a digest window keeps them.
+pub(super) fn window_jobs(
+    firings: &[Arc<Firing>],
+    channel: &str,
+    attempt: u32,
+    failing_since: Option<i64>,
+) -> Vec<Job> {
+    firings
+        .iter()
+        .map(|f| Job {
+            firing: f.clone(),
+            action: Action::Notify {
+                channel: channel.to_string(),
+            },
+            attempt,
+            failing_since,
+        })
+        .collect()
+}
