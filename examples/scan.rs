@@ -18,7 +18,7 @@ use keywatch::config::{self, Mode};
 use keywatch::keyspace::Keyspace;
 use keywatch::keyspace::local_server::LocalRedis;
 use keywatch::metrics::Metrics;
-use keywatch::source::notifications::Signal;
+use keywatch::source::Signal;
 use keywatch::source::scanner::Scanner;
 
 fn arg(name: &str) -> Option<u64> {

@@ -8,16 +8,10 @@
 //! one new file and one line in [`KINDS`].
 
 pub mod chat;
-pub mod dingtalk;
-pub mod feishu;
 mod fields;
 pub mod http;
 mod integration;
-pub mod log;
 pub mod message;
-pub mod slack;
-pub mod webhook;
-pub mod wecom;
 
 use std::path::Path;
 use std::time::Duration;
@@ -33,15 +27,18 @@ pub use fields::{Fields, check_http_url};
 pub use integration::{Channel, Dispatch, Integration, Kind, Rate};
 pub use message::{Item, Message};
 
-/// Every integration, by the `type` that selects it in the rule files.
-pub const KINDS: &[&Kind] = &[
-    &dingtalk::KIND,
-    &slack::KIND,
-    &feishu::KIND,
-    &wecom::KIND,
-    &webhook::KIND,
-    &log::KIND,
-];
+/// Registers integrations: each one's module, and its [`Kind`] in [`KINDS`], so that adding a
+/// service is its file and its name here.
+macro_rules! integrations {
+    ($($name:ident),* $(,)?) => {
+        $(pub mod $name;)*
+
+        /// Every integration, in the order `check` lists the types.
+        pub const KINDS: &[&Kind] = &[$(&$name::KIND),*];
+    };
+}
+
+integrations![dingtalk, slack, feishu, wecom, webhook, log];
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {

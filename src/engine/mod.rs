@@ -21,7 +21,7 @@ use crate::firing::Firing;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 use crate::source::ledger::{self, Ledger, Note};
-use crate::source::notifications::Signal;
+use crate::source::Signal;
 use crate::status::Status;
 use crate::template::Context;
 

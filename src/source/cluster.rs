@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
-use crate::source::notifications::{self, Backoff, Signal};
-use crate::status::Status;
+use crate::source::Signal;
+use crate::source::notifications::{self, Backoff};
 
 /// How often the masters are read again when nothing went wrong.
 pub const REDISCOVER_EVERY: Duration = Duration::from_secs(5);
@@ -41,12 +41,13 @@ impl Watch {
 
 /// Subscribes to `channels` on every master until `shutdown`, each subscriber following the
 /// channels' changes (a reload) on its own connection; what the subscribers hear goes to `tx`,
-/// plus [`Signal::Gone`] for a node that stopped being a master.
+/// plus [`Signal::Gone`] for a node that stopped being a master. `watching` is told of each
+/// master before its subscriber starts, so that readiness waits for it.
 pub async fn follow(
     keyspace: Keyspace,
     channels: watch::Receiver<Vec<String>>,
     tx: mpsc::Sender<Signal>,
-    status: Arc<Status>,
+    watching: impl Fn(&str),
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -74,7 +75,7 @@ pub async fn follow(
                         }
                     };
                     tracing::info!(node = %m.addr, id = %m.id, "Cluster: watching a master.");
-                    status.expect_node(&m.addr);
+                    watching(&m.addr);
                     let stop = shutdown.child_token();
                     // Also with no channel at all (only `expiring` rules): a reload may add some.
                     metrics.subscriber(&m.addr, false);

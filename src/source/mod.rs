@@ -1,10 +1,51 @@
-//! Where events come from: Redis keyspace notifications ([`notifications`]), checked against
-//! what the rules need ([`flags`]), and the deadline ledger that makes expiries punctual and
-//! recovers missed ones ([`ledger`]), the scanner that warns before deadlines ([`scanner`]), and, on a Redis Cluster, a
-//! subscriber per master that follows failovers and reshards ([`topology`]).
+//! Where events come from, each reporting [`Signal`]s on a channel it is given: Redis keyspace
+//! notifications ([`notifications`]), checked against what the rules need ([`flags`]); the
+//! deadline ledger that makes expiries punctual and recovers missed ones ([`ledger`]); the
+//! scanner that warns before deadlines ([`scanner`]); and, on a Redis Cluster, a subscriber per
+//! master that follows failovers and reshards ([`cluster`]).
 
 pub mod cluster;
 pub mod flags;
 pub mod ledger;
 pub mod notifications;
 pub mod scanner;
+
+use crate::event::KeyEvent;
+use ledger::Note;
+
+/// What every source reports: the one type that flows from the sources to the engine.
+#[derive(Debug)]
+pub enum Signal {
+    Event(KeyEvent),
+    /// A keyevent that changes a key's deadline (`expire`, `persist`, `rename_*`), for the ledger.
+    Deadline {
+        db: u32,
+        key: Vec<u8>,
+        note: Note,
+    },
+    /// An `expiring` event from the scanner ([`crate::source::scanner`]), for the rules it
+    /// names only: each rule has its own `warn_before`, and this instance claimed each warning.
+    Warn {
+        event: KeyEvent,
+        rules: Vec<String>,
+    },
+    /// A message on keywatch's marker channel (see [`crate::source::ledger`]), heard on `node`.
+    Marker {
+        node: String,
+        payload: Vec<u8>,
+    },
+    /// Subscribed to every channel; events flow from now on.
+    Up {
+        node: String,
+    },
+    /// The connection ended; events published until the next `Up` are lost.
+    Down {
+        node: String,
+        reason: String,
+    },
+    /// The node is no longer watched: a cluster node that stopped being a master
+    /// ([`crate::source::cluster`]).
+    Gone {
+        node: String,
+    },
+}

@@ -15,44 +15,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventKind, KeyEvent};
+use crate::source::Signal;
 use crate::source::ledger::Note;
-
-/// What a subscriber reports.
-#[derive(Debug)]
-pub enum Signal {
-    Event(KeyEvent),
-    /// A keyevent that changes a key's deadline (`expire`, `persist`, `rename_*`), for the ledger.
-    Deadline {
-        db: u32,
-        key: Vec<u8>,
-        note: Note,
-    },
-    /// An `expiring` event from the scanner ([`crate::source::scanner`]), for the rules it
-    /// names only: each rule has its own `warn_before`, and this instance claimed each warning.
-    Warn {
-        event: KeyEvent,
-        rules: Vec<String>,
-    },
-    /// A message on keywatch's marker channel (see [`crate::source::ledger`]), heard on `node`.
-    Marker {
-        node: String,
-        payload: Vec<u8>,
-    },
-    /// Subscribed to every channel; events flow from now on.
-    Up {
-        node: String,
-    },
-    /// The connection ended; events published until the next `Up` are lost.
-    Down {
-        node: String,
-        reason: String,
-    },
-    /// The node is no longer watched: a cluster node that stopped being a master
-    /// ([`crate::source::cluster`]).
-    Gone {
-        node: String,
-    },
-}
 
 /// The keyevent channels for `kinds` in `dbs` (`__keyevent@0__:expired`, …), plus, when
 /// `ledger` is on, those that change deadlines and keywatch's marker channel.

@@ -159,11 +159,12 @@ pub async fn run(
     ));
     let (subscriptions, wanted) = watch::channel(reload::subscriptions(&config));
     let subscriber = if keyspace.is_cluster() {
+        let expecting = status.clone();
         tokio::spawn(cluster::follow(
             keyspace.clone(),
             wanted,
             tx,
-            status.clone(),
+            move |node: &str| expecting.expect_node(node),
             metrics.clone(),
             subscribers.clone(),
         ))
