@@ -13,7 +13,9 @@ use crate::pattern::matcher::Matcher;
 use crate::template::{CONTEXT_NAMES, Context, Escape, TemplateId, TemplateSet};
 
 use super::model::*;
-use super::rules::{PatternSrc, RuleDraft};
+use super::rules::{
+    CleanupDraft, DetailDraft, ExecDraft, NotifyDraft, PatternSrc, ReloadDraft, RuleDraft,
+};
 use super::sections::{RedisDraft, ScannerDraft, StateDraft};
 use crate::channel::{Channel, ChannelDraft, check_http_url};
 use crate::yaml::decode::{Decoder, Text};
@@ -253,6 +255,8 @@ fn compile(
     Some(id)
 }
 
+/// A rule draft → a [`Rule`], one step at a time in the order of the rule file (pattern, events,
+/// then each action), every problem reported at its place. `None` when anything was wrong.
 fn build_rule(
     d: &mut Decoder<'_>,
     templates: &mut TemplateSet,
@@ -262,30 +266,86 @@ fn build_rule(
     r: RuleDraft,
 ) -> Option<Rule> {
     let what = format!("rule `{}`", r.name.value);
-    let (src, parsed) = match &r.pattern {
-        PatternSrc::Match(t) => (t, Pattern::parse(&t.value)),
-        PatternSrc::Regex(t) => (t, Pattern::from_regex(&t.value)),
-    };
-    let pattern = match parsed {
-        Ok(p) => Some(p),
-        Err(e) => {
-            let field = if matches!(r.pattern, PatternSrc::Match(_)) {
-                "match"
-            } else {
-                "regex"
-            };
-            d.error(
-                &src.at(e.offset),
-                format!("{what} `{field}`: {}", e.message),
-            );
-            None
-        }
-    };
+    let (src, pattern) = rule_pattern(d, &r, &what);
     let captures: Vec<String> = pattern
         .as_ref()
         .map(|p| p.capture_names().to_vec())
         .unwrap_or_default();
-    for name in &captures {
+    check_captures(d, src, &captures, &what);
+    check_events(d, &r, redis, &what);
+
+    let mut t = RuleTemplates {
+        d,
+        templates,
+        what,
+        check: TemplateCheck {
+            rule: &r.name.value,
+            captures: &captures,
+            kinds: &r.on,
+            digest: false,
+            pattern: &src.value,
+            has_detail: r.detail.is_some(),
+            has_group: r.notify.as_ref().is_some_and(|n| n.group.is_some()),
+        },
+    };
+    let detail = r.detail.as_ref().map(|dd| t.detail(dd));
+    let reload = r.reload.as_ref().map(|rd| t.reload(rd));
+    let exec = r.exec.as_ref().map(|ed| t.exec(ed));
+    let cleanup = r.cleanup.as_ref().map(|cd| t.cleanup(cd));
+    let notify = r
+        .notify
+        .as_ref()
+        .map(|nd| t.notify(nd, channels, channel_names));
+    check_has_action(t.d, &r, &t.what);
+
+    Some(Rule {
+        name: r.name.value.clone(),
+        loc: r.loc.clone(),
+        pattern: pattern?,
+        on: r.on.clone(),
+        db: r.db.as_ref().map(|s| s.value.clone()),
+        warn_before: r.warn_before.as_ref().map(|w| w.value),
+        detail: built(detail)?,
+        reload: built(reload)?,
+        exec: built(exec)?,
+        cleanup: built(cleanup)?,
+        notify: built(notify)?,
+    })
+}
+
+/// A step the rule may have: `Some(None)` when it has none, `None` when it has one that failed.
+fn built<T>(step: Option<Option<T>>) -> Option<Option<T>> {
+    match step {
+        None => Some(None),
+        Some(built) => built.map(Some),
+    }
+}
+
+/// The rule's `match` or `regex`, compiled; the source text is kept for messages.
+fn rule_pattern<'r>(
+    d: &mut Decoder<'_>,
+    r: &'r RuleDraft,
+    what: &str,
+) -> (&'r Text, Option<Pattern>) {
+    let (src, parsed, field) = match &r.pattern {
+        PatternSrc::Match(t) => (t, Pattern::parse(&t.value), "match"),
+        PatternSrc::Regex(t) => (t, Pattern::from_regex(&t.value), "regex"),
+    };
+    match parsed {
+        Ok(p) => (src, Some(p)),
+        Err(e) => {
+            d.error(
+                &src.at(e.offset),
+                format!("{what} `{field}`: {}", e.message),
+            );
+            (src, None)
+        }
+    }
+}
+
+/// A capture may not take the name of a context value: the template would see only one.
+fn check_captures(d: &mut Decoder<'_>, src: &Text, captures: &[String], what: &str) {
+    for name in captures {
         if CONTEXT_NAMES.contains(&name.as_str()) {
             let at = src
                 .value
@@ -298,7 +358,11 @@ fn build_rule(
             );
         }
     }
+}
 
+/// `expiring` needs `warn_before` (and `warn_before` means nothing without it); `db` only names
+/// watched databases.
+fn check_events(d: &mut Decoder<'_>, r: &RuleDraft, redis: &RedisSettings, what: &str) {
     let expiring = r.on.contains(&EventKind::Expiring);
     match (&r.warn_before, expiring) {
         (None, true) => d.error(&r.on_loc, format!("{what}: `on: [expiring]` needs `warn_before` (how long before the deadline to warn, e.g. `warn_before: 7d`)")),
@@ -312,50 +376,63 @@ fn build_rule(
             }
         }
     }
+}
 
-    let check = TemplateCheck {
-        rule: &r.name.value,
-        captures: &captures,
-        kinds: &r.on,
-        digest: false,
-        pattern: &src.value,
-        has_detail: r.detail.is_some(),
-        has_group: r.notify.as_ref().is_some_and(|n| n.group.is_some()),
-    };
+/// A rule must do something; one that reads a detail and does nothing with it is a mistake.
+fn check_has_action(d: &mut Decoder<'_>, r: &RuleDraft, what: &str) {
+    let acts = r.reload.is_some() || r.exec.is_some() || r.cleanup.is_some() || r.notify.is_some();
+    if acts {
+        return;
+    }
+    if r.detail.is_some() {
+        d.error(&r.name.loc, format!("{what} fetches a `detail` but has no action to use it: add `notify`, `reload`, `exec` or `cleanup`"));
+    } else {
+        d.error(
+            &r.name.loc,
+            format!(
+                "{what} has no action: add at least one of `notify`, `reload`, `exec`, `cleanup`"
+            ),
+        );
+    }
+}
 
-    let detail = r.detail.as_ref().and_then(|dd| {
+/// Compiles one rule's templates against what they may read, each reported at its field.
+struct RuleTemplates<'a, 'd, 'c> {
+    d: &'a mut Decoder<'d>,
+    templates: &'a mut TemplateSet,
+    /// `rule \`NAME\``, for messages.
+    what: String,
+    check: TemplateCheck<'c>,
+}
+
+impl RuleTemplates<'_, '_, '_> {
+    fn compile(&mut self, text: &Text, escape: Escape, field: &str) -> Option<TemplateId> {
+        self.compile_as(text, escape, field, self.check)
+    }
+
+    fn compile_as(
+        &mut self,
+        text: &Text,
+        escape: Escape,
+        field: &str,
+        check: TemplateCheck<'_>,
+    ) -> Option<TemplateId> {
+        let what = format!("{} `{field}`", self.what);
+        compile(self.d, self.templates, text, escape, &what, &check)
+    }
+
+    fn detail(&mut self, dd: &DetailDraft) -> Option<DetailStep> {
         let source = match (&dd.hash, &dd.field, &dd.key) {
             (Some(h), Some(f), None) => {
-                let key = compile(
-                    d,
-                    templates,
-                    h,
-                    Escape::RedisKey,
-                    &format!("{what} `detail.hash`"),
-                    &check,
-                );
-                let field = compile(
-                    d,
-                    templates,
-                    f,
-                    Escape::RedisKey,
-                    &format!("{what} `detail.field`"),
-                    &check,
-                );
+                let key = self.compile(h, Escape::RedisKey, "detail.hash");
+                let field = self.compile(f, Escape::RedisKey, "detail.field");
                 DetailSource::Hash {
                     key: key?,
                     field: field?,
                 }
             }
             (None, None, Some(k)) => DetailSource::Key {
-                key: compile(
-                    d,
-                    templates,
-                    k,
-                    Escape::RedisKey,
-                    &format!("{what} `detail.key`"),
-                    &check,
-                )?,
+                key: self.compile(k, Escape::RedisKey, "detail.key")?,
             },
             _ => return None,
         };
@@ -363,29 +440,22 @@ fn build_rule(
             source,
             remove: dd.remove,
         })
-    });
+    }
 
-    let reload = r.reload.as_ref().and_then(|rd| {
-        let url = compile(
-            d,
-            templates,
-            &rd.url,
-            Escape::Url,
-            &format!("{what} `reload.url`"),
-            &check,
-        );
+    fn reload(&mut self, rd: &ReloadDraft) -> Option<ReloadStep> {
+        let url = self.compile(&rd.url, Escape::Url, "reload.url");
         // `on` is empty when every event listed was unknown (already an error): no sample then.
         if let Some(id) = url
-            && let Some(&kind) = r.on.first()
+            && let Some(&kind) = self.check.kinds.first()
             && !rd.url.unresolved
         {
-            let sample = Context::sample(&r.name.value, kind, &captures);
-            if let Ok(bytes) = templates.render(id, &sample) {
+            let sample = Context::sample(self.check.rule, kind, self.check.captures);
+            if let Ok(bytes) = self.templates.render(id, &sample) {
                 check_http_url(
-                    d,
+                    self.d,
                     &String::from_utf8_lossy(&bytes),
                     &rd.url.loc,
-                    &format!("{what} `reload.url`"),
+                    &format!("{} `reload.url`", self.what),
                     "https://example.com/reload",
                 );
             }
@@ -394,26 +464,12 @@ fn build_rule(
             .headers
             .iter()
             .filter_map(|(k, v)| {
-                compile(
-                    d,
-                    templates,
-                    v,
-                    Escape::Raw,
-                    &format!("{what} `reload.headers.{}`", k.value),
-                    &check,
-                )
-                .map(|id| (k.value.clone(), id))
+                self.compile(v, Escape::Raw, &format!("reload.headers.{}", k.value))
+                    .map(|id| (k.value.clone(), id))
             })
             .collect();
         let body = match &rd.body {
-            Some(b) => Some(compile(
-                d,
-                templates,
-                b,
-                Escape::Raw,
-                &format!("{what} `reload.body`"),
-                &check,
-            )?),
+            Some(b) => Some(self.compile(b, Escape::Raw, "reload.body")?),
             None => None,
         };
         Some(ReloadStep {
@@ -423,64 +479,32 @@ fn build_rule(
             body,
             timeout: rd.timeout,
         })
-    });
+    }
 
-    let exec = r.exec.as_ref().and_then(|ed| {
+    fn exec(&mut self, ed: &ExecDraft) -> Option<ExecStep> {
         let command: Vec<Option<TemplateId>> = ed
             .command
             .iter()
-            .map(|a| {
-                compile(
-                    d,
-                    templates,
-                    a,
-                    Escape::RedisKey,
-                    &format!("{what} `exec.command`"),
-                    &check,
-                )
-            })
+            .map(|a| self.compile(a, Escape::RedisKey, "exec.command"))
             .collect();
         Some(ExecStep {
             command: command.into_iter().collect::<Option<Vec<_>>>()?,
             timeout: ed.timeout,
         })
-    });
+    }
 
-    let cleanup = r.cleanup.as_ref().and_then(|cd| {
+    fn cleanup(&mut self, cd: &CleanupDraft) -> Option<CleanupStep> {
         let delete: Vec<Option<TemplateId>> = cd
             .delete
             .iter()
-            .map(|p| {
-                compile(
-                    d,
-                    templates,
-                    p,
-                    Escape::Glob,
-                    &format!("{what} `cleanup.delete`"),
-                    &check,
-                )
-            })
+            .map(|p| self.compile(p, Escape::Glob, "cleanup.delete"))
             .collect();
         let hdel: Vec<Option<HdelTarget>> = cd
             .hdel
             .iter()
             .map(|(k, f)| {
-                let key = compile(
-                    d,
-                    templates,
-                    k,
-                    Escape::RedisKey,
-                    &format!("{what} `cleanup.hdel.key`"),
-                    &check,
-                );
-                let field = compile(
-                    d,
-                    templates,
-                    f,
-                    Escape::RedisKey,
-                    &format!("{what} `cleanup.hdel.field`"),
-                    &check,
-                );
+                let key = self.compile(k, Escape::RedisKey, "cleanup.hdel.key");
+                let field = self.compile(f, Escape::RedisKey, "cleanup.hdel.field");
                 Some(HdelTarget {
                     key: key?,
                     field: field?,
@@ -491,9 +515,17 @@ fn build_rule(
             delete: delete.into_iter().collect::<Option<Vec<_>>>()?,
             hdel: hdel.into_iter().collect::<Option<Vec<_>>>()?,
         })
-    });
+    }
 
-    let notify = r.notify.as_ref().and_then(|nd| {
+    /// The channels must exist; title and message are compiled once per escaping those
+    /// channels need.
+    fn notify(
+        &mut self,
+        nd: &NotifyDraft,
+        channels: &[Channel],
+        channel_names: &[String],
+    ) -> Option<NotifyStep> {
+        let what = self.what.clone();
         let mut escapes: Vec<Escape> = Vec::new();
         let mut to = Vec::new();
         for name in &nd.to {
@@ -506,7 +538,7 @@ fn build_rule(
                 }
                 // Defined, but its definition had errors (already reported).
                 None if channel_names.contains(&name.value) => {}
-                None => d.error(
+                None => self.d.error(
                     &name.loc,
                     format!(
                         "{what} `notify.to`: unknown channel `{}`{}",
@@ -523,7 +555,8 @@ fn build_rule(
             }
         }
         if nd.to.is_empty() {
-            d.error(&nd.loc, format!("{what} `notify.to` names no channel"));
+            self.d
+                .error(&nd.loc, format!("{what} `notify.to` names no channel"));
         }
         let default_message = Text {
             value: DEFAULT_MESSAGE.into(),
@@ -537,35 +570,18 @@ fn build_rule(
         };
         let message_src = nd.message.as_ref().unwrap_or(&default_message);
         let title_src = nd.title.as_ref().unwrap_or(&default_title);
+        // With `group` every message is a digest, so the title is rendered for digests only.
         let title_check = TemplateCheck {
             digest: nd.group.is_some(),
-            ..check
+            ..self.check
         };
         let mut message = Vec::new();
         let mut title = Vec::new();
         for &e in &escapes {
-            message.push((
-                e,
-                compile(
-                    d,
-                    templates,
-                    message_src,
-                    e,
-                    &format!("{what} `notify.message`"),
-                    &check,
-                )?,
-            ));
-            // With `group` every message is a digest, so the title is rendered for digests only.
+            message.push((e, self.compile(message_src, e, "notify.message")?));
             title.push((
                 e,
-                compile(
-                    d,
-                    templates,
-                    title_src,
-                    e,
-                    &format!("{what} `notify.title`"),
-                    &title_check,
-                )?,
+                self.compile_as(title_src, e, "notify.title", title_check)?,
             ));
         }
         Some(NotifyStep {
@@ -574,53 +590,7 @@ fn build_rule(
             message: PerEscape(message),
             group: nd.group,
         })
-    });
-
-    if r.detail.is_some()
-        && r.reload.is_none()
-        && r.exec.is_none()
-        && r.cleanup.is_none()
-        && r.notify.is_none()
-    {
-        d.error(&r.name.loc, format!("{what} fetches a `detail` but has no action to use it: add `notify`, `reload`, `exec` or `cleanup`"));
-    } else if r.reload.is_none() && r.exec.is_none() && r.cleanup.is_none() && r.notify.is_none() {
-        d.error(
-            &r.name.loc,
-            format!(
-                "{what} has no action: add at least one of `notify`, `reload`, `exec`, `cleanup`"
-            ),
-        );
     }
-
-    Some(Rule {
-        name: r.name.value.clone(),
-        loc: r.loc.clone(),
-        pattern: pattern?,
-        on: r.on.clone(),
-        db: r.db.as_ref().map(|s| s.value.clone()),
-        warn_before: r.warn_before.as_ref().map(|w| w.value),
-        detail: if r.detail.is_some() {
-            Some(detail?)
-        } else {
-            None
-        },
-        reload: if r.reload.is_some() {
-            Some(reload?)
-        } else {
-            None
-        },
-        exec: if r.exec.is_some() { Some(exec?) } else { None },
-        cleanup: if r.cleanup.is_some() {
-            Some(cleanup?)
-        } else {
-            None
-        },
-        notify: if r.notify.is_some() {
-            Some(notify?)
-        } else {
-            None
-        },
-    })
 }
 
 fn channel_list(channels: &[Channel]) -> String {
