@@ -13,8 +13,8 @@ use std::hint::black_box;
 
 use chrono::Utc;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use keywatch::source::ledger::Ledger;
 use keywatch::source::Signal;
+use keywatch::source::ledger::Ledger;
 use keywatch::source::notifications::decode;
 use redis::{Msg, Value};
 

@@ -156,7 +156,7 @@ pub(super) async fn deliver(
                 return;
             }
             Outcome::Retry { after, .. } => {
-                let now = super::queue::now_ms();
+                let now = inner.clock.now_ms();
                 let since = *failing_since.get_or_insert(now);
                 n += 1;
                 let Next::RetryAt(at) = inner.policy.after_failure(n, since, now, after) else {
@@ -354,5 +354,153 @@ pub(super) fn keep_dead_letter(inner: &Inner, letter: DeadLetter) {
                 tracing::error!(id = %letter.id, error = %e, "Cannot store the dead letter in Redis; it is only in this log.");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::channel::Integration;
+    use crate::outcome::Outcome;
+    use crate::status::RuleCounts;
+
+    use super::super::RetryPolicy;
+    use super::super::testkit::{
+        self, Receiver, Recorder, firing, ms, replace_integration, response, secs, stage,
+    };
+
+    /// A target that never recovers, ten notifications failing together: each one's first
+    /// attempt at once, each next one a backoff later (full jitter: within [min/2, min(max, min·2ⁿ)]
+    /// after the n-th failure), its last one exactly when its retry window ends; then one dead
+    /// letter each, counted and shown, and no attempt more. Ten schedules of up to 20 jittered
+    /// waits each: a wait outside the bounds cannot go unnoticed for long.
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_and_give_up_when_the_retry_window_ends() {
+        let policy = RetryPolicy {
+            min: secs(1),
+            max: secs(4),
+            give_up_after: secs(10),
+        };
+        let mut config = testkit::config(
+            "channels:\n  hook: { type: log }\nrules:\n  - name: flaky\n    match: 'k:*'\n    notify: { to: [hook] }\n",
+        );
+        let rec = Recorder::answering(|_| Outcome::Retry {
+            reason: "HTTP 503: down".into(),
+            after: None,
+        });
+        let r = rec.clone();
+        replace_integration(&mut config, "hook", move |_| r as Arc<dyn Integration>);
+        let s = stage(config, policy.clone());
+        let keys: Vec<String> = (0..10).map(|i| format!("k:{i}")).collect();
+        s.delivery
+            .accept(keys.iter().map(|k| firing("flaky", k)).collect())
+            .await;
+
+        rec.until(policy.give_up_after - ms(1)).await;
+        assert_eq!(
+            s.metrics.dead_letters.get(),
+            0,
+            "dead-lettered before the window ended"
+        );
+        let received = rec.until(policy.give_up_after + ms(1)).await;
+        assert_eq!(s.metrics.dead_letters.get(), 10);
+        for key in &keys {
+            let attempts: Vec<Duration> = received
+                .iter()
+                .filter(|r| r.keys == [key.clone()])
+                .map(|r| r.at)
+                .collect();
+            assert_eq!(
+                attempts.first(),
+                Some(&Duration::ZERO),
+                "{key}: {attempts:?}"
+            );
+            assert_eq!(
+                attempts.last(),
+                Some(&policy.give_up_after),
+                "{key}: the last attempt comes when the window ends: {attempts:?}"
+            );
+            // Waits of 0.5 s to 2 s, then of 0.5 s to 4 s: 4 to 21 attempts in 10 s.
+            assert!((4..=21).contains(&attempts.len()), "{key}: {attempts:?}");
+            for (i, pair) in attempts.windows(2).enumerate() {
+                let failure = u32::try_from(i + 1).unwrap();
+                let gap = pair[1] - pair[0];
+                let cap = policy.min.saturating_mul(1 << failure).min(policy.max);
+                assert!(
+                    gap <= cap,
+                    "{key}: wait {i} of {gap:?} over {cap:?}: {attempts:?}"
+                );
+                // Only the last wait is cut short, by the window's end.
+                if i + 2 < attempts.len() {
+                    assert!(
+                        gap >= policy.min / 2,
+                        "{key}: wait {i} of {gap:?}: {attempts:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            s.status.counts("flaky"),
+            RuleCounts {
+                retried: received.len() as u64,
+                dead: 10,
+                ..RuleCounts::default()
+            }
+        );
+        let dead = s.status.dead_letters();
+        assert_eq!(dead.len(), 10);
+        assert!(
+            dead.iter().all(|d| d.reason.contains("retry window")),
+            "{dead:?}"
+        );
+
+        // Given up means given up: a minute later, still nothing more.
+        assert_eq!(rec.until(secs(70)).await.len(), received.len());
+        assert_eq!(s.metrics.dead_letters.get(), 10);
+    }
+
+    /// HTTP 429 with `Retry-After: 30` from a real webhook receiver: the next attempt comes 30
+    /// virtual seconds later (not the policy's 0.5–2 s backoff), and then the notification is sent.
+    #[tokio::test(start_paused = true)]
+    async fn a_429_with_retry_after_is_attempted_again_after_that_long() {
+        let receiver = Receiver::start(|n| match n {
+            0 => response("429 Too Many Requests", "Retry-After: 30\r\n"),
+            _ => response("200 OK", ""),
+        })
+        .await;
+        // A long `timeout`: under paused time, a request that is not answered at once would let
+        // virtual time run to it, and the test would fail rather than pass by chance.
+        let config = testkit::config(&format!(
+            "channels:\n  hook:\n    type: webhook\n    url: \"{}\"\n    timeout: 1h\nrules:\n  - name: throttled\n    match: 'k:*'\n    notify: {{ to: [hook] }}\n",
+            receiver.url
+        ));
+        let s = stage(config, RetryPolicy::default());
+        s.delivery.accept(vec![firing("throttled", "k:1")]).await;
+
+        assert_eq!(receiver.until(secs(30) - ms(1)).await, vec![Duration::ZERO]);
+        assert_eq!(
+            s.status.counts("throttled"),
+            RuleCounts {
+                retried: 1,
+                ..RuleCounts::default()
+            }
+        );
+        assert_eq!(
+            receiver.until(secs(30) + ms(1)).await,
+            vec![Duration::ZERO, secs(30)]
+        );
+        assert_eq!(
+            s.status.counts("throttled"),
+            RuleCounts {
+                sent: 1,
+                retried: 1,
+                ..RuleCounts::default()
+            }
+        );
+        // Sent means done: no attempt more.
+        assert_eq!(receiver.until(secs(600)).await.len(), 2);
+        assert_eq!(s.metrics.dead_letters.get(), 0);
     }
 }

@@ -150,3 +150,75 @@ pub(super) fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, g
         }
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::channel::Integration;
+    use crate::status::RuleCounts;
+
+    use super::super::RetryPolicy;
+    use super::super::testkit::{
+        self, Received, Recorder, firings, ms, replace_integration, secs, stage,
+    };
+
+    /// Without Redis, a `group` window is held in memory: it opens with its first notification,
+    /// takes every one that comes while it is open, and at its end (60 s after it opened, however
+    /// many came later) goes out as one digest; the next notification opens a new window.
+    #[tokio::test(start_paused = true)]
+    async fn a_window_held_in_memory_goes_out_as_one_digest_when_it_ends() {
+        let mut config = testkit::config(
+            "channels:\n  log: { type: log }\nrules:\n  - name: batch\n    match: 'job:*'\n    notify:\n      to: [log]\n      group: { window: 60s, max_items: 10 }\n",
+        );
+        let mut rec = None;
+        replace_integration(&mut config, "log", |log| {
+            let r = Recorder::wrapping(log);
+            rec = Some(r.clone());
+            r as Arc<dyn Integration>
+        });
+        let rec = rec.unwrap();
+        let s = stage(config, RetryPolicy::default());
+
+        s.delivery
+            .accept(firings("batch", &["job:1", "job:2", "job:3"]))
+            .await;
+        assert_eq!(rec.until(secs(10)).await, vec![]);
+        s.delivery
+            .accept(firings("batch", &["job:4", "job:5"]))
+            .await;
+        assert_eq!(rec.until(secs(60) - ms(1)).await, vec![]);
+        assert_eq!(s.status.counts("batch"), RuleCounts::default());
+
+        let digest = Received {
+            at: secs(60),
+            rule: "batch".into(),
+            keys: ["job:1", "job:2", "job:3", "job:4", "job:5"]
+                .map(String::from)
+                .to_vec(),
+            digest: true,
+        };
+        assert_eq!(rec.until(secs(60) + ms(1)).await, vec![digest.clone()]);
+        assert_eq!(
+            s.status.counts("batch"),
+            RuleCounts {
+                sent: 1,
+                ..RuleCounts::default()
+            }
+        );
+
+        // The window is closed: the next notification (at 61 s) opens one of its own, 60 s long.
+        assert_eq!(rec.until(secs(61)).await.len(), 1);
+        s.delivery.accept(firings("batch", &["job:6"])).await;
+        assert_eq!(rec.until(secs(121) - ms(1)).await, vec![digest.clone()]);
+        let next = Received {
+            at: secs(121),
+            rule: "batch".into(),
+            keys: vec!["job:6".into()],
+            digest: true,
+        };
+        assert_eq!(rec.until(secs(121) + ms(1)).await, vec![digest, next]);
+        assert_eq!(s.status.counts("batch").sent, 2);
+        assert_eq!(s.metrics.dead_letters.get(), 0);
+    }
+}

@@ -164,7 +164,8 @@ impl Lane {
 /// The limiter and waiting line of each channel in force: made on first use, and made anew when a
 /// reload changes a channel's rate.
 pub(super) struct Limiters {
-    /// `None` only in tests of this module: each limiter is then this instance's own.
+    /// `None` when the delivery stage has no Redis (the tests of this module; `keywatch run`
+    /// always has one): each limiter is then this instance's own [`TokenBucket`].
     pub(super) state: Option<crate::keyspace::Conn>,
     pub(super) prefix: String,
     pub(super) by_channel: Mutex<HashMap<String, Limited>>,
@@ -217,5 +218,98 @@ mod tests {
         assert_eq!(merge_threshold(rate(1, 1)), 60);
         assert_eq!(merge_threshold(rate(5, 1)), 300);
         assert_eq!(merge_threshold(rate(1, 3600)), 1);
+    }
+
+    use crate::channel::Integration;
+    use crate::status::RuleCounts;
+
+    use super::super::RetryPolicy;
+    use super::super::testkit::{
+        self, Received, Recorder, Stage, firings, ms, replace_integration, secs, stage,
+    };
+
+    /// Two rules notifying `chat`, a channel of 2 a minute: a burst of 2, then one every 30 s.
+    fn chat() -> (Stage, Arc<Recorder>) {
+        let mut config = testkit::config(
+            "channels:\n  chat: { type: log, rate: 2/min }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [chat] }\n  - name: b\n    match: 'b:*'\n    notify: { to: [chat] }\n",
+        );
+        let rec = Recorder::answering(|_| crate::outcome::Outcome::Sent("ok".into()));
+        let r = rec.clone();
+        replace_integration(&mut config, "chat", move |_| r as Arc<dyn Integration>);
+        (stage(config, RetryPolicy::default()), rec)
+    }
+
+    /// The messages `got`, checked against `want`: the same keys (several for a digest) in the
+    /// same order, each at exactly its virtual second.
+    fn assert_sent(got: &[Received], want: &[(u64, &[&str])]) {
+        let keys: Vec<Vec<String>> = got.iter().map(|r| r.keys.clone()).collect();
+        let want_keys: Vec<Vec<String>> = want
+            .iter()
+            .map(|(_, k)| k.iter().map(|k| k.to_string()).collect())
+            .collect();
+        assert_eq!(keys, want_keys, "{got:?}");
+        for (r, (at, keys)) in got.iter().zip(want) {
+            assert_eq!(r.at, secs(*at), "{keys:?}: {got:?}");
+            assert_eq!(r.digest, keys.len() > 1, "{got:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_lane_sends_a_burst_then_one_per_period_in_order() {
+        let (s, rec) = chat();
+        s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
+        assert_sent(&rec.until(secs(1)).await, &[(0, &["a:1"]), (0, &["a:2"])]);
+        // Never more than one waiting behind the next to go: nothing merges.
+        s.delivery.accept(firings("a", &["a:3", "a:4"])).await;
+        assert_eq!(rec.until(secs(30) - ms(1)).await.len(), 2);
+        assert_eq!(rec.until(secs(60) - ms(1)).await.len(), 3);
+        rec.until(secs(61)).await;
+        s.delivery.accept(firings("a", &["a:5"])).await;
+        assert_eq!(rec.until(secs(90) - ms(1)).await.len(), 4);
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[
+                (0, &["a:1"]),
+                (0, &["a:2"]),
+                (30, &["a:3"]),
+                (60, &["a:4"]),
+                (90, &["a:5"]),
+            ],
+        );
+        assert_eq!(
+            s.status.counts("a"),
+            RuleCounts {
+                sent: 5,
+                ..RuleCounts::default()
+            }
+        );
+    }
+
+    /// When a token comes and more of a rule wait than the rate sends in `MAX_WAIT` (2/min: more
+    /// than 2), the oldest takes the others of its rule along as one digest; another rule's
+    /// message keeps its own place and turn.
+    #[tokio::test(start_paused = true)]
+    async fn a_backlog_longer_than_the_rate_serves_in_max_wait_merges_into_a_digest() {
+        assert_eq!(MAX_WAIT, Duration::from_secs(60));
+        let (s, rec) = chat();
+        s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
+        rec.until(secs(1)).await;
+        s.delivery
+            .accept(firings("a", &["a:3", "a:4", "a:5", "a:6"]))
+            .await;
+        s.delivery.accept(firings("b", &["b:1"])).await;
+        assert_eq!(rec.until(secs(30) - ms(1)).await.len(), 2);
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[
+                (0, &["a:1"]),
+                (0, &["a:2"]),
+                (30, &["a:3", "a:4", "a:5", "a:6"]),
+                (60, &["b:1"]),
+            ],
+        );
+        assert_eq!(s.status.counts("a").sent, 3);
+        assert_eq!(s.status.counts("b").sent, 1);
+        assert_eq!(s.metrics.dead_letters.get(), 0);
     }
 }

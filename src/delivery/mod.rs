@@ -15,6 +15,8 @@ pub mod queue;
 pub mod ratelimit;
 pub mod retry;
 mod state;
+#[cfg(test)]
+mod testkit;
 mod work;
 
 use std::collections::HashMap;
@@ -39,7 +41,7 @@ use digest::{put_in_window, take_windows};
 use lane::Limiters;
 use queue::{Queue, Window};
 pub use retry::{Next, RetryPolicy};
-use state::{CONCURRENT, Inner, inflight, windows_inflight};
+use state::{CONCURRENT, Clock, Inner, inflight, windows_inflight};
 use work::{Work, by_firing};
 
 #[derive(Clone)]
@@ -54,6 +56,18 @@ impl Delivery {
         policy: RetryPolicy,
         state: Option<crate::keyspace::Conn>,
         shutdown: CancellationToken,
+    ) -> Delivery {
+        Delivery::with_clock(actions, metrics, policy, state, shutdown, Clock::Wall)
+    }
+
+    /// [`Delivery::new`] reading the retry window from `clock` (tests: tokio's paused clock).
+    fn with_clock(
+        actions: Actions,
+        metrics: Arc<Metrics>,
+        policy: RetryPolicy,
+        state: Option<crate::keyspace::Conn>,
+        shutdown: CancellationToken,
+        clock: Clock,
     ) -> Delivery {
         let prefix = actions.config.state.prefix.clone();
         let limiters = Limiters {
@@ -80,6 +94,7 @@ impl Delivery {
                 inflight: Mutex::new(Default::default()),
                 windows_inflight: Mutex::new(HashMap::new()),
                 status: OnceLock::new(),
+                clock,
             }),
         }
     }

@@ -40,9 +40,12 @@ pub(super) struct Inner {
     /// Digest windows held in memory, by (rule, channel): only when there is no queue, or Redis
     /// refused to store the notifications in their shared window.
     pub(super) digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
-    /// Where dead letters are kept (Redis); `None` only in tests of this module.
+    /// Where dead letters are kept (Redis). `None` when [`super::Delivery::new`] is given no
+    /// Redis: `keywatch run` always gives one; the tests of this module (`testkit.rs`) give none,
+    /// and dead letters are then only counted, logged and shown on the status page.
     pub(super) dead: Option<DeadStore>,
-    /// The durable queue of action jobs (Redis); `None` only in tests of this module.
+    /// The durable queue of action jobs (Redis). `None` when there is no Redis (the tests of this
+    /// module): jobs are then retried from memory and `group` windows are held in memory.
     pub(super) queue: Option<Queue>,
     /// Jobs this instance is attempting now, handed back at shutdown.
     pub(super) inflight: Mutex<std::collections::HashSet<String>>,
@@ -52,6 +55,34 @@ pub(super) struct Inner {
     /// Where outcomes and dead letters are shown (the status page); set once by `report_to`
     /// so that the constructor stays the same for callers that have no status page.
     pub(super) status: OnceLock<Arc<Status>>,
+    /// The clock that retry decisions (`failing_since`, the retry window) are read from.
+    pub(super) clock: Clock,
+}
+
+/// Unix ms as the retry decisions read them.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Clock {
+    /// The wall clock: the times the queue stores (`failing_since`, due times) are shared by
+    /// every instance.
+    Wall,
+    /// The wall clock at `start`, moved on by tokio's clock since: under paused time the retry
+    /// window passes in virtual time, as the waits between attempts do (tests only).
+    #[cfg(test)]
+    Tokio {
+        start_ms: i64,
+        start: tokio::time::Instant,
+    },
+}
+
+impl Clock {
+    pub(super) fn now_ms(self) -> i64 {
+        match self {
+            Clock::Wall => super::queue::now_ms(),
+            #[cfg(test)]
+            Clock::Tokio { start_ms, start } => start_ms
+                .saturating_add(i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)),
+        }
+    }
 }
 
 /// Firings attempted at once by one instance (see `Inner::concurrent`).

@@ -20,8 +20,8 @@ use crate::event::{EventKind, KeyEvent};
 use crate::firing::Firing;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
-use crate::source::ledger::{self, Ledger, Note};
 use crate::source::Signal;
+use crate::source::ledger::{self, Ledger, Note};
 use crate::status::Status;
 use crate::template::Context;
 
