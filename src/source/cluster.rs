@@ -54,7 +54,7 @@ pub async fn follow(
     let mut watched: BTreeMap<String, Watch> = BTreeMap::new();
     let mut tick = tokio::time::interval(REDISCOVER_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    // The first discovery ran at start-up (app::run); begin with its answer.
+    // The first discovery ran at start-up (`command::run::run`); begin with its answer.
     let mut masters = Some(keyspace.masters());
     loop {
         let current = match masters.take() {
