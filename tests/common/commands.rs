@@ -29,6 +29,9 @@ pub fn set_px<K: ToRedisArgs>(conn: &mut impl ConnectionLike, key: K, ms: u64) {
     set_with_ttl(conn, key, "w", Duration::from_millis(ms));
 }
 
+/// How far ahead [`expire_now`] sets each key's deadline.
+pub const EXPIRE_IN_MS: u64 = 50;
+
 /// Sets each key to `v` and makes it expire now (see [`expire_now`]).
 pub fn set_and_expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[K]) {
     for k in keys {
@@ -38,14 +41,18 @@ pub fn set_and_expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: 
 }
 
 /// Makes existing `keys` expire now, with an `expired` event: Redis publishes one only when it
-/// deletes a key, so give each key a 1 ms TTL (a deadline in the past would be a `del`) and read
-/// its TTL until Redis reports it gone, which deletes it lazily. This does not wait for Redis's
-/// background expiry cycle.
+/// deletes a key, so give each key a short TTL and read its TTL until Redis reports it gone,
+/// which deletes it lazily. This does not wait for Redis's background expiry cycle.
+///
+/// The TTL is [`EXPIRE_IN_MS`], not 1 ms: Redis computes `PEXPIRE`'s deadline from the time it
+/// took when the command started arriving, and if its clock has passed that deadline by the time
+/// the command runs (a 1 MB key read under load takes longer than 1 ms), it deletes the key at
+/// once and publishes `del`, not `expired`: the event a test waits for never comes.
 pub fn expire_now<K: ToRedisArgs>(conn: &mut impl ConnectionLike, keys: &[K]) {
     for (i, k) in keys.iter().enumerate() {
         let set: i64 = redis::cmd("PEXPIRE")
             .arg(k)
-            .arg(1)
+            .arg(EXPIRE_IN_MS)
             .query(conn)
             .expect("PEXPIRE");
         assert_eq!(set, 1, "key #{i} does not exist, so it cannot expire");
