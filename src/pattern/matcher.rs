@@ -198,7 +198,9 @@ impl Matcher {
                 rules: inner.into_values().collect(),
             }
         });
-        let set = (!set_rules.is_empty()).then(|| {
+        let set = if set_rules.is_empty() {
+            None
+        } else {
             let regexes = set_rules.iter().map(|&r| patterns[r as usize].regex_str());
             let gate = set_rules
                 .iter()
@@ -210,12 +212,21 @@ impl Matcher {
                         .min_by_key(|&b| rank(b))
                 })
                 .collect();
-            Set {
-                set: RegexSet::new(regexes).expect("each regex compiled alone"),
-                rules: set_rules,
-                gate: Needles::new(gate),
+            match RegexSet::new(regexes) {
+                Ok(set) => Some(Set {
+                    set,
+                    rules: set_rules,
+                    gate: Needles::new(gate),
+                }),
+                // Each regex compiled alone when its rule was loaded, but together they can pass
+                // the regex crate's size limit (three `\w{100}` do): those rules are then
+                // verified one by one, slower per key, but the rules load.
+                Err(_) => {
+                    always.extend(set_rules);
+                    None
+                }
             }
-        });
+        };
         Matcher {
             rules: patterns.to_vec(),
             prefixes: Trie::new(prefixes, false),
@@ -542,6 +553,20 @@ mod tests {
             assert_eq!(naive(&patterns, key), want);
         }
         assert!(matching(&Matcher::new(&[]), b"k").is_empty());
+    }
+
+    #[test]
+    fn regexes_too_big_together_are_verified_one_by_one() {
+        // Each compiles alone; as one set they pass the regex crate's size limit.
+        let patterns: Vec<Pattern> = ["1", "2", "3"]
+            .iter()
+            .map(|end| Pattern::from_regex(&format!(r"^(?P<x>\w{{100}}){end}$")).unwrap())
+            .collect();
+        let m = Matcher::new(&patterns);
+        assert!(m.set.is_none());
+        let key = format!("{}2", "a".repeat(100));
+        assert_eq!(matching(&m, key.as_bytes()), vec![1]);
+        assert!(matching(&m, b"a2").is_empty());
     }
 
     #[test]
