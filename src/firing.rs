@@ -281,6 +281,21 @@ impl DeadLetter {
         }
     }
 
+    /// This letter without its firings: what the status page keeps of its last dead letters, so
+    /// that fifty digests of thousands of firings each are not held in memory for it.
+    pub fn summary(&self) -> DeadLetter {
+        DeadLetter {
+            id: self.id.clone(),
+            at: self.at,
+            rule: self.rule.clone(),
+            key: self.key.clone(),
+            action: self.action.clone(),
+            reason: self.reason.clone(),
+            firings: Vec::new(),
+            digest: self.digest,
+        }
+    }
+
     /// The action as the status page names it: `notify:CHANNEL` for notifications.
     pub fn label(&self) -> String {
         match &self.action {

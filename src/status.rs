@@ -160,7 +160,7 @@ impl Status {
     }
 
     /// An action failed for good; its firing (if still listed) shows it as `dead`.
-    pub fn record_dead_letter(&self, d: DeadLetter) {
+    pub fn record_dead_letter(&self, d: &DeadLetter) {
         self.count(&d.rule, |c| c.dead += 1);
         {
             let label = d.label();
@@ -178,7 +178,7 @@ impl Status {
         if dead.len() == DEAD {
             dead.pop_front();
         }
-        dead.push_back(d);
+        dead.push_back(d.summary());
     }
 
     /// Newest first.

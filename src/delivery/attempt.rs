@@ -346,7 +346,7 @@ pub(super) fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
 pub(super) fn keep_dead_letter(inner: &Inner, letter: DeadLetter) {
     inner.metrics.dead_letters.inc();
     if let Some(s) = inner.status.get() {
-        s.record_dead_letter(letter.clone());
+        s.record_dead_letter(&letter);
     }
     if let Some(store) = inner.dead.clone() {
         tokio::spawn(async move {

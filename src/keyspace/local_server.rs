@@ -38,17 +38,11 @@ impl Drop for LocalRedis {
     }
 }
 
-/// `KEYWATCH_REDIS_SERVER`, else `redis-server` or `valkey-server` from the PATH, else the
-/// pinned valkey-server (cached, or fetched now).
-pub fn server_binary() -> Result<PathBuf, LocalRedisError> {
-    Ok(server_fetch::server_binary()?)
-}
-
 impl LocalRedis {
     /// Starts a server with `--save "" --appendonly no` plus `extra` arguments, and waits until
     /// it answers PING.
     pub fn start(extra: &[&str]) -> Result<LocalRedis, LocalRedisError> {
-        let bin = server_binary()?;
+        let bin = server_fetch::server_binary()?;
         let shown = bin.display();
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -478,7 +478,7 @@ mod tests {
     #[test]
     fn key_text_never_becomes_markup() {
         let status = Status::default();
-        status.record_dead_letter(DeadLetter::new(
+        status.record_dead_letter(&DeadLetter::new(
             "r",
             "<img src=x onerror=alert(1)>".into(),
             Action::Notify {
