@@ -306,7 +306,7 @@ impl DeadLetter {
 }
 
 /// Bytes as base64 text in stored JSON: keys need not be UTF-8.
-mod b64 {
+pub(crate) mod b64 {
     use base64::Engine;
     use base64::engine::general_purpose::STANDARD;
     use serde::{Deserialize, Deserializer, Serializer};

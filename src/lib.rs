@@ -32,8 +32,9 @@
 //! - [`source`]: where events come from, as [`source::Signal`]s: keyspace notifications, the
 //!   flags they need, the deadline ledger, the scanner that warns before deadlines, and the
 //!   subscribers that follow a cluster's masters.
-//! - [`engine`]: signals → firings: matching in batches, silences, detail reads, and claims
-//!   (one firing per event, however many instances saw it).
+//! - [`engine`]: signals → firings: matching in batches, the intake (claims — one firing per
+//!   event, however many instances saw it — and a record of each taken event until its jobs
+//!   are stored, so no crash loses it), silences, detail reads, `recover`.
 //! - [`delivery`]: runs firings' jobs in order from a durable queue in Redis, retries with
 //!   backoff, digests, rate-limited lanes, dead letters.
 //! - [`action`]: what a job does: reload, exec, cleanup, notify.
@@ -45,6 +46,7 @@
 //!   status page and reloads), `check`, `explain`, `doctor`, `demo`, `send-test`, `upcoming`,
 //!   `silence`, `dead`.
 //! - [`proc_stats`]: peak RSS and CPU time from `/proc`, for the benchmark tools.
+//! - [`drill`]: the crash drill's hook (a kill at a chosen step of an event's path).
 
 /// A storm of expiries allocates and frees small buffers on every worker thread (firings,
 /// rendered templates, HTTP requests); glibc's allocator spent about a third of a mass expiry's
@@ -58,6 +60,7 @@ pub mod channel;
 pub mod command;
 pub mod config;
 pub mod delivery;
+pub mod drill;
 pub mod engine;
 pub mod event;
 pub mod firing;

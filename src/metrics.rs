@@ -33,6 +33,10 @@ pub struct Metrics {
     /// deadline poker reads it too (see `ledger::run_poker`).
     pub events_waiting: Gauge<i64, AtomicI64>,
     pub recovered: Family<Labels, Counter>,
+    /// Expiries found afterwards that a rule's `recover` did not fire.
+    pub recovery_skipped: Family<Labels, Counter>,
+    /// Detail reads that failed (an error, not an absent detail): their events wait for a retry.
+    pub detail_read_failures: Counter<u64, AtomicU64>,
     pub subscriber_up: Family<Labels, Gauge<i64, AtomicI64>>,
     pub reconnects: Counter<u64, AtomicU64>,
     pub rules_loaded: Gauge<i64, AtomicI64>,
@@ -72,6 +76,8 @@ impl Metrics {
             ledger_keys: Gauge::default(),
             events_waiting: Gauge::default(),
             recovered: Family::default(),
+            recovery_skipped: Family::default(),
+            detail_read_failures: Counter::default(),
             subscriber_up: Family::default(),
             reconnects: Counter::default(),
             rules_loaded: Gauge::default(),
@@ -134,6 +140,16 @@ impl Metrics {
             "keywatch_recovered",
             "Expiries found after the fact (missed notifications), by rule",
             m.recovered.clone(),
+        );
+        r.register(
+            "keywatch_recovery_skipped",
+            "Expiries found after the fact that the rule's `recover` did not fire, by rule",
+            m.recovery_skipped.clone(),
+        );
+        r.register(
+            "keywatch_detail_read_failures",
+            "Detail reads that failed (the event's actions wait for a retry)",
+            m.detail_read_failures.clone(),
         );
         r.register(
             "keywatch_subscriber_up",
@@ -229,6 +245,12 @@ impl Metrics {
 
     pub fn recovered_for(&self, rule: &str) {
         self.recovered.get_or_create(&l(&[("rule", rule)])).inc();
+    }
+
+    pub fn recovery_skipped_for(&self, rule: &str) {
+        self.recovery_skipped
+            .get_or_create(&l(&[("rule", rule)]))
+            .inc();
     }
 
     pub fn silenced_for(&self, rule: &str) {

@@ -214,7 +214,7 @@ fn a_user_without_its_state_prefix_fails_naming_the_keys_and_the_grant() {
     let (_redis, t, code) = doctor_as_documented_user_without("~keywatch:*");
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("FAIL  permissions (key)"), "{t}");
-    assert!(t.contains("ZADD keywatch:queue"), "{t}");
+    assert!(t.contains("ZADD keywatch:intake"), "{t}");
     assert!(
         t.lines()
             .any(|l| l.trim().starts_with("fix: ACL SETUSER keywatch ")
@@ -378,8 +378,11 @@ fn the_documented_user_has_every_permission_the_example_rules_need() {
 #[test]
 fn a_user_without_multi_gets_its_reads_checked_and_the_rest_reported_unchecked() {
     let (_redis, t, code) = doctor_as_documented_user_without("+multi");
-    // Nothing is refused, but writes could not be checked without running them: a warning.
-    assert_eq!(code, Some(0), "{t}");
+    // keywatch stores jobs in a transaction: MULTI is refused, and said so with its grant.
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("FAIL  permissions (command)"), "{t}");
+    assert!(t.contains("MULTI (job queue)"), "{t}");
+    // Writes could not be checked without running them: a warning, not a guess.
     assert!(t.contains("warn  permissions"), "{t}");
     assert!(t.contains("could not be checked"), "{t}");
     assert!(t.contains("SET keywatch:claim:keywatch-doctor"), "{t}");

@@ -257,6 +257,7 @@ fn keys_set_before_keywatch_started_are_learnt_by_scan() {
 /// deadline is known to an instance that hears the `expired` later, so both claim the same event.
 #[test]
 fn markers_cover_only_earlier_pokes_of_any_instance() {
+    use keywatch::engine::intake::{Intake, Mode};
     use keywatch::source::ledger::Ledger;
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -268,6 +269,7 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         let url = keywatch::config::Secret::new(redis.url());
         let keyspace = keywatch::keyspace::Keyspace::new(url, config.redis.clone()).unwrap();
         let state = keyspace.conn(0).await.unwrap();
+        let redis_conn = state.clone();
         let metrics = std::sync::Arc::new(keywatch::metrics::Metrics::new());
         let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
         let b = Ledger::new(state, keyspace, "kw:", metrics);
@@ -280,16 +282,45 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         assert_eq!(a.poke(0).await.unwrap(), 1);
         assert!(
-            b.recover(0, early).await.unwrap().is_empty(),
-            "a marker published before the poke claimed the poked key"
+            b.missed(0, early, 100).await.unwrap().is_empty(),
+            "a marker published before the poke covered the poked key"
         );
 
-        // A later marker covers it: recovered with its deadline, which B then learns as handled.
+        // A later marker covers it: A takes it as recovered, with its deadline; B, hearing the
+        // `expired` later, learns that deadline as handled, computes the same claim, and loses.
         let late = a.mark(0).await.unwrap();
         assert!(late > early);
-        let missed = a.recover(0, late).await.unwrap();
+        let missed = a.missed(0, late, 100).await.unwrap();
         assert_eq!(missed.len(), 1, "{missed:?}");
-        let handled = b.handled(0, &[b"k:1".to_vec()]).await.unwrap();
-        assert_eq!(handled, vec![Some(missed[0].deadline_ms)]);
+        let event = |recovered: bool| keywatch::event::KeyEvent {
+            kind: keywatch::event::EventKind::Expired,
+            db: 0,
+            key: b"k:1".to_vec(),
+            observed_at: chrono::Utc::now(),
+            deadline: recovered
+                .then(|| chrono::DateTime::from_timestamp_millis(missed[0].deadline_ms))
+                .flatten(),
+            ttl_ms: None,
+            recovered,
+            source: String::new(),
+        };
+        let (ia, ib) = (
+            Intake::new(redis_conn.clone(), "kw:", "a"),
+            Intake::new(redis_conn, "kw:", "b"),
+        );
+        let recovered = event(true);
+        let took = ia
+            .take(0, &[(&recovered, Mode::Recovered { fire: true })])
+            .await
+            .unwrap();
+        let took = took[0].as_ref().expect("A takes the missed expiry");
+        assert_eq!(took.record.deadline_ms, Some(missed[0].deadline_ms));
+        assert!(a.missed(0, late, 100).await.unwrap().is_empty());
+        let heard = event(false);
+        let lost = ib
+            .take(0, &[(&heard, Mode::Live { fire: true })])
+            .await
+            .unwrap();
+        assert!(lost[0].is_none(), "B fired the recovered expiry again");
     });
 }

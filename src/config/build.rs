@@ -305,6 +305,14 @@ fn build_rule(
         on: r.on.clone(),
         db: r.db.as_ref().map(|s| s.value.clone()),
         warn_before: r.warn_before.as_ref().map(|w| w.value),
+        recover: r.recover.as_ref().map_or(
+            if r.detail.is_some() {
+                Recover::IfDetail
+            } else {
+                Recover::Always
+            },
+            |s| s.value,
+        ),
         detail: built(detail)?,
         reload: built(reload)?,
         exec: built(exec)?,
@@ -368,6 +376,15 @@ fn check_events(d: &mut Decoder<'_>, r: &RuleDraft, redis: &RedisSettings, what:
         (None, true) => d.error(&r.on_loc, format!("{what}: `on: [expiring]` needs `warn_before` (how long before the deadline to warn, e.g. `warn_before: 7d`)")),
         (Some(w), false) => d.warning(&w.loc, format!("{what}: `warn_before` has no effect without `expiring` in `on`")),
         _ => {}
+    }
+    if let Some(rec) = &r.recover {
+        if rec.value == Recover::IfDetail && r.detail.is_none() {
+            d.error(&rec.loc, format!("{what}: `recover: if_detail` needs a `detail` to look for; use `always` or `never`, or add `detail`"));
+        }
+        let expiries = r.on.iter().any(|k| matches!(k, EventKind::Expired));
+        if !expiries {
+            d.warning(&rec.loc, format!("{what}: `recover` has no effect without `expired` in `on` (only missed expiries are recovered)"));
+        }
     }
     if let Some(dbs) = &r.db {
         for db in &dbs.value {

@@ -167,6 +167,8 @@ pub struct Rule {
     /// `None`: every watched database.
     pub db: Option<Vec<u32>>,
     pub warn_before: Option<Duration>,
+    /// What to do with an expiry found afterwards (nobody heard it at its deadline).
+    pub recover: Recover,
     pub detail: Option<DetailStep>,
     pub reload: Option<ReloadStep>,
     pub exec: Option<ExecStep>,
@@ -177,6 +179,35 @@ pub struct Rule {
 impl Rule {
     pub fn fires_on(&self, kind: EventKind, db: u32) -> bool {
         self.on.contains(&kind) && self.db.as_ref().is_none_or(|dbs| dbs.contains(&db))
+    }
+}
+
+/// An expiry found afterwards cannot be told from a delete keywatch did not hear (the key and
+/// its detail removed while nobody listened): `recover` says what a rule does with one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recover {
+    /// Fire it, `recovered: true`.
+    Always,
+    /// Fire it only when the rule's detail still exists: an application that removes the
+    /// detail with the key (the order was paid) is not acted on.
+    IfDetail,
+    /// Count and log it, never fire it.
+    Never,
+}
+
+impl Recover {
+    pub const ALL: [Recover; 3] = [Recover::Always, Recover::IfDetail, Recover::Never];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Recover::Always => "always",
+            Recover::IfDetail => "if_detail",
+            Recover::Never => "never",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Recover> {
+        Recover::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::event::EventKind;
 
-use super::model::Group;
+use super::model::{Group, Recover};
 use crate::yaml::Node;
 use crate::yaml::decode::{Decoder, Spanned, Text};
 use crate::yaml::diagnostic::{Loc, did_you_mean};
@@ -59,6 +59,7 @@ pub struct RuleDraft {
     pub on_loc: Loc,
     pub db: Option<Spanned<Vec<u32>>>,
     pub warn_before: Option<Spanned<Duration>>,
+    pub recover: Option<Spanned<Recover>>,
     pub detail: Option<DetailDraft>,
     pub reload: Option<ReloadDraft>,
     pub exec: Option<ExecDraft>,
@@ -73,6 +74,7 @@ const RULE_FIELDS: &[&str] = &[
     "on",
     "db",
     "warn_before",
+    "recover",
     "detail",
     "notify",
     "reload",
@@ -193,6 +195,25 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         d.error(&w.loc, format!("{what}: `warn_before` must be more than 0"));
     }
 
+    let recover = m.get("recover").and_then(|n| {
+        let t = d.text(n, &format!("{what} `recover`"))?;
+        match Recover::parse(&t.value) {
+            Some(value) => Some(Spanned { value, loc: t.loc }),
+            None => {
+                let names = Recover::ALL.map(Recover::as_str);
+                d.error(
+                    &t.loc,
+                    format!(
+                        "{what}: unknown `recover` value `{}`; expected {}{}",
+                        t.value,
+                        names.join(", "),
+                        did_you_mean(&t.value, names)
+                    ),
+                );
+                None
+            }
+        }
+    });
     let detail = m.get("detail").and_then(|n| decode_detail(d, n, &what));
     let reload = m.get("reload").and_then(|n| decode_reload(d, n, &what));
     let exec = m.get("exec").and_then(|n| decode_exec(d, n, &what));
@@ -216,6 +237,7 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         on_loc,
         db,
         warn_before,
+        recover,
         detail,
         reload,
         exec,

@@ -148,8 +148,9 @@ pub(super) async fn deliver(
         let outcome = attempt(&inner, &work, n).await;
         match outcome {
             Outcome::Sent(_) | Outcome::Failed(_) => {
-                if let Outcome::Failed(reason) = &outcome {
-                    dead_letter(&inner, &work, reason);
+                match &outcome {
+                    Outcome::Failed(reason) => dead_letter(&inner, &work, reason),
+                    _ => crate::drill::pass(crate::drill::Step::Sent),
                 }
                 acknowledge(&inner, window.as_ref(), &jobs).await;
                 finish(&inner);

@@ -133,12 +133,19 @@ impl Delivery {
         let _ = self.inner.status.set(status);
     }
 
-    /// Takes the firings of one batch. Their jobs are in the durable queue when this returns,
-    /// so the caller may then remove what the firings copied (the details) without a crash in
-    /// between losing them. The firings this instance has room for start at once; the others
-    /// wait in the queue, due now, for whichever instance has room first — so a storm of
-    /// 100,000 expiries costs Redis memory, not ours, and is shared by every instance.
-    pub async fn accept(&self, firings: Vec<Firing>) {
+    /// Takes the firings of one batch. Their jobs are in the durable queue when this returns
+    /// `Ok`, together with `also` (one transaction: the caller's record of the events these
+    /// firings are for moves on with them), so the caller may then remove what the firings
+    /// copied (the details) without a crash in between losing them. On `Err` nothing is stored
+    /// and nothing starts: the caller's record is still there, and whoever takes it next
+    /// fires again. The firings this instance has room for start at once; the others wait in
+    /// the queue, due now, for whichever instance has room first — so a storm of 100,000
+    /// expiries costs Redis memory, not ours, and is shared by every instance.
+    pub async fn accept_with(
+        &self,
+        firings: Vec<Firing>,
+        also: Vec<redis::Cmd>,
+    ) -> Result<(), queue::WriteError> {
         let inner = &self.inner;
         let actions = inner.actions.refreshed();
         let mut now = Vec::new();
@@ -175,22 +182,22 @@ impl Delivery {
                 Err(_) => later.push(jobs),
             }
         }
+        // Windows first: a job id is the same whoever computes it, so putting a window's jobs
+        // again after a crash before the store below adds nothing twice.
         for (w, (group, firings)) in windows {
             put_in_window(inner, w, group, firings).await;
         }
         if let Some(q) = &inner.queue {
             let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
             let pending: Vec<Job> = later.iter().flatten().cloned().collect();
-            match q.store(&leased, &pending).await {
-                Ok(()) if !later.is_empty() => {
-                    later.clear();
-                    inner.backlogged.store(true, Ordering::Relaxed);
-                    inner.wake.notify_one();
-                }
-                Ok(()) => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, jobs = leased.len() + pending.len(), "Cannot store jobs in the queue; attempting them from memory.");
-                }
+            if let Err(e) = q.store(&leased, &pending, also).await {
+                tracing::warn!(error = %e, jobs = leased.len() + pending.len(), "Cannot store jobs in the queue; their events stay taken and are tried again.");
+                return Err(e);
+            }
+            if !later.is_empty() {
+                later.clear();
+                inner.backlogged.store(true, Ordering::Relaxed);
+                inner.wake.notify_one();
             }
         }
         for (jobs, permit) in now {
@@ -199,7 +206,7 @@ impl Delivery {
                 .tracker
                 .spawn(async move { run_jobs(i, jobs, permit).await });
         }
-        // Only when the queue could not take them (or there is none): in memory, in turn.
+        // Only without a queue (tests): in memory, in turn.
         for jobs in later {
             let i = inner.clone();
             inner.tracker.spawn(async move {
@@ -207,6 +214,39 @@ impl Delivery {
                     run_jobs(i, jobs, permit).await;
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// [`Delivery::accept_with`] with nothing else to store (tests).
+    #[cfg(test)]
+    pub async fn accept(&self, firings: Vec<Firing>) {
+        let _ = self.accept_with(firings, Vec::new()).await;
+    }
+
+    /// Gives up firings whose actions cannot run (their detail could not be read for the whole
+    /// retry window): a dead letter per action, saying why, which `keywatch dead retry` can
+    /// re-drive.
+    pub fn give_up(&self, firings: Vec<Firing>, reason: &str) {
+        let actions = self.inner.actions.refreshed();
+        for firing in firings {
+            let Some(rule) = actions.config.rule(&firing.rule) else {
+                continue;
+            };
+            for action in actions_of(rule) {
+                tracing::error!(rule = %firing.rule, key = %String::from_utf8_lossy(&firing.key), action = action.name(), %reason, "Dead letter: the action will not run.");
+                attempt::keep_dead_letter(
+                    &self.inner,
+                    DeadLetter::new(
+                        &firing.rule,
+                        String::from_utf8_lossy(&firing.key).into_owned(),
+                        action,
+                        reason,
+                        vec![firing.clone()],
+                        false,
+                    ),
+                );
+            }
         }
     }
 

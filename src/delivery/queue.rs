@@ -99,9 +99,7 @@ pub struct Queue {
     writer: Writer,
 }
 
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
+pub use crate::keyspace::clock::now_ms;
 
 impl Queue {
     pub fn new(conn: Conn, prefix: &str) -> Queue {
@@ -124,8 +122,14 @@ impl Queue {
     /// Stores new jobs: `leased` ones this instance attempts now (leased to it), `pending` ones
     /// it has no room for (due now, for whichever instance has room first). One round trip at
     /// most, shared with whatever other jobs are being stored or finished at the same time.
-    pub async fn store(&self, leased: &[Job], pending: &[Job]) -> Result<(), WriteError> {
-        if leased.is_empty() && pending.is_empty() {
+    /// `also` runs in the same transaction (see [`Writer::put_with`]).
+    pub async fn store(
+        &self,
+        leased: &[Job],
+        pending: &[Job],
+        also: Vec<redis::Cmd>,
+    ) -> Result<(), WriteError> {
+        if leased.is_empty() && pending.is_empty() && also.is_empty() {
             return Ok(());
         }
         let now = now_ms();
@@ -136,7 +140,7 @@ impl Queue {
             .map(|j| (j.id(), payload(j), lease_end))
             .chain(pending.iter().map(|j| (j.id(), payload(j), now)))
             .collect();
-        self.writer.put_all(writes).await
+        self.writer.put_with(writes, also).await
     }
 
     /// The job is finished (sent, or dead-lettered); group-committed like [`Queue::put_leased`].
@@ -349,6 +353,9 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "hdel", QUEUE)
             .on(Keys::State("queue:jobs"), Access::ReadWrite)
             .args("{key} id"),
+        // Storing jobs is one transaction with the intake records they move on.
+        Use::new(Conn::State, "multi", QUEUE),
+        Use::new(Conn::State, "exec", QUEUE),
         Use::new(Conn::State, "zcard", QUEUE)
             .on(Keys::State("queue"), Access::Read)
             .args("{key}"),

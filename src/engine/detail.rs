@@ -11,13 +11,24 @@ use crate::template::Context;
 use crate::template::TemplateSet;
 
 /// Where one event's detail lives, rendered to exact key bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Location {
-    Hash { key: Vec<u8>, field: Vec<u8> },
-    Key { key: Vec<u8> },
+    Hash {
+        #[serde(with = "crate::firing::b64")]
+        key: Vec<u8>,
+        #[serde(with = "crate::firing::b64")]
+        field: Vec<u8>,
+    },
+    Key {
+        #[serde(with = "crate::firing::b64")]
+        key: Vec<u8>,
+    },
 }
 
-#[derive(Clone, Debug)]
+/// One event's detail: where to read it, and whether to remove it once the event's jobs are
+/// stored (kept in the intake record until it is removed).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Request {
     pub db: u32,
     pub at: Location,
@@ -60,14 +71,16 @@ pub fn parse(bytes: &[u8]) -> serde_json::Value {
         .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
+/// What reading one detail gave: its bytes, `None` when there is none, or why it could not be
+/// read (an error: the event waits for a retry, its actions never run without it).
+pub type Read = Result<Option<Vec<u8>>, String>;
+
 /// Reads the details, one pipeline per database: the fields of one hash in one `HMGET`, so a
 /// batch of tasks whose details share a hash (the usual layout) costs Redis one command, not
-/// one per task.
-pub async fn fetch(
-    keyspace: &crate::keyspace::Keyspace,
-    reqs: &[Request],
-) -> Vec<Result<Option<Vec<u8>>, String>> {
-    let mut out: Vec<Result<Option<Vec<u8>>, String>> = vec![Ok(None); reqs.len()];
+/// one per task. Each command's answer stands alone: a key of the wrong type fails the details
+/// it holds, not the batch.
+pub async fn fetch(keyspace: &crate::keyspace::Keyspace, reqs: &[Request]) -> Vec<Read> {
+    let mut out: Vec<Read> = vec![Ok(None); reqs.len()];
     let mut by_db: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (i, r) in reqs.iter().enumerate() {
         by_db.entry(r.db).or_default().push(i);
@@ -75,30 +88,35 @@ pub async fn fetch(
     for (db, idx) in by_db {
         let plan = Plan::of(idx.iter().map(|&i| (i, &reqs[i].at)), "HMGET", "GET");
         let answer = match keyspace.conn(db).await {
-            Ok(c) => c
-                .each::<redis::Value>(plan.cmds)
-                .await
-                .map_err(|e| format!("detail: Redis: {e}")),
-            Err(e) => Err(format!("detail: Redis: {e}")),
+            Ok(c) => c.each_isolated(plan.cmds).await,
+            Err(e) => Err(e),
         };
-        match answer {
-            Ok(values) => {
-                for (targets, v) in plan.targets.iter().zip(values) {
-                    let values: Vec<Option<Vec<u8>>> = match v {
-                        redis::Value::Array(items) => items
-                            .into_iter()
-                            .map(|i| redis::from_redis_value(i).unwrap_or(None))
-                            .collect(),
-                        single => vec![redis::from_redis_value(single).unwrap_or(None)],
-                    };
-                    for (&i, v) in targets.iter().zip(values) {
-                        out[i] = Ok(v);
-                    }
-                }
-            }
+        let answers = match answer {
+            Ok(a) => a,
             Err(e) => {
                 for &i in &idx {
-                    out[i] = Err(e.clone());
+                    out[i] = Err(format!("Redis: {e}"));
+                }
+                continue;
+            }
+        };
+        for (targets, v) in plan.targets.iter().zip(answers) {
+            match v {
+                Ok(redis::Value::Array(items)) => {
+                    for (&i, v) in targets.iter().zip(items) {
+                        out[i] = redis::from_redis_value(v).map_err(|e| format!("Redis: {e}"));
+                    }
+                }
+                Ok(single) => {
+                    for &i in targets {
+                        out[i] = redis::from_redis_value(single.clone())
+                            .map_err(|e| format!("Redis: {e}"));
+                    }
+                }
+                Err(e) => {
+                    for &i in targets {
+                        out[i] = Err(format!("Redis: {e}"));
+                    }
                 }
             }
         }

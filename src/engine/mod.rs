@@ -1,35 +1,45 @@
-//! Matching: source signals → firings (one per event and matching rule, with its detail) → the
-//! delivery stage.
+//! Matching: source signals → taken events → firings (one per event and matching rule, with its
+//! detail) → the delivery stage.
 //!
-//! Works in batches: whatever has arrived (up to [`BATCH`] signals) is matched together and its
-//! details are read in one pipeline per database, which is what keeps a mass expiry near the
-//! pace at which Redis publishes it.
+//! Works in batches: whatever has arrived (up to [`BATCH`] signals) is matched together, taken
+//! in one script (the [`intake`]: ledger bookkeeping, claim and a record of the event, atomic per
+//! event), and its details are read in one pipeline per database, which is what keeps a mass
+//! expiry near the pace at which Redis publishes it.
 
-pub mod claims;
 pub mod detail;
+pub mod intake;
 pub mod silences;
+mod stage;
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use crate::config::{Config, LiveConfig};
 use crate::delivery::Delivery;
-use crate::engine::claims::Claims;
 use crate::event::{EventKind, KeyEvent};
-use crate::firing::Firing;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 use crate::source::Signal;
 use crate::source::ledger::{self, Ledger, Note};
 use crate::status::Status;
-use crate::template::Context;
+use intake::{Intake, Mode};
+use stage::{FiringStage, Item};
 
 pub const BATCH: usize = 1024;
 
 /// PINGs (250 ms apart) that give the command connection time to reconnect before the flags are
 /// checked again after a resubscription.
 const RECHECK_PINGS: u32 = 8;
+
+/// Batches whose firing stages may overlap (see [`Engine::run`]).
+const FIRING_STAGES: usize = 4;
+
+/// How often records whose lease ended (their taker died, or a detail read waits for its
+/// retry) are looked for.
+const TAKE_OVER_EVERY: Duration = Duration::from_secs(1);
 
 pub struct Engine {
     /// The rules in force for the batch at hand: one snapshot of `live` per batch.
@@ -41,61 +51,130 @@ pub struct Engine {
     pub status: Arc<Status>,
     /// The deadline ledger; used while a rule reacts to expiries (see [`Engine::ledger`]).
     pub ledger: Option<Ledger>,
-    /// Event claims shared by every instance watching the same Redis.
-    pub claims: Claims,
-    /// This process's name in claims.
-    pub instance: String,
+    /// Claims and records of taken events, shared by every instance watching the same Redis.
+    pub intake: Intake,
     /// Silences in force, kept current from Redis.
     pub silenced: Arc<crate::engine::silences::Active>,
     /// The ledger's markers, heard on which nodes (see [`ledger::Markers`]).
     pub markers: std::sync::Mutex<ledger::Markers>,
-}
-
-/// One event matched by one rule, on its way to becoming a firing.
-struct Matched {
-    event: KeyEvent,
-    rule: usize,
-    captures: Vec<Vec<u8>>,
+    /// Per node: a reconcile and fill is running, and whether another was asked for meanwhile
+    /// (a flapping subscriber must not stack full scans).
+    pub refreshing: Arc<Mutex<HashMap<String, bool>>>,
 }
 
 impl Engine {
-    /// Runs until every sender of `rx` is gone, and the last batch's firings are handed over.
+    /// Runs until every sender of `rx` is gone, and the last batch's firings are handed over;
+    /// then hands back the records still in hand (a detail read waiting for its retry), due at
+    /// once for whoever runs next.
     ///
-    /// A batch's ledger bookkeeping and matching run in order (markers depend on it); its firing
-    /// stage — four round trips: claim, read details, store jobs, remove details — runs in a
+    /// A batch's ledger bookkeeping, matching and taking run in order (markers and the ledger
+    /// depend on it); its firing stage — read details, store jobs, remove details — runs in a
     /// task of its own, overlapping the next batches' (at most [`FIRING_STAGES`] at once), so
     /// in a storm Redis's answers are waited for side by side rather than one after another.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Signal>) {
         let mut batch = Vec::with_capacity(BATCH);
         let mut stages = tokio::task::JoinSet::new();
-        while rx.recv_many(&mut batch, BATCH).await > 0 {
-            self.metrics.events_waiting.set(rx.len() as i64);
-            self.config = self.live.current();
-            let taken = self.handle(std::mem::take(&mut batch)).await;
-            if taken.candidates.is_empty() && taken.warnings.is_empty() {
-                continue;
-            }
-            while stages.len() >= FIRING_STAGES {
-                stages.join_next().await;
-            }
-            let stage = FiringStage {
-                config: self.config.clone(),
-                keyspace: self.keyspace.clone(),
-                status: self.status.clone(),
-                delivery: self.delivery.clone(),
-                metrics: self.metrics.clone(),
-                claims: self.claims.clone(),
-                instance: self.instance.clone(),
-                silenced: self.silenced.clone(),
-            };
-            stages.spawn(async move {
-                let matched = stage.claim(taken).await;
-                if !matched.is_empty() {
-                    stage.fire(matched).await;
+        let mut recovering: Vec<(u32, u64)> = Vec::new();
+        let mut renew = tokio::time::interval(intake::RENEW_EVERY);
+        let mut take_over = tokio::time::interval(TAKE_OVER_EVERY);
+        for t in [&mut renew, &mut take_over] {
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut batch, BATCH) => {
+                    if n == 0 {
+                        break;
+                    }
+                    self.metrics.events_waiting.set(rx.len() as i64);
+                    self.config = self.live.current();
+                    let taken = self.handle(std::mem::take(&mut batch), &mut recovering).await;
+                    self.start_stage(&mut stages, taken).await;
+                    // A marker's recovery, a page at a time through the same path.
+                    while let Some((db, seq)) = recovering.pop() {
+                        let (taken, more) = self.recover_page(db, seq).await;
+                        self.start_stage(&mut stages, taken).await;
+                        if more {
+                            recovering.push((db, seq));
+                        }
+                    }
                 }
-            });
+                _ = renew.tick() => {
+                    if let Err(e) = self.intake.renew().await {
+                        tracing::warn!(error = %e, "Cannot renew the leases of taken events; another instance may take them over.");
+                    }
+                }
+                _ = take_over.tick() => {
+                    if self.ledger().is_some() {
+                        for &db in &self.config.redis.databases {
+                            if let Err(e) = self.intake.trim(db).await {
+                                tracing::debug!(db, error = %e, "Cannot trim the handled memory.");
+                            }
+                        }
+                    }
+                    if stages.len() < FIRING_STAGES {
+                        self.config = self.live.current();
+                        match self.intake.take_over(BATCH).await {
+                            Ok(taken) => {
+                                let items = taken.into_iter().map(|t| self.item(t, None)).collect();
+                                self.start_stage(&mut stages, items).await;
+                            }
+                            Err(e) => tracing::warn!(error = %e, "Cannot look for taken events left by others."),
+                        }
+                    }
+                }
+            }
+            while stages.try_join_next().is_some() {}
         }
         while stages.join_next().await.is_some() {}
+        match self.intake.hand_back().await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                events = n,
+                "Handed taken events back: whoever runs next takes them."
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot hand taken events back; they come due when their lease ends.")
+            }
+        }
+    }
+
+    /// Starts the firing stage of `items` once fewer than [`FIRING_STAGES`] run.
+    async fn start_stage(&self, stages: &mut tokio::task::JoinSet<()>, items: Vec<Item>) {
+        if items.is_empty() {
+            return;
+        }
+        while stages.len() >= FIRING_STAGES {
+            stages.join_next().await;
+        }
+        let stage = FiringStage {
+            config: self.config.clone(),
+            keyspace: self.keyspace.clone(),
+            status: self.status.clone(),
+            delivery: self.delivery.clone(),
+            metrics: self.metrics.clone(),
+            intake: self.intake.clone(),
+            silenced: self.silenced.clone(),
+        };
+        stages.spawn(async move { stage.fire(items).await });
+    }
+
+    /// A taken event with the rules it fires now: those given, or (taken over) those that
+    /// match it under the rules in force — just its own rule for a warning.
+    fn item(&self, taken: intake::Taken, rules: Option<Vec<stage::RuleMatch>>) -> Item {
+        let rules = rules.unwrap_or_else(|| {
+            let r = &taken.record;
+            self.config
+                .rules_for(r.kind, r.db, &r.key)
+                .into_iter()
+                .filter(|(i, _)| {
+                    r.rule
+                        .as_ref()
+                        .is_none_or(|name| &self.config.rules[*i].name == name)
+                })
+                .collect()
+        });
+        Item { taken, rules }
     }
 
     /// The ledger, while the rules in force need one (a reload may add or drop the last rule
@@ -104,9 +183,9 @@ impl Engine {
         self.ledger.as_ref().filter(|_| self.config.uses_ledger())
     }
 
-    /// Takes in one batch of signals: ledger bookkeeping, then matching; returns the events
-    /// that match rules, to be claimed by the firing stage.
-    async fn handle(&self, signals: Vec<Signal>) -> Taken {
+    /// Takes in one batch of signals: ledger bookkeeping, matching, then taking what fires
+    /// here. Markers whose recovery is due are added to `recovering`.
+    async fn handle(&self, signals: Vec<Signal>, recovering: &mut Vec<(u32, u64)>) -> Vec<Item> {
         let mut events = Vec::new();
         let mut learn = Vec::new();
         let mut forget = Vec::new();
@@ -169,25 +248,124 @@ impl Engine {
                     tracing::warn!(db, error = %e, "Ledger: cannot record deadlines.");
                 }
             }
-            self.attach_deadlines(l, &mut events).await;
-        }
-        if let Some(l) = self.ledger() {
-            for (db, seq) in markers {
-                self.recover(l, db, seq, &mut events).await;
-            }
+            recovering.extend(markers);
         }
         let mut candidates = Vec::new();
         for e in events {
             self.metrics.event(e.kind.as_str(), e.db);
             let rules = self.config.rules_for(e.kind, e.db, &e.key);
-            if !rules.is_empty() {
-                candidates.push((e, rules));
+            let mode = if e.kind == EventKind::Expired
+                && self.ledger().is_some()
+                && self.config.wants_deadline(e.db, &e.key)
+            {
+                // Its deadline leaves the ledger even when no rule fires on it (a key watched
+                // only for warnings), or the poker would take it for missed.
+                Mode::Live {
+                    fire: !rules.is_empty(),
+                }
+            } else if rules.is_empty() {
+                continue;
+            } else {
+                Mode::Plain
+            };
+            candidates.push((e, mode, rules));
+        }
+        // Scanner warnings: one claim per rule, key and deadline.
+        for (e, names) in warnings {
+            self.metrics.event(e.kind.as_str(), e.db);
+            for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
+                let name = &self.config.rules[rule].name;
+                if names.contains(name) {
+                    candidates.push((
+                        e.clone(),
+                        Mode::Warning { rule: name.clone() },
+                        vec![(rule, captures)],
+                    ));
+                }
             }
         }
-        Taken {
-            candidates,
-            warnings,
+        self.take(candidates).await
+    }
+
+    /// Takes `candidates` (one script per database); returns what this instance now holds.
+    /// While the state server cannot be reached the batch is tried again, with backoff: dropping
+    /// it would lose events whose deadline nobody knew. Meanwhile events wait in the channel,
+    /// then in Redis's output buffer, until Redis cuts the subscriber off; what the ledger knew
+    /// is recovered after that, and the rest is what SPEC §5 counts as lost with the state.
+    async fn take(&self, candidates: Vec<(KeyEvent, Mode, Vec<stage::RuleMatch>)>) -> Vec<Item> {
+        let mut by_db: BTreeMap<u32, Vec<(KeyEvent, Mode, Vec<stage::RuleMatch>)>> =
+            BTreeMap::new();
+        for c in candidates {
+            by_db.entry(c.0.db).or_default().push(c);
         }
+        let mut items = Vec::new();
+        for (db, cands) in by_db {
+            let refs: Vec<(&KeyEvent, Mode)> =
+                cands.iter().map(|(e, m, _)| (e, m.clone())).collect();
+            let mut wait = Duration::from_millis(100);
+            let taken = loop {
+                match self.intake.take(db, &refs).await {
+                    Ok(t) => break t,
+                    Err(e) => {
+                        tracing::warn!(db, error = %e, events = refs.len(), "Cannot take events (claim and record them) in Redis; trying again.");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                }
+            };
+            for ((e, _, rules), t) in cands.into_iter().zip(taken) {
+                match t {
+                    Some(t) => items.push(Item { taken: t, rules }),
+                    None => {
+                        tracing::debug!(key = %e.key_lossy(), event = %e.kind, "Taken by another instance, or nothing fires.")
+                    }
+                }
+            }
+        }
+        if !items.is_empty() {
+            crate::drill::pass(crate::drill::Step::Taken);
+        }
+        items
+    }
+
+    /// One page (at most [`BATCH`]) of the expiries missed up to marker `seq` of `db`, taken
+    /// as recovered; and whether more may remain.
+    async fn recover_page(&self, db: u32, seq: u64) -> (Vec<Item>, bool) {
+        let Some(l) = self.ledger() else {
+            return (Vec::new(), false);
+        };
+        let missed = match l.missed(db, seq, BATCH).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(db, error = %e, "Ledger: cannot read missed expiries; they stay for the next marker.");
+                return (Vec::new(), false);
+            }
+        };
+        let full = missed.len() == BATCH;
+        let mut candidates = Vec::new();
+        for m in missed {
+            let event = KeyEvent {
+                kind: EventKind::Expired,
+                db: m.db,
+                key: m.key,
+                observed_at: crate::keyspace::clock::now(),
+                deadline: chrono::DateTime::from_timestamp_millis(m.deadline_ms),
+                ttl_ms: None,
+                recovered: true,
+                source: self.keyspace.node().to_string(),
+            };
+            let rules = self.config.rules_for(event.kind, event.db, &event.key);
+            tracing::info!(db, key = %event.key_lossy(), deadline = ?event.deadline, "Recovered an expiry whose notification was missed.");
+            let mode = Mode::Recovered {
+                fire: !rules.is_empty(),
+            };
+            candidates.push((event, mode, rules));
+        }
+        let n = candidates.len();
+        let taken = self.take(candidates).await;
+        // Every entry read leaves the poked set when taken (fired or not); a page that took
+        // nothing (another instance is on it) is not read again at once.
+        (taken, full && n > 0)
     }
 
     fn markers(&self) -> std::sync::MutexGuard<'_, ledger::Markers> {
@@ -197,79 +375,52 @@ impl Engine {
 
     /// After every (re)subscription events may have been lost: drop deadlines of keys deleted
     /// meanwhile, ask for a marker (whose arrival recovers what was missed), then learn the
-    /// deadlines of keys set meanwhile with a paced scan.
+    /// deadlines of keys set meanwhile with a paced scan. One at a time per node: a
+    /// resubscription while one runs asks for one more run after it, not a second scan beside it.
     fn after_subscribe(&self, node: &str) {
         let Some(l) = self.ledger().cloned() else {
             return;
         };
-        let config = self.config.clone();
-        let only = self.keyspace.is_cluster().then(|| node.to_string());
-        tokio::spawn(async move {
-            for &db in &config.redis.databases {
-                match l.reconcile(db).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::info!(
-                        db,
-                        dropped = n,
-                        "Ledger: dropped deadlines of keys deleted while keywatch was not listening."
-                    ),
-                    Err(e) => tracing::warn!(db, error = %e, "Ledger: reconcile failed."),
-                }
-                if let Err(e) = l.mark(db).await {
-                    tracing::warn!(db, error = %e, "Ledger: cannot publish a marker.");
-                }
-            }
-            ledger::fill_all(&l, &config, only.as_deref()).await;
-        });
-    }
-
-    /// Marks `expired` events of ledgered keys as handled and gives them their deadline.
-    async fn attach_deadlines(&self, l: &Ledger, events: &mut [KeyEvent]) {
-        let mut idx: std::collections::BTreeMap<u32, Vec<usize>> =
-            std::collections::BTreeMap::new();
-        for (i, e) in events.iter().enumerate() {
-            if e.kind == EventKind::Expired && self.config.wants_deadline(e.db, &e.key) {
-                idx.entry(e.db).or_default().push(i);
-            }
-        }
-        for (db, positions) in idx {
-            let keys: Vec<Vec<u8>> = positions.iter().map(|&i| events[i].key.clone()).collect();
-            match l.handled(db, &keys).await {
-                Ok(deadlines) => {
-                    for (&i, d) in positions.iter().zip(deadlines) {
-                        events[i].deadline = d.and_then(chrono::DateTime::from_timestamp_millis);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(db, error = %e, "Ledger: cannot mark expiries as handled.")
-                }
-            }
-        }
-    }
-
-    /// Expiries the ledger knew of but keywatch never saw: fired with `recovered: true`.
-    async fn recover(&self, l: &Ledger, db: u32, seq: u64, out: &mut Vec<KeyEvent>) {
-        let missed = match l.recover(db, seq).await {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(db, error = %e, "Ledger: cannot read missed expiries; they stay for the next marker.");
+        {
+            let mut running = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(again) = running.get_mut(node) {
+                *again = true;
                 return;
             }
-        };
-        for m in missed {
-            let event = KeyEvent {
-                kind: EventKind::Expired,
-                db: m.db,
-                key: m.key,
-                observed_at: chrono::Utc::now(),
-                deadline: chrono::DateTime::from_timestamp_millis(m.deadline_ms),
-                ttl_ms: None,
-                recovered: true,
-                source: self.keyspace.node().to_string(),
-            };
-            tracing::info!(db, key = %event.key_lossy(), deadline = ?event.deadline, "Recovered an expiry whose notification was missed.");
-            out.push(event);
+            running.insert(node.to_string(), false);
         }
+        let live = self.live.clone();
+        let refreshing = self.refreshing.clone();
+        let node = node.to_string();
+        let only = self.keyspace.is_cluster().then(|| node.clone());
+        tokio::spawn(async move {
+            loop {
+                let config = live.current();
+                for &db in &config.redis.databases {
+                    match l.reconcile(db).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::info!(
+                            db,
+                            dropped = n,
+                            "Ledger: dropped deadlines of keys deleted while keywatch was not listening."
+                        ),
+                        Err(e) => tracing::warn!(db, error = %e, "Ledger: reconcile failed."),
+                    }
+                    if let Err(e) = l.mark(db).await {
+                        tracing::warn!(db, error = %e, "Ledger: cannot publish a marker.");
+                    }
+                }
+                ledger::fill_all(&l, &config, only.as_deref()).await;
+                let mut running = refreshing.lock().unwrap_or_else(|p| p.into_inner());
+                match running.get_mut(&node) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        running.remove(&node);
+                        return;
+                    }
+                }
+            }
+        });
     }
 
     /// A Redis that restarted has lost a `CONFIG SET notify-keyspace-events` not written to its
@@ -297,172 +448,6 @@ impl Engine {
         }
         if let Err(msg) = crate::source::flags::ensure(&mut c, &self.config, node).await {
             tracing::error!("{msg}");
-        }
-    }
-}
-
-/// Batches whose firing stages may overlap (see [`Engine::run`]).
-const FIRING_STAGES: usize = 4;
-
-/// What the firing stage of one batch needs, owned, so that it can run beside the next batch.
-struct FiringStage {
-    config: Arc<Config>,
-    keyspace: Keyspace,
-    status: Arc<Status>,
-    delivery: Delivery,
-    metrics: Arc<Metrics>,
-    claims: Claims,
-    instance: String,
-    silenced: Arc<crate::engine::silences::Active>,
-}
-
-/// A rule's index in the config and the captures of its pattern.
-type RuleMatch = (usize, Vec<Vec<u8>>);
-
-/// A batch's events that match rules (with each rule's captures), and the scanner's warnings
-/// with the rules they name: what the firing stage claims.
-struct Taken {
-    candidates: Vec<(KeyEvent, Vec<RuleMatch>)>,
-    warnings: Vec<(KeyEvent, Vec<String>)>,
-}
-
-impl FiringStage {
-    /// Claims the batch's events (one pipeline); returns what fires here: the events this
-    /// instance won, for each matching rule not silenced, and the scanner's warnings.
-    async fn claim(&self, taken: Taken) -> Vec<Matched> {
-        let Taken {
-            candidates,
-            warnings,
-        } = taken;
-        let won = self
-            .claims
-            .claim(
-                &candidates.iter().map(|(e, _)| e).collect::<Vec<_>>(),
-                &self.instance,
-            )
-            .await;
-        let mut matched = Vec::new();
-        for ((e, rules), won) in candidates.into_iter().zip(won) {
-            if !won {
-                tracing::debug!(key = %e.key_lossy(), event = %e.kind, "Another instance took this event.");
-                continue;
-            }
-            if e.recovered {
-                for (rule, _) in &rules {
-                    self.metrics.recovered_for(&self.config.rules[*rule].name);
-                }
-            } else if let Some(late) = e.late_ms() {
-                self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
-            }
-            for (rule, captures) in rules {
-                let name = &self.config.rules[rule].name;
-                self.metrics.matched(name, e.kind.as_str());
-                if self.silenced.mutes(name, &e.key) {
-                    self.metrics.silenced_for(name);
-                    tracing::info!(rule = %name, key = %e.key_lossy(), "Silenced: counted, not sent.");
-                    continue;
-                }
-                matched.push(Matched {
-                    event: e.clone(),
-                    rule,
-                    captures,
-                });
-            }
-        }
-        // Scanner warnings were claimed per key and deadline by the scanner; they fire just the
-        // rules they name, through the same silences and delivery.
-        for (e, names) in warnings {
-            self.metrics.event(e.kind.as_str(), e.db);
-            for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
-                let name = &self.config.rules[rule].name;
-                if !names.contains(name) {
-                    continue;
-                }
-                self.metrics.matched(name, e.kind.as_str());
-                if self.silenced.mutes(name, &e.key) {
-                    self.metrics.silenced_for(name);
-                    continue;
-                }
-                matched.push(Matched {
-                    event: e.clone(),
-                    rule,
-                    captures,
-                });
-            }
-        }
-        matched
-    }
-
-    async fn fire(&self, matched: Vec<Matched>) {
-        let config = &self.config;
-        // Detail locations, rendered per event; a rule without `detail` has none.
-        let mut requests = Vec::new();
-        let mut slot = Vec::with_capacity(matched.len());
-        for m in &matched {
-            let rule = &config.rules[m.rule];
-            let ctx = Context::for_event(
-                &rule.name,
-                &m.event,
-                rule.pattern.capture_names(),
-                &m.captures,
-                None,
-            );
-            match detail::request(&config.templates, rule, m.event.db, &ctx) {
-                None => slot.push(None),
-                Some(Ok(r)) => {
-                    slot.push(Some(requests.len()));
-                    requests.push(r);
-                }
-                Some(Err(e)) => {
-                    tracing::error!(rule = %rule.name, key = %m.event.key_lossy(), error = %e, "Cannot render the detail location; the actions run without it.");
-                    slot.push(None);
-                }
-            }
-        }
-        let details = if requests.is_empty() {
-            Vec::new()
-        } else {
-            detail::fetch(&self.keyspace, &requests).await
-        };
-
-        let mut removable = Vec::new();
-        let mut firings = Vec::with_capacity(matched.len());
-        for (m, s) in matched.into_iter().zip(slot) {
-            let rule = &config.rules[m.rule];
-            let value = match s {
-                None => None,
-                Some(i) => match &details[i] {
-                    Ok(Some(bytes)) => {
-                        removable.push(&requests[i]);
-                        Some(detail::parse(bytes))
-                    }
-                    Ok(None) => {
-                        tracing::warn!(rule = %rule.name, key = %m.event.key_lossy(), "No detail found beside the key; the actions run with `detail` = none.");
-                        Some(serde_json::Value::Null)
-                    }
-                    Err(e) => {
-                        tracing::error!(rule = %rule.name, key = %m.event.key_lossy(), error = %e, "Cannot read the detail; the actions run with `detail` = none.");
-                        Some(serde_json::Value::Null)
-                    }
-                },
-            };
-            let firing = Firing::new(
-                &rule.name,
-                &m.event,
-                rule.pattern.capture_names(),
-                m.captures,
-                value,
-            );
-            self.status.record_firing(&firing);
-            firings.push(firing);
-        }
-        self.delivery.accept(firings).await;
-        // Only now that every firing's copy is stored with its jobs may the originals go
-        // (SPEC §2): a crash before this line leaves the details, not a hole.
-        if !removable.is_empty()
-            && let Err(e) = detail::remove(&self.keyspace, &removable).await
-        {
-            tracing::error!(error = %e, "Cannot remove details; they stay in Redis.");
         }
     }
 }

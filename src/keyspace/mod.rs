@@ -5,6 +5,7 @@
 //! `ClusterConnection` sends each per-key command to the master that owns the key, and SCAN
 //! and configuration checks, which concern one node, go to each master by direct connection.
 
+pub mod clock;
 pub mod cluster;
 pub mod commands;
 pub mod connect;
@@ -92,6 +93,34 @@ impl Conn {
                     .try_collect()
                     .await
             }
+        }
+    }
+}
+
+impl Conn {
+    /// [`Conn::each`], each answer on its own: one key of the wrong type or one command that
+    /// fails does not fail the others. The outer error is the connection's.
+    pub async fn each_isolated(&self, cmds: Vec<Cmd>) -> RedisResult<Vec<RedisResult<Value>>> {
+        if cmds.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self {
+            Conn::Node(c) => {
+                let mut pipe = redis::pipe();
+                pipe.ignore_errors();
+                for cmd in cmds {
+                    pipe.add_command(cmd);
+                }
+                pipe.query_async(&mut c.clone()).await
+            }
+            Conn::Cluster(c) => Ok(futures_util::stream::iter(cmds)
+                .map(|cmd| {
+                    let mut c = c.clone();
+                    async move { cmd.query_async::<Value>(&mut c).await }
+                })
+                .buffered(CLUSTER_IN_FLIGHT)
+                .collect()
+                .await),
         }
     }
 }

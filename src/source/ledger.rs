@@ -80,65 +80,6 @@ end
 return seq
 ";
 
-// An `expired` was handled: drop the key's due deadline (not a later one: the key may already
-// have been set again) and any poked entry, and remember the deadline for a minute in a
-// "handled" set, so that other instances handling the same event learn the same deadline (and so
-// compute the same claim); return the deadline, for `late_ms` and the event id.
-const HANDLED: &str = r"
-local out = {}
-local now = tonumber(ARGV[1])
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[2])
-for i = 3, #ARGV do
-  local m = ARGV[i]
-  local d = false
-  local s = redis.call('ZSCORE', KEYS[1], m)
-  if s and tonumber(s) <= now then
-    redis.call('ZREM', KEYS[1], m)
-    d = s
-  end
-  local p = redis.call('HGET', KEYS[3], m)
-  if p then
-    redis.call('ZREM', KEYS[2], m)
-    redis.call('HDEL', KEYS[3], m)
-    d = p
-  end
-  if d then
-    redis.call('ZADD', KEYS[4], d, m)
-  else
-    d = redis.call('ZSCORE', KEYS[4], m)
-  end
-  out[#out + 1] = d
-end
-return out
-";
-
-// Everything poked up to a marker that is still there was missed: take it out and return it.
-// A recovery is a handling: its deadline goes to the handled set like HANDLED's, so that another
-// instance that still receives the `expired` (it was only slower) learns the same deadline and
-// computes the same claim, instead of firing the key a second time.
-const RECOVER: &str = r"
-local ms = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 1000)
-local out = {}
-for _, m in ipairs(ms) do
-  local d = redis.call('HGET', KEYS[2], m)
-  redis.call('ZREM', KEYS[1], m)
-  redis.call('HDEL', KEYS[2], m)
-  if d then
-    redis.call('ZADD', KEYS[3], d, m)
-  end
-  out[#out + 1] = m
-  out[#out + 1] = d or '0'
-end
-return out
-";
-
-/// A clock skew allowance: an `expired` for a key whose recorded deadline is further in the
-/// future than this belongs to an older incarnation of the key.
-const SKEW_MS: i64 = 2000;
-
-/// How long a handled deadline is remembered for other instances that saw the same event.
-const HANDLED_MEMORY_MS: i64 = 60_000;
-
 #[derive(Clone)]
 pub struct Ledger {
     inner: Arc<Inner>,
@@ -150,8 +91,6 @@ struct Inner {
     prefix: String,
     instance: String,
     move_poked: redis::Script,
-    handled: redis::Script,
-    recover: redis::Script,
     metrics: Arc<Metrics>,
     /// Set once a fill has walked every database: from then on the ledger knows every deadline
     /// the rules want, and the scanner may ask it instead of scanning.
@@ -160,9 +99,7 @@ struct Inner {
     filling: AtomicUsize,
 }
 
-fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
+use crate::keyspace::clock::now_ms;
 
 impl Ledger {
     pub fn new(state: Conn, keyspace: Keyspace, prefix: &str, metrics: Arc<Metrics>) -> Ledger {
@@ -173,8 +110,6 @@ impl Ledger {
                 prefix: prefix.to_string(),
                 instance: format!("{:016x}", fastrand::u64(..)),
                 move_poked: redis::Script::new(MOVE_POKED),
-                handled: redis::Script::new(HANDLED),
-                recover: redis::Script::new(RECOVER),
                 metrics,
                 filled: AtomicBool::new(false),
                 filling: AtomicUsize::new(0),
@@ -197,10 +132,6 @@ impl Ledger {
 
     fn poked_at(&self, db: u32) -> String {
         format!("{}ledger:{db}:poked-deadline", self.inner.prefix)
-    }
-
-    fn handled_set(&self, db: u32) -> String {
-        format!("{}ledger:{db}:handled", self.inner.prefix)
     }
 
     /// The marker sequence of `db`, one for all instances: a poked entry numbered at most a
@@ -256,58 +187,37 @@ impl Ledger {
             .await
     }
 
-    /// Marks the `expired` of `keys` as handled; returns each key's deadline when known.
-    pub async fn handled(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<Option<i64>>> {
+    /// Up to `limit` expiries missed up to marker `seq` of `db`, soonest first. Only read: taking
+    /// them (out of the poked set, claimed, recorded) is one step of the intake
+    /// ([`crate::engine::intake`]), so a crash in between leaves them here for the next marker.
+    pub async fn missed(&self, db: u32, seq: u64, limit: usize) -> redis::RedisResult<Vec<Missed>> {
+        let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+            .arg(self.poked(db))
+            .arg("-inf")
+            .arg(seq)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.inner.state.clone())
+            .await?;
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut inv = self.inner.handled.prepare_invoke();
-        let now = now_ms();
-        inv.key(self.zset(db))
-            .key(self.poked(db))
-            .key(self.poked_at(db))
-            .key(self.handled_set(db))
-            .arg(now + SKEW_MS)
-            .arg(now - HANDLED_MEMORY_MS);
-        for k in keys {
-            inv.arg(k);
-        }
-        let out: Vec<Option<String>> = inv.invoke_async(&mut self.inner.state.clone()).await?;
-        Ok(out
+        let deadlines: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.poked_at(db))
+            .arg(&keys)
+            .query_async(&mut self.inner.state.clone())
+            .await?;
+        Ok(keys
             .into_iter()
-            .map(|d| d.and_then(|s| s.parse::<f64>().ok()).map(|f| f as i64))
+            .zip(deadlines)
+            .map(|(key, d)| Missed {
+                db,
+                key,
+                deadline_ms: d.and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0) as i64,
+            })
             .collect())
-    }
-
-    /// The expiries missed up to marker `seq` of `db`.
-    pub async fn recover(&self, db: u32, seq: u64) -> redis::RedisResult<Vec<Missed>> {
-        let mut out = Vec::new();
-        loop {
-            let pairs: Vec<Vec<u8>> = self
-                .inner
-                .recover
-                .key(self.poked(db))
-                .key(self.poked_at(db))
-                .key(self.handled_set(db))
-                .arg(seq)
-                .invoke_async(&mut self.inner.state.clone())
-                .await?;
-            let n = pairs.len() / 2;
-            for pair in pairs.chunks_exact(2) {
-                let deadline_ms = std::str::from_utf8(&pair[1])
-                    .ok()
-                    .and_then(|s| s.parse::<f64>().ok())
-                    .unwrap_or(0.0) as i64;
-                out.push(Missed {
-                    db,
-                    key: pair[0].clone(),
-                    deadline_ms,
-                });
-            }
-            if n < 1000 {
-                return Ok(out);
-            }
-        }
     }
 
     /// Asks for a marker now: what was poked before it and not handled by the time it arrives
@@ -739,7 +649,7 @@ pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, V
 crate::keyspace::commands::declare! {
     /// The commands the ledger sends, its scripts' included ([`crate::keyspace::commands`]).
     const WHY = "ledger: deadlines of the watched keys";
-    const SCRIPTS = "ledger: handled, poked and missed keys (script)";
+    const SCRIPTS = "ledger: poked keys (script)";
     [
         Use::new(Conn::Watched, "scan", "ledger: learns deadlines")
             .on(Keys::Watched, Access::Read)
@@ -788,27 +698,15 @@ crate::keyspace::commands::declare! {
             .when(When::Ledger),
         Use::new(Conn::State, "evalsha", "ledger: scripts")
             .on(Keys::State("ledger:*"), Access::ReadWrite)
-            .args("{sha} 4 {prefix}ledger:0 {prefix}ledger:0:poked {prefix}ledger:0:poked-deadline {prefix}ledger:0:handled")
+            .args("{sha} 4 {prefix}ledger:0 {prefix}ledger:0:poked {prefix}ledger:0:poked-deadline {prefix}ledger:0:seq")
             .when(When::Ledger),
-        Use::new(Conn::State, "zremrangebyscore", SCRIPTS)
-            .on(Keys::State("ledger:*:handled"), Access::Write)
-            .args("{key} -inf 0")
-            .when(When::Ledger),
-        Use::new(Conn::State, "zrangebyscore", SCRIPTS)
-            .on(Keys::State("ledger:*:poked"), Access::Read)
-            .args("{key} -inf 0 LIMIT 0 1")
-            .when(When::Ledger),
-        Use::new(Conn::State, "hget", SCRIPTS)
+        Use::new(Conn::State, "hmget", "ledger: missed expiries")
             .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),
         Use::new(Conn::State, "hset", SCRIPTS)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
             .args("{key} k 0")
-            .when(When::Ledger),
-        Use::new(Conn::State, "hdel", SCRIPTS)
-            .on(Keys::State("ledger:*:poked-deadline"), Access::ReadWrite)
-            .args("{key} k")
             .when(When::Ledger),
 
     ]

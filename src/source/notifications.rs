@@ -213,7 +213,7 @@ async fn session(
             _ = shutdown.cancelled() => return None,
             msg = stream.next() => {
                 let Some(msg) = msg else { return Some("connection closed by the server".into()) };
-                let Some(signal) = decode(&msg, node, Utc::now()) else { continue };
+                let Some(signal) = decode(&msg, node, crate::keyspace::clock::now()) else { continue };
                 if tx.send(signal).await.is_err() {
                     return None;
                 }

@@ -15,12 +15,13 @@
 //!   poker (the ledger) covers the keys it watches either way.
 //!
 //! `PEXPIRETIME`, not `PTTL`: an absolute deadline is the same in every scan, which is what lets
-//! keywatch warn **once per key per deadline**. Each warning is claimed in Redis with
-//! `SET {prefix}warned:{db}:{rule}:{deadline}:{key} NX PXAT deadline + 1 min`, so every instance
-//! and every later scan sees it; a renewed key has a new deadline, hence a new claim, and is
-//! warned again only once that deadline is within `warn_before`. Claimed warnings go to the
-//! engine as [`Signal::Warn`] and from there through the same matching, delivery and digests as
-//! expiries.
+//! keywatch warn **once per key per deadline**. Due warnings go to the engine as
+//! [`Signal::Warn`], which claims each in Redis (`SET {prefix}warned:{db}:{rule}:{deadline}:{key}
+//! NX PXAT deadline + 1 min`) in the same step that records it (`crate::engine::intake`), so
+//! every instance and every later scan sees it and no crash falls between claim and record; a
+//! renewed key has a new deadline, hence a new claim, and is warned again only once that
+//! deadline is within `warn_before`. From there warnings go through the same matching, delivery
+//! and digests as expiries.
 //!
 //! The schedule: `@every DUR` runs at multiples of DUR since the Unix epoch (so instances agree
 //! on the instants), cron in `scanner.timezone` (croner, 5 or 6 fields). Runs of one instance
@@ -52,17 +53,12 @@ use crate::source::ledger::Ledger;
 pub const SCAN_COUNT: u64 = 250;
 /// Ledger entries per range query.
 const LEDGER_PAGE: usize = 1000;
-/// A claim outlives its deadline by this much, so a scan that reads a just-passed deadline
-/// still finds it.
-const CLAIM_GRACE_MS: i64 = 60_000;
 /// A reply slower than this (and than 8× the fastest seen) means Redis is busy: pause.
 const SLOW_FLOOR: Duration = Duration::from_millis(2);
 /// The longest single pause for a slow reply.
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
-fn now_ms() -> i64 {
-    Utc::now().timestamp_millis()
-}
+use crate::keyspace::clock::now_ms;
 
 /// `scanner.schedule` in `scanner.timezone`: when runs are due.
 #[derive(Clone, Debug)]
@@ -346,22 +342,25 @@ impl Scanner {
                 None
             }
         };
-        let mut pending = plan.missed(last, Utc::now());
+        let mut pending = plan.missed(last, crate::keyspace::clock::now());
         if pending.is_some() {
             tracing::info!(schedule = %settings.schedule_text, "Scanner: a scheduled run was missed (or none ever ran); running once now.");
         }
-        let mut previous = pending.unwrap_or_else(Utc::now);
+        let mut previous = pending.unwrap_or_else(crate::keyspace::clock::now);
         loop {
             let instant = match pending.take() {
                 Some(t) => t,
                 None => {
                     // From the later of now and the last instant: a timer that fires a hair early
                     // by the wall clock must not run the same instant twice.
-                    let Some(next) = plan.next_after(Utc::now().max(previous)) else {
+                    let Some(next) = plan.next_after(crate::keyspace::clock::now().max(previous))
+                    else {
                         tracing::warn!(schedule = %settings.schedule_text, "Scanner: the schedule has no next run; the scanner stops.");
                         return;
                     };
-                    let wait = (next - Utc::now()).to_std().unwrap_or_default();
+                    let wait = (next - crate::keyspace::clock::now())
+                        .to_std()
+                        .unwrap_or_default();
                     tokio::select! {
                         biased;
                         _ = shutdown.cancelled() => return,
@@ -531,7 +530,8 @@ impl Scanner {
         Ok(())
     }
 
-    /// Claims and sends the warnings due among `found` (`(key, deadline_ms)`); returns how many.
+    /// Sends the warnings due among `found` (`(key, deadline_ms)`) to be claimed and fired;
+    /// returns how many.
     async fn warn(&self, db: u32, found: Vec<(Vec<u8>, i64)>) -> redis::RedisResult<u64> {
         let config = &self.config;
         let now = now_ms();
@@ -558,37 +558,21 @@ impl Scanner {
         if due.is_empty() {
             return Ok(0);
         }
-        let mut pipe = redis::pipe();
-        for &(i, r) in &due {
-            let (key, deadline) = &found[i];
-            let mut claim = format!(
-                "{}warned:{db}:{}:{deadline}:",
-                config.state.prefix, config.rules[r].name
-            )
-            .into_bytes();
-            claim.extend_from_slice(key);
-            pipe.cmd("SET")
-                .arg(claim)
-                .arg(&self.instance)
-                .arg("NX")
-                .arg("PXAT")
-                .arg(deadline + CLAIM_GRACE_MS);
-        }
-        let won: Vec<Option<String>> = pipe.query_async(&mut self.state.clone()).await?;
+        // Claimed by the engine, in the same step that records the warning (see
+        // `crate::engine::intake`): a claim made here, before the warning is stored, was lost
+        // with the process that made it.
         let mut by_key: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-        for (&(i, r), w) in due.iter().zip(won) {
-            if w.is_some() {
-                by_key
-                    .entry(i)
-                    .or_default()
-                    .push(config.rules[r].name.clone());
-            }
+        for &(i, r) in &due {
+            by_key
+                .entry(i)
+                .or_default()
+                .push(config.rules[r].name.clone());
         }
         let mut sent = 0;
         let node = self.keyspace.node().to_string();
         for (i, rules) in by_key {
             let (key, deadline) = &found[i];
-            let observed_at = Utc::now();
+            let observed_at = crate::keyspace::clock::now();
             sent += rules.len() as u64;
             let event = KeyEvent {
                 kind: EventKind::Expiring,
@@ -630,10 +614,6 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "set", "scanner: one instance per run")
             .on(Keys::State("scanner:run:*"), Access::Write)
             .args("{key} 1 NX PX 1000")
-            .when(When::Expiring),
-        Use::new(Conn::State, "set", "scanner: each key warned once")
-            .on(Keys::State("warned:*"), Access::Write)
-            .args("{key} 1 NX PXAT 1")
             .when(When::Expiring),
 
     ]

@@ -47,7 +47,9 @@ pub use endpoint::{endpoint, get, metric, post};
 pub use http_receiver::{HttpReceiver, Request, Response};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
 pub use redis_server::{ClientCert, RedisServer, RedisServerBuilder};
-pub use rules::{Rules, documented_acl_lines, lock_rules, log_rule_config, write_rules};
+pub use rules::{
+    Rules, documented_acl_lines, hook_rules, lock_rules, log_rule_config, write_rules,
+};
 /// For [`KeywatchProcess::signal`], e.g. `Signal::HUP`.
 pub use rustix::process::Signal;
 pub use tls::TestPki;

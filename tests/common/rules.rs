@@ -65,6 +65,16 @@ pub fn lock_rules(dir: &Path, receiver: &HttpReceiver, channel_extra: &str) -> P
     write_rules(dir, "rules.yaml", &yaml)
 }
 
+/// Rules with a webhook channel `hook` to `receiver`, then `sections` (YAML at the top level,
+/// e.g. a `scanner:` section, the `rules:` list included).
+pub fn hook_rules(dir: &Path, receiver: &HttpReceiver, sections: &str) -> PathBuf {
+    let yaml = format!(
+        "channels:\n  hook: {{ type: webhook, url: \"{}\" }}\n{sections}",
+        receiver.url_for("/hook")
+    );
+    write_rules(dir, "rules.yaml", &yaml)
+}
+
 /// The config of one rule on `k:*` that logs, loaded as `keywatch check` would: for tests that
 /// drive a part (ledger, claims) through the library with a real config.
 pub fn log_rule_config() -> keywatch::config::Config {

@@ -131,7 +131,8 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::keyspace::cluster::REDIS,
     &crate::engine::detail::REDIS,
     &crate::action::cleanup::REDIS,
-    &crate::engine::claims::REDIS,
+    &crate::engine::intake::REDIS,
+    &crate::keyspace::clock::REDIS,
     &crate::delivery::queue::REDIS,
     &crate::delivery::dead::REDIS,
     &crate::engine::silences::REDIS,
@@ -572,6 +573,27 @@ fn refused(e: &redis::RedisError) -> Outcome {
     }
 }
 
+/// `MULTI`, `EXEC` and `DISCARD` cannot be queued in a transaction to be checked: an empty one
+/// checks them (`MULTI` then `EXEC` runs nothing; `MULTI` then `DISCARD` neither).
+async fn transaction(conn: &mut MultiplexedConnection, command: &str) -> Outcome {
+    let closing = if command == "exec" { "EXEC" } else { "DISCARD" };
+    let r: redis::RedisResult<Vec<redis::RedisResult<Value>>> = redis::pipe()
+        .cmd("MULTI")
+        .cmd(closing)
+        .ignore_errors()
+        .query_async(conn)
+        .await;
+    let which = usize::from(command != "multi");
+    match r {
+        Ok(v) => match v.get(which) {
+            Some(Ok(_)) => Outcome::Allowed,
+            Some(Err(e)) => refused(e),
+            None => Outcome::Unchecked(format!("{} gave no answer", command.to_uppercase())),
+        },
+        Err(e) => Outcome::Unchecked(e.to_string()),
+    }
+}
+
 /// Whether the user may send `need` on `conn` (`client` opens subscriber connections).
 pub async fn check(
     method: &Method,
@@ -599,6 +621,9 @@ pub async fn check(
     }
     if need.is_pubsub() {
         return pubsub(client, need).await;
+    }
+    if matches!(need.command.as_str(), "multi" | "exec" | "discard") {
+        return transaction(conn, &need.command).await;
     }
     match method {
         Method::Multi => {

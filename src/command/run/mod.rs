@@ -21,7 +21,7 @@ use crate::action::Actions;
 use crate::config::{self, Config, LiveConfig, Mode};
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::engine::Engine;
-use crate::engine::claims::Claims;
+use crate::engine::intake::Intake;
 use crate::engine::silences;
 use crate::event::EventKind;
 use crate::keyspace::Keyspace;
@@ -141,9 +141,9 @@ pub async fn run(
         &config.state.prefix,
         metrics.clone(),
     );
-    let claims = Claims::new(state.clone(), &config.state.prefix);
-    let silenced = Arc::new(silences::Active::default());
     let instance = format!("{}:{}", hostname(), std::process::id());
+    let intake = Intake::new(state.clone(), &config.state.prefix, &instance);
+    let silenced = Arc::new(silences::Active::default());
     let (tx, rx) = mpsc::channel(64 * 1024);
     let scanner = tokio::spawn(keep_scanner(
         live.clone(),
@@ -201,6 +201,14 @@ pub async fn run(
         silenced.clone(),
         poker_stop.clone(),
     ));
+    // Deadlines, leases and due times are compared against the watched Redis's clock.
+    tokio::spawn(crate::keyspace::clock::follow(
+        keyspace
+            .conn(0)
+            .await
+            .map_err(|e| StartError::Redis(format!("cannot connect to Redis at {node}: {e}")))?,
+        poker_stop.clone(),
+    ));
     let waiting = metrics.clone();
     tokio::spawn(ledger::run_poker(
         ledger.clone(),
@@ -241,10 +249,10 @@ pub async fn run(
         metrics: metrics.clone(),
         status: status.clone(),
         ledger: Some(ledger.clone()),
-        claims,
-        instance,
+        intake,
         silenced: silenced.clone(),
         markers: Default::default(),
+        refreshing: Default::default(),
     };
     let engine = tokio::spawn(engine.run(rx));
     let http = tokio::spawn(endpoint::serve(

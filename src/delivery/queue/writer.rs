@@ -12,7 +12,7 @@
 use crate::keyspace::Conn;
 use tokio::sync::{mpsc, oneshot};
 
-/// Writes sent in one pipeline at most, so one batch never becomes a multi-megabyte command.
+/// Callers served by one pipeline at most, so one batch never becomes a huge command.
 const MAX_BATCH: usize = 2048;
 
 /// Why a write did not reach Redis.
@@ -34,10 +34,14 @@ enum Op {
     },
     /// Remove the job (sent or dead-lettered).
     Done { id: String },
+    /// A command of the caller's that must take effect with its jobs or not at all (the
+    /// intake record of the event the jobs are for).
+    Also(redis::Cmd),
 }
 
+/// One caller's writes: they go out in one transaction, never split between two.
 struct Request {
-    op: Op,
+    ops: Vec<Op>,
     reply: oneshot::Sender<Result<(), WriteError>>,
 }
 
@@ -54,31 +58,29 @@ impl Writer {
         Writer { tx }
     }
 
-    pub async fn put(&self, id: String, payload: String, due: i64) -> Result<(), WriteError> {
-        self.send(Op::Put { id, payload, due }).await
-    }
-
-    /// Stores several jobs (id, payload, due); they share the batch, so this is one round
-    /// trip at most.
-    pub async fn put_all(&self, jobs: Vec<(String, String, i64)>) -> Result<(), WriteError> {
-        let waits: Vec<_> = jobs
+    /// Stores jobs (id, payload, due) and runs `also` in the same transaction: the commands
+    /// take effect with the jobs or not at all.
+    pub async fn put_with(
+        &self,
+        jobs: Vec<(String, String, i64)>,
+        also: Vec<redis::Cmd>,
+    ) -> Result<(), WriteError> {
+        let ops = jobs
             .into_iter()
-            .map(|(id, payload, due)| self.put(id, payload, due))
+            .map(|(id, payload, due)| Op::Put { id, payload, due })
+            .chain(also.into_iter().map(Op::Also))
             .collect();
-        for r in futures_util::future::join_all(waits).await {
-            r?;
-        }
-        Ok(())
+        self.send(ops).await
     }
 
     pub async fn done(&self, id: String) -> Result<(), WriteError> {
-        self.send(Op::Done { id }).await
+        self.send(vec![Op::Done { id }]).await
     }
 
-    async fn send(&self, op: Op) -> Result<(), WriteError> {
+    async fn send(&self, ops: Vec<Op>) -> Result<(), WriteError> {
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send(Request { op, reply })
+            .send(Request { ops, reply })
             .map_err(|_| WriteError::Stopped)?;
         answer.await.unwrap_or(Err(WriteError::Stopped))
     }
@@ -87,7 +89,10 @@ impl Writer {
 async fn run(mut conn: Conn, zset: String, jobs: String, mut rx: mpsc::UnboundedReceiver<Request>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let pipe = pipeline(&zset, &jobs, batch.iter().map(|r| &r.op));
+        let mut pipe = pipeline(&zset, &jobs, batch.iter().flat_map(|r| &r.ops));
+        // One transaction: a caller's jobs and its `Also` commands land together or not at
+        // all (a crash cannot fall between them); Redis runs it as one command batch anyway.
+        pipe.atomic();
         let result = pipe
             .exec_async(&mut conn)
             .await
@@ -99,7 +104,8 @@ async fn run(mut conn: Conn, zset: String, jobs: String, mut rx: mpsc::Unbounded
 }
 
 /// The batch as few commands as keep its order: each run of consecutive puts becomes one
-/// `HSET` and one `ZADD`, each run of removals one `ZREM` and one `HDEL`. Order matters only
+/// `HSET` and one `ZADD`, each run of removals one `ZREM` and one `HDEL`; other commands go
+/// as they are, in their place. Order matters only
 /// between writes of one job, which come from one caller that waits for each: keeping runs in
 /// order keeps that.
 fn pipeline<'a>(zset: &str, jobs: &str, ops: impl Iterator<Item = &'a Op>) -> redis::Pipeline {
@@ -124,6 +130,9 @@ fn pipeline<'a>(zset: &str, jobs: &str, ops: impl Iterator<Item = &'a Op>) -> re
                 }
                 pipe.add_command(hset).ignore();
                 pipe.add_command(zadd).ignore();
+            }
+            Op::Also(cmd) => {
+                pipe.add_command(cmd.clone()).ignore();
             }
             Op::Done { .. } => {
                 let mut zrem = redis::cmd("ZREM");

@@ -1,0 +1,80 @@
+//! The crash drill's hook (tests/crash_drill.rs): a guarantee is only as good as the drill that
+//! attacks it, and a kill "between claiming and storing" cannot be timed from outside the
+//! process.
+//!
+//! `KEYWATCH_DRILL_CRASH_AT=STEP[:N]`: the process kills itself (SIGKILL, as `kill -9` would: no
+//! destructor, no flush) the N-th time (default 1st) it passes `STEP`. The steps are the
+//! boundaries of an event's path, in order: `taken` (claimed, intake recorded), `stored` (jobs
+//! stored), `removed` (details removed), `sent` (an action succeeded, not yet acknowledged).
+//! Off unless the variable is set, and then one relaxed load per step; for drills, never for
+//! production (docs/development.md lists it).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The boundaries of an event's path a crash can fall between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The event is claimed and its intake record stored; no job yet.
+    Taken,
+    /// Its jobs are stored; its details not yet removed.
+    Stored,
+    /// Its details are removed; its intake record not yet cleared.
+    Removed,
+    /// An action succeeded; its job not yet acknowledged.
+    Sent,
+}
+
+impl Step {
+    fn name(self) -> &'static str {
+        match self {
+            Step::Taken => "taken",
+            Step::Stored => "stored",
+            Step::Removed => "removed",
+            Step::Sent => "sent",
+        }
+    }
+}
+
+struct CrashAt {
+    step: &'static str,
+    nth: u64,
+    passed: AtomicU64,
+}
+
+fn crash_at() -> Option<&'static CrashAt> {
+    static AT: OnceLock<Option<CrashAt>> = OnceLock::new();
+    AT.get_or_init(|| {
+        let v = std::env::var("KEYWATCH_DRILL_CRASH_AT").ok()?;
+        let (name, nth) = match v.split_once(':') {
+            Some((s, n)) => (s.to_string(), n.parse().ok()?),
+            None => (v, 1),
+        };
+        let step = [Step::Taken, Step::Stored, Step::Removed, Step::Sent]
+            .into_iter()
+            .map(Step::name)
+            .find(|s| *s == name)?;
+        Some(CrashAt {
+            step,
+            nth,
+            passed: AtomicU64::new(0),
+        })
+    })
+    .as_ref()
+}
+
+/// Passes `step`: dies here when the crash drill says so.
+pub fn pass(step: Step) {
+    let Some(at) = crash_at() else {
+        return;
+    };
+    if at.step == step.name() && at.passed.fetch_add(1, Ordering::SeqCst) + 1 == at.nth {
+        eprintln!("drill: crashing at `{}`", at.step);
+        // SIGKILL, not abort(): a crash drill must not leave a core dump per run.
+        let _ = std::process::Command::new("kill")
+            .arg("-KILL")
+            .arg(std::process::id().to_string())
+            .status();
+        std::process::abort();
+    }
+}

@@ -1,0 +1,647 @@
+//! The intake: an event this instance takes is in Redis from the moment it is claimed until its
+//! jobs are stored and its details removed, so a crash at any point in between leaves it to
+//! another instance or to this one's restart, never to nobody.
+//!
+//! Taking a batch is one script on the state server, atomic per event: the ledger's bookkeeping
+//! (the key's deadline leaves the ledger and is remembered as handled), the claim shared by every
+//! instance (one firing per event), and, where this instance won the claim, an *intake record*
+//! leased to it: the event as it was taken. A crash between these steps cannot happen; a crash
+//! after them leaves the record, which comes due when its lease ends.
+//!
+//! The record then moves on with the jobs: storing the event's jobs and rewriting (or clearing)
+//! its record is one transaction (see [`crate::delivery::Delivery::accept`]). A record whose
+//! details are still to be removed says so, so a crash between storing and removing leads the
+//! next taker to remove them, not to fire again. A record whose details could not be read waits
+//! for its retry, with its attempts counted, in the same sorted set.
+//!
+//! Claims: an event with a known deadline is claimed as a field of a hash shared by every deadline
+//! in the same minute (`HSETNX`), spread over sixteen hashes by the claim's first hex digit and
+//! dropped ten minutes after that minute ends: a key per claim (`SET NX PX`) would make Redis
+//! publish an `expire` event per claim to every subscriber, in a mass expiry as many again as the
+//! expiries. Without a known deadline the claim can only tell copies from repeats by time: a key
+//! that lives 5 s. A scanner warning is claimed once per rule, key and deadline, until a minute
+//! after the deadline.
+//!
+//! Handled deadlines are remembered by *when they were handled* (ten minutes), not by deadline:
+//! an instance that reads an `expired` minutes late still finds the deadline the first instance
+//! took, computes the same claim, and does not fire a second time. The memory is trimmed at most
+//! 2,048 entries per script (with each take, and every second while no events come), so a
+//! storm's handled set never costs one long command.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::{EventKind, KeyEvent};
+use crate::keyspace::{Conn, clock};
+
+/// How long a taken event is this instance's before another may take it over. Renewed every
+/// [`RENEW_EVERY`] while in hand.
+pub const LEASE: Duration = Duration::from_secs(15);
+pub const RENEW_EVERY: Duration = Duration::from_secs(5);
+
+/// A clock skew allowance: an `expired` for a key whose recorded deadline is further in the
+/// future than this belongs to an older incarnation of the key.
+const SKEW_MS: i64 = 2000;
+
+/// How long a handled deadline is remembered, from when it was handled.
+const HANDLED_MEMORY_MS: i64 = 600_000;
+
+const TAKE: &str = r"
+local now = tonumber(ARGV[1])
+local due_limit = tonumber(ARGV[2])
+local lease_end = ARGV[4]
+local me = ARGV[5]
+local prefix = ARGV[6]
+local db = ARGV[7]
+local old = redis.call('ZRANGE', KEYS[4], '-inf', ARGV[3], 'BYSCORE', 'LIMIT', 0, 2048)
+if #old > 0 then
+  redis.call('ZREM', KEYS[4], unpack(old))
+  redis.call('HDEL', KEYS[5], unpack(old))
+end
+local function remember(key, d)
+  redis.call('ZADD', KEYS[4], now, key)
+  redis.call('HSET', KEYS[5], key, d)
+end
+local out = {}
+for i = 8, #ARGV, 6 do
+  local mode, kind, key, given, extra, rec = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+  local d = false
+  local fire = true
+  if mode == 'L' or mode == 'l' then
+    local s = redis.call('ZSCORE', KEYS[1], key)
+    if s and tonumber(s) <= due_limit then
+      redis.call('ZREM', KEYS[1], key)
+      d = s
+    end
+    local p = redis.call('HGET', KEYS[3], key)
+    if p then
+      redis.call('ZREM', KEYS[2], key)
+      redis.call('HDEL', KEYS[3], key)
+      d = p
+    end
+    if d then
+      remember(key, d)
+    else
+      d = redis.call('HGET', KEYS[5], key)
+    end
+    fire = mode == 'L'
+  elseif mode == 'R' or mode == 'r' then
+    local p = redis.call('HGET', KEYS[3], key)
+    if p then
+      redis.call('ZREM', KEYS[2], key)
+      redis.call('HDEL', KEYS[3], key)
+      d = p
+      remember(key, d)
+    end
+    fire = p and mode == 'R'
+  elseif given ~= '' then
+    d = given
+  end
+  local won = 0
+  local id = ''
+  if fire then
+    if mode == 'W' then
+      id = redis.sha1hex(extra)
+      if redis.call('SET', extra, me, 'NX', 'PXAT', tonumber(given) + 60000) then
+        won = 1
+      end
+    else
+      id = redis.sha1hex(db .. '|' .. kind .. '|' .. (d or '') .. '|' .. key)
+      if d then
+        local b = math.floor(tonumber(d) / 60000)
+        local nb = math.floor(now / 60000)
+        local hk = prefix .. 'claims:' .. b .. ':' .. string.sub(id, 1, 1)
+        won = redis.call('HSETNX', hk, id, me)
+        local until_ms = (math.max(b, nb) + 1) * 60000 + 600000
+        if redis.call('PEXPIRETIME', hk) < until_ms then
+          redis.call('PEXPIREAT', hk, until_ms)
+        end
+      elseif redis.call('SET', prefix .. 'claim:' .. id, me, 'NX', 'PX', 5000) then
+        won = 1
+      end
+    end
+    if won == 1 then
+      redis.call('HSET', KEYS[7], id, (d or '') .. '\n' .. rec)
+      redis.call('ZADD', KEYS[6], lease_end, id)
+    end
+  end
+  out[#out + 1] = won
+  out[#out + 1] = d or ''
+  out[#out + 1] = id
+end
+return out
+";
+
+// Puts record ARGV[1] back, due at ARGV[2] with its record now ARGV[3], if it is still there.
+const RETRY: &str = r"
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+  return 1
+end
+return 0
+";
+
+// Takes up to ARGV[2] records due at ARGV[1] by moving them to ARGV[3] (the end of the lease);
+// returns id, record pairs (a record without payload is dropped).
+const TAKE_OVER: &str = r"
+local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
+local out = {}
+for _, id in ipairs(ids) do
+  local r = redis.call('HGET', KEYS[2], id)
+  if r then
+    redis.call('ZADD', KEYS[1], ARGV[3], id)
+    out[#out + 1] = id
+    out[#out + 1] = r
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out
+";
+
+/// How the take script treats one event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// An `expired` of a key the ledger watches: its deadline leaves the ledger; it fires when
+    /// `fire` (some rule reacts to it; a key watched only for warnings just leaves the ledger).
+    Live { fire: bool },
+    /// An expiry the ledger found missed: taken only if still missed (a late `expired` or
+    /// another instance may have taken it meanwhile).
+    Recovered { fire: bool },
+    /// Any other event: its own deadline, if it has one.
+    Plain,
+    /// A scanner warning for one rule.
+    Warning { rule: String },
+}
+
+/// What the intake needs of an event to run it again after a crash: the event, and for a
+/// warning the rule it is for.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub kind: EventKind,
+    pub db: u32,
+    #[serde(with = "crate::firing::b64")]
+    pub key: Vec<u8>,
+    pub observed_ms: i64,
+    #[serde(default)]
+    pub ttl_ms: Option<i64>,
+    #[serde(default)]
+    pub recovered: bool,
+    #[serde(default)]
+    pub source: String,
+    /// A warning's rule; `None`: every rule matching the event.
+    #[serde(default)]
+    pub rule: Option<String>,
+    /// Failed attempts at reading its details.
+    #[serde(default)]
+    pub attempt: u32,
+    #[serde(default)]
+    pub failing_since: Option<i64>,
+    /// Its jobs are stored; these details remain to be removed.
+    #[serde(default)]
+    pub remove: Option<Vec<crate::engine::detail::Request>>,
+    /// The deadline, when known (kept beside the JSON by the script, see [`encode`]).
+    #[serde(skip)]
+    pub deadline_ms: Option<i64>,
+}
+
+impl Record {
+    pub fn of(e: &KeyEvent, rule: Option<String>) -> Record {
+        Record {
+            kind: e.kind,
+            db: e.db,
+            key: e.key.clone(),
+            observed_ms: e.observed_at.timestamp_millis(),
+            ttl_ms: e.ttl_ms,
+            recovered: e.recovered,
+            source: e.source.clone(),
+            rule,
+            attempt: 0,
+            failing_since: None,
+            remove: None,
+            deadline_ms: e.deadline.map(|d| d.timestamp_millis()),
+        }
+    }
+
+    /// The event as it was taken.
+    pub fn event(&self) -> KeyEvent {
+        KeyEvent {
+            kind: self.kind,
+            db: self.db,
+            key: self.key.clone(),
+            observed_at: chrono::DateTime::from_timestamp_millis(self.observed_ms)
+                .unwrap_or_else(clock::now),
+            deadline: self
+                .deadline_ms
+                .and_then(chrono::DateTime::from_timestamp_millis),
+            ttl_ms: self.ttl_ms,
+            recovered: self.recovered,
+            source: self.source.clone(),
+        }
+    }
+}
+
+/// A record as stored: the deadline (or nothing), a newline, the JSON. The take script learns
+/// the deadline and writes it in front of the JSON the instance sent.
+fn encode(r: &Record) -> String {
+    let d = r.deadline_ms.map(|d| d.to_string()).unwrap_or_default();
+    format!("{d}\n{}", serde_json::to_string(r).unwrap_or_default())
+}
+
+fn decode(stored: &str) -> Result<Record, String> {
+    let (d, json) = stored
+        .split_once('\n')
+        .ok_or_else(|| "no deadline line".to_string())?;
+    let mut r: Record = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    r.deadline_ms = parse_deadline(d);
+    Ok(r)
+}
+
+/// A deadline as Redis writes a score or a field: an integer, or a float for a score.
+fn parse_deadline(s: &str) -> Option<i64> {
+    if s.is_empty() {
+        return None;
+    }
+    s.parse::<i64>()
+        .ok()
+        .or_else(|| s.parse::<f64>().ok().map(|f| f as i64))
+}
+
+/// One event taken by this instance: its intake id and record.
+#[derive(Clone, Debug)]
+pub struct Taken {
+    pub id: String,
+    pub record: Record,
+}
+
+#[derive(Clone)]
+pub struct Intake {
+    conn: Conn,
+    prefix: String,
+    instance: String,
+    zset: String,
+    records: String,
+    take: Arc<redis::Script>,
+    take_over: Arc<redis::Script>,
+    retry: Arc<redis::Script>,
+    /// Records in hand: their leases are renewed until they are cleared.
+    held: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Intake {
+    pub fn new(conn: Conn, prefix: &str, instance: &str) -> Intake {
+        Intake {
+            conn,
+            prefix: prefix.to_string(),
+            instance: instance.to_string(),
+            zset: format!("{prefix}intake"),
+            records: format!("{prefix}intake:events"),
+            take: Arc::new(redis::Script::new(TAKE)),
+            take_over: Arc::new(redis::Script::new(TAKE_OVER)),
+            retry: Arc::new(redis::Script::new(RETRY)),
+            held: Arc::default(),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the events of `db` (with how each is to be treated): one script. Returns, per
+    /// event, the record this instance now holds, or `None` where another instance (or an
+    /// earlier take) has it or nothing fires.
+    pub async fn take(
+        &self,
+        db: u32,
+        events: &[(&KeyEvent, Mode)],
+    ) -> redis::RedisResult<Vec<Option<Taken>>> {
+        let now = clock::now_ms();
+        let ledger = |s: &str| format!("{}ledger:{db}{s}", self.prefix);
+        let mut inv = self.take.prepare_invoke();
+        inv.key(ledger(""))
+            .key(ledger(":poked"))
+            .key(ledger(":poked-deadline"))
+            .key(ledger(":handled"))
+            .key(ledger(":handled-deadline"))
+            .key(&self.zset)
+            .key(&self.records)
+            .arg(now)
+            .arg(now + SKEW_MS)
+            .arg(now - HANDLED_MEMORY_MS)
+            .arg(now + LEASE.as_millis() as i64)
+            .arg(&self.instance)
+            .arg(&self.prefix)
+            .arg(db);
+        let mut records = Vec::with_capacity(events.len());
+        for (e, mode) in events {
+            let (code, given, extra, rule) = match mode {
+                Mode::Live { fire: true } => ("L", None, Vec::new(), None),
+                Mode::Live { fire: false } => ("l", None, Vec::new(), None),
+                Mode::Recovered { fire: true } => ("R", None, Vec::new(), None),
+                Mode::Recovered { fire: false } => ("r", None, Vec::new(), None),
+                Mode::Plain => ("P", e.deadline, Vec::new(), None),
+                Mode::Warning { rule } => {
+                    let d = e.deadline.map_or(0, |d| d.timestamp_millis());
+                    let mut claim =
+                        format!("{}warned:{}:{rule}:{d}:", self.prefix, e.db).into_bytes();
+                    claim.extend_from_slice(&e.key);
+                    ("W", e.deadline, claim, Some(rule.clone()))
+                }
+            };
+            let mut r = Record::of(e, rule);
+            r.deadline_ms = None;
+            let json = serde_json::to_string(&r).unwrap_or_default();
+            r.deadline_ms = given.map(|d| d.timestamp_millis());
+            inv.arg(code)
+                .arg(e.kind.as_str())
+                .arg(&e.key)
+                .arg(
+                    given
+                        .map(|d| d.timestamp_millis().to_string())
+                        .unwrap_or_default(),
+                )
+                .arg(extra)
+                .arg(json);
+            records.push(r);
+        }
+        let out: Vec<redis::Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let mut taken = Vec::with_capacity(events.len());
+        for (triple, mut record) in out.chunks_exact(3).zip(records) {
+            let won: i64 = redis::from_redis_value(triple[0].clone()).unwrap_or(0);
+            let d: String = redis::from_redis_value(triple[1].clone()).unwrap_or_default();
+            let id: String = redis::from_redis_value(triple[2].clone()).unwrap_or_default();
+            if won != 1 {
+                taken.push(None);
+                continue;
+            }
+            record.deadline_ms = parse_deadline(&d).or(record.deadline_ms);
+            self.held().insert(id.clone());
+            taken.push(Some(Taken { id, record }));
+        }
+        Ok(taken)
+    }
+
+    /// Trims the handled memory of `db` by one bounded step (the take script with no event).
+    pub async fn trim(&self, db: u32) -> redis::RedisResult<()> {
+        self.take(db, &[]).await.map(|_| ())
+    }
+
+    /// Takes over records whose lease ended (their taker died, stopped or is retrying a detail
+    /// read), up to `max`, leased to this instance. A record that no longer decodes is cleared
+    /// with an error in the log: it can never be run.
+    pub async fn take_over(&self, max: usize) -> redis::RedisResult<Vec<Taken>> {
+        let now = clock::now_ms();
+        let pairs: Vec<String> = self
+            .take_over
+            .key(&self.zset)
+            .key(&self.records)
+            .arg(now)
+            .arg(max)
+            .arg(now + LEASE.as_millis() as i64)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut out = Vec::new();
+        let mut broken = Vec::new();
+        for pair in pairs.chunks_exact(2) {
+            match decode(&pair[1]) {
+                Ok(record) => {
+                    self.held().insert(pair[0].clone());
+                    out.push(Taken {
+                        id: pair[0].clone(),
+                        record,
+                    });
+                }
+                Err(e) => {
+                    tracing::error!(id = %pair[0], error = %e, "An intake record cannot be read (written by another version?); it is dropped.");
+                    broken.push(pair[0].clone());
+                }
+            }
+        }
+        if !broken.is_empty() {
+            self.clear(&broken).await?;
+        }
+        Ok(out)
+    }
+
+    /// The commands that, run in one transaction with storing the events' jobs, move each
+    /// record on: cleared, or (`Some`) rewritten to say which details remain to be removed.
+    pub fn after_store(
+        &self,
+        done: &[(&Taken, Option<Vec<crate::engine::detail::Request>>)],
+    ) -> Vec<redis::Cmd> {
+        let mut cmds = Vec::new();
+        let mut cleared = Vec::new();
+        for (t, remove) in done {
+            match remove {
+                Some(remove) => {
+                    let mut r = t.record.clone();
+                    r.remove = Some(remove.clone());
+                    let mut c = redis::cmd("HSET");
+                    c.arg(&self.records).arg(&t.id).arg(encode(&r));
+                    cmds.push(c);
+                }
+                None => cleared.push(t.id.as_str()),
+            }
+        }
+        if !cleared.is_empty() {
+            let mut z = redis::cmd("ZREM");
+            z.arg(&self.zset).arg(&cleared);
+            let mut h = redis::cmd("HDEL");
+            h.arg(&self.records).arg(&cleared);
+            cmds.push(z);
+            cmds.push(h);
+            let mut held = self.held();
+            for id in cleared {
+                held.remove(id);
+            }
+        }
+        cmds
+    }
+
+    /// Clears records whose work is done.
+    pub async fn clear(&self, ids: &[String]) -> redis::RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut held = self.held();
+            for id in ids {
+                held.remove(id);
+            }
+        }
+        redis::pipe()
+            .cmd("ZREM")
+            .arg(&self.zset)
+            .arg(ids)
+            .ignore()
+            .cmd("HDEL")
+            .arg(&self.records)
+            .arg(ids)
+            .ignore()
+            .exec_async(&mut self.conn.clone())
+            .await
+    }
+
+    /// Puts a record back for another attempt at `due_ms` (whoever takes it then), with its
+    /// attempts counted; only if it is still in the intake.
+    pub async fn retry(&self, t: &Taken, due_ms: i64) -> redis::RedisResult<()> {
+        self.held().remove(&t.id);
+        self.retry
+            .key(&self.zset)
+            .key(&self.records)
+            .arg(&t.id)
+            .arg(due_ms)
+            .arg(encode(&t.record))
+            .invoke_async(&mut self.conn.clone())
+            .await
+    }
+
+    /// Stops renewing records this instance cannot move on: they come due when their lease
+    /// ends, for whoever takes them then.
+    pub fn release(&self, ids: &[String]) {
+        let mut held = self.held();
+        for id in ids {
+            held.remove(id);
+        }
+    }
+
+    /// Extends the leases of the records in hand.
+    pub async fn renew(&self) -> redis::RedisResult<()> {
+        let ids: Vec<String> = self.held().iter().cloned().collect();
+        self.set_due(&ids, clock::now_ms() + LEASE.as_millis() as i64)
+            .await
+    }
+
+    /// Hands the records in hand back at shutdown: due now, for any instance.
+    pub async fn hand_back(&self) -> redis::RedisResult<usize> {
+        let ids: Vec<String> = self.held().drain().collect();
+        self.set_due(&ids, clock::now_ms()).await?;
+        Ok(ids.len())
+    }
+
+    async fn set_due(&self, ids: &[String], due: i64) -> redis::RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&self.zset).arg("XX");
+        for id in ids {
+            zadd.arg(due).arg(id);
+        }
+        zadd.exec_async(&mut self.conn.clone()).await
+    }
+
+    /// Records waiting or in hand, for the metrics.
+    pub async fn len(&self) -> redis::RedisResult<i64> {
+        redis::cmd("ZCARD")
+            .arg(&self.zset)
+            .query_async(&mut self.conn.clone())
+            .await
+    }
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands the intake sends, its scripts' included ([`crate::keyspace::commands`]).
+    const WHY = "intake: claims and taken events";
+    const SCRIPT = "intake: claims and taken events (script)";
+    [
+        Use::new(Conn::State, "script|load", WHY)
+            .access(Access::Write)
+            .args("return(1)"),
+        Use::new(Conn::State, "evalsha", WHY)
+            .on(Keys::State("intake"), Access::ReadWrite)
+            .args("{sha} 2 {prefix}intake {prefix}intake:events"),
+        Use::new(Conn::State, "zadd", WHY)
+            .on(Keys::State("intake"), Access::Write)
+            .args("{key} XX 0 id"),
+        Use::new(Conn::State, "zscore", WHY)
+            .on(Keys::State("intake"), Access::Read)
+            .args("{key} id"),
+        Use::new(Conn::State, "zrem", WHY)
+            .on(Keys::State("intake"), Access::Write)
+            .args("{key} id"),
+        Use::new(Conn::State, "zcard", WHY)
+            .on(Keys::State("intake"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "hset", WHY)
+            .on(Keys::State("intake:events"), Access::Write)
+            .args("{key} id r"),
+        Use::new(Conn::State, "hdel", WHY)
+            .on(Keys::State("intake:events"), Access::ReadWrite)
+            .args("{key} id"),
+        Use::new(Conn::State, "zrange", SCRIPT)
+            .on(Keys::State("ledger:*:handled"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
+        Use::new(Conn::State, "zscore", SCRIPT)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hget", SCRIPT)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hdel", SCRIPT)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::ReadWrite)
+            .args("{key} k"),
+        Use::new(Conn::State, "hset", SCRIPT)
+            .on(Keys::State("ledger:*:handled-deadline"), Access::Write)
+            .args("{key} k 0"),
+        Use::new(Conn::State, "hget", SCRIPT)
+            .on(Keys::State("ledger:*:handled-deadline"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hdel", SCRIPT)
+            .on(Keys::State("ledger:*:handled-deadline"), Access::ReadWrite)
+            .args("{key} k"),
+        Use::new(Conn::State, "hsetnx", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Write)
+            .args("{key} id 1"),
+        Use::new(Conn::State, "pexpiretime", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "pexpireat", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Write)
+            .args("{key} 1000"),
+        Use::new(Conn::State, "set", SCRIPT)
+            .on(Keys::State("claim:*"), Access::Write)
+            .args("{key} 1 NX PX 1000"),
+        Use::new(Conn::State, "set", SCRIPT)
+            .on(Keys::State("warned:*"), Access::Write)
+            .args("{key} 1 NX PXAT 1"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_keeps_the_deadline_beside_its_json_and_any_key_bytes() {
+        let e = KeyEvent {
+            kind: EventKind::Expired,
+            db: 3,
+            key: b"k\n\xff\0".to_vec(),
+            observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
+            deadline: chrono::DateTime::from_timestamp_millis(4_990),
+            ttl_ms: None,
+            recovered: true,
+            source: "n:1".into(),
+        };
+        let r = decode(&encode(&Record::of(&e, None))).unwrap();
+        assert_eq!(r.event(), e);
+        let mut plain = e.clone();
+        plain.deadline = None;
+        assert_eq!(
+            decode(&encode(&Record::of(&plain, None))).unwrap().event(),
+            plain
+        );
+    }
+
+    #[test]
+    fn deadlines_read_from_scores_and_fields() {
+        assert_eq!(parse_deadline("1733000000123"), Some(1_733_000_000_123));
+        assert_eq!(parse_deadline("1.733000000123e12"), Some(1_733_000_000_123));
+        assert_eq!(parse_deadline(""), None);
+    }
+}

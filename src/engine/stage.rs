@@ -1,0 +1,276 @@
+//! The firing stage of one batch of taken events: silences, `recover`, details, and the hand-over
+//! to delivery, each event's intake record moving on with it.
+//!
+//! The order is what keeps every event somewhere in Redis: its jobs are stored in the same
+//! transaction that rewrites its record to "details to remove" (or clears it); only then are the
+//! details removed, and only then is the record cleared. A crash at any point leaves the record
+//! to whoever takes it next, who picks up where it stopped.
+//!
+//! A detail that cannot be read (an error, not an absent detail) holds back its event only: the
+//! event's record waits for a retry with backoff, and after the retry window its actions become
+//! dead letters that say why. No action runs with a detail keywatch failed to read.
+
+use std::sync::Arc;
+
+use crate::config::{Config, Recover};
+use crate::delivery::{Delivery, Next, RetryPolicy};
+use crate::engine::detail::{self, Request};
+use crate::engine::intake::{Intake, Taken};
+use crate::firing::Firing;
+use crate::keyspace::{Keyspace, clock};
+use crate::metrics::Metrics;
+use crate::status::Status;
+use crate::template::Context;
+
+/// A rule's index in the config and the captures of its pattern.
+pub type RuleMatch = (usize, Vec<Vec<u8>>);
+
+/// A taken event and the rules it fires.
+pub struct Item {
+    pub taken: Taken,
+    pub rules: Vec<RuleMatch>,
+}
+
+/// What the firing stage of one batch needs, owned, so that it can run beside the next batch.
+pub struct FiringStage {
+    pub config: Arc<Config>,
+    pub keyspace: Keyspace,
+    pub status: Arc<Status>,
+    pub delivery: Delivery,
+    pub metrics: Arc<Metrics>,
+    pub intake: Intake,
+    pub silenced: Arc<crate::engine::silences::Active>,
+}
+
+/// One rule of one item that fires (not silenced), with its detail request if it has one.
+struct Fires {
+    rule: usize,
+    captures: Vec<Vec<u8>>,
+    /// Index into the stage's detail requests.
+    detail: Option<usize>,
+}
+
+impl FiringStage {
+    pub async fn fire(&self, items: Vec<Item>) {
+        // Records whose jobs were stored by a taker that stopped before removing the details.
+        let (leftover, items): (Vec<Item>, Vec<Item>) = items
+            .into_iter()
+            .partition(|i| i.taken.record.remove.is_some());
+        if !leftover.is_empty() {
+            self.finish_removal(leftover).await;
+        }
+        if items.is_empty() {
+            return;
+        }
+        let config = &self.config;
+        let mut requests: Vec<Request> = Vec::new();
+        let mut plans: Vec<Vec<Fires>> = Vec::with_capacity(items.len());
+        for item in &items {
+            let e = item.taken.record.event();
+            if item.rules.is_empty() {
+                // Taken over after a reload removed every rule that took it.
+                tracing::error!(key = %e.key_lossy(), event = %e.kind, "A taken event matches no rule in force any more (a reload removed it); nothing fires for it.");
+            }
+            let first = item.taken.record.attempt == 0;
+            if first {
+                if e.recovered {
+                    for (rule, _) in &item.rules {
+                        self.metrics.recovered_for(&config.rules[*rule].name);
+                    }
+                } else if let Some(late) = e.late_ms() {
+                    self.metrics.expiry_lateness.observe(late as f64 / 1000.0);
+                }
+            }
+            let mut fires = Vec::new();
+            for (rule, captures) in &item.rules {
+                let r = &config.rules[*rule];
+                if first {
+                    self.metrics.matched(&r.name, e.kind.as_str());
+                }
+                if self.silenced.mutes(&r.name, &e.key) {
+                    if first {
+                        self.metrics.silenced_for(&r.name);
+                        tracing::info!(rule = %r.name, key = %e.key_lossy(), "Silenced: counted, not sent.");
+                    }
+                    continue;
+                }
+                if e.recovered && r.recover == Recover::Never {
+                    self.skip_recovery(&r.name, &e, "the rule says `recover: never`");
+                    continue;
+                }
+                let ctx =
+                    Context::for_event(&r.name, &e, r.pattern.capture_names(), captures, None);
+                let detail = match detail::request(&config.templates, r, e.db, &ctx) {
+                    None => None,
+                    Some(Ok(req)) => {
+                        requests.push(req);
+                        Some(requests.len() - 1)
+                    }
+                    Some(Err(err)) => {
+                        tracing::error!(rule = %r.name, key = %e.key_lossy(), error = %err, "Cannot render the detail location; the actions run without it.");
+                        None
+                    }
+                };
+                fires.push(Fires {
+                    rule: *rule,
+                    captures: captures.clone(),
+                    detail,
+                });
+            }
+            plans.push(fires);
+        }
+        let details = if requests.is_empty() {
+            Vec::new()
+        } else {
+            detail::fetch(&self.keyspace, &requests).await
+        };
+
+        let mut firings = Vec::new();
+        // Per stored item: the details it will remove.
+        let mut stored: Vec<(&Taken, Option<Vec<Request>>)> = Vec::new();
+        let mut failed: Vec<(&Item, String)> = Vec::new();
+        for (item, fires) in items.iter().zip(plans) {
+            let e = item.taken.record.event();
+            if let Some(err) = fires
+                .iter()
+                .filter_map(|f| f.detail.and_then(|i| details[i].as_ref().err()))
+                .next()
+            {
+                failed.push((item, err.clone()));
+                continue;
+            }
+            let mut remove = Vec::new();
+            for f in fires {
+                let r = &config.rules[f.rule];
+                let value = match f.detail {
+                    None => None,
+                    Some(i) => match &details[i] {
+                        Ok(Some(bytes)) => {
+                            if requests[i].remove {
+                                remove.push(requests[i].clone());
+                            }
+                            Some(detail::parse(bytes))
+                        }
+                        Ok(None) if e.recovered && r.recover == Recover::IfDetail => {
+                            self.skip_recovery(
+                                &r.name,
+                                &e,
+                                "its detail is gone (`recover: if_detail`): the key was likely deleted while nobody listened",
+                            );
+                            continue;
+                        }
+                        Ok(None) => {
+                            tracing::warn!(rule = %r.name, key = %e.key_lossy(), "No detail found beside the key; the actions run with `detail` = none.");
+                            Some(serde_json::Value::Null)
+                        }
+                        Err(_) => unreachable!("items with a failed read were set aside above"),
+                    },
+                };
+                let firing = Firing::new(&r.name, &e, r.pattern.capture_names(), f.captures, value);
+                self.status.record_firing(&firing);
+                firings.push(firing);
+            }
+            remove.dedup();
+            stored.push((&item.taken, (!remove.is_empty()).then_some(remove)));
+        }
+
+        if !stored.is_empty() {
+            let also = self.intake.after_store(&stored);
+            if self.delivery.accept_with(firings, also).await.is_err() {
+                // Nothing was stored: the records come back to whoever takes them next.
+                for (t, _) in &stored {
+                    if let Err(e) = self.intake.retry(t, clock::now_ms() + 1000).await {
+                        tracing::warn!(error = %e, "Cannot put a taken event back; it comes due when its lease ends.");
+                    }
+                }
+            } else {
+                crate::drill::pass(crate::drill::Step::Stored);
+                let removals: Vec<(String, Vec<Request>)> = stored
+                    .into_iter()
+                    .filter_map(|(t, r)| r.map(|r| (t.id.clone(), r)))
+                    .collect();
+                self.remove(removals).await;
+            }
+        }
+        for (item, reason) in failed {
+            self.read_failed(item, &reason).await;
+        }
+    }
+
+    /// Counts and logs an expiry found afterwards that the rule does not fire.
+    fn skip_recovery(&self, rule: &str, e: &crate::event::KeyEvent, why: &str) {
+        self.metrics.recovery_skipped_for(rule);
+        tracing::info!(rule = %rule, key = %e.key_lossy(), deadline = ?e.deadline, reason = why, "Recovered expiry not fired.");
+    }
+
+    /// Removes details (the events' jobs are stored), then clears the records that held them.
+    async fn remove(&self, removals: Vec<(String, Vec<Request>)>) {
+        if removals.is_empty() {
+            return;
+        }
+        let reqs: Vec<&Request> = removals.iter().flat_map(|(_, r)| r).collect();
+        if let Err(e) = detail::remove(&self.keyspace, &reqs).await {
+            // The records still say what to remove: whoever takes them next does it.
+            tracing::error!(error = %e, "Cannot remove details; they are removed when the events are taken again.");
+            let ids: Vec<String> = removals.into_iter().map(|(id, _)| id).collect();
+            self.intake.release(&ids);
+            return;
+        }
+        crate::drill::pass(crate::drill::Step::Removed);
+        let ids: Vec<String> = removals.into_iter().map(|(id, _)| id).collect();
+        if let Err(e) = self.intake.clear(&ids).await {
+            tracing::warn!(error = %e, "Cannot clear taken events whose work is done; their details are removed again when they come due (nothing fires twice).");
+        }
+    }
+
+    /// Records taken over after their jobs were stored: only the details remain to be removed.
+    async fn finish_removal(&self, items: Vec<Item>) {
+        let removals = items
+            .into_iter()
+            .filter_map(|i| i.taken.record.remove.map(|r| (i.taken.id, r)))
+            .collect();
+        self.remove(removals).await;
+    }
+
+    /// An event whose detail could not be read: retried with backoff; after the retry window,
+    /// its actions are dead letters that say why.
+    async fn read_failed(&self, item: &Item, reason: &str) {
+        self.metrics.detail_read_failures.inc();
+        let mut t = item.taken.clone();
+        let now = clock::now_ms();
+        let since = *t.record.failing_since.get_or_insert(now);
+        t.record.attempt += 1;
+        let e = t.record.event();
+        match RetryPolicy::default().after_failure(t.record.attempt, since, now, None) {
+            Next::RetryAt(at) => {
+                tracing::warn!(key = %e.key_lossy(), attempt = t.record.attempt, error = %reason, "Cannot read the detail; the event waits for a retry (its actions never run without it).");
+                if let Err(err) = self.intake.retry(&t, at).await {
+                    tracing::warn!(error = %err, "Cannot schedule the retry; the event comes due when its lease ends.");
+                }
+            }
+            Next::GiveUp => {
+                let firings = item
+                    .rules
+                    .iter()
+                    .map(|(rule, captures)| {
+                        let r = &self.config.rules[*rule];
+                        Firing::new(
+                            &r.name,
+                            &e,
+                            r.pattern.capture_names(),
+                            captures.clone(),
+                            None,
+                        )
+                    })
+                    .collect();
+                self.delivery.give_up(
+                    firings,
+                    &format!("the detail could not be read for the whole retry window: {reason}"),
+                );
+                if let Err(err) = self.intake.clear(&[t.id]).await {
+                    tracing::warn!(error = %err, "Cannot clear a given-up event.");
+                }
+            }
+        }
+    }
+}

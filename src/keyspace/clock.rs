@@ -1,0 +1,79 @@
+//! Redis's clock, as keywatch reads it.
+//!
+//! Deadlines come from the watched Redis (`PEXPIRETIME`), and leases, due times and digest
+//! windows are shared by every instance through Redis. Compared against each host's own clock,
+//! an instance whose clock runs 15 s fast takes jobs still leased to another (a duplicate) and
+//! pokes keys Redis does not yet consider due (a spin). So every instance compares against one
+//! clock, the watched Redis's: it learns the offset between `TIME` and its own clock (half a
+//! round trip of error) and adds it to every reading.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+/// Redis's clock minus the host's, in ms, as last learnt.
+static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+
+/// How often the offset is learnt again: host clocks drift, and NTP steps them.
+const RELEARN_EVERY: Duration = Duration::from_secs(30);
+
+/// An offset beyond this is worth a warning: something on this host or Redis's is off.
+const WORTH_A_WARNING_MS: i64 = 1000;
+
+/// Now, in Redis's clock (unix ms).
+pub fn now_ms() -> i64 {
+    host_ms().saturating_add(OFFSET_MS.load(Ordering::Relaxed))
+}
+
+/// Now, in Redis's clock.
+pub fn now() -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(now_ms()).unwrap_or_else(Utc::now)
+}
+
+fn host_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// Reads `TIME` once and sets the offset from it; returns the offset.
+pub async fn learn(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<i64> {
+    let before = host_ms();
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
+    let after = host_ms();
+    let redis_ms = secs * 1000 + micros / 1000;
+    let offset = redis_ms - (before + after) / 2;
+    OFFSET_MS.store(offset, Ordering::Relaxed);
+    Ok(offset)
+}
+
+/// Learns the offset now and every [`RELEARN_EVERY`] until `stop`; says so when it is large.
+pub async fn follow(mut conn: crate::keyspace::Conn, stop: CancellationToken) {
+    let mut warned = false;
+    loop {
+        match learn(&mut conn).await {
+            Ok(offset) if offset.abs() > WORTH_A_WARNING_MS && !warned => {
+                warned = true;
+                tracing::warn!(
+                    offset_ms = offset,
+                    "This host's clock differs from Redis's; keywatch compares deadlines and leases against Redis's clock, but check NTP on both."
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "Cannot read Redis's clock; keeping the last offset.")
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(RELEARN_EVERY) => {}
+        }
+    }
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands reading Redis's clock send ([`crate::keyspace::commands`]).
+    [
+        Use::new(Conn::Watched, "time", "Redis's clock for deadlines and leases"),
+    ]
+}

@@ -1,0 +1,332 @@
+//! SPEC §5 at its edges, each scenario as a new user met it: a task deleted while keywatch was
+//! down must not be acted on as expired (`recover`), one unreadable detail must not send its
+//! whole batch with `detail: null`, and a host clock that is off must neither double nor drop
+//! work. Real redis-server children, real HTTP receivers, the real binary.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{HttpReceiver, Logs, RedisServer, wait_until};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Requests per key, and the detail of the last one.
+fn by_key(receiver: &HttpReceiver) -> BTreeMap<String, (usize, serde_json::Value, bool)> {
+    let mut out: BTreeMap<String, (usize, serde_json::Value, bool)> = BTreeMap::new();
+    for r in receiver.requests() {
+        let j = r.json();
+        let key = j["key"].as_str().expect("event JSON has a key").to_string();
+        let e = out
+            .entry(key)
+            .or_insert((0, serde_json::Value::Null, false));
+        e.0 += 1;
+        e.1 = j["detail"].clone();
+        e.2 = j["recovered"] == true;
+    }
+    out
+}
+
+/// A scenario's start: a Redis, a receiver, and rules in a directory of their own.
+fn rig() -> (RedisServer, HttpReceiver, tempfile::TempDir) {
+    (
+        RedisServer::builder().notify_keyspace_events("Exg").start(),
+        HttpReceiver::start(),
+        tempfile::tempdir().unwrap(),
+    )
+}
+
+fn task_rules(dir: &Path, receiver: &HttpReceiver, detail: &str) -> PathBuf {
+    common::hook_rules(
+        dir,
+        receiver,
+        &format!(
+            "rules:\n  - name: close-unpaid\n    match: \"delay:task:{{id}}\"\n    detail: {detail}\n    notify: {{ to: [hook] }}\n"
+        ),
+    )
+}
+
+/// Ten tasks with details; keywatch stops; the application completes five of them (key and
+/// detail deleted: the orders were paid); every deadline passes; keywatch starts again. The
+/// five unpaid ones fire, recovered, with their details; the five paid ones do not fire, and are
+/// counted and logged as skipped. Before `recover`, all ten fired, the paid ones with
+/// `detail: null` — "close unpaid order" for orders that were paid.
+#[test]
+fn a_task_deleted_while_keywatch_was_down_is_not_acted_on_as_expired() {
+    let (redis, receiver, dir) = rig();
+    let rules = task_rules(
+        dir.path(),
+        &receiver,
+        r#"{ hash: "delay:detail", field: "{{ id }}", remove: true }"#,
+    );
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut c = redis.conn();
+    for i in 0..10 {
+        let () = redis::cmd("HSET")
+            .arg("delay:detail")
+            .arg(i)
+            .arg(format!(r#"{{"order": {i}}}"#))
+            .query(&mut c)
+            .unwrap();
+        common::set_px(&mut c, format!("delay:task:{i}"), 3000);
+    }
+    wait_until("the ledger knows the ten deadlines", PATIENCE, || {
+        redis::cmd("ZCARD")
+            .arg("keywatch:ledger:0")
+            .query::<i64>(&mut redis.conn())
+            .unwrap()
+            == 10
+    });
+    kw.sigkill();
+    for i in 0..5 {
+        let () = redis::pipe()
+            .atomic()
+            .cmd("DEL")
+            .arg(format!("delay:task:{i}"))
+            .ignore()
+            .cmd("HDEL")
+            .arg("delay:detail")
+            .arg(i)
+            .ignore()
+            .query(&mut c)
+            .unwrap();
+    }
+    wait_until("every deadline has passed", PATIENCE, || {
+        (5..10).all(|i| {
+            redis::cmd("EXISTS")
+                .arg(format!("delay:task:{i}"))
+                .query::<i64>(&mut redis.conn())
+                .unwrap()
+                == 0
+        })
+    });
+    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    wait_until("the five unpaid tasks are recovered", PATIENCE, || {
+        by_key(&receiver).len() >= 5
+    });
+    let addr = common::endpoint::endpoint(&kw);
+    wait_until(
+        "the five paid tasks are counted as skipped",
+        PATIENCE,
+        || {
+            let (_, body) = common::endpoint::get(&addr, "/metrics");
+            common::endpoint::metric(
+                &body,
+                "keywatch_recovery_skipped_total{rule=\"close-unpaid\"}",
+            ) == 5.0
+        },
+    );
+    let d = by_key(&receiver);
+    let keys: Vec<&String> = d.keys().collect();
+    assert_eq!(
+        keys,
+        (5..10)
+            .map(|i| format!("delay:task:{i}"))
+            .collect::<Vec<_>>()
+            .iter()
+            .collect::<Vec<_>>()
+    );
+    for (key, (n, detail, recovered)) in &d {
+        assert_eq!(*n, 1, "{key}");
+        assert!(recovered, "{key}");
+        assert!(detail["order"].is_number(), "{key}: {detail}");
+    }
+    assert!(
+        kw.stderr().contains("Recovered expiry not fired."),
+        "{}",
+        kw.stderr()
+    );
+}
+
+/// `recover: never`: nothing found afterwards fires; `always`: even a deleted task fires.
+#[test]
+fn recover_never_and_always_do_what_they_say() {
+    let (redis, receiver, dir) = rig();
+    let rules = common::hook_rules(
+        dir.path(),
+        &receiver,
+        r#"rules:
+  - name: quiet
+    match: "quiet:{id}"
+    recover: never
+    notify: { to: [hook] }
+  - name: loud
+    match: "loud:{id}"
+    detail: { key: "loud-detail:{{ id }}" }
+    recover: always
+    notify: { to: [hook] }
+"#,
+    );
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut c = redis.conn();
+    common::set_px(&mut c, "quiet:1", 2000);
+    common::set_px(&mut c, "loud:1", 2000);
+    wait_until("the ledger knows both deadlines", PATIENCE, || {
+        redis::cmd("ZCARD")
+            .arg("keywatch:ledger:0")
+            .query::<i64>(&mut redis.conn())
+            .unwrap()
+            == 2
+    });
+    kw.sigkill();
+    wait_until("both deadlines have passed", PATIENCE, || {
+        redis::cmd("EXISTS")
+            .arg("quiet:1")
+            .arg("loud:1")
+            .query::<i64>(&mut redis.conn())
+            .unwrap()
+            == 0
+    });
+    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let addr = common::endpoint::endpoint(&kw);
+    wait_until("`never` counted its skip", PATIENCE, || {
+        let (_, body) = common::endpoint::get(&addr, "/metrics");
+        common::endpoint::metric(&body, "keywatch_recovery_skipped_total{rule=\"quiet\"}") == 1.0
+    });
+    wait_until("`always` fired without its detail", PATIENCE, || {
+        by_key(&receiver).contains_key("loud:1")
+    });
+    let d = by_key(&receiver);
+    assert!(!d.contains_key("quiet:1"), "{d:?}");
+    assert_eq!(d["loud:1"].0, 1);
+    assert!(d["loud:1"].2, "not marked recovered");
+}
+
+/// 50 tasks whose details are keys of their own; one of them is a hash (`WRONGTYPE` for `GET`).
+/// The 49 healthy tasks fire at once with their details; the broken one does not fire with
+/// `detail: null`: it waits, is retried, and fires with its detail once the key is fixed. Before,
+/// one error failed the whole pipeline: all 50 fired with `detail: null`, and the broken one was
+/// never retried.
+#[test]
+fn one_unreadable_detail_holds_back_only_its_own_task_until_it_can_be_read() {
+    let (redis, receiver, dir) = rig();
+    let rules = task_rules(
+        dir.path(),
+        &receiver,
+        r#"{ key: "delay:detail:{{ id }}", remove: true }"#,
+    );
+    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut c = redis.conn();
+    for i in 0..50 {
+        if i == 13 {
+            let () = redis::cmd("HSET")
+                .arg("delay:detail:13")
+                .arg("order")
+                .arg(13)
+                .query(&mut c)
+                .unwrap();
+        } else {
+            let () = redis::cmd("SET")
+                .arg(format!("delay:detail:{i}"))
+                .arg(format!(r#"{{"order": {i}}}"#))
+                .query(&mut c)
+                .unwrap();
+        }
+    }
+    let keys: Vec<String> = (0..50).map(|i| format!("delay:task:{i}")).collect();
+    common::set_and_expire_now(&mut c, &keys);
+    wait_until("the 49 healthy tasks are delivered", PATIENCE, || {
+        by_key(&receiver).len() >= 49
+    });
+    let d = by_key(&receiver);
+    assert!(
+        !d.contains_key("delay:task:13"),
+        "fired without its detail: {:?}",
+        d.get("delay:task:13")
+    );
+    for (key, (n, detail, _)) in &d {
+        assert_eq!(*n, 1, "{key}");
+        assert!(detail["order"].is_number(), "{key}: {detail}");
+    }
+    // Fixed by the application: the retry finds it.
+    let () = redis::pipe()
+        .atomic()
+        .cmd("DEL")
+        .arg("delay:detail:13")
+        .ignore()
+        .cmd("SET")
+        .arg("delay:detail:13")
+        .arg(r#"{"order": 13}"#)
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    wait_until(
+        "the broken task is delivered once readable",
+        PATIENCE,
+        || by_key(&receiver).contains_key("delay:task:13"),
+    );
+    let d = by_key(&receiver);
+    assert_eq!(d["delay:task:13"].0, 1);
+    assert_eq!(d["delay:task:13"].1["order"], 13);
+    let addr = common::endpoint::endpoint(&kw);
+    let (_, body) = common::endpoint::get(&addr, "/metrics");
+    assert!(
+        common::endpoint::metric(&body, "keywatch_detail_read_failures_total") >= 1.0,
+        "{body}"
+    );
+    wait_until("every detail is removed", PATIENCE, || {
+        redis::cmd("KEYS")
+            .arg("delay:detail:*")
+            .query::<Vec<String>>(&mut redis.conn())
+            .unwrap()
+            .is_empty()
+    });
+}
+
+/// libfaketime, which the clock drill runs keywatch under (.ci/run installs it).
+fn libfaketime() -> String {
+    let path = std::env::var("KEYWATCH_LIBFAKETIME")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into());
+    assert!(
+        Path::new(&path).exists(),
+        "the clock drill needs libfaketime at {path}: `apt-get install libfaketime` (or set KEYWATCH_LIBFAKETIME)"
+    );
+    path
+}
+
+/// Two instances, one of them on a host whose clock runs 20 s fast (libfaketime), share jobs
+/// whose receiver takes 3 s to answer. Compared against its own clock, the fast instance saw the
+/// other's 15 s leases as long over, took jobs still being sent and sent them again; its poker
+/// touched keys 20 s before they were due. Against Redis's clock, every task is delivered once.
+#[test]
+fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
+    let faketime = libfaketime();
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver =
+        HttpReceiver::with_default(common::Response::status(200).delay(Duration::from_secs(3)));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _honest = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut fast = common::run_subscribed(
+        &redis.url(),
+        &rules,
+        Logs::Text,
+        &[
+            ("LD_PRELOAD", faketime.as_str()),
+            ("FAKETIME", "+20s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+            ("FAKETIME_NO_CACHE", "1"),
+        ],
+    );
+    // The drill itself works: the instance's host clock is off, and it says so.
+    fast.wait_for_output("clock differs from Redis's", PATIENCE);
+    let mut c = redis.conn();
+    for i in 0..40 {
+        common::set_px(&mut c, format!("lock:{i}"), 1500);
+    }
+    wait_until("40 keys are delivered", PATIENCE, || {
+        by_key(&receiver).len() >= 40
+    });
+    // Longer than a lease (15 s) and the 3 s answers: a job taken twice would have come by now.
+    std::thread::sleep(Duration::from_secs(20));
+    let d = by_key(&receiver);
+    assert_eq!(d.len(), 40);
+    let doubled: Vec<_> = d.iter().filter(|(_, v)| v.0 != 1).collect();
+    assert!(doubled.is_empty(), "delivered twice: {doubled:?}");
+    assert!(
+        d.values().all(|v| !v.2),
+        "recovered instead of on time: {d:?}"
+    );
+}
