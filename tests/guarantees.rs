@@ -330,3 +330,63 @@ fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
         "recovered instead of on time: {d:?}"
     );
 }
+
+/// The queue cannot be written (here a string sits where keywatch keeps it; in life, a full or
+/// read-only state Redis): the task must neither run from memory nor lose its detail. It waits,
+/// taken, and fires with its detail once the queue can be written again. Before, keywatch ran
+/// the jobs from memory without bound and removed the details anyway: a crash then lost both.
+#[test]
+fn a_queue_that_cannot_be_written_holds_the_task_and_keeps_its_detail() {
+    let (redis, receiver, dir) = rig();
+    let rules = task_rules(
+        dir.path(),
+        &receiver,
+        r#"{ hash: "delay:detail", field: "{{ id }}", remove: true }"#,
+    );
+    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut c = redis.conn();
+    let () = redis::cmd("SET")
+        .arg("keywatch:queue")
+        .arg("in the way")
+        .query(&mut c)
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg("delay:detail")
+        .arg(7)
+        .arg(r#"{"order": 7}"#)
+        .query(&mut c)
+        .unwrap();
+    common::set_and_expire_now(&mut c, &["delay:task:7"]);
+    wait_until("keywatch failed to store the job", PATIENCE, || {
+        kw.stderr().contains("Cannot store jobs in the queue")
+    });
+    assert!(receiver.requests().is_empty(), "ran from memory");
+    let detail: Option<String> = redis::cmd("HGET")
+        .arg("delay:detail")
+        .arg(7)
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        detail.is_some(),
+        "the detail was removed though no job was stored"
+    );
+    let () = redis::cmd("DEL")
+        .arg("keywatch:queue")
+        .query(&mut c)
+        .unwrap();
+    wait_until(
+        "the task fires once the queue can be written",
+        PATIENCE,
+        || by_key(&receiver).contains_key("delay:task:7"),
+    );
+    let d = by_key(&receiver);
+    assert_eq!(d["delay:task:7"].0, 1);
+    assert_eq!(d["delay:task:7"].1["order"], 7);
+    wait_until("the detail is removed", PATIENCE, || {
+        redis::cmd("HLEN")
+            .arg("delay:detail")
+            .query::<i64>(&mut redis.conn())
+            .unwrap()
+            == 0
+    });
+}
