@@ -641,7 +641,60 @@ fn literal_prefix(s: &str) -> String {
 mod tests {
     use std::path::PathBuf;
 
-    use crate::config::{LoadError, Mode, load_texts};
+    use crate::config::{LoadError, Loaded, Mode, load_texts};
+
+    /// `check`'s verdict on one rule file: the config, or every diagnostic as printed.
+    fn check(yaml: &str) -> Result<Loaded, Vec<String>> {
+        load_texts(
+            vec![PathBuf::from("rules.yaml")],
+            &[yaml.to_string()],
+            Mode::Check,
+            &|_| None,
+        )
+        .map_err(|e| match e {
+            LoadError::Invalid(diags) => diags.iter().map(ToString::to_string).collect(),
+            LoadError::Unreadable(m) => vec![m],
+        })
+    }
+
+    #[test]
+    fn minijinja_globals_such_as_range_are_not_undefined_names() {
+        let yaml = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: r
+    match: "a:{id}"
+    notify:
+      to: [log]
+      message: "{% for i in range(3) %}{{ i }}{% endfor %} {{ dict(x=id).x }} {% set ns = namespace(n=0) %}{{ ns.n }}"
+"#;
+        if let Err(diags) = check(yaml) {
+            panic!("{diags:#?}");
+        }
+    }
+
+    #[test]
+    fn a_template_that_never_ends_is_a_located_error_not_a_hang() {
+        let yaml = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: r
+    match: "a:{id}"
+    notify:
+      to: [log]
+      message: "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(60) }}"
+"#;
+        let diags = check(yaml)
+            .err()
+            .expect("an endless template must not pass");
+        assert_eq!(diags.len(), 1, "{diags:#?}");
+        assert!(
+            diags[0].starts_with("rules.yaml:9:16: rule `r` `notify.message` fails to render for `expired` events: the template does more work"),
+            "{diags:#?}"
+        );
+    }
 
     /// Found by `fuzz/fuzz_targets/rules_check.rs`: a `reload` rule whose `on` lists only
     /// unknown events panicked (indexing the empty list) instead of reporting the event.

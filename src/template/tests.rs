@@ -187,6 +187,36 @@ fn undefined_name_is_an_error_with_line() {
 }
 
 #[test]
+fn a_macro_that_calls_itself_runs_out_of_fuel_instead_of_spinning() {
+    let mut set = TemplateSet::new();
+    let id = set
+        .add(
+            "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(60) }}",
+            Escape::Text,
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = set.render(id, &ctx(b"x")).unwrap_err();
+    assert!(
+        err.message.contains("more work than one render may"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Deep recursion without the blow-up stops at minijinja's recursion limit.
+    let id = set
+        .add(
+            "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(100000) }}",
+            Escape::Text,
+        )
+        .unwrap();
+    assert!(set.render(id, &ctx(b"x")).is_err());
+}
+
+#[test]
 fn syntax_error_at_add_with_line() {
     let mut set = TemplateSet::new();
     let err = set.add("ok\n{{ key }\n", Escape::Text).unwrap_err();
