@@ -81,6 +81,7 @@ impl TemplateSet {
         env.set_fuel(Some(FUEL));
         env.set_formatter(escape::format);
         context::add_sample_aware_filters(&mut env);
+        escape::add_chat_aware_filters(&mut env);
         // Undefined-value errors name the variable only with debug info; `check` needs the name
         // in release builds too, and the cost is paid only when a render fails.
         env.set_debug(true);

@@ -117,7 +117,7 @@ fn markdown_kills_markup_and_mentions() {
     );
     assert_eq!(
         out,
-        "**\\[phish\\]\\(http://evil\\) \\*\\_\\#\\>\\` @\u{200B}all <\u{200B}at user\\_id=\"all\"\\>**"
+        "**\\[phish\\]\\(http:\u{200B}//evil\\) \\*\\_\\#\\>\\` @\u{200B}all <\u{200B}at user\\_id=\"all\"\\>**"
     );
 }
 
@@ -141,16 +141,33 @@ fn every_interpolation_is_escaped_not_only_captures() {
 }
 
 #[test]
-fn safe_and_tojson_are_left_alone() {
-    let c = ctx(b"<!channel>");
+fn safe_and_tojson_are_escaped_in_chat_and_left_alone_elsewhere() {
+    let c = ctx(b"<!channel> @all [x](http://evil)");
     assert_eq!(
         render_text("{{ x | safe }}", Escape::Slack, &c),
-        "<!channel>"
+        "&lt;!channel&gt; @all [x](http:\u{200B}//evil)"
     );
-    // tojson is already safe for HTML-ish targets: minijinja escapes < > & ' itself.
     assert_eq!(
-        render_text("{{ x | tojson }}", Escape::Slack, &c),
-        "\"\\u003c!channel\\u003e\""
+        render_text("{{ x | safe }}", Escape::Markdown, &c),
+        "<\u{200B}!channel\\> @\u{200B}all \\[x\\]\\(http:\u{200B}//evil\\)"
+    );
+    assert_eq!(
+        render_text("{{ x | tojson }}", Escape::Markdown, &c),
+        "\"\\\\u003c!channel\\\\u003e @\u{200B}all \\[x\\]\\(http:\u{200B}//evil\\)\""
+    );
+    assert_eq!(
+        render_text("{{ x | tojson }}", Escape::Text, &ctx(b"@all")),
+        "\"@\u{200B}all\""
+    );
+    // `| e` escapes once, `| safe` after it changes nothing.
+    assert_eq!(
+        render_text("{{ x | e | safe }}", Escape::Text, &ctx(b"@all")),
+        "@\u{200B}all"
+    );
+    // Outside chat they keep minijinja's meaning: the author's opt-out, JSON as it is.
+    assert_eq!(
+        render_text("{{ x | safe }}", Escape::Url, &ctx(b"a/b")),
+        "a/b"
     );
     let c = ctx(b"a\"b");
     assert_eq!(
