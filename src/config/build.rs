@@ -88,6 +88,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
             &channels,
             &drafts.channel_names,
             &redis,
+            &state.prefix,
             draft,
         ) {
             rules.push(rule);
@@ -263,6 +264,7 @@ fn build_rule(
     channels: &[Channel],
     channel_names: &[String],
     redis: &RedisSettings,
+    state_prefix: &str,
     r: RuleDraft,
 ) -> Option<Rule> {
     let what = format!("rule `{}`", r.name.value);
@@ -278,6 +280,7 @@ fn build_rule(
         d,
         templates,
         what,
+        state_prefix,
         check: TemplateCheck {
             rule: &r.name.value,
             captures: &captures,
@@ -402,6 +405,8 @@ struct RuleTemplates<'a, 'd, 'c> {
     templates: &'a mut TemplateSet,
     /// `rule \`NAME\``, for messages.
     what: String,
+    /// keywatch's own keys: a `detail` it removes may not be one of them.
+    state_prefix: &'c str,
     check: TemplateCheck<'c>,
 }
 
@@ -422,6 +427,33 @@ impl RuleTemplates<'_, '_, '_> {
     }
 
     fn detail(&mut self, dd: &DetailDraft) -> Option<DetailStep> {
+        let removed = match (&dd.hash, &dd.key) {
+            (Some(k), _) | (None, Some(k)) if dd.remove => Some(k),
+            _ => None,
+        };
+        // Templates whose literal start is under the prefix always remove keywatch's own keys;
+        // the others are guarded at run time, where the rendered key is known.
+        if let Some(k) = removed
+            && k.value
+                .split('{')
+                .next()
+                .unwrap_or("")
+                .starts_with(self.state_prefix)
+        {
+            let field = if dd.hash.is_some() {
+                "detail.hash"
+            } else {
+                "detail.key"
+            };
+            self.d.error(
+                &k.loc,
+                format!(
+                    "{} `{field}`: `remove: true` would delete `{}`, under `state.prefix` (`{}`): keywatch never deletes its own keys (cleanup refuses them too); keep the detail elsewhere or drop `remove`",
+                    self.what, k.value, self.state_prefix
+                ),
+            );
+            return None;
+        }
         let source = match (&dd.hash, &dd.field, &dd.key) {
             (Some(h), Some(f), None) => {
                 let key = self.compile(h, Escape::RedisKey, "detail.hash");
@@ -672,6 +704,37 @@ rules:
         if let Err(diags) = check(yaml) {
             panic!("{diags:#?}");
         }
+    }
+
+    #[test]
+    fn removing_a_detail_under_the_state_prefix_is_refused() {
+        let yaml = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: k
+    match: "a:{id}"
+    detail: { key: "keywatch:ledger:{{ id }}", remove: true }
+    notify: { to: [log] }
+  - name: h
+    match: "b:{id}"
+    detail: { hash: "keywatch:silences", field: "{{ id }}", remove: true }
+    notify: { to: [log] }
+  - name: read-only
+    match: "c:{id}"
+    detail: { key: "keywatch:ledger:{{ id }}" }
+    notify: { to: [log] }
+"#;
+        let diags = check(yaml).err().expect("must be refused");
+        assert_eq!(diags.len(), 2, "{diags:#?}");
+        assert!(
+            diags[0].starts_with("rules.yaml:7:20: rule `k` `detail.key`: `remove: true` would delete `keywatch:ledger:{{ id }}`, under `state.prefix` (`keywatch:`)"),
+            "{diags:#?}"
+        );
+        assert!(
+            diags[1].starts_with("rules.yaml:11:21: rule `h` `detail.hash`"),
+            "{diags:#?}"
+        );
     }
 
     #[test]

@@ -407,7 +407,13 @@ impl FiringStage {
                 &m.captures,
                 None,
             );
-            match detail::request(&config.templates, rule, m.event.db, &ctx) {
+            match detail::request(
+                &config.templates,
+                rule,
+                m.event.db,
+                &ctx,
+                config.state.prefix.as_bytes(),
+            ) {
                 None => slot.push(None),
                 Some(Ok(r)) => {
                     slot.push(Some(requests.len()));
