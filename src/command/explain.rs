@@ -213,6 +213,18 @@ fn explain_rule(
             args.join(", "),
             humantime::format_duration(e.timeout)
         );
+        let argv: Option<Vec<std::ffi::OsString>> = e
+            .command
+            .iter()
+            .map(|id| {
+                t.render(*id, &ctx)
+                    .ok()
+                    .map(std::os::unix::ffi::OsStringExt::from_vec)
+            })
+            .collect();
+        if let Some(why) = argv.and_then(|a| crate::action::exec::refused(&a, &e.value_led, key)) {
+            let _ = writeln!(out, "     fails for good, never run: {why}");
+        }
     }
     if let Some(c) = &rule.cleanup {
         for id in &c.delete {

@@ -521,6 +521,11 @@ impl RuleTemplates<'_, '_, '_> {
             .collect();
         Some(ExecStep {
             command: command.into_iter().collect::<Option<Vec<_>>>()?,
+            value_led: ed
+                .command
+                .iter()
+                .map(|a| a.value.starts_with("{{") || a.value.starts_with("{%"))
+                .collect(),
             timeout: ed.timeout,
         })
     }

@@ -205,6 +205,9 @@ pub struct ReloadStep {
 #[derive(Clone, Debug)]
 pub struct ExecStep {
     pub command: Vec<TemplateId>,
+    /// Per argument: its template starts with a value (`{{ file }}`), so key text decides
+    /// whether it starts with `-` (refused by `action::exec` unless after `--`).
+    pub value_led: Vec<bool>,
     pub timeout: Duration,
 }
 
