@@ -109,10 +109,12 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
     };
     group.disarm();
     if held {
-        tracing::warn!(rule = %rule.name, program = %shown, "exec: the command exited but processes it started kept its output open; they were killed with its process group.");
+        tracing::warn!(rule = %rule.name, program = %a.config.secrets.mask(&shown), "exec: the command exited but processes it started kept its output open; they were killed with its process group.");
     }
     if !stdout.is_empty() || !stderr.is_empty() {
-        tracing::info!(rule = %rule.name, program = %shown, stdout = %stdout, stderr = %stderr, "exec output.");
+        // A program may echo the arguments it was given, secrets among them.
+        let mask = |t: &str| a.config.secrets.mask(t);
+        tracing::info!(rule = %rule.name, program = %mask(&shown), stdout = %mask(&stdout), stderr = %mask(&stderr), "exec output.");
     }
     match status.code() {
         Some(0) => Outcome::Sent("exit 0".into()),

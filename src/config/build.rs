@@ -113,6 +113,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
         scanner,
         templates,
         matcher,
+        secrets: d.secrets(),
     })
 }
 

@@ -420,7 +420,7 @@ impl FiringStage {
                     requests.push(r);
                 }
                 Some(Err(e)) => {
-                    tracing::error!(rule = %rule.name, key = %m.event.key_lossy(), error = %e, "Cannot render the detail location; the actions run without it.");
+                    tracing::error!(rule = %rule.name, key = %m.event.key_lossy(), error = %config.secrets.mask(&e), "Cannot render the detail location; the actions run without it.");
                     slot.push(None);
                 }
             }
