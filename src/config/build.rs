@@ -695,19 +695,28 @@ mod tests {
         })
     }
 
-    #[test]
-    fn minijinja_globals_such_as_range_are_not_undefined_names() {
-        let yaml = r#"
+    /// One rule `r` on `a:{id}` that logs `message` (written at line 9, column 16).
+    fn logging(message: &str) -> String {
+        format!(
+            "
 channels:
-  log: { type: log }
+  log: {{ type: log }}
 rules:
   - name: r
-    match: "a:{id}"
+    match: \"a:{{id}}\"
     notify:
       to: [log]
-      message: "{% for i in range(3) %}{{ i }}{% endfor %} {{ dict(x=id).x }} {% set ns = namespace(n=0) %}{{ ns.n }}"
-"#;
-        if let Err(diags) = check(yaml) {
+      message: \"{message}\"
+"
+        )
+    }
+
+    #[test]
+    fn minijinja_globals_such_as_range_are_not_undefined_names() {
+        let yaml = logging(
+            "{% for i in range(3) %}{{ i }}{% endfor %} {{ dict(x=id).x }} {% set ns = namespace(n=0) %}{{ ns.n }}",
+        );
+        if let Err(diags) = check(&yaml) {
             panic!("{diags:#?}");
         }
     }
@@ -745,17 +754,10 @@ rules:
 
     #[test]
     fn a_template_that_never_ends_is_a_located_error_not_a_hang() {
-        let yaml = r#"
-channels:
-  log: { type: log }
-rules:
-  - name: r
-    match: "a:{id}"
-    notify:
-      to: [log]
-      message: "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(60) }}"
-"#;
-        let diags = check(yaml)
+        let yaml = logging(
+            "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(60) }}",
+        );
+        let diags = check(&yaml)
             .err()
             .expect("an endless template must not pass");
         assert_eq!(diags.len(), 1, "{diags:#?}");
