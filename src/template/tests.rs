@@ -233,6 +233,42 @@ fn a_macro_that_calls_itself_runs_out_of_fuel_instead_of_spinning() {
     assert!(set.render(id, &ctx(b"x")).is_err());
 }
 
+/// The budget must not cut what rules really do: the largest digest (`max_items: 1000`) with
+/// a few lookups, a filter and `tojson` per event, and a 1 MB detail printed whole.
+#[test]
+fn the_fuel_budget_leaves_room_for_the_largest_digest_and_a_big_detail() {
+    let mut set = TemplateSet::new();
+    let id = set
+        .add(
+            "{{ count }} keys: {% for e in events %}{% if e.late_ms > 0 %}late {% endif %}{{ e.key | upper }} in db {{ e.db }} ({{ e.captures | tojson }}, {{ e.deadline }}){% if not loop.last %}, {% endif %}{% endfor %}",
+            Escape::Markdown,
+        )
+        .unwrap();
+    let events = (0..1000)
+        .map(|i| {
+            serde_json::json!({
+                "key": format!("order_lock:{i}"), "db": 0, "late_ms": i % 3,
+                "captures": {"order_id": i.to_string()}, "deadline": "2026-11-29T10:15:00.000Z",
+            })
+        })
+        .collect();
+    let out = set
+        .render_text(id, &ctx(b"k").with_digest(1000, events))
+        .unwrap();
+    assert!(
+        out.contains("ORDER\\_LOCK:999"),
+        "{}",
+        &out[out.len() - 200..]
+    );
+
+    let detail = serde_json::json!({ "blob": "x".repeat(1 << 20) });
+    let c = Context::for_event("r", &event(b"k"), &[], &[], Some(detail));
+    let id = set
+        .add("{{ detail.blob }} {{ detail | tojson }}", Escape::Raw)
+        .unwrap();
+    assert_eq!(set.render(id, &c).unwrap().len(), 2 * (1 << 20) + 13);
+}
+
 #[test]
 fn syntax_error_at_add_with_line() {
     let mut set = TemplateSet::new();
