@@ -18,6 +18,19 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The same outcome with its text passed through `f` (masking secrets before it is
+    /// logged, stored in history or shown).
+    pub fn map_text(self, f: impl Fn(&str) -> String) -> Outcome {
+        match self {
+            Outcome::Sent(s) => Outcome::Sent(f(&s)),
+            Outcome::Retry { reason, after } => Outcome::Retry {
+                reason: f(&reason),
+                after,
+            },
+            Outcome::Failed(s) => Outcome::Failed(f(&s)),
+        }
+    }
+
     /// The `outcome` label of `keywatch_actions_total`.
     pub fn label(&self) -> &'static str {
         match self {

@@ -23,9 +23,8 @@ fn acl_refusals(redis: &RedisServer) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn keywatch_runs_under_exactly_the_documented_user() {
-    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+/// Runs the `ACL SETUSER` lines of docs/redis.md on `redis`; returns the user's URL.
+fn documented_user(redis: &RedisServer) -> String {
     let mut conn = redis.conn();
     for line in common::documented_acl_lines() {
         let words: Vec<String> = line
@@ -40,6 +39,14 @@ fn keywatch_runs_under_exactly_the_documented_user() {
             .query(&mut conn)
             .unwrap_or_else(|e| panic!("{line}: {e}"));
     }
+    format!("redis://keywatch:{PASSWORD}@{}", redis.addr())
+}
+
+#[test]
+fn keywatch_runs_under_exactly_the_documented_user() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let mut conn = redis.conn();
+    let url = documented_user(&redis);
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = write_rules(
@@ -62,7 +69,6 @@ rules:
             receiver.url_for("/hook")
         ),
     );
-    let url = format!("redis://keywatch:{PASSWORD}@{}", redis.addr());
     let mut kw = run_subscribed(&url, &rules, Logs::Text, &[]);
 
     // The ledger learns the deadline from the `expire` event, then the expiry is delivered.
@@ -118,5 +124,39 @@ rules:
         kw.describe_output()
     );
     let log = kw.stop();
+    assert!(!log.contains("NOPERM"), "{}", kw.describe_output());
+}
+
+/// A reload that stops watching a database leaves its channels (`UNSUBSCRIBE`) on the same
+/// session: the documented user may, so the subscriber is not cut off and nothing published in
+/// the meantime is lost.
+#[test]
+fn a_reload_that_drops_a_database_unsubscribes_without_a_reconnect() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let url = documented_user(&redis);
+    // docs/redis.md: "`+select` only when `redis.databases` lists databases other than 0".
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "keywatch", "+select"][..])
+        .query(&mut redis.conn())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let rules_for = |databases: &str| {
+        format!(
+            "redis: {{ databases: {databases} }}\nchannels:\n  console: {{ type: log }}\nrules:\n  - name: lock\n    match: \"lock:{{id}}\"\n    notify: {{ to: [console] }}\n"
+        )
+    };
+    let rules = write_rules(dir.path(), "rules.yaml", &rules_for("[0, 1]"));
+    let mut kw = run_subscribed(&url, &rules, Logs::Text, &[]);
+    write_rules(dir.path(), "rules.yaml", &rules_for("[0]"));
+    kw.sighup();
+    kw.wait_for_output("Subscriptions follow the reloaded rules.", PATIENCE);
+    let refusals = acl_refusals(&redis);
+    assert!(
+        refusals.is_empty(),
+        "Redis refused: {refusals:?}\n{}",
+        kw.describe_output()
+    );
+    let log = kw.stop();
+    assert!(!log.contains("reconnecting"), "{}", kw.describe_output());
     assert!(!log.contains("NOPERM"), "{}", kw.describe_output());
 }

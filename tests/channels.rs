@@ -893,3 +893,96 @@ rules:
     let logs = daemon.stop();
     assert_no_secret("the daemon's logs", &logs, &secrets);
 }
+
+/// Secrets by where they came from, not by what a header is called: a value from `${VAR}`,
+/// `${VAR:-…}` or a `*_file`, and a URL's user info, are masked wherever they land (reload URL
+/// and query, a header, the body, an exec argument, a receiver's answer, a program's output)
+/// in `explain`, `check` and the daemon's logs.
+#[test]
+fn secrets_are_masked_by_provenance_wherever_they_land() {
+    const USER_PW: &str = "literal0userinfo0pw";
+    const TOKEN: &str = "query0token0abc";
+    const SIG: &str = "x-signature0value";
+    const BODY: &str = "body0secret0value";
+    const ARG: &str = "exec0argument0secret";
+    const DEFAULTED: &str = "default0secret0zz";
+    const FILED: &str = "filed0hook0token";
+    let reloader = HttpReceiver::with_default(
+        Response::status(500).body(format!("bad token {TOKEN} and {SIG}")),
+    );
+    let hook = HttpReceiver::with_default(Response::status(500).body("nope"));
+    let reload_url = reloader.url_for("/reload/{{ id }}").replacen(
+        "http://",
+        &format!("http://reloader:{USER_PW}@"),
+        1,
+    );
+    let rules = Rules::new_with(|dir| {
+        std::fs::write(dir.join("hook.url"), hook.url_for(&format!("/h/{FILED}"))).unwrap();
+        format!(
+            r#"
+channels:
+  hook: {{ type: webhook, url_file: hook.url, rate: 100/s }}
+rules:
+  - name: warm
+    match: "cache:{{id}}"
+    reload:
+      url: "{reload_url}?token=${{TOKEN}}&d=${{UNSET_WITH_DEFAULT:-{DEFAULTED}}}"
+      headers: {{ X-Signature: "${{SIG}}", X-Plain: "shown-as-is" }}
+      body: '{{"id": {{{{ id | tojson }}}}, "auth": "${{BODY}}"}}'
+    exec:
+      command: ["/bin/sh", "-c", 'echo "$$0"; echo "$$0" >&2; exit 3', "${{ARG}}"]
+    notify: {{ to: [hook] }}
+"#
+        )
+    });
+    let envs = [("TOKEN", TOKEN), ("SIG", SIG), ("BODY", BODY), ("ARG", ARG)];
+    let secrets = [USER_PW, TOKEN, SIG, BODY, ARG, DEFAULTED, FILED];
+
+    let explain = rules.run(&["explain", "cache:1"], &envs);
+    let explained = String::from_utf8_lossy(&explain.stdout);
+    assert_eq!(explain.status.code(), Some(0), "{explained}");
+    assert_no_secret("explain", &explained, &secrets);
+    assert_no_secret(
+        "explain",
+        &String::from_utf8_lossy(&explain.stderr),
+        &secrets,
+    );
+    for shown in [
+        "X-Signature: <secret>",
+        "X-Plain: shown-as-is",
+        "token=<secret>",
+        "<secret>@127.0.0.1",
+        "\"auth\": \"<secret>\"",
+        "/bin/sh",
+    ] {
+        assert!(explained.contains(shown), "{shown:?} not in:\n{explained}");
+    }
+    let check = rules.run(&["check"], &envs);
+    assert_no_secret("check", &String::from_utf8_lossy(&check.stdout), &secrets);
+    assert_no_secret("check", &String::from_utf8_lossy(&check.stderr), &secrets);
+
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        rules,
+        common::Logs::Json,
+        &envs,
+    );
+    daemon.expire("cache:1");
+    reloader.wait_for(2, PATIENCE);
+    hook.wait_for(2, PATIENCE);
+    let got = reloader.wait_for(1, PATIENCE);
+    assert_eq!(
+        got[0].header("x-signature"),
+        Some(SIG),
+        "the real request carries the secret"
+    );
+    daemon.wait_for_log("of the exec's output", |l| {
+        l["message"].as_str() == Some("exec output.")
+    });
+    daemon.wait_for_log("of the exec's failure", |l| {
+        field_is(l, "action", "exec") && field_is(l, "outcome", "retry")
+    });
+    let logs = daemon.stop();
+    assert!(logs.contains("<secret>"), "{logs}");
+    assert_no_secret("the daemon's logs", &logs, &secrets);
+}

@@ -209,6 +209,16 @@ fn a_user_without_config_get_fails_naming_the_command_and_the_grant() {
     assert!(t.contains("parameter group"), "{t}");
 }
 
+/// A reload that stops watching a database leaves its channels: without `+unsubscribe` that
+/// ends the session (and loses events), so doctor checks it like any command `run` sends.
+#[test]
+fn a_user_without_unsubscribe_fails_naming_the_command_and_the_grant() {
+    let (_redis, t, code) = doctor_as_documented_user_without("+unsubscribe");
+    assert_eq!(code, Some(1), "{t}");
+    assert!(t.contains("UNSUBSCRIBE"), "{t}");
+    assert!(t.contains("fix: ACL SETUSER keywatch +unsubscribe"), "{t}");
+}
+
 #[test]
 fn a_user_without_its_state_prefix_fails_naming_the_keys_and_the_grant() {
     let (_redis, t, code) = doctor_as_documented_user_without("~keywatch:*");

@@ -369,6 +369,137 @@ rules:
     );
 }
 
+/// The pid a test command wrote to `file`, once it is there.
+fn pid_in(file: &std::path::Path) -> u32 {
+    wait_until("the command wrote its child's pid", PATIENCE, || {
+        std::fs::read_to_string(file).is_ok_and(|s| s.ends_with('\n'))
+    });
+    std::fs::read_to_string(file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Whether `pid` is a `sleep` still running (not gone, not a zombie left to be reaped).
+fn sleeping(pid: u32) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    cmdline.starts_with(b"sleep") && !state.contains(") Z ")
+}
+
+#[test]
+fn exec_whose_child_keeps_the_output_open_does_not_block_its_rule_and_a_timeout_kills_the_group() {
+    let rig = Rig::start(
+        "Exg",
+        r#"
+channels:
+  hook: { type: webhook, url: "@RECEIVER@/hook", rate: 100/s }
+rules:
+  - name: background
+    match: "bg:{n}"
+    exec:
+      command: ["/bin/sh", "-c", 'sleep 600 & echo $$! > "$$0"; echo started', "@DIR@/bg.pid"]
+      timeout: 60s
+    notify: { to: [hook] }
+  - name: slow-group
+    match: "sg:{n}"
+    exec:
+      command: ["/bin/sh", "-c", 'sleep 600 & echo $$! > "$$0"; wait', "@DIR@/sg.pid"]
+      timeout: 500ms
+"#,
+    );
+    rig.expire_all(&["bg:1", "sg:1"]);
+
+    // The shell exits at once; its `sleep` holds stdout. The rule's notify still runs, soon.
+    let started = Instant::now();
+    let got = rig.receiver.wait_for(1, PATIENCE);
+    assert_eq!(event_key(&got[0]), "bg:1");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let bg = pid_in(&rig.path("bg.pid"));
+    wait_until(
+        "the child left holding the output is killed",
+        PATIENCE,
+        || !sleeping(bg),
+    );
+
+    // A timeout kills the whole group, not only the shell.
+    let sg = pid_in(&rig.path("sg.pid"));
+    wait_until("the timed-out command's child is killed", PATIENCE, || {
+        !sleeping(sg)
+    });
+    wait_until("the timeout is logged", PATIENCE, || {
+        rig.stderr().contains("killed with its process group")
+    });
+    let log = rig.stderr();
+    assert!(log.contains("kept its output open"), "{log}");
+    rig.stop();
+}
+
+#[test]
+fn keys_no_attempt_can_serve_fail_at_once_with_the_reason() {
+    let rig = Rig::start(
+        "Exg",
+        r#"
+rules:
+  - name: nul
+    match: "nul:{id}"
+    exec: { command: ["/bin/sh", "-c", 'touch "$$0"', "@DIR@/nul.ran", "{{ id }}"] }
+  - name: crlf
+    match: "crlf:{id}"
+    reload: { url: "@RECEIVER@/reload", headers: { X-Id: "{{ id }}" } }
+  - name: dash-bare
+    match: "dash:{id}"
+    exec: { command: ["/bin/sh", "-c", 'touch "$$0"', "@DIR@/bare.ran", "{{ id }}"] }
+  - name: dash-after-double-dash
+    match: "dash:{id}"
+    exec: { command: ["/bin/sh", "-c", 'printf "%s" "$$2" > "$$0"', "@DIR@/after.out", "--", "{{ id }}"] }
+"#,
+    );
+    rig.expire_all(&[
+        b"nul:a\0b".as_slice(),
+        b"crlf:a\r\nX-Evil: 1".as_slice(),
+        b"dash:-rf".as_slice(),
+    ]);
+    let after = rig.path("after.out");
+    wait_until("the argument after `--` is passed", PATIENCE, || {
+        std::fs::read_to_string(&after).is_ok_and(|s| s == "-rf")
+    });
+    wait_until("the three failures are logged", PATIENCE, || {
+        rig.stderr().matches("Action failed for good").count() >= 3
+    });
+    let log = rig.stderr();
+    // Split by attempt, not by line: the text log writes the CR/LF key as it is.
+    let failures: Vec<&str> = log.split("Action failed for good.").skip(1).collect();
+    for (rule, why) in [
+        ("nul", "contains a NUL byte"),
+        ("crlf", "holds a character no HTTP header may carry"),
+        (
+            "dash-bare",
+            "starts with `-`, so the program would take it as an option",
+        ),
+    ] {
+        let failure = failures
+            .iter()
+            .find(|f| f.contains(&format!(" rule={rule} ")))
+            .unwrap_or_else(|| panic!("no failure of {rule}:\n{log}"));
+        assert!(failure.contains("attempt=1"), "{failure}");
+        assert!(failure.contains(why), "{failure}");
+    }
+    assert!(!log.contains("outcome=\"retry\""), "retried:\n{log}");
+    assert!(!rig.path("nul.ran").exists() && !rig.path("bare.ran").exists());
+    assert_eq!(
+        rig.receiver.count(),
+        0,
+        "a request with CR/LF in a header was sent"
+    );
+    rig.stop();
+}
+
 // ---------------------------------------------------------------------------------------------
 // cleanup
 

@@ -4,7 +4,9 @@
 //! The invariants are SPEC §2's "untrusted key text can never widen an action": a value comes
 //! out byte-exact where it must, as a valid percent-encoded URL component, as a glob matching
 //! only itself, and in chat text with every mention and Slack control sequence defused (and
-//! Markdown metacharacters escaped), while the unescaped text is still the value.
+//! Markdown metacharacters escaped), no line break and no `://` left whole, while the unescaped
+//! text is still the value (line breaks written `\n`/`\r`, a zero-width space after `:` of
+//! `://`). Templates render with the engine's fuel on, so a source that loops forever ends.
 #![no_main]
 
 use chrono::Utc;
@@ -101,6 +103,27 @@ fn check(mode: Escape, raw: &[u8], bytes: &[u8], text: &str) {
                 "percent-decoding does not give the value back"
             );
         }
+        Escape::Slack | Escape::Text | Escape::Markdown => {
+            assert!(
+                !text.contains(['\n', '\r']) && !text.contains("://"),
+                "line break or link left in {text:?}"
+            );
+            check_chat(mode, &chat_form(&lossy), text);
+        }
+    }
+}
+
+/// What a value reads as in chat: links defused and line breaks written out, as keywatch does
+/// before escaping for the format.
+fn chat_form(value: &str) -> String {
+    value
+        .replace("://", ":\u{200B}//")
+        .replace('\n', "\\n")
+        .replace('\r', "\\r")
+}
+
+fn check_chat(mode: Escape, lossy: &str, text: &str) {
+    match mode {
         Escape::Slack => {
             assert!(!text.contains('<') && !text.contains('>'), "{text:?}");
             let back = text.replace("&lt;", "<").replace("&gt;", ">");
@@ -113,6 +136,7 @@ fn check(mode: Escape, raw: &[u8], bytes: &[u8], text: &str) {
         }
         Escape::Text => assert_eq!(unescape_chat(text, false), lossy, "{text:?}"),
         Escape::Markdown => assert_eq!(unescape_chat(text, true), lossy, "{text:?}"),
+        _ => unreachable!("not a chat mode: {mode:?}"),
     }
 }
 
@@ -126,6 +150,12 @@ fn unescape_chat(text: &str, markdown: bool) -> String {
         match c {
             '\\' if markdown => {
                 let next = it.next().expect("a lone backslash");
+                // A line break, written out.
+                if next == 'n' || next == 'r' {
+                    out.push(c);
+                    out.push(next);
+                    continue;
+                }
                 assert!(
                     MARKDOWN_SPECIALS.contains(&next),
                     "needless escape of {next:?} in {text:?}"

@@ -1,10 +1,16 @@
 //! `exec`: a local command, as an argv without a shell (a capture is always one argument, never
 //! shell syntax), with a timeout after which it is killed. Its output goes to the log.
+//!
+//! The command runs in a process group of its own, and the group is what gets killed: a shell
+//! that started a background job (`sh -c "…; sleep 40 &"`) exits at once while its child keeps
+//! the output pipes open, and neither a timeout nor the end of the output may wait on that child.
 
 use std::ffi::OsString;
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::process::Stdio;
+use std::time::Duration;
 
+use rustix::process::{Pid, Signal, kill_process_group};
 use tokio::io::AsyncReadExt;
 
 use crate::config::{ExecStep, Rule};
@@ -16,6 +22,10 @@ use crate::outcome::Outcome;
 /// Output kept for the log, per stream.
 const KEEP: usize = 4096;
 
+/// How long the output may stay open once the command has exited: what its background
+/// processes still write in that time is kept, then the group is killed.
+const OUTPUT_GRACE: Duration = Duration::from_secs(1);
+
 pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outcome {
     let ctx = f.context();
     let mut argv = Vec::with_capacity(step.command.len());
@@ -24,6 +34,9 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
             Ok(bytes) => argv.push(OsString::from_vec(bytes)),
             Err(e) => return Outcome::Failed(format!("exec argument: {}", e.message)),
         }
+    }
+    if let Some(why) = refused(&argv, &step.value_led, &f.key) {
+        return Outcome::Failed(why);
     }
     let Some((program, args)) = argv.split_first() else {
         return Outcome::Failed("exec: empty command".into());
@@ -38,6 +51,7 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .kill_on_drop(true);
     let shown = program.to_string_lossy().into_owned();
     let mut child = match cmd.spawn() {
@@ -50,8 +64,11 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
             };
         }
     };
-    let out = tokio::spawn(read_some(child.stdout.take()));
-    let err = tokio::spawn(read_some(child.stderr.take()));
+    // The child leads its group (`process_group(0)`), so its pid is the group's id. The guard
+    // kills the group if this attempt ends early (shutdown drops the future).
+    let mut group = Group(child.id().and_then(|id| Pid::from_raw(id as i32)));
+    let mut out = tokio::spawn(read_some(child.stdout.take()));
+    let mut err = tokio::spawn(read_some(child.stderr.take()));
     let status = match tokio::time::timeout(step.timeout, child.wait()).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -61,20 +78,43 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
             };
         }
         Err(_) => {
+            group.kill();
             let _ = child.kill().await;
             return Outcome::Retry {
                 reason: format!(
-                    "`{shown}` did not finish within {}; killed",
+                    "`{shown}` did not finish within {}; killed with its process group",
                     humantime::format_duration(step.timeout)
                 ),
                 after: None,
             };
         }
     };
-    let stdout = out.await.unwrap_or_default();
-    let stderr = err.await.unwrap_or_default();
+    let both = async { ((&mut out).await, (&mut err).await) };
+    let (stdout, stderr, held) = match tokio::time::timeout(OUTPUT_GRACE, both).await {
+        Ok((o, e)) => (o.unwrap_or_default(), e.unwrap_or_default(), false),
+        Err(_) => {
+            group.kill();
+            // Killed, the group lets go of the pipes; a process that left the group (setsid)
+            // may not, and what was read so far is lost with the readers then.
+            let rest = async { ((&mut out).await, (&mut err).await) };
+            match tokio::time::timeout(OUTPUT_GRACE, rest).await {
+                Ok((o, e)) => (o.unwrap_or_default(), e.unwrap_or_default(), true),
+                Err(_) => {
+                    out.abort();
+                    err.abort();
+                    (String::new(), String::new(), true)
+                }
+            }
+        }
+    };
+    group.disarm();
+    if held {
+        tracing::warn!(rule = %rule.name, program = %a.config.secrets.mask(&shown), "exec: the command exited but processes it started kept its output open; they were killed with its process group.");
+    }
     if !stdout.is_empty() || !stderr.is_empty() {
-        tracing::info!(rule = %rule.name, program = %shown, stdout = %stdout, stderr = %stderr, "exec output.");
+        // A program may echo the arguments it was given, secrets among them.
+        let mask = |t: &str| a.config.secrets.mask(t);
+        tracing::info!(rule = %rule.name, program = %mask(&shown), stdout = %mask(&stdout), stderr = %mask(&stderr), "exec output.");
     }
     match status.code() {
         Some(0) => Outcome::Sent("exit 0".into()),
@@ -86,6 +126,69 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
             reason: format!("`{shown}` was killed by a signal"),
             after: None,
         },
+    }
+}
+
+/// Why this argv can never run as the rule means it, if it cannot: retrying will not change
+/// the key, so these fail for good (a dead letter at once, with the reason).
+///
+/// - A NUL byte cannot be passed in an argument or an environment variable (`KEYWATCH_KEY`).
+/// - An argument whose template starts with a value (`{{ file }}`) and that came out starting
+///   with `-` would be read as an option (`rm {{ file }}` with a key `f:-rf`), unless an
+///   argument `--` comes before it. `value_led` says which arguments start with a value.
+pub fn refused(argv: &[OsString], value_led: &[bool], key: &[u8]) -> Option<String> {
+    if let Some(i) = argv.iter().position(|a| a.as_bytes().contains(&0)) {
+        return Some(format!(
+            "exec argument {i} contains a NUL byte, which no program can receive"
+        ));
+    }
+    if key.contains(&0) {
+        return Some(
+            "the key contains a NUL byte, which the environment variable KEYWATCH_KEY cannot carry"
+                .into(),
+        );
+    }
+    let end_of_options = argv
+        .iter()
+        .position(|a| a.as_bytes() == b"--")
+        .unwrap_or(argv.len());
+    let dashed = argv
+        .iter()
+        .zip(value_led)
+        .enumerate()
+        .take(end_of_options)
+        .skip(1)
+        .find(|(_, (a, led))| **led && a.as_bytes().starts_with(b"-"));
+    dashed.map(|(i, (a, _))| {
+        format!(
+            "exec argument {i} ({:?}) starts with `-`, so the program would take it as an option; a key text that starts with `-` is refused unless `--` comes before it in `command` (or the value is glued to its option: `--day={{{{ day }}}}`)",
+            a.to_string_lossy()
+        )
+    })
+}
+
+/// The command's process group, killed as a whole.
+struct Group(Option<Pid>);
+
+impl Group {
+    /// Kills the group once: after that its id may be reused by a stranger's group.
+    fn kill(&mut self) {
+        if let Some(pid) = self.0.take() {
+            // ESRCH: the group is already gone, which is what we want.
+            let _ = kill_process_group(pid, Signal::KILL);
+        }
+    }
+
+    /// The command is done and its output closed: whatever it left running that closed its
+    /// output (a daemon it started on purpose) is not ours to kill.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
     }
 }
 
@@ -102,4 +205,48 @@ async fn read_some<R: tokio::io::AsyncRead + Unpin>(r: Option<R>) -> String {
         kept.extend_from_slice(&buf[..n.min(room)]);
     }
     String::from_utf8_lossy(&kept).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&[u8]]) -> Vec<OsString> {
+        args.iter()
+            .map(|a| OsString::from_vec(a.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn nul_bytes_are_refused_for_good() {
+        let why = refused(&argv(&[b"/bin/echo", b"a\0b"]), &[false, true], b"k").unwrap();
+        assert!(why.contains("argument 1 contains a NUL byte"), "{why}");
+        let why = refused(&argv(&[b"/bin/echo"]), &[false], b"k\0").unwrap();
+        assert!(why.contains("KEYWATCH_KEY"), "{why}");
+    }
+
+    #[test]
+    fn a_value_that_looks_like_an_option_is_refused_unless_after_double_dash() {
+        let led = [false, false, true];
+        let why = refused(&argv(&[b"/bin/rm", b"-v", b"-rf"]), &led, b"k").unwrap();
+        assert!(
+            why.contains("argument 2 (\"-rf\") starts with `-`"),
+            "{why}"
+        );
+        assert_eq!(refused(&argv(&[b"/bin/rm", b"-v", b"f"]), &led, b"k"), None);
+        // The author's own options, and values glued to them, are theirs.
+        assert_eq!(
+            refused(
+                &argv(&[b"/bin/rm", b"-v", b"--x=-1"]),
+                &[false, false, false],
+                b"k"
+            ),
+            None
+        );
+        let led = [false, false, false, true];
+        assert_eq!(
+            refused(&argv(&[b"/bin/rm", b"-v", b"--", b"-rf"]), &led, b"k"),
+            None
+        );
+    }
 }

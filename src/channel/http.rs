@@ -55,13 +55,39 @@ pub fn client() -> reqwest::Client {
         .unwrap_or_else(|_| reqwest::Client::new())
 }
 
-/// Sends `req`; a transport failure comes back as the outcome to report (always retryable:
-/// a target that is down for an hour must still get its messages).
+/// What in `req` no request can carry, if anything: such a request fails the same way on every
+/// attempt (a key with CR/LF in a header value, a URL that a detail made unparsable), so it is
+/// given up at once with the reason, not retried for 24 hours. Neither the URL nor a header
+/// value is quoted: either may hold a token.
+pub fn unsendable(req: &Request) -> Option<String> {
+    use reqwest::header::{HeaderName, HeaderValue};
+    if let Err(e) = reqwest::Url::parse(&req.url) {
+        return Some(format!("the rendered URL is not a valid URL ({e})"));
+    }
+    for (name, value) in &req.headers {
+        if HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Some(format!("`{name}` is not a valid HTTP header name"));
+        }
+        if HeaderValue::from_str(value).is_err() {
+            return Some(format!(
+                "the value of header `{name}` holds a character no HTTP header may carry (CR, LF, NUL or another control character)"
+            ));
+        }
+    }
+    None
+}
+
+/// Sends `req`; a transport failure comes back as the outcome to report (retryable: a target
+/// that is down for an hour must still get its messages), a request that can never be sent as
+/// a failure ([`unsendable`]).
 pub async fn send(
     client: &reqwest::Client,
     req: &Request,
     timeout: Duration,
 ) -> Result<Answer, Outcome> {
+    if let Some(why) = unsendable(req) {
+        return Err(Outcome::Failed(why));
+    }
     let mut b = client
         .request(req.method.clone(), &req.url)
         .timeout(timeout);
@@ -170,6 +196,40 @@ mod tests {
         match judge_status(&answer(429, &[("retry-after", "7")], "")) {
             Outcome::Retry { after, .. } => assert_eq!(after, Some(Duration::from_secs(7))),
             o => panic!("{o:?}"),
+        }
+    }
+
+    fn request(url: &str, header: &str) -> Request {
+        Request {
+            method: reqwest::Method::POST,
+            url: url.into(),
+            headers: vec![("X-Key".into(), header.into())],
+            body: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_no_attempt_can_send_fails_for_good() {
+        let client = client();
+        let timeout = Duration::from_secs(5);
+        for (req, why) in [
+            (
+                request("http://127.0.0.1:9/x", "a\r\nX-Evil: 1"),
+                "header `X-Key`",
+            ),
+            (request("http://127.0.0.1:9/x", "a\0b"), "header `X-Key`"),
+            (
+                request("http://[::1/x?token=SECRET", "a"),
+                "not a valid URL",
+            ),
+        ] {
+            match send(&client, &req, timeout).await {
+                Err(Outcome::Failed(m)) => {
+                    assert!(m.contains(why), "{m}");
+                    assert!(!m.contains("SECRET") && !m.contains("Evil"), "{m}");
+                }
+                other => panic!("{req:?}: {other:?}"),
+            }
         }
     }
 

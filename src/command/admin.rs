@@ -103,7 +103,13 @@ pub async fn silence_list(config: &Config, conn: &mut Conn, json: bool) -> Resul
     if json {
         return Ok(list
             .iter()
-            .map(|s| serde_json::to_string(s).unwrap_or_default() + "\n")
+            .map(|s| {
+                let mut v = serde_json::to_value(s).unwrap_or_default();
+                if let (Some(e), Some(m)) = (s.invalid_pattern(), v.as_object_mut()) {
+                    m.insert("invalid_pattern".into(), e.into());
+                }
+                v.to_string() + "\n"
+            })
             .collect());
     }
     if list.is_empty() {
@@ -114,13 +120,20 @@ pub async fn silence_list(config: &Config, conn: &mut Conn, json: bool) -> Resul
         "ID", "RULE", "MATCH", "UNTIL", "COMMENT"
     );
     for s in list {
+        let comment = match s.invalid_pattern() {
+            Some(e) => format!(
+                "INVALID PATTERN ({e}): ignored, mutes nothing; {}",
+                s.comment
+            ),
+            None => s.comment.clone(),
+        };
         out.push_str(&format!(
             "{:<10} {:<28} {:<24} {:<26} {}\n",
             s.id,
             s.rule,
             s.pattern.as_deref().unwrap_or("*"),
             rfc3339(s.until),
-            s.comment
+            comment
         ));
     }
     Ok(out)

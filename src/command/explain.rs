@@ -41,23 +41,17 @@ pub fn key_bytes(arg: &OsStr) -> Vec<u8> {
     out
 }
 
-/// Headers whose values are credentials, masked in explanations.
-fn sensitive_header(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    [
-        "authorization",
-        "cookie",
-        "token",
-        "secret",
-        "key",
-        "auth",
-        "password",
-    ]
-    .iter()
-    .any(|s| n.contains(s))
+/// What keywatch would do for `key`, with every secret masked ([`crate::config::Secrets`]: by
+/// where a value came from, wherever it landed in a URL, header, body or argument).
+pub fn explain(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Explanation {
+    let Explanation { text, matched } = explain_unmasked(config, key, kind, db);
+    Explanation {
+        text: config.secrets.mask(&text),
+        matched,
+    }
 }
 
-pub fn explain(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Explanation {
+fn explain_unmasked(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Explanation {
     let mut out = String::new();
     let shown = String::from_utf8_lossy(key);
     let _ = writeln!(out, "key {:?} (db {db}, event {kind})", shown);
@@ -194,12 +188,7 @@ fn explain_rule(
             humantime::format_duration(r.timeout)
         );
         for (name, id) in &r.headers {
-            let v = if sensitive_header(name) {
-                "<secret>".to_string()
-            } else {
-                text(*id)
-            };
-            let _ = writeln!(out, "     header {name}: {v}");
+            let _ = writeln!(out, "     header {name}: {}", text(*id));
         }
         if let Some(b) = r.body {
             let _ = writeln!(out, "     body: {}", text(b));
@@ -213,6 +202,18 @@ fn explain_rule(
             args.join(", "),
             humantime::format_duration(e.timeout)
         );
+        let argv: Option<Vec<std::ffi::OsString>> = e
+            .command
+            .iter()
+            .map(|id| {
+                t.render(*id, &ctx)
+                    .ok()
+                    .map(std::os::unix::ffi::OsStringExt::from_vec)
+            })
+            .collect();
+        if let Some(why) = argv.and_then(|a| crate::action::exec::refused(&a, &e.value_led, key)) {
+            let _ = writeln!(out, "     fails for good, never run: {why}");
+        }
     }
     if let Some(c) = &rule.cleanup {
         for id in &c.delete {

@@ -40,7 +40,11 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
         custom_body: None,
     };
     let target = ch.integration.target();
-    match channel::send(&http::client(), ch, &msg).await {
+    // A target's answer may quote what it was sent (a token in the URL, a signed header).
+    let outcome = channel::send(&http::client(), ch, &msg)
+        .await
+        .map_text(|t| config.secrets.mask(t));
+    match outcome {
         Outcome::Sent(answer) => Ok(format!(
             "sent to {channel} ({} → {target}): {answer}",
             ch.kind.name

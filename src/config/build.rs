@@ -88,6 +88,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
             &channels,
             &drafts.channel_names,
             &redis,
+            &state.prefix,
             draft,
         ) {
             rules.push(rule);
@@ -112,6 +113,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
         scanner,
         templates,
         matcher,
+        secrets: d.secrets(),
     })
 }
 
@@ -263,6 +265,7 @@ fn build_rule(
     channels: &[Channel],
     channel_names: &[String],
     redis: &RedisSettings,
+    state_prefix: &str,
     r: RuleDraft,
 ) -> Option<Rule> {
     let what = format!("rule `{}`", r.name.value);
@@ -278,6 +281,7 @@ fn build_rule(
         d,
         templates,
         what,
+        state_prefix,
         check: TemplateCheck {
             rule: &r.name.value,
             captures: &captures,
@@ -419,6 +423,8 @@ struct RuleTemplates<'a, 'd, 'c> {
     templates: &'a mut TemplateSet,
     /// `rule \`NAME\``, for messages.
     what: String,
+    /// keywatch's own keys: a `detail` it removes may not be one of them.
+    state_prefix: &'c str,
     check: TemplateCheck<'c>,
 }
 
@@ -439,6 +445,33 @@ impl RuleTemplates<'_, '_, '_> {
     }
 
     fn detail(&mut self, dd: &DetailDraft) -> Option<DetailStep> {
+        let removed = match (&dd.hash, &dd.key) {
+            (Some(k), _) | (None, Some(k)) if dd.remove => Some(k),
+            _ => None,
+        };
+        // Templates whose literal start is under the prefix always remove keywatch's own keys;
+        // the others are guarded at run time, where the rendered key is known.
+        if let Some(k) = removed
+            && k.value
+                .split('{')
+                .next()
+                .unwrap_or("")
+                .starts_with(self.state_prefix)
+        {
+            let field = if dd.hash.is_some() {
+                "detail.hash"
+            } else {
+                "detail.key"
+            };
+            self.d.error(
+                &k.loc,
+                format!(
+                    "{} `{field}`: `remove: true` would delete `{}`, under `state.prefix` (`{}`): keywatch never deletes its own keys (cleanup refuses them too); keep the detail elsewhere or drop `remove`",
+                    self.what, k.value, self.state_prefix
+                ),
+            );
+            return None;
+        }
         let source = match (&dd.hash, &dd.field, &dd.key) {
             (Some(h), Some(f), None) => {
                 let key = self.compile(h, Escape::RedisKey, "detail.hash");
@@ -506,6 +539,11 @@ impl RuleTemplates<'_, '_, '_> {
             .collect();
         Some(ExecStep {
             command: command.into_iter().collect::<Option<Vec<_>>>()?,
+            value_led: ed
+                .command
+                .iter()
+                .map(|a| a.value.starts_with("{{") || a.value.starts_with("{%"))
+                .collect(),
             timeout: ed.timeout,
         })
     }
@@ -658,7 +696,93 @@ fn literal_prefix(s: &str) -> String {
 mod tests {
     use std::path::PathBuf;
 
-    use crate::config::{LoadError, Mode, load_texts};
+    use crate::config::{LoadError, Loaded, Mode, load_texts};
+
+    /// `check`'s verdict on one rule file: the config, or every diagnostic as printed.
+    fn check(yaml: &str) -> Result<Loaded, Vec<String>> {
+        load_texts(
+            vec![PathBuf::from("rules.yaml")],
+            &[yaml.to_string()],
+            Mode::Check,
+            &|_| None,
+        )
+        .map_err(|e| match e {
+            LoadError::Invalid(diags) => diags.iter().map(ToString::to_string).collect(),
+            LoadError::Unreadable(m) => vec![m],
+        })
+    }
+
+    /// One rule `r` on `a:{id}` that logs `message` (written at line 9, column 16).
+    fn logging(message: &str) -> String {
+        format!(
+            "
+channels:
+  log: {{ type: log }}
+rules:
+  - name: r
+    match: \"a:{{id}}\"
+    notify:
+      to: [log]
+      message: \"{message}\"
+"
+        )
+    }
+
+    #[test]
+    fn minijinja_globals_such_as_range_are_not_undefined_names() {
+        let yaml = logging(
+            "{% for i in range(3) %}{{ i }}{% endfor %} {{ dict(x=id).x }} {% set ns = namespace(n=0) %}{{ ns.n }}",
+        );
+        if let Err(diags) = check(&yaml) {
+            panic!("{diags:#?}");
+        }
+    }
+
+    #[test]
+    fn removing_a_detail_under_the_state_prefix_is_refused() {
+        let yaml = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: k
+    match: "a:{id}"
+    detail: { key: "keywatch:ledger:{{ id }}", remove: true }
+    notify: { to: [log] }
+  - name: h
+    match: "b:{id}"
+    detail: { hash: "keywatch:silences", field: "{{ id }}", remove: true }
+    notify: { to: [log] }
+  - name: read-only
+    match: "c:{id}"
+    detail: { key: "keywatch:ledger:{{ id }}" }
+    notify: { to: [log] }
+"#;
+        let diags = check(yaml).err().expect("must be refused");
+        assert_eq!(diags.len(), 2, "{diags:#?}");
+        assert!(
+            diags[0].starts_with("rules.yaml:7:20: rule `k` `detail.key`: `remove: true` would delete `keywatch:ledger:{{ id }}`, under `state.prefix` (`keywatch:`)"),
+            "{diags:#?}"
+        );
+        assert!(
+            diags[1].starts_with("rules.yaml:11:21: rule `h` `detail.hash`"),
+            "{diags:#?}"
+        );
+    }
+
+    #[test]
+    fn a_template_that_never_ends_is_a_located_error_not_a_hang() {
+        let yaml = logging(
+            "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(60) }}",
+        );
+        let diags = check(&yaml)
+            .err()
+            .expect("an endless template must not pass");
+        assert_eq!(diags.len(), 1, "{diags:#?}");
+        assert!(
+            diags[0].starts_with("rules.yaml:9:16: rule `r` `notify.message` fails to render for `expired` events: the template does more work"),
+            "{diags:#?}"
+        );
+    }
 
     /// Found by `fuzz/fuzz_targets/rules_check.rs`: a `reload` rule whose `on` lists only
     /// unknown events panicked (indexing the empty list) instead of reporting the event.

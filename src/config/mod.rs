@@ -122,7 +122,7 @@ pub fn load_texts(
     let mut diags = Diagnostics::default();
     let mut drafts = build::Drafts::default();
     let mut channel_names: Vec<crate::yaml::decode::Spanned<String>> = Vec::new();
-    let config = {
+    let (config, secrets) = {
         let mut d = Decoder::new(&mut diags, mode, env);
         for (path, text) in files.iter().zip(texts) {
             let file: Arc<Path> = Arc::from(path.as_path());
@@ -132,11 +132,16 @@ pub fn load_texts(
             }
         }
         drafts.channel_names = channel_names.iter().map(|n| n.value.clone()).collect();
-        build::build(&mut d, drafts, files.clone())
+        let config = build::build(&mut d, drafts, files.clone());
+        (config, d.secrets())
     };
     let order = |p: &Path| files.iter().position(|f| f == p).unwrap_or(usize::MAX);
     let has_errors = diags.has_errors();
-    let all = diags.into_sorted(&order);
+    let mut all = diags.into_sorted(&order);
+    // A message may quote a value (`… is not a duration`) that came from the environment.
+    for diag in &mut all {
+        diag.message = secrets.mask(&diag.message);
+    }
     match config {
         Some(config) if !has_errors => Ok(Loaded {
             config,

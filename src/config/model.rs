@@ -13,8 +13,8 @@ use crate::pattern::matcher::Matcher;
 use crate::template::{Escape, TemplateId, TemplateSet};
 
 pub use crate::channel::{Channel, Rate};
-pub use crate::yaml::Secret;
 use crate::yaml::diagnostic::Loc;
+pub use crate::yaml::{Secret, Secrets};
 
 /// Everything loaded from the rule files.
 pub struct Config {
@@ -28,6 +28,9 @@ pub struct Config {
     pub scanner: Option<ScannerSettings>,
     pub templates: TemplateSet,
     pub matcher: Matcher,
+    /// The values the files took from the environment and `*_file`s, masked in everything
+    /// shown: `explain`, logs, errors, history.
+    pub secrets: Secrets,
 }
 
 impl Config {
@@ -236,6 +239,9 @@ pub struct ReloadStep {
 #[derive(Clone, Debug)]
 pub struct ExecStep {
     pub command: Vec<TemplateId>,
+    /// Per argument: its template starts with a value (`{{ file }}`), so key text decides
+    /// whether it starts with `-` (refused by `action::exec` unless after `--`).
+    pub value_led: Vec<bool>,
     pub timeout: Duration,
 }
 

@@ -30,6 +30,10 @@ pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
             None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
         },
     };
+    // The one place every attempt's text passes before it is logged, counted, kept in history
+    // or dead-lettered: an error may quote a rendered URL, argument or answer with a secret.
+    let secrets = &inner.actions.live.current().secrets;
+    let outcome = outcome.map_text(|t| secrets.mask(t));
     let secs = started.elapsed().as_secs_f64();
     inner
         .metrics

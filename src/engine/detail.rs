@@ -35,12 +35,24 @@ pub struct Request {
     pub remove: bool,
 }
 
-/// Renders the rule's `detail` location for one event.
+impl Location {
+    /// The key a removal would delete (or delete a field of).
+    fn key(&self) -> &[u8] {
+        match self {
+            Location::Hash { key, .. } | Location::Key { key } => key,
+        }
+    }
+}
+
+/// Renders the rule's `detail` location for one event. `own` is `state.prefix`: a detail under
+/// it is read but never removed, whatever the key text made the template say (`check` refuses
+/// the templates that always land there; this catches the ones a capture steers there).
 pub fn request(
     templates: &TemplateSet,
     rule: &Rule,
     db: u32,
     ctx: &Context,
+    own: &[u8],
 ) -> Option<Result<Request, String>> {
     let d = rule.detail.as_ref()?;
     let render = |id| {
@@ -58,11 +70,12 @@ pub fn request(
             Err(e) => return Some(Err(e)),
         },
     };
-    Some(Ok(Request {
-        db,
-        at,
-        remove: d.remove,
-    }))
+    let mut remove = d.remove;
+    if remove && at.key().starts_with(own) {
+        tracing::warn!(rule = %rule.name, key = %String::from_utf8_lossy(at.key()), "The detail is under `state.prefix`: it is read but not removed (keywatch's own keys are never deleted).");
+        remove = false;
+    }
+    Some(Ok(Request { db, at, remove }))
 }
 
 /// The detail as templates see it: parsed JSON when it is JSON, else its text.
@@ -249,6 +262,60 @@ mod tests {
         assert_eq!(plan.cmds.len(), 3);
         assert_eq!(plan.targets.iter().map(Vec::len).sum::<usize>(), 2500);
         assert_eq!(plan.targets[2][0], 2048);
+    }
+
+    #[test]
+    fn a_detail_under_the_state_prefix_is_read_but_never_removed() {
+        let yaml = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: r
+    match: "task:{id}"
+    detail: { key: "{{ id }}", remove: true }
+    notify: { to: [log] }
+"#;
+        let loaded = crate::config::load_texts(
+            vec!["rules.yaml".into()],
+            &[yaml.to_string()],
+            crate::config::Mode::Check,
+            &|_| None,
+        )
+        .unwrap_or_else(|_| panic!("valid rules"));
+        let config = loaded.config;
+        let rule = &config.rules[0];
+        let own = config.state.prefix.as_bytes();
+        let request_for = |id: &[u8]| {
+            let event = crate::event::KeyEvent {
+                kind: crate::event::EventKind::Expired,
+                db: 0,
+                key: [b"task:".as_slice(), id].concat(),
+                observed_at: chrono::Utc::now(),
+                deadline: None,
+                ttl_ms: None,
+                recovered: false,
+                source: "test".into(),
+            };
+            let ctx = Context::for_event(
+                "r",
+                &event,
+                rule.pattern.capture_names(),
+                &[id.to_vec()],
+                None,
+            );
+            request(&config.templates, rule, 0, &ctx, own)
+                .expect("the rule has a detail")
+                .expect("it renders")
+        };
+        assert!(request_for(b"detail:1").remove);
+        let r = request_for(b"keywatch:ledger:0");
+        assert_eq!(
+            r.at,
+            Location::Key {
+                key: b"keywatch:ledger:0".to_vec()
+            }
+        );
+        assert!(!r.remove);
     }
 
     #[test]

@@ -28,12 +28,28 @@ impl Silence {
     pub fn active(&self, now: DateTime<Utc>) -> bool {
         now < self.until
     }
+
+    /// Why the stored pattern cannot be used, if it cannot: written by another version, or by
+    /// hand, it no longer parses. Such a silence mutes nothing.
+    pub fn invalid_pattern(&self) -> Option<String> {
+        let p = self.pattern.as_deref()?;
+        Pattern::parse(p).err().map(|e| e.message)
+    }
+}
+
+/// Which keys of its rule a silence mutes, compiled once.
+enum Scope {
+    Every,
+    Matching(Box<Pattern>),
+    /// A pattern that does not parse: muting every key instead would silence far more than
+    /// anyone asked for, so it mutes none.
+    Invalid,
 }
 
 /// The active silences, compiled, as the engine reads them.
 #[derive(Default)]
 pub struct Active {
-    list: RwLock<Vec<(Silence, Option<Pattern>)>>,
+    list: RwLock<Vec<(Silence, Scope)>>,
 }
 
 impl Active {
@@ -41,8 +57,14 @@ impl Active {
     pub fn mutes(&self, rule: &str, key: &[u8]) -> bool {
         let now = Utc::now();
         let list = self.list.read().unwrap_or_else(|p| p.into_inner());
-        list.iter().any(|(s, p)| {
-            s.rule == rule && s.active(now) && p.as_ref().is_none_or(|p| p.is_match(key))
+        list.iter().any(|(s, scope)| {
+            s.rule == rule
+                && s.active(now)
+                && match scope {
+                    Scope::Every => true,
+                    Scope::Matching(p) => p.is_match(key),
+                    Scope::Invalid => false,
+                }
         })
     }
 
@@ -57,14 +79,28 @@ impl Active {
     }
 
     fn set(&self, silences: Vec<Silence>) {
+        let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
         let compiled = silences
             .into_iter()
             .map(|s| {
-                let p = s.pattern.as_deref().and_then(|p| Pattern::parse(p).ok());
-                (s, p)
+                let scope = match s.pattern.as_deref().map(Pattern::parse) {
+                    None => Scope::Every,
+                    Some(Ok(p)) => Scope::Matching(Box::new(p)),
+                    Some(Err(e)) => {
+                        // Read every second: said once, when it first appears.
+                        let known = list
+                            .iter()
+                            .any(|(old, scope)| old.id == s.id && matches!(scope, Scope::Invalid));
+                        if !known {
+                            tracing::warn!(silence = %s.id, rule = %s.rule, pattern = ?s.pattern, error = %e.message, "A stored silence has a pattern that does not parse; it is ignored (it mutes nothing). Remove it with `keywatch silence remove`.");
+                        }
+                        Scope::Invalid
+                    }
+                };
+                (s, scope)
             })
             .collect();
-        *self.list.write().unwrap_or_else(|p| p.into_inner()) = compiled;
+        *list = compiled;
     }
 }
 
@@ -182,5 +218,26 @@ mod tests {
         assert!(!a.mutes("locks", b"lock:7"));
         assert!(!a.mutes("other", b"lock:42"));
         assert!(!a.mutes("cache", b"cache:1"), "ended silences do not mute");
+    }
+
+    #[test]
+    fn a_silence_whose_pattern_does_not_parse_mutes_nothing() {
+        let now = Utc::now();
+        let broken = Silence {
+            id: "bad".into(),
+            rule: "locks".into(),
+            pattern: Some("lock:{".into()),
+            until: now + chrono::Duration::seconds(60),
+            comment: String::new(),
+            created: now,
+            by: "test".into(),
+        };
+        assert!(broken.invalid_pattern().is_some());
+        let a = Active::default();
+        a.set(vec![broken.clone()]);
+        a.set(vec![broken]);
+        assert!(!a.mutes("locks", b"lock:1"));
+        assert!(!a.mutes("locks", b"lock:{"));
+        assert_eq!(a.current().len(), 1, "still listed, to be seen and removed");
     }
 }

@@ -100,14 +100,20 @@ impl FiringStage {
                 }
                 let ctx =
                     Context::for_event(&r.name, &e, r.pattern.capture_names(), captures, None);
-                let detail = match detail::request(&config.templates, r, e.db, &ctx) {
+                let detail = match detail::request(
+                    &config.templates,
+                    r,
+                    e.db,
+                    &ctx,
+                    config.state.prefix.as_bytes(),
+                ) {
                     None => None,
                     Some(Ok(req)) => {
                         requests.push(req);
                         Some(requests.len() - 1)
                     }
                     Some(Err(err)) => {
-                        tracing::error!(rule = %r.name, key = %e.key_lossy(), error = %err, "Cannot render the detail location; the actions run without it.");
+                        tracing::error!(rule = %r.name, key = %e.key_lossy(), error = %config.secrets.mask(&err), "Cannot render the detail location; the actions run without it.");
                         None
                     }
                 };

@@ -70,8 +70,22 @@ impl Escape {
         Escape::ALL.into_iter().find(|e| e.tag() == tag)
     }
 
+    /// A chat message, read by people: values may not start a line or a link of their own.
+    pub fn is_chat(self) -> bool {
+        matches!(self, Escape::Slack | Escape::Markdown | Escape::Text)
+    }
+
     /// Writes `s` (an encoded string) escaped for this mode.
     pub(crate) fn write_escaped<W: Write>(self, out: &mut W, s: &str) -> fmt::Result {
+        // A bare link in key text (`http://evil`) is made a link by every chat app; a zero-width
+        // space after the colon keeps it text, as it does for `@`.
+        let defused;
+        let s = if self.is_chat() && s.contains("://") {
+            defused = s.replace("://", ":\u{200B}//");
+            defused.as_str()
+        } else {
+            s
+        };
         match self {
             Escape::Raw | Escape::RedisKey => out.write_str(s),
             Escape::Glob => write_replacing(out, s, |c| {
@@ -84,7 +98,7 @@ impl Escape {
                 '&' => Some(Replacement::Str("&amp;")),
                 '<' => Some(Replacement::Str("&lt;")),
                 '>' => Some(Replacement::Str("&gt;")),
-                _ => None,
+                _ => line_break_replacement(c),
             }),
             Escape::Text => write_replacing(out, s, text_replacement),
             Escape::Markdown => write_replacing(out, s, |c| {
@@ -102,6 +116,16 @@ fn text_replacement(c: char) -> Option<Replacement> {
     match c {
         '@' => Some(Replacement::Str("@\u{200B}")),
         '<' => Some(Replacement::Str("<\u{200B}")),
+        _ => line_break_replacement(c),
+    }
+}
+
+/// A line break in key text would let it write a line of its own (a fake heading, a line that
+/// looks like keywatch's): in chat it is shown as `\n` / `\r`, as people write it.
+fn line_break_replacement(c: char) -> Option<Replacement> {
+    match c {
+        '\n' => Some(Replacement::Str("\\n")),
+        '\r' => Some(Replacement::Str("\\r")),
         _ => None,
     }
 }
@@ -156,11 +180,44 @@ fn write_url<W: Write>(out: &mut W, s: &str) -> fmt::Result {
     out.write_str(&s[start..])
 }
 
+/// `safe` and `tojson` for chat messages: their output is a plain value there, escaped like any
+/// other. `safe` is an opt-out meant for markup the author wrote, but in a chat message it is
+/// mostly reached for to print key text or a detail unchanged, and that would let a key say
+/// `@all` or `[x](http://evil)`; `tojson`'s strings are key text too. Elsewhere (bodies, URLs,
+/// globs) they keep minijinja's meaning. `| e` still escapes once: it goes through [`format`].
+pub(crate) fn add_chat_aware_filters(env: &mut minijinja::Environment<'static>) {
+    use minijinja::filters;
+    use minijinja::value::Kwargs;
+
+    fn chat(state: &State) -> bool {
+        matches!(state.auto_escape(), AutoEscape::Custom(tag) if Escape::from_tag(tag).is_some_and(Escape::is_chat))
+    }
+    env.add_filter("safe", |state: &State, v: Value| -> Value {
+        match (v.is_safe(), chat(state)) {
+            // Already escaped (`| e`, a macro's output): escaping it again would show `\\*`.
+            (true, _) => v,
+            (false, true) => Value::from(v.to_string()),
+            (false, false) => filters::safe(v.to_string()),
+        }
+    });
+    env.add_filter(
+        "tojson",
+        |state: &State, v: &Value, indent: Option<Value>, args: Kwargs| -> Result<Value, Error> {
+            let json = filters::tojson(v, indent, args)?;
+            Ok(match chat(state) {
+                true => Value::from(json.as_str().unwrap_or_default()),
+                false => json,
+            })
+        },
+    );
+}
+
 /// The environment's formatter: every `{{ … }}` goes through here.
 ///
 /// Safe strings (`| safe`, `| tojson`, `| escape`) are written untouched: `safe` is the explicit
-/// opt-out and the others are already escaped. A template may switch modes with
-/// `{% autoescape %}`; the built-in html/json/none modes then behave as in minijinja.
+/// opt-out and the others are already escaped (in chat messages `safe` and `tojson` give plain
+/// values: [`add_chat_aware_filters`]). A template may switch modes with `{% autoescape %}`;
+/// the built-in html/json/none modes then behave as in minijinja.
 pub(crate) fn format(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
     let mode = match state.auto_escape() {
         AutoEscape::Custom(tag) => match Escape::from_tag(tag) {
@@ -247,6 +304,19 @@ mod tests {
     }
 
     #[test]
+    fn chat_modes_show_line_breaks_and_defuse_bare_links() {
+        for mode in [Escape::Slack, Escape::Text] {
+            assert_eq!(esc(mode, "a\r\nb"), "a\\r\\nb", "{mode:?}");
+            assert_eq!(esc(mode, "http://evil"), "http:\u{200B}//evil", "{mode:?}");
+        }
+        assert_eq!(esc(Escape::Markdown, "a\n# x"), "a\\n\\# x");
+        assert_eq!(esc(Escape::Markdown, "https://e"), "https:\u{200B}//e");
+        for mode in [Escape::Raw, Escape::RedisKey] {
+            assert_eq!(esc(mode, "a\nhttp://b"), "a\nhttp://b", "{mode:?}");
+        }
+    }
+
+    #[test]
     fn markdown_escapes_metacharacters_and_mentions() {
         assert_eq!(
             esc(Escape::Markdown, "*_[]()#>`~|\\"),
@@ -254,7 +324,7 @@ mod tests {
         );
         assert_eq!(
             esc(Escape::Markdown, "[click](http://evil)"),
-            "\\[click\\]\\(http://evil\\)"
+            "\\[click\\]\\(http:\u{200B}//evil\\)"
         );
         assert_eq!(esc(Escape::Markdown, "@all"), "@\u{200B}all");
         assert_eq!(

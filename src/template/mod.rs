@@ -24,6 +24,13 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 pub use context::{CONTEXT_NAMES, Context, human_duration};
 pub use escape::Escape;
 
+/// The work one render may do (minijinja's fuel: about one unit per instruction and per 64 bytes
+/// made). A rule's template is code: a macro that calls itself twice (`m(60)`) would otherwise
+/// spin `check`, hold a reload (and every later one) behind it, and take a worker per render.
+/// A digest of 1,000 events with a loop per item uses a few tens of thousands; this leaves ten
+/// times that, and bounds one render to about 30 MB and well under a second.
+pub const FUEL: u64 = 500_000;
+
 /// A template of a [`TemplateSet`]; only meaningful for the set that returned it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TemplateId(u32);
@@ -71,8 +78,10 @@ impl TemplateSet {
     pub fn new() -> TemplateSet {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env.set_fuel(Some(FUEL));
         env.set_formatter(escape::format);
         context::add_sample_aware_filters(&mut env);
+        escape::add_chat_aware_filters(&mut env);
         // Undefined-value errors name the variable only with debug info; `check` needs the name
         // in release builds too, and the cost is paid only when a render fails.
         env.set_debug(true);
@@ -131,10 +140,19 @@ impl TemplateSet {
     }
 
     /// Top-level names the template reads from its context, for checking them against the
-    /// rule's captures and [`CONTEXT_NAMES`].
+    /// rule's captures and [`CONTEXT_NAMES`]. minijinja's globals (`range`, `dict`,
+    /// `namespace`…) are always defined, so they are not among them: `check` must not call a
+    /// loop over `range(3)` an undefined name.
     pub fn variables(&self, id: TemplateId) -> BTreeSet<String> {
         match self.env.get_template(&self.entry(id).name) {
-            Ok(t) => t.undeclared_variables(false).into_iter().collect(),
+            Ok(t) => {
+                let mut names: BTreeSet<String> =
+                    t.undeclared_variables(false).into_iter().collect();
+                for (global, _) in self.env.globals() {
+                    names.remove(global);
+                }
+                names
+            }
             Err(_) => BTreeSet::new(),
         }
     }
@@ -182,6 +200,14 @@ impl TemplateSet {
 /// it, and the underlying cause. The template's internal name (`3.glob`) means nothing to users
 /// and is left out.
 fn convert_error(err: &minijinja::Error, source: &str) -> TemplateError {
+    if err.kind() == minijinja::ErrorKind::OutOfFuel {
+        return TemplateError {
+            message: format!(
+                "the template does more work than one render may ({FUEL} steps): a macro that calls itself, or a loop over too many items?"
+            ),
+            line: err.line(),
+        };
+    }
     let mut message = match err.detail() {
         Some(detail) => format!("{}: {detail}", err.kind()),
         None => err.kind().to_string(),

@@ -117,7 +117,7 @@ fn markdown_kills_markup_and_mentions() {
     );
     assert_eq!(
         out,
-        "**\\[phish\\]\\(http://evil\\) \\*\\_\\#\\>\\` @\u{200B}all <\u{200B}at user\\_id=\"all\"\\>**"
+        "**\\[phish\\]\\(http:\u{200B}//evil\\) \\*\\_\\#\\>\\` @\u{200B}all <\u{200B}at user\\_id=\"all\"\\>**"
     );
 }
 
@@ -141,16 +141,33 @@ fn every_interpolation_is_escaped_not_only_captures() {
 }
 
 #[test]
-fn safe_and_tojson_are_left_alone() {
-    let c = ctx(b"<!channel>");
+fn safe_and_tojson_are_escaped_in_chat_and_left_alone_elsewhere() {
+    let c = ctx(b"<!channel> @all [x](http://evil)");
     assert_eq!(
         render_text("{{ x | safe }}", Escape::Slack, &c),
-        "<!channel>"
+        "&lt;!channel&gt; @all [x](http:\u{200B}//evil)"
     );
-    // tojson is already safe for HTML-ish targets: minijinja escapes < > & ' itself.
     assert_eq!(
-        render_text("{{ x | tojson }}", Escape::Slack, &c),
-        "\"\\u003c!channel\\u003e\""
+        render_text("{{ x | safe }}", Escape::Markdown, &c),
+        "<\u{200B}!channel\\> @\u{200B}all \\[x\\]\\(http:\u{200B}//evil\\)"
+    );
+    assert_eq!(
+        render_text("{{ x | tojson }}", Escape::Markdown, &c),
+        "\"\\\\u003c!channel\\\\u003e @\u{200B}all \\[x\\]\\(http:\u{200B}//evil\\)\""
+    );
+    assert_eq!(
+        render_text("{{ x | tojson }}", Escape::Text, &ctx(b"@all")),
+        "\"@\u{200B}all\""
+    );
+    // `| e` escapes once, `| safe` after it changes nothing.
+    assert_eq!(
+        render_text("{{ x | e | safe }}", Escape::Text, &ctx(b"@all")),
+        "@\u{200B}all"
+    );
+    // Outside chat they keep minijinja's meaning: the author's opt-out, JSON as it is.
+    assert_eq!(
+        render_text("{{ x | safe }}", Escape::Url, &ctx(b"a/b")),
+        "a/b"
     );
     let c = ctx(b"a\"b");
     assert_eq!(
@@ -184,6 +201,72 @@ fn undefined_name_is_an_error_with_line() {
         "internal name leaked: {}",
         err.message
     );
+}
+
+#[test]
+fn a_macro_that_calls_itself_runs_out_of_fuel_instead_of_spinning() {
+    let mut set = TemplateSet::new();
+    let id = set
+        .add(
+            "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(60) }}",
+            Escape::Text,
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = set.render(id, &ctx(b"x")).unwrap_err();
+    assert!(
+        err.message.contains("more work than one render may"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Deep recursion without the blow-up stops at minijinja's recursion limit.
+    let id = set
+        .add(
+            "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{% endif %}{% endmacro %}{{ m(100000) }}",
+            Escape::Text,
+        )
+        .unwrap();
+    assert!(set.render(id, &ctx(b"x")).is_err());
+}
+
+/// The budget must not cut what rules really do: the largest digest (`max_items: 1000`) with
+/// a few lookups, a filter and `tojson` per event, and a 1 MB detail printed whole.
+#[test]
+fn the_fuel_budget_leaves_room_for_the_largest_digest_and_a_big_detail() {
+    let mut set = TemplateSet::new();
+    let id = set
+        .add(
+            "{{ count }} keys: {% for e in events %}{% if e.late_ms > 0 %}late {% endif %}{{ e.key | upper }} in db {{ e.db }} ({{ e.captures | tojson }}, {{ e.deadline }}){% if not loop.last %}, {% endif %}{% endfor %}",
+            Escape::Markdown,
+        )
+        .unwrap();
+    let events = (0..1000)
+        .map(|i| {
+            serde_json::json!({
+                "key": format!("order_lock:{i}"), "db": 0, "late_ms": i % 3,
+                "captures": {"order_id": i.to_string()}, "deadline": "2026-11-29T10:15:00.000Z",
+            })
+        })
+        .collect();
+    let out = set
+        .render_text(id, &ctx(b"k").with_digest(1000, events))
+        .unwrap();
+    assert!(
+        out.contains("ORDER\\_LOCK:999"),
+        "{}",
+        &out[out.len() - 200..]
+    );
+
+    let detail = serde_json::json!({ "blob": "x".repeat(1 << 20) });
+    let c = Context::for_event("r", &event(b"k"), &[], &[], Some(detail));
+    let id = set
+        .add("{{ detail.blob }} {{ detail | tojson }}", Escape::Raw)
+        .unwrap();
+    assert_eq!(set.render(id, &c).unwrap().len(), 2 * (1 << 20) + 13);
 }
 
 #[test]

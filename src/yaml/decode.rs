@@ -53,6 +53,8 @@ pub struct Decoder<'a> {
     pub diags: &'a mut Diagnostics,
     pub mode: Mode,
     env: &'a dyn Fn(&str) -> Option<String>,
+    /// Every value taken from the environment or a `*_file` so far, to mask them.
+    secret_values: Vec<String>,
 }
 
 impl<'a> Decoder<'a> {
@@ -61,7 +63,17 @@ impl<'a> Decoder<'a> {
         mode: Mode,
         env: &'a dyn Fn(&str) -> Option<String>,
     ) -> Self {
-        Decoder { diags, mode, env }
+        Decoder {
+            diags,
+            mode,
+            env,
+            secret_values: Vec::new(),
+        }
+    }
+
+    /// What every value taken from the environment or a file so far must be masked with.
+    pub fn secrets(&self) -> super::Secrets {
+        super::Secrets::new(self.secret_values.iter().cloned())
     }
 
     pub fn error(&mut self, loc: &Loc, msg: impl Into<String>) {
@@ -129,6 +141,7 @@ impl<'a> Decoder<'a> {
         };
         match env::interpolate(raw, self.env) {
             Ok(i) => {
+                self.secret_values.extend(i.substituted);
                 for name in &i.unset {
                     self.missing_at_run(
                         &node.loc,
@@ -334,12 +347,16 @@ impl<'a> Decoder<'a> {
                 let path = self.text(n, &format!("{what} `{file_field}`"))?;
                 let full: PathBuf = base.join(&path.value);
                 match std::fs::read_to_string(&full) {
-                    Ok(s) => Some(Text {
-                        value: s.trim_end_matches(['\n', '\r']).to_string(),
-                        loc: path.loc,
-                        unresolved: path.unresolved,
-                        quoted: false,
-                    }),
+                    Ok(s) => {
+                        let value = s.trim_end_matches(['\n', '\r']).to_string();
+                        self.secret_values.push(value.clone());
+                        Some(Text {
+                            value,
+                            loc: path.loc,
+                            unresolved: path.unresolved,
+                            quoted: false,
+                        })
+                    }
                     Err(e) => {
                         self.missing_at_run(
                             &path.loc,

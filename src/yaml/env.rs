@@ -12,6 +12,9 @@ pub struct Interpolated {
     pub unset: Vec<String>,
     /// True when the value used any variable: such values may be secrets.
     pub used_env: bool,
+    /// What each reference was replaced by (the variable's value, or its default): secrets,
+    /// to be masked wherever they land ([`super::Secrets`]).
+    pub substituted: Vec<String>,
 }
 
 /// A malformed reference, with the byte offset where it starts.
@@ -29,6 +32,7 @@ pub fn interpolate(
         value: String::with_capacity(text.len()),
         unset: Vec::new(),
         used_env: false,
+        substituted: Vec::new(),
     };
     let mut rest = text;
     let mut offset = 0;
@@ -61,11 +65,18 @@ pub fn interpolate(
                 });
             }
             out.used_env = true;
-            match (lookup(name), default) {
-                (Some(v), Some(d)) if v.is_empty() => out.value.push_str(d),
-                (Some(v), _) => out.value.push_str(&v),
-                (None, Some(d)) => out.value.push_str(d),
-                (None, None) => out.unset.push(name.to_string()),
+            let value = match (lookup(name), default) {
+                (Some(v), Some(d)) if v.is_empty() => d.to_string(),
+                (Some(v), _) => v,
+                (None, Some(d)) => d.to_string(),
+                (None, None) => {
+                    out.unset.push(name.to_string());
+                    String::new()
+                }
+            };
+            out.value.push_str(&value);
+            if !value.is_empty() {
+                out.substituted.push(value);
             }
             rest = &body[end + 1..];
             offset += i + 2 + end + 1;
@@ -111,6 +122,10 @@ mod tests {
         assert_eq!(run("^a\\d+$").value, "^a\\d+$");
         assert!(!run("plain").used_env);
         assert!(run("${HOOK}").used_env);
+        assert_eq!(
+            run("a${HOOK}b${NOPE:-dflt}${EMPTY}").substituted,
+            ["https://x/y", "dflt"]
+        );
     }
 
     #[test]

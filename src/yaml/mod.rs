@@ -20,7 +20,7 @@ pub mod diagnostic;
 pub mod env;
 mod secret;
 
-pub use secret::Secret;
+pub use secret::{Secret, Secrets, mask_user_info};
 
 use diagnostic::{Diagnostics, Loc};
 

@@ -218,10 +218,15 @@ pub fn render(
             h.push_str(&format!(
                 "<li><b>{}</b> {} until {} — {} <small>({})</small></li>",
                 esc(&s.rule),
-                s.pattern
-                    .as_deref()
-                    .map(|p| format!("keys {}", esc(p)))
-                    .unwrap_or_else(|| "all keys".into()),
+                match (s.pattern.as_deref(), s.invalid_pattern()) {
+                    (Some(p), Some(e)) => format!(
+                        "<b>invalid pattern</b> {} ({}): ignored, mutes nothing",
+                        esc(p),
+                        esc(&e)
+                    ),
+                    (Some(p), None) => format!("keys {}", esc(p)),
+                    (None, _) => "all keys".into(),
+                },
                 esc(&crate::firing::rfc3339(s.until)),
                 esc(&s.comment),
                 esc(&s.id)
