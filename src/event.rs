@@ -87,6 +87,26 @@ pub struct KeyEvent {
     pub source: String,
 }
 
+/// Bytes as one line of text for people and logs: invalid UTF-8 replaced, control characters
+/// written out as Rust escapes.
+pub fn printable(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    let text = String::from_utf8_lossy(bytes);
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 impl KeyEvent {
     /// Milliseconds between the deadline and the observation, when the deadline is known.
     pub fn late_ms(&self) -> Option<i64> {
@@ -94,8 +114,21 @@ impl KeyEvent {
             .map(|d| (self.observed_at - d).num_milliseconds().max(0))
     }
 
-    /// The key as text for people: invalid UTF-8 bytes are replaced.
+    /// The key as text for people and logs: invalid UTF-8 bytes are replaced, and control
+    /// characters written out (`\n`, `\u{1b}`), so a key holding a line break cannot forge a
+    /// log line of its own.
     pub fn key_lossy(&self) -> std::borrow::Cow<'_, str> {
-        String::from_utf8_lossy(&self.key)
+        printable(&self.key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn keys_in_logs_cannot_break_the_line() {
+        assert_eq!(super::printable(b"a\r\nX-Evil: 1"), "a\\r\\nX-Evil: 1");
+        assert_eq!(super::printable(b"k:\x1b[31m"), "k:\\u{1b}[31m");
+        assert_eq!(super::printable("订单:42".as_bytes()), "订单:42");
+        assert_eq!(super::printable(b"\xff"), "\u{fffd}");
     }
 }

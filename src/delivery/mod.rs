@@ -234,7 +234,7 @@ impl Delivery {
                 continue;
             };
             for action in actions_of(rule) {
-                tracing::error!(rule = %firing.rule, key = %String::from_utf8_lossy(&firing.key), action = action.name(), %reason, "Dead letter: the action will not run.");
+                tracing::error!(rule = %firing.rule, key = %crate::event::printable(&firing.key), action = action.name(), %reason, "Dead letter: the action will not run.");
                 attempt::keep_dead_letter(
                     &self.inner,
                     DeadLetter::new(
