@@ -13,7 +13,7 @@ use crate::outcome::Outcome;
 
 use super::dead::DeadLetter;
 use super::lane::{Lane, Turn, Waiting};
-use super::queue::Window;
+use super::queue::{Unreadable, Window};
 use super::retry::Next;
 use super::state::{DIGEST_ITEMS, Inner, inflight, windows_inflight};
 use super::work::{Work, window_jobs};
@@ -180,7 +180,11 @@ pub(super) async fn deliver(
                     // Out of the in-flight set first, so a lease renewal cannot push the retry back.
                     finish(&inner);
                     match q.reschedule(&job, at).await {
-                        Ok(()) => return,
+                        Ok(true) => return,
+                        Ok(false) => {
+                            tracing::info!(id = %id, "The job left the queue while this instance lost its lease: another instance finished it.");
+                            return;
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, id = %id, "Cannot requeue the job; retrying from memory.")
                         }
@@ -340,6 +344,34 @@ pub(super) fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
         inner,
         DeadLetter::new(work.rule(), work.subject(), action, reason, firings, digest),
     );
+}
+
+/// Dead-letters stored jobs this version cannot read, once: the queue has already set them
+/// aside (their payloads kept in `{prefix}queue:unreadable`), so they are never taken again.
+pub(super) fn dead_letter_unreadable(inner: &Inner, unreadable: Vec<Unreadable>) {
+    for u in unreadable {
+        let rule = u.rule.as_deref().unwrap_or("?");
+        let reason = format!(
+            "the stored job cannot be read by this version of keywatch ({}); its payload is kept in `{}queue:unreadable`",
+            u.error, inner.actions.config.state.prefix
+        );
+        tracing::error!(%rule, id = %u.id, %reason, "Dead letter: a stored job cannot be read.");
+        // An action of a kind this version does not know is listed under the id it came with.
+        let action = u.action.unwrap_or(Action::Notify {
+            channel: format!("? (job {})", u.id),
+        });
+        keep_dead_letter(
+            inner,
+            DeadLetter::new(
+                rule,
+                format!("job {}", u.id),
+                action,
+                &reason,
+                Vec::new(),
+                false,
+            ),
+        );
+    }
 }
 
 /// Counts a dead letter, shows it on the status page and keeps it in Redis.

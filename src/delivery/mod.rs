@@ -35,7 +35,7 @@ use crate::firing::{Action, Firing, Job};
 use crate::metrics::Metrics;
 use crate::status::Status;
 
-use attempt::{compose_digest_now, deliver};
+use attempt::{compose_digest_now, dead_letter_unreadable, deliver};
 use dead::{DeadLetter, DeadStore};
 use digest::{put_in_window, take_windows};
 use lane::Limiters;
@@ -317,8 +317,8 @@ async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
         }
         // As many jobs as there are free firings: a firing has one to four jobs, so a full
         // answer leaves at most a few firings waiting briefly for a permit below.
-        let jobs = match queue.take_due(room).await {
-            Ok(j) => j,
+        let taken = match queue.take_due(room).await {
+            Ok(t) => t,
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot read the job queue; retrying.");
                 return;
@@ -326,7 +326,9 @@ async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
         };
         // A full answer means more may be waiting (also another instance's storm): take more
         // as soon as a firing finishes, not only at the next tick.
-        let full = jobs.len() == room;
+        let full = taken.jobs.len() + taken.unreadable.len() == room;
+        dead_letter_unreadable(inner, taken.unreadable);
+        let jobs = taken.jobs;
         inner.backlogged.store(full, Ordering::Relaxed);
         for jobs in by_firing(jobs) {
             let i = inner.clone();
