@@ -478,6 +478,7 @@ impl RuleTemplates<'_, '_, '_> {
             headers,
             body,
             timeout: rd.timeout,
+            concurrency: rd.concurrency,
         })
     }
 
@@ -490,6 +491,7 @@ impl RuleTemplates<'_, '_, '_> {
         Some(ExecStep {
             command: command.into_iter().collect::<Option<Vec<_>>>()?,
             timeout: ed.timeout,
+            concurrency: ed.concurrency,
         })
     }
 

@@ -200,12 +200,16 @@ pub struct ReloadStep {
     pub headers: Vec<(String, TemplateId)>,
     pub body: Option<TemplateId>,
     pub timeout: Duration,
+    /// Requests of this rule's reload in flight at once on one instance.
+    pub concurrency: usize,
 }
 
 #[derive(Clone, Debug)]
 pub struct ExecStep {
     pub command: Vec<TemplateId>,
     pub timeout: Duration,
+    /// Processes of this rule's exec running at once on one instance.
+    pub concurrency: usize,
 }
 
 #[derive(Clone, Debug)]
