@@ -9,6 +9,10 @@
 //! jobs stay stored in the queue and leased to this instance until that digest is sent (then they
 //! are all acknowledged), so a crash before then delivers them again — at most a duplicate, never
 //! a loss.
+//!
+//! The line itself is bounded ([`line_cap`]): a notification that finds it full goes back to the
+//! queue in Redis, due about when the line will have room, so a storm on a throttled channel
+//! holds a fixed amount of memory, and none of the room other channels share.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +31,16 @@ use crate::firing::Firing;
 
 /// The longest a notification should wait for its channel's rate before it is merged.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The fewest notifications a rate-limited line holds before the rest wait in the queue: what one
+/// token's digest can take at once when the channel is far behind.
+pub const LINE_MIN: usize = 1000;
+
+/// How many notifications a channel of `rate` keeps waiting in memory: twice what merges, and at
+/// least [`LINE_MIN`], so that a backlog still merges into few digests.
+pub fn line_cap(rate: Rate) -> usize {
+    merge_threshold(rate).saturating_mul(2).max(LINE_MIN)
+}
 
 /// What a waiting notification is told when its channel's turn comes.
 #[derive(Debug)]
@@ -58,6 +72,12 @@ pub struct Lane {
     limiter: Arc<Limiter>,
     /// Messages waiting beyond this many merge.
     merge_over: usize,
+    /// Messages waiting beyond this many wait in the queue instead.
+    cap: usize,
+    /// A token's interval when the burst is spent, ms.
+    per_message_ms: f64,
+    /// The due time (unix ms) given to the last message sent back to the queue.
+    next_due: Mutex<f64>,
     line: Mutex<VecDeque<Entry>>,
     arrived: Notify,
     started: AtomicBool,
@@ -74,6 +94,9 @@ impl Lane {
         Lane {
             limiter,
             merge_over: merge_threshold(rate),
+            cap: line_cap(rate),
+            per_message_ms: rate.per.as_secs_f64() * 1000.0 / f64::from(rate.burst.max(1)),
+            next_due: Mutex::new(0.0),
             line: Mutex::new(VecDeque::new()),
             arrived: Notify::new(),
             started: AtomicBool::new(false),
@@ -99,6 +122,21 @@ impl Lane {
             _ = shutdown.cancelled() => None,
             t = rx => t.ok(),
         }
+    }
+
+    /// Whether `more` messages still fit in the line.
+    pub fn has_room(&self, more: usize) -> bool {
+        self.lock().len().saturating_add(more) < self.cap
+    }
+
+    /// When a message turned away at `now_ms` should come due again: from the next token on,
+    /// spaced so that a line's worth comes back per token (what one digest can take).
+    pub fn later(&self, now_ms: i64) -> i64 {
+        let spacing = self.per_message_ms / self.cap as f64;
+        let mut next = self.next_due.lock().unwrap_or_else(|p| p.into_inner());
+        let at = next.max(now_ms as f64 + self.per_message_ms) + spacing;
+        *next = at;
+        at.ceil() as i64
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
@@ -218,6 +256,8 @@ mod tests {
         assert_eq!(merge_threshold(rate(1, 1)), 60);
         assert_eq!(merge_threshold(rate(5, 1)), 300);
         assert_eq!(merge_threshold(rate(1, 3600)), 1);
+        assert_eq!(line_cap(rate(20, 60)), LINE_MIN);
+        assert_eq!(line_cap(rate(50, 1)), 6000);
     }
 
     use crate::channel::Integration;

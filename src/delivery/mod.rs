@@ -14,6 +14,7 @@ pub mod lane;
 pub mod queue;
 pub mod ratelimit;
 pub mod retry;
+mod slots;
 mod state;
 #[cfg(test)]
 mod testkit;
@@ -35,13 +36,14 @@ use crate::firing::{Action, Firing, Job};
 use crate::metrics::Metrics;
 use crate::status::Status;
 
-use attempt::{compose_digest_now, dead_letter_unreadable, deliver};
+use attempt::{compose_digest_now, dead_letter_unreadable, deliver, deliver_held};
 use dead::{DeadLetter, DeadStore};
 use digest::{put_in_window, take_windows};
 use lane::Limiters;
 use queue::{Queue, Window};
 pub use retry::{Next, RetryPolicy};
-use state::{CONCURRENT, Clock, Inner, inflight, windows_inflight};
+use slots::{Slots, Ticket};
+use state::{CONCURRENT, Clock, Held, Inner, inflight, windows_inflight};
 use work::{Work, by_firing};
 
 #[derive(Clone)]
@@ -86,6 +88,7 @@ impl Delivery {
                 tracker: TaskTracker::new(),
                 shutdown,
                 concurrent: Arc::new(Semaphore::new(CONCURRENT)),
+                slots: Slots::default(),
                 backlogged: AtomicBool::new(false),
                 wake: Notify::new(),
                 digests: Mutex::new(HashMap::new()),
@@ -147,6 +150,7 @@ impl Delivery {
         for firing in firings {
             let firing = Arc::new(firing);
             let Some(rule) = actions.config.rule(&firing.rule) else {
+                attempt::rule_gone(inner, &firing);
                 continue;
             };
             let group = rule.notify.as_ref().and_then(|n| n.group);
@@ -170,9 +174,13 @@ impl Delivery {
             if jobs.is_empty() {
                 continue;
             }
-            match inner.concurrent.clone().try_acquire_owned() {
-                Ok(permit) => now.push((jobs, permit)),
-                Err(_) => later.push(jobs),
+            match inner
+                .concurrent
+                .clone()
+                .try_acquire_many_owned(permits(&jobs))
+            {
+                Ok(permit) if has_room(inner, &actions.config, &jobs) => now.push((jobs, permit)),
+                _ => later.push(jobs),
             }
         }
         for (w, (group, firings)) in windows {
@@ -197,14 +205,19 @@ impl Delivery {
             let i = inner.clone();
             inner
                 .tracker
-                .spawn(async move { run_jobs(i, jobs, permit).await });
+                .spawn(async move { run_jobs(i.clone(), held(&i, jobs, permit)).await });
         }
         // Only when the queue could not take them (or there is none): in memory, in turn.
         for jobs in later {
             let i = inner.clone();
             inner.tracker.spawn(async move {
-                if let Ok(permit) = i.concurrent.clone().acquire_owned().await {
-                    run_jobs(i, jobs, permit).await;
+                if let Ok(permit) = i
+                    .concurrent
+                    .clone()
+                    .acquire_many_owned(permits(&jobs))
+                    .await
+                {
+                    run_jobs(i.clone(), held(&i, jobs, permit)).await;
                 }
             });
         }
@@ -308,15 +321,15 @@ impl Delivery {
 const TAKE_MAX: usize = 512;
 
 /// Takes due jobs while there is room, and starts them: the jobs of one firing together, in
-/// the order of SPEC §2.
+/// the order of SPEC §2. A job whose slot (or rate-limited line) is full goes straight back to
+/// the queue, due when it should have room, so that the jobs of other targets behind it are
+/// reached and a storm waits in Redis.
 async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
     loop {
         let room = inner.concurrent.available_permits().min(TAKE_MAX);
         if room == 0 {
             return;
         }
-        // As many jobs as there are free firings: a firing has one to four jobs, so a full
-        // answer leaves at most a few firings waiting briefly for a permit below.
         let taken = match queue.take_due(room).await {
             Ok(t) => t,
             Err(e) => {
@@ -325,38 +338,202 @@ async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
             }
         };
         // A full answer means more may be waiting (also another instance's storm): take more
-        // as soon as a firing finishes, not only at the next tick.
+        // as soon as a job finishes, not only at the next tick.
         let full = taken.jobs.len() + taken.unreadable.len() == room;
-        dead_letter_unreadable(inner, taken.unreadable);
-        let jobs = taken.jobs;
         inner.backlogged.store(full, Ordering::Relaxed);
-        for jobs in by_firing(jobs) {
-            let i = inner.clone();
-            inner.tracker.spawn(async move {
-                if let Ok(permit) = i.concurrent.clone().acquire_owned().await {
-                    run_jobs(i, jobs, permit).await;
+        dead_letter_unreadable(inner, taken.unreadable);
+        let config = inner.actions.live.current();
+        let now = queue::now_ms();
+        let mut lanes = HashMap::new();
+        let mut later = Vec::new();
+        for jobs in by_firing(taken.jobs) {
+            let jobs = admit_firing(inner, &config, jobs, &mut lanes, now, &mut later);
+            if jobs.is_empty() {
+                continue;
+            }
+            let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+            match inner.concurrent.clone().try_acquire_many_owned(n) {
+                Ok(permit) => start(inner, jobs, permit),
+                // `accept` took the room meanwhile: wait for it (the jobs are leased to us).
+                Err(_) => {
+                    let i = inner.clone();
+                    inner.tracker.spawn(async move {
+                        if let Ok(permit) = i.concurrent.clone().acquire_many_owned(n).await {
+                            start(&i, jobs, permit);
+                        }
+                    });
                 }
-            });
+            }
         }
+        attempt::defer(inner, later).await;
         if !full {
             return;
         }
     }
 }
 
+/// How many permits of [`Inner::concurrent`] `jobs` take: one each (and never more than there are).
+fn permits(jobs: &[Job]) -> u32 {
+    u32::try_from(jobs.len().clamp(1, state::CONCURRENT)).unwrap_or(1)
+}
+
+/// Whether the targets `jobs` start with have room now (their slots, or rate-limited lines); a
+/// firing that would only wait in memory is better stored to wait in the queue. Always, without
+/// a queue: there is nowhere else to wait.
+fn has_room(inner: &Inner, config: &crate::config::Config, jobs: &[Job]) -> bool {
+    if inner.queue.is_none() {
+        return true;
+    }
+    jobs[..starting(jobs)].iter().all(|j| match &j.action {
+        Action::Notify { channel } if config.channel(channel).is_some_and(|c| c.rate.is_some()) => {
+            inner
+                .limiters
+                .get(config, channel)
+                .is_none_or(|l| l.lane.has_room(0))
+        }
+        action => inner
+            .slots
+            .of(config, &j.firing.rule, action)
+            .is_none_or(|s| s.has_room()),
+    })
+}
+
+/// How many of a firing's jobs (in the order of SPEC §2) start at once: the first step, or every
+/// notification when there is nothing before them.
+fn starting(jobs: &[Job]) -> usize {
+    match jobs.first() {
+        Some(j) if !matches!(j.action, Action::Notify { .. }) => 1,
+        _ => jobs.len(),
+    }
+}
+
+/// A ticket for `job`'s slot now, or when it should come due again in the queue. `lanes` counts
+/// the notifications already let into each rate-limited line in this round.
+fn admit(
+    inner: &Inner,
+    config: &crate::config::Config,
+    job: &Job,
+    lanes: &mut HashMap<String, usize>,
+    now: i64,
+) -> Result<Ticket, i64> {
+    if let Action::Notify { channel } = &job.action
+        && let Some(l) = inner.limiters.get(config, channel)
+    {
+        // Its line bounds it; the slot is asked for once its token comes.
+        let n = lanes.entry(channel.clone()).or_default();
+        if !l.lane.has_room(*n) {
+            return Err(l.lane.later(now));
+        }
+        *n += 1;
+        return Ok(Ticket::Ask);
+    }
+    match inner.slots.of(config, &job.firing.rule, &job.action) {
+        Some(slot) => slot.admit().ok_or_else(|| slot.later(now)),
+        None => Ok(Ticket::Ask),
+    }
+}
+
+/// The jobs of one firing taken from the queue that start now, with their tickets; those whose
+/// target has no room are added to `later` with their due time. A first step without room takes
+/// the firing's later steps back with it (they run after it, SPEC §2); notifications are
+/// independent of one another.
+fn admit_firing(
+    inner: &Inner,
+    config: &crate::config::Config,
+    jobs: Vec<Job>,
+    lanes: &mut HashMap<String, usize>,
+    now: i64,
+    later: &mut Vec<(String, i64)>,
+) -> Vec<(Job, Ticket)> {
+    let first = starting(&jobs);
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut after: Option<i64> = None;
+    for (i, job) in jobs.into_iter().enumerate() {
+        if let Some(due) = after {
+            later.push((job.id(), due));
+            continue;
+        }
+        if i >= first {
+            out.push((job, Ticket::Ask));
+            continue;
+        }
+        match admit(inner, config, &job, lanes, now) {
+            Ok(t) => out.push((job, t)),
+            Err(due) => {
+                if !matches!(job.action, Action::Notify { .. }) {
+                    after = Some(due);
+                }
+                later.push((job.id(), due));
+            }
+        }
+    }
+    out
+}
+
+/// `jobs` with the room `permit` holds for them and no ticket yet.
+fn held(inner: &Arc<Inner>, jobs: Vec<Job>, permit: OwnedSemaphorePermit) -> Vec<(Job, Held)> {
+    with_rooms(
+        inner,
+        jobs.into_iter().map(|j| (j, Ticket::Ask)).collect(),
+        permit,
+    )
+}
+
+fn with_rooms(
+    inner: &Arc<Inner>,
+    jobs: Vec<(Job, Ticket)>,
+    permit: OwnedSemaphorePermit,
+) -> Vec<(Job, Held)> {
+    let mut rooms = state::rooms(inner, permit, jobs.len()).into_iter();
+    jobs.into_iter()
+        .map(|(job, ticket)| {
+            let room = rooms.next();
+            (job, Held { room, ticket })
+        })
+        .collect()
+}
+
+/// Starts the attempts of one firing's admitted jobs.
+fn start(inner: &Arc<Inner>, jobs: Vec<(Job, Ticket)>, permit: OwnedSemaphorePermit) {
+    let jobs = with_rooms(inner, jobs, permit);
+    let i = inner.clone();
+    inner.tracker.spawn(async move { run_jobs(i, jobs).await });
+}
+
 /// The attempts of one firing's jobs, in the order of SPEC §2. A failing job goes to the
-/// queue for its retry and does not hold back the next; a notification waits for its channel's
-/// bucket in its own task (without the permit), so a throttled channel holds back nothing else.
-async fn run_jobs(inner: Arc<Inner>, jobs: Vec<Job>, permit: OwnedSemaphorePermit) {
+/// queue for its retry and does not hold back the next; a notification runs in its own task
+/// (its channel's line, rate and slot are its own), so a throttled channel holds back nothing
+/// else. A step whose slot has no room when its turn comes goes back to the queue, and the
+/// steps after it with it.
+async fn run_jobs(inner: Arc<Inner>, jobs: Vec<(Job, Held)>) {
     // Every job is this instance's from now on: its lease is renewed while earlier jobs run
     // (a slow reload must not let another instance take the notification behind it), and
     // shutdown hands back the jobs it never reached.
-    inflight(&inner).extend(jobs.iter().map(Job::id));
-    for job in jobs {
+    inflight(&inner).extend(jobs.iter().map(|(j, _)| j.id()));
+    let config = inner.actions.live.current();
+    let mut later: Vec<(String, i64)> = Vec::new();
+    let mut after: Option<i64> = None;
+    for (job, mut held) in jobs {
         if inner.shutdown.is_cancelled() {
             break;
         }
         let notify = matches!(job.action, Action::Notify { .. });
+        if let Some(due) = after {
+            later.push((job.id(), due));
+            continue;
+        }
+        if matches!(held.ticket, Ticket::Ask) && inner.queue.is_some() {
+            match admit(&inner, &config, &job, &mut HashMap::new(), queue::now_ms()) {
+                Ok(t) => held.ticket = t,
+                Err(due) => {
+                    if !notify {
+                        after = Some(due);
+                    }
+                    later.push((job.id(), due));
+                    continue;
+                }
+            }
+        }
         let (n, since) = (job.attempt, job.failing_since);
         let work = Work::Job {
             firing: job.firing,
@@ -366,15 +543,12 @@ async fn run_jobs(inner: Arc<Inner>, jobs: Vec<Job>, permit: OwnedSemaphorePermi
             let i = inner.clone();
             inner
                 .tracker
-                .spawn(async move { deliver(i, work, n, since).await });
+                .spawn(async move { deliver_held(i, work, n, since, held).await });
         } else {
-            deliver(inner.clone(), work, n, since).await;
+            deliver_held(inner.clone(), work, n, since, held).await;
         }
     }
-    drop(permit);
-    if inner.backlogged.load(Ordering::Relaxed) {
-        inner.wake.notify_one();
-    }
+    attempt::defer(&inner, later).await;
 }
 
 /// Gives a dead letter a second life: the same firings, the same action, from attempt one.
@@ -411,5 +585,33 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
         inner
             .tracker
             .spawn(async move { deliver(i, work, 0, None).await });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RetryPolicy;
+    use super::testkit::{self, firing, secs, stage};
+
+    /// A firing matched under the rules before a reload reaches delivery after the reload
+    /// removed its rule: a dead letter that says so (the README promises nothing is dropped
+    /// silently), and the other firings of the batch go on.
+    #[tokio::test(start_paused = true)]
+    async fn a_firing_of_a_rule_a_reload_removed_is_dead_lettered() {
+        let config = testkit::config(
+            "channels:\n  log: { type: log }\nrules:\n  - name: kept\n    match: 'k:*'\n    notify: { to: [log] }\n",
+        );
+        let s = stage(config, RetryPolicy::default());
+        s.delivery
+            .accept(vec![firing("removed", "r:1"), firing("kept", "k:1")])
+            .await;
+        tokio::time::sleep(secs(1)).await;
+        assert_eq!(s.metrics.dead_letters.get(), 1);
+        let dead = s.status.dead_letters();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].rule, "removed");
+        assert_eq!(dead[0].key, "r:1");
+        assert_eq!(dead[0].reason, "rule `removed` no longer exists");
+        assert_eq!(s.status.counts("kept").sent, 1);
     }
 }

@@ -261,6 +261,22 @@ impl Queue {
         inv.invoke_async(&mut self.conn.clone()).await
     }
 
+    /// Jobs this instance took but has no room for go back to wait in the queue, each due at its
+    /// time (ms), for whichever instance has room then. Only those still queued: one another
+    /// instance finished after this one lost its lease stays finished. The payloads stay as
+    /// they are: no attempt was made.
+    pub async fn defer(&self, due: &[(String, i64)]) -> redis::RedisResult<()> {
+        if due.is_empty() {
+            return Ok(());
+        }
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&self.zset).arg("XX");
+        for (id, at) in due {
+            zadd.arg(*at).arg(id);
+        }
+        zadd.exec_async(&mut self.conn.clone()).await
+    }
+
     /// Takes up to `max` due jobs, leasing them to this instance.
     pub async fn take_due(&self, max: usize) -> redis::RedisResult<Taken> {
         self.take_from(&self.zset, max).await

@@ -1,0 +1,314 @@
+//! `concurrency` (SPEC §2, §5): how many requests one instance has in flight at once to each
+//! channel, and for each rule's `reload` and `exec`.
+//!
+//! Each of them is a *slot*: a semaphore as wide as its `concurrency`, and a line of jobs
+//! waiting for it, as long as the slot is wide. A job that finds the line full is not kept in
+//! memory: it goes back to the queue in Redis, due when the slot should have room again (its
+//! requests' recent duration tells when), so a storm of a million notifications costs this
+//! instance at most twice the width of each slot, and a slow target holds no more than that of
+//! the room every other target shares.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::firing::Action;
+
+/// What a slot bounds: a channel, or one rule's `reload` or `exec`. `cleanup` has none: it talks
+/// to Redis, whose connection is shared and multiplexed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) enum SlotKey {
+    Channel(String),
+    Reload(String),
+    Exec(String),
+}
+
+impl SlotKey {
+    pub(super) fn of(rule: &str, action: &Action) -> Option<SlotKey> {
+        match action {
+            Action::Notify { channel } => Some(SlotKey::Channel(channel.clone())),
+            Action::Reload => Some(SlotKey::Reload(rule.to_string())),
+            Action::Exec => Some(SlotKey::Exec(rule.to_string())),
+            Action::Cleanup => None,
+        }
+    }
+
+    /// Its `concurrency` under `config`; `None` when the channel or step no longer exists (the
+    /// attempt then fails and is dead-lettered; nothing to wait for).
+    fn width(&self, config: &Config) -> Option<usize> {
+        match self {
+            SlotKey::Channel(c) => config.channel(c).map(|c| c.concurrency),
+            SlotKey::Reload(r) => config.rule(r)?.reload.as_ref().map(|s| s.concurrency),
+            SlotKey::Exec(r) => config.rule(r)?.exec.as_ref().map(|s| s.concurrency),
+        }
+    }
+}
+
+/// The duration a request is assumed to take before one has been measured.
+const FIRST_GUESS: Duration = Duration::from_millis(50);
+
+pub(super) struct Slot {
+    width: usize,
+    permits: Arc<Semaphore>,
+    /// Jobs in the line (each holds a [`LinePlace`]).
+    waiting: AtomicUsize,
+    /// How long a request holds its permit, µs: a moving average, 0 before the first.
+    hold_us: AtomicU64,
+    /// The due time (unix ms) given to the last job sent back to the queue: the next one comes
+    /// a share of a request's duration after it, so that jobs come back as fast as the slot
+    /// serves them, not all at once.
+    next_due: Mutex<f64>,
+}
+
+impl Slot {
+    fn new(width: usize) -> Slot {
+        Slot {
+            width,
+            permits: Arc::new(Semaphore::new(width)),
+            waiting: AtomicUsize::new(0),
+            hold_us: AtomicU64::new(0),
+            next_due: Mutex::new(0.0),
+        }
+    }
+
+    /// A permit at once, or a place in the line while it is shorter than the slot is wide;
+    /// `None`: the job should wait in the queue instead (see [`Slot::later`]).
+    pub(super) fn admit(self: &Arc<Self>) -> Option<Ticket> {
+        if let Ok(p) = self.permits.clone().try_acquire_owned() {
+            return Some(Ticket::Now(SlotPermit::new(self.clone(), p)));
+        }
+        let mut n = self.waiting.load(Ordering::Acquire);
+        loop {
+            if n >= self.width {
+                return None;
+            }
+            match self
+                .waiting
+                .compare_exchange(n, n + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(Ticket::Line(LinePlace { slot: self.clone() })),
+                Err(seen) => n = seen,
+            }
+        }
+    }
+
+    /// Whether [`Slot::admit`] would admit a job now (without reserving anything).
+    pub(super) fn has_room(&self) -> bool {
+        self.permits.available_permits() > 0 || self.waiting.load(Ordering::Acquire) < self.width
+    }
+
+    /// A permit, however long the line: for work that is already bounded elsewhere (a digest,
+    /// a retry held in memory when there is no queue).
+    pub(super) async fn acquire(
+        self: &Arc<Self>,
+        shutdown: &CancellationToken,
+    ) -> Option<SlotPermit> {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => None,
+            p = self.permits.clone().acquire_owned() => p.ok().map(|p| SlotPermit::new(self.clone(), p)),
+        }
+    }
+
+    /// When a job turned away at `now_ms` should come due again: after the requests in flight
+    /// and the line have had about two requests' time, spaced behind the jobs sent back before
+    /// it by a request's duration shared among the slot's permits.
+    pub(super) fn later(&self, now_ms: i64) -> i64 {
+        let hold_ms = match self.hold_us.load(Ordering::Relaxed) {
+            0 => FIRST_GUESS.as_secs_f64() * 1000.0,
+            us => us as f64 / 1000.0,
+        }
+        .max(1.0);
+        let spacing = hold_ms / self.width as f64;
+        let mut next = self.next_due.lock().unwrap_or_else(|p| p.into_inner());
+        let at = next.max(now_ms as f64 + 2.0 * hold_ms) + spacing;
+        *next = at;
+        at.ceil() as i64
+    }
+
+    fn record(&self, held: Duration) {
+        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX).max(1);
+        let old = self.hold_us.load(Ordering::Relaxed);
+        // A moving average over about the last ten requests.
+        let new = if old == 0 {
+            sample
+        } else {
+            (old.saturating_mul(9).saturating_add(sample)) / 10
+        };
+        self.hold_us.store(new, Ordering::Relaxed);
+    }
+}
+
+/// The right to make one request: held for its duration, which the slot learns from.
+pub(super) struct SlotPermit {
+    slot: Arc<Slot>,
+    since: Instant,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl SlotPermit {
+    fn new(slot: Arc<Slot>, permit: OwnedSemaphorePermit) -> SlotPermit {
+        SlotPermit {
+            slot,
+            since: Instant::now(),
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for SlotPermit {
+    fn drop(&mut self) {
+        self.slot.record(self.since.elapsed());
+    }
+}
+
+/// A place in a slot's line, given back when it turns into a permit or is dropped.
+pub(super) struct LinePlace {
+    slot: Arc<Slot>,
+}
+
+impl LinePlace {
+    /// Waits for the permit; `None` at shutdown.
+    pub(super) async fn wait(self, shutdown: &CancellationToken) -> Option<SlotPermit> {
+        self.slot.acquire(shutdown).await
+    }
+}
+
+impl Drop for LinePlace {
+    fn drop(&mut self) {
+        self.slot.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a job has of its slot before its first attempt.
+#[derive(Default)]
+pub(super) enum Ticket {
+    /// A permit: the request may start.
+    Now(SlotPermit),
+    /// A place in the line.
+    Line(LinePlace),
+    /// Nothing yet: the permit is asked for when the attempt comes (and waited for, however
+    /// long the line).
+    #[default]
+    Ask,
+}
+
+impl Ticket {
+    /// The permit for the attempt: the one held, the one the line gives, or one asked for now.
+    /// `Ok(None)`: the job has no slot; `Err(())`: shutdown came first.
+    pub(super) async fn permit(
+        self,
+        slot: Option<Arc<Slot>>,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<SlotPermit>, ()> {
+        match (self, slot) {
+            (Ticket::Now(p), _) => Ok(Some(p)),
+            (Ticket::Line(place), _) => place.wait(shutdown).await.map(Some).ok_or(()),
+            (Ticket::Ask, Some(slot)) => slot.acquire(shutdown).await.map(Some).ok_or(()),
+            (Ticket::Ask, None) => Ok(None),
+        }
+    }
+}
+
+/// The slot of each channel and step in force: made on first use, made anew when a reload
+/// changes its width (requests under the old one finish under it).
+#[derive(Default)]
+pub(super) struct Slots {
+    by_key: Mutex<HashMap<SlotKey, Arc<Slot>>>,
+}
+
+impl Slots {
+    pub(super) fn get(&self, config: &Config, key: &SlotKey) -> Option<Arc<Slot>> {
+        let width = key.width(config)?;
+        let mut map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = map.get(key)
+            && s.width == width
+        {
+            return Some(s.clone());
+        }
+        let slot = Arc::new(Slot::new(width));
+        map.insert(key.clone(), slot.clone());
+        Some(slot)
+    }
+
+    /// The slot of `action` of `rule`.
+    pub(super) fn of(&self, config: &Config, rule: &str, action: &Action) -> Option<Arc<Slot>> {
+        self.get(config, &SlotKey::of(rule, action)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::RetryPolicy;
+    use super::super::testkit::{self, SlowTarget, firings, ms, secs, stage};
+    use super::*;
+
+    /// A storm of 200 notifications and 40 reloads and execs against targets that take 20 ms:
+    /// never more requests at once than each `concurrency` (a channel's, a rule's reload's), and
+    /// every one made. (Without Redis the others wait in memory; with it, in the queue:
+    /// `tests/storm.rs`.)
+    #[tokio::test(start_paused = true)]
+    async fn requests_in_flight_stay_within_each_concurrency() {
+        let hook = SlowTarget::start(ms(20)).await;
+        let reload = SlowTarget::start(ms(20)).await;
+        let config = testkit::config(&format!(
+            "channels:\n  hook: {{ type: webhook, url: \"{}\", timeout: 1h, concurrency: 4 }}\n  other: {{ type: webhook, url: \"{}\", timeout: 1h }}\nrules:\n  - name: storm\n    match: 's:*'\n    notify: {{ to: [hook] }}\n  - name: warm\n    match: 'w:*'\n    reload: {{ url: \"{}\", timeout: 1h, concurrency: 2 }}\n    exec: {{ command: [\"true\"], concurrency: 3 }}\n",
+            hook.url, hook.url, reload.url
+        ));
+        let s = stage(config, RetryPolicy::default());
+        let keys: Vec<String> = (0..200).map(|i| format!("s:{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        s.delivery.accept(firings("storm", &keys)).await;
+        let warm: Vec<String> = (0..40).map(|i| format!("w:{i}")).collect();
+        let warm: Vec<&str> = warm.iter().map(String::as_str).collect();
+        s.delivery.accept(firings("warm", &warm)).await;
+
+        assert_eq!(hook.served(200, secs(600)).await, 200);
+        assert_eq!(reload.served(40, secs(600)).await, 40);
+        assert_eq!(hook.most(), 4, "the channel's requests at once");
+        assert_eq!(reload.most(), 2, "the rule's reloads at once");
+        assert_eq!(hook.holding() + reload.holding(), 0);
+        assert_eq!(s.status.counts("storm").sent, 200);
+        assert_eq!(s.metrics.dead_letters.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_admits_its_width_then_a_line_as_long_then_nothing() {
+        let slot = Arc::new(Slot::new(2));
+        let now: Vec<Ticket> = (0..2).map(|_| slot.admit().unwrap()).collect();
+        assert!(now.iter().all(|t| matches!(t, Ticket::Now(_))));
+        let line: Vec<Ticket> = (0..2).map(|_| slot.admit().unwrap()).collect();
+        assert!(line.iter().all(|t| matches!(t, Ticket::Line(_))));
+        assert!(slot.admit().is_none());
+        assert!(!slot.has_room());
+        // A place given up is free again.
+        drop(line);
+        assert!(slot.has_room());
+        assert!(matches!(slot.admit(), Some(Ticket::Line(_))));
+    }
+
+    /// Jobs sent back come due spaced by a request's duration over the width: as fast as the
+    /// slot will serve them, after what it already holds.
+    #[tokio::test(start_paused = true)]
+    async fn jobs_turned_away_come_back_as_fast_as_the_slot_serves() {
+        let slot = Arc::new(Slot::new(4));
+        let shutdown = CancellationToken::new();
+        for _ in 0..3 {
+            let p = slot.acquire(&shutdown).await.unwrap();
+            tokio::time::advance(Duration::from_millis(40)).await;
+            drop(p);
+        }
+        // 40 ms a request, 4 at once: one every 10 ms, after 80 ms for what is in hand.
+        assert_eq!(slot.later(1000), 1090);
+        assert_eq!(slot.later(1000), 1100);
+        assert_eq!(slot.later(1005), 1110);
+        // Once that is past, the spacing starts afresh from now.
+        assert_eq!(slot.later(5000), 5090);
+    }
+}
