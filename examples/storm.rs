@@ -75,7 +75,7 @@ struct Figures {
     peak_rss_mib: f64,
     /// keywatch's resident memory sampled every 250 ms while it drained: the largest, MiB.
     largest_sampled_rss_mib: f64,
-    /// The most jobs in the queue (ZCARD) seen while draining.
+    /// The most jobs in Redis (the queue and the targets' waiting sets) seen while draining.
     peak_queued: usize,
     /// Seconds from the due instant until every event was delivered.
     drain_s: f64,
@@ -247,6 +247,22 @@ async fn wait_subscribed(c: &mut redis::aio::MultiplexedConnection) {
     }
 }
 
+/// Jobs in Redis: in the queue, and waiting for their target in its own set.
+async fn queued(c: &mut redis::aio::MultiplexedConnection) -> usize {
+    let targets: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("keywatch:queue:waits")
+        .query_async(c)
+        .await
+        .unwrap_or_default();
+    let mut pipe = redis::pipe();
+    pipe.cmd("ZCARD").arg("keywatch:queue");
+    for t in &targets {
+        pipe.cmd("ZCARD").arg(format!("keywatch:queue:wait:{t}"));
+    }
+    let counts: Vec<usize> = pipe.query_async(c).await.unwrap_or_default();
+    counts.iter().sum()
+}
+
 /// A process's resident memory now (VmRSS), MiB.
 fn rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -286,11 +302,7 @@ async fn run(args: &Args) -> Figures {
     while seen.distinct.load(Ordering::SeqCst) < args.events {
         tokio::time::sleep(Duration::from_millis(250)).await;
         largest_rss = largest_rss.max(rss_mib(pid));
-        let queued: usize = redis::cmd("ZCARD")
-            .arg("keywatch:queue")
-            .query_async(&mut c)
-            .await
-            .unwrap_or(0);
+        let queued = queued(&mut c).await;
         peak_queued = peak_queued.max(queued);
         let distinct = seen.distinct.load(Ordering::SeqCst);
         if distinct > last_progress.0 {
@@ -359,7 +371,10 @@ fn main() -> std::process::ExitCode {
         f.largest_sampled_rss_mib
     );
     println!("| most jobs in the queue in Redis | {} |", f.peak_queued);
-    println!("| time to drain (due instant → last delivery) | {:.1} s |", f.drain_s);
+    println!(
+        "| time to drain (due instant → last delivery) | {:.1} s |",
+        f.drain_s
+    );
     println!(
         "| delivered / requests / duplicates | {} / {} / {} |",
         f.delivered, f.requests, f.duplicates

@@ -53,15 +53,29 @@ fn expire_together(redis: &RedisServer, keys: impl Iterator<Item = String>) {
     let _: () = pipe.query(&mut redis.conn()).unwrap();
 }
 
-/// Jobs in the queue that are not leased to an instance: due now or soon, waiting in Redis
-/// (a lease runs 15 s from the take; a job sent back to wait is due within a few seconds).
+/// Jobs waiting in Redis, not leased to an instance: due in the queue (a lease runs 15 s from
+/// the take), or waiting for their target in its own set.
 fn waiting_in_redis(redis: &RedisServer) -> usize {
-    redis::cmd("ZCOUNT")
+    let mut c = redis.conn();
+    let due: usize = redis::cmd("ZCOUNT")
         .arg("keywatch:queue")
         .arg("-inf")
         .arg(unix_ms() + 7000)
-        .query(&mut redis.conn())
-        .unwrap()
+        .query(&mut c)
+        .unwrap();
+    let targets: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("keywatch:queue:waits")
+        .query(&mut c)
+        .unwrap();
+    due + targets
+        .iter()
+        .map(|t| {
+            redis::cmd("ZCARD")
+                .arg(format!("keywatch:queue:wait:{t}"))
+                .query::<usize>(&mut c)
+                .unwrap()
+        })
+        .sum::<usize>()
 }
 
 fn keys_of(requests: &[common::Request]) -> Vec<String> {

@@ -1,6 +1,7 @@
 //! One job or digest attempted until it is sent or fails for good: logged and counted, through
 //! its channel's rate-limited lane, its retries stored in the queue, and its dead letter.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,13 +107,15 @@ pub(super) async fn deliver_held(
     };
     // A notification of a rate-limited channel waits in its channel's line, and may come out of
     // it carrying the channel's backlog as a digest.
+    let channel = work.channel().unwrap_or_default().to_string();
     let (work, mut token) = match lane_of(&inner, &work) {
         Some(lane) => match take_turn(&inner, &lane, work, &id, &mut room).await {
             Turned::Go(w) => (w, true),
             // Left in flight: shutdown hands it back, or the digest it joined acknowledges it.
             Turned::Gone => return,
-            Turned::Later(due) => {
-                defer(&inner, vec![(id, due)]).await;
+            Turned::Wait => {
+                let target = SlotKey::Channel(channel).target();
+                park(&inner, vec![(target, id)]).await;
                 return;
             }
         },
@@ -257,21 +260,30 @@ fn slot_of(inner: &Inner, work: &Work) -> Option<Arc<Slot>> {
     }
 }
 
-/// Sends jobs this instance has no room for back to the queue, each due at its time: out of the
-/// in-flight set first, so that a lease renewal cannot push them further back.
-pub(super) async fn defer(inner: &Inner, due: Vec<(String, i64)>) {
-    if due.is_empty() {
+/// Sends jobs this instance has no room for to wait for their targets in Redis, as (target,
+/// job id): out of the in-flight set first, so that a lease renewal cannot touch them.
+pub(super) async fn park(inner: &Inner, jobs: Vec<(String, String)>) {
+    if jobs.is_empty() {
         return;
     }
+    let mut by_target: HashMap<String, Vec<String>> = HashMap::new();
     {
         let mut set = inflight(inner);
-        for (id, _) in &due {
-            set.remove(id);
+        for (target, id) in jobs {
+            set.remove(&id);
+            by_target.entry(target).or_default().push(id);
         }
     }
     let Some(q) = &inner.queue else { return };
-    if let Err(e) = q.defer(&due).await {
-        tracing::warn!(error = %e, jobs = due.len(), "Cannot send jobs back to wait in the queue; they come due again when their lease ends.");
+    let config = inner.actions.live.current();
+    for (target, ids) in by_target {
+        if let Some(slot) = SlotKey::from_target(&target).and_then(|k| inner.slots.get(&config, &k))
+        {
+            slot.set_parked(true);
+        }
+        if let Err(e) = q.park(&target, &ids).await {
+            tracing::warn!(error = %e, jobs = ids.len(), %target, "Cannot send jobs to wait for their target in Redis; they come due again when their lease ends.");
+        }
     }
 }
 
@@ -310,8 +322,8 @@ pub(super) enum Turned {
     Go(Work),
     /// Nothing more to do here (merged into another's digest, or shutdown).
     Gone,
-    /// The line is full: wait in the queue, due then (unix ms).
-    Later(i64),
+    /// The line is full: wait for the channel in Redis.
+    Wait,
 }
 
 /// Waits for the channel's token, giving `room` back meanwhile (the line is bounded on its own).
@@ -327,7 +339,7 @@ pub(super) async fn take_turn(
     };
     // Without a queue there is nowhere else to wait.
     if inner.queue.is_some() && !lane.has_room(0) {
-        return Turned::Later(lane.later(super::queue::now_ms()));
+        return Turned::Wait;
     }
     drop(room.take());
     let waiting = Waiting {

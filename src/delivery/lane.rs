@@ -11,8 +11,8 @@
 //! a loss.
 //!
 //! The line itself is bounded ([`line_cap`]): a notification that finds it full goes back to the
-//! queue in Redis, due about when the line will have room, so a storm on a throttled channel
-//! holds a fixed amount of memory, and none of the room other channels share.
+//! queue in Redis, to wait for its channel there (taken back as the line shortens), so a storm on
+//! a throttled channel holds a fixed amount of memory, and none of the room other channels share.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,10 +74,6 @@ pub struct Lane {
     merge_over: usize,
     /// Messages waiting beyond this many wait in the queue instead.
     cap: usize,
-    /// A token's interval when the burst is spent, ms.
-    per_message_ms: f64,
-    /// The due time (unix ms) given to the last message sent back to the queue.
-    next_due: Mutex<f64>,
     line: Mutex<VecDeque<Entry>>,
     arrived: Notify,
     started: AtomicBool,
@@ -95,8 +91,6 @@ impl Lane {
             limiter,
             merge_over: merge_threshold(rate),
             cap: line_cap(rate),
-            per_message_ms: rate.per.as_secs_f64() * 1000.0 / f64::from(rate.burst.max(1)),
-            next_due: Mutex::new(0.0),
             line: Mutex::new(VecDeque::new()),
             arrived: Notify::new(),
             started: AtomicBool::new(false),
@@ -124,19 +118,14 @@ impl Lane {
         }
     }
 
-    /// Whether `more` messages still fit in the line.
-    pub fn has_room(&self, more: usize) -> bool {
-        self.lock().len().saturating_add(more) < self.cap
+    /// How many more messages fit in the line.
+    pub fn room(&self) -> usize {
+        self.cap.saturating_sub(self.lock().len())
     }
 
-    /// When a message turned away at `now_ms` should come due again: from the next token on,
-    /// spaced so that a line's worth comes back per token (what one digest can take).
-    pub fn later(&self, now_ms: i64) -> i64 {
-        let spacing = self.per_message_ms / self.cap as f64;
-        let mut next = self.next_due.lock().unwrap_or_else(|p| p.into_inner());
-        let at = next.max(now_ms as f64 + self.per_message_ms) + spacing;
-        *next = at;
-        at.ceil() as i64
+    /// Whether `more` messages still fit in the line.
+    pub fn has_room(&self, more: usize) -> bool {
+        self.room() > more
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {

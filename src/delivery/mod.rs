@@ -42,7 +42,7 @@ use digest::{put_in_window, take_windows};
 use lane::Limiters;
 use queue::{Queue, Window};
 pub use retry::{Next, RetryPolicy};
-use slots::{Slots, Ticket};
+use slots::{SlotKey, Slots, Ticket};
 use state::{CONCURRENT, Clock, Held, Inner, inflight, windows_inflight};
 use work::{Work, by_firing};
 
@@ -79,6 +79,7 @@ impl Delivery {
         };
         let dead = state.clone().map(|conn| DeadStore::new(conn, &prefix));
         let queue = state.map(|conn| Queue::new(conn, &prefix));
+        let wake = Arc::new(Notify::new());
         Delivery {
             inner: Arc::new(Inner {
                 actions,
@@ -88,9 +89,9 @@ impl Delivery {
                 tracker: TaskTracker::new(),
                 shutdown,
                 concurrent: Arc::new(Semaphore::new(CONCURRENT)),
-                slots: Slots::default(),
+                slots: Slots::new(wake.clone()),
                 backlogged: AtomicBool::new(false),
-                wake: Notify::new(),
+                wake,
                 digests: Mutex::new(HashMap::new()),
                 dead,
                 queue,
@@ -311,6 +312,7 @@ impl Delivery {
                 if ticked {
                     take_windows(&inner, &queue).await;
                 }
+                take_waiting(&inner, &queue).await;
                 take_due(&inner, &queue).await;
             }
         });
@@ -321,9 +323,9 @@ impl Delivery {
 const TAKE_MAX: usize = 512;
 
 /// Takes due jobs while there is room, and starts them: the jobs of one firing together, in
-/// the order of SPEC §2. A job whose slot (or rate-limited line) is full goes straight back to
-/// the queue, due when it should have room, so that the jobs of other targets behind it are
-/// reached and a storm waits in Redis.
+/// the order of SPEC §2. A job whose slot (or rate-limited line) is full goes to wait for its
+/// target in Redis ([`Queue::park`]), so that the jobs of other targets behind it are reached
+/// and a storm waits in Redis, not here.
 async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
     loop {
         let room = inner.concurrent.available_permits().min(TAKE_MAX);
@@ -342,33 +344,85 @@ async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
         let full = taken.jobs.len() + taken.unreadable.len() == room;
         inner.backlogged.store(full, Ordering::Relaxed);
         dead_letter_unreadable(inner, taken.unreadable);
-        let config = inner.actions.live.current();
-        let now = queue::now_ms();
-        let mut lanes = HashMap::new();
-        let mut later = Vec::new();
-        for jobs in by_firing(taken.jobs) {
-            let jobs = admit_firing(inner, &config, jobs, &mut lanes, now, &mut later);
-            if jobs.is_empty() {
-                continue;
-            }
-            let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
-            match inner.concurrent.clone().try_acquire_many_owned(n) {
-                Ok(permit) => start(inner, jobs, permit),
-                // `accept` took the room meanwhile: wait for it (the jobs are leased to us).
-                Err(_) => {
-                    let i = inner.clone();
-                    inner.tracker.spawn(async move {
-                        if let Ok(permit) = i.concurrent.clone().acquire_many_owned(n).await {
-                            start(&i, jobs, permit);
-                        }
-                    });
-                }
-            }
-        }
-        attempt::defer(inner, later).await;
+        start_taken(inner, taken.jobs).await;
         if !full {
             return;
         }
+    }
+}
+
+/// Starts jobs just leased to this instance, as far as their targets have room; sends the others
+/// to wait for their targets in Redis.
+async fn start_taken(inner: &Arc<Inner>, jobs: Vec<Job>) {
+    let config = inner.actions.live.current();
+    let mut lanes = HashMap::new();
+    let mut later = Vec::new();
+    for jobs in by_firing(jobs) {
+        let jobs = admit_firing(inner, &config, jobs, &mut lanes, &mut later);
+        if jobs.is_empty() {
+            continue;
+        }
+        let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+        match inner.concurrent.clone().try_acquire_many_owned(n) {
+            Ok(permit) => start(inner, jobs, permit),
+            // `accept` took the room meanwhile: wait for it (the jobs are leased to us).
+            Err(_) => {
+                let i = inner.clone();
+                inner.tracker.spawn(async move {
+                    if let Ok(permit) = i.concurrent.clone().acquire_many_owned(n).await {
+                        start(&i, jobs, permit);
+                    }
+                });
+            }
+        }
+    }
+    attempt::park(inner, later).await;
+}
+
+/// Takes back the jobs waiting in Redis for each target that has room here now: as many as its
+/// slot (or rate-limited line) admits, within this instance's room. A target that no longer
+/// exists gets its jobs taken too, to be dead-lettered.
+async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
+    let targets = match queue.waiting_targets().await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot read which targets have jobs waiting; retrying.");
+            return;
+        }
+    };
+    let config = inner.actions.live.current();
+    for target in targets {
+        let key = SlotKey::from_target(&target);
+        let slot = key.as_ref().and_then(|k| inner.slots.get(&config, k));
+        let lane = match &key {
+            Some(SlotKey::Channel(c)) => inner.limiters.get(&config, c).map(|l| l.lane),
+            _ => None,
+        };
+        let room = match (&lane, &slot) {
+            (Some(lane), _) => lane.room(),
+            (None, Some(slot)) => slot.room(),
+            // Gone from the rules: taken to fail and be dead-lettered.
+            (None, None) => TAKE_MAX,
+        };
+        let room = room.min(inner.concurrent.available_permits()).min(TAKE_MAX);
+        if room == 0 {
+            continue;
+        }
+        let taken = match queue.unpark(&target, room).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, %target, "Cannot take jobs waiting for their target; retrying.");
+                continue;
+            }
+        };
+        if let Some(slot) = &slot
+            && taken.jobs.len() + taken.unreadable.len() < room
+        {
+            // All of them taken: nothing more to wake up for.
+            slot.set_parked(false);
+        }
+        dead_letter_unreadable(inner, taken.unreadable);
+        start_taken(inner, taken.jobs).await;
     }
 }
 
@@ -407,63 +461,64 @@ fn starting(jobs: &[Job]) -> usize {
     }
 }
 
-/// A ticket for `job`'s slot now, or when it should come due again in the queue. `lanes` counts
+/// A ticket for `job`'s slot now, or the target it should wait for in Redis. `lanes` counts
 /// the notifications already let into each rate-limited line in this round.
 fn admit(
     inner: &Inner,
     config: &crate::config::Config,
     job: &Job,
     lanes: &mut HashMap<String, usize>,
-    now: i64,
-) -> Result<Ticket, i64> {
+) -> Result<Ticket, String> {
+    let key = SlotKey::of(&job.firing.rule, &job.action);
     if let Action::Notify { channel } = &job.action
         && let Some(l) = inner.limiters.get(config, channel)
     {
         // Its line bounds it; the slot is asked for once its token comes.
         let n = lanes.entry(channel.clone()).or_default();
         if !l.lane.has_room(*n) {
-            return Err(l.lane.later(now));
+            return Err(SlotKey::Channel(channel.clone()).target());
         }
         *n += 1;
         return Ok(Ticket::Ask);
     }
-    match inner.slots.of(config, &job.firing.rule, &job.action) {
-        Some(slot) => slot.admit().ok_or_else(|| slot.later(now)),
+    match key.as_ref().and_then(|k| inner.slots.get(config, k)) {
+        Some(slot) => slot
+            .admit()
+            .ok_or_else(|| key.map(|k| k.target()).unwrap_or_default()),
         None => Ok(Ticket::Ask),
     }
 }
 
 /// The jobs of one firing taken from the queue that start now, with their tickets; those whose
-/// target has no room are added to `later` with their due time. A first step without room takes
-/// the firing's later steps back with it (they run after it, SPEC §2); notifications are
+/// target has no room are added to `later` with the target to wait for. A first step without
+/// room takes the firing's later steps with it (they run after it, SPEC §2); notifications are
 /// independent of one another.
 fn admit_firing(
     inner: &Inner,
     config: &crate::config::Config,
     jobs: Vec<Job>,
     lanes: &mut HashMap<String, usize>,
-    now: i64,
-    later: &mut Vec<(String, i64)>,
+    later: &mut Vec<(String, String)>,
 ) -> Vec<(Job, Ticket)> {
     let first = starting(&jobs);
     let mut out = Vec::with_capacity(jobs.len());
-    let mut after: Option<i64> = None;
+    let mut after: Option<String> = None;
     for (i, job) in jobs.into_iter().enumerate() {
-        if let Some(due) = after {
-            later.push((job.id(), due));
+        if let Some(target) = &after {
+            later.push((target.clone(), job.id()));
             continue;
         }
         if i >= first {
             out.push((job, Ticket::Ask));
             continue;
         }
-        match admit(inner, config, &job, lanes, now) {
+        match admit(inner, config, &job, lanes) {
             Ok(t) => out.push((job, t)),
-            Err(due) => {
+            Err(target) => {
                 if !matches!(job.action, Action::Notify { .. }) {
-                    after = Some(due);
+                    after = Some(target.clone());
                 }
-                later.push((job.id(), due));
+                later.push((target, job.id()));
             }
         }
     }
@@ -511,25 +566,25 @@ async fn run_jobs(inner: Arc<Inner>, jobs: Vec<(Job, Held)>) {
     // shutdown hands back the jobs it never reached.
     inflight(&inner).extend(jobs.iter().map(|(j, _)| j.id()));
     let config = inner.actions.live.current();
-    let mut later: Vec<(String, i64)> = Vec::new();
-    let mut after: Option<i64> = None;
+    let mut later: Vec<(String, String)> = Vec::new();
+    let mut after: Option<String> = None;
     for (job, mut held) in jobs {
         if inner.shutdown.is_cancelled() {
             break;
         }
         let notify = matches!(job.action, Action::Notify { .. });
-        if let Some(due) = after {
-            later.push((job.id(), due));
+        if let Some(target) = &after {
+            later.push((target.clone(), job.id()));
             continue;
         }
         if matches!(held.ticket, Ticket::Ask) && inner.queue.is_some() {
-            match admit(&inner, &config, &job, &mut HashMap::new(), queue::now_ms()) {
+            match admit(&inner, &config, &job, &mut HashMap::new()) {
                 Ok(t) => held.ticket = t,
-                Err(due) => {
+                Err(target) => {
                     if !notify {
-                        after = Some(due);
+                        after = Some(target.clone());
                     }
-                    later.push((job.id(), due));
+                    later.push((target, job.id()));
                     continue;
                 }
             }
@@ -548,7 +603,7 @@ async fn run_jobs(inner: Arc<Inner>, jobs: Vec<(Job, Held)>) {
             deliver_held(inner.clone(), work, n, since, held).await;
         }
     }
-    attempt::defer(&inner, later).await;
+    attempt::park(&inner, later).await;
 }
 
 /// Gives a dead letter a second life: the same firings, the same action, from attempt one.

@@ -65,6 +65,44 @@ end
 return n
 ";
 
+// Moves jobs (ARGV[3..]) still in the queue KEYS[1] to the waiting set KEYS[2] of their target,
+// at ARGV[2] (oldest first), and lists that set (ARGV[1]) in KEYS[3]. Returns how many moved.
+const PARK: &str = r"
+local n = 0
+for i = 3, #ARGV do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    redis.call('ZADD', KEYS[2], ARGV[2], ARGV[i])
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('SADD', KEYS[3], ARGV[1])
+end
+return n
+";
+
+// Takes the ARGV[1] oldest jobs of the waiting set KEYS[1] back into the queue KEYS[2], leased
+// until ARGV[2]; an emptied set leaves the list KEYS[4] (its name there is ARGV[3]). Returns id,
+// payload pairs (payloads from KEYS[3]), as TAKE does.
+const UNPARK: &str = r"
+local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZADD', KEYS[2], ARGV[2], id)
+end
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('SREM', KEYS[4], ARGV[3])
+end
+if #ids == 0 then return {} end
+local payloads = redis.call('HMGET', KEYS[3], unpack(ids))
+local out = {}
+for i, id in ipairs(ids) do
+  out[2 * i - 1] = id
+  out[2 * i] = payloads[i]
+end
+return out
+";
+
 // Sets jobs that cannot be read aside (ARGV as id, payload pairs): out of the sorted set
 // KEYS[1] and the payload hash KEYS[2], the payload (when there is one) kept in KEYS[3].
 const SET_ASIDE: &str = r"
@@ -178,6 +216,8 @@ pub struct Queue {
     take: redis::Script,
     reschedule: redis::Script,
     set_aside: redis::Script,
+    park: redis::Script,
+    unpark: redis::Script,
     /// Payloads of jobs this version cannot read, kept for a person or a later version.
     unreadable: String,
     /// New and finished jobs, group-committed.
@@ -200,6 +240,8 @@ impl Queue {
             take: redis::Script::new(TAKE),
             reschedule: redis::Script::new(RESCHEDULE),
             set_aside: redis::Script::new(SET_ASIDE),
+            park: redis::Script::new(PARK),
+            unpark: redis::Script::new(UNPARK),
             unreadable: format!("{prefix}queue:unreadable"),
             writer: Writer::start(
                 conn,
@@ -261,20 +303,53 @@ impl Queue {
         inv.invoke_async(&mut self.conn.clone()).await
     }
 
-    /// Jobs this instance took but has no room for go back to wait in the queue, each due at its
-    /// time (ms), for whichever instance has room then. Only those still queued: one another
-    /// instance finished after this one lost its lease stays finished. The payloads stay as
-    /// they are: no attempt was made.
-    pub async fn defer(&self, due: &[(String, i64)]) -> redis::RedisResult<()> {
-        if due.is_empty() {
+    fn waiting_zset(&self, target: &str) -> String {
+        format!("{}queue:wait:{target}", self.prefix)
+    }
+
+    fn waiting_key(&self) -> String {
+        format!("{}queue:waits", self.prefix)
+    }
+
+    /// Jobs this instance took but whose target (a channel, a rule's reload or exec) has no room
+    /// go to wait for it in Redis, in the target's own waiting set, oldest first: whichever
+    /// instance has room for that target takes them from there ([`Queue::unpark`]), while the
+    /// jobs of other targets behind them in the queue are taken meanwhile. Only jobs still
+    /// queued: one another instance finished after this one lost its lease stays finished.
+    pub async fn park(&self, target: &str, ids: &[String]) -> redis::RedisResult<()> {
+        if ids.is_empty() {
             return Ok(());
         }
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(&self.zset).arg("XX");
-        for (id, at) in due {
-            zadd.arg(*at).arg(id);
-        }
-        zadd.exec_async(&mut self.conn.clone()).await
+        let mut inv = self.park.prepare_invoke();
+        inv.key(&self.zset)
+            .key(self.waiting_zset(target))
+            .key(self.waiting_key())
+            .arg(target)
+            .arg(now_ms())
+            .arg(ids);
+        inv.invoke_async::<()>(&mut self.conn.clone()).await
+    }
+
+    /// Takes up to `max` of the oldest jobs waiting for `target`, leased to this instance.
+    pub async fn unpark(&self, target: &str, max: usize) -> redis::RedisResult<Taken> {
+        let mut inv = self.unpark.prepare_invoke();
+        inv.key(self.waiting_zset(target))
+            .key(&self.zset)
+            .key(&self.jobs)
+            .key(self.waiting_key())
+            .arg(max)
+            .arg(now_ms() + LEASE.as_millis() as i64)
+            .arg(target);
+        let pairs: Vec<Option<String>> = inv.invoke_async(&mut self.conn.clone()).await?;
+        self.decode(&self.zset, pairs).await
+    }
+
+    /// The targets that have jobs waiting for them.
+    pub async fn waiting_targets(&self) -> redis::RedisResult<Vec<String>> {
+        redis::cmd("SMEMBERS")
+            .arg(self.waiting_key())
+            .query_async(&mut self.conn.clone())
+            .await
     }
 
     /// Takes up to `max` due jobs, leasing them to this instance.
@@ -293,6 +368,12 @@ impl Queue {
             .arg(now + LEASE.as_millis() as i64)
             .invoke_async(&mut self.conn.clone())
             .await?;
+        self.decode(zset, pairs).await
+    }
+
+    /// The jobs of id, payload pairs just leased from `zset`; those that do not decode are set
+    /// aside.
+    async fn decode(&self, zset: &str, pairs: Vec<Option<String>>) -> redis::RedisResult<Taken> {
         let mut taken = Taken::default();
         let mut aside: Vec<(String, String)> = Vec::new();
         for pair in pairs.chunks(2) {
@@ -444,15 +525,20 @@ impl Queue {
         self.set_due(&self.window_zset(w), ids, now_ms()).await
     }
 
-    /// Jobs waiting, being attempted or waiting for a retry: the queue's and those in digest
+    /// Jobs waiting, being attempted or waiting for a retry: the queue's, those waiting for
+    /// their target's room, and those in digest
     /// windows (each notification waiting in a window is a job too, and a window holding
     /// thousands is a backlog as real as the queue's).
     pub async fn len(&self) -> redis::RedisResult<i64> {
         let windows = self.windows().await?;
+        let targets = self.waiting_targets().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("ZCARD").arg(&self.zset);
         for w in &windows {
             pipe.cmd("ZCARD").arg(self.window_zset(w));
+        }
+        for t in &targets {
+            pipe.cmd("ZCARD").arg(self.waiting_zset(t));
         }
         let counts: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(counts.iter().sum())
@@ -514,6 +600,15 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "srem", SCRIPTS)
             .on(Keys::State("groups"), Access::Write)
             .args("{key} w"),
+        Use::new(Conn::State, "smembers", QUEUE)
+            .on(Keys::State("queue:waits"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "zcard", QUEUE)
+            .on(Keys::State("queue:wait:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "evalsha", "job queue: targets' waiting sets")
+            .on(Keys::State("queue:wait:*"), Access::ReadWrite)
+            .args("{sha} 3 {prefix}queue {key} {prefix}queue:waits"),
         Use::new(Conn::State, "zscore", SCRIPTS)
             .on(Keys::State("queue"), Access::Read)
             .args("{key} id"),
@@ -695,6 +790,43 @@ mod tests {
         let again = q.take_due(10).await.unwrap();
         assert!(again.unreadable.is_empty(), "{again:?}");
         assert_eq!(again.jobs.len(), 1);
+    }
+
+    /// Jobs whose target has no room wait in the target's own set, oldest first, out of the
+    /// way of the queue; a job another instance finished meanwhile is not parked; taking them
+    /// back leases them in the queue, and an emptied set is no longer listed.
+    #[tokio::test]
+    async fn jobs_wait_for_their_target_in_its_own_set() {
+        let (_server, q, conn) = queue().await;
+        let notify = || Action::Notify {
+            channel: "slow".into(),
+        };
+        let jobs: Vec<Job> = (0..3).map(|i| job(&format!("k:{i}"), notify())).collect();
+        let other = job("o:1", Action::Reload);
+        q.store(&[], &jobs).await.unwrap();
+        q.store(&[], std::slice::from_ref(&other)).await.unwrap();
+        assert_eq!(q.take_due(10).await.unwrap().jobs.len(), 4);
+        // Finished elsewhere after this instance lost its lease: it stays finished.
+        q.done(&jobs[2].id()).await.unwrap();
+        let ids: Vec<String> = jobs.iter().map(Job::id).collect();
+        q.park("channel:slow", &ids).await.unwrap();
+        assert_eq!(q.waiting_targets().await.unwrap(), vec!["channel:slow"]);
+        assert_eq!(score(&conn, "kw:queue", &ids[0]).await, None);
+        assert_eq!(
+            score(&conn, "kw:queue:wait:channel:slow", &ids[2]).await,
+            None
+        );
+        assert_eq!(q.len().await.unwrap(), 3, "two waiting, one leased");
+        // The other target's job is still where it was.
+        assert!(score(&conn, "kw:queue", &other.id()).await.is_some());
+
+        let first = q.unpark("channel:slow", 1).await.unwrap();
+        assert_eq!(first.jobs.len(), 1);
+        assert!(score(&conn, "kw:queue", &first.jobs[0].id()).await.unwrap() > now_ms() as f64);
+        let rest = q.unpark("channel:slow", 10).await.unwrap();
+        assert_eq!(rest.jobs.len(), 1);
+        assert!(q.waiting_targets().await.unwrap().is_empty());
+        assert_eq!(q.len().await.unwrap(), 3);
     }
 
     fn good_id() -> String {

@@ -3,18 +3,16 @@
 //!
 //! Each of them is a *slot*: a semaphore as wide as its `concurrency`, and a line of jobs
 //! waiting for it, as long as the slot is wide. A job that finds the line full is not kept in
-//! memory: it goes back to the queue in Redis, due when the slot should have room again (its
-//! requests' recent duration tells when), so a storm of a million notifications costs this
-//! instance at most twice the width of each slot, and a slow target holds no more than that of
-//! the room every other target shares.
+//! memory: it goes to wait for its target in Redis (`Queue::park`), and is taken back from
+//! there as the slot frees up (`Queue::unpark`), by whichever instance has room for that
+//! target. So a storm of a million notifications costs this instance at most twice the width of
+//! each slot, and a slow target holds no more than that of the room every other target shares.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio::time::Instant;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -39,6 +37,27 @@ impl SlotKey {
         }
     }
 
+    /// Its name as a target that jobs wait for in Redis (`channel:oncall`, `reload:RULE`).
+    pub(super) fn target(&self) -> String {
+        match self {
+            SlotKey::Channel(c) => format!("channel:{c}"),
+            SlotKey::Reload(r) => format!("reload:{r}"),
+            SlotKey::Exec(r) => format!("exec:{r}"),
+        }
+    }
+
+    /// The key a target's name stands for.
+    pub(super) fn from_target(target: &str) -> Option<SlotKey> {
+        let (kind, name) = target.split_once(':')?;
+        let name = name.to_string();
+        match kind {
+            "channel" => Some(SlotKey::Channel(name)),
+            "reload" => Some(SlotKey::Reload(name)),
+            "exec" => Some(SlotKey::Exec(name)),
+            _ => None,
+        }
+    }
+
     /// Its `concurrency` under `config`; `None` when the channel or step no longer exists (the
     /// attempt then fails and is dead-lettered; nothing to wait for).
     fn width(&self, config: &Config) -> Option<usize> {
@@ -50,35 +69,30 @@ impl SlotKey {
     }
 }
 
-/// The duration a request is assumed to take before one has been measured.
-const FIRST_GUESS: Duration = Duration::from_millis(50);
-
 pub(super) struct Slot {
     width: usize,
     permits: Arc<Semaphore>,
     /// Jobs in the line (each holds a [`LinePlace`]).
     waiting: AtomicUsize,
-    /// How long a request holds its permit, µs: a moving average, 0 before the first.
-    hold_us: AtomicU64,
-    /// The due time (unix ms) given to the last job sent back to the queue: the next one comes
-    /// a share of a request's duration after it, so that jobs come back as fast as the slot
-    /// serves them, not all at once.
-    next_due: Mutex<f64>,
+    /// Set when this instance sent jobs to wait for this target in Redis: a permit given back
+    /// then wakes the queue loop to take the next of them at once.
+    parked: AtomicBool,
+    wake: Arc<Notify>,
 }
 
 impl Slot {
-    fn new(width: usize) -> Slot {
+    fn new(width: usize, wake: Arc<Notify>) -> Slot {
         Slot {
             width,
             permits: Arc::new(Semaphore::new(width)),
             waiting: AtomicUsize::new(0),
-            hold_us: AtomicU64::new(0),
-            next_due: Mutex::new(0.0),
+            parked: AtomicBool::new(false),
+            wake,
         }
     }
 
     /// A permit at once, or a place in the line while it is shorter than the slot is wide;
-    /// `None`: the job should wait in the queue instead (see [`Slot::later`]).
+    /// `None`: the job should wait for this target in Redis instead.
     pub(super) fn admit(self: &Arc<Self>) -> Option<Ticket> {
         if let Ok(p) = self.permits.clone().try_acquire_owned() {
             return Some(Ticket::Now(SlotPermit::new(self.clone(), p)));
@@ -98,9 +112,22 @@ impl Slot {
         }
     }
 
+    /// How many jobs [`Slot::admit`] would admit now: free permits and free places in the line.
+    pub(super) fn room(&self) -> usize {
+        self.permits.available_permits()
+            + self
+                .width
+                .saturating_sub(self.waiting.load(Ordering::Acquire))
+    }
+
     /// Whether [`Slot::admit`] would admit a job now (without reserving anything).
     pub(super) fn has_room(&self) -> bool {
-        self.permits.available_permits() > 0 || self.waiting.load(Ordering::Acquire) < self.width
+        self.room() > 0
+    }
+
+    /// Jobs of this target now wait in Redis (or no longer do, as far as this instance knows).
+    pub(super) fn set_parked(&self, parked: bool) {
+        self.parked.store(parked, Ordering::Release);
     }
 
     /// A permit, however long the line: for work that is already bounded elsewhere (a digest,
@@ -115,56 +142,29 @@ impl Slot {
             p = self.permits.clone().acquire_owned() => p.ok().map(|p| SlotPermit::new(self.clone(), p)),
         }
     }
-
-    /// When a job turned away at `now_ms` should come due again: after the requests in flight
-    /// and the line have had about two requests' time, spaced behind the jobs sent back before
-    /// it by a request's duration shared among the slot's permits.
-    pub(super) fn later(&self, now_ms: i64) -> i64 {
-        let hold_ms = match self.hold_us.load(Ordering::Relaxed) {
-            0 => FIRST_GUESS.as_secs_f64() * 1000.0,
-            us => us as f64 / 1000.0,
-        }
-        .max(1.0);
-        let spacing = hold_ms / self.width as f64;
-        let mut next = self.next_due.lock().unwrap_or_else(|p| p.into_inner());
-        let at = next.max(now_ms as f64 + 2.0 * hold_ms) + spacing;
-        *next = at;
-        at.ceil() as i64
-    }
-
-    fn record(&self, held: Duration) {
-        let sample = u64::try_from(held.as_micros()).unwrap_or(u64::MAX).max(1);
-        let old = self.hold_us.load(Ordering::Relaxed);
-        // A moving average over about the last ten requests.
-        let new = if old == 0 {
-            sample
-        } else {
-            (old.saturating_mul(9).saturating_add(sample)) / 10
-        };
-        self.hold_us.store(new, Ordering::Relaxed);
-    }
 }
 
-/// The right to make one request: held for its duration, which the slot learns from.
+/// The right to make one request, for its duration.
 pub(super) struct SlotPermit {
     slot: Arc<Slot>,
-    since: Instant,
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl SlotPermit {
     fn new(slot: Arc<Slot>, permit: OwnedSemaphorePermit) -> SlotPermit {
         SlotPermit {
             slot,
-            since: Instant::now(),
-            _permit: permit,
+            permit: Some(permit),
         }
     }
 }
 
 impl Drop for SlotPermit {
     fn drop(&mut self) {
-        self.slot.record(self.since.elapsed());
+        drop(self.permit.take());
+        if self.slot.parked.load(Ordering::Acquire) {
+            self.slot.wake.notify_one();
+        }
     }
 }
 
@@ -218,12 +218,20 @@ impl Ticket {
 
 /// The slot of each channel and step in force: made on first use, made anew when a reload
 /// changes its width (requests under the old one finish under it).
-#[derive(Default)]
 pub(super) struct Slots {
     by_key: Mutex<HashMap<SlotKey, Arc<Slot>>>,
+    /// Wakes the queue loop (see [`Slot::parked`]).
+    wake: Arc<Notify>,
 }
 
 impl Slots {
+    pub(super) fn new(wake: Arc<Notify>) -> Slots {
+        Slots {
+            by_key: Mutex::new(HashMap::new()),
+            wake,
+        }
+    }
+
     pub(super) fn get(&self, config: &Config, key: &SlotKey) -> Option<Arc<Slot>> {
         let width = key.width(config)?;
         let mut map = self.by_key.lock().unwrap_or_else(|p| p.into_inner());
@@ -232,7 +240,7 @@ impl Slots {
         {
             return Some(s.clone());
         }
-        let slot = Arc::new(Slot::new(width));
+        let slot = Arc::new(Slot::new(width, self.wake.clone()));
         map.insert(key.clone(), slot.clone());
         Some(slot)
     }
@@ -280,7 +288,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_slot_admits_its_width_then_a_line_as_long_then_nothing() {
-        let slot = Arc::new(Slot::new(2));
+        let slot = Arc::new(Slot::new(2, Arc::new(Notify::new())));
+        assert_eq!(slot.room(), 4);
         let now: Vec<Ticket> = (0..2).map(|_| slot.admit().unwrap()).collect();
         assert!(now.iter().all(|t| matches!(t, Ticket::Now(_))));
         let line: Vec<Ticket> = (0..2).map(|_| slot.admit().unwrap()).collect();
@@ -289,26 +298,19 @@ mod tests {
         assert!(!slot.has_room());
         // A place given up is free again.
         drop(line);
-        assert!(slot.has_room());
+        assert_eq!(slot.room(), 2);
         assert!(matches!(slot.admit(), Some(Ticket::Line(_))));
     }
 
-    /// Jobs sent back come due spaced by a request's duration over the width: as fast as the
-    /// slot will serve them, after what it already holds.
-    #[tokio::test(start_paused = true)]
-    async fn jobs_turned_away_come_back_as_fast_as_the_slot_serves() {
-        let slot = Arc::new(Slot::new(4));
-        let shutdown = CancellationToken::new();
-        for _ in 0..3 {
-            let p = slot.acquire(&shutdown).await.unwrap();
-            tokio::time::advance(Duration::from_millis(40)).await;
-            drop(p);
+    #[test]
+    fn targets_name_their_slot() {
+        for key in [
+            SlotKey::Channel("on-call".into()),
+            SlotKey::Reload("cache:warm".into()),
+            SlotKey::Exec("r".into()),
+        ] {
+            assert_eq!(SlotKey::from_target(&key.target()), Some(key));
         }
-        // 40 ms a request, 4 at once: one every 10 ms, after 80 ms for what is in hand.
-        assert_eq!(slot.later(1000), 1090);
-        assert_eq!(slot.later(1000), 1100);
-        assert_eq!(slot.later(1005), 1110);
-        // Once that is past, the spacing starts afresh from now.
-        assert_eq!(slot.later(5000), 5090);
+        assert_eq!(SlotKey::from_target("lane"), None);
     }
 }

@@ -40,7 +40,7 @@ pub(super) struct Inner {
     /// Set while jobs this instance had no room for may be waiting in the queue: a firing that
     /// finishes then wakes the queue loop to take the next ones at once.
     pub(super) backlogged: AtomicBool,
-    pub(super) wake: Notify,
+    pub(super) wake: Arc<Notify>,
     /// Digest windows held in memory, by (rule, channel): only when there is no queue, or Redis
     /// refused to store the notifications in their shared window.
     pub(super) digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
