@@ -16,7 +16,7 @@ use super::dead::DeadLetter;
 use super::lane::{Lane, Turn, Waiting};
 use super::queue::{Unreadable, Window};
 use super::retry::Next;
-use super::slots::{Slot, SlotKey};
+use super::slots::{Slot, SlotKey, Ticket};
 use super::state::{DIGEST_ITEMS, Held, Inner, Room, inflight, windows_inflight};
 use super::work::{Work, window_jobs};
 
@@ -88,6 +88,8 @@ pub(super) async fn deliver_held(
     held: Held,
 ) {
     let Held { mut room, ticket } = held;
+    // A job the queue could not store has nowhere else to wait.
+    let can_park = !matches!(ticket, Ticket::Memory) && inner.queue.is_some();
     let mut ticket = Some(ticket);
     let id = work.job_id();
     inflight(&inner).insert(id.clone());
@@ -109,7 +111,7 @@ pub(super) async fn deliver_held(
     // it carrying the channel's backlog as a digest.
     let channel = work.channel().unwrap_or_default().to_string();
     let (work, mut token) = match lane_of(&inner, &work) {
-        Some(lane) => match take_turn(&inner, &lane, work, &id, &mut room).await {
+        Some(lane) => match take_turn(&inner, &lane, work, &id, &mut room, can_park).await {
             Turned::Go(w) => (w, true),
             // Left in flight: shutdown hands it back, or the digest it joined acknowledges it.
             Turned::Gone => return,
@@ -333,12 +335,12 @@ pub(super) async fn take_turn(
     work: Work,
     id: &str,
     room: &mut Option<Room>,
+    can_park: bool,
 ) -> Turned {
     let Work::Job { firing, action } = &work else {
         return Turned::Go(work);
     };
-    // Without a queue there is nowhere else to wait.
-    if inner.queue.is_some() && !lane.has_room(0) {
+    if can_park && !lane.has_room(0) {
         return Turned::Wait;
     }
     drop(room.take());

@@ -187,6 +187,8 @@ impl Delivery {
         for (w, (group, firings)) in windows {
             put_in_window(inner, w, group, firings).await;
         }
+        // Jobs the queue did not take can wait only here (see `Ticket::Memory`).
+        let mut in_memory = inner.queue.is_none();
         if let Some(q) = &inner.queue {
             let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
             let pending: Vec<Job> = later.iter().flatten().cloned().collect();
@@ -198,6 +200,7 @@ impl Delivery {
                 }
                 Ok(()) => {}
                 Err(e) => {
+                    in_memory = true;
                     tracing::warn!(error = %e, jobs = leased.len() + pending.len(), "Cannot store jobs in the queue; attempting them from memory.");
                 }
             }
@@ -206,7 +209,7 @@ impl Delivery {
             let i = inner.clone();
             inner
                 .tracker
-                .spawn(async move { run_jobs(i.clone(), held(&i, jobs, permit)).await });
+                .spawn(async move { run_jobs(i.clone(), held(&i, jobs, permit, in_memory)).await });
         }
         // Only when the queue could not take them (or there is none): in memory, in turn.
         for jobs in later {
@@ -218,7 +221,7 @@ impl Delivery {
                     .acquire_many_owned(permits(&jobs))
                     .await
                 {
-                    run_jobs(i.clone(), held(&i, jobs, permit)).await;
+                    run_jobs(i.clone(), held(&i, jobs, permit, true)).await;
                 }
             });
         }
@@ -525,11 +528,24 @@ fn admit_firing(
     out
 }
 
-/// `jobs` with the room `permit` holds for them and no ticket yet.
-fn held(inner: &Arc<Inner>, jobs: Vec<Job>, permit: OwnedSemaphorePermit) -> Vec<(Job, Held)> {
+/// `jobs` with the room `permit` holds for them and no ticket yet (`in_memory`: they are not in
+/// Redis, so they cannot wait there).
+fn held(
+    inner: &Arc<Inner>,
+    jobs: Vec<Job>,
+    permit: OwnedSemaphorePermit,
+    in_memory: bool,
+) -> Vec<(Job, Held)> {
+    let ticket = || {
+        if in_memory {
+            Ticket::Memory
+        } else {
+            Ticket::Ask
+        }
+    };
     with_rooms(
         inner,
-        jobs.into_iter().map(|j| (j, Ticket::Ask)).collect(),
+        jobs.into_iter().map(|j| (j, ticket())).collect(),
         permit,
     )
 }

@@ -197,6 +197,9 @@ pub(super) enum Ticket {
     /// long the line).
     #[default]
     Ask,
+    /// As `Ask`, for a job that is not in Redis (the queue could not store it): it can only
+    /// wait here, never for its target in Redis.
+    Memory,
 }
 
 impl Ticket {
@@ -210,8 +213,10 @@ impl Ticket {
         match (self, slot) {
             (Ticket::Now(p), _) => Ok(Some(p)),
             (Ticket::Line(place), _) => place.wait(shutdown).await.map(Some).ok_or(()),
-            (Ticket::Ask, Some(slot)) => slot.acquire(shutdown).await.map(Some).ok_or(()),
-            (Ticket::Ask, None) => Ok(None),
+            (Ticket::Ask | Ticket::Memory, Some(slot)) => {
+                slot.acquire(shutdown).await.map(Some).ok_or(())
+            }
+            (Ticket::Ask | Ticket::Memory, None) => Ok(None),
         }
     }
 }
