@@ -624,8 +624,6 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::event::{EventKind, KeyEvent};
-    use crate::firing::Firing;
     use crate::keyspace::local_server::LocalRedis;
 
     /// A queue on a throwaway redis-server (kept alive by the returned server).
@@ -640,20 +638,7 @@ mod tests {
     }
 
     fn job(key: &str, action: Action) -> Job {
-        let event = KeyEvent {
-            kind: EventKind::Expired,
-            db: 0,
-            key: key.as_bytes().to_vec(),
-            observed_at: "2026-01-01T00:00:00Z".parse().unwrap(),
-            deadline: None,
-            ttl_ms: None,
-            recovered: false,
-            source: "127.0.0.1:1".into(),
-        };
-        Job::first(
-            Arc::new(Firing::new("r", &event, &[], vec![], None)),
-            action,
-        )
+        Job::first(Arc::new(super::super::testkit::firing("r", key)), action)
     }
 
     async fn score(conn: &Conn, zset: &str, id: &str) -> Option<f64> {

@@ -247,7 +247,7 @@ impl Receiver {
     pub(super) async fn start(
         answers: impl Fn(usize) -> String + Send + Sync + 'static,
     ) -> Receiver {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let start = Instant::now();
@@ -259,26 +259,7 @@ impl Receiver {
                 let Ok((mut sock, _)) = listener.accept().await else {
                     return;
                 };
-                // The whole request: headers, then `Content-Length` bytes of body.
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while let Ok(read) = sock.read(&mut chunk).await {
-                    if read == 0 {
-                        break;
-                    }
-                    buf.extend_from_slice(&chunk[..read]);
-                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                        let len = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + len {
-                            break;
-                        }
-                    }
-                }
+                read_request(&mut sock).await;
                 recorded
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -311,7 +292,7 @@ pub(super) struct SlowTarget {
 impl SlowTarget {
     pub(super) async fn start(delay: Duration) -> SlowTarget {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let (holding, most, served) = (
@@ -327,24 +308,8 @@ impl SlowTarget {
                 };
                 let (h, m, s) = (h.clone(), m.clone(), s.clone());
                 tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    let mut chunk = [0u8; 4096];
-                    while let Ok(read) = sock.read(&mut chunk).await {
-                        if read == 0 {
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..read]);
-                        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                            let len = head
-                                .lines()
-                                .find_map(|l| l.strip_prefix("content-length:"))
-                                .and_then(|v| v.trim().parse::<usize>().ok())
-                                .unwrap_or(0);
-                            if buf.len() >= end + 4 + len {
-                                break;
-                            }
-                        }
+                    if !read_request(&mut sock).await {
+                        return;
                     }
                     let now = h.fetch_add(1, Ordering::SeqCst) + 1;
                     m.fetch_max(now, Ordering::SeqCst);
@@ -386,6 +351,32 @@ impl SlowTarget {
     pub(super) fn holding(&self) -> usize {
         self.holding.load(std::sync::atomic::Ordering::SeqCst)
     }
+}
+
+/// Reads one whole request: headers, then `Content-Length` bytes of body. `false` when the
+/// connection ended first.
+async fn read_request(sock: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(read) = sock.read(&mut chunk).await {
+        if read == 0 {
+            return false;
+        }
+        buf.extend_from_slice(&chunk[..read]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// An HTTP/1.1 response with `status` (code and reason) and extra `headers` lines.
