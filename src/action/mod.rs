@@ -24,10 +24,7 @@ impl Actions {
 
     async fn run_snapshot(&self, firing: &Firing, action: &Action) -> Outcome {
         let Some(rule) = self.config.rule(&firing.rule) else {
-            return Outcome::Failed(format!(
-                "rule `{}` is no longer in the rule set",
-                firing.rule
-            ));
+            return Outcome::Failed(format!("rule `{}` no longer exists", firing.rule));
         };
         match action {
             Action::Reload => match &rule.reload {

@@ -19,7 +19,8 @@ use super::message::Message;
 pub struct Kind {
     /// The `type` value that selects it.
     pub name: &'static str,
-    /// Its fields beyond the ones every channel takes (`type`, `rate`, `timeout`, `keyword`);
+    /// Its fields beyond the ones every channel takes (`type`, `rate`, `timeout`,
+    /// `concurrency`, `keyword`);
     /// also used to explain a field written on a channel of another type.
     pub fields: &'static [&'static str],
     /// The `rate` it gets when none is written (SPEC §2): what the service tolerates per robot.
@@ -56,6 +57,13 @@ pub enum Dispatch {
     Done(Outcome),
 }
 
+/// Requests in flight at once per channel, and per `reload` or `exec` rule, when the rule files
+/// do not say (SPEC §2).
+pub const DEFAULT_CONCURRENCY: usize = 16;
+
+/// The most `concurrency` may say: each request in flight holds a connection (or a process).
+pub const MAX_CONCURRENCY: u64 = 10_000;
+
 /// A token bucket: up to `burst` at once, refilled evenly over `per`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Rate {
@@ -80,6 +88,9 @@ pub struct Channel {
     /// `None`: no limit (webhooks and the log).
     pub rate: Option<Rate>,
     pub timeout: Duration,
+    /// Requests to this channel in flight at once on one instance; a storm's other notifications
+    /// wait in the queue (SPEC §5: bounded connections under any storm).
+    pub concurrency: usize,
     /// Put in every message, for robots with keyword security.
     pub keyword: Option<String>,
     /// A custom body template instead of the integration's own payload (webhooks only),

@@ -24,7 +24,9 @@ use crate::yaml::decode::{Decoder, Spanned, Text, parse_duration};
 use crate::yaml::diagnostic::did_you_mean;
 
 pub use fields::{Fields, check_http_url};
-pub use integration::{Channel, Dispatch, Integration, Kind, Rate};
+pub use integration::{
+    Channel, DEFAULT_CONCURRENCY, Dispatch, Integration, Kind, MAX_CONCURRENCY, Rate,
+};
 pub use message::{Item, Message};
 
 /// Registers integrations: each one's module, and its [`Kind`] in [`KINDS`], so that adding a
@@ -63,7 +65,7 @@ pub struct ChannelDraft {
     pub body: Option<Text>,
 }
 
-const COMMON: &[&str] = &["type", "rate", "timeout", "keyword"];
+const COMMON: &[&str] = &["type", "rate", "timeout", "concurrency", "keyword"];
 
 pub fn is_channel_name(s: &str) -> bool {
     !s.is_empty()
@@ -144,6 +146,7 @@ fn decode_channel(
             .map_or(Duration::from_secs(10), |t| t.value),
         None => Duration::from_secs(10),
     };
+    let concurrency = concurrency(d, m.get("concurrency"), &what);
     let keyword = m
         .get("keyword")
         .and_then(|n| d.text(n, &format!("{what} `keyword`")))
@@ -186,11 +189,20 @@ fn decode_channel(
             integration: integration?,
             rate,
             timeout,
+            concurrency,
             keyword,
             body: None,
         },
         body,
     })
+}
+
+/// A `concurrency` field of `what` (a channel, a `reload` or an `exec`): at least 1, since a
+/// limit of none would leave its jobs in the queue for good. A bad value is reported and the
+/// default stands in, so the other fields are still checked.
+pub fn concurrency(d: &mut Decoder<'_>, node: Option<&Node>, what: &str) -> usize {
+    node.and_then(|n| d.uint(n, &format!("{what} `concurrency`"), 1, MAX_CONCURRENCY))
+        .map_or(DEFAULT_CONCURRENCY, |n| n as usize)
 }
 
 /// `20/min`, `5/s`, `100/h`, `3/10s`: a burst of N refilled evenly over the period.

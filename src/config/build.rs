@@ -528,6 +528,7 @@ impl RuleTemplates<'_, '_, '_> {
             headers,
             body,
             timeout: rd.timeout,
+            concurrency: rd.concurrency,
         })
     }
 
@@ -545,6 +546,7 @@ impl RuleTemplates<'_, '_, '_> {
                 .map(|a| a.value.starts_with("{{") || a.value.starts_with("{%"))
                 .collect(),
             timeout: ed.timeout,
+            concurrency: ed.concurrency,
         })
     }
 

@@ -234,6 +234,8 @@ pub struct ReloadStep {
     pub headers: Vec<(String, TemplateId)>,
     pub body: Option<TemplateId>,
     pub timeout: Duration,
+    /// Requests of this rule's reload in flight at once on one instance.
+    pub concurrency: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -243,6 +245,8 @@ pub struct ExecStep {
     /// whether it starts with `-` (refused by `action::exec` unless after `--`).
     pub value_led: Vec<bool>,
     pub timeout: Duration,
+    /// Processes of this rule's exec running at once on one instance.
+    pub concurrency: usize,
 }
 
 #[derive(Clone, Debug)]

@@ -29,12 +29,14 @@ pub struct ReloadDraft {
     pub headers: Vec<(Spanned<String>, Text)>,
     pub body: Option<Text>,
     pub timeout: Duration,
+    pub concurrency: usize,
 }
 
 pub struct ExecDraft {
     pub loc: Loc,
     pub command: Vec<Text>,
     pub timeout: Duration,
+    pub concurrency: usize,
 }
 
 pub struct CleanupDraft {
@@ -332,15 +334,19 @@ fn decode_reload(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ReloadD
             .map_or(Duration::from_secs(10), |t| t.value),
         None => Duration::from_secs(10),
     };
-    m.finish(d, &["url", "method", "headers", "body", "timeout"], &|_| {
-        None
-    });
+    let concurrency = crate::channel::concurrency(d, m.get("concurrency"), &what);
+    m.finish(
+        d,
+        &["url", "method", "headers", "body", "timeout", "concurrency"],
+        &|_| None,
+    );
     Some(ReloadDraft {
         url: url?,
         method: method?,
         headers,
         body,
         timeout,
+        concurrency,
     })
 }
 
@@ -374,7 +380,8 @@ fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft
             .map_or(Duration::from_secs(60), |t| t.value),
         None => Duration::from_secs(60),
     };
-    m.finish(d, &["command", "timeout"], &|f| {
+    let concurrency = crate::channel::concurrency(d, m.get("concurrency"), &what);
+    m.finish(d, &["command", "timeout", "concurrency"], &|f| {
         (f == "shell").then(|| "keywatch never runs a shell: give `command` as a list".to_string())
     });
     if command.is_empty() {
@@ -384,6 +391,7 @@ fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft
         loc: node.loc.clone(),
         command,
         timeout,
+        concurrency,
     })
 }
 

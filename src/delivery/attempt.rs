@@ -1,6 +1,7 @@
 //! One job or digest attempted until it is sent or fails for good: logged and counted, through
 //! its channel's rate-limited lane, its retries stored in the queue, and its dead letter.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +14,10 @@ use crate::outcome::Outcome;
 
 use super::dead::DeadLetter;
 use super::lane::{Lane, Turn, Waiting};
-use super::queue::Window;
+use super::queue::{Unreadable, Window};
 use super::retry::Next;
-use super::state::{DIGEST_ITEMS, Inner, inflight, windows_inflight};
+use super::slots::{Slot, SlotKey, Ticket};
+use super::state::{DIGEST_ITEMS, Held, Inner, Room, inflight, windows_inflight};
 use super::work::{Work, window_jobs};
 
 /// One attempt, logged and counted: one line per action sent or failed.
@@ -71,15 +73,28 @@ pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
     outcome
 }
 
+/// Attempts `work` until it is sent or fails for good, holding nothing of this instance's room
+/// (a digest, a re-driven dead letter): see [`deliver_held`].
+pub(super) async fn deliver(inner: Arc<Inner>, work: Work, n: u32, failing_since: Option<i64>) {
+    deliver_held(inner, work, n, failing_since, Held::default()).await
+}
+
 /// Attempts `work` until it is sent or fails for good. A job in the durable queue leaves for
 /// the queue between attempts (any instance may take the next one); a digest (held only in
-/// memory) waits here. `failing_since` is when the first attempt failed, unix ms.
-pub(super) async fn deliver(
+/// memory) waits here. `failing_since` is when the first attempt failed, unix ms. `held` is
+/// the job's room in this instance, given back when it finishes, leaves for the queue or waits
+/// for a rate token, and its ticket for its slot: each attempt holds one of the slot's permits.
+pub(super) async fn deliver_held(
     inner: Arc<Inner>,
     work: Work,
     mut n: u32,
     mut failing_since: Option<i64>,
+    held: Held,
 ) {
+    let Held { mut room, ticket } = held;
+    // A job the queue could not store has nowhere else to wait.
+    let can_park = !matches!(ticket, Ticket::Memory) && inner.queue.is_some();
+    let mut ticket = Some(ticket);
     let id = work.job_id();
     inflight(&inner).insert(id.clone());
     let window = match &work {
@@ -98,11 +113,17 @@ pub(super) async fn deliver(
     };
     // A notification of a rate-limited channel waits in its channel's line, and may come out of
     // it carrying the channel's backlog as a digest.
+    let channel = work.channel().unwrap_or_default().to_string();
     let (work, mut token) = match lane_of(&inner, &work) {
-        Some(lane) => match take_turn(&inner, &lane, work, &id).await {
-            Some(w) => (w, true),
+        Some(lane) => match take_turn(&inner, &lane, work, &id, &mut room, can_park).await {
+            Turned::Go(w) => (w, true),
             // Left in flight: shutdown hands it back, or the digest it joined acknowledges it.
-            None => return,
+            Turned::Gone => return,
+            Turned::Wait => {
+                let target = SlotKey::Channel(channel).target();
+                park(&inner, vec![(target, id)]).await;
+                return;
+            }
         },
         None => (work, false),
     };
@@ -149,7 +170,19 @@ pub(super) async fn deliver(
                 _ = l.take() => {}
             }
         }
+        let slot = slot_of(&inner, &work);
+        let permit = match ticket
+            .take()
+            .unwrap_or_default()
+            .permit(slot, &inner.shutdown)
+            .await
+        {
+            Ok(p) => p,
+            // Left in flight: shutdown hands it back.
+            Err(()) => return,
+        };
         let outcome = attempt(&inner, &work, n).await;
+        drop(permit);
         match outcome {
             Outcome::Sent(_) | Outcome::Failed(_) => {
                 match &outcome {
@@ -185,7 +218,11 @@ pub(super) async fn deliver(
                     // Out of the in-flight set first, so a lease renewal cannot push the retry back.
                     finish(&inner);
                     match q.reschedule(&job, at).await {
-                        Ok(()) => return,
+                        Ok(true) => return,
+                        Ok(false) => {
+                            tracing::info!(id = %id, "The job left the queue while this instance lost its lease: another instance finished it.");
+                            return;
+                        }
                         Err(e) => {
                             tracing::warn!(error = %e, id = %id, "Cannot requeue the job; retrying from memory.")
                         }
@@ -219,6 +256,44 @@ pub(super) async fn deliver(
     }
 }
 
+/// The slot `work`'s requests are counted in, under the rules in force now.
+fn slot_of(inner: &Inner, work: &Work) -> Option<Arc<Slot>> {
+    let config = inner.actions.live.current();
+    match work {
+        Work::Job { firing, action } => inner.slots.of(&config, &firing.rule, action),
+        Work::Digest { channel, .. } => {
+            inner.slots.get(&config, &SlotKey::Channel(channel.clone()))
+        }
+    }
+}
+
+/// Sends jobs this instance has no room for to wait for their targets in Redis, as (target,
+/// job id): out of the in-flight set first, so that a lease renewal cannot touch them.
+pub(super) async fn park(inner: &Inner, jobs: Vec<(String, String)>) {
+    if jobs.is_empty() {
+        return;
+    }
+    let mut by_target: HashMap<String, Vec<String>> = HashMap::new();
+    {
+        let mut set = inflight(inner);
+        for (target, id) in jobs {
+            set.remove(&id);
+            by_target.entry(target).or_default().push(id);
+        }
+    }
+    let Some(q) = &inner.queue else { return };
+    let config = inner.actions.live.current();
+    for (target, ids) in by_target {
+        if let Some(slot) = SlotKey::from_target(&target).and_then(|k| inner.slots.get(&config, &k))
+        {
+            slot.set_parked(true);
+        }
+        if let Err(e) = q.park(&target, &ids).await {
+            tracing::warn!(error = %e, jobs = ids.len(), %target, "Cannot send jobs to wait for their target in Redis; they come due again when their lease ends.");
+        }
+    }
+}
+
 /// Removes finished jobs from the queue, or from their window (one round trip for all).
 pub(super) async fn acknowledge(inner: &Inner, window: Option<&Window>, jobs: &[String]) {
     let Some(q) = &inner.queue else { return };
@@ -248,28 +323,43 @@ pub(super) fn lane_of(inner: &Inner, work: &Work) -> Option<Arc<Lane>> {
     }
 }
 
-/// Waits for the channel's token; the work to send with it (this notification, or a digest of
-/// it and the backlog of its rule), or `None` when there is nothing more to do here.
+/// What a notification's wait in its channel's line came to.
+pub(super) enum Turned {
+    /// Send this: the notification, or a digest of it and the backlog of its rule.
+    Go(Work),
+    /// Nothing more to do here (merged into another's digest, or shutdown).
+    Gone,
+    /// The line is full: wait for the channel in Redis.
+    Wait,
+}
+
+/// Waits for the channel's token, giving `room` back meanwhile (the line is bounded on its own).
 pub(super) async fn take_turn(
     inner: &Arc<Inner>,
     lane: &Arc<Lane>,
     work: Work,
     id: &str,
-) -> Option<Work> {
+    room: &mut Option<Room>,
+    can_park: bool,
+) -> Turned {
     let Work::Job { firing, action } = &work else {
-        return Some(work);
+        return Turned::Go(work);
     };
+    if can_park && !lane.has_room(0) {
+        return Turned::Wait;
+    }
+    drop(room.take());
     let waiting = Waiting {
         firing: firing.clone(),
         job: id.to_string(),
     };
-    let others = match lane.wait(waiting, &inner.tracker, &inner.shutdown).await? {
-        Turn::Alone => return Some(work),
-        Turn::Merged => return None,
-        Turn::Lead(others) => others,
+    let others = match lane.wait(waiting, &inner.tracker, &inner.shutdown).await {
+        None | Some(Turn::Merged) => return Turned::Gone,
+        Some(Turn::Alone) => return Turned::Go(work),
+        Some(Turn::Lead(others)) => others,
     };
     let Action::Notify { channel } = action else {
-        return Some(work);
+        return Turned::Go(work);
     };
     let mut firings = vec![firing.clone()];
     let mut jobs = vec![id.to_string()];
@@ -278,7 +368,7 @@ pub(super) async fn take_turn(
         jobs.push(w.job);
     }
     match compose_digest_now(inner, &firing.rule, channel, &firings) {
-        Ok(message) => Some(Work::Digest {
+        Ok(message) => Turned::Go(Work::Digest {
             rule: firing.rule.clone(),
             channel: channel.clone(),
             message: Arc::new(message),
@@ -299,7 +389,7 @@ pub(super) async fn take_turn(
             for j in &back {
                 set.remove(j);
             }
-            Some(work)
+            Turned::Go(work)
         }
     }
 }
@@ -314,6 +404,7 @@ pub(super) fn compose_digest_now(
 ) -> Result<Message, String> {
     let actions = inner.actions.refreshed();
     match (actions.config.rule(rule), actions.config.channel(channel)) {
+        (None, _) => Err(format!("rule `{rule}` no longer exists")),
         (Some(r), Some(ch)) => {
             let max = r
                 .notify
@@ -345,6 +436,59 @@ pub(super) fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
         inner,
         DeadLetter::new(work.rule(), work.subject(), action, reason, firings, digest),
     );
+}
+
+/// What a dead letter names as its action when none can be told: a job of a kind this version
+/// does not know, or a firing whose rule was removed before its jobs were made.
+fn unknown_action(what: String) -> Action {
+    Action::Notify { channel: what }
+}
+
+/// Dead-letters a firing whose rule a reload removed between matching and storing its jobs
+/// (README: nothing is dropped silently). Its action is unknown: the rule that listed them is
+/// gone; the firing is kept whole in the letter.
+pub(super) fn rule_gone(inner: &Inner, firing: &Firing) {
+    let reason = format!("rule `{}` no longer exists", firing.rule);
+    tracing::error!(rule = %firing.rule, key = %String::from_utf8_lossy(&firing.key), id = %firing.id, %reason, "Dead letter: the firing's rule was removed by a reload.");
+    keep_dead_letter(
+        inner,
+        DeadLetter::new(
+            &firing.rule,
+            String::from_utf8_lossy(&firing.key).into_owned(),
+            unknown_action("? (the rule's actions)".to_string()),
+            &reason,
+            vec![firing.clone()],
+            false,
+        ),
+    );
+}
+
+/// Dead-letters stored jobs this version cannot read, once: the queue has already set them
+/// aside (their payloads kept in `{prefix}queue:unreadable`), so they are never taken again.
+pub(super) fn dead_letter_unreadable(inner: &Inner, unreadable: Vec<Unreadable>) {
+    for u in unreadable {
+        let rule = u.rule.as_deref().unwrap_or("?");
+        let reason = format!(
+            "the stored job cannot be read by this version of keywatch ({}); its payload is kept in `{}queue:unreadable`",
+            u.error, inner.actions.config.state.prefix
+        );
+        tracing::error!(%rule, id = %u.id, %reason, "Dead letter: a stored job cannot be read.");
+        // An action of a kind this version does not know is listed under the id it came with.
+        let action = u
+            .action
+            .unwrap_or_else(|| unknown_action(format!("? (job {})", u.id)));
+        keep_dead_letter(
+            inner,
+            DeadLetter::new(
+                rule,
+                format!("job {}", u.id),
+                action,
+                &reason,
+                Vec::new(),
+                false,
+            ),
+        );
+    }
 }
 
 /// Counts a dead letter, shows it on the status page and keeps it in Redis.

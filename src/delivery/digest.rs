@@ -8,7 +8,9 @@ use crate::channel::Message;
 use crate::config::Group;
 use crate::firing::{Action, DeadLetter, Firing, Job};
 
-use super::attempt::{compose_digest_now, dead_letter, deliver, keep_dead_letter};
+use super::attempt::{
+    compose_digest_now, dead_letter, dead_letter_unreadable, deliver, keep_dead_letter,
+};
 use super::queue::{Queue, Window};
 use super::state::Inner;
 use super::work::{Work, window_jobs};
@@ -51,8 +53,13 @@ pub(super) async fn take_windows(inner: &Arc<Inner>, queue: &Queue) {
     };
     for w in windows {
         let jobs = match queue.window_take(&w, WINDOW_TAKE_MAX).await {
-            Ok(j) if j.is_empty() => continue,
-            Ok(j) => j,
+            Ok(t) => {
+                dead_letter_unreadable(inner, t.unreadable);
+                if t.jobs.is_empty() {
+                    continue;
+                }
+                t.jobs
+            }
             Err(e) => {
                 tracing::warn!(error = %e, rule = %w.rule, "Cannot take a digest window; retrying.");
                 continue;

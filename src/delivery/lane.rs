@@ -9,6 +9,10 @@
 //! jobs stay stored in the queue and leased to this instance until that digest is sent (then they
 //! are all acknowledged), so a crash before then delivers them again — at most a duplicate, never
 //! a loss.
+//!
+//! The line itself is bounded ([`line_cap`]): a notification that finds it full goes back to the
+//! queue in Redis, to wait for its channel there (taken back as the line shortens), so a storm on
+//! a throttled channel holds a fixed amount of memory, and none of the room other channels share.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,6 +31,16 @@ use crate::firing::Firing;
 
 /// The longest a notification should wait for its channel's rate before it is merged.
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// The fewest notifications a rate-limited line holds before the rest wait in the queue: what one
+/// token's digest can take at once when the channel is far behind.
+pub const LINE_MIN: usize = 1000;
+
+/// How many notifications a channel of `rate` keeps waiting in memory: twice what merges, and at
+/// least [`LINE_MIN`], so that a backlog still merges into few digests.
+pub fn line_cap(rate: Rate) -> usize {
+    merge_threshold(rate).saturating_mul(2).max(LINE_MIN)
+}
 
 /// What a waiting notification is told when its channel's turn comes.
 #[derive(Debug)]
@@ -58,6 +72,8 @@ pub struct Lane {
     limiter: Arc<Limiter>,
     /// Messages waiting beyond this many merge.
     merge_over: usize,
+    /// Messages waiting beyond this many wait in the queue instead.
+    cap: usize,
     line: Mutex<VecDeque<Entry>>,
     arrived: Notify,
     started: AtomicBool,
@@ -74,6 +90,7 @@ impl Lane {
         Lane {
             limiter,
             merge_over: merge_threshold(rate),
+            cap: line_cap(rate),
             line: Mutex::new(VecDeque::new()),
             arrived: Notify::new(),
             started: AtomicBool::new(false),
@@ -99,6 +116,16 @@ impl Lane {
             _ = shutdown.cancelled() => None,
             t = rx => t.ok(),
         }
+    }
+
+    /// How many more messages fit in the line.
+    pub fn room(&self) -> usize {
+        self.cap.saturating_sub(self.lock().len())
+    }
+
+    /// Whether `more` messages still fit in the line.
+    pub fn has_room(&self, more: usize) -> bool {
+        self.room() > more
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
@@ -218,6 +245,8 @@ mod tests {
         assert_eq!(merge_threshold(rate(1, 1)), 60);
         assert_eq!(merge_threshold(rate(5, 1)), 300);
         assert_eq!(merge_threshold(rate(1, 3600)), 1);
+        assert_eq!(line_cap(rate(20, 60)), LINE_MIN);
+        assert_eq!(line_cap(rate(50, 1)), 6000);
     }
 
     use crate::channel::Integration;

@@ -14,6 +14,7 @@ pub mod lane;
 pub mod queue;
 pub mod ratelimit;
 pub mod retry;
+mod slots;
 mod state;
 #[cfg(test)]
 mod testkit;
@@ -35,13 +36,14 @@ use crate::firing::{Action, Firing, Job};
 use crate::metrics::Metrics;
 use crate::status::Status;
 
-use attempt::{compose_digest_now, deliver};
+use attempt::{compose_digest_now, dead_letter_unreadable, deliver, deliver_held};
 use dead::{DeadLetter, DeadStore};
 use digest::{put_in_window, take_windows};
 use lane::Limiters;
 use queue::{Queue, Window};
 pub use retry::{Next, RetryPolicy};
-use state::{CONCURRENT, Clock, Inner, inflight, windows_inflight};
+use slots::{SlotKey, Slots, Ticket};
+use state::{CONCURRENT, Clock, Held, Inner, inflight, windows_inflight};
 use work::{Work, by_firing};
 
 #[derive(Clone)]
@@ -77,6 +79,7 @@ impl Delivery {
         };
         let dead = state.clone().map(|conn| DeadStore::new(conn, &prefix));
         let queue = state.map(|conn| Queue::new(conn, &prefix));
+        let wake = Arc::new(Notify::new());
         Delivery {
             inner: Arc::new(Inner {
                 actions,
@@ -86,8 +89,9 @@ impl Delivery {
                 tracker: TaskTracker::new(),
                 shutdown,
                 concurrent: Arc::new(Semaphore::new(CONCURRENT)),
+                slots: Slots::new(wake.clone()),
                 backlogged: AtomicBool::new(false),
-                wake: Notify::new(),
+                wake,
                 digests: Mutex::new(HashMap::new()),
                 dead,
                 queue,
@@ -154,6 +158,7 @@ impl Delivery {
         for firing in firings {
             let firing = Arc::new(firing);
             let Some(rule) = actions.config.rule(&firing.rule) else {
+                attempt::rule_gone(inner, &firing);
                 continue;
             };
             let group = rule.notify.as_ref().and_then(|n| n.group);
@@ -177,9 +182,13 @@ impl Delivery {
             if jobs.is_empty() {
                 continue;
             }
-            match inner.concurrent.clone().try_acquire_owned() {
-                Ok(permit) => now.push((jobs, permit)),
-                Err(_) => later.push(jobs),
+            match inner
+                .concurrent
+                .clone()
+                .try_acquire_many_owned(permits(&jobs))
+            {
+                Ok(permit) if has_room(inner, &actions.config, &jobs) => now.push((jobs, permit)),
+                _ => later.push(jobs),
             }
         }
         // Windows first: a job id is the same whoever computes it, so putting a window's jobs
@@ -187,6 +196,8 @@ impl Delivery {
         for (w, (group, firings)) in windows {
             put_in_window(inner, w, group, firings).await;
         }
+        // Jobs the queue did not take can wait only here (see `Ticket::Memory`).
+        let in_memory = inner.queue.is_none();
         if let Some(q) = &inner.queue {
             let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
             let pending: Vec<Job> = later.iter().flatten().cloned().collect();
@@ -204,14 +215,19 @@ impl Delivery {
             let i = inner.clone();
             inner
                 .tracker
-                .spawn(async move { run_jobs(i, jobs, permit).await });
+                .spawn(async move { run_jobs(i.clone(), held(&i, jobs, permit, in_memory)).await });
         }
         // Only without a queue (tests): in memory, in turn.
         for jobs in later {
             let i = inner.clone();
             inner.tracker.spawn(async move {
-                if let Ok(permit) = i.concurrent.clone().acquire_owned().await {
-                    run_jobs(i, jobs, permit).await;
+                if let Ok(permit) = i
+                    .concurrent
+                    .clone()
+                    .acquire_many_owned(permits(&jobs))
+                    .await
+                {
+                    run_jobs(i.clone(), held(&i, jobs, permit, true)).await;
                 }
             });
         }
@@ -338,6 +354,7 @@ impl Delivery {
                 if ticked {
                     take_windows(&inner, &queue).await;
                 }
+                take_waiting(&inner, &queue).await;
                 take_due(&inner, &queue).await;
             }
         });
@@ -348,53 +365,285 @@ impl Delivery {
 const TAKE_MAX: usize = 512;
 
 /// Takes due jobs while there is room, and starts them: the jobs of one firing together, in
-/// the order of SPEC §2.
+/// the order of SPEC §2. A job whose slot (or rate-limited line) is full goes to wait for its
+/// target in Redis ([`Queue::park`]), so that the jobs of other targets behind it are reached
+/// and a storm waits in Redis, not here.
 async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
     loop {
         let room = inner.concurrent.available_permits().min(TAKE_MAX);
         if room == 0 {
             return;
         }
-        // As many jobs as there are free firings: a firing has one to four jobs, so a full
-        // answer leaves at most a few firings waiting briefly for a permit below.
-        let jobs = match queue.take_due(room).await {
-            Ok(j) => j,
+        let taken = match queue.take_due(room).await {
+            Ok(t) => t,
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot read the job queue; retrying.");
                 return;
             }
         };
         // A full answer means more may be waiting (also another instance's storm): take more
-        // as soon as a firing finishes, not only at the next tick.
-        let full = jobs.len() == room;
+        // as soon as a job finishes, not only at the next tick.
+        let full = taken.jobs.len() + taken.unreadable.len() == room;
         inner.backlogged.store(full, Ordering::Relaxed);
-        for jobs in by_firing(jobs) {
-            let i = inner.clone();
-            inner.tracker.spawn(async move {
-                if let Ok(permit) = i.concurrent.clone().acquire_owned().await {
-                    run_jobs(i, jobs, permit).await;
-                }
-            });
-        }
+        dead_letter_unreadable(inner, taken.unreadable);
+        start_taken(inner, taken.jobs).await;
         if !full {
             return;
         }
     }
 }
 
+/// Starts jobs just leased to this instance, as far as their targets have room; sends the others
+/// to wait for their targets in Redis.
+async fn start_taken(inner: &Arc<Inner>, jobs: Vec<Job>) {
+    let config = inner.actions.live.current();
+    let mut lanes = HashMap::new();
+    let mut later = Vec::new();
+    for jobs in by_firing(jobs) {
+        let jobs = admit_firing(inner, &config, jobs, &mut lanes, &mut later);
+        if jobs.is_empty() {
+            continue;
+        }
+        let n = u32::try_from(jobs.len()).unwrap_or(u32::MAX);
+        match inner.concurrent.clone().try_acquire_many_owned(n) {
+            Ok(permit) => start(inner, jobs, permit),
+            // `accept` took the room meanwhile: wait for it (the jobs are leased to us).
+            Err(_) => {
+                let i = inner.clone();
+                inner.tracker.spawn(async move {
+                    if let Ok(permit) = i.concurrent.clone().acquire_many_owned(n).await {
+                        start(&i, jobs, permit);
+                    }
+                });
+            }
+        }
+    }
+    attempt::park(inner, later).await;
+}
+
+/// Takes back the jobs waiting in Redis for each target that has room here now: as many as its
+/// slot (or rate-limited line) admits, within this instance's room. A target that no longer
+/// exists gets its jobs taken too, to be dead-lettered.
+async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
+    let targets = match queue.waiting_targets().await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot read which targets have jobs waiting; retrying.");
+            return;
+        }
+    };
+    let config = inner.actions.live.current();
+    for target in targets {
+        let key = SlotKey::from_target(&target);
+        let slot = key.as_ref().and_then(|k| inner.slots.get(&config, k));
+        let lane = match &key {
+            Some(SlotKey::Channel(c)) => inner.limiters.get(&config, c).map(|l| l.lane),
+            _ => None,
+        };
+        let room = match (&lane, &slot) {
+            (Some(lane), _) => lane.room(),
+            (None, Some(slot)) => slot.room(),
+            // Gone from the rules: taken to fail and be dead-lettered.
+            (None, None) => TAKE_MAX,
+        };
+        let room = room.min(inner.concurrent.available_permits()).min(TAKE_MAX);
+        if room == 0 {
+            continue;
+        }
+        let taken = match queue.unpark(&target, room).await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, %target, "Cannot take jobs waiting for their target; retrying.");
+                continue;
+            }
+        };
+        if let Some(slot) = &slot
+            && taken.jobs.len() + taken.unreadable.len() < room
+        {
+            // All of them taken: nothing more to wake up for.
+            slot.set_parked(false);
+        }
+        dead_letter_unreadable(inner, taken.unreadable);
+        start_taken(inner, taken.jobs).await;
+    }
+}
+
+/// How many permits of [`Inner::concurrent`] `jobs` take: one each (and never more than there are).
+fn permits(jobs: &[Job]) -> u32 {
+    u32::try_from(jobs.len().clamp(1, state::CONCURRENT)).unwrap_or(1)
+}
+
+/// Whether the targets `jobs` start with have room now (their slots, or rate-limited lines); a
+/// firing that would only wait in memory is better stored to wait in the queue. Always, without
+/// a queue: there is nowhere else to wait.
+fn has_room(inner: &Inner, config: &crate::config::Config, jobs: &[Job]) -> bool {
+    if inner.queue.is_none() {
+        return true;
+    }
+    jobs[..starting(jobs)].iter().all(|j| match &j.action {
+        Action::Notify { channel } if config.channel(channel).is_some_and(|c| c.rate.is_some()) => {
+            inner
+                .limiters
+                .get(config, channel)
+                .is_none_or(|l| l.lane.has_room(0))
+        }
+        action => inner
+            .slots
+            .of(config, &j.firing.rule, action)
+            .is_none_or(|s| s.has_room()),
+    })
+}
+
+/// How many of a firing's jobs (in the order of SPEC §2) start at once: the first step, or every
+/// notification when there is nothing before them.
+fn starting(jobs: &[Job]) -> usize {
+    match jobs.first() {
+        Some(j) if !matches!(j.action, Action::Notify { .. }) => 1,
+        _ => jobs.len(),
+    }
+}
+
+/// A ticket for `job`'s slot now, or the target it should wait for in Redis. `lanes` counts
+/// the notifications already let into each rate-limited line in this round.
+fn admit(
+    inner: &Inner,
+    config: &crate::config::Config,
+    job: &Job,
+    lanes: &mut HashMap<String, usize>,
+) -> Result<Ticket, String> {
+    let key = SlotKey::of(&job.firing.rule, &job.action);
+    if let Action::Notify { channel } = &job.action
+        && let Some(l) = inner.limiters.get(config, channel)
+    {
+        // Its line bounds it; the slot is asked for once its token comes.
+        let n = lanes.entry(channel.clone()).or_default();
+        if !l.lane.has_room(*n) {
+            return Err(SlotKey::Channel(channel.clone()).target());
+        }
+        *n += 1;
+        return Ok(Ticket::Ask);
+    }
+    match key.as_ref().and_then(|k| inner.slots.get(config, k)) {
+        Some(slot) => slot
+            .admit()
+            .ok_or_else(|| key.map(|k| k.target()).unwrap_or_default()),
+        None => Ok(Ticket::Ask),
+    }
+}
+
+/// The jobs of one firing taken from the queue that start now, with their tickets; those whose
+/// target has no room are added to `later` with the target to wait for. A first step without
+/// room takes the firing's later steps with it (they run after it, SPEC §2); notifications are
+/// independent of one another.
+fn admit_firing(
+    inner: &Inner,
+    config: &crate::config::Config,
+    jobs: Vec<Job>,
+    lanes: &mut HashMap<String, usize>,
+    later: &mut Vec<(String, String)>,
+) -> Vec<(Job, Ticket)> {
+    let first = starting(&jobs);
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut after: Option<String> = None;
+    for (i, job) in jobs.into_iter().enumerate() {
+        if let Some(target) = &after {
+            later.push((target.clone(), job.id()));
+            continue;
+        }
+        if i >= first {
+            out.push((job, Ticket::Ask));
+            continue;
+        }
+        match admit(inner, config, &job, lanes) {
+            Ok(t) => out.push((job, t)),
+            Err(target) => {
+                if !matches!(job.action, Action::Notify { .. }) {
+                    after = Some(target.clone());
+                }
+                later.push((target, job.id()));
+            }
+        }
+    }
+    out
+}
+
+/// `jobs` with the room `permit` holds for them and no ticket yet (`in_memory`: they are not in
+/// Redis, so they cannot wait there).
+fn held(
+    inner: &Arc<Inner>,
+    jobs: Vec<Job>,
+    permit: OwnedSemaphorePermit,
+    in_memory: bool,
+) -> Vec<(Job, Held)> {
+    let ticket = || {
+        if in_memory {
+            Ticket::Memory
+        } else {
+            Ticket::Ask
+        }
+    };
+    with_rooms(
+        inner,
+        jobs.into_iter().map(|j| (j, ticket())).collect(),
+        permit,
+    )
+}
+
+fn with_rooms(
+    inner: &Arc<Inner>,
+    jobs: Vec<(Job, Ticket)>,
+    permit: OwnedSemaphorePermit,
+) -> Vec<(Job, Held)> {
+    let mut rooms = state::rooms(inner, permit, jobs.len()).into_iter();
+    jobs.into_iter()
+        .map(|(job, ticket)| {
+            let room = rooms.next();
+            (job, Held { room, ticket })
+        })
+        .collect()
+}
+
+/// Starts the attempts of one firing's admitted jobs.
+fn start(inner: &Arc<Inner>, jobs: Vec<(Job, Ticket)>, permit: OwnedSemaphorePermit) {
+    let jobs = with_rooms(inner, jobs, permit);
+    let i = inner.clone();
+    inner.tracker.spawn(async move { run_jobs(i, jobs).await });
+}
+
 /// The attempts of one firing's jobs, in the order of SPEC §2. A failing job goes to the
-/// queue for its retry and does not hold back the next; a notification waits for its channel's
-/// bucket in its own task (without the permit), so a throttled channel holds back nothing else.
-async fn run_jobs(inner: Arc<Inner>, jobs: Vec<Job>, permit: OwnedSemaphorePermit) {
+/// queue for its retry and does not hold back the next; a notification runs in its own task
+/// (its channel's line, rate and slot are its own), so a throttled channel holds back nothing
+/// else. A step whose slot has no room when its turn comes goes back to the queue, and the
+/// steps after it with it.
+async fn run_jobs(inner: Arc<Inner>, jobs: Vec<(Job, Held)>) {
     // Every job is this instance's from now on: its lease is renewed while earlier jobs run
     // (a slow reload must not let another instance take the notification behind it), and
     // shutdown hands back the jobs it never reached.
-    inflight(&inner).extend(jobs.iter().map(Job::id));
-    for job in jobs {
+    inflight(&inner).extend(jobs.iter().map(|(j, _)| j.id()));
+    let config = inner.actions.live.current();
+    let mut later: Vec<(String, String)> = Vec::new();
+    let mut after: Option<String> = None;
+    for (job, mut held) in jobs {
         if inner.shutdown.is_cancelled() {
             break;
         }
         let notify = matches!(job.action, Action::Notify { .. });
+        if let Some(target) = &after {
+            later.push((target.clone(), job.id()));
+            continue;
+        }
+        if matches!(held.ticket, Ticket::Ask) && inner.queue.is_some() {
+            match admit(&inner, &config, &job, &mut HashMap::new()) {
+                Ok(t) => held.ticket = t,
+                Err(target) => {
+                    if !notify {
+                        after = Some(target.clone());
+                    }
+                    later.push((target, job.id()));
+                    continue;
+                }
+            }
+        }
         let (n, since) = (job.attempt, job.failing_since);
         let work = Work::Job {
             firing: job.firing,
@@ -404,15 +653,12 @@ async fn run_jobs(inner: Arc<Inner>, jobs: Vec<Job>, permit: OwnedSemaphorePermi
             let i = inner.clone();
             inner
                 .tracker
-                .spawn(async move { deliver(i, work, n, since).await });
+                .spawn(async move { deliver_held(i, work, n, since, held).await });
         } else {
-            deliver(inner.clone(), work, n, since).await;
+            deliver_held(inner.clone(), work, n, since, held).await;
         }
     }
-    drop(permit);
-    if inner.backlogged.load(Ordering::Relaxed) {
-        inner.wake.notify_one();
-    }
+    attempt::park(&inner, later).await;
 }
 
 /// Gives a dead letter a second life: the same firings, the same action, from attempt one.
@@ -449,5 +695,33 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
         inner
             .tracker
             .spawn(async move { deliver(i, work, 0, None).await });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RetryPolicy;
+    use super::testkit::{self, firing, secs, stage};
+
+    /// A firing matched under the rules before a reload reaches delivery after the reload
+    /// removed its rule: a dead letter that says so (the README promises nothing is dropped
+    /// silently), and the other firings of the batch go on.
+    #[tokio::test(start_paused = true)]
+    async fn a_firing_of_a_rule_a_reload_removed_is_dead_lettered() {
+        let config = testkit::config(
+            "channels:\n  log: { type: log }\nrules:\n  - name: kept\n    match: 'k:*'\n    notify: { to: [log] }\n",
+        );
+        let s = stage(config, RetryPolicy::default());
+        s.delivery
+            .accept(vec![firing("removed", "r:1"), firing("kept", "k:1")])
+            .await;
+        tokio::time::sleep(secs(1)).await;
+        assert_eq!(s.metrics.dead_letters.get(), 1);
+        let dead = s.status.dead_letters();
+        assert_eq!(dead.len(), 1, "{dead:?}");
+        assert_eq!(dead[0].rule, "removed");
+        assert_eq!(dead[0].key, "r:1");
+        assert_eq!(dead[0].reason, "rule `removed` no longer exists");
+        assert_eq!(s.status.counts("kept").sent, 1);
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::keyspace::Conn;
 
-use crate::firing::Job;
+use crate::firing::{Action, Job};
 
 mod writer;
 pub use writer::WriteError;
@@ -33,13 +33,87 @@ pub const LEASE: Duration = Duration::from_secs(15);
 pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 
 // Takes up to ARGV[2] jobs due at ARGV[1] by moving them to ARGV[3] (the end of the lease).
+// Returns id, payload pairs: the id too, so that a job whose payload is missing or unreadable
+// can be set aside instead of being leased again every 15 s.
 const TAKE: &str = r"
 local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
 if #ids == 0 then return {} end
 for _, id in ipairs(ids) do
   redis.call('ZADD', KEYS[1], ARGV[3], id)
 end
-return redis.call('HMGET', KEYS[2], unpack(ids))
+local payloads = redis.call('HMGET', KEYS[2], unpack(ids))
+local out = {}
+for i, id in ipairs(ids) do
+  out[2 * i - 1] = id
+  out[2 * i] = payloads[i]
+end
+return out
+";
+
+// Moves jobs (ARGV[2..] as id, payload pairs) of the sorted set KEYS[1] to ARGV[1] ms, with
+// their new payloads in KEYS[2], but only those still in KEYS[1]: a job another instance took
+// over when this one lost its lease, and finished, must not come back. Returns how many moved.
+const RESCHEDULE: &str = r"
+local n = 0
+for i = 2, #ARGV, 2 do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+";
+
+// Moves jobs (ARGV[3..]) still in the queue KEYS[1] to the waiting set KEYS[2] of their target,
+// at ARGV[2] (oldest first), and lists that set (ARGV[1]) in KEYS[3]. Returns how many moved.
+const PARK: &str = r"
+local n = 0
+for i = 3, #ARGV do
+  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
+    redis.call('ZADD', KEYS[2], ARGV[2], ARGV[i])
+    n = n + 1
+  end
+end
+if n > 0 then
+  redis.call('SADD', KEYS[3], ARGV[1])
+end
+return n
+";
+
+// Takes the ARGV[1] oldest jobs of the waiting set KEYS[1] back into the queue KEYS[2], leased
+// until ARGV[2]; an emptied set leaves the list KEYS[4] (its name there is ARGV[3]). Returns id,
+// payload pairs (payloads from KEYS[3]), as TAKE does.
+const UNPARK: &str = r"
+local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZADD', KEYS[2], ARGV[2], id)
+end
+if redis.call('ZCARD', KEYS[1]) == 0 then
+  redis.call('SREM', KEYS[4], ARGV[3])
+end
+if #ids == 0 then return {} end
+local payloads = redis.call('HMGET', KEYS[3], unpack(ids))
+local out = {}
+for i, id in ipairs(ids) do
+  out[2 * i - 1] = id
+  out[2 * i] = payloads[i]
+end
+return out
+";
+
+// Sets jobs that cannot be read aside (ARGV as id, payload pairs): out of the sorted set
+// KEYS[1] and the payload hash KEYS[2], the payload (when there is one) kept in KEYS[3].
+const SET_ASIDE: &str = r"
+for i = 1, #ARGV, 2 do
+  if ARGV[i + 1] ~= '' then
+    redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+  end
+  redis.call('ZREM', KEYS[1], ARGV[i])
+  redis.call('HDEL', KEYS[2], ARGV[i])
+end
+return 0
 ";
 
 // Puts jobs (ARGV[4..] as id, payload pairs) into the window of KEYS[1] (its end) and KEYS[2]
@@ -86,6 +160,51 @@ impl Window {
     }
 }
 
+/// What one take brought: the jobs to attempt, and those this version cannot read (set aside
+/// already, to be dead-lettered by the caller).
+#[derive(Debug, Default)]
+pub struct Taken {
+    pub jobs: Vec<Job>,
+    pub unreadable: Vec<Unreadable>,
+}
+
+/// A stored job that does not decode (written by another version, or damaged): what can be
+/// told of it from its id and whatever of its JSON still parses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unreadable {
+    pub id: String,
+    /// The rule named in the payload, when it says.
+    pub rule: Option<String>,
+    /// The action its id names (`…:reload`, `…:notify:CHANNEL`), when it is one of ours.
+    pub action: Option<Action>,
+    pub error: String,
+}
+
+impl Unreadable {
+    fn new(id: &str, payload: &str, error: String) -> Unreadable {
+        let json: Option<serde_json::Value> = serde_json::from_str(payload).ok();
+        let rule = json
+            .as_ref()
+            .and_then(|j| j["firing"]["rule"].as_str())
+            .map(str::to_string);
+        let action = match id.split_once(':').map(|(_, a)| a) {
+            Some("reload") => Some(Action::Reload),
+            Some("exec") => Some(Action::Exec),
+            Some("cleanup") => Some(Action::Cleanup),
+            Some(a) => a.strip_prefix("notify:").map(|c| Action::Notify {
+                channel: c.to_string(),
+            }),
+            None => None,
+        };
+        Unreadable {
+            id: id.to_string(),
+            rule,
+            action,
+            error,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Queue {
     conn: Conn,
@@ -95,6 +214,12 @@ pub struct Queue {
     zset: String,
     jobs: String,
     take: redis::Script,
+    reschedule: redis::Script,
+    set_aside: redis::Script,
+    park: redis::Script,
+    unpark: redis::Script,
+    /// Payloads of jobs this version cannot read, kept for a person or a later version.
+    unreadable: String,
     /// New and finished jobs, group-committed.
     writer: Writer,
 }
@@ -111,6 +236,11 @@ impl Queue {
             zset: format!("{prefix}queue"),
             jobs: format!("{prefix}queue:jobs"),
             take: redis::Script::new(TAKE),
+            reschedule: redis::Script::new(RESCHEDULE),
+            set_aside: redis::Script::new(SET_ASIDE),
+            park: redis::Script::new(PARK),
+            unpark: redis::Script::new(UNPARK),
+            unreadable: format!("{prefix}queue:unreadable"),
             writer: Writer::start(
                 conn,
                 format!("{prefix}queue"),
@@ -148,32 +278,92 @@ impl Queue {
         self.writer.done(id.to_string()).await
     }
 
-    /// The job's next attempt is due at `due_ms`, on whichever instance takes it.
-    pub async fn reschedule(&self, job: &Job, due_ms: i64) -> redis::RedisResult<()> {
-        let id = job.id();
-        redis::pipe()
-            .cmd("HSET")
-            .arg(&self.jobs)
-            .arg(&id)
-            .arg(serde_json::to_string(job).unwrap_or_default())
-            .ignore()
-            .cmd("ZADD")
-            .arg(&self.zset)
-            .arg(due_ms)
-            .arg(&id)
-            .ignore()
-            .exec_async(&mut self.conn.clone())
+    /// The job's next attempt is due at `due_ms`, on whichever instance takes it; `false` when
+    /// the job had left the queue (this instance lost its lease and another finished it), and
+    /// it stays gone.
+    pub async fn reschedule(&self, job: &Job, due_ms: i64) -> redis::RedisResult<bool> {
+        let moved = self
+            .move_if_present(&self.zset, std::slice::from_ref(job), due_ms)
+            .await?;
+        Ok(moved > 0)
+    }
+
+    /// Moves the jobs still in `zset` to `due_ms` with their new payloads; how many moved.
+    async fn move_if_present(
+        &self,
+        zset: &str,
+        jobs: &[Job],
+        due_ms: i64,
+    ) -> redis::RedisResult<usize> {
+        if jobs.is_empty() {
+            return Ok(0);
+        }
+        let mut inv = self.reschedule.prepare_invoke();
+        inv.key(zset).key(&self.jobs).arg(due_ms);
+        for j in jobs {
+            inv.arg(j.id())
+                .arg(serde_json::to_string(j).unwrap_or_default());
+        }
+        inv.invoke_async(&mut self.conn.clone()).await
+    }
+
+    fn waiting_zset(&self, target: &str) -> String {
+        format!("{}queue:wait:{target}", self.prefix)
+    }
+
+    fn waiting_key(&self) -> String {
+        format!("{}queue:waits", self.prefix)
+    }
+
+    /// Jobs this instance took but whose target (a channel, a rule's reload or exec) has no room
+    /// go to wait for it in Redis, in the target's own waiting set, oldest first: whichever
+    /// instance has room for that target takes them from there ([`Queue::unpark`]), while the
+    /// jobs of other targets behind them in the queue are taken meanwhile. Only jobs still
+    /// queued: one another instance finished after this one lost its lease stays finished.
+    pub async fn park(&self, target: &str, ids: &[String]) -> redis::RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut inv = self.park.prepare_invoke();
+        inv.key(&self.zset)
+            .key(self.waiting_zset(target))
+            .key(self.waiting_key())
+            .arg(target)
+            .arg(now_ms())
+            .arg(ids);
+        inv.invoke_async::<()>(&mut self.conn.clone()).await
+    }
+
+    /// Takes up to `max` of the oldest jobs waiting for `target`, leased to this instance.
+    pub async fn unpark(&self, target: &str, max: usize) -> redis::RedisResult<Taken> {
+        let mut inv = self.unpark.prepare_invoke();
+        inv.key(self.waiting_zset(target))
+            .key(&self.zset)
+            .key(&self.jobs)
+            .key(self.waiting_key())
+            .arg(max)
+            .arg(now_ms() + LEASE.as_millis() as i64)
+            .arg(target);
+        let pairs: Vec<Option<String>> = inv.invoke_async(&mut self.conn.clone()).await?;
+        self.decode(&self.zset, pairs).await
+    }
+
+    /// The targets that have jobs waiting for them.
+    pub async fn waiting_targets(&self) -> redis::RedisResult<Vec<String>> {
+        redis::cmd("SMEMBERS")
+            .arg(self.waiting_key())
+            .query_async(&mut self.conn.clone())
             .await
     }
 
     /// Takes up to `max` due jobs, leasing them to this instance.
-    pub async fn take_due(&self, max: usize) -> redis::RedisResult<Vec<Job>> {
+    pub async fn take_due(&self, max: usize) -> redis::RedisResult<Taken> {
         self.take_from(&self.zset, max).await
     }
 
-    async fn take_from(&self, zset: &str, max: usize) -> redis::RedisResult<Vec<Job>> {
+    async fn take_from(&self, zset: &str, max: usize) -> redis::RedisResult<Taken> {
         let now = now_ms();
-        let payloads: Vec<Option<String>> = self
+        let pairs: Vec<Option<String>> = self
             .take
             .key(zset)
             .key(&self.jobs)
@@ -182,11 +372,46 @@ impl Queue {
             .arg(now + LEASE.as_millis() as i64)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(payloads
-            .into_iter()
-            .flatten()
-            .filter_map(|p| serde_json::from_str(&p).ok())
-            .collect())
+        self.decode(zset, pairs).await
+    }
+
+    /// The jobs of id, payload pairs just leased from `zset`; those that do not decode are set
+    /// aside.
+    async fn decode(&self, zset: &str, pairs: Vec<Option<String>>) -> redis::RedisResult<Taken> {
+        let mut taken = Taken::default();
+        let mut aside: Vec<(String, String)> = Vec::new();
+        for pair in pairs.chunks(2) {
+            let [Some(id), payload] = pair else { continue };
+            match payload.as_deref().map(serde_json::from_str::<Job>) {
+                Some(Ok(job)) => taken.jobs.push(job),
+                Some(Err(e)) => {
+                    let payload = payload.clone().unwrap_or_default();
+                    taken
+                        .unreadable
+                        .push(Unreadable::new(id, &payload, e.to_string()));
+                    aside.push((id.clone(), payload));
+                }
+                None => {
+                    taken.unreadable.push(Unreadable::new(
+                        id,
+                        "",
+                        "its payload is missing".to_string(),
+                    ));
+                    aside.push((id.clone(), String::new()));
+                }
+            }
+        }
+        if !aside.is_empty() {
+            let mut inv = self.set_aside.prepare_invoke();
+            inv.key(zset).key(&self.jobs).key(&self.unreadable);
+            for (id, payload) in &aside {
+                inv.arg(id).arg(payload);
+            }
+            // Not set aside: leased as the others, it comes back when its lease ends and is
+            // reported again then.
+            inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+        }
+        Ok(taken)
     }
 
     /// Hands jobs back at shutdown: due now, for any instance.
@@ -260,7 +485,7 @@ impl Queue {
     }
 
     /// Takes up to `max` jobs of `w` whose window has ended (or whose retry is due), leased.
-    pub async fn window_take(&self, w: &Window, max: usize) -> redis::RedisResult<Vec<Job>> {
+    pub async fn window_take(&self, w: &Window, max: usize) -> redis::RedisResult<Taken> {
         self.take_from(&self.window_zset(w), max).await
     }
 
@@ -276,32 +501,17 @@ impl Queue {
     }
 
     /// The digest of these jobs of `w` failed: they come due again at `due_ms` with their
-    /// attempts counted, for whichever instance takes them.
+    /// attempts counted, for whichever instance takes them; those no longer in the window
+    /// (another instance sent their digest after this one lost its lease) stay gone.
     pub async fn window_retry(
         &self,
         w: &Window,
         jobs: &[Job],
         due_ms: i64,
     ) -> redis::RedisResult<()> {
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        let mut hset = redis::cmd("HSET");
-        hset.arg(&self.jobs);
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(self.window_zset(w)).arg("XX");
-        for j in jobs {
-            hset.arg(j.id())
-                .arg(serde_json::to_string(j).unwrap_or_default());
-            zadd.arg(due_ms).arg(j.id());
-        }
-        redis::pipe()
-            .add_command(hset)
-            .ignore()
-            .add_command(zadd)
-            .ignore()
-            .exec_async(&mut self.conn.clone())
+        self.move_if_present(&self.window_zset(w), jobs, due_ms)
             .await
+            .map(|_| ())
     }
 
     /// Extends the leases of window jobs whose digest is being attempted.
@@ -319,15 +529,20 @@ impl Queue {
         self.set_due(&self.window_zset(w), ids, now_ms()).await
     }
 
-    /// Jobs waiting, being attempted or waiting for a retry: the queue's and those in digest
+    /// Jobs waiting, being attempted or waiting for a retry: the queue's, those waiting for
+    /// their target's room, and those in digest
     /// windows (each notification waiting in a window is a job too, and a window holding
     /// thousands is a backlog as real as the queue's).
     pub async fn len(&self) -> redis::RedisResult<i64> {
         let windows = self.windows().await?;
+        let targets = self.waiting_targets().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("ZCARD").arg(&self.zset);
         for w in &windows {
             pipe.cmd("ZCARD").arg(self.window_zset(w));
+        }
+        for t in &targets {
+            pipe.cmd("ZCARD").arg(self.waiting_zset(t));
         }
         let counts: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(counts.iter().sum())
@@ -392,6 +607,227 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "srem", SCRIPTS)
             .on(Keys::State("groups"), Access::Write)
             .args("{key} w"),
+        Use::new(Conn::State, "smembers", QUEUE)
+            .on(Keys::State("queue:waits"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "zcard", QUEUE)
+            .on(Keys::State("queue:wait:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "evalsha", "job queue: targets' waiting sets")
+            .on(Keys::State("queue:wait:*"), Access::ReadWrite)
+            .args("{sha} 3 {prefix}queue {key} {prefix}queue:waits"),
+        Use::new(Conn::State, "zscore", SCRIPTS)
+            .on(Keys::State("queue"), Access::Read)
+            .args("{key} id"),
+        Use::new(Conn::State, "hset", SCRIPTS)
+            .on(Keys::State("queue:unreadable"), Access::Write)
+            .args("{key} id job"),
 
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::keyspace::local_server::LocalRedis;
+
+    /// A queue on a throwaway redis-server (kept alive by the returned server).
+    async fn queue() -> (LocalRedis, Queue, Conn) {
+        let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
+            .await
+            .unwrap()
+            .expect("a throwaway redis-server");
+        let client = redis::Client::open(server.url()).unwrap();
+        let conn = Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+        (server, Queue::new(conn.clone(), "kw:"), conn)
+    }
+
+    fn job(key: &str, action: Action) -> Job {
+        Job::first(Arc::new(super::super::testkit::firing("r", key)), action)
+    }
+
+    async fn score(conn: &Conn, zset: &str, id: &str) -> Option<f64> {
+        redis::cmd("ZSCORE")
+            .arg(zset)
+            .arg(id)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap()
+    }
+
+    async fn payload(conn: &Conn, id: &str) -> Option<String> {
+        redis::cmd("HGET")
+            .arg("kw:queue:jobs")
+            .arg(id)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap()
+    }
+
+    /// This instance lost its lease while attempting a job; another took it over and finished
+    /// it. This one's failed attempt must not put the job back: it would run a second time.
+    #[tokio::test]
+    async fn a_retry_does_not_bring_back_a_job_another_instance_finished() {
+        let (_server, q, conn) = queue().await;
+        let j = job("k:1", Action::Reload);
+        q.store(&[], std::slice::from_ref(&j), Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(q.take_due(10).await.unwrap().jobs, vec![j.clone()]);
+        // Still ours: the retry is stored, due when it says.
+        let mut again = j.clone();
+        again.attempt = 1;
+        assert!(q.reschedule(&again, 42).await.unwrap());
+        assert_eq!(score(&conn, "kw:queue", &j.id()).await, Some(42.0));
+        assert!(
+            payload(&conn, &j.id())
+                .await
+                .unwrap()
+                .contains("\"attempt\":1")
+        );
+        // Finished elsewhere meanwhile: nothing comes back, neither due time nor payload.
+        q.done(&j.id()).await.unwrap();
+        again.attempt = 2;
+        assert!(!q.reschedule(&again, 43).await.unwrap());
+        assert_eq!(score(&conn, "kw:queue", &j.id()).await, None);
+        assert_eq!(payload(&conn, &j.id()).await, None);
+        assert_eq!(q.len().await.unwrap(), 0);
+    }
+
+    /// The same for a digest window's jobs: a digest sent by another instance stays sent.
+    #[tokio::test]
+    async fn a_digest_retry_does_not_bring_back_jobs_another_instance_sent() {
+        let (_server, q, conn) = queue().await;
+        let w = Window {
+            rule: "r".into(),
+            channel: "c".into(),
+        };
+        let notify = || Action::Notify {
+            channel: "c".into(),
+        };
+        let (a, b) = (job("k:1", notify()), job("k:2", notify()));
+        q.window_put(&w, Duration::from_millis(1), &[a.clone(), b.clone()])
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(q.window_take(&w, 10).await.unwrap().jobs.len(), 2);
+        // Another instance sent `a` (after this one's lease ran out); `b` is still the window's.
+        q.window_done(&w, &[a.id()]).await.unwrap();
+        q.window_retry(&w, &[a.clone(), b.clone()], 42)
+            .await
+            .unwrap();
+        assert_eq!(score(&conn, "kw:group:r:c", &a.id()).await, None);
+        assert_eq!(payload(&conn, &a.id()).await, None);
+        assert_eq!(score(&conn, "kw:group:r:c", &b.id()).await, Some(42.0));
+    }
+
+    /// A job stored by a version that wrote something this one cannot read (or whose payload
+    /// went missing) is set aside with what can be told of it, once: not leased and skipped
+    /// again every 15 s forever. The readable job taken with it is unaffected.
+    #[tokio::test]
+    async fn a_job_that_does_not_decode_is_set_aside_once() {
+        let (_server, q, conn) = queue().await;
+        let good = job("k:1", Action::Exec);
+        q.store(&[], std::slice::from_ref(&good), Vec::new())
+            .await
+            .unwrap();
+        let future =
+            r#"{"firing":{"id":"f1","rule":"orders","shape":"v2"},"action":{"action":"sms"}}"#;
+        let mut c = conn.clone();
+        redis::pipe()
+            .cmd("HSET")
+            .arg("kw:queue:jobs")
+            .arg("f1:notify:team")
+            .arg(future)
+            .cmd("ZADD")
+            .arg("kw:queue")
+            .arg(0)
+            .arg("f1:notify:team")
+            .cmd("ZADD")
+            .arg("kw:queue")
+            .arg(0)
+            .arg("f2:reload")
+            .exec_async(&mut c)
+            .await
+            .unwrap();
+
+        let taken = q.take_due(10).await.unwrap();
+        assert_eq!(taken.jobs, vec![good]);
+        let mut unreadable = taken.unreadable;
+        unreadable.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(unreadable.len(), 2, "{unreadable:?}");
+        assert_eq!(unreadable[0].id, "f1:notify:team");
+        assert_eq!(unreadable[0].rule.as_deref(), Some("orders"));
+        assert_eq!(
+            unreadable[0].action,
+            Some(Action::Notify {
+                channel: "team".into()
+            })
+        );
+        assert!(!unreadable[0].error.is_empty());
+        assert_eq!(unreadable[1].id, "f2:reload");
+        assert_eq!(unreadable[1].rule, None);
+        assert_eq!(unreadable[1].action, Some(Action::Reload));
+        assert_eq!(unreadable[1].error, "its payload is missing");
+
+        // Out of the queue, the payload kept aside; the next take (after any lease) finds nothing.
+        assert_eq!(score(&conn, "kw:queue", "f1:notify:team").await, None);
+        assert_eq!(payload(&conn, "f1:notify:team").await, None);
+        let kept: Option<String> = redis::cmd("HGET")
+            .arg("kw:queue:unreadable")
+            .arg("f1:notify:team")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(kept.as_deref(), Some(future));
+        q.hand_back(&[good_id()]).await.unwrap();
+        let again = q.take_due(10).await.unwrap();
+        assert!(again.unreadable.is_empty(), "{again:?}");
+        assert_eq!(again.jobs.len(), 1);
+    }
+
+    /// Jobs whose target has no room wait in the target's own set, oldest first, out of the
+    /// way of the queue; a job another instance finished meanwhile is not parked; taking them
+    /// back leases them in the queue, and an emptied set is no longer listed.
+    #[tokio::test]
+    async fn jobs_wait_for_their_target_in_its_own_set() {
+        let (_server, q, conn) = queue().await;
+        let notify = || Action::Notify {
+            channel: "slow".into(),
+        };
+        let jobs: Vec<Job> = (0..3).map(|i| job(&format!("k:{i}"), notify())).collect();
+        let other = job("o:1", Action::Reload);
+        q.store(&[], &jobs, Vec::new()).await.unwrap();
+        q.store(&[], std::slice::from_ref(&other), Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(q.take_due(10).await.unwrap().jobs.len(), 4);
+        // Finished elsewhere after this instance lost its lease: it stays finished.
+        q.done(&jobs[2].id()).await.unwrap();
+        let ids: Vec<String> = jobs.iter().map(Job::id).collect();
+        q.park("channel:slow", &ids).await.unwrap();
+        assert_eq!(q.waiting_targets().await.unwrap(), vec!["channel:slow"]);
+        assert_eq!(score(&conn, "kw:queue", &ids[0]).await, None);
+        assert_eq!(
+            score(&conn, "kw:queue:wait:channel:slow", &ids[2]).await,
+            None
+        );
+        assert_eq!(q.len().await.unwrap(), 3, "two waiting, one leased");
+        // The other target's job is still where it was.
+        assert!(score(&conn, "kw:queue", &other.id()).await.is_some());
+
+        let first = q.unpark("channel:slow", 1).await.unwrap();
+        assert_eq!(first.jobs.len(), 1);
+        assert!(score(&conn, "kw:queue", &first.jobs[0].id()).await.unwrap() > now_ms() as f64);
+        let rest = q.unpark("channel:slow", 10).await.unwrap();
+        assert_eq!(rest.jobs.len(), 1);
+        assert!(q.waiting_targets().await.unwrap().is_empty());
+        assert_eq!(q.len().await.unwrap(), 3);
+    }
+
+    fn good_id() -> String {
+        job("k:1", Action::Exec).id()
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, OnceLock};
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -19,6 +19,7 @@ use super::dead::DeadStore;
 use super::lane::Limiters;
 use super::queue::{Queue, Window};
 use super::retry::RetryPolicy;
+use super::slots::{Slots, Ticket};
 use super::work::DigestKey;
 
 pub(super) struct Inner {
@@ -29,14 +30,17 @@ pub(super) struct Inner {
     pub(super) policy: RetryPolicy,
     pub(super) tracker: TaskTracker,
     pub(super) shutdown: CancellationToken,
-    /// Bounds the firings whose attempts run at once here. A storm's firings beyond it wait in
-    /// the durable queue, not in memory, so ten thousand expiries open no more connections and
-    /// hold no more memory than this many.
+    /// Bounds the jobs this instance holds in memory at once (attempting, or waiting in a
+    /// slot's line); each holds one permit, a [`Room`]. A storm's jobs beyond it wait in the
+    /// durable queue, not in memory. A job waiting for a rate token gives its permit back (its
+    /// channel's line is bounded on its own), so a throttled channel does not hold it.
     pub(super) concurrent: Arc<Semaphore>,
+    /// The `concurrency` of each channel and of each rule's reload and exec.
+    pub(super) slots: Slots,
     /// Set while jobs this instance had no room for may be waiting in the queue: a firing that
     /// finishes then wakes the queue loop to take the next ones at once.
     pub(super) backlogged: AtomicBool,
-    pub(super) wake: Notify,
+    pub(super) wake: Arc<Notify>,
     /// Digest windows held in memory, by (rule, channel): only when there is no queue, or Redis
     /// refused to store the notifications in their shared window.
     pub(super) digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
@@ -85,8 +89,57 @@ impl Clock {
     }
 }
 
-/// Firings attempted at once by one instance (see `Inner::concurrent`).
-pub(super) const CONCURRENT: usize = 256;
+/// Jobs held in memory at once by one instance (see `Inner::concurrent`): room for 32 targets
+/// at their default `concurrency` with full lines before one more has to wait for another.
+pub(super) const CONCURRENT: usize = 1024;
+
+/// One job's permit of [`Inner::concurrent`]. Given back when the job is done, goes back to the
+/// queue, or starts waiting for a rate token; while a backlog waits in the queue, that wakes the
+/// queue loop to take the next job at once.
+pub(super) struct Room {
+    permit: Option<OwnedSemaphorePermit>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        if self
+            .inner
+            .backlogged
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            self.inner.wake.notify_one();
+        }
+    }
+}
+
+/// What a job holds when it is handed to its attempts: its room in this instance, and its
+/// ticket for its slot.
+#[derive(Default)]
+pub(super) struct Held {
+    pub(super) room: Option<Room>,
+    pub(super) ticket: Ticket,
+}
+
+/// `permit` (of as many permits as it holds) as one [`Room`] per job, in order; jobs beyond the
+/// permits it holds get none.
+pub(super) fn rooms(inner: &Arc<Inner>, permit: OwnedSemaphorePermit, jobs: usize) -> Vec<Room> {
+    let mut out = Vec::with_capacity(jobs);
+    let mut rest = Some(permit);
+    for _ in 0..jobs {
+        let one = match rest.as_mut() {
+            Some(p) if p.num_permits() > 1 => p.split(1),
+            _ => rest.take(),
+        };
+        let Some(one) = one else { break };
+        out.push(Room {
+            permit: Some(one),
+            inner: inner.clone(),
+        });
+    }
+    out
+}
 
 /// Items listed in a digest of a rule without `group.max_items` (a merged backlog).
 pub(super) const DIGEST_ITEMS: usize = 20;

@@ -247,7 +247,7 @@ impl Receiver {
     pub(super) async fn start(
         answers: impl Fn(usize) -> String + Send + Sync + 'static,
     ) -> Receiver {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
         let start = Instant::now();
@@ -259,26 +259,7 @@ impl Receiver {
                 let Ok((mut sock, _)) = listener.accept().await else {
                     return;
                 };
-                // The whole request: headers, then `Content-Length` bytes of body.
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while let Ok(read) = sock.read(&mut chunk).await {
-                    if read == 0 {
-                        break;
-                    }
-                    buf.extend_from_slice(&chunk[..read]);
-                    if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                        let len = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + len {
-                            break;
-                        }
-                    }
-                }
+                read_request(&mut sock).await;
                 recorded
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -296,6 +277,106 @@ impl Receiver {
         tokio::time::sleep_until(self.start + after).await;
         self.times.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
+}
+
+/// A local HTTP target that answers every request `200 OK` after `delay` of virtual time, any
+/// number at once (a task per connection), and counts the requests it holds at once: what a
+/// storm looks like from the receiving end.
+pub(super) struct SlowTarget {
+    pub(super) url: String,
+    holding: Arc<std::sync::atomic::AtomicUsize>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+    served: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl SlowTarget {
+    pub(super) async fn start(delay: Duration) -> SlowTarget {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let (holding, most, served) = (
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+            Arc::new(AtomicUsize::new(0)),
+        );
+        let (h, m, s) = (holding.clone(), most.clone(), served.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut sock, _)) = listener.accept().await else {
+                    return;
+                };
+                let (h, m, s) = (h.clone(), m.clone(), s.clone());
+                tokio::spawn(async move {
+                    if !read_request(&mut sock).await {
+                        return;
+                    }
+                    let now = h.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(delay).await;
+                    h.fetch_sub(1, Ordering::SeqCst);
+                    let _ = sock.write_all(response("200 OK", "").as_bytes()).await;
+                    let _ = sock.shutdown().await;
+                    s.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        SlowTarget {
+            url,
+            holding,
+            most,
+            served,
+        }
+    }
+
+    /// The most requests it held at once so far.
+    pub(super) fn most(&self) -> usize {
+        self.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Lets virtual time run until it has answered `n` requests (at most `within`); how many it
+    /// answered.
+    pub(super) async fn served(&self, n: usize, within: Duration) -> usize {
+        let until = Instant::now() + within;
+        loop {
+            let done = self.served.load(std::sync::atomic::Ordering::SeqCst);
+            if done >= n || Instant::now() >= until {
+                return done;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Requests it holds right now.
+    pub(super) fn holding(&self) -> usize {
+        self.holding.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Reads one whole request: headers, then `Content-Length` bytes of body. `false` when the
+/// connection ended first.
+async fn read_request(sock: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(read) = sock.read(&mut chunk).await {
+        if read == 0 {
+            return false;
+        }
+        buf.extend_from_slice(&chunk[..read]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// An HTTP/1.1 response with `status` (code and reason) and extra `headers` lines.
