@@ -230,6 +230,14 @@ impl Engine {
                     self.status.set_subscribed(&node, false);
                     tracing::warn!(%node, %reason, "Keyspace events published until the subscription is back are lost; expiries of keys with known deadlines will be recovered.");
                 }
+                Signal::NotMaster { node, reason } => {
+                    // The subscriber logged the reason; a follower of the topology may find
+                    // the master elsewhere.
+                    markers.extend(self.markers().down(&node));
+                    self.keyspace.suspect();
+                    self.metrics.subscriber(&node, false);
+                    self.status.refuse(&node, &reason);
+                }
                 Signal::Gone { node } => {
                     markers.extend(self.markers().down(&node));
                     self.metrics.forget_subscriber(&node);

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod commands;
 pub mod connect;
 pub mod local_server;
+pub mod role;
 pub mod server_fetch;
 
 use std::collections::HashMap;

@@ -43,6 +43,12 @@ pub enum Signal {
         node: String,
         reason: String,
     },
+    /// The node answered `ROLE` as something other than a master (a replica, say): it is not
+    /// watched, and readiness stays false, until it is one again. `reason` says what to do.
+    NotMaster {
+        node: String,
+        reason: String,
+    },
     /// The node is no longer watched: a cluster node that stopped being a master
     /// ([`crate::source::cluster`]).
     Gone {

@@ -121,6 +121,12 @@ impl RedisServerBuilder {
         self
     }
 
+    /// `--replicaof` the server at `master` (`127.0.0.1:PORT`).
+    pub fn replica_of(self, master: &str) -> Self {
+        let (host, port) = master.split_once(':').expect("master as host:port");
+        self.arg("--replicaof").arg(format!("{host} {port}"))
+    }
+
     pub(crate) fn cluster_mode(mut self, mode: ClusterMode) -> Self {
         self.cluster = Some(mode);
         self

@@ -212,17 +212,17 @@ fn server(report: &mut Report, config: &Config, info: &Info) {
 }
 
 fn role(report: &mut Report, info: &Info, node: &str) {
+    // The same words `run` logs when it refuses a replica (`keyspace::role`).
     match info.master_of_replica() {
         None => report.ok("role", format!("{node} is a master")),
-        Some((host, port)) => report.fail(
-            "role",
-            format!(
-                "{node} is a replica of {host}:{port}: replicas never publish `expired` (they apply the master's deletions, heard as `del`), and the ledger cannot make them expire keys"
-            ),
-            Some(format!(
-                "point keywatch at the master: --redis redis://{host}:{port} (with the same credentials)"
-            )),
-        ),
+        Some((host, port)) => {
+            let master = format!("{host}:{port}");
+            report.fail(
+                "role",
+                crate::keyspace::role::replica_problem(node, &master),
+                Some(crate::keyspace::role::replica_fix(&master)),
+            )
+        }
     }
 }
 

@@ -128,6 +128,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::source::notifications::REDIS,
     &crate::keyspace::REDIS,
     &crate::keyspace::connect::REDIS,
+    &crate::keyspace::role::REDIS,
     &crate::keyspace::cluster::REDIS,
     &crate::engine::detail::REDIS,
     &crate::action::cleanup::REDIS,
