@@ -1,10 +1,14 @@
-//! Replication: a replica is never watched as if it were the master.
+//! Replication and Sentinel: a replica is never watched as if it were the master, and with
+//! `redis.sentinel` keywatch follows the master through a failover.
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, RedisServer, endpoint, get, metric, spawn_run, wait_until};
+use common::{
+    HttpReceiver, RedisSentinels, RedisServer, endpoint, get, metric, spawn_run, wait_until,
+};
 
 /// A replica given as `--redis`: keywatch runs but is not ready, says why and where the master
 /// is, and reports its subscriber down; it never subscribes there.
@@ -55,6 +59,129 @@ fn a_replica_given_as_redis_is_not_watched() {
         "/readyz says ready after the promotion",
         common::PATIENCE,
         || get(&addr, "/readyz").0 == 200,
+    );
+    kw.stop();
+}
+
+/// Each delivered key: how often it came and whether (the last time) it was recovered.
+fn delivered(receiver: &HttpReceiver) -> BTreeMap<String, (usize, bool)> {
+    let mut out: BTreeMap<String, (usize, bool)> = BTreeMap::new();
+    for r in receiver.requests() {
+        let j = r.json();
+        let e = out
+            .entry(j["key"].as_str().unwrap().to_string())
+            .or_default();
+        e.0 += 1;
+        e.1 = j["recovered"].as_bool().unwrap();
+    }
+    out
+}
+
+/// With `redis.sentinel`, keywatch follows the master through `SENTINEL FAILOVER`: keys that
+/// expire before, during and after the switch are each alerted once (those due while no node
+/// was watched are recovered by the ledger), the promoted replica gets the notification flags
+/// it lacked (`notifications: enable`), and `/readyz` is back on the new master. The time from
+/// the failover to readiness on the new master is printed (`switch took`), not asserted.
+#[test]
+fn keywatch_follows_the_master_through_a_failover() {
+    let set = RedisSentinels::start("Exg");
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::hook_rules(
+        dir.path(),
+        &receiver,
+        &format!(
+            "redis:\n  notifications: enable\n  sentinel:\n    master: {}\n    nodes: {}\nrules:\n  - name: lock-expired\n    match: \"lock:{{id}}\"\n    notify: {{ to: [hook] }}\n",
+            common::redis_sentinel::MASTER_NAME,
+            set.nodes_yaml()
+        ),
+    );
+    let first = set.data[0].addr();
+    // The URL gives credentials (none here); the node is the sentinels' to name.
+    let mut kw = common::run_subscribed(&set.data[0].url(), &rules, common::Logs::Text, &[]);
+    let addr = endpoint(&kw);
+    wait_until("/readyz says ready", common::PATIENCE, || {
+        get(&addr, "/readyz").0 == 200
+    });
+    assert!(get(&addr, "/readyz").1.contains(&first));
+
+    let before: Vec<String> = (0..5).map(|i| format!("lock:before-{i}")).collect();
+    common::set_and_expire_now(&mut set.data[0].conn(), &before);
+    receiver.wait_past(&before, common::PATIENCE);
+
+    // Deadlines spread over the switch: some fall before the old master is demoted, some while
+    // no node is watched, some after.
+    let mut during = Vec::new();
+    {
+        let mut c = set.data[0].conn();
+        // Every 25 ms over the first half second (the switch takes a few hundred), then later.
+        let ttls = (0..20u64).map(|i| 50 + 25 * i).chain([1000, 2000, 3000]);
+        for (i, ms) in ttls.enumerate() {
+            let key = format!("lock:during-{i}");
+            common::set_px(&mut c, &key, ms);
+            during.push(key);
+        }
+        // The replica must hold them before it is promoted.
+        let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+    }
+    let started = set.failover();
+    let promoted = set.data[1].addr();
+    let mut switched = None;
+    wait_until(
+        "/readyz says ready on the promoted replica",
+        common::PATIENCE,
+        || {
+            let (status, body) = get(&addr, "/readyz");
+            let ready = status == 200 && body.contains(&format!("{promoted}: subscribed"));
+            if ready && switched.is_none() {
+                switched = Some(started.elapsed());
+            }
+            ready
+        },
+    );
+    let switched = switched.unwrap();
+    eprintln!(
+        "switch took {} ms (SENTINEL FAILOVER to /readyz 200 on the new master)",
+        switched.as_millis()
+    );
+    // keywatch follows the promotion itself, so it may be ready before the sentinels announce
+    // the switch; they do so soon after.
+    wait_until(
+        "the sentinels name the promoted replica",
+        common::PATIENCE,
+        || set.master_addr_by(0).as_deref() == Some(promoted.as_str()),
+    );
+    // The promoted replica had no flags; `notifications: enable` gave it what the rules need.
+    let flags = common::notify_flags(&mut set.data[1].conn());
+    assert!(flags.contains('E') && flags.contains('x'), "{flags}");
+
+    let after: Vec<String> = (0..5).map(|i| format!("lock:after-{i}")).collect();
+    common::set_and_expire_now(&mut set.data[1].conn(), &after);
+    let all: Vec<String> = before
+        .iter()
+        .chain(&during)
+        .chain(&after)
+        .cloned()
+        .collect();
+    receiver.wait_past(&all, common::PATIENCE);
+    // Late duplicates (a recovery of something already alerted) would come within seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    let got = delivered(&receiver);
+    let wrong: Vec<(&String, usize)> = all
+        .iter()
+        .map(|k| (k, got.get(k).map_or(0, |d| d.0)))
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "each key should be alerted once: {wrong:?}\n{}",
+        kw.describe_output()
+    );
+    let recovered: Vec<&String> = during.iter().filter(|k| got[*k].1).collect();
+    eprintln!(
+        "recovered {} of {} keys due around the switch: {recovered:?}",
+        recovered.len(),
+        during.len()
     );
     kw.stop();
 }

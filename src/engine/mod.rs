@@ -360,7 +360,7 @@ impl Engine {
                 deadline: chrono::DateTime::from_timestamp_millis(m.deadline_ms),
                 ttl_ms: None,
                 recovered: true,
-                source: self.keyspace.node().to_string(),
+                source: self.keyspace.node(),
             };
             let rules = self.config.rules_for(event.kind, event.db, &event.key);
             tracing::info!(db, key = %event.key_lossy(), deadline = ?event.deadline, "Recovered an expiry whose notification was missed.");

@@ -62,7 +62,9 @@ pub fn replica_problem(node: &str, master: &str) -> String {
 
 /// What to point keywatch at instead of a replica of `master`.
 pub fn replica_fix(master: &str) -> String {
-    format!("point keywatch at the master: --redis redis://{master} (with the same credentials)")
+    format!(
+        "point keywatch at the master: --redis redis://{master} (with the same credentials), or let it follow the master with `redis.sentinel`"
+    )
 }
 
 /// Why `node` is not watched, or `None` for a master.

@@ -129,6 +129,8 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::keyspace::REDIS,
     &crate::keyspace::connect::REDIS,
     &crate::keyspace::role::REDIS,
+    &crate::keyspace::sentinel::REDIS,
+    &crate::source::sentinel::REDIS,
     &crate::keyspace::cluster::REDIS,
     &crate::engine::detail::REDIS,
     &crate::action::cleanup::REDIS,
@@ -185,6 +187,8 @@ fn applies(config: &Config, when: When) -> bool {
         When::EnableNotifications => config.redis.notifications == Notifications::Enable,
         When::OtherDatabase => config.redis.databases.iter().any(|&db| db != 0),
         When::Cluster => config.redis.cluster,
+        // Checked against the sentinels by `doctor::sentinel`, under their own ACL.
+        When::Sentinel => false,
         When::RateLimit => config.channels.iter().any(|c| c.rate.is_some()),
         When::Doctor | When::DoctorOptional | When::ForCallers => false,
     }
