@@ -185,3 +185,42 @@ fn keywatch_follows_the_master_through_a_failover() {
     );
     kw.stop();
 }
+
+/// `doctor` with `redis.sentinel`: every sentinel answers and they agree, the quorum is there,
+/// and the master they name is the node checked (role, flags). With a sentinel gone, that
+/// sentinel fails by name.
+#[test]
+fn doctor_checks_the_sentinels_and_the_master_they_name() {
+    let mut set = RedisSentinels::start("Exg");
+    let rules = common::Rules::new(&format!(
+        "redis:\n  sentinel:\n    master: {}\n    nodes: {}\nchannels:\n  log: {{ type: log }}\nrules:\n  - name: r\n    match: \"k:*\"\n    notify: {{ to: [log] }}\n",
+        common::redis_sentinel::MASTER_NAME,
+        set.nodes_yaml()
+    ));
+    // The URL names the replica: with Sentinel, the sentinels decide which node is checked.
+    let url = set.data[1].url();
+    let out = rules.run(&["doctor", "--redis", &url], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    let master = set.data[0].addr();
+    assert!(text.contains(&format!("Redis at {master}")), "{text}");
+    assert!(
+        text.contains(&format!("3 of 3 sentinels name {master}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("Quorum and failover authorization can be reached"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{master} is a master")), "{text}");
+
+    let gone = set.sentinels[2].addr();
+    set.sentinels[2].kill();
+    let out = rules.run(&["doctor", "--redis", &url], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("cannot connect to the sentinel at {gone}")),
+        "{text}"
+    );
+}

@@ -144,6 +144,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::source::scanner::REDIS,
     &crate::command::doctor::REDIS,
     &crate::command::doctor::cluster::REDIS,
+    &crate::command::doctor::sentinel::REDIS,
     &REDIS,
 ];
 
