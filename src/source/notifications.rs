@@ -141,6 +141,47 @@ enum Ended {
     NotMaster(String),
 }
 
+/// A subscriber in a task of its own, as the followers of a topology ([`crate::source::cluster`],
+/// [`crate::source::sentinel`]) keep one per node they watch.
+pub struct Watcher {
+    pub node: String,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watcher {
+    /// Starts [`subscribe`] on `node` with the default backoff, stopped with `shutdown` or
+    /// [`Watcher::end`].
+    pub fn spawn(
+        client: redis::Client,
+        node: &str,
+        channels: watch::Receiver<Vec<String>>,
+        tx: mpsc::Sender<Signal>,
+        shutdown: &CancellationToken,
+    ) -> Watcher {
+        let stop = shutdown.child_token();
+        let task = tokio::spawn(subscribe(
+            client,
+            node.to_string(),
+            channels,
+            tx,
+            Backoff::default(),
+            stop.clone(),
+        ));
+        Watcher {
+            node: node.to_string(),
+            stop,
+            task,
+        }
+    }
+
+    /// Stops the subscriber and waits for it.
+    pub async fn end(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
 /// Subscribes to `channels` on `client`'s node until `shutdown`, sending what happens to `tx`.
 /// A change of `channels` (a reload) is followed on the same connection: new channels are
 /// subscribed before old ones are left, so nothing published meanwhile is missed.

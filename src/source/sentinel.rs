@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
@@ -31,7 +30,10 @@ use crate::keyspace::Keyspace;
 use crate::keyspace::sentinel::{Sentinels, selected, switched_to};
 use crate::metrics::Metrics;
 use crate::source::Signal;
-use crate::source::notifications::{self, Backoff};
+use crate::source::notifications::Watcher;
+
+/// The sentinels' channels keywatch listens to: the start of a failover, and its end.
+pub const CHANNELS: [&str; 2] = ["+selected-slave", "+switch-master"];
 
 /// How often the sentinels are asked when nothing happened.
 pub const REASK_EVERY: Duration = Duration::from_secs(5);
@@ -46,12 +48,6 @@ const PROMOTION_WAIT: Duration = Duration::from_secs(10);
 const SENTINEL_RETRY: Duration = Duration::from_secs(1);
 const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
-
-struct Watch {
-    node: String,
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-}
 
 /// Subscribes to `channels` on the master until `shutdown`, following it through failovers;
 /// what the subscriber hears goes to `tx`, plus [`Signal::Gone`] for a node left behind.
@@ -78,28 +74,20 @@ pub async fn follow(
         ));
     }
     drop(heard_tx);
-    let start = |node: &str| -> Option<Watch> {
-        let client = match keyspace.client(0) {
-            Ok(c) => c,
+    let start = |node: &str| -> Option<Watcher> {
+        match keyspace.client(0) {
+            Ok(c) => Some(Watcher::spawn(
+                c,
+                node,
+                channels.clone(),
+                tx.clone(),
+                &shutdown,
+            )),
             Err(e) => {
                 tracing::error!(%node, error = %e, "Sentinel: cannot make a client for the master.");
-                return None;
+                None
             }
-        };
-        let stop = shutdown.child_token();
-        let task = tokio::spawn(notifications::subscribe(
-            client,
-            node.to_string(),
-            channels.clone(),
-            tx.clone(),
-            Backoff::default(),
-            stop.clone(),
-        ));
-        Some(Watch {
-            node: node.to_string(),
-            stop,
-            task,
-        })
+        }
     };
     // Expected before it is subscribed, so that readiness waits for it.
     let expect = |node: &str| {
@@ -202,16 +190,15 @@ pub async fn follow(
         }
     }
     if let Some(w) = current {
-        w.stop.cancel();
-        let _ = w.task.await;
+        w.end().await;
     }
 }
 
 /// Stops watching `w`'s node and reports it [`Signal::Gone`]; false when the engine is gone.
-async fn end(w: Watch, tx: &mpsc::Sender<Signal>) -> bool {
-    w.stop.cancel();
-    let _ = w.task.await;
-    tx.send(Signal::Gone { node: w.node }).await.is_ok()
+async fn end(w: Watcher, tx: &mpsc::Sender<Signal>) -> bool {
+    let node = w.node.clone();
+    w.end().await;
+    tx.send(Signal::Gone { node }).await.is_ok()
 }
 
 /// What a sentinel said about our master.
@@ -262,7 +249,7 @@ async fn listen_once(sentinels: &Sentinels, addr: &str, switches: &mpsc::Sender<
         Err(_) => return "cannot connect in time".into(),
     };
     let (mut sink, mut stream) = pubsub.split();
-    for channel in ["+selected-slave", "+switch-master"] {
+    for channel in CHANNELS {
         if let Err(e) = sink.subscribe(channel).await {
             return format!("SUBSCRIBE {channel} failed: {e}");
         }

@@ -47,7 +47,7 @@ pub use daemon::{
     keywatch_command, run_keywatch, run_on, run_subscribed, spawn_keywatch, spawn_run,
 };
 pub use endpoint::{endpoint, get, metric, post};
-pub use http_receiver::{HttpReceiver, Request, Response};
+pub use http_receiver::{HttpReceiver, Request, Response, delivered};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
 pub use redis_sentinel::RedisSentinels;
 pub use redis_server::{ClientCert, RedisServer, RedisServerBuilder};

@@ -167,26 +167,15 @@ pub async fn run(
         subscribers.clone(),
     ));
     let (subscriptions, wanted) = watch::channel(reload::subscriptions(&config));
-    let subscriber = if keyspace.is_cluster() {
+    let subscriber = if keyspace.is_cluster() || keyspace.sentinels().is_some() {
         let expecting = status.clone();
-        tokio::spawn(cluster::follow(
-            keyspace.clone(),
-            wanted,
-            tx,
-            move |node: &str| expecting.expect_node(node),
-            metrics.clone(),
-            subscribers.clone(),
-        ))
-    } else if keyspace.sentinels().is_some() {
-        let expecting = status.clone();
-        tokio::spawn(sentinel::follow(
-            keyspace.clone(),
-            wanted,
-            tx,
-            move |node: &str| expecting.expect_node(node),
-            metrics.clone(),
-            subscribers.clone(),
-        ))
+        let watching = move |node: &str| expecting.expect_node(node);
+        let (k, m, stop) = (keyspace.clone(), metrics.clone(), subscribers.clone());
+        if keyspace.is_cluster() {
+            tokio::spawn(cluster::follow(k, wanted, tx, watching, m, stop))
+        } else {
+            tokio::spawn(sentinel::follow(k, wanted, tx, watching, m, stop))
+        }
     } else {
         tokio::spawn(notifications::subscribe(
             keyspace.client(0)?,
