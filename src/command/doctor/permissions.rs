@@ -424,6 +424,25 @@ pub fn base_acl_line(prefix: &str) -> String {
     words.join(" ")
 }
 
+/// The sentinels' ACL line of the README (Sentinel): their default user, which keywatch logs in
+/// as, with the channels and commands declared for [`Conn::Sentinel`].
+pub fn sentinel_acl_line() -> String {
+    let mut words = vec!["ACL SETUSER default on >PASSWORD resetchannels".to_string()];
+    words.extend(
+        crate::source::sentinel::CHANNELS
+            .iter()
+            .map(|c| format!("&{c}")),
+    );
+    words.extend(["-@all".to_string(), "+auth".to_string()]);
+    for u in REGISTRY.iter().flat_map(|d| d.uses) {
+        let grant = format!("+{}", u.command);
+        if u.conn == Conn::Sentinel && !words.contains(&grant) {
+            words.push(grant);
+        }
+    }
+    words.join(" ")
+}
+
 fn base_commands() -> Vec<&'static str> {
     let mut out: Vec<&str> = Vec::new();
     for u in REGISTRY.iter().flat_map(|d| d.uses) {
@@ -784,6 +803,24 @@ mod tests {
             "docs/redis.md, section \"Least-privilege ACL\", should have these lines:\n{}\n",
             derived.join("\n")
         );
+    }
+
+    #[test]
+    fn the_documented_sentinel_acl_line_is_the_derived_one() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let derived = sentinel_acl_line();
+        for readme in ["README.md", "README.zh-CN.md"] {
+            let text = std::fs::read_to_string(root.join(readme)).unwrap();
+            let documented: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("ACL SETUSER default "))
+                .collect();
+            assert_eq!(
+                documented,
+                [derived.as_str()],
+                "{readme}, section Sentinel, should have this line:\n{derived}\n"
+            );
+        }
     }
 
     #[test]
