@@ -57,6 +57,8 @@ pub struct RuleCounts {
 pub struct Status {
     // std Mutexes: held for a few instructions, never across an await.
     nodes: Mutex<BTreeMap<String, bool>>,
+    /// Why a node is not watched (it is no master), until it is subscribed again.
+    refused: Mutex<BTreeMap<String, String>>,
     recent: Mutex<VecDeque<RecentFiring>>,
     dead: Mutex<VecDeque<DeadLetter>>,
     counts: Mutex<BTreeMap<String, RuleCounts>>,
@@ -75,14 +77,43 @@ impl Status {
     }
 
     pub fn set_subscribed(&self, node: &str, up: bool) {
+        if up {
+            self.refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(node);
+        }
         self.nodes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(node.to_string(), up);
     }
 
+    /// `node` is not watched because of `reason` (it is no master): not subscribed, and
+    /// `/readyz` says why.
+    pub fn refuse(&self, node: &str, reason: &str) {
+        self.set_subscribed(node, false);
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node.to_string(), reason.to_string());
+    }
+
+    /// Why `node` is not watched, if it was refused.
+    pub fn refusal(&self, node: &str) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .cloned()
+    }
+
     /// A node keywatch no longer watches (a cluster node that stopped being a master).
     pub fn forget_node(&self, node: &str) {
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node);
         self.nodes
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -90,3 +90,13 @@ fn a_valid_file_passes() {
 fn unreadable_input_exits_2() {
     check("does-not-exist.yaml", &[]);
 }
+
+#[test]
+fn sentinel_mistakes_are_located() {
+    check("sentinel.yaml", &[]);
+}
+
+#[test]
+fn sentinel_without_master_or_nodes_says_what_is_missing() {
+    check("sentinel_incomplete.yaml", &[]);
+}

@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    HttpReceiver, PATIENCE, RedisServer, Request, Signal, set_and_expire_now, touch_until_gone,
+    HttpReceiver, PATIENCE, RedisServer, Signal, delivered, set_and_expire_now, touch_until_gone,
     wait_until,
 };
 
@@ -26,20 +25,6 @@ fn ledger_size(redis: &RedisServer) -> i64 {
         .arg("keywatch:ledger:0")
         .query(&mut redis.conn())
         .unwrap()
-}
-
-/// Keys of the webhook requests received, with how often each came and whether recovered.
-fn delivered(requests: &[Request]) -> BTreeMap<String, (usize, bool)> {
-    let mut out: BTreeMap<String, (usize, bool)> = BTreeMap::new();
-    for r in requests {
-        let j = r.json();
-        let e = out
-            .entry(j["key"].as_str().unwrap().to_string())
-            .or_default();
-        e.0 += 1;
-        e.1 = j["recovered"].as_bool().unwrap();
-    }
-    out
 }
 
 #[test]

@@ -39,7 +39,9 @@ pub async fn open(paths: &[PathBuf], redis_flag: Option<&str>) -> Result<(Config
     );
     let keyspace =
         crate::keyspace::Keyspace::new(url, config.redis.clone()).map_err(|e| e.to_string())?;
-    let node = keyspace.node().to_string();
+    // With Sentinel, the state is on whichever node is the master now.
+    keyspace.locate().await.map_err(|e| e.to_string())?;
+    let node = keyspace.node();
     let conn = tokio::time::timeout(
         Duration::from_secs(30),
         crate::keyspace::state_conn(config.state.url.as_ref(), &config.redis, &keyspace),

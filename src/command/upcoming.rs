@@ -98,7 +98,9 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
         &config.redis,
     );
     let keyspace = Keyspace::new(url, config.redis.clone()).map_err(|e| e.to_string())?;
-    let node = keyspace.node().to_string();
+    // With Sentinel, the keys and the ledger are on whichever node is the master now.
+    keyspace.locate().await.map_err(|e| e.to_string())?;
+    let node = keyspace.node();
     let cannot =
         |e: redis::RedisError| format!("Redis at {node}: {}", connect::explain(keyspace.url(), &e));
     // On a cluster, SCAN walks every master.

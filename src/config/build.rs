@@ -133,6 +133,12 @@ fn redis_settings(d: &mut Decoder<'_>, r: RedisDraft) -> RedisSettings {
             "a Redis Cluster has only database 0: remove `redis.databases` or set it to `[0]`",
         );
     }
+    if cluster && let Some(f) = &r.sentinel {
+        d.error(
+            &f.loc,
+            "`redis.sentinel` and `redis.cluster` exclude each other: a Redis Cluster fails over by itself, without sentinels",
+        );
+    }
     RedisSettings {
         url: r.url.map(|f| Secret::new(f.value.value)),
         cluster,
@@ -144,6 +150,7 @@ fn redis_settings(d: &mut Decoder<'_>, r: RedisDraft) -> RedisSettings {
         tls: r.tls.map(|f| f.value),
         username: r.username.map(|f| f.value.value),
         password: r.password.map(|f| Secret::new(f.value.value)),
+        sentinel: r.sentinel.map(|f| f.value),
     }
 }
 

@@ -131,6 +131,20 @@ pub struct RedisSettings {
     pub tls: Option<TlsFiles>,
     pub username: Option<String>,
     pub password: Option<Secret>,
+    /// `redis.sentinel`: the watched node is whichever master the sentinels name.
+    pub sentinel: Option<SentinelSettings>,
+}
+
+/// A Sentinel-managed Redis: the master is asked of the sentinels by name and followed through
+/// failovers. Credentials, TLS and databases of the master still come from `redis.url` and the
+/// other `redis` fields; only the sentinels' own password is here, as they often have another.
+#[derive(Clone, Debug)]
+pub struct SentinelSettings {
+    /// The name the sentinels monitor the master by (`sentinel monitor NAME …`).
+    pub master: String,
+    /// The sentinels, `host:port`, asked in this order.
+    pub nodes: Vec<String>,
+    pub password: Option<Secret>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

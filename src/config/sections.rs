@@ -6,8 +6,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::model::{Notifications, Schedule, TlsFiles};
+use super::model::{Notifications, Schedule, SentinelSettings, TlsFiles};
 use crate::yaml::Node;
+use crate::yaml::Secret;
 use crate::yaml::decode::{Decoder, Text};
 use crate::yaml::diagnostic::Loc;
 
@@ -45,6 +46,7 @@ pub struct RedisDraft {
     pub tls: Option<Field<TlsFiles>>,
     pub username: Option<Field<Text>>,
     pub password: Option<Field<Text>>,
+    pub sentinel: Option<Field<SentinelSettings>>,
 }
 
 #[derive(Default, Debug)]
@@ -130,6 +132,9 @@ pub fn decode_redis(d: &mut Decoder<'_>, node: &Node, base: &Path, into: &mut Re
         let loc = t.loc.clone();
         draft.password = Some(Field { value: t, loc });
     }
+    if let Some(n) = m.get("sentinel") {
+        draft.sentinel = field(decode_sentinel(d, n, base), n);
+    }
     m.finish(
         d,
         &[
@@ -141,6 +146,7 @@ pub fn decode_redis(d: &mut Decoder<'_>, node: &Node, base: &Path, into: &mut Re
             "username",
             "password",
             "password_file",
+            "sentinel",
         ],
         &|_| None,
     );
@@ -163,6 +169,73 @@ pub fn decode_redis(d: &mut Decoder<'_>, node: &Node, base: &Path, into: &mut Re
     merge_field(d, "redis", "tls", &mut into.tls, draft.tls);
     merge_field(d, "redis", "username", &mut into.username, draft.username);
     merge_field(d, "redis", "password", &mut into.password, draft.password);
+    merge_field(d, "redis", "sentinel", &mut into.sentinel, draft.sentinel);
+}
+
+/// `redis.sentinel: { master, nodes, password }`.
+fn decode_sentinel(d: &mut Decoder<'_>, node: &Node, base: &Path) -> Option<SentinelSettings> {
+    let mut m = d.map(node, "`redis.sentinel`")?;
+    let master = match m.get("master") {
+        Some(n) => d.text(n, "`redis.sentinel.master`").map(|t| t.value),
+        None => {
+            d.error(
+                &node.loc,
+                "`redis.sentinel` needs `master`: the name the sentinels monitor it by (`sentinel monitor NAME …`), e.g. `master: mymaster`",
+            );
+            None
+        }
+    };
+    let mut nodes = Vec::new();
+    match m.get("nodes") {
+        Some(n) => {
+            for item in d.one_or_many(n, "`redis.sentinel.nodes`") {
+                let Some(t) = d.text(item, "a sentinel's `host:port`") else {
+                    continue;
+                };
+                if t.unresolved
+                    || t.value.rsplit_once(':').is_some_and(|(h, p)| {
+                        !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0)
+                    })
+                {
+                    nodes.push(t.value);
+                } else {
+                    d.error(
+                        &item.loc,
+                        format!(
+                            "`redis.sentinel.nodes`: `{}` is not `host:port`, e.g. `10.0.0.1:26379`",
+                            t.value
+                        ),
+                    );
+                }
+            }
+            if nodes.is_empty() {
+                d.error(
+                    &n.loc,
+                    "`redis.sentinel.nodes` must list at least one sentinel, e.g. `[\"10.0.0.1:26379\"]`",
+                );
+            }
+        }
+        None => d.error(
+            &node.loc,
+            "`redis.sentinel` needs `nodes`: the sentinels' `host:port`, e.g. `nodes: [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]`",
+        ),
+    }
+    let password = d
+        .inline_or_file(&mut m, "password", "`redis.sentinel`", base)
+        .map(|t| Secret::new(t.value));
+    m.finish(
+        d,
+        &["master", "nodes", "password", "password_file"],
+        &|_| None,
+    );
+    if nodes.is_empty() {
+        return None;
+    }
+    Some(SentinelSettings {
+        master: master?,
+        nodes,
+        password,
+    })
 }
 
 fn decode_tls(d: &mut Decoder<'_>, node: &Node, base: &Path) -> Option<TlsFiles> {

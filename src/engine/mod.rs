@@ -230,6 +230,14 @@ impl Engine {
                     self.status.set_subscribed(&node, false);
                     tracing::warn!(%node, %reason, "Keyspace events published until the subscription is back are lost; expiries of keys with known deadlines will be recovered.");
                 }
+                Signal::NotMaster { node, reason } => {
+                    // The subscriber logged the reason; a follower of the topology may find
+                    // the master elsewhere.
+                    markers.extend(self.markers().down(&node));
+                    self.keyspace.suspect();
+                    self.metrics.subscriber(&node, false);
+                    self.status.refuse(&node, &reason);
+                }
                 Signal::Gone { node } => {
                     markers.extend(self.markers().down(&node));
                     self.metrics.forget_subscriber(&node);
@@ -352,7 +360,7 @@ impl Engine {
                 deadline: chrono::DateTime::from_timestamp_millis(m.deadline_ms),
                 ttl_ms: None,
                 recovered: true,
-                source: self.keyspace.node().to_string(),
+                source: self.keyspace.node(),
             };
             let rules = self.config.rules_for(event.kind, event.db, &event.key);
             tracing::info!(db, key = %event.key_lossy(), deadline = ?event.deadline, "Recovered an expiry whose notification was missed.");

@@ -13,6 +13,8 @@
 pub enum Conn {
     Watched,
     State,
+    /// A sentinel of `redis.sentinel`: its ACL is its own, documented apart.
+    Sentinel,
 }
 
 /// What a command does to its keys; for a command without keys, to the server or connection
@@ -79,6 +81,8 @@ pub enum When {
     OtherDatabase,
     /// `redis.cluster: true`.
     Cluster,
+    /// `redis.sentinel`: sent to the sentinels, never to a data node.
+    Sentinel,
     /// A channel with a `rate`.
     RateLimit,
     /// A rule's `detail` with `remove: true`.
@@ -103,6 +107,7 @@ impl When {
             When::EnableNotifications
                 | When::OtherDatabase
                 | When::Cluster
+                | When::Sentinel
                 | When::DetailRemoved
                 | When::Cleanup
                 | When::DoctorOptional

@@ -106,22 +106,7 @@ pub fn client_at(
     let info = connection_info(url, settings, db)?;
     let info = match at {
         None => info,
-        Some((host, port)) => {
-            let addr = match info.addr().clone() {
-                ConnectionAddr::TcpTls {
-                    insecure,
-                    tls_params,
-                    ..
-                } => ConnectionAddr::TcpTls {
-                    host: host.to_string(),
-                    port,
-                    insecure,
-                    tls_params,
-                },
-                _ => ConnectionAddr::Tcp(host.to_string(), port),
-            };
-            info.set_addr(addr)
-        }
+        Some((host, port)) => at_addr(info, host, port),
     };
     let name = node_name(&info);
     let client = match tls_files(url, settings)? {
@@ -132,6 +117,53 @@ pub fn client_at(
             .map_err(|e| ConnectError::BadUrl(format!("{:?}", e.kind())))?,
     };
     Ok((client, name))
+}
+
+/// `info` for the node at `host:port`, keeping its scheme and TLS parameters.
+fn at_addr(info: ConnectionInfo, host: &str, port: u16) -> ConnectionInfo {
+    let addr = match info.addr().clone() {
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => ConnectionAddr::TcpTls {
+            host: host.to_string(),
+            port,
+            insecure,
+            tls_params,
+        },
+        _ => ConnectionAddr::Tcp(host.to_string(), port),
+    };
+    info.set_addr(addr)
+}
+
+/// A client for the sentinel at `addr` (`host:port`): TLS as the URL says (with the files of
+/// `redis.tls`), but the sentinels' own password (`redis.sentinel.password`) and no user or
+/// database of the URL's, which are the data nodes'.
+pub fn sentinel_client(
+    url: &Secret,
+    settings: &RedisSettings,
+    addr: &str,
+    password: Option<&Secret>,
+) -> Result<redis::Client, ConnectError> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h, p.parse::<u16>().ok()?)))
+        .ok_or_else(|| ConnectError::BadUrl(format!("sentinel `{addr}` is not host:port")))?;
+    let info = at_addr(connection_info(url, settings, 0)?, host, port);
+    let mut redis_info = redis::RedisConnectionInfo::default();
+    if let Some(p) = password {
+        redis_info = redis_info.set_password(p.expose());
+    }
+    let info = info.set_redis_settings(redis_info);
+    match tls_files(url, settings)? {
+        Some(certs) => {
+            redis::Client::build_with_tls(info, certs).map_err(|e| ConnectError::Tls(e.to_string()))
+        }
+        None => {
+            redis::Client::open(info).map_err(|e| ConnectError::BadUrl(format!("{:?}", e.kind())))
+        }
+    }
 }
 
 /// A client for the whole cluster the URL's node is part of (commands go to the node owning
@@ -275,6 +307,7 @@ mod tests {
             tls,
             username: None,
             password: None,
+            sentinel: None,
         }
     }
 

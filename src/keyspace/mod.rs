@@ -1,7 +1,9 @@
 //! The watched Redis as actions and matching see it: one node, or every node of a cluster.
 //!
 //! On one node, each database gets its own `ConnectionManager` (a connection is bound to one
-//! database), made on first use. On a cluster (only database 0 exists there) one
+//! database), made on first use. With `redis.sentinel` that node is whichever master the
+//! sentinels last named ([`Keyspace::locate`]): the connections handed out follow it
+//! ([`Conn::Master`]), so keywatch's state moves with the master too. On a cluster (only database 0 exists there) one
 //! `ClusterConnection` sends each per-key command to the master that owns the key, and SCAN
 //! and configuration checks, which concern one node, go to each master by direct connection.
 
@@ -10,6 +12,8 @@ pub mod cluster;
 pub mod commands;
 pub mod connect;
 pub mod local_server;
+pub mod role;
+pub mod sentinel;
 pub mod server_fetch;
 
 use std::collections::HashMap;
@@ -24,6 +28,7 @@ use tokio::sync::{Mutex, Notify, OnceCell};
 use crate::config::{RedisSettings, Secret};
 use crate::keyspace::cluster::{DiscoverError, Master};
 use connect::ConnectError;
+use sentinel::{Found, SentinelError, Sentinels};
 
 /// Per-key commands in flight at once on a cluster (see [`Conn::each`]).
 const CLUSTER_IN_FLIGHT: usize = 128;
@@ -34,6 +39,17 @@ const CLUSTER_IN_FLIGHT: usize = 128;
 pub enum Conn {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
+    /// Database `db` of whichever node the sentinels last named master: each command goes to
+    /// the connection in force when it is sent. A `ConnectionManager` alone would reconnect to
+    /// the old master, now a replica refusing every write.
+    Master(Keyspace, u32),
+}
+
+impl Conn {
+    /// The connection a command goes to now: the one of a followed master in force.
+    async fn current(keyspace: &Keyspace, db: u32) -> RedisResult<ConnectionManager> {
+        keyspace.db_conn(db).await
+    }
 }
 
 impl ConnectionLike for Conn {
@@ -41,6 +57,10 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Master(k, db) => Box::pin(async move {
+                let mut c = Conn::current(k, *db).await?;
+                c.req_packed_command(cmd).await
+            }),
         }
     }
 
@@ -53,6 +73,10 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Master(k, db) => Box::pin(async move {
+                let mut c = Conn::current(k, *db).await?;
+                c.req_packed_commands(pipeline, offset, count).await
+            }),
         }
     }
 
@@ -60,6 +84,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Master(_, db) => i64::from(*db),
         }
     }
 }
@@ -76,12 +101,12 @@ impl Conn {
             return Ok(Vec::new());
         }
         match self {
-            Conn::Node(c) => {
+            Conn::Node(_) | Conn::Master(..) => {
                 let mut pipe = redis::pipe();
                 for cmd in cmds {
                     pipe.add_command(cmd);
                 }
-                pipe.query_async(&mut c.clone()).await
+                pipe.query_async(&mut self.clone()).await
             }
             Conn::Cluster(c) => {
                 futures_util::stream::iter(cmds)
@@ -105,13 +130,13 @@ impl Conn {
             return Ok(Vec::new());
         }
         match self {
-            Conn::Node(c) => {
+            Conn::Node(_) | Conn::Master(..) => {
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors();
                 for cmd in cmds {
                     pipe.add_command(cmd);
                 }
-                pipe.query_async(&mut c.clone()).await
+                pipe.query_async(&mut self.clone()).await
             }
             Conn::Cluster(c) => Ok(futures_util::stream::iter(cmds)
                 .map(|cmd| {
@@ -136,6 +161,16 @@ struct Inner {
     node: String,
     conns: Mutex<HashMap<u32, ConnectionManager>>,
     cluster: Option<Cluster>,
+    sentinel: Option<Followed>,
+}
+
+/// What a keyspace behind Sentinel knows besides the URL.
+struct Followed {
+    sentinels: Sentinels,
+    /// The master as last located (`host:port`), empty before the first [`Keyspace::locate`].
+    master: RwLock<String>,
+    /// A subscriber lost its node or found it no master: ask the sentinels again now.
+    suspect: Notify,
 }
 
 /// What a keyspace on a cluster knows besides the URL.
@@ -182,6 +217,11 @@ impl Keyspace {
         } else {
             None
         };
+        let sentinel = settings.sentinel.clone().map(|s| Followed {
+            sentinels: Sentinels::new(s, url.clone(), settings.clone()),
+            master: RwLock::new(String::new()),
+            suspect: Notify::new(),
+        });
         Ok(Keyspace {
             inner: Arc::new(Inner {
                 url,
@@ -189,8 +229,29 @@ impl Keyspace {
                 node,
                 conns: Mutex::new(HashMap::new()),
                 cluster,
+                sentinel,
             }),
         })
+    }
+
+    /// The sentinels, with `redis.sentinel`.
+    pub fn sentinels(&self) -> Option<&Sentinels> {
+        self.inner.sentinel.as_ref().map(|f| &f.sentinels)
+    }
+
+    /// Asks the sentinels where the master is and, when it moved, follows it: the connections
+    /// handed out ([`Conn::Master`]) go there from their next command on.
+    pub async fn locate(&self) -> Result<Found, SentinelError> {
+        let Some(f) = &self.inner.sentinel else {
+            return Ok(Found {
+                addr: self.node(),
+                confirmed: true,
+                by: String::new(),
+            });
+        };
+        let found = f.sentinels.locate().await?;
+        self.move_to(&found.addr).await;
+        Ok(found)
     }
 
     /// The URL, credentials included: for [`connect::explain`], never for printing.
@@ -198,17 +259,45 @@ impl Keyspace {
         &self.inner.url
     }
 
-    /// `host:port` of the node of the URL (the seed, on a cluster), safe to print.
-    pub fn node(&self) -> &str {
-        &self.inner.node
+    /// Takes `addr` as the master from now on (with Sentinel; nothing otherwise): connections
+    /// handed out ([`Conn::Master`]) go there from their next command on.
+    pub async fn move_to(&self, addr: &str) {
+        let Some(f) = &self.inner.sentinel else {
+            return;
+        };
+        if *f.master.read().unwrap_or_else(|p| p.into_inner()) == addr {
+            return;
+        }
+        // Under the lock `db_conn` makes connections under: none to the old master is made
+        // after this.
+        let mut conns = self.inner.conns.lock().await;
+        *f.master.write().unwrap_or_else(|p| p.into_inner()) = addr.to_string();
+        conns.clear();
+    }
+
+    /// `host:port` of the node of the URL (the seed, on a cluster; the master last located,
+    /// with Sentinel), safe to print.
+    pub fn node(&self) -> String {
+        match &self.inner.sentinel {
+            Some(f) => f.master.read().unwrap_or_else(|p| p.into_inner()).clone(),
+            None => self.inner.node.clone(),
+        }
     }
 
     pub fn is_cluster(&self) -> bool {
         self.inner.cluster.is_some()
     }
 
-    /// A client for database `db` of the URL's node.
+    /// A client for database `db` of the URL's node (of the master, with Sentinel).
     pub fn client(&self, db: u32) -> Result<redis::Client, ConnectError> {
+        if self.inner.sentinel.is_some() {
+            let master = self.node();
+            let at = crate::keyspace::cluster::host_port(&master).ok_or_else(|| {
+                ConnectError::BadUrl(format!("the sentinels named `{master}`, not host:port"))
+            })?;
+            return connect::client_at(&self.inner.url, &self.inner.settings, db, Some(at))
+                .map(|(c, _)| c);
+        }
         connect::client(&self.inner.url, &self.inner.settings, db).map(|(c, _)| c)
     }
 
@@ -227,6 +316,11 @@ impl Keyspace {
                 .get_or_try_init(|| cluster.client.get_async_connection())
                 .await?;
             return Ok(Conn::Cluster(c.clone()));
+        }
+        if self.inner.sentinel.is_some() {
+            // Connects now, so that a master that cannot be reached fails here as on one node.
+            self.db_conn(db).await?;
+            return Ok(Conn::Master(self.clone(), db));
         }
         self.db_conn(db).await.map(Conn::Node)
     }
@@ -322,13 +416,17 @@ impl Keyspace {
         if let Some(c) = &self.inner.cluster {
             c.suspect.notify_one();
         }
+        if let Some(f) = &self.inner.sentinel {
+            f.suspect.notify_one();
+        }
     }
 
     /// Resolves when [`Keyspace::suspect`] was called (never on a single node).
     pub async fn suspected(&self) {
-        match &self.inner.cluster {
-            Some(c) => c.suspect.notified().await,
-            None => std::future::pending().await,
+        match (&self.inner.cluster, &self.inner.sentinel) {
+            (Some(c), _) => c.suspect.notified().await,
+            (_, Some(f)) => f.suspect.notified().await,
+            _ => std::future::pending().await,
         }
     }
 }
@@ -353,6 +451,7 @@ pub async fn state_conn(
                 })
         }
         None => watched.conn(0).await.map_err(|e| {
+            // With Sentinel, the connection follows the master ([`Conn::Master`]).
             format!(
                 "cannot connect to Redis at {}: {}",
                 watched.node(),

@@ -13,31 +13,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 use crate::source::Signal;
-use crate::source::notifications::{self, Backoff};
+use crate::source::notifications::Watcher;
 
 /// How often the masters are read again when nothing went wrong.
 pub const REDISCOVER_EVERY: Duration = Duration::from_secs(5);
 /// After a subscriber lost its node, the cluster needs a moment to promote a replica.
 const AFTER_SUSPECT: Duration = Duration::from_millis(500);
-
-struct Watch {
-    stop: CancellationToken,
-    task: JoinHandle<()>,
-}
-
-impl Watch {
-    async fn end(self) {
-        self.stop.cancel();
-        let _ = self.task.await;
-    }
-}
 
 /// Subscribes to `channels` on every master until `shutdown`, each subscriber following the
 /// channels' changes (a reload) on its own connection; what the subscribers hear goes to `tx`,
@@ -51,7 +38,7 @@ pub async fn follow(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let mut watched: BTreeMap<String, Watch> = BTreeMap::new();
+    let mut watched: BTreeMap<String, Watcher> = BTreeMap::new();
     let mut tick = tokio::time::interval(REDISCOVER_EVERY);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // The first discovery ran at start-up (`command::run::run`); begin with its answer.
@@ -76,18 +63,11 @@ pub async fn follow(
                     };
                     tracing::info!(node = %m.addr, id = %m.id, "Cluster: watching a master.");
                     watching(&m.addr);
-                    let stop = shutdown.child_token();
                     // Also with no channel at all (only `expiring` rules): a reload may add some.
                     metrics.subscriber(&m.addr, false);
-                    let task = tokio::spawn(notifications::subscribe(
-                        client,
-                        m.addr.clone(),
-                        channels.clone(),
-                        tx.clone(),
-                        Backoff::default(),
-                        stop.clone(),
-                    ));
-                    watched.insert(m.addr.clone(), Watch { stop, task });
+                    let w =
+                        Watcher::spawn(client, &m.addr, channels.clone(), tx.clone(), &shutdown);
+                    watched.insert(m.addr.clone(), w);
                 }
                 let gone: Vec<String> = watched
                     .keys()

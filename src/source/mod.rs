@@ -1,14 +1,16 @@
 //! Where events come from, each reporting [`Signal`]s on a channel it is given: Redis keyspace
 //! notifications ([`notifications`]), checked against what the rules need ([`flags`]); the
 //! deadline ledger that makes expiries punctual and recovers missed ones ([`ledger`]); the
-//! scanner that warns before deadlines ([`scanner`]); and, on a Redis Cluster, a subscriber per
-//! master that follows failovers and reshards ([`cluster`]).
+//! scanner that warns before deadlines ([`scanner`]); on a Redis Cluster, a subscriber per
+//! master that follows failovers and reshards ([`cluster`]); and with Sentinel, a subscriber
+//! that follows the master ([`sentinel`]).
 
 pub mod cluster;
 pub mod flags;
 pub mod ledger;
 pub mod notifications;
 pub mod scanner;
+pub mod sentinel;
 
 use crate::event::KeyEvent;
 use ledger::Note;
@@ -40,6 +42,12 @@ pub enum Signal {
     },
     /// The connection ended; events published until the next `Up` are lost.
     Down {
+        node: String,
+        reason: String,
+    },
+    /// The node answered `ROLE` as something other than a master (a replica, say): it is not
+    /// watched, and readiness stays false, until it is one again. `reason` says what to do.
+    NotMaster {
         node: String,
         reason: String,
     },

@@ -5,6 +5,10 @@
 //! connection is noticed within seconds even when no event flows, and reconnects with backoff
 //! (500 ms doubling to 30 s, reset only after a minute of health, as Vector's Redis source does).
 //! Pub/sub is at-most-once: every `Down` tells downstream that events may have been lost.
+//!
+//! Before each subscription, and every [`ROLE_EVERY`] while subscribed, it asks the node's
+//! `ROLE` on a command connection of its own: a replica (say, an old master after a failover)
+//! is never watched as if it were the master, and is reported as [`Signal::NotMaster`].
 
 use std::time::Duration;
 
@@ -15,6 +19,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{EventKind, KeyEvent};
+use crate::keyspace::role;
 use crate::source::Signal;
 use crate::source::ledger::Note;
 
@@ -124,6 +129,58 @@ impl Default for Backoff {
 const PING_EVERY: Duration = Duration::from_secs(1);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often a subscribed node's role is asked again: a master demoted without dropping its
+/// clients (`REPLICAOF` by hand) would otherwise be watched as one until the next reconnect.
+const ROLE_EVERY: Duration = Duration::from_secs(5);
+
+/// Why a session ended, when shutdown did not end it.
+enum Ended {
+    /// The connection failed or was closed: events published until the next `Up` are lost.
+    Lost(String),
+    /// The node is not a master (the text says what it is and what to do).
+    NotMaster(String),
+}
+
+/// A subscriber in a task of its own, as the followers of a topology ([`crate::source::cluster`],
+/// [`crate::source::sentinel`]) keep one per node they watch.
+pub struct Watcher {
+    pub node: String,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Watcher {
+    /// Starts [`subscribe`] on `node` with the default backoff, stopped with `shutdown` or
+    /// [`Watcher::end`].
+    pub fn spawn(
+        client: redis::Client,
+        node: &str,
+        channels: watch::Receiver<Vec<String>>,
+        tx: mpsc::Sender<Signal>,
+        shutdown: &CancellationToken,
+    ) -> Watcher {
+        let stop = shutdown.child_token();
+        let task = tokio::spawn(subscribe(
+            client,
+            node.to_string(),
+            channels,
+            tx,
+            Backoff::default(),
+            stop.clone(),
+        ));
+        Watcher {
+            node: node.to_string(),
+            stop,
+            task,
+        }
+    }
+
+    /// Stops the subscriber and waits for it.
+    pub async fn end(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
 
 /// Subscribes to `channels` on `client`'s node until `shutdown`, sending what happens to `tx`.
 /// A change of `channels` (a reload) is followed on the same connection: new channels are
@@ -137,23 +194,37 @@ pub async fn subscribe(
     shutdown: CancellationToken,
 ) {
     let mut delay = backoff.min;
+    // A refusal repeats at every attempt; it is logged as an error when its text changes.
+    let mut refused_for = String::new();
     loop {
         let started = Instant::now();
-        let reason = tokio::select! {
+        let ended = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return,
             r = session(&client, &node, &mut channels, &tx, &shutdown) => r,
         };
-        let Some(reason) = reason else { return };
-        tracing::warn!(%node, %reason, "Subscriber connection ended; reconnecting.");
-        if tx
-            .send(Signal::Down {
-                node: node.clone(),
-                reason,
-            })
-            .await
-            .is_err()
-        {
+        let signal = match ended {
+            None => return,
+            Some(Ended::Lost(reason)) => {
+                refused_for.clear();
+                tracing::warn!(%node, %reason, "Subscriber connection ended; reconnecting.");
+                Signal::Down {
+                    node: node.clone(),
+                    reason,
+                }
+            }
+            Some(Ended::NotMaster(reason)) => {
+                if reason != refused_for {
+                    tracing::error!(%node, "Not watching {node}: {reason}. Readiness stays false; asking again with backoff.");
+                    refused_for = reason.clone();
+                }
+                Signal::NotMaster {
+                    node: node.clone(),
+                    reason,
+                }
+            }
+        };
+        if tx.send(signal).await.is_err() {
             return;
         }
         if started.elapsed() >= backoff.healthy_after {
@@ -170,6 +241,21 @@ pub async fn subscribe(
     }
 }
 
+/// Asks the node's role on `conn`: `Err` when it cannot be asked or the node is no master.
+async fn check_role(conn: &mut redis::aio::MultiplexedConnection, node: &str) -> Result<(), Ended> {
+    match tokio::time::timeout(PING_TIMEOUT, role::read(conn)).await {
+        Ok(Ok(r)) => match role::refusal(node, &r) {
+            None => Ok(()),
+            Some(why) => Err(Ended::NotMaster(why)),
+        },
+        Ok(Err(e)) => Err(Ended::Lost(format!("ROLE failed: {e}"))),
+        Err(_) => Err(Ended::Lost(format!(
+            "no answer to ROLE within {}s",
+            PING_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
 /// One connection's life. `None` when shutdown asked to stop, else why it ended.
 async fn session(
     client: &redis::Client,
@@ -177,22 +263,40 @@ async fn session(
     channels: &mut watch::Receiver<Vec<String>>,
     tx: &mpsc::Sender<Signal>,
     shutdown: &CancellationToken,
-) -> Option<String> {
+) -> Option<Ended> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(PING_TIMEOUT));
+    let mut commands = match client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => return Some(Ended::Lost(format!("cannot connect: {e}"))),
+    };
+    if let Err(ended) = check_role(&mut commands, node).await {
+        return Some(ended);
+    }
     let pubsub = match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub()).await {
         Ok(Ok(p)) => p,
-        Ok(Err(e)) => return Some(format!("cannot connect: {e}")),
+        Ok(Err(e)) => return Some(Ended::Lost(format!("cannot connect: {e}"))),
         Err(_) => {
-            return Some(format!(
+            return Some(Ended::Lost(format!(
                 "cannot connect within {}s",
                 CONNECT_TIMEOUT.as_secs()
-            ));
+            )));
         }
     };
     let (mut sink, mut stream) = pubsub.split();
     let mut subscribed: Vec<String> = Vec::new();
     let wanted = channels.borrow_and_update().clone();
     if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
-        return Some(e);
+        return Some(Ended::Lost(e));
+    }
+    // The role again, now that the subscription is in place: a failover between the first
+    // check and the SUBSCRIBE would otherwise go unnoticed until the next periodic check.
+    if let Err(ended) = check_role(&mut commands, node).await {
+        return Some(ended);
     }
     tracing::info!(%node, channels = subscribed.len(), "Subscribed to keyspace events.");
     let mut following = true;
@@ -207,12 +311,14 @@ async fn session(
     }
     let mut ping = tokio::time::interval_at(Instant::now() + PING_EVERY, PING_EVERY);
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut role_check = tokio::time::interval_at(Instant::now() + ROLE_EVERY, ROLE_EVERY);
+    role_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => return None,
             msg = stream.next() => {
-                let Some(msg) = msg else { return Some("connection closed by the server".into()) };
+                let Some(msg) = msg else { return Some(Ended::Lost("connection closed by the server".into())) };
                 let Some(signal) = decode(&msg, node, crate::keyspace::clock::now()) else { continue };
                 if tx.send(signal).await.is_err() {
                     return None;
@@ -226,15 +332,20 @@ async fn session(
                 }
                 let wanted = channels.borrow_and_update().clone();
                 if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
-                    return Some(e);
+                    return Some(Ended::Lost(e));
                 }
                 tracing::info!(%node, channels = subscribed.len(), "Subscriptions follow the reloaded rules.");
+            }
+            _ = role_check.tick() => {
+                if let Err(ended) = check_role(&mut commands, node).await {
+                    return Some(ended);
+                }
             }
             _ = ping.tick() => {
                 match tokio::time::timeout(PING_TIMEOUT, sink.ping::<()>()).await {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Some(format!("PING failed: {e}")),
-                    Err(_) => return Some(format!("no answer to PING within {}s", PING_TIMEOUT.as_secs())),
+                    Ok(Err(e)) => return Some(Ended::Lost(format!("PING failed: {e}"))),
+                    Err(_) => return Some(Ended::Lost(format!("no answer to PING within {}s", PING_TIMEOUT.as_secs()))),
                 }
             }
         }

@@ -569,7 +569,7 @@ impl Scanner {
                 .push(config.rules[r].name.clone());
         }
         let mut sent = 0;
-        let node = self.keyspace.node().to_string();
+        let node = self.keyspace.node();
         for (i, rules) in by_key {
             let (key, deadline) = &found[i];
             let observed_at = crate::keyspace::clock::now();

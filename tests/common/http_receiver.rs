@@ -714,3 +714,18 @@ fn read_chunked(reader: &mut impl BufRead) -> Option<Vec<u8>> {
         reader.read_exact(&mut crlf).ok()?;
     }
 }
+
+/// The keys of webhook requests (keywatch's JSON payload), each with how often it came and
+/// whether (the last time) it was recovered.
+pub fn delivered(requests: &[Request]) -> std::collections::BTreeMap<String, (usize, bool)> {
+    let mut out: std::collections::BTreeMap<String, (usize, bool)> = Default::default();
+    for r in requests {
+        let j = r.json();
+        let e = out
+            .entry(j["key"].as_str().unwrap().to_string())
+            .or_default();
+        e.0 += 1;
+        e.1 = j["recovered"].as_bool().unwrap();
+    }
+    out
+}

@@ -10,6 +10,8 @@
 //!   or `PATH`); a missing server fails the test with the fix, never skips it.
 //! - [`redis_server`]: one throwaway `redis-server` child per test ([`RedisServer`]).
 //! - [`redis_cluster`]: a Redis Cluster of such children, formed by hand ([`RedisCluster`]).
+//! - [`redis_sentinel`]: a master, a replica and three sentinels of such children
+//!   ([`RedisSentinels`]), for failovers.
 //! - [`commands`]: Redis commands tests repeat: keys with a TTL, keys that expire right now
 //!   ([`expire_now`]), the notification flags.
 //! - [`http_receiver`]: a real HTTP/1.1 server on std threads that records exact bytes and plays
@@ -30,6 +32,7 @@ pub mod endpoint;
 pub mod http_receiver;
 pub mod ports;
 pub mod redis_cluster;
+pub mod redis_sentinel;
 pub mod redis_server;
 pub mod rules;
 pub mod tls;
@@ -44,8 +47,9 @@ pub use daemon::{
     keywatch_command, run_keywatch, run_on, run_subscribed, spawn_keywatch, spawn_run,
 };
 pub use endpoint::{endpoint, get, metric, post};
-pub use http_receiver::{HttpReceiver, Request, Response};
+pub use http_receiver::{HttpReceiver, Request, Response, delivered};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
+pub use redis_sentinel::RedisSentinels;
 pub use redis_server::{ClientCert, RedisServer, RedisServerBuilder};
 pub use rules::{
     Rules, documented_acl_lines, hook_rules, lock_rules, log_rule_config, write_rules,

@@ -29,6 +29,9 @@ const PORT_ATTEMPTS: usize = 20;
 /// loading its data. Seeing it in *our* child's log proves the port is ours: a PONG alone could
 /// come from another process that won the race for the port.
 const READY_LINE: &str = "Ready to accept connections";
+/// What a sentinel logs once it serves clients and monitors its master (it never logs
+/// [`READY_LINE`]).
+const SENTINEL_READY_LINE: &str = "+monitor master";
 
 /// How to start a [`RedisServer`]; see [`RedisServer::builder`].
 #[derive(Clone, Debug, Default)]
@@ -39,6 +42,14 @@ pub struct RedisServerBuilder {
     password: Option<String>,
     cluster: Option<ClusterMode>,
     tls: Option<TlsMode>,
+    sentinel: Option<SentinelMode>,
+}
+
+/// What a sentinel monitors; see [`RedisServerBuilder::sentinel`].
+#[derive(Clone, Debug)]
+struct SentinelMode {
+    /// The `sentinel monitor` and tuning lines of its config file.
+    conf: String,
 }
 
 /// Whether a TLS server asks its clients for a certificate (`--tls-auth-clients`).
@@ -117,6 +128,28 @@ impl RedisServerBuilder {
         self.tls = Some(TlsMode {
             pki: Arc::clone(pki),
             client_cert,
+        });
+        self
+    }
+
+    /// `--replicaof` the server at `master` (`127.0.0.1:PORT`).
+    pub fn replica_of(self, master: &str) -> Self {
+        let (host, port) = master.split_once(':').expect("master as host:port");
+        self.arg("--replicaof").arg(format!("{host} {port}"))
+    }
+
+    /// Runs as a sentinel (`redis-server sentinel.conf --sentinel`, the config file written in
+    /// the server's dir, where the sentinel rewrites it) monitoring `master` (`host:port`) as
+    /// `name` with `quorum`. A master is judged down after 1 s without answers, so that tests
+    /// of failures do not wait for the default 30 s.
+    pub fn sentinel(mut self, name: &str, master: &str, quorum: u32) -> Self {
+        let (host, port) = master.split_once(':').expect("master as host:port");
+        self.sentinel = Some(SentinelMode {
+            conf: format!(
+                "sentinel monitor {name} {host} {port} {quorum}\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 10000\n"
+            ),
         });
         self
     }
@@ -389,6 +422,11 @@ impl RedisServer {
 
     fn command_args(&self) -> Vec<OsString> {
         let mut args: Vec<OsString> = Vec::new();
+        if self.settings.sentinel.is_some() {
+            // The config file must come first; the sentinel rewrites it as it learns.
+            args.push(self.dir.path().join("sentinel.conf").into());
+            args.push("--sentinel".into());
+        }
         let mut push = |name: &str, value: &str| {
             args.push(format!("--{name}").into());
             args.push(value.into());
@@ -437,6 +475,18 @@ impl RedisServer {
             .open(&log_path)
             .unwrap_or_else(|e| panic!("open {}: {e}", log_path.display()));
         let args = self.command_args();
+        let conf = self.dir.path().join("sentinel.conf");
+        if let Some(mode) = &self.settings.sentinel
+            && !conf.exists()
+        {
+            std::fs::write(&conf, &mode.conf)
+                .unwrap_or_else(|e| panic!("write {}: {e}", conf.display()));
+        }
+        let ready_line = if self.settings.sentinel.is_some() {
+            SENTINEL_READY_LINE
+        } else {
+            READY_LINE
+        };
         let _ = writeln!(log, "### harness: {} {:?}", self.bin.display(), args);
         // Only what this child logs counts: earlier runs in the same dir logged "Ready" too.
         let log_start = std::fs::metadata(&log_path).map_or(0, |m| m.len() as usize);
@@ -466,7 +516,7 @@ impl RedisServer {
                     Failure::Exited(status)
                 });
             }
-            if new_log(&log_path).contains(READY_LINE) && self.answers_ping() {
+            if new_log(&log_path).contains(ready_line) && self.answers_ping() {
                 return Ok(());
             }
             if Instant::now() >= deadline {

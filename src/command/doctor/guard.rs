@@ -27,7 +27,7 @@ const EXEMPT: &[&str] = &[
 /// Commands whose ACL name includes their first argument.
 const CONTAINERS: &[&str] = &[
     "ACL", "CLIENT", "CLUSTER", "COMMAND", "CONFIG", "FUNCTION", "MEMORY", "OBJECT", "SCRIPT",
-    "XINFO",
+    "SENTINEL", "XINFO",
 ];
 
 /// Calls that send commands by other names: helpers of this crate and of the Redis client.

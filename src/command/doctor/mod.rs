@@ -11,6 +11,7 @@
 //! - [`info`]: the `INFO` reply: server, version, role, expiry statistics.
 //! - [`permissions`]: the commands keywatch sends and how each permission is checked.
 //! - [`cluster`]: the masters of a Redis Cluster, from `CLUSTER NODES`.
+//! - [`sentinel`]: the sentinels of `redis.sentinel` and the master they name.
 
 pub mod cluster;
 #[cfg(test)]
@@ -18,6 +19,7 @@ mod guard;
 pub mod info;
 pub mod permissions;
 pub mod report;
+pub mod sentinel;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -87,15 +89,27 @@ async fn open(client: &redis::Client) -> redis::RedisResult<MultiplexedConnectio
 
 /// Every check against the Redis at `url`.
 pub async fn diagnose(config: &Config, url: &Secret) -> Report {
-    let (client, node) = match connect::client(url, &config.redis, 0) {
+    // With Sentinel, the node to check is the master the sentinels name, reached with the
+    // URL's credentials and TLS.
+    let mut report = Report::new("?");
+    let master = match &config.redis.sentinel {
+        Some(_) => match sentinel::check(&mut report, config, url).await {
+            Some(m) => Some(m),
+            None => return report,
+        },
+        None => None,
+    };
+    let at = master
+        .as_deref()
+        .and_then(crate::keyspace::cluster::host_port);
+    let (client, node) = match connect::client_at(url, &config.redis, 0, at) {
         Ok(c) => c,
         Err(e) => {
-            let mut r = Report::new("?");
-            r.fail("reachable", e.to_string(), None);
-            return r;
+            report.fail("reachable", e.to_string(), None);
+            return report;
         }
     };
-    let mut report = Report::new(&node);
+    report.node = node.clone();
     let Some(mut conn) = reachable(&mut report, &client, url, &node).await else {
         return report;
     };
@@ -125,7 +139,7 @@ pub async fn diagnose(config: &Config, url: &Secret) -> Report {
         keyspace(&mut report, config, info);
         backlog(&mut report, info);
     }
-    rule_samples(&mut report, config, url, cluster).await;
+    rule_samples(&mut report, config, url, at, cluster).await;
     report
 }
 
@@ -212,17 +226,17 @@ fn server(report: &mut Report, config: &Config, info: &Info) {
 }
 
 fn role(report: &mut Report, info: &Info, node: &str) {
+    // The same words `run` logs when it refuses a replica (`keyspace::role`).
     match info.master_of_replica() {
         None => report.ok("role", format!("{node} is a master")),
-        Some((host, port)) => report.fail(
-            "role",
-            format!(
-                "{node} is a replica of {host}:{port}: replicas never publish `expired` (they apply the master's deletions, heard as `del`), and the ledger cannot make them expire keys"
-            ),
-            Some(format!(
-                "point keywatch at the master: --redis redis://{host}:{port} (with the same credentials)"
-            )),
-        ),
+        Some((host, port)) => {
+            let master = format!("{host}:{port}");
+            report.fail(
+                "role",
+                crate::keyspace::role::replica_problem(node, &master),
+                Some(crate::keyspace::role::replica_fix(&master)),
+            )
+        }
     }
 }
 
@@ -495,9 +509,15 @@ fn backlog(report: &mut Report, info: &Info) {
 }
 
 /// A bounded `SCAN MATCH` per rule: how many keys the rule would see, from a sample.
-async fn rule_samples(report: &mut Report, config: &Config, url: &Secret, cluster: bool) {
+async fn rule_samples(
+    report: &mut Report,
+    config: &Config,
+    url: &Secret,
+    at: Option<(&str, u16)>,
+    cluster: bool,
+) {
     for &db in &config.redis.databases {
-        let conn = match connect::client(url, &config.redis, db) {
+        let conn = match connect::client_at(url, &config.redis, db, at) {
             Ok((c, _)) => open(&c).await,
             Err(_) => continue,
         };

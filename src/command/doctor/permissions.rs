@@ -128,6 +128,9 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::source::notifications::REDIS,
     &crate::keyspace::REDIS,
     &crate::keyspace::connect::REDIS,
+    &crate::keyspace::role::REDIS,
+    &crate::keyspace::sentinel::REDIS,
+    &crate::source::sentinel::REDIS,
     &crate::keyspace::cluster::REDIS,
     &crate::engine::detail::REDIS,
     &crate::action::cleanup::REDIS,
@@ -141,6 +144,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::source::scanner::REDIS,
     &crate::command::doctor::REDIS,
     &crate::command::doctor::cluster::REDIS,
+    &crate::command::doctor::sentinel::REDIS,
     &REDIS,
 ];
 
@@ -184,6 +188,8 @@ fn applies(config: &Config, when: When) -> bool {
         When::EnableNotifications => config.redis.notifications == Notifications::Enable,
         When::OtherDatabase => config.redis.databases.iter().any(|&db| db != 0),
         When::Cluster => config.redis.cluster,
+        // Checked against the sentinels by `doctor::sentinel`, under their own ACL.
+        When::Sentinel => false,
         When::RateLimit => config.channels.iter().any(|c| c.rate.is_some()),
         When::Doctor | When::DoctorOptional | When::ForCallers => false,
     }
@@ -414,6 +420,25 @@ pub fn base_acl_line(prefix: &str) -> String {
     }
     for c in base_commands() {
         words.push(format!("+{c}"));
+    }
+    words.join(" ")
+}
+
+/// The sentinels' ACL line of the README (Sentinel): their default user, which keywatch logs in
+/// as, with the channels and commands declared for [`Conn::Sentinel`].
+pub fn sentinel_acl_line() -> String {
+    let mut words = vec!["ACL SETUSER default on >PASSWORD resetchannels".to_string()];
+    words.extend(
+        crate::source::sentinel::CHANNELS
+            .iter()
+            .map(|c| format!("&{c}")),
+    );
+    words.extend(["-@all".to_string(), "+auth".to_string()]);
+    for u in REGISTRY.iter().flat_map(|d| d.uses) {
+        let grant = format!("+{}", u.command);
+        if u.conn == Conn::Sentinel && !words.contains(&grant) {
+            words.push(grant);
+        }
     }
     words.join(" ")
 }
@@ -778,6 +803,24 @@ mod tests {
             "docs/redis.md, section \"Least-privilege ACL\", should have these lines:\n{}\n",
             derived.join("\n")
         );
+    }
+
+    #[test]
+    fn the_documented_sentinel_acl_line_is_the_derived_one() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let derived = sentinel_acl_line();
+        for readme in ["README.md", "README.zh-CN.md"] {
+            let text = std::fs::read_to_string(root.join(readme)).unwrap();
+            let documented: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with("ACL SETUSER default "))
+                .collect();
+            assert_eq!(
+                documented,
+                [derived.as_str()],
+                "{readme}, section Sentinel, should have this line:\n{derived}\n"
+            );
+        }
     }
 
     #[test]

@@ -66,10 +66,12 @@ async fn readyz(State(s): State<Shared>) -> impl IntoResponse {
     let nodes = s.status.nodes();
     let mut body = String::new();
     for (node, up) in &nodes {
-        body.push_str(&format!(
-            "{node}: {}\n",
-            if *up { "subscribed" } else { "not subscribed" }
-        ));
+        let state = match (up, s.status.refusal(node)) {
+            (true, _) => "subscribed".to_string(),
+            (false, Some(why)) => format!("not watched: {why}"),
+            (false, None) => "not subscribed".to_string(),
+        };
+        body.push_str(&format!("{node}: {state}\n"));
     }
     if s.status.ready() {
         (StatusCode::OK, format!("ready\n{body}"))

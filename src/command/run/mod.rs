@@ -32,6 +32,7 @@ use crate::source::flags;
 use crate::source::ledger::{self, Ledger};
 use crate::source::notifications::{self, Backoff};
 use crate::source::scanner::Scanner;
+use crate::source::sentinel;
 use crate::status::Status;
 use reload::{Cause, ReloadHandle, Reloader};
 
@@ -82,18 +83,26 @@ pub async fn run(
     let url_override = opts.redis.is_some() || env_url.is_some();
     let url = connect::pick_url(opts.redis.as_deref(), env_url, &config.redis);
     let keyspace = Keyspace::new(url, config.redis.clone())?;
-    let node = keyspace.node().to_string();
 
-    // The nodes that publish events: the URL's, or every master of the cluster.
+    // The nodes that publish events: the URL's, every master of the cluster, or the master the
+    // sentinels name.
     let watched: Vec<String> = if keyspace.is_cluster() {
         let masters = keyspace
             .discover()
             .await
             .map_err(|e| StartError::Redis(format!("`redis.cluster` is on, but {e}")))?;
         masters.into_iter().map(|m| m.addr).collect()
+    } else if keyspace.sentinels().is_some() {
+        let found = keyspace
+            .locate()
+            .await
+            .map_err(|e| StartError::Redis(format!("`redis.sentinel`: {e}")))?;
+        tracing::info!(master = %found.addr, by = %found.by, confirmed = found.confirmed, "Sentinel: located the master.");
+        vec![found.addr]
     } else {
-        vec![node.clone()]
+        vec![keyspace.node()]
     };
+    let node = keyspace.node();
     for n in &watched {
         let mut conn = keyspace.node_conn(n).await.map_err(|e| {
             let e = connect::explain(keyspace.url(), &e);
@@ -158,16 +167,15 @@ pub async fn run(
         subscribers.clone(),
     ));
     let (subscriptions, wanted) = watch::channel(reload::subscriptions(&config));
-    let subscriber = if keyspace.is_cluster() {
+    let subscriber = if keyspace.is_cluster() || keyspace.sentinels().is_some() {
         let expecting = status.clone();
-        tokio::spawn(cluster::follow(
-            keyspace.clone(),
-            wanted,
-            tx,
-            move |node: &str| expecting.expect_node(node),
-            metrics.clone(),
-            subscribers.clone(),
-        ))
+        let watching = move |node: &str| expecting.expect_node(node);
+        let (k, m, stop) = (keyspace.clone(), metrics.clone(), subscribers.clone());
+        if keyspace.is_cluster() {
+            tokio::spawn(cluster::follow(k, wanted, tx, watching, m, stop))
+        } else {
+            tokio::spawn(sentinel::follow(k, wanted, tx, watching, m, stop))
+        }
     } else {
         tokio::spawn(notifications::subscribe(
             keyspace.client(0)?,

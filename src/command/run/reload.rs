@@ -218,7 +218,7 @@ impl Reloader {
                 .map(|m| m.addr)
                 .collect()
         } else {
-            vec![self.keyspace.node().to_string()]
+            vec![self.keyspace.node()]
         };
         for node in &nodes {
             let mut conn = self.keyspace.node_conn(node).await.map_err(|e| {

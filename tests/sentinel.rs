@@ -1,0 +1,216 @@
+//! Replication and Sentinel: a replica is never watched as if it were the master, and with
+//! `redis.sentinel` keywatch follows the master through a failover.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    HttpReceiver, RedisSentinels, RedisServer, endpoint, get, metric, spawn_run, wait_until,
+};
+
+/// A replica given as `--redis`: keywatch runs but is not ready, says why and where the master
+/// is, and reports its subscriber down; it never subscribes there.
+#[test]
+fn a_replica_given_as_redis_is_not_watched() {
+    let master = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let replica = RedisServer::builder()
+        .notify_keyspace_events("Exg")
+        .replica_of(&master.addr())
+        .start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = spawn_run(&replica.url(), &rules, common::Logs::Text, &[]);
+    kw.wait_for_output("HTTP endpoint listening", common::PATIENCE);
+    let addr = endpoint(&kw);
+    let line = kw.wait_for_output("is a replica of", common::PATIENCE);
+    assert!(
+        line.contains(&format!("--redis redis://{}", master.addr())),
+        "the log should say what to point keywatch at: {line}"
+    );
+    // The engine takes the refusal in right after the subscriber logged it.
+    wait_until(
+        "/readyz says why the node is not watched",
+        common::PATIENCE,
+        || get(&addr, "/readyz").1.contains("not watched"),
+    );
+    let (status, body) = get(&addr, "/readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(&master.addr()), "{body}");
+    let (_, metrics) = get(&addr, "/metrics");
+    assert_eq!(
+        metric(&metrics, "keywatch_subscriber_up{"),
+        0.0,
+        "{metrics}"
+    );
+    // It stays that way: the next attempts find a replica again.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(get(&addr, "/readyz").0, 503);
+    assert!(
+        !kw.stderr().contains(common::SUBSCRIBED) && !kw.stdout().contains(common::SUBSCRIBED),
+        "subscribed on a replica:\n{}",
+        kw.describe_output()
+    );
+
+    // Promoted, it is watched: readiness follows.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica.conn())
+        .unwrap();
+    wait_until(
+        "/readyz says ready after the promotion",
+        common::PATIENCE,
+        || get(&addr, "/readyz").0 == 200,
+    );
+    kw.stop();
+}
+
+/// With `redis.sentinel`, keywatch follows the master through `SENTINEL FAILOVER`: keys that
+/// expire before, during and after the switch are each alerted once (those due while no node
+/// was watched are recovered by the ledger), the promoted replica gets the notification flags
+/// it lacked (`notifications: enable`), and `/readyz` is back on the new master. The time from
+/// the failover to readiness on the new master is printed (`switch took`), not asserted.
+#[test]
+fn keywatch_follows_the_master_through_a_failover() {
+    let set = RedisSentinels::start("Exg");
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::hook_rules(
+        dir.path(),
+        &receiver,
+        &format!(
+            "redis:\n  notifications: enable\n  sentinel:\n    master: {}\n    nodes: {}\nrules:\n  - name: lock-expired\n    match: \"lock:{{id}}\"\n    notify: {{ to: [hook] }}\n",
+            common::redis_sentinel::MASTER_NAME,
+            set.nodes_yaml()
+        ),
+    );
+    let first = set.data[0].addr();
+    // The URL gives credentials (none here); the node is the sentinels' to name.
+    let mut kw = common::run_subscribed(&set.data[0].url(), &rules, common::Logs::Text, &[]);
+    let addr = endpoint(&kw);
+    wait_until("/readyz says ready", common::PATIENCE, || {
+        get(&addr, "/readyz").0 == 200
+    });
+    assert!(get(&addr, "/readyz").1.contains(&first));
+
+    let before: Vec<String> = (0..5).map(|i| format!("lock:before-{i}")).collect();
+    common::set_and_expire_now(&mut set.data[0].conn(), &before);
+    receiver.wait_past(&before, common::PATIENCE);
+
+    // Deadlines spread over the switch: some fall before the old master is demoted, some while
+    // no node is watched, some after.
+    let mut during = Vec::new();
+    {
+        let mut c = set.data[0].conn();
+        // Every 25 ms over the first half second (the switch takes a few hundred), then later.
+        let ttls = (0..20u64).map(|i| 50 + 25 * i).chain([1000, 2000, 3000]);
+        for (i, ms) in ttls.enumerate() {
+            let key = format!("lock:during-{i}");
+            common::set_px(&mut c, &key, ms);
+            during.push(key);
+        }
+        // The replica must hold them before it is promoted.
+        let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+    }
+    let started = set.failover();
+    let promoted = set.data[1].addr();
+    let mut switched = None;
+    wait_until(
+        "/readyz says ready on the promoted replica",
+        common::PATIENCE,
+        || {
+            let (status, body) = get(&addr, "/readyz");
+            let ready = status == 200 && body.contains(&format!("{promoted}: subscribed"));
+            if ready && switched.is_none() {
+                switched = Some(started.elapsed());
+            }
+            ready
+        },
+    );
+    let switched = switched.unwrap();
+    eprintln!(
+        "switch took {} ms (SENTINEL FAILOVER to /readyz 200 on the new master)",
+        switched.as_millis()
+    );
+    // keywatch follows the promotion itself, so it may be ready before the sentinels announce
+    // the switch; they do so soon after.
+    wait_until(
+        "the sentinels name the promoted replica",
+        common::PATIENCE,
+        || set.master_addr_by(0).as_deref() == Some(promoted.as_str()),
+    );
+    // The promoted replica had no flags; `notifications: enable` gave it what the rules need.
+    let flags = common::notify_flags(&mut set.data[1].conn());
+    assert!(flags.contains('E') && flags.contains('x'), "{flags}");
+
+    let after: Vec<String> = (0..5).map(|i| format!("lock:after-{i}")).collect();
+    common::set_and_expire_now(&mut set.data[1].conn(), &after);
+    let all: Vec<String> = before
+        .iter()
+        .chain(&during)
+        .chain(&after)
+        .cloned()
+        .collect();
+    receiver.wait_past(&all, common::PATIENCE);
+    // Late duplicates (a recovery of something already alerted) would come within seconds.
+    std::thread::sleep(Duration::from_secs(3));
+    let got = common::delivered(&receiver.requests());
+    let wrong: Vec<(&String, usize)> = all
+        .iter()
+        .map(|k| (k, got.get(k).map_or(0, |d| d.0)))
+        .filter(|(_, n)| *n != 1)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "each key should be alerted once: {wrong:?}\n{}",
+        kw.describe_output()
+    );
+    let recovered: Vec<&String> = during.iter().filter(|k| got[*k].1).collect();
+    eprintln!(
+        "recovered {} of {} keys due around the switch: {recovered:?}",
+        recovered.len(),
+        during.len()
+    );
+    kw.stop();
+}
+
+/// `doctor` with `redis.sentinel`: every sentinel answers and they agree, the quorum is there,
+/// and the master they name is the node checked (role, flags). With a sentinel gone, that
+/// sentinel fails by name.
+#[test]
+fn doctor_checks_the_sentinels_and_the_master_they_name() {
+    let mut set = RedisSentinels::start("Exg");
+    let rules = common::Rules::new(&format!(
+        "redis:\n  sentinel:\n    master: {}\n    nodes: {}\nchannels:\n  log: {{ type: log }}\nrules:\n  - name: r\n    match: \"k:*\"\n    notify: {{ to: [log] }}\n",
+        common::redis_sentinel::MASTER_NAME,
+        set.nodes_yaml()
+    ));
+    // The URL names the replica: with Sentinel, the sentinels decide which node is checked.
+    let url = set.data[1].url();
+    let out = rules.run(&["doctor", "--redis", &url], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    let master = set.data[0].addr();
+    assert!(text.contains(&format!("Redis at {master}")), "{text}");
+    assert!(
+        text.contains(&format!("3 of 3 sentinels name {master}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("Quorum and failover authorization can be reached"),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{master} is a master")), "{text}");
+
+    let gone = set.sentinels[2].addr();
+    set.sentinels[2].kill();
+    let out = rules.run(&["doctor", "--redis", &url], &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!("cannot connect to the sentinel at {gone}")),
+        "{text}"
+    );
+}
