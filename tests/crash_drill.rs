@@ -81,6 +81,25 @@ fn count(redis: &RedisServer, cmd: &str, key: &str) -> i64 {
         .unwrap_or_else(|e| panic!("{cmd} {key}: {e}"))
 }
 
+/// Waits until `tasks` keys were delivered and nothing is left behind: no job in the queue, no
+/// taken event in the intake, no detail in its hash.
+fn wait_drained(redis: &RedisServer, receiver: &HttpReceiver, tasks: usize) {
+    wait_until(
+        &format!("all {tasks} tasks are delivered"),
+        AFTER_CRASH,
+        || by_key(receiver).0.len() >= tasks,
+    );
+    wait_until(
+        "the queue, the intake and the details are empty",
+        AFTER_CRASH,
+        || {
+            count(redis, "ZCARD", "keywatch:queue") == 0
+                && count(redis, "ZCARD", "keywatch:intake") == 0
+                && count(redis, "HLEN", "delay:detail") == 0
+        },
+    );
+}
+
 /// Requests received per key, and which carried a null detail.
 fn by_key(receiver: &HttpReceiver) -> (BTreeMap<String, usize>, Vec<String>) {
     let mut n = BTreeMap::new();
@@ -133,20 +152,7 @@ fn drill(crash_at: &str, two: bool) {
     let sent_before: BTreeSet<String> = before.keys().cloned().collect();
     let _restarted = (!two).then(|| spawn(&redis, &rules, None));
 
-    wait_until(
-        &format!("all {tasks} tasks are delivered after a crash at `{crash_at}`"),
-        AFTER_CRASH,
-        || by_key(&receiver).0.len() >= tasks,
-    );
-    wait_until(
-        "the queue, the intake and the details are empty",
-        AFTER_CRASH,
-        || {
-            count(&redis, "ZCARD", "keywatch:queue") == 0
-                && count(&redis, "ZCARD", "keywatch:intake") == 0
-                && count(&redis, "HLEN", "delay:detail") == 0
-        },
-    );
+    wait_drained(&redis, &receiver, tasks);
     let (delivered, null) = by_key(&receiver);
     assert_eq!(delivered.len(), tasks, "{:?}", delivered.keys());
     assert!(null.is_empty(), "delivered with `detail: null`: {null:?}");
@@ -280,20 +286,7 @@ fn a_clean_stop_in_a_storm_loses_and_doubles_nothing() {
         first.describe_output()
     );
     let _second = spawn(&redis, &rules, None);
-    wait_until(
-        &format!("all {TASKS} tasks are delivered"),
-        AFTER_CRASH,
-        || by_key(&receiver).0.len() >= TASKS,
-    );
-    wait_until(
-        "the queue, the intake and the details are empty",
-        AFTER_CRASH,
-        || {
-            count(&redis, "ZCARD", "keywatch:queue") == 0
-                && count(&redis, "ZCARD", "keywatch:intake") == 0
-                && count(&redis, "HLEN", "delay:detail") == 0
-        },
-    );
+    wait_drained(&redis, &receiver, TASKS);
     let (delivered, null) = by_key(&receiver);
     assert!(null.is_empty(), "delivered with `detail: null`: {null:?}");
     let doubled: Vec<_> = delivered.iter().filter(|(_, n)| **n > 1).collect();

@@ -352,10 +352,9 @@ impl Intake {
                     ("W", e.deadline, claim, Some(rule.clone()))
                 }
             };
-            let mut r = Record::of(e, rule);
-            r.deadline_ms = None;
+            // The deadline is not in the JSON (the script writes the one it learns in front).
+            let r = Record::of(e, rule);
             let json = serde_json::to_string(&r).unwrap_or_default();
-            r.deadline_ms = given.map(|d| d.timestamp_millis());
             inv.arg(code)
                 .arg(e.kind.as_str())
                 .arg(&e.key)
