@@ -449,7 +449,7 @@ fn unknown_action(what: String) -> Action {
 /// gone; the firing is kept whole in the letter.
 pub(super) fn rule_gone(inner: &Inner, firing: &Firing) {
     let reason = format!("rule `{}` no longer exists", firing.rule);
-    tracing::error!(rule = %firing.rule, key = %String::from_utf8_lossy(&firing.key), id = %firing.id, %reason, "Dead letter: the firing's rule was removed by a reload.");
+    tracing::error!(rule = %firing.rule, key = %crate::event::printable(&firing.key), id = %firing.id, %reason, "Dead letter: the firing's rule was removed by a reload.");
     keep_dead_letter(
         inner,
         DeadLetter::new(

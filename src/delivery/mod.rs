@@ -247,6 +247,7 @@ impl Delivery {
         let actions = self.inner.actions.refreshed();
         for firing in firings {
             let Some(rule) = actions.config.rule(&firing.rule) else {
+                attempt::rule_gone(&self.inner, &firing);
                 continue;
             };
             for action in actions_of(rule) {
