@@ -8,6 +8,11 @@
 //! stored), `removed` (details removed), `sent` (an action succeeded, not yet acknowledged).
 //! Off unless the variable is set, and then one relaxed load per step; for drills, never for
 //! production (docs/development.md lists it).
+//!
+//! `KEYWATCH_DRILL_BACKLOG=SIGNALS:BYTES`: the engine's channel holds `SIGNALS` and each
+//! subscriber holds `BYTES` beyond it before it lets go of its connection
+//! ([`crate::source::notifications::BACKLOG_LIMIT`]), so a drill can make keywatch fall behind
+//! with hundreds of events instead of a hundred thousand.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,4 +82,16 @@ pub fn pass(step: Step) {
             .status();
         std::process::abort();
     }
+}
+
+/// The engine channel's capacity and each subscriber's backlog limit: `defaults` unless
+/// `KEYWATCH_DRILL_BACKLOG` says otherwise.
+pub fn backlog(defaults: (usize, usize)) -> (usize, usize) {
+    static AT: OnceLock<Option<(usize, usize)>> = OnceLock::new();
+    AT.get_or_init(|| {
+        let v = std::env::var("KEYWATCH_DRILL_BACKLOG").ok()?;
+        let (signals, bytes) = v.split_once(':')?;
+        Some((signals.parse().ok()?, bytes.parse().ok()?))
+    })
+    .unwrap_or(defaults)
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{HttpReceiver, PATIENCE, RedisServer, Rig};
+use common::{Daemon, HttpReceiver, Logs, PATIENCE, RedisServer, Rig, Rules};
 
 /// Requests a receiver holds right now, and the most it held at once.
 #[derive(Default)]
@@ -40,7 +40,11 @@ fn unix_ms() -> u64 {
 
 /// Sets `keys` to expire together, 2 s from now: a storm however slowly this loop runs.
 fn expire_together(redis: &RedisServer, keys: impl Iterator<Item = String>) {
-    let deadline = unix_ms() + 2000;
+    set_due(&mut redis.conn(), keys, unix_ms() + 2000);
+}
+
+/// Sets each of `keys` to expire at `deadline` (unix ms), in one pipeline.
+fn set_due(c: &mut redis::Connection, keys: impl Iterator<Item = String>, deadline: u64) {
     let mut pipe = redis::pipe();
     for k in keys {
         pipe.cmd("SET")
@@ -50,7 +54,7 @@ fn expire_together(redis: &RedisServer, keys: impl Iterator<Item = String>) {
             .arg(deadline)
             .ignore();
     }
-    let _: () = pipe.query(&mut redis.conn()).unwrap();
+    let _: () = pipe.query(c).unwrap();
 }
 
 /// Jobs waiting in Redis, not leased to an instance: due in the queue (a lease runs 15 s from
@@ -156,5 +160,72 @@ fn a_slow_channel_does_not_hold_back_another() {
     assert!(
         slow_done < 1500,
         "the fast channel's 20 came only after the slow channel's whole backlog ({slow_done})"
+    );
+}
+
+/// A storm the engine cannot keep up with: each subscriber holds what it read up to a limit,
+/// then lets go of its connection as Redis does at its output-buffer limit, so keywatch's memory
+/// stays bounded however big the storm. Nothing is lost for it: what the subscriber held is still
+/// handed on, what Redis published meanwhile comes back from the deadline ledger, and each event
+/// is delivered once. The drill shrinks the engine's channel to 16 signals and the backlog to
+/// 8 KiB, and pauses the state Redis across the deadline so that the engine stalls.
+#[test]
+fn a_subscriber_that_falls_behind_lets_go_and_nothing_is_lost() {
+    const KEYS: usize = 600;
+    let state = RedisServer::start();
+    let receiver = HttpReceiver::start();
+    let rules = Rules::new(&format!(
+        "state:\n  url: \"{}\"\nchannels:\n  hook:\n    type: webhook\n    url: \"{}\"\nrules:\n  - name: storm\n    match: \"storm:{{id}}\"\n    notify: {{ to: [hook] }}\n",
+        state.url(),
+        receiver.url_for("/hook")
+    ));
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        rules,
+        Logs::Text,
+        &[("KEYWATCH_DRILL_BACKLOG", "16:8192")],
+    );
+    let deadline = unix_ms() + 3000;
+    set_due(
+        &mut daemon.conn(),
+        (0..KEYS).map(|i| format!("storm:{i}")),
+        deadline,
+    );
+    common::wait_until("the ledger has learnt every deadline", PATIENCE, || {
+        redis::cmd("ZCARD")
+            .arg("keywatch:ledger:0")
+            .query::<usize>(&mut state.conn())
+            .unwrap_or(0)
+            >= KEYS
+    });
+    let pause_at = deadline.saturating_sub(300);
+    std::thread::sleep(Duration::from_millis(pause_at.saturating_sub(unix_ms())));
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(4000)
+        .query(&mut state.conn())
+        .unwrap();
+    common::wait_until("every notification is delivered", PATIENCE * 2, || {
+        receiver.count() >= KEYS
+    });
+    common::set_and_expire_now(&mut daemon.conn(), &["storm:sentinel"]);
+    let requests = receiver.wait_past(&["storm:sentinel"], Duration::from_secs(60));
+    let logs = daemon.stderr();
+    assert!(
+        logs.contains("fell behind Redis's events"),
+        "the subscriber never let go; its log:\n{logs}"
+    );
+    let mut keys = keys_of(&requests);
+    let recovered = requests
+        .iter()
+        .filter(|r| r.json()["recovered"] == serde_json::json!(true))
+        .count();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), KEYS, "distinct keys delivered");
+    assert_eq!(requests.len(), KEYS, "requests: a key was sent twice");
+    assert!(
+        recovered > 0,
+        "none came back from the ledger: the subscriber lost nothing to let go of"
     );
 }

@@ -10,6 +10,7 @@
 //! `ROLE` on a command connection of its own: a replica (say, an old master after a failover)
 //! is never watched as if it were the master, and is reported as [`Signal::NotMaster`].
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -124,6 +125,36 @@ impl Default for Backoff {
             healthy_after: Duration::from_secs(60),
         }
     }
+}
+
+/// How much a subscriber holds when the engine is slower than Redis publishes (a storm of
+/// expiries at one instant), counted as [`weight`]s. redis-rs reads a subscribed socket into an
+/// unbounded buffer, so without this limit a storm's backlog would sit in keywatch's memory
+/// however big it grew (306 MiB for a million events). Past it the subscriber lets go of the
+/// connection, as Redis itself does at its pub/sub output-buffer limit: what it holds is still
+/// handed on, and what is published meanwhile is recovered from the deadline ledger after the
+/// resubscription (or lost, for the events no ledger knows, as after any disconnect).
+pub const BACKLOG_LIMIT: usize = 16 << 20;
+
+/// The engine channel's capacity: a storm's first signals wait there, then in the subscribers.
+pub const ENGINE_CHANNEL: usize = 64 * 1024;
+
+/// [`ENGINE_CHANNEL`] and [`BACKLOG_LIMIT`], unless a drill changes them ([`crate::drill`]).
+pub fn backlog() -> (usize, usize) {
+    crate::drill::backlog((ENGINE_CHANNEL, BACKLOG_LIMIT))
+}
+
+/// What one held signal counts against [`BACKLOG_LIMIT`]: its key plus the allocations and
+/// bookkeeping around it (measured at about 200 bytes with the node's name).
+fn weight(signal: &Signal) -> usize {
+    const AROUND: usize = 192;
+    AROUND
+        + match signal {
+            Signal::Event(e) => e.key.len() + e.source.len(),
+            Signal::Deadline { key, .. } => key.len(),
+            Signal::Marker { payload, .. } => payload.len(),
+            _ => 0,
+        }
 }
 
 const PING_EVERY: Duration = Duration::from_secs(1);
@@ -313,15 +344,40 @@ async fn session(
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut role_check = tokio::time::interval_at(Instant::now() + ROLE_EVERY, ROLE_EVERY);
     role_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // Signals read while the engine's channel is full, oldest first: the socket keeps being
+    // read (redis-rs would buffer it anyway), but into a buffer that has a limit.
+    let mut held = Held::default();
     loop {
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => return None,
+            permit = tx.reserve(), if !held.is_empty() => {
+                let Ok(permit) = permit else { return None };
+                permit.send(held.pop());
+            }
             msg = stream.next() => {
-                let Some(msg) = msg else { return Some(Ended::Lost("connection closed by the server".into())) };
+                let Some(msg) = msg else {
+                    return held.hand_on(tx).await.then(|| Ended::Lost("connection closed by the server".into()));
+                };
                 let Some(signal) = decode(&msg, node, crate::keyspace::clock::now()) else { continue };
-                if tx.send(signal).await.is_err() {
-                    return None;
+                let signal = if held.is_empty() {
+                    match tx.try_send(signal) {
+                        Ok(()) => continue,
+                        Err(mpsc::error::TrySendError::Full(s)) => s,
+                        Err(mpsc::error::TrySendError::Closed(_)) => return None,
+                    }
+                } else {
+                    signal
+                };
+                held.push(signal);
+                if held.weight > backlog().1 {
+                    let reason = format!(
+                        "keywatch fell behind Redis's events ({} waiting, {} MiB): let go of the subscription as Redis does at its output-buffer limit; the deadline ledger recovers expiries published meanwhile",
+                        held.signals.len(),
+                        held.weight >> 20
+                    );
+                    drop((sink, stream));
+                    return held.hand_on(tx).await.then_some(Ended::Lost(reason));
                 }
             }
             changed = channels.changed(), if following => {
@@ -349,6 +405,42 @@ async fn session(
                 }
             }
         }
+    }
+}
+
+/// The signals a subscriber read while the engine could take no more, with their [`weight`].
+#[derive(Default)]
+struct Held {
+    signals: VecDeque<Signal>,
+    weight: usize,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.signals.is_empty()
+    }
+
+    fn push(&mut self, signal: Signal) {
+        self.weight += weight(&signal);
+        self.signals.push_back(signal);
+    }
+
+    /// The oldest; only called when there is one.
+    fn pop(&mut self) -> Signal {
+        let signal = self.signals.pop_front().expect("a held signal");
+        self.weight -= weight(&signal);
+        signal
+    }
+
+    /// Hands every held signal on before the session ends: they were published and read, so
+    /// the connection's end loses none of them. `false` when nobody listens any more.
+    async fn hand_on(mut self, tx: &mpsc::Sender<Signal>) -> bool {
+        while let Some(signal) = self.signals.pop_front() {
+            if tx.send(signal).await.is_err() {
+                return false;
+            }
+        }
+        true
     }
 }
 

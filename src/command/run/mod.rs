@@ -153,7 +153,7 @@ pub async fn run(
     let instance = format!("{}:{}", hostname(), std::process::id());
     let intake = Intake::new(state.clone(), &config.state.prefix, &instance);
     let silenced = Arc::new(silences::Active::default());
-    let (tx, rx) = mpsc::channel(64 * 1024);
+    let (tx, rx) = mpsc::channel(crate::source::notifications::backlog().0);
     let scanner = tokio::spawn(keep_scanner(
         live.clone(),
         Scanner::new(
