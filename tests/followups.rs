@@ -394,3 +394,55 @@ rules:
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
 }
+
+#[test]
+fn a_rule_s_mentions_take_each_integration_s_form() {
+    let wecom = HttpReceiver::with_default(dingtalk_ok());
+    let feishu = HttpReceiver::with_default(Response::json(&json!({"code": 0, "msg": "ok"})));
+    let slack = HttpReceiver::with_default(Response::ok_body("ok"));
+    let yaml = format!(
+        r#"
+channels:
+  wecom: {{ type: wecom, url: "{wecom}", mention: {{ user_ids: ["wangqing"] }} }}
+  feishu: {{ type: feishu, url: "{feishu}" }}
+  slack: {{ type: slack, url: "{slack}" }}
+rules:
+  - name: lock
+    match: "lock:{{id}}"
+    detail: {{ key: "owner:{{{{ id }}}}" }}
+    notify:
+      to: [wecom, feishu, slack]
+      title: "Lock"
+      message: "Lock {{{{ id }}}} expired."
+      mention: {{ mobiles: ["{{{{ detail.mobile }}}}"], user_ids: ["{{{{ detail.user }}}}"] }}
+"#,
+        wecom = wecom.url_for("/wecom"),
+        feishu = feishu.url_for("/feishu"),
+        slack = slack.url_for("/slack"),
+    );
+    let daemon = Daemon::start(&yaml);
+    let _: () = redis::cmd("SET")
+        .arg("owner:1")
+        .arg(r#"{"mobile": "13911112222", "user": "U012AB3CD"}"#)
+        .query(&mut daemon.conn())
+        .unwrap();
+    daemon.expire("lock:1");
+    assert_eq!(
+        wecom.wait_for(1, PATIENCE)[0].json(),
+        json!({"msgtype": "text", "text": {
+            "content": "Lock\nLock 1 expired.",
+            "mentioned_list": ["wangqing", "U012AB3CD"],
+            "mentioned_mobile_list": ["13911112222"],
+        }})
+    );
+    assert_eq!(
+        feishu.wait_for(1, PATIENCE)[0].json(),
+        json!({"msg_type": "text", "content": {
+            "text": "Lock\nLock 1 expired.\n<at user_id=\"U012AB3CD\"></at>",
+        }})
+    );
+    assert_eq!(
+        slack.wait_for(1, PATIENCE)[0].json(),
+        json!({"text": "*Lock*\nLock 1 expired.\n<@U012AB3CD>"})
+    );
+}
