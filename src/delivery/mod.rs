@@ -258,10 +258,16 @@ impl Delivery {
         if rules.is_empty() {
             return;
         }
+        // Bounded: a storm of lock acquisitions must not become a storm of tasks. Without a
+        // permit the follow-ups still run at their due time; only the resolved notice is later.
+        let Ok(permit) = HEARING.try_acquire() else {
+            return;
+        };
         let prefix = config.state.prefix.clone();
         let key = key.to_vec();
         let keyspace = self.inner.actions.keyspace.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(e) =
                 followup::bring_forward(&keyspace, q.conn(), &prefix, &rules, db, &key).await
             {
@@ -734,6 +740,9 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
             .spawn(async move { deliver(i, work, 0, None).await });
     }
 }
+
+/// Keys heard again being looked up for follow-ups at once (see [`Delivery::heard_again`]).
+static HEARING: Semaphore = Semaphore::const_new(64);
 
 /// The follow-up jobs (`escalate`, `resolved`) of alerts of keys that are gone, due later, and
 /// the markers naming them, stored in the same transaction as the alerts' own jobs.
