@@ -141,6 +141,7 @@ fn an_escalation_fires_once_after_after_and_not_before_on_one_of_two_instances()
     let alert = oncall.wait_for(1, PATIENCE).remove(0);
     let escalation = leader.wait_for(1, PATIENCE).remove(0);
     let waited = ms_between(alert.received_at, escalation.received_at);
+    eprintln!("escalated {waited} ms after the alert (after: 2s)");
     assert!(
         waited >= 1_900,
         "escalated {waited} ms after the alert, before `after`"
