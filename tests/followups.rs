@@ -447,3 +447,20 @@ rules:
         json!({"text": "*Lock*\nLock 1 expired.\n<@U012AB3CD>"})
     );
 }
+
+#[test]
+fn explain_shows_the_follow_ups_of_the_payment_lock_example() {
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let out = common::run_keywatch(
+        ["explain", "pay_lock:42", "-r", rules.to_str().unwrap()],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for expected in [
+        "  6. escalate leader (after 15m, unless the key exists again or it is acknowledged)\n     message: Payment lock of order 42 still not re-acquired after 15m.",
+        "  6. resolved oncall (when the key exists again within 1h)\n     message: Payment lock of order 42 re-acquired after 1h.",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
