@@ -24,7 +24,6 @@ fn history(daemon: &Daemon, extra: &[&str]) -> Vec<Value> {
     String::from_utf8(out.stdout)
         .unwrap()
         .lines()
-        .filter(|l| !l.is_empty())
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect()
 }

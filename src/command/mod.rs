@@ -540,7 +540,10 @@ where
     });
     match result {
         Ok(out) => {
-            print!("{}", if out.ends_with('\n') { out } else { out + "\n" });
+            // Nothing at all for an empty `--json` listing: a blank line is no JSON object.
+            if !out.is_empty() {
+                print!("{}", if out.ends_with('\n') { out } else { out + "\n" });
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
