@@ -178,7 +178,17 @@ pub enum Action {
     Reload,
     Exec,
     Cleanup,
-    Notify { channel: String },
+    Notify {
+        channel: String,
+    },
+    /// `escalate`: due `after` the alert; sends to `channel` unless the alert was handled.
+    Escalate {
+        channel: String,
+    },
+    /// `resolved`: sends to `channel` once the key exists again, within `within`.
+    Resolved {
+        channel: String,
+    },
 }
 
 impl Action {
@@ -189,6 +199,18 @@ impl Action {
             Action::Exec => "exec",
             Action::Cleanup => "cleanup",
             Action::Notify { .. } => "notify",
+            Action::Escalate { .. } => "escalate",
+            Action::Resolved { .. } => "resolved",
+        }
+    }
+
+    /// The channel of a notification or follow-up.
+    pub fn channel(&self) -> Option<&str> {
+        match self {
+            Action::Notify { channel }
+            | Action::Escalate { channel }
+            | Action::Resolved { channel } => Some(channel),
+            _ => None,
         }
     }
 
@@ -200,13 +222,16 @@ impl Action {
             Action::Exec => 1,
             Action::Cleanup => 2,
             Action::Notify { .. } => 3,
+            Action::Escalate { .. } | Action::Resolved { .. } => 4,
         }
     }
 
     /// The `Idempotency-Key` of a request: the event id plus the action (and channel).
     pub fn idempotency_key(&self, firing_id: &str) -> String {
         match self {
-            Action::Notify { channel } => format!("{firing_id}:notify:{channel}"),
+            Action::Notify { channel }
+            | Action::Escalate { channel }
+            | Action::Resolved { channel } => format!("{firing_id}:{}:{channel}", self.name()),
             other => format!("{firing_id}:{}", other.name()),
         }
     }
@@ -298,9 +323,9 @@ impl DeadLetter {
 
     /// The action as the status page names it: `notify:CHANNEL` for notifications.
     pub fn label(&self) -> String {
-        match &self.action {
-            Action::Notify { channel } => format!("notify:{channel}"),
-            other => other.name().to_string(),
+        match self.action.channel() {
+            Some(channel) => format!("{}:{channel}", self.action.name()),
+            None => self.action.name().to_string(),
         }
     }
 }

@@ -41,6 +41,9 @@
 //!
 //! Seen from outside:
 //! - [`metrics`]: every metric of SPEC §7, defined once.
+//! - [`history`]: every firing and its actions' outcomes, kept in Redis for `keywatch history`,
+//!   `/api/history` and the status page.
+//! - [`links`]: signed acknowledge/silence links in messages, and their verification.
 //! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
 //! - [`command`]: the command line of SPEC §1 and each command: `run` (with its HTTP endpoint,
 //!   status page and reloads), `check`, `explain`, `doctor`, `demo`, `send-test`, `upcoming`,
@@ -64,7 +67,9 @@ pub mod drill;
 pub mod engine;
 pub mod event;
 pub mod firing;
+pub mod history;
 pub mod keyspace;
+pub mod links;
 pub mod metrics;
 pub mod outcome;
 pub mod pattern;

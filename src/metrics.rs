@@ -35,6 +35,10 @@ pub struct Metrics {
     pub recovered: Family<Labels, Counter>,
     /// Expiries found afterwards that a rule's `recover` did not fire.
     pub recovery_skipped: Family<Labels, Counter>,
+    /// Escalation messages sent (`escalate`), by rule.
+    pub escalations: Family<Labels, Counter>,
+    /// Resolved notices sent (`resolved`), by rule.
+    pub resolved: Family<Labels, Counter>,
     /// Detail reads that failed (an error, not an absent detail): their events wait for a retry.
     pub detail_read_failures: Counter<u64, AtomicU64>,
     pub subscriber_up: Family<Labels, Gauge<i64, AtomicI64>>,
@@ -77,6 +81,8 @@ impl Metrics {
             events_waiting: Gauge::default(),
             recovered: Family::default(),
             recovery_skipped: Family::default(),
+            escalations: Family::default(),
+            resolved: Family::default(),
             detail_read_failures: Counter::default(),
             subscriber_up: Family::default(),
             reconnects: Counter::default(),
@@ -145,6 +151,16 @@ impl Metrics {
             "keywatch_recovery_skipped",
             "Expiries found after the fact that the rule's `recover` did not fire, by rule",
             m.recovery_skipped.clone(),
+        );
+        r.register(
+            "keywatch_escalations",
+            "Escalation messages sent, by rule",
+            m.escalations.clone(),
+        );
+        r.register(
+            "keywatch_resolved",
+            "Resolved notices sent (the key existed again after its alert), by rule",
+            m.resolved.clone(),
         );
         r.register(
             "keywatch_detail_read_failures",
@@ -245,6 +261,14 @@ impl Metrics {
 
     pub fn recovered_for(&self, rule: &str) {
         self.recovered.get_or_create(&l(&[("rule", rule)])).inc();
+    }
+
+    pub fn escalated_for(&self, rule: &str) {
+        self.escalations.get_or_create(&l(&[("rule", rule)])).inc();
+    }
+
+    pub fn resolved_for(&self, rule: &str) {
+        self.resolved.get_or_create(&l(&[("rule", rule)])).inc();
     }
 
     pub fn recovery_skipped_for(&self, rule: &str) {

@@ -3,6 +3,10 @@
 
 use std::time::Duration;
 
+/// The start of the answer of an action that had nothing to do (a follow-up whose alert was
+/// handled): done for the queue, `skipped` for history, not counted as sent.
+pub const CANCELLED: &str = "cancelled: ";
+
 /// How one attempt went.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {

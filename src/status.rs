@@ -64,9 +64,21 @@ pub struct Status {
     counts: Mutex<BTreeMap<String, RuleCounts>>,
     /// The running rule set; replaced on reload.
     config: Mutex<Option<Arc<Config>>>,
+    /// Where firings and outcomes are recorded in Redis, once `run` has started its writer.
+    history: std::sync::OnceLock<crate::history::Recorder>,
 }
 
 impl Status {
+    /// Records firings and outcomes in Redis from now on, besides the in-memory list.
+    pub fn record_to(&self, recorder: crate::history::Recorder) {
+        let _ = self.history.set(recorder);
+    }
+
+    /// The history recorder, once `run` started it.
+    pub fn history(&self) -> Option<&crate::history::Recorder> {
+        self.history.get()
+    }
+
     /// Declares a node that must be subscribed before keywatch is ready.
     pub fn expect_node(&self, node: &str) {
         self.nodes
@@ -136,6 +148,9 @@ impl Status {
     }
 
     pub fn record_firing(&self, f: &Firing) {
+        if let Some(h) = self.history() {
+            h.firing(f);
+        }
         let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         if r.len() == RECENT {
             r.pop_front();
@@ -192,6 +207,11 @@ impl Status {
 
     /// An action failed for good; its firing (if still listed) shows it as `dead`.
     pub fn record_dead_letter(&self, d: &DeadLetter) {
+        if let Some(h) = self.history() {
+            for f in &d.firings {
+                h.dead(&f.id, &d.action, &d.reason);
+            }
+        }
         self.count(&d.rule, |c| c.dead += 1);
         {
             let label = d.label();

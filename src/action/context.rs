@@ -13,6 +13,8 @@ pub struct Actions {
     pub live: LiveConfig,
     pub http: reqwest::Client,
     pub keyspace: Keyspace,
+    /// keywatch's state, where follow-ups read acknowledgements; `None` in tests without it.
+    pub state: Option<crate::keyspace::Conn>,
 }
 
 impl Actions {
@@ -22,7 +24,14 @@ impl Actions {
             live,
             http,
             keyspace,
+            state: None,
         }
+    }
+
+    /// These actions with keywatch's state at hand (follow-ups read acknowledgements there).
+    pub fn with_state(mut self, state: crate::keyspace::Conn) -> Actions {
+        self.state = Some(state);
+        self
     }
 
     /// These actions with the rules in force now; take it once per attempt or digest.

@@ -10,6 +10,8 @@ pub use context::Actions;
 
 pub mod cleanup;
 pub mod exec;
+pub mod followup;
+pub mod mention;
 pub mod notify;
 pub mod reload;
 
@@ -39,6 +41,9 @@ impl Actions {
                 Some(step) => cleanup::run(self, firing, rule, step).await,
                 None => Outcome::Failed("the rule no longer has a `cleanup` step".into()),
             },
+            Action::Escalate { .. } | Action::Resolved { .. } => {
+                followup::run(self, firing, rule, action).await
+            }
             Action::Notify { channel } => match self.config.channel(channel) {
                 Some(ch) => notify::send_one(self, firing, rule, ch).await,
                 None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),

@@ -29,6 +29,7 @@ pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Mes
             .map_err(|e| format!("notify.message: {}", e.message))?,
         None => String::new(),
     };
+    let text = with_links(a, f, rule, escape, text);
     let custom_body = match ch.body {
         Some(id) => Some(
             t.render_text(id, &ctx)
@@ -53,6 +54,7 @@ pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Mes
         }
         .idempotency_key(&f.id),
         custom_body,
+        mention: super::mention::render(t, &n.mention, &rule.name, &ctx),
     })
 }
 
@@ -70,7 +72,14 @@ pub fn compose_digest(
     let escape = ch.escape();
     let t = &a.config.templates;
     let mut items = Vec::new();
+    let mut mention = crate::channel::chat::Mention::default();
     for f in firings.iter().take(max_items) {
+        mention = mention.merged(&super::mention::render(
+            t,
+            &n.mention,
+            &rule.name,
+            &f.context(),
+        ));
         let text = match n.message.get(escape) {
             Some(id) => t
                 .render_text(id, &f.context())
@@ -115,6 +124,7 @@ pub fn compose_digest(
         digest: true,
         idempotency_key: digest_key(&first.id, &ch.name, firings.len()),
         custom_body: None,
+        mention,
     })
 }
 
@@ -122,5 +132,24 @@ pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Out
     match compose(a, f, rule, ch) {
         Ok(msg) => channel::send(&a.http, ch, &msg).await,
         Err(e) => Outcome::Failed(e),
+    }
+}
+
+/// `text` ending with the acknowledge and silence links, for a rule with `escalate` when the
+/// files configure `links` (SPEC §2); unchanged otherwise.
+pub fn with_links(
+    a: &Actions,
+    f: &Firing,
+    rule: &Rule,
+    escape: crate::template::Escape,
+    text: String,
+) -> String {
+    match (&a.config.links, &rule.escalate) {
+        (Some(links), Some(step)) => crate::links::append(
+            &text,
+            escape,
+            &crate::links::for_firing(links, f, step.wait),
+        ),
+        _ => text,
     }
 }

@@ -26,19 +26,7 @@ impl ChatFormat {
     }
 }
 
-/// Who a robot's messages mention.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Mention {
-    pub mobiles: Vec<String>,
-    pub user_ids: Vec<String>,
-    pub all: bool,
-}
-
-impl Mention {
-    pub fn is_empty(&self) -> bool {
-        self.mobiles.is_empty() && self.user_ids.is_empty() && !self.all
-    }
-}
+pub use super::message::Mention;
 
 /// `mention: {mobiles, user_ids, all}`; services that cannot mention by mobile number
 /// reject `mobiles` with the reason.

@@ -65,6 +65,10 @@ impl Integration for DingTalk {
         self.msgtype.escape()
     }
 
+    fn mentions_mobiles(&self) -> bool {
+        true
+    }
+
     fn target(&self) -> String {
         self.url.redacted_url()
     }
@@ -108,11 +112,11 @@ pub fn request(ch: &Channel, d: &DingTalk, msg: &Message, now: DateTime<Utc>) ->
         Some(s) => signed_url(d.url.expose(), s.expose(), now),
         None => d.url.expose().to_string(),
     };
-    let tokens: Vec<String> = d
-        .mention
+    let mention = d.mention.merged(&msg.mention);
+    let tokens: Vec<String> = mention
         .mobiles
         .iter()
-        .chain(&d.mention.user_ids)
+        .chain(&mention.user_ids)
         .map(|m| format!("@{m}"))
         .collect();
     let mentions = if tokens.is_empty() {
@@ -121,9 +125,9 @@ pub fn request(ch: &Channel, d: &DingTalk, msg: &Message, now: DateTime<Utc>) ->
         format!("\n{}", tokens.join(" "))
     };
     let at = json!({
-        "atMobiles": d.mention.mobiles,
-        "atUserIds": d.mention.user_ids,
-        "isAtAll": d.mention.all,
+        "atMobiles": mention.mobiles,
+        "atUserIds": mention.user_ids,
+        "isAtAll": mention.all,
     });
     let body = match d.msgtype {
         ChatFormat::Text => {

@@ -115,15 +115,15 @@ pub fn sign(secret: &str, ts_secs: i64) -> String {
 }
 
 pub fn request(ch: &Channel, f: &Feishu, msg: &Message, now: DateTime<Utc>) -> Request {
+    let mention = f.mention.merged(&msg.mention);
     let mut body = match f.msgtype {
         ChatFormat::Text => {
-            let mut mentions: Vec<String> = f
-                .mention
+            let mut mentions: Vec<String> = mention
                 .user_ids
                 .iter()
                 .map(|u| format!("<at user_id=\"{u}\"></at>"))
                 .collect();
-            if f.mention.all {
+            if mention.all {
                 mentions.push("<at user_id=\"all\">所有人</at>".into());
             }
             let text = fit(
@@ -138,13 +138,12 @@ pub fn request(ch: &Channel, f: &Feishu, msg: &Message, now: DateTime<Utc>) -> R
             json!({"msg_type": "text", "content": {"text": text}})
         }
         ChatFormat::Markdown => {
-            let mut mentions: Vec<String> = f
-                .mention
+            let mut mentions: Vec<String> = mention
                 .user_ids
                 .iter()
                 .map(|u| format!("<at id={u}></at>"))
                 .collect();
-            if f.mention.all {
+            if mention.all {
                 mentions.push("<at id=all></at>".into());
             }
             let text = fit(&with_keyword(ch, &msg.text), TEXT_LIMIT);

@@ -43,6 +43,11 @@ pub trait Integration: fmt::Debug + Send + Sync {
     /// or, for a channel that needs none, the message handled here and now.
     fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch;
 
+    /// Whether its messages can mention people by mobile number (a rule's `mention.mobiles`).
+    fn mentions_mobiles(&self) -> bool {
+        false
+    }
+
     /// What the answer to a request means: sent, worth retrying, or never going to work.
     fn judge(&self, _ch: &Channel, answer: &Answer) -> Outcome {
         http::judge_status(answer)

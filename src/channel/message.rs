@@ -24,6 +24,8 @@ pub struct Message {
     pub idempotency_key: String,
     /// A webhook's custom `body`, rendered.
     pub custom_body: Option<Vec<u8>>,
+    /// Who the rule mentions (`notify.mention`, rendered and checked), on top of the channel's.
+    pub mention: Mention,
 }
 
 impl Message {
@@ -40,6 +42,7 @@ impl Message {
             digest: true,
             idempotency_key: digest_key(first_id, channel, count),
             custom_body: None,
+            mention: Default::default(),
         }
     }
 
@@ -52,4 +55,37 @@ impl Message {
 /// so a retried digest is recognisably the same message.
 pub fn digest_key(first_id: &str, channel: &str, count: usize) -> String {
     format!("{first_id}:digest:{channel}:{count}")
+}
+
+/// Who a robot's messages mention.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mention {
+    pub mobiles: Vec<String>,
+    pub user_ids: Vec<String>,
+    pub all: bool,
+}
+
+impl Mention {
+    pub fn is_empty(&self) -> bool {
+        self.mobiles.is_empty() && self.user_ids.is_empty() && !self.all
+    }
+
+    /// The channel's mentions and a rule's (`notify.mention`) together, each person once, the
+    /// channel's first.
+    pub fn merged(&self, rule: &Mention) -> Mention {
+        let union = |a: &[String], b: &[String]| {
+            let mut out = a.to_vec();
+            for x in b {
+                if !out.contains(x) {
+                    out.push(x.clone());
+                }
+            }
+            out
+        };
+        Mention {
+            mobiles: union(&self.mobiles, &rule.mobiles),
+            user_ids: union(&self.user_ids, &rule.user_ids),
+            all: self.all || rule.all,
+        }
+    }
 }

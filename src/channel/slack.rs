@@ -70,7 +70,21 @@ impl Integration for Slack {
 const TEXT_LIMIT: usize = 39_000;
 
 pub fn request(ch: &Channel, s: &Slack, msg: &Message) -> Request {
-    let text = with_keyword(ch, &format!("*{}*\n{}", msg.title, msg.text));
+    // A rule's mentions (Slack channels have none of their own): `<@U…>` and `<!channel>`,
+    // written after the text, whose own `<` were escaped.
+    let mut mentions: Vec<String> = msg
+        .mention
+        .user_ids
+        .iter()
+        .map(|u| format!("<@{u}>"))
+        .collect();
+    if msg.mention.all {
+        mentions.push("<!channel>".into());
+    }
+    let mut text = with_keyword(ch, &format!("*{}*\n{}", msg.title, msg.text));
+    if !mentions.is_empty() {
+        text = format!("{}\n{}", fit(&text, TEXT_LIMIT - 2_000), mentions.join(" "));
+    }
     Request {
         method: reqwest::Method::POST,
         url: s.url.expose().to_string(),

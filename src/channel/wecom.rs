@@ -61,6 +61,10 @@ impl Integration for WeCom {
         self.msgtype.escape()
     }
 
+    fn mentions_mobiles(&self) -> bool {
+        self.msgtype == ChatFormat::Text
+    }
+
     fn target(&self) -> String {
         self.url.redacted_url()
     }
@@ -78,21 +82,21 @@ const TEXT_LIMIT: usize = 2_048;
 const MARKDOWN_LIMIT: usize = 4_096;
 
 pub fn request(ch: &Channel, w: &WeCom, msg: &Message) -> Request {
+    let mention = w.mention.merged(&msg.mention);
     let body = match w.msgtype {
         ChatFormat::Text => {
-            let mut users = w.mention.user_ids.clone();
-            if w.mention.all {
+            let mut users = mention.user_ids.clone();
+            if mention.all {
                 users.push("@all".into());
             }
             let content = fit(
                 &with_keyword(ch, &format!("{}\n{}", msg.title, msg.text)),
                 TEXT_LIMIT,
             );
-            json!({"msgtype": "text", "text": {"content": content, "mentioned_list": users, "mentioned_mobile_list": w.mention.mobiles}})
+            json!({"msgtype": "text", "text": {"content": content, "mentioned_list": users, "mentioned_mobile_list": mention.mobiles}})
         }
         ChatFormat::Markdown => {
-            let mentions: String = w
-                .mention
+            let mentions: String = mention
                 .user_ids
                 .iter()
                 .map(|u| format!(" <@{u}>"))

@@ -269,6 +269,31 @@ fn explain_rule(
             }
         }
     }
+    for (name, step) in [("escalate", &rule.escalate), ("resolved", &rule.resolved)] {
+        let Some(step) = step else { continue };
+        let wait = humantime::format_duration(step.wait);
+        let when = match (name, step.unless) {
+            ("resolved", _) => format!("when the key exists again within {wait}"),
+            (_, crate::config::Unless::Acknowledged) => {
+                format!("after {wait}, unless acknowledged")
+            }
+            _ => format!("after {wait}, unless the key exists again or it is acknowledged"),
+        };
+        // `gap` as it would be at the end of the wait.
+        let ctx = ctx.clone().with_gap(step.wait.as_millis() as i64);
+        for to in &step.to {
+            let _ = writeln!(out, "  6. {name} {to} ({when})");
+            if let Some(id) = config
+                .channel(to)
+                .and_then(|ch| step.message.get(ch.escape()))
+            {
+                let body = t
+                    .render_text(id, &ctx)
+                    .unwrap_or_else(|e| format!("<fails: {}>", e.message));
+                let _ = writeln!(out, "     message: {body}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]

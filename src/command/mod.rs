@@ -7,6 +7,7 @@ pub mod admin;
 pub mod demo;
 pub mod doctor;
 pub mod explain;
+pub mod history;
 pub mod run;
 pub mod send_test;
 pub mod upcoming;
@@ -77,6 +78,27 @@ pub enum Command {
     Dead {
         #[command(subcommand)]
         command: DeadCommand,
+        #[command(flatten)]
+        target: StateArgs,
+    },
+    /// What fired, for which key, where it went and how it ended (newest first), as every
+    /// instance recorded it in Redis.
+    History {
+        /// Only keys matching this pattern (the pattern language of the rules).
+        #[arg(long = "key", value_name = "PATTERN", value_parser = parse_pattern)]
+        key: Option<Box<crate::pattern::Pattern>>,
+        /// Only firings of this rule.
+        #[arg(long, value_name = "NAME")]
+        rule: Option<String>,
+        /// Only firings this recent (`30m`, `2h`, `7d`).
+        #[arg(long, value_name = "DUR", value_parser = parse_duration_arg)]
+        since: Option<std::time::Duration>,
+        /// One JSON object per line: the event JSON plus "actions".
+        #[arg(long)]
+        json: bool,
+        /// At most this many firings.
+        #[arg(long, value_name = "N", default_value_t = 100)]
+        limit: usize,
         #[command(flatten)]
         target: StateArgs,
     },
@@ -451,6 +473,22 @@ pub fn run(cli: Cli) -> ExitCode {
                 }
             }
         }),
+        Command::History {
+            key,
+            rule,
+            since,
+            json,
+            limit,
+            target,
+        } => admin(target, |config, conn| async move {
+            let filter = crate::history::Filter {
+                key: key.map(|k| *k),
+                rule,
+                since,
+                limit,
+            };
+            crate::command::history::run(&config, conn, &filter, json).await
+        }),
         Command::Demo => {
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
@@ -502,7 +540,10 @@ where
     });
     match result {
         Ok(out) => {
-            print!("{}", if out.ends_with('\n') { out } else { out + "\n" });
+            // Nothing at all for an empty `--json` listing: a blank line is no JSON object.
+            if !out.is_empty() {
+                print!("{}", if out.ends_with('\n') { out } else { out + "\n" });
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -38,6 +38,7 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
         digest: false,
         idempotency_key: format!("send-test:{}", now.timestamp_millis()),
         custom_body: None,
+        mention: Default::default(),
     };
     let target = ch.integration.target();
     // A target's answer may quote what it was sent (a token in the URL, a signed header).

@@ -14,7 +14,8 @@ use crate::template::{CONTEXT_NAMES, Context, Escape, TemplateId, TemplateSet};
 
 use super::model::*;
 use super::rules::{
-    CleanupDraft, DetailDraft, ExecDraft, NotifyDraft, PatternSrc, ReloadDraft, RuleDraft,
+    CleanupDraft, DetailDraft, ExecDraft, MentionDraft, NotifyDraft, PatternSrc, ReloadDraft,
+    RuleDraft,
 };
 use super::sections::{RedisDraft, ScannerDraft, StateDraft};
 use crate::channel::{Channel, ChannelDraft, check_http_url};
@@ -32,6 +33,8 @@ pub struct Drafts {
     /// naming one of those must not get a second, misleading "unknown channel".
     pub channel_names: Vec<String>,
     pub rules: Vec<RuleDraft>,
+    pub history: super::followups::HistoryDraft,
+    pub links: Option<super::followups::LinksSettings>,
 }
 
 /// The default message of SPEC §2, with the TTL for `expiring`.
@@ -60,6 +63,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
     for ChannelDraft { mut channel, body } in drafts.channels {
         if let Some(body) = body {
             let check = TemplateCheck {
+                followup: false,
                 rule: "send-test",
                 captures: &[],
                 kinds: &[EventKind::Expired],
@@ -114,6 +118,8 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
         templates,
         matcher,
         secrets: d.secrets(),
+        history: drafts.history.settings(),
+        links: drafts.links,
     })
 }
 
@@ -173,6 +179,8 @@ fn scanner_settings(s: ScannerDraft, wanted: bool) -> Option<ScannerSettings> {
 /// What a rule's templates may read, and what `check` renders them against.
 #[derive(Clone, Copy)]
 struct TemplateCheck<'a> {
+    /// An `escalate` or `resolved` message: `gap` and `gap_ms` are defined.
+    followup: bool,
     rule: &'a str,
     captures: &'a [String],
     kinds: &'a [EventKind],
@@ -184,6 +192,9 @@ struct TemplateCheck<'a> {
     /// The rule sends digests (`notify.group`).
     has_group: bool,
 }
+
+/// The events `escalate` and `resolved` follow: the key is gone, so it can come back.
+const FOLLOWED: &[EventKind] = &[EventKind::Expired, EventKind::Evicted];
 
 /// Compiles one template, checks the names it reads, and renders it once per event kind of the
 /// rule against sample values, strictly: what would fail at run time fails here.
@@ -216,6 +227,16 @@ fn compile(
                 "it is set only in digest titles: add `notify.group` and use it in `notify.title`"
             };
             d.error(&text.loc, format!("{what} uses `{var}`, but {hint}"));
+            continue;
+        }
+        if (var == "gap" || var == "gap_ms") && !check.followup {
+            ok = false;
+            d.error(
+                &text.loc,
+                format!(
+                    "{what} uses `{var}`, but it is set only in `escalate` and `resolved` messages"
+                ),
+            );
             continue;
         }
         if var == "detail" && !check.has_detail {
@@ -252,6 +273,9 @@ fn compile(
         let mut ctx = Context::sample(check.rule, kind, check.captures);
         if check.digest {
             ctx = ctx.with_digest(2, Vec::new());
+        }
+        if check.followup {
+            ctx = ctx.with_gap(900_000);
         }
         if let Err(e) = templates.render(id, &ctx) {
             d.error(
@@ -290,6 +314,7 @@ fn build_rule(
         what,
         state_prefix,
         check: TemplateCheck {
+            followup: false,
             rule: &r.name.value,
             captures: &captures,
             kinds: &r.on,
@@ -307,6 +332,14 @@ fn build_rule(
         .notify
         .as_ref()
         .map(|nd| t.notify(nd, channels, channel_names));
+    let escalate = r
+        .escalate
+        .as_ref()
+        .map(|fd| t.followup(fd, channels, channel_names, &r.on, "escalate"));
+    let resolved = r
+        .resolved
+        .as_ref()
+        .map(|fd| t.followup(fd, channels, channel_names, &r.on, "resolved"));
     check_has_action(t.d, &r, &t.what);
 
     Some(Rule {
@@ -329,6 +362,8 @@ fn build_rule(
         exec: built(exec)?,
         cleanup: built(cleanup)?,
         notify: built(notify)?,
+        escalate: built(escalate)?,
+        resolved: built(resolved)?,
     })
 }
 
@@ -648,11 +683,102 @@ impl RuleTemplates<'_, '_, '_> {
                 self.compile_as(title_src, e, "notify.title", title_check)?,
             ));
         }
+        let mention = match &nd.mention {
+            Some(md) => self.mention(md, channels, &to)?,
+            None => RuleMention::default(),
+        };
         Some(NotifyStep {
             to,
             title: PerEscape(title),
             message: PerEscape(message),
             group: nd.group,
+            mention,
+        })
+    }
+}
+
+impl RuleTemplates<'_, '_, '_> {
+    /// `escalate` or `resolved`: channels and templates as for `notify`, with `gap` defined;
+    /// only after an alert of a key that is gone (`expired`, `evicted`).
+    fn followup(
+        &mut self,
+        fd: &super::followups::FollowupDraft,
+        channels: &[Channel],
+        channel_names: &[String],
+        on: &[EventKind],
+        name: &str,
+    ) -> Option<FollowupStep> {
+        if !on.iter().any(|k| FOLLOWED.contains(k)) {
+            let w = format!(
+                "{} `{name}` follows alerts of keys that are gone: add `expired` or `evicted` to `on`",
+                self.what
+            );
+            self.d.error(&fd.loc, w);
+            return None;
+        }
+        let default_message = match name {
+            "escalate" => "{{ rule }}: {{ key }} is still {{ event }} after {{ gap }} (escalation)",
+            _ => "{{ rule }}: {{ key }} exists again after {{ gap }}",
+        };
+        let nd = NotifyDraft {
+            loc: fd.loc.clone(),
+            to: fd.to.clone(),
+            title: fd.title.clone(),
+            message: Some(fd.message.clone().unwrap_or(Text {
+                value: default_message.into(),
+                loc: fd.loc.clone(),
+                unresolved: false,
+                quoted: false,
+            })),
+            group: None,
+            mention: None,
+        };
+        let saved = self.check;
+        self.check.followup = true;
+        let step = self.notify(&nd, channels, channel_names);
+        self.check = saved;
+        let step = step?;
+        Some(FollowupStep {
+            wait: fd.wait,
+            unless: fd.unless,
+            to: step.to,
+            title: step.title,
+            message: step.message,
+        })
+    }
+
+    /// `notify.mention`'s templates, rendered as plain values (they are checked, not escaped,
+    /// when rendered: `action::mention`). Mobiles on a channel that cannot mention by mobile
+    /// are a warning: they are left out there.
+    fn mention(
+        &mut self,
+        md: &MentionDraft,
+        channels: &[Channel],
+        to: &[String],
+    ) -> Option<RuleMention> {
+        let mut mobiles = Vec::new();
+        for t in &md.mobiles {
+            mobiles.push(self.compile(t, Escape::Raw, "notify.mention.mobiles"));
+        }
+        let mut user_ids = Vec::new();
+        for t in &md.user_ids {
+            user_ids.push(self.compile(t, Escape::Raw, "notify.mention.user_ids"));
+        }
+        if !md.mobiles.is_empty() {
+            for c in channels.iter().filter(|c| to.contains(&c.name)) {
+                if c.escape().is_chat() && !c.integration.mentions_mobiles() {
+                    let w = format!(
+                        "{} `notify.mention.mobiles`: channel `{}` ({}) cannot mention by mobile number; only `user_ids` reach it",
+                        self.what, c.name, c.kind.name
+                    );
+                    self.d.warning(&md.loc, w);
+                }
+            }
+        }
+        Some(RuleMention {
+            mobiles: mobiles.into_iter().collect::<Option<Vec<_>>>()?,
+            user_ids: user_ids.into_iter().collect::<Option<Vec<_>>>()?,
+            all: md.all,
         })
     }
 }

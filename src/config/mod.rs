@@ -6,6 +6,7 @@
 //! matcher ([`build`]). Nothing stops at the first problem.
 
 pub mod build;
+pub mod followups;
 pub mod live;
 pub mod model;
 pub mod rules;
@@ -40,7 +41,9 @@ pub struct Loaded {
     pub warnings: Vec<Diagnostic>,
 }
 
-const SECTIONS: &[&str] = &["redis", "state", "channels", "rules", "scanner"];
+const SECTIONS: &[&str] = &[
+    "redis", "state", "channels", "rules", "scanner", "history", "links",
+];
 
 /// Every `*.yaml`/`*.yml` file of `paths` (files as given; folders walked, sorted by path).
 pub fn rule_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
@@ -178,6 +181,12 @@ fn decode_document(
     }
     if let Some(n) = m.get("scanner") {
         sections::decode_scanner(d, n, &mut drafts.scanner);
+    }
+    if let Some(n) = m.get("history") {
+        followups::decode_history(d, n, &mut drafts.history);
+    }
+    if let Some(n) = m.get("links") {
+        followups::decode_links(d, n, &mut drafts.links);
     }
     m.finish(d, SECTIONS, &|f| match f {
         "rule" => Some("rules are listed under `rules:`".into()),

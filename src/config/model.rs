@@ -31,6 +31,10 @@ pub struct Config {
     /// The values the files took from the environment and `*_file`s, masked in everything
     /// shown: `explain`, logs, errors, history.
     pub secrets: Secrets,
+    /// `history`: how long firings are kept in Redis.
+    pub history: super::followups::HistorySettings,
+    /// `links`: signed acknowledge/silence links in messages of rules with `escalate`.
+    pub links: Option<super::followups::LinksSettings>,
 }
 
 impl Config {
@@ -191,6 +195,23 @@ pub struct Rule {
     pub exec: Option<ExecStep>,
     pub cleanup: Option<CleanupStep>,
     pub notify: Option<NotifyStep>,
+    /// `escalate`: tell `to` unless the alert was handled within `wait`.
+    pub escalate: Option<FollowupStep>,
+    /// `resolved`: tell `to` when the key exists again within `wait` of the alert.
+    pub resolved: Option<FollowupStep>,
+}
+
+pub use super::followups::Unless;
+
+/// `escalate` or `resolved` of a rule: a message to other channels, at a time after the alert.
+#[derive(Clone, Debug)]
+pub struct FollowupStep {
+    /// `escalate.after` or `resolved.within`.
+    pub wait: Duration,
+    pub unless: Unless,
+    pub to: Vec<String>,
+    pub title: PerEscape,
+    pub message: PerEscape,
 }
 
 impl Rule {
@@ -298,4 +319,15 @@ pub struct NotifyStep {
     pub title: PerEscape,
     pub message: PerEscape,
     pub group: Option<Group>,
+    /// `notify.mention`: rendered per event and added to each channel's mentions.
+    pub mention: RuleMention,
+}
+
+/// A rule's own mentions: templates (`{{ detail.mobile }}`), each rendered value checked before
+/// use (`action::mention`), so that a bad value is dropped, never turned into `@all`.
+#[derive(Clone, Debug, Default)]
+pub struct RuleMention {
+    pub mobiles: Vec<TemplateId>,
+    pub user_ids: Vec<TemplateId>,
+    pub all: bool,
 }

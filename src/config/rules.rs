@@ -51,6 +51,15 @@ pub struct NotifyDraft {
     pub title: Option<Text>,
     pub message: Option<Text>,
     pub group: Option<Group>,
+    pub mention: Option<MentionDraft>,
+}
+
+/// `notify.mention`: templates, rendered per event, added to each channel's own mentions.
+pub struct MentionDraft {
+    pub loc: Loc,
+    pub mobiles: Vec<Text>,
+    pub user_ids: Vec<Text>,
+    pub all: bool,
 }
 
 pub struct RuleDraft {
@@ -67,6 +76,8 @@ pub struct RuleDraft {
     pub exec: Option<ExecDraft>,
     pub cleanup: Option<CleanupDraft>,
     pub notify: Option<NotifyDraft>,
+    pub escalate: Option<super::followups::FollowupDraft>,
+    pub resolved: Option<super::followups::FollowupDraft>,
 }
 
 const RULE_FIELDS: &[&str] = &[
@@ -82,6 +93,8 @@ const RULE_FIELDS: &[&str] = &[
     "reload",
     "exec",
     "cleanup",
+    "escalate",
+    "resolved",
 ];
 
 pub fn is_rule_name(s: &str) -> bool {
@@ -221,6 +234,12 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
     let exec = m.get("exec").and_then(|n| decode_exec(d, n, &what));
     let cleanup = m.get("cleanup").and_then(|n| decode_cleanup(d, n, &what));
     let notify = m.get("notify").and_then(|n| decode_notify(d, n, &what));
+    let escalate = m.get("escalate").and_then(|n| {
+        super::followups::decode_followup(d, n, &what, super::followups::Which::Escalate)
+    });
+    let resolved = m.get("resolved").and_then(|n| {
+        super::followups::decode_followup(d, n, &what, super::followups::Which::Resolved)
+    });
 
     m.finish(d, RULE_FIELDS, &|f| match f {
         "pattern" | "key" | "prefix" => {
@@ -245,6 +264,8 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         exec,
         cleanup,
         notify,
+        escalate,
+        resolved,
     })
 }
 
@@ -443,30 +464,7 @@ fn decode_cleanup(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<Cleanu
 fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyDraft> {
     let what = format!("{what} `notify`");
     let mut m = d.map(node, &what)?;
-    let mut to = Vec::new();
-    if let Some(n) = m.require(d, "to") {
-        for item in d.one_or_many(n, &format!("{what} `to`")) {
-            if let Some(t) = d.text(item, &format!("{what} `to`")) {
-                if to.iter().any(|x: &Spanned<String>| x.value == t.value) {
-                    d.warning(
-                        &t.loc,
-                        format!("{what}: channel `{}` is listed twice", t.value),
-                    );
-                    continue;
-                }
-                to.push(Spanned {
-                    value: t.value,
-                    loc: t.loc,
-                });
-            }
-        }
-    }
-    let title = m
-        .get("title")
-        .and_then(|n| d.text(n, &format!("{what} `title`")));
-    let message = m
-        .get("message")
-        .and_then(|n| d.text(n, &format!("{what} `message`")));
+    let (to, title, message) = super::followups::to_title_message(d, &mut m, &what);
     let group = m.get("group").and_then(|n| {
         let gw = format!("{what} `group`");
         let mut g = d.map(n, &gw)?;
@@ -488,12 +486,44 @@ fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyD
             max_items,
         })
     });
-    m.finish(d, &["to", "title", "message", "group"], &|_| None);
+    let mention = m.get("mention").and_then(|n| decode_mention(d, n, &what));
+    m.finish(d, &["to", "title", "message", "group", "mention"], &|_| {
+        None
+    });
     Some(NotifyDraft {
         loc: node.loc.clone(),
         to,
         title,
         message,
         group,
+        mention,
+    })
+}
+
+fn decode_mention(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<MentionDraft> {
+    let what = format!("{what} `mention`");
+    let mut m = d.map(node, &what)?;
+    let mut list = |d: &mut Decoder<'_>, field: &str| -> Vec<Text> {
+        m.get(field)
+            .map(|n| {
+                d.one_or_many(n, &format!("{what} `{field}`"))
+                    .into_iter()
+                    .filter_map(|i| d.text(i, &format!("{what} `{field}`")))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mobiles = list(d, "mobiles");
+    let user_ids = list(d, "user_ids");
+    let all = m
+        .get("all")
+        .and_then(|n| d.bool(n, &format!("{what} `all`")))
+        .unwrap_or(false);
+    m.finish(d, &["mobiles", "user_ids", "all"], &|_| None);
+    Some(MentionDraft {
+        loc: node.loc.clone(),
+        mobiles,
+        user_ids,
+        all,
     })
 }

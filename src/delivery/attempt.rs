@@ -52,6 +52,21 @@ pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
             outcome.label(),
             detail,
         );
+        if let Some(h) = s.history() {
+            let action = work.action();
+            for id in work.firing_ids() {
+                h.attempt(id, &action, &outcome, n + 1);
+            }
+        }
+    }
+    if let (Outcome::Sent(answer), Work::Job { action, .. }) = (&outcome, work)
+        && !answer.starts_with(crate::outcome::CANCELLED)
+    {
+        match action {
+            Action::Escalate { .. } => inner.metrics.escalated_for(work.rule()),
+            Action::Resolved { .. } => inner.metrics.resolved_for(work.rule()),
+            _ => {}
+        }
     }
     let (rule, key, action, channel) = (
         work.rule(),

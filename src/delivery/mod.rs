@@ -30,9 +30,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::action::{Actions, actions_of};
+use crate::action::{Actions, actions_of, followup};
 use crate::config::Group;
+use crate::event::EventKind;
 use crate::firing::{Action, Firing, Job};
+use crate::keyspace::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::status::Status;
 
@@ -152,6 +154,10 @@ impl Delivery {
     ) -> Result<(), queue::WriteError> {
         let inner = &self.inner;
         let actions = inner.actions.refreshed();
+        let mut also = also;
+        if let Some(q) = &inner.queue {
+            followups_due_later(q, &actions.config, &firings, &mut also);
+        }
         let mut now = Vec::new();
         let mut later = Vec::new();
         let mut windows: HashMap<Window, (Group, Vec<Arc<Firing>>)> = HashMap::new();
@@ -232,6 +238,42 @@ impl Delivery {
             });
         }
         Ok(())
+    }
+
+    /// `key` in `db` was heard existing again (an `expire` event: set again with a TTL): the
+    /// follow-ups of an alert of it waiting in the queue become due now, so a resolved notice
+    /// does not wait for the end of `within`. Costs a round trip only for keys of rules with
+    /// follow-ups.
+    pub fn heard_again(&self, config: &crate::config::Config, db: u32, key: &[u8]) {
+        let Some(q) = self.inner.queue.clone() else {
+            return;
+        };
+        let rules: Vec<crate::config::Rule> = config
+            .rules_for(EventKind::Expired, db, key)
+            .into_iter()
+            .chain(config.rules_for(EventKind::Evicted, db, key))
+            .map(|(i, _)| config.rules[i].clone())
+            .filter(|r| r.escalate.is_some() || r.resolved.is_some())
+            .collect();
+        if rules.is_empty() {
+            return;
+        }
+        // Bounded: a storm of lock acquisitions must not become a storm of tasks. Without a
+        // permit the follow-ups still run at their due time; only the resolved notice is later.
+        let Ok(permit) = HEARING.try_acquire() else {
+            return;
+        };
+        let prefix = config.state.prefix.clone();
+        let key = key.to_vec();
+        let keyspace = self.inner.actions.keyspace.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if let Err(e) =
+                followup::bring_forward(&keyspace, q.conn(), &prefix, &rules, db, &key).await
+            {
+                tracing::warn!(error = %e, "Cannot bring the follow-ups of a key heard again forward; they run at their due time.");
+            }
+        });
     }
 
     /// [`Delivery::accept_with`] with nothing else to store (tests).
@@ -696,6 +738,37 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
         inner
             .tracker
             .spawn(async move { deliver(i, work, 0, None).await });
+    }
+}
+
+/// Keys heard again being looked up for follow-ups at once (see [`Delivery::heard_again`]).
+static HEARING: Semaphore = Semaphore::const_new(64);
+
+/// The follow-up jobs (`escalate`, `resolved`) of alerts of keys that are gone, due later, and
+/// the markers naming them, stored in the same transaction as the alerts' own jobs.
+fn followups_due_later(
+    q: &queue::Queue,
+    config: &crate::config::Config,
+    firings: &[Firing],
+    also: &mut Vec<redis::Cmd>,
+) {
+    let now = now_ms();
+    for f in firings {
+        if !matches!(f.kind, EventKind::Expired | EventKind::Evicted) {
+            continue;
+        }
+        let Some(rule) = config.rule(&f.rule) else {
+            continue;
+        };
+        let (jobs, marker_ms) = followup::jobs_of(rule, now);
+        if jobs.is_empty() {
+            continue;
+        }
+        let firing = Arc::new(f.clone());
+        for (action, due) in jobs {
+            also.extend(q.due_later_cmds(&Job::first(firing.clone(), action), due));
+        }
+        also.push(followup::marker_cmd(&config.state.prefix, f, marker_ms));
     }
 }
 

@@ -273,6 +273,24 @@ impl Queue {
         self.writer.put_with(writes, also).await
     }
 
+    /// The state connection the queue uses, for commands beside it (follow-ups).
+    pub fn conn(&self) -> Conn {
+        self.conn.clone()
+    }
+
+    /// The commands that store `job` due at `due_ms` (a follow-up), for a caller's transaction.
+    /// `NX`: storing the same follow-up again (a record taken over after a crash) does not
+    /// move it.
+    pub fn due_later_cmds(&self, job: &Job, due_ms: i64) -> [redis::Cmd; 2] {
+        let mut hset = redis::cmd("HSETNX");
+        hset.arg(&self.jobs)
+            .arg(job.id())
+            .arg(serde_json::to_string(job).unwrap_or_default());
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&self.zset).arg("NX").arg(due_ms).arg(job.id());
+        [hset, zadd]
+    }
+
     /// The job is finished (sent, or dead-lettered); group-committed like [`Queue::put_leased`].
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
         self.writer.done(id.to_string()).await
@@ -557,6 +575,9 @@ crate::keyspace::commands::declare! {
     const SCRIPTS = "job queue and digest windows (scripts)";
     [
         Use::new(Conn::State, "hset", QUEUE)
+            .on(Keys::State("queue:jobs"), Access::Write)
+            .args("{key} id job"),
+        Use::new(Conn::State, "hsetnx", "job queue: follow-ups due later")
             .on(Keys::State("queue:jobs"), Access::Write)
             .args("{key} id job"),
         Use::new(Conn::State, "zadd", QUEUE)

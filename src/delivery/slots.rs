@@ -30,7 +30,9 @@ pub(super) enum SlotKey {
 impl SlotKey {
     pub(super) fn of(rule: &str, action: &Action) -> Option<SlotKey> {
         match action {
-            Action::Notify { channel } => Some(SlotKey::Channel(channel.clone())),
+            Action::Notify { channel }
+            | Action::Escalate { channel }
+            | Action::Resolved { channel } => Some(SlotKey::Channel(channel.clone())),
             Action::Reload => Some(SlotKey::Reload(rule.to_string())),
             Action::Exec => Some(SlotKey::Exec(rule.to_string())),
             Action::Cleanup => None,

@@ -88,6 +88,24 @@ impl Work {
         }
     }
 
+    /// The action, as history records it (a digest's is its channel's notification).
+    pub(super) fn action(&self) -> Action {
+        match self {
+            Work::Job { action, .. } => action.clone(),
+            Work::Digest { channel, .. } => Action::Notify {
+                channel: channel.clone(),
+            },
+        }
+    }
+
+    /// Every firing this work stands for.
+    pub(super) fn firing_ids(&self) -> Vec<&str> {
+        match self {
+            Work::Job { firing, .. } => vec![&firing.id],
+            Work::Digest { firings, .. } => firings.iter().map(|f| f.id.as_str()).collect(),
+        }
+    }
+
     /// The action as the status page names it: `notify:CHANNEL` for notifications.
     pub(super) fn status_label(&self) -> String {
         match self.channel() {

@@ -202,6 +202,10 @@ impl Engine {
                     events.push(e);
                 }
                 Signal::Deadline { db, key, note } => {
+                    if matches!(note, Note::Expire | Note::RenameTo) {
+                        // The key exists (again): follow-ups of an alert of it may be due.
+                        self.delivery.heard_again(&self.config, db, &key);
+                    }
                     if self.ledger().is_some() && self.config.wants_deadline(db, &key) {
                         match note {
                             Note::Expire | Note::RenameTo => learn.push((db, key)),

@@ -91,11 +91,13 @@ impl FiringStage {
                     if first {
                         self.metrics.silenced_for(&r.name);
                         tracing::info!(rule = %r.name, key = %e.key_lossy(), "Silenced: counted, not sent.");
+                        self.keep_skipped(r, &e, captures, "silenced");
                     }
                     continue;
                 }
                 if e.recovered && r.recover == Recover::Never {
                     self.skip_recovery(&r.name, &e, "the rule says `recover: never`");
+                    self.keep_skipped(r, &e, captures, "recovered: the rule says `recover: never`");
                     continue;
                 }
                 let ctx =
@@ -158,11 +160,9 @@ impl FiringStage {
                             Some(detail::parse(bytes))
                         }
                         Ok(None) if e.recovered && r.recover == Recover::IfDetail => {
-                            self.skip_recovery(
-                                &r.name,
-                                &e,
-                                "its detail is gone (`recover: if_detail`): the key was likely deleted while nobody listened",
-                            );
+                            let why = "its detail is gone (`recover: if_detail`): the key was likely deleted while nobody listened";
+                            self.skip_recovery(&r.name, &e, why);
+                            self.keep_skipped(r, &e, &f.captures, why);
                             continue;
                         }
                         Ok(None) => {
@@ -200,6 +200,26 @@ impl FiringStage {
         }
         for (item, reason) in failed {
             self.read_failed(item, &reason).await;
+        }
+    }
+
+    /// Keeps in history an event of `rule` that runs none of its actions, and why.
+    fn keep_skipped(
+        &self,
+        rule: &crate::config::Rule,
+        e: &crate::event::KeyEvent,
+        captures: &[Vec<u8>],
+        why: &str,
+    ) {
+        if let Some(h) = self.status.history() {
+            let f = Firing::new(
+                &rule.name,
+                e,
+                rule.pattern.capture_names(),
+                captures.to_vec(),
+                None,
+            );
+            h.skipped(&f, &crate::action::actions_of(rule), why);
         }
     }
 

@@ -27,6 +27,8 @@ pub const CONTEXT_NAMES: &[&str] = &[
     "now",
     "count",
     "events",
+    "gap",
+    "gap_ms",
 ];
 
 /// The values one event offers its templates.
@@ -140,6 +142,15 @@ impl Context {
         self.with([
             ("count", Value::from(count)),
             ("events", Value::from(events)),
+        ])
+    }
+
+    /// Makes `gap` (human) and `gap_ms` defined: the time from the alert to a follow-up
+    /// (`escalate`, `resolved`).
+    pub fn with_gap(self, gap_ms: i64) -> Context {
+        self.with([
+            ("gap", Value::from(human_duration(gap_ms))),
+            ("gap_ms", Value::from(gap_ms)),
         ])
     }
 

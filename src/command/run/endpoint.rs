@@ -26,6 +26,9 @@ pub struct Shared {
     pub reload: Option<ReloadHandle>,
     /// The silences in force, for the status page; `None` in tests of the page alone.
     pub silences: Option<Arc<crate::engine::silences::Active>>,
+    /// The state connection and prefix, for `/api/history` and the status page's recent
+    /// firings; `None` in tests of the page alone.
+    pub history: Option<(crate::keyspace::Conn, String)>,
 }
 
 pub fn router(shared: Shared) -> Router {
@@ -35,6 +38,8 @@ pub fn router(shared: Shared) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/-/reload", post(reload))
+        .route("/api/history", get(api_history))
+        .route("/l/{token}", get(link_page).post(link_act))
         .with_state(shared)
 }
 
@@ -52,14 +57,154 @@ async fn status_page(State(s): State<Shared>) -> impl IntoResponse {
     let config = s.status.config();
     let upcoming = super::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
     let silences = s.silences.as_ref().map(|a| a.current()).unwrap_or_default();
+    let recent = super::status_page::recent_firings(&s.status, s.history.as_ref()).await;
     let page = super::status_page::render(
         &s.status,
         &s.metrics,
         &upcoming,
         &silences,
+        &recent,
         chrono::Utc::now(),
     );
     ([(header::CACHE_CONTROL, "no-store")], Html(page))
+}
+
+/// The claim of a signed link, or the 403 page that refuses it (forged, expired, or no `links`
+/// configured). The reason is logged, not shown.
+fn link_claim(
+    s: &Shared,
+    token: &str,
+) -> Result<crate::links::Claim, Box<axum::response::Response>> {
+    let refused = || {
+        Box::new(
+            (
+                StatusCode::FORBIDDEN,
+                [(header::CACHE_CONTROL, "no-store")],
+                Html(super::links_page::page(
+                    "Link refused",
+                    "This link is not valid or has expired.",
+                    None,
+                )),
+            )
+                .into_response(),
+        )
+    };
+    let config = s.status.config().ok_or_else(refused)?;
+    let links = config.links.as_ref().ok_or_else(refused)?;
+    crate::links::verify(
+        links.secret.expose().as_bytes(),
+        token,
+        crate::keyspace::clock::now_ms(),
+    )
+    .map_err(|why| {
+        tracing::warn!(reason = %why, "A signed link was refused.");
+        refused()
+    })
+}
+
+/// `GET /l/{token}`: what the link's button does; changes nothing (chat apps prefetch links).
+async fn link_page(
+    State(s): State<Shared>,
+    axum::extract::Path(token): axum::extract::Path<String>,
+) -> axum::response::Response {
+    match link_claim(&s, &token) {
+        Ok(claim) => (
+            [(header::CACHE_CONTROL, "no-store")],
+            Html(super::links_page::page(
+                "keywatch",
+                &claim.describe(),
+                Some(super::links_page::button(claim.act)),
+            )),
+        )
+            .into_response(),
+        Err(refused) => *refused,
+    }
+}
+
+/// `POST /l/{token}`: does what the link says, and says what it did.
+async fn link_act(
+    State(s): State<Shared>,
+    axum::extract::Path(token): axum::extract::Path<String>,
+) -> axum::response::Response {
+    let claim = match link_claim(&s, &token) {
+        Ok(c) => c,
+        Err(refused) => return *refused,
+    };
+    let Some((conn, prefix)) = s.history.clone() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no state here\n").into_response();
+    };
+    match super::links_page::act(conn, &prefix, &claim).await {
+        Ok(done) => {
+            tracing::info!(rule = %claim.rule, id = %claim.id, act = ?claim.act, "Acted on a signed link.");
+            (
+                [(header::CACHE_CONTROL, "no-store")],
+                Html(super::links_page::page("keywatch", &done, None)),
+            )
+                .into_response()
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Html(super::links_page::page(
+                "Not done",
+                &format!("Redis could not be reached ({e}); try again."),
+                None,
+            )),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /api/history?key=PATTERN&rule=NAME&since=DUR&limit=N`: the JSON of `keywatch history`,
+/// as one array.
+async fn api_history(
+    State(s): State<Shared>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> axum::response::Response {
+    let bad = |m: String| (StatusCode::BAD_REQUEST, m + "\n").into_response();
+    let Some((conn, prefix)) = s.history else {
+        return (StatusCode::NOT_FOUND, "no history here\n").into_response();
+    };
+    let mut filter = crate::history::Filter {
+        limit: 100,
+        ..Default::default()
+    };
+    for (name, value) in url::form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match name.as_ref() {
+            "key" => match crate::pattern::Pattern::parse(&value) {
+                Ok(p) => filter.key = Some(p),
+                Err(e) => return bad(format!("`key`: `{value}` is not a pattern: {e}")),
+            },
+            "rule" => filter.rule = Some(value.into_owned()),
+            "since" => match crate::yaml::decode::parse_duration(&value) {
+                Some(d) => filter.since = Some(d),
+                None => return bad(format!("`since`: `{value}` is not a duration, e.g. `2h`")),
+            },
+            "limit" => match value.parse::<usize>() {
+                Ok(n) if (1..=10_000).contains(&n) => filter.limit = n,
+                _ => {
+                    return bad(format!(
+                        "`limit`: `{value}` is not a number from 1 to 10000"
+                    ));
+                }
+            },
+            other => {
+                return bad(format!(
+                    "unknown parameter `{other}`; use key, rule, since, limit"
+                ));
+            }
+        }
+    }
+    match crate::history::list(&mut conn.clone(), &prefix, &filter).await {
+        Ok(records) => {
+            let list: Vec<serde_json::Value> = records.iter().map(|r| r.to_json()).collect();
+            ([(header::CACHE_CONTROL, "no-store")], axum::Json(list)).into_response()
+        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("cannot read the history: {e}\n"),
+        )
+            .into_response(),
+    }
 }
 
 async fn readyz(State(s): State<Shared>) -> impl IntoResponse {

@@ -5,6 +5,7 @@
 //! [`SHUTDOWN_GRACE`] budget to finish attempts in flight.
 
 pub mod endpoint;
+pub mod links_page;
 pub mod reload;
 pub mod status_page;
 
@@ -142,6 +143,14 @@ pub async fn run(
     let http_stop = CancellationToken::new();
 
     let state = state_connection(&config, &keyspace).await?;
+    let history_stop = CancellationToken::new();
+    let (recorder, history_writer) = crate::history::Recorder::spawn(
+        state.clone(),
+        &config.state.prefix,
+        config.history.keep,
+        history_stop.clone(),
+    );
+    status.record_to(recorder);
     // Kept whether or not the rules in force need it: a reload may add the first rule on
     // expiries. It costs nothing until then.
     let ledger = Ledger::new(
@@ -191,7 +200,8 @@ pub async fn run(
         live.clone(),
         crate::channel::http::client(),
         keyspace.clone(),
-    );
+    )
+    .with_state(state.clone());
     let delivery = Delivery::new(
         actions,
         metrics.clone(),
@@ -271,6 +281,7 @@ pub async fn run(
             ledger: Some(ledger),
             reload: Some(reload_handle.clone()),
             silences: Some(silenced.clone()),
+            history: Some((state.clone(), config.state.prefix.clone())),
         },
         http_stop.clone(),
     ));
@@ -289,6 +300,8 @@ pub async fn run(
     if !delivery.shutdown(left).await {
         tracing::warn!("Some actions were still running at the end of the shutdown budget.");
     }
+    history_stop.cancel();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), history_writer).await;
     http_stop.cancel();
     let _ = http.await;
     tracing::info!(took_ms = started.elapsed().as_millis() as u64, "Stopped.");

@@ -14,9 +14,10 @@ use crate::action::actions_of;
 use crate::config::Config;
 use crate::engine::silences::Silence;
 use crate::event::EventKind;
+use crate::keyspace::Conn;
 use crate::metrics::Metrics;
 use crate::source::ledger::Ledger;
-use crate::status::{RecentFiring, Status};
+use crate::status::{ActionOutcome, RecentFiring, Status};
 
 /// How many upcoming expiries and recent events the page lists.
 const UPCOMING: usize = 20;
@@ -123,7 +124,7 @@ fn ago(now: DateTime<Utc>, at: DateTime<Utc>) -> String {
 fn badge(outcome: &str) -> &'static str {
     match outcome {
         "sent" => "ok",
-        "retry" => "warn",
+        "retry" | "retrying" => "warn",
         "failed" | "dead" => "bad",
         _ => "idle",
     }
@@ -162,6 +163,7 @@ pub fn render(
     metrics: &Metrics,
     upcoming: &Upcoming,
     silences: &[Silence],
+    recent_firings: &[RecentFiring],
     now: DateTime<Utc>,
 ) -> String {
     let config = status.config();
@@ -206,7 +208,7 @@ pub fn render(
     subscribers(&mut h, status);
     rules(&mut h, status, config.as_deref());
     upcoming_section(&mut h, upcoming, now);
-    recent(&mut h, &status.recent(), config.as_deref(), now);
+    recent(&mut h, recent_firings, config.as_deref(), now);
     dead_letters(&mut h, status, now);
 
     h.push_str("<section id=\"silences\"><h2>Silences</h2>");
@@ -427,6 +429,70 @@ fn dead_letters(h: &mut String, status: &Status, now: DateTime<Utc>) {
     h.push_str("</ul></section>\n");
 }
 
+/// The recent firings the page lists: from the history in Redis (every instance's work, kept
+/// across restarts), or this instance's memory when there is no history to read.
+pub async fn recent_firings(
+    status: &Status,
+    history: Option<&(Conn, String)>,
+) -> Vec<RecentFiring> {
+    let Some((conn, prefix)) = history else {
+        return status.recent();
+    };
+    let filter = crate::history::Filter {
+        limit: RECENT_SHOWN,
+        ..Default::default()
+    };
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        crate::history::list(&mut conn.clone(), prefix, &filter),
+    )
+    .await;
+    match read {
+        Ok(Ok(records)) => records.iter().map(from_history).collect(),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "Cannot read the history for the status page; showing this instance's recent firings.");
+            status.recent()
+        }
+        Err(_) => {
+            tracing::warn!(
+                "Reading the history for the status page timed out; showing this instance's recent firings."
+            );
+            status.recent()
+        }
+    }
+}
+
+fn from_history(r: &crate::history::Record) -> RecentFiring {
+    let mut event = r.str_field("event").to_string();
+    if let Some(f) = r.event.get("followup").and_then(|f| f.as_str()) {
+        event = format!("{event} ({f})");
+    }
+    RecentFiring {
+        at: r
+            .str_field("observed_at")
+            .parse()
+            .unwrap_or_else(|_| Utc::now()),
+        rule: r.str_field("rule").to_string(),
+        event,
+        key: r.str_field("key").to_string(),
+        id: r.str_field("id").to_string(),
+        recovered: r.event["recovered"] == true,
+        outcomes: r
+            .actions
+            .iter()
+            .map(|a| ActionOutcome {
+                action: match &a.channel {
+                    Some(c) => format!("{}:{c}", a.action),
+                    None => a.action.clone(),
+                },
+                outcome: a.outcome.clone(),
+                attempts: a.attempts,
+                detail: a.last_error.clone().unwrap_or_default(),
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,6 +526,7 @@ mod tests {
             &Metrics::new(),
             &Upcoming::NoLedger,
             &[],
+            &status.recent(),
             Utc::now(),
         );
         for id in [
@@ -498,6 +565,7 @@ mod tests {
             &Metrics::new(),
             &Upcoming::NoLedger,
             &[],
+            &status.recent(),
             Utc::now(),
         );
         assert!(!page.contains("<img"), "{page}");

@@ -1,0 +1,340 @@
+//! `escalate` and `resolved`: messages sent some time after an alert, from jobs that waited in
+//! the durable queue (so one instance sends each, and a restart loses none).
+//!
+//! When a rule with follow-ups alerts, one job per follow-up channel is stored with the alert's
+//! jobs, due later: an escalation at `after`, a resolved notice at the end of `within`. A key
+//! heard existing again (its `expire` event: the lock re-acquired with a TTL) makes both due at
+//! once; whatever hears it, the jobs decide by looking at Redis when they run:
+//! - an escalation is cancelled when the alert was acknowledged (a signed link), or under
+//!   `unless: recreated` when the key exists again — which also brings the resolved notices due;
+//! - a resolved notice is sent when the key exists again within `within`, and dropped otherwise.
+//!
+//! A cancelled follow-up ends as "sent" for the queue (nothing to retry), with an answer that
+//! starts with [`CANCELLED`]: history shows it as `skipped`, and it is not counted as sent.
+
+use crate::channel::{self, Channel, Item, Message};
+use crate::config::{FollowupStep, Rule, Unless};
+use crate::firing::{Action, Firing};
+use crate::keyspace::clock;
+use crate::outcome::Outcome;
+
+use super::context::Actions;
+
+pub use crate::outcome::CANCELLED;
+
+/// What stays due for the follow-ups of one alert beyond its longest wait: a resolved notice
+/// heard at the last moment still finds its jobs.
+const MARKER_SLACK_MS: i64 = 60_000;
+
+/// Set by an acknowledgement of the alert `firing_id` (a signed link); its escalations stop.
+pub fn ack_key(prefix: &str, firing_id: &str) -> String {
+    format!("{prefix}ack:{firing_id}")
+}
+
+/// Names the alert of `rule` on `key` whose follow-ups wait, so that hearing the key again
+/// finds their jobs (`{prefix}followup:RULE:DB:KEY`, the key's exact bytes).
+pub fn marker_key(prefix: &str, rule: &str, db: u32, key: &[u8]) -> Vec<u8> {
+    let mut k = format!("{prefix}followup:{rule}:{db}:").into_bytes();
+    k.extend_from_slice(key);
+    k
+}
+
+/// The follow-up jobs of a firing of `rule`, each with its due time (unix ms, Redis's clock),
+/// and how long the marker naming them must live.
+pub fn jobs_of(rule: &Rule, now_ms: i64) -> (Vec<(Action, i64)>, i64) {
+    let mut out = Vec::new();
+    let mut longest = 0;
+    if let Some(s) = &rule.escalate {
+        let due = now_ms + s.wait.as_millis() as i64;
+        longest = longest.max(s.wait.as_millis() as i64);
+        out.extend(
+            s.to.iter()
+                .map(|c| (Action::Escalate { channel: c.clone() }, due)),
+        );
+    }
+    if let Some(s) = &rule.resolved {
+        let due = now_ms + s.wait.as_millis() as i64;
+        longest = longest.max(s.wait.as_millis() as i64);
+        out.extend(
+            s.to.iter()
+                .map(|c| (Action::Resolved { channel: c.clone() }, due)),
+        );
+    }
+    (out, longest + MARKER_SLACK_MS)
+}
+
+/// The jobs of the alert `firing_id` that hearing its key again makes due now: its resolved
+/// notices, and its escalations under `unless: recreated`.
+pub fn due_on_recreation(rule: &Rule, firing_id: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    if let Some(s) = &rule.escalate
+        && s.unless == Unless::Recreated
+    {
+        ids.extend(
+            s.to.iter()
+                .map(|c| Action::Escalate { channel: c.clone() }.idempotency_key(firing_id)),
+        );
+    }
+    if let Some(s) = &rule.resolved {
+        ids.extend(
+            s.to.iter()
+                .map(|c| Action::Resolved { channel: c.clone() }.idempotency_key(firing_id)),
+        );
+    }
+    ids
+}
+
+/// Makes the queued jobs `ids` due now, if they are still waiting (`ZADD XX`: a job already
+/// done stays gone).
+pub fn due_now_cmd(prefix: &str, ids: &[String], now_ms: i64) -> redis::Cmd {
+    let mut c = redis::cmd("ZADD");
+    c.arg(format!("{prefix}queue")).arg("XX");
+    for id in ids {
+        c.arg(now_ms).arg(id);
+    }
+    c
+}
+
+/// Stores the marker of the alert `f` (see [`marker_key`]) for `ms`, in the caller's
+/// transaction.
+pub fn marker_cmd(prefix: &str, f: &Firing, ms: i64) -> redis::Cmd {
+    let mut set = redis::cmd("SET");
+    set.arg(marker_key(prefix, &f.rule, f.db, &f.key))
+        .arg(&f.id)
+        .arg("PX")
+        .arg(ms);
+    set
+}
+
+/// `key` in `db` was heard existing again: the follow-ups of alerts of it by `rules` that wait
+/// in the queue become due now, and their markers go.
+pub async fn bring_forward(
+    keyspace: &crate::keyspace::Keyspace,
+    mut state: crate::keyspace::Conn,
+    prefix: &str,
+    rules: &[Rule],
+    db: u32,
+    key: &[u8],
+) -> redis::RedisResult<()> {
+    // An `expire` event of the key before its own expiry is no re-creation.
+    let mut conn = keyspace.conn(db).await?;
+    let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await?;
+    if n == 0 {
+        return Ok(());
+    }
+    let markers: Vec<Vec<u8>> = rules
+        .iter()
+        .map(|r| marker_key(prefix, &r.name, db, key))
+        .collect();
+    let ids: Vec<Option<String>> = redis::cmd("MGET")
+        .arg(&markers)
+        .query_async(&mut state)
+        .await?;
+    let mut p = redis::pipe();
+    for (rule, id) in rules.iter().zip(ids) {
+        if let Some(id) = id {
+            let jobs = due_on_recreation(rule, &id);
+            if !jobs.is_empty() {
+                p.add_command(due_now_cmd(prefix, &jobs, clock::now_ms()))
+                    .ignore();
+            }
+        }
+    }
+    let mut del = redis::cmd("DEL");
+    del.arg(&markers);
+    p.add_command(del).ignore();
+    p.query_async(&mut state).await
+}
+
+/// One attempt of a follow-up job.
+pub async fn run(a: &Actions, f: &Firing, rule: &Rule, action: &Action) -> Outcome {
+    let result = match action {
+        Action::Escalate { channel } => escalate(a, f, rule, channel).await,
+        Action::Resolved { channel } => resolved(a, f, rule, channel).await,
+        other => Err(format!("`{}` is no follow-up", other.name())),
+    };
+    result.unwrap_or_else(|reason| Outcome::Retry {
+        reason,
+        after: None,
+    })
+}
+
+async fn escalate(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result<Outcome, String> {
+    let Some(step) = &rule.escalate else {
+        return Ok(Outcome::Failed("the rule no longer has `escalate`".into()));
+    };
+    if acknowledged(a, f).await? {
+        return Ok(Outcome::Sent(format!("{CANCELLED}acknowledged")));
+    }
+    if step.unless == Unless::Recreated && exists(a, f).await? {
+        // The resolved notices need not wait for the end of `within`.
+        if let Some(state) = &a.state {
+            let ids = due_on_recreation(rule, &f.id);
+            let _: redis::RedisResult<i64> =
+                due_now_cmd(&a.config.state.prefix, &ids, clock::now_ms())
+                    .query_async(&mut state.clone())
+                    .await;
+        }
+        return Ok(Outcome::Sent(format!("{CANCELLED}the key exists again")));
+    }
+    if let Some(early) = not_yet(f, step) {
+        // Brought forward by hearing the key, which is gone again: wait for `after`.
+        return Ok(Outcome::Retry {
+            reason: "brought forward, but the key does not exist: waiting for `after`".into(),
+            after: Some(early),
+        });
+    }
+    send(a, f, rule, step, channel, "escalation").await
+}
+
+/// How long before its wait is over a follow-up runs: it was brought forward by hearing its
+/// key, so it must not decide yet unless the key is there.
+fn not_yet(f: &Firing, step: &FollowupStep) -> Option<std::time::Duration> {
+    let end = f.observed_at + chrono::Duration::from_std(step.wait).ok()?;
+    let left = (end - clock::now()).to_std().ok()?;
+    (left > std::time::Duration::from_millis(100)).then_some(left)
+}
+
+async fn resolved(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result<Outcome, String> {
+    let Some(step) = &rule.resolved else {
+        return Ok(Outcome::Failed("the rule no longer has `resolved`".into()));
+    };
+    if !exists(a, f).await? {
+        if let Some(early) = not_yet(f, step) {
+            return Ok(Outcome::Retry {
+                reason: "brought forward, but the key does not exist: waiting for `within`".into(),
+                after: Some(early),
+            });
+        }
+        return Ok(Outcome::Sent(format!(
+            "{CANCELLED}not re-created within {}",
+            humantime::format_duration(step.wait)
+        )));
+    }
+    send(a, f, rule, step, channel, "resolved").await
+}
+
+async fn send(
+    a: &Actions,
+    f: &Firing,
+    rule: &Rule,
+    step: &FollowupStep,
+    channel: &str,
+    which: &str,
+) -> Result<Outcome, String> {
+    let Some(ch) = a.config.channel(channel) else {
+        return Ok(Outcome::Failed(format!(
+            "channel `{channel}` is no longer defined"
+        )));
+    };
+    match compose(a, f, rule, step, ch, which) {
+        Ok(msg) => Ok(channel::send(&a.http, ch, &msg).await),
+        Err(e) => Ok(Outcome::Failed(e)),
+    }
+}
+
+/// The follow-up's message for `ch`: its templates with `gap`, and the alert's event JSON with
+/// `"followup"` (the alert's `id`, so a receiver ties the two together).
+pub fn compose(
+    a: &Actions,
+    f: &Firing,
+    rule: &Rule,
+    step: &FollowupStep,
+    ch: &Channel,
+    which: &str,
+) -> Result<Message, String> {
+    let escape = ch.escape();
+    let t = &a.config.templates;
+    let gap_ms = (clock::now() - f.observed_at).num_milliseconds().max(0);
+    let ctx = f.context().with_gap(gap_ms);
+    let render = |id: Option<crate::template::TemplateId>, field: &str| match id {
+        Some(id) => t
+            .render_text(id, &ctx)
+            .map(Some)
+            .map_err(|e| format!("{field}: {}", e.message)),
+        None => Ok(None),
+    };
+    let field = if which == "escalation" {
+        "escalate"
+    } else {
+        "resolved"
+    };
+    let title = render(step.title.get(escape), &format!("{field}.title"))?
+        .unwrap_or_else(|| format!("{} ({which})", rule.name));
+    let text = render(step.message.get(escape), &format!("{field}.message"))?.unwrap_or_default();
+    let text = super::notify::with_links(a, f, rule, escape, text);
+    let mut event = f.to_json();
+    event["followup"] = which.into();
+    let action = if which == "escalation" {
+        Action::Escalate {
+            channel: ch.name.clone(),
+        }
+    } else {
+        Action::Resolved {
+            channel: ch.name.clone(),
+        }
+    };
+    Ok(Message {
+        rule: rule.name.clone(),
+        event: f.kind.as_str().to_string(),
+        title,
+        text: text.clone(),
+        items: vec![Item { event, text }],
+        count: 1,
+        digest: false,
+        idempotency_key: action.idempotency_key(&f.id),
+        custom_body: None,
+        mention: Default::default(),
+    })
+}
+
+async fn exists(a: &Actions, f: &Firing) -> Result<bool, String> {
+    let mut conn = a
+        .keyspace
+        .conn(f.db)
+        .await
+        .map_err(|e| format!("cannot reach Redis to see whether the key exists again: {e}"))?;
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(&f.key)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| format!("cannot see whether the key exists again: {e}"))?;
+    Ok(n > 0)
+}
+
+async fn acknowledged(a: &Actions, f: &Firing) -> Result<bool, String> {
+    let Some(state) = &a.state else {
+        return Ok(false);
+    };
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(ack_key(&a.config.state.prefix, &f.id))
+        .query_async(&mut state.clone())
+        .await
+        .map_err(|e| format!("cannot read acknowledgements: {e}"))?;
+    Ok(n > 0)
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands follow-ups send ([`crate::keyspace::commands`]).
+    const WHY = "escalate and resolved";
+    [
+        Use::new(Conn::Watched, "exists", WHY)
+            .on(Keys::Watched, Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "exists", WHY)
+            .on(Keys::State("ack:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "zadd", WHY)
+            .on(Keys::State("queue"), Access::Write)
+            .args("{key} XX 0 id"),
+        Use::new(Conn::State, "set", WHY)
+            .on(Keys::State("followup:*"), Access::Write)
+            .args("{key} id PX 1000"),
+        Use::new(Conn::State, "mget", WHY)
+            .on(Keys::State("followup:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "del", WHY)
+            .on(Keys::State("followup:*"), Access::Write)
+            .args("{key}"),
+    ]
+}

@@ -1,0 +1,187 @@
+//! History end to end: every firing and its actions' outcomes recorded in Redis, read back by
+//! `keywatch history` (with its filters), `GET /api/history` and the status page after the
+//! instance that did the work has stopped.
+
+mod common;
+
+use common::{
+    Daemon, HttpReceiver, PATIENCE, RedisServer, Response, endpoint, field_is, get, run_keywatch,
+    run_on, wait_until,
+};
+use serde_json::Value;
+
+fn history(daemon: &Daemon, extra: &[&str]) -> Vec<Value> {
+    let url = daemon.redis.url();
+    let rules = daemon.rules.path.to_string_lossy().into_owned();
+    let mut args = vec!["history", "--json", "--redis", &url, "-r", &rules];
+    args.extend_from_slice(extra);
+    let out = run_keywatch(args, &[]);
+    assert!(
+        out.status.success(),
+        "keywatch history failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+fn keys(list: &[Value]) -> Vec<&str> {
+    list.iter().map(|r| r["key"].as_str().unwrap()).collect()
+}
+
+#[test]
+fn history_lists_every_firing_with_its_outcomes_after_a_restart() {
+    let good = HttpReceiver::start();
+    let gone = HttpReceiver::with_default(Response::status(404).body("no such hook"));
+    let yaml = format!(
+        r#"
+history: {{ keep: 1d }}
+channels:
+  audit:
+    type: webhook
+    url: "{good}"
+  retired:
+    type: webhook
+    url: "{gone}"
+rules:
+  - name: order-lock-timeout
+    match: "order_lock:{{order_id}}"
+    notify: {{ to: [audit, retired] }}
+  - name: session-cleanup
+    match: "session:{{sid}}"
+    notify: {{ to: [audit] }}
+"#,
+        good = good.url_for("/hook"),
+        gone = gone.url_for("/old-hook"),
+    );
+    let mut daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    daemon.expire_all(&["order_lock:1", "order_lock:2", "session:abc"]);
+    good.wait_for(3, PATIENCE);
+    gone.wait_for(2, PATIENCE);
+    common::wait_until("both 404s are dead letters", PATIENCE, || {
+        daemon
+            .logs()
+            .iter()
+            .filter(|l| {
+                field_is(l, "channel", "retired")
+                    && l["message"]
+                        .as_str()
+                        .is_some_and(|m| m.starts_with("Dead letter"))
+            })
+            .count()
+            == 2
+    });
+    daemon.process.stop();
+
+    // Read with the instance gone: it is all in Redis.
+    let all = history(&daemon, &[]);
+    let mut ks = keys(&all);
+    ks.sort();
+    assert_eq!(
+        ks,
+        ["order_lock:1", "order_lock:2", "session:abc"],
+        "{all:#?}"
+    );
+    let lock = all.iter().find(|r| r["key"] == "order_lock:1").unwrap();
+    assert_eq!(lock["rule"], "order-lock-timeout");
+    assert_eq!(lock["event"], "expired");
+    assert_eq!(lock["captures"]["order_id"], "1");
+    assert_eq!(lock["id"].as_str().unwrap().len(), 32);
+    let actions = lock["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 2, "{lock:#}");
+    assert_eq!(actions[0]["action"], "notify");
+    assert_eq!(actions[0]["channel"], "audit");
+    assert_eq!(actions[0]["outcome"], "sent");
+    assert_eq!(actions[0]["attempts"], 1);
+    assert_eq!(actions[0]["last_error"], Value::Null);
+    assert_eq!(actions[1]["channel"], "retired");
+    assert_eq!(actions[1]["outcome"], "dead");
+    assert_eq!(actions[1]["attempts"], 1);
+    let error = actions[1]["last_error"].as_str().unwrap();
+    assert!(error.contains("404"), "{error}");
+    assert!(actions[1]["at"].as_str().unwrap().ends_with('Z'));
+    // Newest first.
+    let observed: Vec<&str> = all
+        .iter()
+        .map(|r| r["observed_at"].as_str().unwrap())
+        .collect();
+    let mut sorted = observed.clone();
+    sorted.sort_by(|a, b| b.cmp(a));
+    assert_eq!(observed, sorted);
+
+    // The filters.
+    assert_eq!(
+        keys(&history(&daemon, &["--rule", "session-cleanup"])),
+        ["session:abc"]
+    );
+    let mut locks = keys(&history(&daemon, &["--key", "order_lock:*"])).len();
+    assert_eq!(locks, 2);
+    locks = history(&daemon, &["--key", "order_lock:{id}", "--limit", "1"]).len();
+    assert_eq!(locks, 1);
+    assert_eq!(history(&daemon, &["--since", "1h"]).len(), 3);
+    assert!(history(&daemon, &["--rule", "nope"]).is_empty());
+
+    // The table for people.
+    let url = daemon.redis.url();
+    let rules = daemon.rules.path.to_string_lossy().into_owned();
+    let out = run_keywatch(["history", "--redis", &url, "-r", &rules], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("order_lock:2"), "{text}");
+    assert!(text.contains("notify:retired"), "{text}");
+
+    // A new instance serves the same history on /api/history and its status page.
+    let restarted = run_on(&daemon.redis, &daemon.rules.path);
+    let addr = endpoint(&restarted);
+    let (status, body) = get(&addr, "/api/history?rule=order-lock-timeout&since=1h");
+    assert_eq!(status, 200, "{body}");
+    let api: Vec<Value> = serde_json::from_str(&body).unwrap();
+    let mut ks = keys(&api);
+    ks.sort();
+    assert_eq!(ks, ["order_lock:1", "order_lock:2"]);
+    assert_eq!(api[0]["actions"].as_array().unwrap().len(), 2);
+    let (status, body) = get(&addr, "/api/history?since=soon");
+    assert_eq!(status, 400, "{body}");
+    wait_until("the status page lists the firings", PATIENCE, || {
+        let (_, page) = get(&addr, "/");
+        page.contains("session:abc") && page.contains("notify:retired: dead")
+    });
+}
+
+#[test]
+fn history_is_bounded_by_keep() {
+    let good = HttpReceiver::start();
+    let yaml = format!(
+        r#"
+history: {{ keep: 1s }}
+channels:
+  audit: {{ type: webhook, url: "{good}" }}
+rules:
+  - name: r
+    match: "k:{{id}}"
+    notify: {{ to: [audit] }}
+"#,
+        good = good.url_for("/hook"),
+    );
+    let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    daemon.expire("k:1");
+    good.wait_for(1, PATIENCE);
+    wait_until("the firing is recorded", PATIENCE, || {
+        history(&daemon, &[]).len() == 1
+    });
+    // Each firing's hash expires with `keep`, and the next firing trims the index.
+    wait_until("the firing's record expires", PATIENCE, || {
+        history(&daemon, &[]).is_empty()
+    });
+    daemon.expire("k:2");
+    good.wait_for(2, PATIENCE);
+    wait_until("only the new firing is indexed", PATIENCE, || {
+        let n: usize = redis::cmd("ZCARD")
+            .arg("keywatch:history")
+            .query(&mut daemon.conn())
+            .unwrap();
+        n == 1 && history(&daemon, &[]).len() == 1
+    });
+}
