@@ -282,6 +282,7 @@ fn build_rule(
         .map(|p| p.capture_names().to_vec())
         .unwrap_or_default();
     check_captures(d, src, &captures, &what);
+    let (captures, field) = super::fields::build_field(d, &r, &captures, &what);
     check_events(d, &r, redis, &what);
 
     let mut t = RuleTemplates {
@@ -313,6 +314,7 @@ fn build_rule(
         name: r.name.value.clone(),
         loc: r.loc.clone(),
         pattern: pattern?,
+        field: field?,
         on: r.on.clone(),
         db: r.db.as_ref().map(|s| s.value.clone()),
         warn_before: r.warn_before.as_ref().map(|w| w.value),
@@ -392,9 +394,11 @@ fn check_events(d: &mut Decoder<'_>, r: &RuleDraft, redis: &RedisSettings, what:
         if rec.value == Recover::IfDetail && r.detail.is_none() {
             d.error(&rec.loc, format!("{what}: `recover: if_detail` needs a `detail` to look for; use `always` or `never`, or add `detail`"));
         }
-        let expiries = r.on.iter().any(|k| matches!(k, EventKind::Expired));
+        let expiries =
+            r.on.iter()
+                .any(|k| matches!(k, EventKind::Expired | EventKind::Hexpired));
         if !expiries {
-            d.warning(&rec.loc, format!("{what}: `recover` has no effect without `expired` in `on` (only missed expiries are recovered)"));
+            d.warning(&rec.loc, format!("{what}: `recover` has no effect without `expired` or `hexpired` in `on` (only missed expiries are recovered)"));
         }
     }
     if let Some(dbs) = &r.db {
@@ -811,7 +815,7 @@ rules:
         assert_eq!(
             text,
             [
-                "rules.yaml:4:10: rule `r`: unknown event `e$xpired` in `on`; expected expired, evicted, deleted, expiring; did you mean `expired`?"
+                "rules.yaml:4:10: rule `r`: unknown event `e$xpired` in `on`; expected expired, evicted, deleted, expiring, hexpired; did you mean `expired`?"
             ],
         );
     }

@@ -88,6 +88,9 @@ impl Config {
         if self.uses_ledger() && !flags.contains('g') {
             flags.push('g');
         }
+        if self.watches_fields() {
+            flags.push('h');
+        }
         flags
     }
 
@@ -180,6 +183,8 @@ pub struct Rule {
     pub name: String,
     pub loc: Loc,
     pub pattern: Pattern,
+    /// `field`: a `hexpired` rule's field pattern ([`super::fields`]).
+    pub field: Option<super::fields::FieldPattern>,
     pub on: Vec<EventKind>,
     /// `None`: every watched database.
     pub db: Option<Vec<u32>>,

@@ -57,6 +57,8 @@ pub struct RuleDraft {
     pub name: Spanned<String>,
     pub loc: Loc,
     pub pattern: PatternSrc,
+    /// `field`: the pattern of a `hexpired` rule's hash field.
+    pub field: Option<Text>,
     pub on: Vec<EventKind>,
     pub on_loc: Loc,
     pub db: Option<Spanned<Vec<u32>>>,
@@ -73,6 +75,7 @@ const RULE_FIELDS: &[&str] = &[
     "name",
     "match",
     "regex",
+    "field",
     "on",
     "db",
     "warn_before",
@@ -136,6 +139,10 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
             None
         }
     };
+
+    let field = m
+        .get("field")
+        .and_then(|n| d.text(n, &format!("{what} `field`")));
 
     let mut on = Vec::new();
     let on_loc = m.key_loc("on").unwrap_or_else(|| m.loc.clone());
@@ -235,6 +242,7 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         name: name?,
         loc: node.loc.clone(),
         pattern: pattern?,
+        field,
         on,
         on_loc,
         db,

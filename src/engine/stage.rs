@@ -98,8 +98,7 @@ impl FiringStage {
                     self.skip_recovery(&r.name, &e, "the rule says `recover: never`");
                     continue;
                 }
-                let ctx =
-                    Context::for_event(&r.name, &e, r.pattern.capture_names(), captures, None);
+                let ctx = Context::for_event(&r.name, &e, r.capture_names(), captures, None);
                 let detail = match detail::request(
                     &config.templates,
                     r,
@@ -172,7 +171,7 @@ impl FiringStage {
                         Err(_) => unreachable!("items with a failed read were set aside above"),
                     },
                 };
-                let firing = Firing::new(&r.name, &e, r.pattern.capture_names(), f.captures, value);
+                let firing = Firing::new(&r.name, &e, r.capture_names(), f.captures, value);
                 self.status.record_firing(&firing);
                 firings.push(firing);
             }
@@ -260,13 +259,7 @@ impl FiringStage {
                     .iter()
                     .map(|(rule, captures)| {
                         let r = &self.config.rules[*rule];
-                        Firing::new(
-                            &r.name,
-                            &e,
-                            r.pattern.capture_names(),
-                            captures.clone(),
-                            None,
-                        )
+                        Firing::new(&r.name, &e, r.capture_names(), captures.clone(), None)
                     })
                     .collect();
                 self.delivery.give_up(

@@ -6,6 +6,7 @@
 //! that follows the master ([`sentinel`]).
 
 pub mod cluster;
+pub mod fields;
 pub mod flags;
 pub mod ledger;
 pub mod notifications;
@@ -24,6 +25,12 @@ pub enum Signal {
         db: u32,
         key: Vec<u8>,
         note: Note,
+    },
+    /// A keyevent about a hash's fields, for the field ledger ([`fields`]).
+    Hash {
+        db: u32,
+        key: Vec<u8>,
+        change: fields::Change,
     },
     /// An `expiring` event from the scanner ([`crate::source::scanner`]), for the rules it
     /// names only: each rule has its own `warn_before`, and this instance claimed each warning.

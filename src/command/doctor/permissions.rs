@@ -141,6 +141,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::engine::silences::REDIS,
     &crate::delivery::ratelimit::REDIS,
     &crate::source::ledger::REDIS,
+    &crate::source::fields::REDIS,
     &crate::source::scanner::REDIS,
     &crate::command::doctor::REDIS,
     &crate::command::doctor::cluster::REDIS,
@@ -184,6 +185,7 @@ fn applies(config: &Config, when: When) -> bool {
     match when {
         When::Always | When::DetailRemoved | When::Cleanup => true,
         When::Ledger => config.uses_ledger(),
+        When::Fields => config.watches_fields(),
         When::Expiring => config.event_kinds().contains(&EventKind::Expiring),
         When::EnableNotifications => config.redis.notifications == Notifications::Enable,
         When::OtherDatabase => config.redis.databases.iter().any(|&db| db != 0),
@@ -261,6 +263,7 @@ fn rule_fills(config: &Config, rule: &Rule, u: &Use) -> Vec<Fill> {
                 .iter()
                 .any(|k| rule.on.contains(k)),
             When::Expiring => rule.on.contains(&EventKind::Expiring),
+            When::Fields => rule.watches_fields(),
             _ => true,
         };
         return match follows {
@@ -270,12 +273,13 @@ fn rule_fills(config: &Config, rule: &Rule, u: &Use) -> Vec<Fill> {
     }
     // Templates are rendered with a stand-in for every capture, so the glob of each key an
     // action touches comes out with `*` where the key's own text goes.
-    let names = rule.pattern.capture_names();
+    let names = rule.capture_names();
     let values = vec![SAMPLE.as_bytes().to_vec(); names.len()];
     let event = KeyEvent {
         kind: rule.on.first().copied().unwrap_or(EventKind::Expired),
         db: 0,
         key: sample_of(glob),
+        field: rule.watches_fields().then(|| SAMPLE.as_bytes().to_vec()),
         observed_at: chrono::Utc::now(),
         deadline: None,
         ttl_ms: None,
