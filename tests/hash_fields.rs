@@ -383,3 +383,85 @@ fn upcoming_lists_learnt_fields_and_explain_renders_one() {
         "a field the pattern does not match fires nothing"
     );
 }
+
+#[test]
+fn two_instances_alert_each_field_once() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let mut a = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut b = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut conn = redis.conn();
+    let start = server_ms(&mut conn) + 2000;
+    for i in 0..100 {
+        hold(
+            &mut conn,
+            &format!("holds:wh{}", i % 5),
+            &format!("sku-{i}:order-{i}"),
+            start + i * 10,
+        );
+    }
+    receiver.wait_for(100, PATIENCE);
+    std::thread::sleep(Duration::from_secs(2));
+    let alerts = field_alerts(&receiver.requests());
+    assert_eq!(alerts.len(), 100);
+    assert!(
+        alerts.values().all(|(n, _)| *n == 1),
+        "each once: {:?}",
+        alerts
+            .iter()
+            .filter(|(_, (n, _))| *n > 1)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(receiver.count(), 100);
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn the_documented_user_with_the_hash_field_line_has_what_the_example_rules_need_on_valkey() {
+    let redis = RedisServer::builder()
+        .binary(valkey_server_bin())
+        .notify_keyspace_events("Exegh")
+        .start();
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/redis.md"),
+    )
+    .unwrap();
+    let lines: Vec<&str> = docs
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER keywatch "))
+        .collect();
+    assert!(
+        lines.len() == 3 && lines[2].contains("+hpexpiretime"),
+        "{lines:?}"
+    );
+    let mut conn = redis.conn();
+    for line in lines {
+        let words: Vec<String> = line
+            .split_whitespace()
+            .map(|w| w.replace("PASSWORD", "kw-pass"))
+            .collect();
+        let _: () = redis::cmd(&words[0])
+            .arg(&words[1..])
+            .query(&mut conn)
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+    }
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let url = format!("redis://keywatch:kw-pass@{}", redis.addr());
+    let out = run_keywatch(
+        ["doctor", "--redis", &url, "-r", rules.to_str().unwrap()],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("ok    permissions") && text.contains("ok    hash-fields"),
+        "{text}"
+    );
+}

@@ -7,15 +7,7 @@
 use crate::event::{EventKind, KeyEvent};
 use crate::pattern::Pattern;
 
-use super::model::{Config, Rule};
-
-/// A rule's `field` pattern, with the capture names of the whole event: the key's first, then the
-/// field's (a name in both is refused by `check`).
-#[derive(Clone, Debug)]
-pub struct FieldPattern {
-    pub pattern: Pattern,
-    pub names: Vec<String>,
-}
+use super::model::{Config, FieldPattern, Rule};
 
 impl Rule {
     /// The names of the values [`Rule::captures_of`] returns, in order.

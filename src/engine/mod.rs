@@ -197,7 +197,7 @@ impl Engine {
             match s {
                 Signal::Event(e) => {
                     if e.kind == EventKind::Deleted {
-                        self.notice_hash(e.db, &e.key, crate::source::fields::Change::Check);
+                        self.notice_hash(e.db, &e.key, crate::source::Change::Check);
                     }
                     if self.ledger().is_some()
                         && matches!(e.kind, EventKind::Evicted | EventKind::Deleted)
@@ -395,7 +395,7 @@ impl Engine {
     }
 
     /// Tells the field ledger of a keyevent about a hash some `hexpired` rule watches.
-    fn notice_hash(&self, db: u32, key: &[u8], change: crate::source::fields::Change) {
+    fn notice_hash(&self, db: u32, key: &[u8], change: crate::source::Change) {
         if let Some(f) = &self.fields
             && self.config.wants_hash(db, key)
         {

@@ -38,7 +38,7 @@ use crate::config::{Config, LiveConfig};
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::clock::now_ms;
 use crate::keyspace::{Conn, Keyspace};
-use crate::source::Signal;
+use crate::source::{Change, Signal};
 
 /// The keyevents that tell about a hash's fields (under flags `h`, `x`, and `g` for `del`).
 pub const CHANNELS: [&str; 5] = ["hexpire", "hpersist", "hdel", "hexpired", "del"];
@@ -52,15 +52,6 @@ const PAGE: usize = 1000;
 /// A due field reported to the engine is not reported again for this long (the engine takes it
 /// out of the ledger meanwhile, or it was lost with a crash and the restart finds it).
 const RESEND_AFTER: Duration = Duration::from_secs(5);
-
-/// What a keyevent says about a hash.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Change {
-    /// `hpersist`, `hdel`, `hexpired`, `del`: fields may be gone; look at the known ones.
-    Check,
-    /// `hexpire`: some field got a deadline; walk the hash.
-    Learn,
-}
 
 /// The `Change` a keyevent name stands for.
 pub fn change_of(event: &str) -> Option<Change> {
@@ -125,6 +116,11 @@ pub async fn support(conn: &mut impl redis::aio::ConnectionLike, node: &str) -> 
     }
 }
 
+/// Whether a field's expiry at `deadline` was reported within [`RESEND_AFTER`].
+fn was_sent(sent: Option<&(i64, Instant)>, deadline: i64) -> bool {
+    sent.is_some_and(|(d, at)| *d == deadline && at.elapsed() < RESEND_AFTER)
+}
+
 /// Whether a dotted version is at least `(major, minor)`.
 fn at_least(version: &str, want: (u32, u32)) -> bool {
     let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
@@ -150,8 +146,9 @@ struct Inner {
     wake: Notify,
     /// Deadlines before this were due while this instance was not running: found `recovered`.
     started_ms: i64,
-    /// Due members reported to the engine, and when.
-    sent: Mutex<HashMap<Vec<u8>, Instant>>,
+    /// Due members reported to the engine: the deadline reported, and when (a new deadline of
+    /// the same field is a new expiry, reported at once).
+    sent: Mutex<HashMap<Vec<u8>, (i64, Instant)>>,
 }
 
 impl Fields {
@@ -288,20 +285,19 @@ impl Fields {
         })
     }
 
-    /// Whether `m` may be reported now (not reported within [`RESEND_AFTER`]); marks it reported.
-    fn may_send(&self, m: &[u8]) -> bool {
+    /// Whether `m` due at `deadline` may be reported now (not reported within
+    /// [`RESEND_AFTER`]); marks it reported.
+    fn may_send(&self, m: &[u8], deadline: i64) -> bool {
         let mut sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if sent.len() > 100_000 {
-            sent.retain(|_, at| now.duration_since(*at) < RESEND_AFTER);
+            sent.retain(|_, (_, at)| now.duration_since(*at) < RESEND_AFTER);
         }
-        match sent.get(m) {
-            Some(at) if now.duration_since(*at) < RESEND_AFTER => false,
-            _ => {
-                sent.insert(m.to_vec(), now);
-                true
-            }
+        if was_sent(sent.get(m), deadline) {
+            return false;
         }
+        sent.insert(m.to_vec(), (deadline, now));
+        true
     }
 
     /// Judges known fields of `key` against what the server says now: gone past the deadline is
@@ -322,7 +318,7 @@ impl Fields {
             match *t {
                 // Already reported and not yet taken: left alone, not forgotten.
                 -2 if *d <= due_by => events.extend(
-                    self.may_send(&member(key, f))
+                    self.may_send(&member(key, f), *d)
                         .then(|| self.event(db, key, f, *d)),
                 ),
                 -2 | -1 => changes.push((f.clone(), None)),
@@ -435,7 +431,7 @@ impl Fields {
         {
             let sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
             for (m, d) in due {
-                if sent.get(&m).is_some_and(|at| at.elapsed() < RESEND_AFTER) {
+                if was_sent(sent.get(&m), d as i64) {
                     continue;
                 }
                 if let Some((k, f)) = split(&m) {
@@ -577,7 +573,13 @@ impl Fields {
             let pause = if !config.watches_fields() {
                 Some(Duration::from_secs(1))
             } else {
-                match step(self, config, tx).await {
+                // Cancelled mid-step at shutdown: every step can be cut anywhere (what it wrote
+                // stands; what it had not reached is done by the next run).
+                let done = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    done = step(self, config, tx) => done,
+                };
+                match done {
                     Ok(true) => None,
                     Ok(false) => return,
                     Err(e) => {

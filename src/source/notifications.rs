@@ -61,7 +61,7 @@ pub fn channels(dbs: &[u32], kinds: &[EventKind], ledger: Option<&str>) -> Vec<S
 pub enum Channel {
     Event(EventKind),
     Deadline(Note),
-    Hash(crate::source::fields::Change),
+    Hash(crate::source::Change),
 }
 
 /// `__keyevent@3__:expired` → (3, Event(Expired)); `__keyevent@0__:expire` → (0, Deadline(Expire)).

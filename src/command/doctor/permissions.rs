@@ -457,14 +457,37 @@ fn base_commands() -> Vec<&'static str> {
     out
 }
 
-/// What `config`'s rules add to the base line: the commands the base leaves out, and write
-/// access to exactly what they delete. `None` when they add nothing.
+/// The commands only `hexpired` rules send. They go on an ACL line of their own: a server
+/// without hash-field expiry refuses a line that names `hpexpiretime`.
+fn field_commands() -> Vec<&'static str> {
+    let base = base_commands();
+    let mut out: Vec<&str> = Vec::new();
+    for u in REGISTRY.iter().flat_map(|d| d.uses) {
+        if u.when == When::Fields && !base.contains(&u.command) && !out.contains(&u.command) {
+            out.push(u.command);
+        }
+    }
+    out
+}
+
+/// What `config`'s `hexpired` rules add: `None` without such rules.
+pub fn fields_acl_line(config: &Config) -> Option<String> {
+    config.watches_fields().then(|| {
+        let grants: Vec<String> = field_commands().iter().map(|c| format!("+{c}")).collect();
+        format!("ACL SETUSER keywatch {}", grants.join(" "))
+    })
+}
+
+/// What `config`'s rules add to the base line: the commands the base leaves out (but those of
+/// [`fields_acl_line`]), and write access to exactly what they delete. `None` when they add
+/// nothing.
 pub fn rules_acl_line(config: &Config) -> Option<String> {
     let base = base_commands();
+    let fields = field_commands();
     let needs = needs(config);
     let commands = needs
         .iter()
-        .filter(|n| !base.contains(&n.command.as_str()))
+        .filter(|n| !base.contains(&n.command.as_str()) && !fields.contains(&n.command.as_str()))
         .map(|n| format!("+{}", n.command));
     let keys = needs.iter().filter_map(|n| match &n.key {
         Some((glob, access)) if n.conn == Conn::Watched && *access != Access::Read => {
@@ -800,6 +823,7 @@ mod tests {
         let derived = [
             base_acl_line(&rules.state.prefix),
             rules_acl_line(&rules).expect("the example rules delete something"),
+            fields_acl_line(&rules).expect("an example rule watches hash fields"),
         ];
         assert_eq!(
             documented,
