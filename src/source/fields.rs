@@ -414,7 +414,7 @@ impl Fields {
     }
 
     /// One round of the poker for `db`: reads every due field again and reports those gone.
-    /// Returns how many were due.
+    /// Returns how many were read (fields reported and not yet taken are not read again).
     async fn poke(&self, db: u32, tx: &mpsc::Sender<Signal>) -> redis::RedisResult<usize> {
         let due: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
             .arg(Self::zset(&self.inner.prefix, db))
