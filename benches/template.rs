@@ -14,6 +14,7 @@ fn context() -> Context {
         kind: EventKind::Expired,
         db: 0,
         key: b"cache:10042:profile".to_vec(),
+        field: None,
         observed_at: now,
         deadline: Some(now - chrono::Duration::milliseconds(12)),
         ttl_ms: None,

@@ -16,14 +16,17 @@ pub enum EventKind {
     Evicted,
     Deleted,
     Expiring,
+    /// A field of a hash expired (Redis 7.4+, Valkey 9+); the event names the field.
+    Hexpired,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 4] = [
+    pub const ALL: [EventKind; 5] = [
         EventKind::Expired,
         EventKind::Evicted,
         EventKind::Deleted,
         EventKind::Expiring,
+        EventKind::Hexpired,
     ];
 
     /// The name used in rule files, event JSON and templates.
@@ -33,6 +36,7 @@ impl EventKind {
             EventKind::Evicted => "evicted",
             EventKind::Deleted => "deleted",
             EventKind::Expiring => "expiring",
+            EventKind::Hexpired => "hexpired",
         }
     }
 
@@ -41,12 +45,13 @@ impl EventKind {
     }
 
     /// The keyevent channel name Redis publishes this kind on, if Redis publishes it at all.
+    /// `hexpired` names only the hash: its channels are [`crate::source::fields`]'s.
     pub fn redis_event(self) -> Option<&'static str> {
         match self {
             EventKind::Expired => Some("expired"),
             EventKind::Evicted => Some("evicted"),
             EventKind::Deleted => Some("del"),
-            EventKind::Expiring => None,
+            EventKind::Expiring | EventKind::Hexpired => None,
         }
     }
 
@@ -57,6 +62,8 @@ impl EventKind {
             EventKind::Evicted => Some('e'),
             EventKind::Deleted => Some('g'),
             EventKind::Expiring => None,
+            // Valkey 9.1 publishes `hexpired` under `x` (checked); `h` is added for learning.
+            EventKind::Hexpired => Some('x'),
         }
     }
 }
@@ -75,6 +82,8 @@ pub struct KeyEvent {
     pub kind: EventKind,
     pub db: u32,
     pub key: Vec<u8>,
+    /// The hash field, for `hexpired` events.
+    pub field: Option<Vec<u8>>,
     /// When keywatch received or produced the event.
     pub observed_at: DateTime<Utc>,
     /// The key's deadline when keywatch knew it (ledger or scanner), else `None`.

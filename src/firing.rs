@@ -23,6 +23,9 @@ pub struct Firing {
     pub db: u32,
     #[serde(with = "b64")]
     pub key: Vec<u8>,
+    /// The hash field of a `hexpired` event.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_opt")]
+    pub field: Option<Vec<u8>>,
     pub captures: Vec<Capture>,
     pub detail: Option<serde_json::Value>,
     pub deadline: Option<DateTime<Utc>>,
@@ -67,6 +70,21 @@ pub fn event_id(
     out
 }
 
+/// [`event_id`] of a `hexpired` event: the field joins the key (length-prefixed, so no two
+/// (key, field) pairs hash alike).
+pub fn field_event_id(
+    rule: &str,
+    db: u32,
+    key: &[u8],
+    field: &[u8],
+    instant: DateTime<Utc>,
+) -> String {
+    let mut joined = (key.len() as u64).to_be_bytes().to_vec();
+    joined.extend_from_slice(key);
+    joined.extend_from_slice(field);
+    event_id(rule, EventKind::Hexpired, db, &joined, instant)
+}
+
 impl Firing {
     pub fn new(
         rule: &str,
@@ -77,11 +95,15 @@ impl Firing {
     ) -> Firing {
         let instant = event.deadline.unwrap_or(event.observed_at);
         Firing {
-            id: event_id(rule, event.kind, event.db, &event.key, instant),
+            id: match &event.field {
+                None => event_id(rule, event.kind, event.db, &event.key, instant),
+                Some(f) => field_event_id(rule, event.db, &event.key, f, instant),
+            },
             rule: rule.to_string(),
             kind: event.kind,
             db: event.db,
             key: event.key.clone(),
+            field: event.field.clone(),
             captures: names
                 .iter()
                 .cloned()
@@ -103,6 +125,7 @@ impl Firing {
             kind: self.kind,
             db: self.db,
             key: self.key.clone(),
+            field: self.field.clone(),
             observed_at: self.observed_at,
             deadline: self.deadline,
             ttl_ms: self.ttl_ms,
@@ -135,8 +158,19 @@ impl Firing {
             .map(|d| (self.observed_at - d).num_milliseconds().max(0))
     }
 
-    /// The event JSON of SPEC §4.
+    /// The event JSON of SPEC §4 (with `"field"` for `hexpired` events).
     pub fn to_json(&self) -> serde_json::Value {
+        let mut json = self.key_json();
+        if let (Some(f), Some(o)) = (&self.field, json.as_object_mut()) {
+            o.insert(
+                "field".into(),
+                String::from_utf8_lossy(f).into_owned().into(),
+            );
+        }
+        json
+    }
+
+    fn key_json(&self) -> serde_json::Value {
         let captures: serde_json::Map<String, serde_json::Value> = self
             .captures
             .iter()
@@ -346,6 +380,24 @@ pub(crate) mod b64 {
     }
 }
 
+/// [`b64`] for an optional value (a `hexpired` event's field).
+pub(crate) mod b64_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => super::b64::serialize(v, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        #[derive(Deserialize)]
+        struct Wrap(#[serde(with = "super::b64")] Vec<u8>);
+        Ok(Option::<Wrap>::deserialize(d)?.map(|w| w.0))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,6 +407,7 @@ mod tests {
             kind: EventKind::Expired,
             db: 0,
             key: b"order_lock:\xff42".to_vec(),
+            field: None,
             observed_at: "2026-11-29T10:15:00.012Z".parse().unwrap(),
             deadline: Some("2026-11-29T10:15:00.000Z".parse().unwrap()),
             ttl_ms: None,

@@ -100,3 +100,8 @@ fn sentinel_mistakes_are_located() {
 fn sentinel_without_master_or_nodes_says_what_is_missing() {
     check("sentinel_incomplete.yaml", &[]);
 }
+
+#[test]
+fn hash_field_rules_are_checked_at_their_place() {
+    check("hash_fields.yaml", &[]);
+}

@@ -18,6 +18,7 @@ fn expired(key: &str, deadline_ms: Option<i64>) -> KeyEvent {
         kind: EventKind::Expired,
         db: 0,
         key: key.as_bytes().to_vec(),
+        field: None,
         observed_at: Utc::now(),
         deadline: deadline_ms.and_then(DateTime::from_timestamp_millis),
         ttl_ms: None,

@@ -291,6 +291,7 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
             kind: keywatch::event::EventKind::Expired,
             db: 0,
             key: b"k:1".to_vec(),
+            field: None,
             observed_at: chrono::Utc::now(),
             deadline: recovered
                 .then(|| chrono::DateTime::from_timestamp_millis(missed[0].deadline_ms))

@@ -23,6 +23,7 @@ fuzz_target!(|input: (u8, Vec<u8>, Vec<u8>, String)| {
         kind: EventKind::ALL[usize::from(selector >> 4) % EventKind::ALL.len()],
         db: u32::from(selector),
         key: key.clone(),
+        field: None,
         observed_at: Utc::now(),
         deadline: None,
         ttl_ms: Some(1),

@@ -294,8 +294,20 @@ async fn exists(a: &Actions, f: &Firing) -> Result<bool, String> {
         .conn(f.db)
         .await
         .map_err(|e| format!("cannot reach Redis to see whether the key exists again: {e}"))?;
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(&f.key)
+    // A hash field's alert follows the field, not its hash (which holds other fields).
+    let cmd = match &f.field {
+        Some(field) => {
+            let mut c = redis::cmd("HEXISTS");
+            c.arg(&f.key).arg(field);
+            c
+        }
+        None => {
+            let mut c = redis::cmd("EXISTS");
+            c.arg(&f.key);
+            c
+        }
+    };
+    let n: i64 = cmd
         .query_async(&mut conn)
         .await
         .map_err(|e| format!("cannot see whether the key exists again: {e}"))?;
@@ -321,6 +333,9 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::Watched, "exists", WHY)
             .on(Keys::Watched, Access::Read)
             .args("{key}"),
+        Use::new(Conn::Watched, "hexists", WHY)
+            .on(Keys::Watched, Access::Read)
+            .args("{key} f"),
         Use::new(Conn::State, "exists", WHY)
             .on(Keys::State("ack:*"), Access::Read)
             .args("{key}"),

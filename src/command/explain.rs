@@ -44,17 +44,43 @@ pub fn key_bytes(arg: &OsStr) -> Vec<u8> {
 /// What keywatch would do for `key`, with every secret masked ([`crate::config::Secrets`]: by
 /// where a value came from, wherever it landed in a URL, header, body or argument).
 pub fn explain(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Explanation {
-    let Explanation { text, matched } = explain_unmasked(config, key, kind, db);
+    explain_field(config, key, None, kind, db)
+}
+
+/// [`explain`] for one field of a hash (`explain KEY --field F`): `hexpired` rules match the
+/// field's pattern too, and its captures join the key's.
+pub fn explain_field(
+    config: &Config,
+    key: &[u8],
+    field: Option<&[u8]>,
+    kind: EventKind,
+    db: u32,
+) -> Explanation {
+    let Explanation { text, matched } = explain_unmasked(config, key, field, kind, db);
     Explanation {
         text: config.secrets.mask(&text),
         matched,
     }
 }
 
-fn explain_unmasked(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Explanation {
+fn explain_unmasked(
+    config: &Config,
+    key: &[u8],
+    field: Option<&[u8]>,
+    kind: EventKind,
+    db: u32,
+) -> Explanation {
     let mut out = String::new();
     let shown = String::from_utf8_lossy(key);
-    let _ = writeln!(out, "key {:?} (db {db}, event {kind})", shown);
+    match field {
+        None => {
+            let _ = writeln!(out, "key {:?} (db {db}, event {kind})", shown);
+        }
+        Some(f) => {
+            let f = String::from_utf8_lossy(f);
+            let _ = writeln!(out, "key {shown:?} field {f:?} (db {db}, event {kind})");
+        }
+    }
     if key.starts_with(config.state.prefix.as_bytes()) {
         let _ = writeln!(
             out,
@@ -80,6 +106,9 @@ fn explain_unmasked(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Ex
         let rule = &config.rules[i];
         let _ = writeln!(out, "\nrule {} ({})", rule.name, rule.loc);
         let _ = writeln!(out, "  pattern: {}", rule.pattern.source());
+        if let Some(f) = &rule.field {
+            let _ = writeln!(out, "  field pattern: {}", f.pattern.source());
+        }
         if !rule.fires_on(kind, db) {
             let dbs = rule
                 .db
@@ -94,16 +123,28 @@ fn explain_unmasked(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Ex
             );
             continue;
         }
+        let Some(captures) = rule.captures_of(key, field) else {
+            let _ = match field {
+                None => writeln!(
+                    out,
+                    "  a rule on hash fields: give the field with `--field F`"
+                ),
+                Some(_) => writeln!(
+                    out,
+                    "  the field does not match the field pattern: nothing runs"
+                ),
+            };
+            continue;
+        };
         fired = true;
-        let captures = rule.pattern.captures(key).unwrap_or_default();
-        for (name, value) in rule.pattern.capture_names().iter().zip(&captures) {
+        for (name, value) in rule.capture_names().iter().zip(&captures) {
             let _ = writeln!(
                 out,
                 "  capture {name} = {:?}",
                 String::from_utf8_lossy(value)
             );
         }
-        explain_rule(config, rule, key, kind, db, &captures, &mut out);
+        explain_rule(config, rule, (key, field), kind, db, &captures, &mut out);
     }
     Explanation {
         text: out,
@@ -114,7 +155,7 @@ fn explain_unmasked(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Ex
 fn explain_rule(
     config: &Config,
     rule: &Rule,
-    key: &[u8],
+    (key, field): (&[u8], Option<&[u8]>),
     kind: EventKind,
     db: u32,
     captures: &[Vec<u8>],
@@ -127,20 +168,15 @@ fn explain_rule(
         kind,
         db,
         key: key.to_vec(),
+        field: field.map(<[u8]>::to_vec),
         observed_at: now,
         deadline: ttl_ms.map(|ms| now + chrono::Duration::milliseconds(ms)),
         ttl_ms,
         recovered: false,
         source: "explain".into(),
     };
-    let ctx = Context::for_event(
-        &rule.name,
-        &event,
-        rule.pattern.capture_names(),
-        captures,
-        None,
-    )
-    .with_sample_detail();
+    let ctx = Context::for_event(&rule.name, &event, rule.capture_names(), captures, None)
+        .with_sample_detail();
     let t = &config.templates;
     let render = |id: TemplateId| -> String {
         match t.render(id, &ctx) {

@@ -116,7 +116,8 @@ pub enum Command {
         /// rule's pattern.
         #[arg(long = "match", value_name = "PATTERN", value_parser = parse_pattern)]
         pattern: Option<Box<crate::pattern::Pattern>>,
-        /// One JSON object per line: {"key", "db", "ttl_ms", "deadline", "rules"}.
+        /// One JSON object per line: {"key", "db", "ttl_ms", "deadline", "rules"}, and "field"
+        /// for a hash field.
         #[arg(long)]
         json: bool,
         /// At most this many keys.
@@ -144,9 +145,13 @@ pub enum Command {
     Explain {
         /// The key (bytes that are not UTF-8 may be given as `\xNN`).
         key: OsString,
-        /// The event to explain: expired, evicted, deleted or expiring.
-        #[arg(long, default_value = "expired", value_parser = parse_event)]
-        event: EventKind,
+        /// The event to explain: expired, evicted, deleted, expiring or hexpired (the default
+        /// with `--field`).
+        #[arg(long, value_parser = parse_event)]
+        event: Option<EventKind>,
+        /// A field of the hash KEY, for `hexpired` rules (bytes as for KEY).
+        #[arg(long, value_name = "F")]
+        field: Option<OsString>,
         /// The database the key lives in.
         #[arg(long, default_value_t = 0)]
         db: u32,
@@ -504,6 +509,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Explain {
             key,
             event,
+            field,
             db,
             rules,
         } => {
@@ -512,7 +518,18 @@ pub fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             let key = crate::command::explain::key_bytes(&key);
-            let out = crate::command::explain::explain(&loaded.config, &key, event, db);
+            let field = field.as_deref().map(crate::command::explain::key_bytes);
+            let event = event.unwrap_or(match field {
+                Some(_) => EventKind::Hexpired,
+                None => EventKind::Expired,
+            });
+            let out = crate::command::explain::explain_field(
+                &loaded.config,
+                &key,
+                field.as_deref(),
+                event,
+                db,
+            );
             print!("{}", out.text);
             if out.matched {
                 ExitCode::SUCCESS

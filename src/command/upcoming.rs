@@ -35,6 +35,8 @@ pub struct Options {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {
     pub key: Vec<u8>,
+    /// The hash field, for a field's deadline (`hexpired` rules).
+    pub field: Option<Vec<u8>>,
     pub db: u32,
     pub ttl_ms: i64,
     pub deadline_ms: i64,
@@ -45,6 +47,17 @@ pub struct Row {
 impl Row {
     /// The JSON line of `--json` (SPEC §1).
     pub fn to_json(&self) -> serde_json::Value {
+        let mut v = self.key_json();
+        if let (Some(f), Some(o)) = (&self.field, v.as_object_mut()) {
+            o.insert(
+                "field".into(),
+                String::from_utf8_lossy(f).into_owned().into(),
+            );
+        }
+        v
+    }
+
+    fn key_json(&self) -> serde_json::Value {
         serde_json::json!({
             "key": String::from_utf8_lossy(&self.key),
             "db": self.db,
@@ -84,10 +97,11 @@ fn rules_of<'a>(config: &'a Config, db: u32, key: &[u8]) -> impl Iterator<Item =
 /// The ledger holds what is asked for only if every rule's deadlines are kept in it.
 fn ledger_covers(config: &Config, opts: &Options) -> bool {
     opts.pattern.is_none()
-        && config
-            .rules
-            .iter()
-            .all(|r| r.on.contains(&EventKind::Expired) || r.on.contains(&EventKind::Expiring))
+        && config.rules.iter().all(|r| {
+            r.on.contains(&EventKind::Expired)
+                || r.on.contains(&EventKind::Expiring)
+                || r.on == [EventKind::Hexpired]
+        })
 }
 
 /// The rows, soonest first.
@@ -181,6 +195,7 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
             (deadline, db, key.clone()),
             Row {
                 key,
+                field: None,
                 db,
                 ttl_ms: (deadline - now).max(0),
                 deadline_ms: deadline,
@@ -188,7 +203,72 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
             },
         );
     }
+    if config.watches_fields() {
+        let state =
+            crate::keyspace::state_conn(config.state.url.as_ref(), &config.redis, &keyspace)
+                .await?;
+        for row in field_rows(config, opts, &keyspace, state, until)
+            .await
+            .map_err(cannot)?
+        {
+            rows.insert(
+                (
+                    row.deadline_ms,
+                    row.db,
+                    crate::source::fields::member(
+                        &row.key,
+                        row.field.as_deref().unwrap_or_default(),
+                    ),
+                ),
+                row,
+            );
+        }
+    }
     Ok(rows.into_values().take(opts.limit).collect())
+}
+
+/// The fields the field ledger expects to expire by `until`, each read again from the server.
+async fn field_rows(
+    config: &Config,
+    opts: &Options,
+    keyspace: &Keyspace,
+    mut state: crate::keyspace::Conn,
+    until: i64,
+) -> redis::RedisResult<Vec<Row>> {
+    use crate::source::fields::Fields;
+    let mut out = Vec::new();
+    for &db in &config.redis.databases {
+        let known =
+            Fields::upcoming(&mut state, &config.state.prefix, db, until, opts.limit).await?;
+        let conn = keyspace.conn(db).await?;
+        let now_deadlines = Fields::deadlines_of(&conn, &known).await?;
+        let now = Utc::now().timestamp_millis();
+        for ((key, field, _), d) in known.into_iter().zip(now_deadlines) {
+            let Some(deadline) = Some(d).filter(|d| *d > 0 && *d <= until) else {
+                continue;
+            };
+            if opts.pattern.as_ref().is_some_and(|p| !p.is_match(&key)) {
+                continue;
+            }
+            let rules = rules_of(config, db, &key)
+                .filter(|name| {
+                    config.rule(name).is_some_and(|r| {
+                        r.watches_fields() && r.captures_of(&key, Some(&field)).is_some()
+                    })
+                })
+                .map(str::to_string)
+                .collect();
+            out.push(Row {
+                key,
+                field: Some(field),
+                db,
+                ttl_ms: (deadline - now).max(0),
+                deadline_ms: deadline,
+                rules,
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Runs the command: prints the rows (a table, or JSON lines); the exit code.
@@ -227,6 +307,7 @@ pub fn write_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     if rows.is_empty() {
         return writeln!(out, "No key expires within the window.");
     }
+    // Hash fields show as `KEY FIELD` in one column, so key-only tables read as before.
     let cells: Vec<[String; 5]> = rows
         .iter()
         .map(|r| {
@@ -234,7 +315,14 @@ pub fn write_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
                 human_duration(r.ttl_ms),
                 rfc3339(r.deadline_ms),
                 r.db.to_string(),
-                String::from_utf8_lossy(&r.key).into_owned(),
+                match &r.field {
+                    None => String::from_utf8_lossy(&r.key).into_owned(),
+                    Some(f) => format!(
+                        "{} {}",
+                        String::from_utf8_lossy(&r.key),
+                        String::from_utf8_lossy(f)
+                    ),
+                },
                 if r.rules.is_empty() {
                     "-".into()
                 } else {
@@ -288,6 +376,7 @@ mod tests {
     fn table_and_json_lines() {
         let rows = vec![Row {
             key: b"license:acme".to_vec(),
+            field: None,
             db: 0,
             ttl_ms: 90_061_000,
             deadline_ms: 1_795_000_000_000,

@@ -194,7 +194,7 @@ struct TemplateCheck<'a> {
 }
 
 /// The events `escalate` and `resolved` follow: the key is gone, so it can come back.
-const FOLLOWED: &[EventKind] = &[EventKind::Expired, EventKind::Evicted];
+const FOLLOWED: &[EventKind] = &[EventKind::Expired, EventKind::Evicted, EventKind::Hexpired];
 
 /// Compiles one template, checks the names it reads, and renders it once per event kind of the
 /// rule against sample values, strictly: what would fail at run time fails here.
@@ -306,6 +306,7 @@ fn build_rule(
         .map(|p| p.capture_names().to_vec())
         .unwrap_or_default();
     check_captures(d, src, &captures, &what);
+    let (captures, field) = super::fields::build_field(d, &r, &captures, &what);
     check_events(d, &r, redis, &what);
 
     let mut t = RuleTemplates {
@@ -346,6 +347,7 @@ fn build_rule(
         name: r.name.value.clone(),
         loc: r.loc.clone(),
         pattern: pattern?,
+        field: field?,
         on: r.on.clone(),
         db: r.db.as_ref().map(|s| s.value.clone()),
         warn_before: r.warn_before.as_ref().map(|w| w.value),
@@ -427,9 +429,11 @@ fn check_events(d: &mut Decoder<'_>, r: &RuleDraft, redis: &RedisSettings, what:
         if rec.value == Recover::IfDetail && r.detail.is_none() {
             d.error(&rec.loc, format!("{what}: `recover: if_detail` needs a `detail` to look for; use `always` or `never`, or add `detail`"));
         }
-        let expiries = r.on.iter().any(|k| matches!(k, EventKind::Expired));
+        let expiries =
+            r.on.iter()
+                .any(|k| matches!(k, EventKind::Expired | EventKind::Hexpired));
         if !expiries {
-            d.warning(&rec.loc, format!("{what}: `recover` has no effect without `expired` in `on` (only missed expiries are recovered)"));
+            d.warning(&rec.loc, format!("{what}: `recover` has no effect without `expired` or `hexpired` in `on` (only missed expiries are recovered)"));
         }
     }
     if let Some(dbs) = &r.db {
@@ -699,7 +703,8 @@ impl RuleTemplates<'_, '_, '_> {
 
 impl RuleTemplates<'_, '_, '_> {
     /// `escalate` or `resolved`: channels and templates as for `notify`, with `gap` defined;
-    /// only after an alert of a key that is gone (`expired`, `evicted`).
+    /// only after an alert of a key (or hash field) that is gone (`expired`, `evicted`,
+    /// `hexpired`).
     fn followup(
         &mut self,
         fd: &super::followups::FollowupDraft,
@@ -710,7 +715,7 @@ impl RuleTemplates<'_, '_, '_> {
     ) -> Option<FollowupStep> {
         if !on.iter().any(|k| FOLLOWED.contains(k)) {
             let w = format!(
-                "{} `{name}` follows alerts of keys that are gone: add `expired` or `evicted` to `on`",
+                "{} `{name}` follows alerts of keys that are gone: add `expired`, `evicted` or `hexpired` to `on`",
                 self.what
             );
             self.d.error(&fd.loc, w);
@@ -937,7 +942,7 @@ rules:
         assert_eq!(
             text,
             [
-                "rules.yaml:4:10: rule `r`: unknown event `e$xpired` in `on`; expected expired, evicted, deleted, expiring; did you mean `expired`?"
+                "rules.yaml:4:10: rule `r`: unknown event `e$xpired` in `on`; expected expired, evicted, deleted, expiring, hexpired; did you mean `expired`?"
             ],
         );
     }

@@ -6,6 +6,7 @@
 //! matcher ([`build`]). Nothing stops at the first problem.
 
 pub mod build;
+pub mod fields;
 pub mod followups;
 pub mod live;
 pub mod model;

@@ -92,6 +92,9 @@ impl Config {
         if self.uses_ledger() && !flags.contains('g') {
             flags.push('g');
         }
+        if self.watches_fields() {
+            flags.push('h');
+        }
         flags
     }
 
@@ -184,6 +187,8 @@ pub struct Rule {
     pub name: String,
     pub loc: Loc,
     pub pattern: Pattern,
+    /// `field`: a `hexpired` rule's field pattern (see `config::fields`).
+    pub field: Option<FieldPattern>,
     pub on: Vec<EventKind>,
     /// `None`: every watched database.
     pub db: Option<Vec<u32>>,
@@ -218,6 +223,14 @@ impl Rule {
     pub fn fires_on(&self, kind: EventKind, db: u32) -> bool {
         self.on.contains(&kind) && self.db.as_ref().is_none_or(|dbs| dbs.contains(&db))
     }
+}
+
+/// A rule's `field` pattern, with the capture names of the whole event: the key's first, then the
+/// field's (a name in both is refused by `check`).
+#[derive(Clone, Debug)]
+pub struct FieldPattern {
+    pub pattern: Pattern,
+    pub names: Vec<String>,
 }
 
 /// An expiry found afterwards cannot be told from a delete keywatch did not hear (the key and

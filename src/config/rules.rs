@@ -66,6 +66,8 @@ pub struct RuleDraft {
     pub name: Spanned<String>,
     pub loc: Loc,
     pub pattern: PatternSrc,
+    /// `field`: the pattern of a `hexpired` rule's hash field.
+    pub field: Option<Text>,
     pub on: Vec<EventKind>,
     pub on_loc: Loc,
     pub db: Option<Spanned<Vec<u32>>>,
@@ -84,6 +86,7 @@ const RULE_FIELDS: &[&str] = &[
     "name",
     "match",
     "regex",
+    "field",
     "on",
     "db",
     "warn_before",
@@ -149,6 +152,10 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
             None
         }
     };
+
+    let field = m
+        .get("field")
+        .and_then(|n| d.text(n, &format!("{what} `field`")));
 
     let mut on = Vec::new();
     let on_loc = m.key_loc("on").unwrap_or_else(|| m.loc.clone());
@@ -254,6 +261,7 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         name: name?,
         loc: node.loc.clone(),
         pattern: pattern?,
+        field,
         on,
         on_loc,
         db,

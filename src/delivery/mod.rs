@@ -754,7 +754,10 @@ fn followups_due_later(
 ) {
     let now = now_ms();
     for f in firings {
-        if !matches!(f.kind, EventKind::Expired | EventKind::Evicted) {
+        if !matches!(
+            f.kind,
+            EventKind::Expired | EventKind::Evicted | EventKind::Hexpired
+        ) {
             continue;
         }
         let Some(rule) = config.rule(&f.rule) else {
@@ -768,7 +771,11 @@ fn followups_due_later(
         for (action, due) in jobs {
             also.extend(q.due_later_cmds(&Job::first(firing.clone(), action), due));
         }
-        also.push(followup::marker_cmd(&config.state.prefix, f, marker_ms));
+        // A field's re-creation is no `expire` event of its hash: its follow-ups look for the
+        // field when they come due instead of being brought forward.
+        if f.field.is_none() {
+            also.push(followup::marker_cmd(&config.state.prefix, f, marker_ms));
+        }
     }
 }
 

@@ -101,6 +101,7 @@ pub(super) fn firing(rule: &str, key: &str) -> Firing {
         kind: EventKind::Expired,
         db: 0,
         key: key.as_bytes().to_vec(),
+        field: None,
         observed_at: "2026-01-01T00:00:00Z".parse().unwrap(),
         deadline: None,
         ttl_ms: None,

@@ -290,19 +290,14 @@ rules:
                 kind: crate::event::EventKind::Expired,
                 db: 0,
                 key: [b"task:".as_slice(), id].concat(),
+                field: None,
                 observed_at: chrono::Utc::now(),
                 deadline: None,
                 ttl_ms: None,
                 recovered: false,
                 source: "test".into(),
             };
-            let ctx = Context::for_event(
-                "r",
-                &event,
-                rule.pattern.capture_names(),
-                &[id.to_vec()],
-                None,
-            );
+            let ctx = Context::for_event("r", &event, rule.capture_names(), &[id.to_vec()], None);
             request(&config.templates, rule, 0, &ctx, own)
                 .expect("the rule has a detail")
                 .expect("it renders")

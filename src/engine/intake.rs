@@ -97,6 +97,14 @@ for i = 8, #ARGV, 6 do
       remember(key, d)
     end
     fire = p and mode == 'R'
+  elseif mode == 'F' or mode == 'f' then
+    local s = redis.call('ZSCORE', KEYS[8], key)
+    if s and tonumber(s) <= due_limit then
+      redis.call('ZREM', KEYS[8], key)
+      redis.call('HDEL', extra, given)
+      d = s
+    end
+    fire = d and mode == 'F'
   elseif given ~= '' then
     d = given
   end
@@ -176,6 +184,9 @@ pub enum Mode {
     Plain,
     /// A scanner warning for one rule.
     Warning { rule: String },
+    /// A hash field found gone at its deadline (`hexpired`): taken only if the field ledger
+    /// still holds it, and out of it in the same step ([`crate::source::fields`]).
+    Field { fire: bool },
 }
 
 /// What the intake needs of an event to run it again after a crash: the event, and for a
@@ -186,6 +197,13 @@ pub struct Record {
     pub db: u32,
     #[serde(with = "crate::firing::b64")]
     pub key: Vec<u8>,
+    /// The hash field of a `hexpired` event.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::firing::b64_opt"
+    )]
+    pub field: Option<Vec<u8>>,
     pub observed_ms: i64,
     #[serde(default)]
     pub ttl_ms: Option<i64>,
@@ -215,6 +233,7 @@ impl Record {
             kind: e.kind,
             db: e.db,
             key: e.key.clone(),
+            field: e.field.clone(),
             observed_ms: e.observed_at.timestamp_millis(),
             ttl_ms: e.ttl_ms,
             recovered: e.recovered,
@@ -233,6 +252,7 @@ impl Record {
             kind: self.kind,
             db: self.db,
             key: self.key.clone(),
+            field: self.field.clone(),
             observed_at: chrono::DateTime::from_timestamp_millis(self.observed_ms)
                 .unwrap_or_else(clock::now),
             deadline: self
@@ -321,6 +341,7 @@ impl Intake {
     ) -> redis::RedisResult<Vec<Option<Taken>>> {
         let now = clock::now_ms();
         let ledger = |s: &str| format!("{}ledger:{db}{s}", self.prefix);
+        let fields = crate::source::fields::Fields::zset(&self.prefix, db);
         let mut inv = self.take.prepare_invoke();
         inv.key(ledger(""))
             .key(ledger(":poked"))
@@ -329,6 +350,7 @@ impl Intake {
             .key(ledger(":handled-deadline"))
             .key(&self.zset)
             .key(&self.records)
+            .key(fields)
             .arg(now)
             .arg(now + SKEW_MS)
             .arg(now - HANDLED_MEMORY_MS)
@@ -338,12 +360,29 @@ impl Intake {
             .arg(db);
         let mut records = Vec::with_capacity(events.len());
         for (e, mode) in events {
+            if let (Mode::Field { fire }, Some(field)) = (mode, &e.field) {
+                // The member names the field, so the claim is the field's; the index entry
+                // leaves with the member.
+                let r = Record::of(e, None);
+                inv.arg(if *fire { "F" } else { "f" })
+                    .arg(e.kind.as_str())
+                    .arg(crate::source::fields::member(&e.key, field))
+                    .arg(field)
+                    .arg(crate::source::fields::Fields::index(
+                        &self.prefix,
+                        db,
+                        &e.key,
+                    ))
+                    .arg(serde_json::to_string(&r).unwrap_or_default());
+                records.push(r);
+                continue;
+            }
             let (code, given, extra, rule) = match mode {
                 Mode::Live { fire: true } => ("L", None, Vec::new(), None),
                 Mode::Live { fire: false } => ("l", None, Vec::new(), None),
                 Mode::Recovered { fire: true } => ("R", None, Vec::new(), None),
                 Mode::Recovered { fire: false } => ("r", None, Vec::new(), None),
-                Mode::Plain => ("P", e.deadline, Vec::new(), None),
+                Mode::Plain | Mode::Field { .. } => ("P", e.deadline, Vec::new(), None),
                 Mode::Warning { rule } => {
                     let d = e.deadline.map_or(0, |d| d.timestamp_millis());
                     let mut claim =
@@ -608,6 +647,15 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "set", SCRIPT)
             .on(Keys::State("warned:*"), Access::Write)
             .args("{key} 1 NX PXAT 1"),
+        Use::new(Conn::State, "zscore", SCRIPT)
+            .on(Keys::State("fields:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "zrem", SCRIPT)
+            .on(Keys::State("fields:*"), Access::Write)
+            .args("{key} k"),
+        Use::new(Conn::State, "hdel", SCRIPT)
+            .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
+            .args("{key} f"),
     ]
 }
 
@@ -621,6 +669,7 @@ mod tests {
             kind: EventKind::Expired,
             db: 3,
             key: b"k\n\xff\0".to_vec(),
+            field: None,
             observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
             deadline: chrono::DateTime::from_timestamp_millis(4_990),
             ttl_ms: None,

@@ -55,6 +55,8 @@ pub struct Engine {
     pub intake: Intake,
     /// Silences in force, kept current from Redis.
     pub silenced: Arc<crate::engine::silences::Active>,
+    /// The field ledger of `hexpired` rules; told of every keyevent about a watched hash.
+    pub fields: Option<crate::source::fields::Fields>,
     /// The ledger's markers, heard on which nodes (see [`ledger::Markers`]).
     pub markers: std::sync::Mutex<ledger::Markers>,
     /// Per node: a reconcile and fill is running, and whether another was asked for meanwhile
@@ -165,7 +167,7 @@ impl Engine {
         let rules = rules.unwrap_or_else(|| {
             let r = &taken.record;
             self.config
-                .rules_for(r.kind, r.db, &r.key)
+                .rules_for_event(&r.event())
                 .into_iter()
                 .filter(|(i, _)| {
                     r.rule
@@ -194,6 +196,9 @@ impl Engine {
         for s in signals {
             match s {
                 Signal::Event(e) => {
+                    if e.kind == EventKind::Deleted {
+                        self.notice_hash(e.db, &e.key, crate::source::Change::Check);
+                    }
                     if self.ledger().is_some()
                         && matches!(e.kind, EventKind::Evicted | EventKind::Deleted)
                     {
@@ -213,6 +218,7 @@ impl Engine {
                         }
                     }
                 }
+                Signal::Hash { db, key, change } => self.notice_hash(db, &key, change),
                 Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker { node, payload } => {
                     if let Some((db, seq)) = self.ledger().and_then(|l| l.own_marker(&payload)) {
@@ -225,6 +231,13 @@ impl Engine {
                     self.status.set_subscribed(&node, true);
                     self.recheck_flags(&node).await;
                     self.after_subscribe(&node);
+                    if let Some(f) = self
+                        .fields
+                        .as_ref()
+                        .filter(|_| self.config.watches_fields())
+                    {
+                        f.resync();
+                    }
                 }
                 Signal::Down { node, reason } => {
                     markers.extend(self.markers().down(&node));
@@ -265,8 +278,12 @@ impl Engine {
         let mut candidates = Vec::new();
         for e in events {
             self.metrics.event(e.kind.as_str(), e.db);
-            let rules = self.config.rules_for(e.kind, e.db, &e.key);
-            let mode = if e.kind == EventKind::Expired
+            let rules = self.config.rules_for_event(&e);
+            let mode = if e.kind == EventKind::Hexpired {
+                Mode::Field {
+                    fire: !rules.is_empty(),
+                }
+            } else if e.kind == EventKind::Expired
                 && self.ledger().is_some()
                 && self.config.wants_deadline(e.db, &e.key)
             {
@@ -360,6 +377,7 @@ impl Engine {
                 kind: EventKind::Expired,
                 db: m.db,
                 key: m.key,
+                field: None,
                 observed_at: crate::keyspace::clock::now(),
                 deadline: chrono::DateTime::from_timestamp_millis(m.deadline_ms),
                 ttl_ms: None,
@@ -378,6 +396,15 @@ impl Engine {
         // Every entry read leaves the poked set when taken (fired or not); a page that took
         // nothing (another instance is on it) is not read again at once.
         (taken, full && n > 0)
+    }
+
+    /// Tells the field ledger of a keyevent about a hash some `hexpired` rule watches.
+    fn notice_hash(&self, db: u32, key: &[u8], change: crate::source::Change) {
+        if let Some(f) = &self.fields
+            && self.config.wants_hash(db, key)
+        {
+            f.notice(db, key.to_vec(), change);
+        }
     }
 
     fn markers(&self) -> std::sync::MutexGuard<'_, ledger::Markers> {

@@ -100,8 +100,7 @@ impl FiringStage {
                     self.keep_skipped(r, &e, captures, "recovered: the rule says `recover: never`");
                     continue;
                 }
-                let ctx =
-                    Context::for_event(&r.name, &e, r.pattern.capture_names(), captures, None);
+                let ctx = Context::for_event(&r.name, &e, r.capture_names(), captures, None);
                 let detail = match detail::request(
                     &config.templates,
                     r,
@@ -172,7 +171,7 @@ impl FiringStage {
                         Err(_) => unreachable!("items with a failed read were set aside above"),
                     },
                 };
-                let firing = Firing::new(&r.name, &e, r.pattern.capture_names(), f.captures, value);
+                let firing = Firing::new(&r.name, &e, r.capture_names(), f.captures, value);
                 self.status.record_firing(&firing);
                 firings.push(firing);
             }
@@ -280,13 +279,7 @@ impl FiringStage {
                     .iter()
                     .map(|(rule, captures)| {
                         let r = &self.config.rules[*rule];
-                        Firing::new(
-                            &r.name,
-                            &e,
-                            r.pattern.capture_names(),
-                            captures.clone(),
-                            None,
-                        )
+                        Firing::new(&r.name, &e, r.capture_names(), captures.clone(), None)
                     })
                     .collect();
                 self.delivery.give_up(

@@ -75,6 +75,8 @@ pub enum When {
     Ledger,
     /// Rules on `expiring`, whose keys the scanner looks ahead at.
     Expiring,
+    /// Rules on `hexpired`, whose hashes' field deadlines the field ledger follows.
+    Fields,
     /// `redis.notifications: enable`.
     EnableNotifications,
     /// Each watched database other than 0.
@@ -105,6 +107,7 @@ impl When {
         !matches!(
             self,
             When::EnableNotifications
+                | When::Fields
                 | When::OtherDatabase
                 | When::Cluster
                 | When::Sentinel

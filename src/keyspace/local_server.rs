@@ -42,7 +42,15 @@ impl LocalRedis {
     /// Starts a server with `--save "" --appendonly no` plus `extra` arguments, and waits until
     /// it answers PING.
     pub fn start(extra: &[&str]) -> Result<LocalRedis, LocalRedisError> {
-        let bin = server_fetch::server_binary()?;
+        Self::start_binary(server_fetch::server_binary()?, extra)
+    }
+
+    /// [`LocalRedis::start`] with the server binary `bin` (say, [`server_fetch::valkey_binary`]
+    /// where hash-field expiry is needed).
+    pub fn start_binary(
+        bin: std::path::PathBuf,
+        extra: &[&str],
+    ) -> Result<LocalRedis, LocalRedisError> {
         let shown = bin.display();
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")

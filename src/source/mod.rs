@@ -6,6 +6,7 @@
 //! that follows the master ([`sentinel`]).
 
 pub mod cluster;
+pub mod fields;
 pub mod flags;
 pub mod ledger;
 pub mod notifications;
@@ -14,6 +15,15 @@ pub mod sentinel;
 
 use crate::event::KeyEvent;
 use ledger::Note;
+
+/// What a keyevent says about a hash, for the field ledger (`source::fields`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    /// `hpersist`, `hdel`, `hexpired`, `del`: fields may be gone; look at the known ones.
+    Check,
+    /// `hexpire`: some field got a deadline; walk the hash.
+    Learn,
+}
 
 /// What every source reports: the one type that flows from the sources to the engine.
 #[derive(Debug)]
@@ -24,6 +34,12 @@ pub enum Signal {
         db: u32,
         key: Vec<u8>,
         note: Note,
+    },
+    /// A keyevent about a hash's fields, for the field ledger (`source::fields`).
+    Hash {
+        db: u32,
+        key: Vec<u8>,
+        change: Change,
     },
     /// An `expiring` event from the scanner ([`crate::source::scanner`]), for the rules it
     /// names only: each rule has its own `warn_before`, and this instance claimed each warning.

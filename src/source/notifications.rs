@@ -30,6 +30,9 @@ pub fn channels(dbs: &[u32], kinds: &[EventKind], ledger: Option<&str>) -> Vec<S
     let mut out = Vec::new();
     for db in dbs {
         let mut names: Vec<&str> = kinds.iter().filter_map(|k| k.redis_event()).collect();
+        if kinds.contains(&EventKind::Hexpired) {
+            names.extend(crate::source::fields::CHANNELS);
+        }
         if ledger.is_some() {
             names.extend([
                 "expire",
@@ -59,6 +62,7 @@ pub fn channels(dbs: &[u32], kinds: &[EventKind], ledger: Option<&str>) -> Vec<S
 pub enum Channel {
     Event(EventKind),
     Deadline(Note),
+    Hash(crate::source::Change),
 }
 
 /// `__keyevent@3__:expired` → (3, Event(Expired)); `__keyevent@0__:expire` → (0, Deadline(Expire)).
@@ -72,7 +76,7 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Channel)> {
         "expire" => Channel::Deadline(Note::Expire),
         "rename_to" => Channel::Deadline(Note::RenameTo),
         "persist" | "rename_from" => Channel::Deadline(Note::Forget),
-        _ => return None,
+        other => Channel::Hash(crate::source::fields::change_of(other)?),
     };
     // As Redis writes it (`%d`): `u32::from_str` would also take `+0` and `007`.
     let canonical = db == "0" || (!db.starts_with('0') && !db.is_empty());
@@ -94,6 +98,7 @@ pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal
             kind,
             db,
             key,
+            field: None,
             observed_at: now,
             deadline: None,
             ttl_ms: None,
@@ -101,6 +106,7 @@ pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal
             source: node.to_string(),
         }),
         Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
+        Some((db, Channel::Hash(change))) => Signal::Hash { db, key, change },
         None if !channel.starts_with("__keyevent@") => Signal::Marker {
             node: node.to_string(),
             payload: key,

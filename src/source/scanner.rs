@@ -578,6 +578,7 @@ impl Scanner {
                 kind: EventKind::Expiring,
                 db,
                 key: key.clone(),
+                field: None,
                 observed_at,
                 deadline: DateTime::from_timestamp_millis(*deadline),
                 ttl_ms: Some((deadline - observed_at.timestamp_millis()).max(0)),

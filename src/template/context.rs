@@ -27,6 +27,7 @@ pub const CONTEXT_NAMES: &[&str] = &[
     "now",
     "count",
     "events",
+    "field",
     "gap",
     "gap_ms",
 ];
@@ -87,6 +88,10 @@ impl Context {
             deadline: event.deadline,
             late_ms: event.late_ms(),
             recovered: event.recovered,
+            field: event
+                .field
+                .as_ref()
+                .map(|f| Value::from(bytestr::encode(f).into_owned())),
         })
     }
 
@@ -129,6 +134,7 @@ impl Context {
             deadline,
             late_ms,
             recovered: false,
+            field: (kind == EventKind::Hexpired).then(|| Value::from("<field>")),
         })
     }
 
@@ -203,6 +209,8 @@ impl Context {
         set("late_ms", Value::from(p.late_ms));
         set("recovered", Value::from(p.recovered));
         set("now", Value::from(rfc3339(Utc::now())));
+        // Only `hexpired` events have one; `none` elsewhere, like `ttl_ms` outside `expiring`.
+        set("field", p.field.unwrap_or_else(|| Value::from(())));
         Context {
             root: Value::from(vars),
         }
@@ -220,6 +228,7 @@ struct Parts<'a> {
     deadline: Option<DateTime<Utc>>,
     late_ms: Option<i64>,
     recovered: bool,
+    field: Option<Value>,
 }
 
 /// The timestamp format of SPEC §4 (`2026-11-29T10:15:00.000Z`), also used in templates so that

@@ -12,6 +12,7 @@ fn event(key: &[u8]) -> KeyEvent {
         kind: EventKind::Expired,
         db: 0,
         key: key.to_vec(),
+        field: None,
         observed_at: at("2026-11-29T10:15:00.012Z"),
         deadline: Some(at("2026-11-29T10:15:00Z")),
         ttl_ms: None,

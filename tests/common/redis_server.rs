@@ -36,6 +36,8 @@ const SENTINEL_READY_LINE: &str = "+monitor master";
 /// How to start a [`RedisServer`]; see [`RedisServer::builder`].
 #[derive(Clone, Debug, Default)]
 pub struct RedisServerBuilder {
+    /// The server binary; default [`redis_server_bin`].
+    bin: Option<PathBuf>,
     notify_keyspace_events: Option<String>,
     args: Vec<OsString>,
     username: Option<String>,
@@ -76,6 +78,12 @@ pub(crate) struct ClusterMode {
 }
 
 impl RedisServerBuilder {
+    /// Runs `bin` instead of the default server (say, [`super::tools::valkey_server_bin`]).
+    pub fn binary(mut self, bin: PathBuf) -> Self {
+        self.bin = Some(bin);
+        self
+    }
+
     /// `notify-keyspace-events`, e.g. `"Ex"`. Default: not set, so the server's own default
     /// (none) applies.
     pub fn notify_keyspace_events(mut self, flags: &str) -> Self {
@@ -167,7 +175,7 @@ impl RedisServerBuilder {
             .tempdir()
             .expect("create a temp dir for redis-server");
         let mut server = RedisServer {
-            bin: redis_server_bin(),
+            bin: self.bin.clone().unwrap_or_else(redis_server_bin),
             settings: self,
             dir,
             port: 0,

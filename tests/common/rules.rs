@@ -92,7 +92,9 @@ pub fn log_rule_config() -> keywatch::config::Config {
 
 /// The `ACL SETUSER keywatch …` lines of the least-privilege section of `docs/redis.md`, in
 /// order: the line every deployment needs, then the one that adds cleanup. Tests run keywatch and
-/// doctor under exactly these, so the documentation and reality cannot drift apart.
+/// doctor under exactly these, so the documentation and reality cannot drift apart. The third
+/// line, for `hexpired` rules, is left out: the default test server (Redis 7.0) has no hash-field
+/// expiry and refuses it (tests/hash_fields.rs runs those rules on Valkey).
 pub fn documented_acl_lines() -> Vec<String> {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/redis.md"),
@@ -105,7 +107,7 @@ pub fn documented_acl_lines() -> Vec<String> {
     let end = section[4..].find("\n#").map_or(section.len(), |e| e + 4);
     let lines: Vec<String> = section[..end]
         .lines()
-        .filter(|l| l.starts_with("ACL SETUSER keywatch "))
+        .filter(|l| l.starts_with("ACL SETUSER keywatch ") && !l.contains("+hpexpiretime"))
         .map(str::to_string)
         .collect();
     assert_eq!(

@@ -15,6 +15,20 @@ pub fn redis_server_bin() -> PathBuf {
     )
 }
 
+/// The pinned valkey-server 9.1.2 (hash-field expiry), whatever `redis-server` is:
+/// `KEYWATCH_VALKEY_SERVER`, else fetched once into the cache (`.ci/valkey-server` fetches the
+/// same pin). Panics saying how to fix it when it cannot be had.
+pub fn valkey_server_bin() -> PathBuf {
+    keywatch::keyspace::server_fetch::valkey_binary().unwrap_or_else(|e| {
+        panic!(
+            "these tests need valkey-server 9.1.2 (hash-field expiry), and it could not be fetched: \
+             {e}. Fetch it with `bash .ci/valkey-server` (needs the network once) and set \
+             KEYWATCH_VALKEY_SERVER to the path it prints, or point KEYWATCH_VALKEY_SERVER at a \
+             valkey-server 9.x you have."
+        )
+    })
+}
+
 fn find_tool(variable: &str, name: &str, what: &str) -> PathBuf {
     if let Some(value) = std::env::var_os(variable).filter(|v| !v.is_empty()) {
         let path = PathBuf::from(&value);

@@ -128,6 +128,9 @@ pub async fn diagnose(config: &Config, url: &Secret) -> Report {
         server(&mut report, config, info);
         role(&mut report, info, &node);
     }
+    if config.watches_fields() {
+        hash_fields(&mut report, &mut conn, &node).await;
+    }
     let cluster = config.redis.cluster || info.as_ref().is_some_and(Info::cluster_enabled);
     if cluster {
         cluster::check(&mut report, config, url, &mut conn, info.as_ref()).await;
@@ -221,6 +224,22 @@ fn server(report: &mut Report, config: &Config, info: &Info) {
                 s.version_text
             ),
             Some("upgrade to Redis 7.0 or later, or Valkey".into()),
+        ),
+    }
+}
+
+/// `hexpired` rules need hash-field expiry (Valkey says `redis_version:7.2.4`: see
+/// [`crate::source::fields::support`]).
+async fn hash_fields(report: &mut Report, conn: &mut MultiplexedConnection, node: &str) {
+    match crate::source::fields::support(conn, node).await {
+        Ok(()) => report.ok(
+            "hash-fields",
+            format!("{node} expires hash fields: `hexpired` rules can be watched"),
+        ),
+        Err(why) => report.fail(
+            "hash-fields",
+            why,
+            Some("upgrade to Redis 7.4 or later, or Valkey 9.0 or later".into()),
         ),
     }
 }

@@ -144,6 +144,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::engine::silences::REDIS,
     &crate::delivery::ratelimit::REDIS,
     &crate::source::ledger::REDIS,
+    &crate::source::fields::REDIS,
     &crate::source::scanner::REDIS,
     &crate::command::doctor::REDIS,
     &crate::command::doctor::cluster::REDIS,
@@ -187,6 +188,7 @@ fn applies(config: &Config, when: When) -> bool {
     match when {
         When::Always | When::DetailRemoved | When::Cleanup => true,
         When::Ledger => config.uses_ledger(),
+        When::Fields => config.watches_fields(),
         When::Expiring => config.event_kinds().contains(&EventKind::Expiring),
         When::EnableNotifications => config.redis.notifications == Notifications::Enable,
         When::OtherDatabase => config.redis.databases.iter().any(|&db| db != 0),
@@ -264,6 +266,7 @@ fn rule_fills(config: &Config, rule: &Rule, u: &Use) -> Vec<Fill> {
                 .iter()
                 .any(|k| rule.on.contains(k)),
             When::Expiring => rule.on.contains(&EventKind::Expiring),
+            When::Fields => rule.watches_fields(),
             _ => true,
         };
         return match follows {
@@ -273,12 +276,13 @@ fn rule_fills(config: &Config, rule: &Rule, u: &Use) -> Vec<Fill> {
     }
     // Templates are rendered with a stand-in for every capture, so the glob of each key an
     // action touches comes out with `*` where the key's own text goes.
-    let names = rule.pattern.capture_names();
+    let names = rule.capture_names();
     let values = vec![SAMPLE.as_bytes().to_vec(); names.len()];
     let event = KeyEvent {
         kind: rule.on.first().copied().unwrap_or(EventKind::Expired),
         db: 0,
         key: sample_of(glob),
+        field: rule.watches_fields().then(|| SAMPLE.as_bytes().to_vec()),
         observed_at: chrono::Utc::now(),
         deadline: None,
         ttl_ms: None,
@@ -456,14 +460,37 @@ fn base_commands() -> Vec<&'static str> {
     out
 }
 
-/// What `config`'s rules add to the base line: the commands the base leaves out, and write
-/// access to exactly what they delete. `None` when they add nothing.
+/// The commands only `hexpired` rules send. They go on an ACL line of their own: a server
+/// without hash-field expiry refuses a line that names `hpexpiretime`.
+fn field_commands() -> Vec<&'static str> {
+    let base = base_commands();
+    let mut out: Vec<&str> = Vec::new();
+    for u in REGISTRY.iter().flat_map(|d| d.uses) {
+        if u.when == When::Fields && !base.contains(&u.command) && !out.contains(&u.command) {
+            out.push(u.command);
+        }
+    }
+    out
+}
+
+/// What `config`'s `hexpired` rules add: `None` without such rules.
+pub fn fields_acl_line(config: &Config) -> Option<String> {
+    config.watches_fields().then(|| {
+        let grants: Vec<String> = field_commands().iter().map(|c| format!("+{c}")).collect();
+        format!("ACL SETUSER keywatch {}", grants.join(" "))
+    })
+}
+
+/// What `config`'s rules add to the base line: the commands the base leaves out (but those of
+/// [`fields_acl_line`]), and write access to exactly what they delete. `None` when they add
+/// nothing.
 pub fn rules_acl_line(config: &Config) -> Option<String> {
     let base = base_commands();
+    let fields = field_commands();
     let needs = needs(config);
     let commands = needs
         .iter()
-        .filter(|n| !base.contains(&n.command.as_str()))
+        .filter(|n| !base.contains(&n.command.as_str()) && !fields.contains(&n.command.as_str()))
         .map(|n| format!("+{}", n.command));
     let keys = needs.iter().filter_map(|n| match &n.key {
         Some((glob, access)) if n.conn == Conn::Watched && *access != Access::Read => {
@@ -799,6 +826,7 @@ mod tests {
         let derived = [
             base_acl_line(&rules.state.prefix),
             rules_acl_line(&rules).expect("the example rules delete something"),
+            fields_acl_line(&rules).expect("an example rule watches hash fields"),
         ];
         assert_eq!(
             documented,

@@ -112,6 +112,11 @@ pub async fn run(
         flags::ensure(&mut conn, &config, n)
             .await
             .map_err(StartError::Notifications)?;
+        if config.watches_fields() {
+            crate::source::fields::support(&mut conn, n)
+                .await
+                .map_err(StartError::Redis)?;
+        }
     }
 
     let metrics = Arc::new(Metrics::new());
@@ -163,6 +168,13 @@ pub async fn run(
     let intake = Intake::new(state.clone(), &config.state.prefix, &instance);
     let silenced = Arc::new(silences::Active::default());
     let (tx, rx) = mpsc::channel(crate::source::notifications::backlog().0);
+    let fields =
+        crate::source::fields::Fields::new(state.clone(), keyspace.clone(), &config.state.prefix);
+    tokio::spawn(
+        fields
+            .clone()
+            .run(live.clone(), tx.clone(), subscribers.clone()),
+    );
     let scanner = tokio::spawn(keep_scanner(
         live.clone(),
         Scanner::new(
@@ -269,6 +281,7 @@ pub async fn run(
         ledger: Some(ledger.clone()),
         intake,
         silenced: silenced.clone(),
+        fields: Some(fields),
         markers: Default::default(),
         refreshing: Default::default(),
     };

@@ -1,0 +1,773 @@
+//! Hash-field expiry (`on: [hexpired]`): which field expired, on time, and the ones missed.
+//!
+//! The server's `hexpired` keyevent names only the hash, comes once per expiry cycle for however
+//! many fields went, and about 100 ms late at p99; reading a due field (`HPEXPIRETIME`, `HGET`)
+//! answers "gone" but neither reclaims it nor publishes anything (checked on Valkey 9.1.2). So,
+//! like the key ledger ([`super::ledger`]), keywatch keeps the deadlines of the fields its rules
+//! watch in Redis (shared by instances, surviving restarts):
+//!
+//! - `{prefix}fields:{db}`: a sorted set of `LEN:KEYFIELD` members (the key's length, a colon,
+//!   the key's bytes, the field's bytes) scored by deadline, for the poker;
+//! - `{prefix}fields:{db}:h:KEY`: per watched hash, field → deadline, to find a hash's fields.
+//!
+//! Deadlines are learnt when a hash changes (`hexpire`: the hash is walked with `HSCAN … NOVALUES`
+//! and its fields' deadlines read with `HPEXPIRETIME`, paced; one walk covers every `hexpire` heard
+//! meanwhile), and at start-up and after every resubscription by a paced `SCAN … TYPE hash`.
+//! `hpersist`, `hdel`, `del` and `hexpired` make keywatch look again at the fields it knows of
+//! that hash only.
+//!
+//! A known deadline that has come is read again; a field the server calls gone is reported as a
+//! `hexpired` event with its field, there and then. Taking it out of the ledger is one step of
+//! the intake script ([`crate::engine::intake`], mode `F`) with its claim and record, so a
+//! crash between finding it and storing its jobs leaves it in the ledger for the restart, which
+//! reports it `recovered` (its deadline came before this instance started).
+//!
+//! Not seen: a field whose deadline is set and comes before keywatch learns it (shorter than the
+//! learning lag), and, without flag `g`, a hash deleted outright (`DEL`) before its fields' deadlines
+//! (its fields then look expired at their deadlines).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, LiveConfig};
+use crate::event::{EventKind, KeyEvent};
+use crate::keyspace::clock::now_ms;
+use crate::keyspace::{Conn, Keyspace};
+use crate::source::{Change, Signal};
+
+/// The keyevents that tell about a hash's fields (under flags `h`, `x`, and `g` for `del`).
+pub const CHANNELS: [&str; 5] = ["hexpire", "hpersist", "hdel", "hexpired", "del"];
+
+/// How often due fields are looked for.
+const POKE_EVERY: Duration = Duration::from_millis(2);
+/// Due fields read per round trip.
+const POKE_BATCH: usize = 2000;
+/// Fields per `HSCAN` page and per `HPEXPIRETIME`.
+const PAGE: usize = 1000;
+/// A due field reported to the engine is not reported again for this long (the engine takes it
+/// out of the ledger meanwhile, or it was lost with a crash and the restart finds it).
+const RESEND_AFTER: Duration = Duration::from_secs(5);
+
+/// The `Change` a keyevent name stands for.
+pub fn change_of(event: &str) -> Option<Change> {
+    match event {
+        "hexpire" => Some(Change::Learn),
+        "hpersist" | "hdel" | "hexpired" => Some(Change::Check),
+        _ => None,
+    }
+}
+
+/// The ledger member of `field` of hash `key`.
+pub fn member(key: &[u8], field: &[u8]) -> Vec<u8> {
+    let mut m = format!("{}:", key.len()).into_bytes();
+    m.extend_from_slice(key);
+    m.extend_from_slice(field);
+    m
+}
+
+/// A member back into key and field; `None` for bytes no [`member`] wrote.
+pub fn split(m: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    let colon = m.iter().position(|b| *b == b':')?;
+    let len: usize = std::str::from_utf8(&m[..colon]).ok()?.parse().ok()?;
+    let rest = &m[colon + 1..];
+    (rest.len() >= len).then(|| (rest[..len].to_vec(), rest[len..].to_vec()))
+}
+
+/// Whether the server expires hash fields: `Err` says which version is needed and what it runs.
+///
+/// Valkey reports `redis_version:7.2.4` whatever its own version, so `valkey_version` decides
+/// there; a server that reports neither enough is asked `HPEXPIRETIME` itself.
+pub async fn support(conn: &mut impl redis::aio::ConnectionLike, node: &str) -> Result<(), String> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    };
+    let (product, version, enough) = match (field("valkey_version"), field("redis_version")) {
+        (Some(v), _) => ("Valkey", v.clone(), at_least(&v, (9, 0))),
+        (None, Some(v)) => ("Redis", v.clone(), at_least(&v, (7, 4))),
+        (None, None) => ("the server", "of unknown version".to_string(), false),
+    };
+    if enough {
+        return Ok(());
+    }
+    let tried: redis::RedisResult<redis::Value> = redis::cmd("HPEXPIRETIME")
+        .arg("keywatch:doctor:probe")
+        .arg("FIELDS")
+        .arg(1)
+        .arg("f")
+        .query_async(conn)
+        .await;
+    match tried {
+        Ok(_) => Ok(()),
+        Err(_) => Err(format!(
+            "`hexpired` rules need hash-field expiry, which {node} lacks: it runs {product} {version}; Redis 7.4 or later, or Valkey 9.0 or later, is needed (upgrade the server, or remove the `hexpired` rules)"
+        )),
+    }
+}
+
+/// Whether a field's expiry at `deadline` was reported within [`RESEND_AFTER`].
+fn was_sent(sent: Option<&(i64, Instant)>, deadline: i64) -> bool {
+    sent.is_some_and(|(d, at)| *d == deadline && at.elapsed() < RESEND_AFTER)
+}
+
+/// Whether a dotted version is at least `(major, minor)`.
+fn at_least(version: &str, want: (u32, u32)) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= want
+}
+
+/// The field ledger of one keywatch instance.
+#[derive(Clone)]
+pub struct Fields {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Conn,
+    keyspace: Keyspace,
+    prefix: String,
+    /// Hashes to look at again, with the most a keyevent asked (a walk covers a check).
+    dirty: Mutex<BTreeMap<(u32, Vec<u8>), Change>>,
+    /// Set by a (re)subscription: walk every watched hash again.
+    fill: std::sync::atomic::AtomicBool,
+    wake: Notify,
+    /// Deadlines before this were due while this instance was not running: found `recovered`.
+    started_ms: i64,
+    /// Due members reported to the engine: the deadline reported, and when (a new deadline of
+    /// the same field is a new expiry, reported at once).
+    sent: Mutex<HashMap<Vec<u8>, (i64, Instant)>>,
+}
+
+impl Fields {
+    pub fn new(state: Conn, keyspace: Keyspace, prefix: &str) -> Fields {
+        Fields {
+            inner: Arc::new(Inner {
+                state,
+                keyspace,
+                prefix: prefix.to_string(),
+                dirty: Mutex::default(),
+                fill: std::sync::atomic::AtomicBool::new(false),
+                wake: Notify::new(),
+                started_ms: now_ms(),
+                sent: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The sorted set of field deadlines of `db`.
+    pub fn zset(prefix: &str, db: u32) -> String {
+        format!("{prefix}fields:{db}")
+    }
+
+    /// The per-hash index of `key` in `db`: field → deadline.
+    pub fn index(prefix: &str, db: u32, key: &[u8]) -> Vec<u8> {
+        let mut k = format!("{prefix}fields:{db}:h:").into_bytes();
+        k.extend_from_slice(key);
+        k
+    }
+
+    /// A keyevent about hash `key` (the engine calls this; the work happens in [`Fields::run`]).
+    pub fn notice(&self, db: u32, key: Vec<u8>, change: Change) {
+        let mut dirty = self.inner.dirty.lock().unwrap_or_else(|p| p.into_inner());
+        let e = dirty.entry((db, key)).or_insert(change);
+        *e = (*e).max(change);
+        drop(dirty);
+        self.inner.wake.notify_one();
+    }
+
+    /// Events may have been lost (a resubscription): walk every watched hash again.
+    pub fn resync(&self) {
+        self.inner
+            .fill
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.wake.notify_one();
+    }
+
+    fn state(&self) -> Conn {
+        self.inner.state.clone()
+    }
+
+    /// The known deadlines of the fields of `key`.
+    async fn known(&self, db: u32, key: &[u8]) -> redis::RedisResult<HashMap<Vec<u8>, i64>> {
+        let all: Vec<(Vec<u8>, i64)> = redis::cmd("HGETALL")
+            .arg(Self::index(&self.inner.prefix, db, key))
+            .query_async(&mut self.state())
+            .await?;
+        Ok(all.into_iter().collect())
+    }
+
+    /// Reads the deadlines of `fields` of `key` (`-2` gone, `-1` none), at most `per_second`
+    /// fields a second.
+    async fn deadlines(
+        &self,
+        db: u32,
+        key: &[u8],
+        fields: &[Vec<u8>],
+        per_second: u64,
+    ) -> redis::RedisResult<Vec<i64>> {
+        let mut out = Vec::with_capacity(fields.len());
+        let mut conn = self.inner.keyspace.conn(db).await?;
+        let started = Instant::now();
+        for chunk in fields.chunks(PAGE) {
+            let should_take = Duration::from_secs_f64(out.len() as f64 / per_second.max(1) as f64);
+            if let Some(wait) = should_take.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+            let d: Vec<i64> = redis::cmd("HPEXPIRETIME")
+                .arg(key)
+                .arg("FIELDS")
+                .arg(chunk.len())
+                .arg(chunk)
+                .query_async(&mut conn)
+                .await?;
+            out.extend(d);
+        }
+        Ok(out)
+    }
+
+    /// Writes deadlines (`Some`) and forgets fields (`None`) of `key`.
+    async fn write(
+        &self,
+        db: u32,
+        key: &[u8],
+        changes: &[(Vec<u8>, Option<i64>)],
+    ) -> redis::RedisResult<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let zset = Self::zset(&self.inner.prefix, db);
+        let index = Self::index(&self.inner.prefix, db, key);
+        let mut pipe = redis::pipe();
+        for (f, d) in changes {
+            match d {
+                Some(d) => {
+                    pipe.cmd("ZADD")
+                        .arg(&zset)
+                        .arg(d)
+                        .arg(member(key, f))
+                        .ignore();
+                    pipe.cmd("HSET").arg(&index).arg(f).arg(d).ignore();
+                }
+                None => {
+                    pipe.cmd("ZREM").arg(&zset).arg(member(key, f)).ignore();
+                    pipe.cmd("HDEL").arg(&index).arg(f).ignore();
+                }
+            }
+        }
+        pipe.exec_async(&mut self.state()).await
+    }
+
+    /// The event of a field found gone at or after its deadline.
+    fn event(&self, db: u32, key: &[u8], field: &[u8], deadline_ms: i64) -> Signal {
+        Signal::Event(KeyEvent {
+            kind: EventKind::Hexpired,
+            db,
+            key: key.to_vec(),
+            field: Some(field.to_vec()),
+            observed_at: crate::keyspace::clock::now(),
+            deadline: chrono::DateTime::from_timestamp_millis(deadline_ms),
+            ttl_ms: None,
+            recovered: deadline_ms < self.inner.started_ms,
+            source: self.inner.keyspace.node(),
+        })
+    }
+
+    /// Whether `m` due at `deadline` may be reported now (not reported within
+    /// [`RESEND_AFTER`]); marks it reported.
+    fn may_send(&self, m: &[u8], deadline: i64) -> bool {
+        let mut sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        if sent.len() > 100_000 {
+            sent.retain(|_, (_, at)| now.duration_since(*at) < RESEND_AFTER);
+        }
+        if was_sent(sent.get(m), deadline) {
+            return false;
+        }
+        sent.insert(m.to_vec(), (deadline, now));
+        true
+    }
+
+    /// Judges known fields of `key` against what the server says now: gone past the deadline is
+    /// an expiry (reported); gone before it was a delete, and no deadline a persist (forgotten);
+    /// another deadline is recorded. `now` holds the server's answers, in the order of `known`.
+    async fn judge(
+        &self,
+        db: u32,
+        key: &[u8],
+        known: &[(Vec<u8>, i64)],
+        now: &[i64],
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<bool> {
+        let mut changes = Vec::new();
+        let mut events = Vec::new();
+        let due_by = now_ms() + SKEW_MS;
+        for ((f, d), t) in known.iter().zip(now) {
+            match *t {
+                // Already reported and not yet taken: left alone, not forgotten.
+                -2 if *d <= due_by => events.extend(
+                    self.may_send(&member(key, f), *d)
+                        .then(|| self.event(db, key, f, *d)),
+                ),
+                -2 | -1 => changes.push((f.clone(), None)),
+                t if t > 0 && t != *d => changes.push((f.clone(), Some(t))),
+                _ => {}
+            }
+        }
+        self.write(db, key, &changes).await?;
+        for e in events {
+            if tx.send(e).await.is_err() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Looks at the known fields of `key` again (after `hpersist`, `hdel`, `hexpired`, `del`).
+    async fn check(
+        &self,
+        db: u32,
+        key: &[u8],
+        per_second: u64,
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<bool> {
+        let known: Vec<(Vec<u8>, i64)> = self.known(db, key).await?.into_iter().collect();
+        if known.is_empty() {
+            return Ok(true);
+        }
+        let fields: Vec<Vec<u8>> = known.iter().map(|(f, _)| f.clone()).collect();
+        let now = self.deadlines(db, key, &fields, per_second).await?;
+        self.judge(db, key, &known, &now, tx).await
+    }
+
+    /// Walks hash `key` and records the deadlines of the fields the rules watch, at most
+    /// `per_second` fields a second; then judges the known fields the walk did not meet.
+    async fn learn(
+        &self,
+        db: u32,
+        key: &[u8],
+        config: &Config,
+        per_second: u64,
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<bool> {
+        let mut known = self.known(db, key).await?;
+        let mut conn = self.inner.keyspace.conn(db).await?;
+        let started = Instant::now();
+        let mut walked: u64 = 0;
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<Vec<u8>>) = redis::cmd("HSCAN")
+                .arg(key)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(PAGE)
+                .arg("NOVALUES")
+                .query_async(&mut conn)
+                .await?;
+            walked += page.len() as u64;
+            let fields: Vec<Vec<u8>> = page
+                .into_iter()
+                .filter(|f| config.wants_field(db, key, f))
+                .collect();
+            let now = self.deadlines(db, key, &fields, u64::MAX).await?;
+            let mut changes = Vec::new();
+            for (f, t) in fields.into_iter().zip(now) {
+                match (t, known.get(&f)) {
+                    // Gone since the page was read: judged with the rest below.
+                    (-2, Some(_)) => continue,
+                    (t, had) if t > 0 && had != Some(&t) => changes.push((f.clone(), Some(t))),
+                    (-1, Some(_)) => changes.push((f.clone(), None)),
+                    _ => {}
+                }
+                known.remove(&f);
+            }
+            self.write(db, key, &changes).await?;
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+            let should_take = Duration::from_secs_f64(walked as f64 / per_second.max(1) as f64);
+            if let Some(wait) = should_take.checked_sub(started.elapsed()) {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        // Known fields the walk did not meet are gone (HSCAN skips a field past its deadline).
+        let rest: Vec<(Vec<u8>, i64)> = known.into_iter().collect();
+        if rest.is_empty() {
+            return Ok(true);
+        }
+        let fields: Vec<Vec<u8>> = rest.iter().map(|(f, _)| f.clone()).collect();
+        let now = self.deadlines(db, key, &fields, per_second).await?;
+        self.judge(db, key, &rest, &now, tx).await
+    }
+
+    /// One round of the poker for `db`: reads every due field again and reports those gone.
+    /// Returns how many were read (fields reported and not yet taken are not read again).
+    async fn poke(&self, db: u32, tx: &mpsc::Sender<Signal>) -> redis::RedisResult<usize> {
+        let due: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(Self::zset(&self.inner.prefix, db))
+            .arg("-inf")
+            .arg(now_ms() - 1)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(POKE_BATCH)
+            .arg("WITHSCORES")
+            .query_async(&mut self.state())
+            .await?;
+        let mut by_key: BTreeMap<Vec<u8>, Vec<(Vec<u8>, i64)>> = BTreeMap::new();
+        {
+            let sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
+            for (m, d) in due {
+                if was_sent(sent.get(&m), d as i64) {
+                    continue;
+                }
+                if let Some((k, f)) = split(&m) {
+                    by_key.entry(k).or_default().push((f, d as i64));
+                }
+            }
+        }
+        // Only fields read count: a batch of fields waiting for the engine is not a reason to
+        // ask again at once.
+        let n = by_key.values().map(Vec::len).sum();
+        if n == 0 {
+            return Ok(0);
+        }
+        let conn = self.inner.keyspace.conn(db).await?;
+        let cmds = by_key
+            .iter()
+            .map(|(k, fs)| {
+                let mut c = redis::cmd("HPEXPIRETIME");
+                c.arg(k).arg("FIELDS").arg(fs.len());
+                for (f, _) in fs {
+                    c.arg(f);
+                }
+                c
+            })
+            .collect();
+        let answers: Vec<Vec<i64>> = conn.each(cmds).await?;
+        for ((k, fs), now) in by_key.iter().zip(answers) {
+            if !self.judge(db, k, fs, &now, tx).await? {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
+    /// What the server says now of each (key, field, _) of `known`: its deadline, `-1` none,
+    /// `-2` gone.
+    pub async fn deadlines_of(
+        conn: &Conn,
+        known: &[(Vec<u8>, Vec<u8>, i64)],
+    ) -> redis::RedisResult<Vec<i64>> {
+        let cmds = known
+            .iter()
+            .map(|(k, f, _)| {
+                let mut c = redis::cmd("HPEXPIRETIME");
+                c.arg(k).arg("FIELDS").arg(1).arg(f);
+                c
+            })
+            .collect();
+        let answers: Vec<Vec<i64>> = conn.each(cmds).await?;
+        Ok(answers
+            .into_iter()
+            .map(|a| a.first().copied().unwrap_or(-2))
+            .collect())
+    }
+
+    /// Walks every hash the `hexpired` rules' key patterns may name (paced `SCAN … TYPE hash`).
+    async fn fill(
+        &self,
+        config: &Config,
+        per_second: u64,
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<usize> {
+        let mut globs: Vec<Vec<u8>> = config
+            .rules
+            .iter()
+            .filter(|r| r.watches_fields())
+            .map(|r| r.pattern.scan_glob().to_vec())
+            .collect();
+        globs.sort();
+        globs.dedup();
+        let mut hashes = 0;
+        for &db in &config.redis.databases {
+            for node in self.inner.keyspace.scan_conns(db).await? {
+                for glob in &globs {
+                    let mut conn = node.clone();
+                    let mut cursor: u64 = 0;
+                    loop {
+                        let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                            .arg(cursor)
+                            .arg("MATCH")
+                            .arg(glob)
+                            .arg("COUNT")
+                            .arg(PAGE)
+                            .arg("TYPE")
+                            .arg("hash")
+                            .query_async(&mut conn)
+                            .await?;
+                        for k in keys.iter().filter(|k| {
+                            !k.starts_with(self.inner.prefix.as_bytes()) && config.wants_hash(db, k)
+                        }) {
+                            hashes += 1;
+                            if !self.learn(db, k, config, per_second, tx).await? {
+                                return Ok(hashes);
+                            }
+                        }
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                    }
+                }
+            }
+        }
+        Ok(hashes)
+    }
+
+    /// Pokes, learns and checks until `shutdown` (or the engine is gone), while some rule in
+    /// force watches fields. The poker and the learner run side by side: a long walk of a big
+    /// hash never holds back a due field. Errors are logged and retried after a pause.
+    pub async fn run(
+        self,
+        live: LiveConfig,
+        tx: mpsc::Sender<Signal>,
+        shutdown: CancellationToken,
+    ) {
+        tokio::join!(
+            self.keep(&live, &tx, &shutdown, "poker", Self::poke_all),
+            self.keep(&live, &tx, &shutdown, "learner", Self::learn_dirty),
+        );
+    }
+
+    /// Runs `step` every [`POKE_EVERY`] (or when woken) under the rules in force, until
+    /// `shutdown` or until `step` says the engine is gone.
+    async fn keep<'a, F, Fut>(
+        &'a self,
+        live: &'a LiveConfig,
+        tx: &'a mpsc::Sender<Signal>,
+        shutdown: &CancellationToken,
+        what: &str,
+        step: F,
+    ) where
+        F: Fn(&'a Self, Arc<Config>, &'a mpsc::Sender<Signal>) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<bool>>,
+    {
+        let mut tick = tokio::time::interval(POKE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let config = live.current();
+            let pause = if !config.watches_fields() {
+                Some(Duration::from_secs(1))
+            } else {
+                // Cancelled mid-step at shutdown: every step can be cut anywhere (what it wrote
+                // stands; what it had not reached is done by the next run).
+                let done = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    done = step(self, config, tx) => done,
+                };
+                match done {
+                    Ok(true) => None,
+                    Ok(false) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "Field ledger {what}: Redis error; retrying in a second.");
+                        Some(Duration::from_secs(1))
+                    }
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
+                _ = tick.tick(), if pause.is_none() => {}
+                _ = self.inner.wake.notified(), if pause.is_none() && what == "learner" => {}
+            }
+        }
+    }
+
+    /// Every database's due fields, a batch at a time while whole batches are new.
+    async fn poke_all(
+        &self,
+        config: Arc<Config>,
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<bool> {
+        for &db in &config.redis.databases {
+            while self.poke(db, tx).await? == POKE_BATCH {}
+        }
+        Ok(!tx.is_closed())
+    }
+
+    /// The hashes keyevents named since the last round, one at a time (one put back when Redis
+    /// fails on it), then a fill if one was asked for. `Ok(false)`: the engine is gone.
+    async fn learn_dirty(
+        &self,
+        config: Arc<Config>,
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<bool> {
+        let pace = config
+            .scanner
+            .as_ref()
+            .map_or(50_000, |s| s.max_keys_per_second);
+        loop {
+            let next = self
+                .inner
+                .dirty
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_first();
+            let Some(((db, key), change)) = next else {
+                break;
+            };
+            let done = match change {
+                Change::Learn => self.learn(db, &key, &config, pace, tx).await,
+                Change::Check => self.check(db, &key, pace, tx).await,
+            };
+            match done {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => {
+                    self.notice(db, key, change);
+                    return Err(e);
+                }
+            }
+        }
+        if self
+            .inner
+            .fill
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            let started = Instant::now();
+            match self.fill(&config, pace, tx).await {
+                Ok(n) => tracing::info!(
+                    hashes = n,
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "Field ledger: learnt the field deadlines of existing hashes."
+                ),
+                Err(e) => {
+                    self.inner
+                        .fill
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(!tx.is_closed())
+    }
+
+    /// The next `limit` field deadlines of `db` up to `until_ms`, soonest first (for `upcoming`):
+    /// (key, field, deadline).
+    pub async fn upcoming(
+        state: &mut Conn,
+        prefix: &str,
+        db: u32,
+        until_ms: i64,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<(Vec<u8>, Vec<u8>, i64)>> {
+        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(Self::zset(prefix, db))
+            .arg("-inf")
+            .arg(until_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .arg("WITHSCORES")
+            .query_async(state)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(m, d)| split(&m).map(|(k, f)| (k, f, d as i64)))
+            .collect())
+    }
+}
+
+/// A field read gone this much before its recorded deadline still counts as expired (clocks of
+/// keywatch and the server differ by up to this); earlier, it was deleted.
+const SKEW_MS: i64 = 2;
+
+crate::keyspace::commands::declare! {
+    /// The commands of the field ledger ([`crate::keyspace::commands`]).
+    const WHY = "field ledger: deadlines of watched hash fields";
+    [
+        Use::new(Conn::Watched, "info", "field ledger: does the server expire hash fields?")
+            .args("server")
+            .when(When::Fields),
+        Use::new(Conn::Watched, "hscan", "field ledger: walks a hash for its fields")
+            .on(Keys::Watched, Access::Read)
+            .args("{key} 0 COUNT 10 NOVALUES")
+            .when(When::Fields),
+        Use::new(Conn::Watched, "hpexpiretime", "field ledger: reads field deadlines")
+            .on(Keys::Watched, Access::Read)
+            .args("{key} FIELDS 1 f")
+            .when(When::Fields),
+        Use::new(Conn::Watched, "scan", "field ledger: finds existing hashes")
+            .on(Keys::Watched, Access::Read)
+            .args("0 MATCH {glob} COUNT 10 TYPE hash")
+            .when(When::Fields),
+        Use::new(Conn::State, "zadd", WHY)
+            .on(Keys::State("fields:*"), Access::Write)
+            .args("{key} 0 k")
+            .when(When::Fields),
+        Use::new(Conn::State, "zrem", WHY)
+            .on(Keys::State("fields:*"), Access::Write)
+            .args("{key} k")
+            .when(When::Fields),
+        Use::new(Conn::State, "zrange", WHY)
+            .on(Keys::State("fields:*"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
+            .when(When::Fields),
+        Use::new(Conn::State, "hset", WHY)
+            .on(Keys::State("fields:*:h:*"), Access::Write)
+            .args("{key} f 0")
+            .when(When::Fields),
+        Use::new(Conn::State, "hdel", WHY)
+            .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
+            .args("{key} f")
+            .when(When::Fields),
+        Use::new(Conn::State, "hgetall", WHY)
+            .on(Keys::State("fields:*:h:*"), Access::Read)
+            .args("{key}")
+            .when(When::Fields),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_keep_any_bytes_of_key_and_field() {
+        for (k, f) in [
+            (&b"stock_holds:sh"[..], &b"sku1:o42"[..]),
+            (b"a:b", b":"),
+            (b"", b""),
+            (b"\xff\n", b"12:x"),
+        ] {
+            assert_eq!(split(&member(k, f)), Some((k.to_vec(), f.to_vec())));
+        }
+        assert_eq!(split(b"9:ab"), None);
+        assert_eq!(split(b"x:ab"), None);
+    }
+
+    #[test]
+    fn versions_compare_by_number() {
+        assert!(at_least("7.4.0", (7, 4)));
+        assert!(at_least("9.1.2", (9, 0)));
+        assert!(!at_least("7.2.4", (7, 4)));
+        assert!(!at_least("7.0.15", (7, 4)));
+        assert!(at_least("10.0.0", (9, 0)));
+        assert!(!at_least("", (7, 4)));
+    }
+}

@@ -1,0 +1,467 @@
+//! Hash-field expiry end to end (`on: [hexpired]`, `field:`): the real binary against the pinned
+//! valkey-server 9.1.2 (which has hash-field expiry; the default redis-server 7.0 has not), with a
+//! real HTTP receiver. Fields expire on their own deadlines here: keywatch's point is telling which
+//! field went, on time, and nothing else can make a field expire at a chosen moment.
+//!
+//! On Redis 7.0, `check`, `run` and `doctor` must say which server version `hexpired` needs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::tools::valkey_server_bin;
+use common::{
+    HttpReceiver, Logs, PATIENCE, RedisServer, Request, Rules, run_keywatch, run_subscribed,
+    wait_until,
+};
+
+const RULES: &str = r#"
+channels:
+  hook: { type: webhook, url: "@RECEIVER@/hook" }
+rules:
+  - name: hold
+    match: "holds:{warehouse}"
+    field: "{sku}:{order_id}"
+    on: [hexpired]
+    notify: { to: [hook] }
+  - name: lock
+    match: "lock:{id}"
+    notify: { to: [hook] }
+"#;
+
+/// A valkey-server 9.1.2 with the flags `hexpired` rules need (`x`, `h`), and `g` for the key
+/// ledger of the `lock` rule.
+fn valkey() -> RedisServer {
+    RedisServer::builder()
+        .binary(valkey_server_bin())
+        .notify_keyspace_events("Exgh")
+        .start()
+}
+
+fn rules_for(receiver: &HttpReceiver) -> Rules {
+    Rules::new(&RULES.replace("@RECEIVER@", &receiver.url()))
+}
+
+/// Milliseconds on the server's clock.
+fn server_ms(conn: &mut redis::Connection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(conn).unwrap();
+    s * 1000 + us / 1000
+}
+
+/// Sets `field` of `key` to expire at `at_ms` (server clock).
+fn hold(conn: &mut redis::Connection, key: &str, field: &str, at_ms: i64) {
+    let _: () = redis::cmd("HSET")
+        .arg(key)
+        .arg(field)
+        .arg(1)
+        .query(conn)
+        .unwrap();
+    let set: Vec<i64> = redis::cmd("HPEXPIREAT")
+        .arg(key)
+        .arg(at_ms)
+        .arg("FIELDS")
+        .arg(1)
+        .arg(field)
+        .query(conn)
+        .unwrap();
+    assert_eq!(set, [1], "HPEXPIREAT {key} {field}");
+}
+
+/// (key, field) → (times alerted, recovered, the request's JSON) of the `hold` rule's alerts.
+fn field_alerts(requests: &[Request]) -> BTreeMap<(String, String), (usize, serde_json::Value)> {
+    let mut out: BTreeMap<(String, String), (usize, serde_json::Value)> = BTreeMap::new();
+    for r in requests {
+        let j = r.json();
+        if j["rule"] != "hold" {
+            continue;
+        }
+        let k = (
+            j["key"].as_str().unwrap().to_string(),
+            j["field"].as_str().unwrap_or("<no field>").to_string(),
+        );
+        let e = out.entry(k).or_insert((0, j.clone()));
+        e.0 += 1;
+    }
+    out
+}
+
+/// `doctor --json` on `redis`: its exit code and its `hash-fields` check.
+fn doctor_hash_fields(rules: &Rules, redis: &RedisServer) -> (Option<i32>, serde_json::Value) {
+    let doctor = rules.run(&["doctor", "--redis", &redis.url(), "--json"], &[]);
+    let report: serde_json::Value = serde_json::from_slice(&doctor.stdout).unwrap();
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "hash-fields")
+        .unwrap_or_else(|| panic!("no hash-fields check: {report}"))
+        .clone();
+    (doctor.status.code(), check)
+}
+
+/// The field ledger's size in db 0.
+fn known_fields(conn: &mut redis::Connection) -> usize {
+    redis::cmd("ZCARD")
+        .arg("keywatch:fields:0")
+        .query(conn)
+        .unwrap()
+}
+
+#[test]
+fn every_expired_field_is_alerted_once_with_its_field_and_captures_and_nothing_else() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut conn = redis.conn();
+    let start = server_ms(&mut conn) + 2500;
+    let mut expected = Vec::new();
+    // 200 fields over 4 hashes, due one every 15 ms from 2.5 s on.
+    for i in 0..200 {
+        let key = format!("holds:wh{}", i % 4);
+        let field = format!("sku-{}:order-{i}", i % 7);
+        hold(&mut conn, &key, &field, start + i * 15);
+        expected.push((key, field));
+    }
+    for w in 0..4 {
+        let key = format!("holds:wh{w}");
+        // No TTL: never expires.
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(format!("sku-x:kept-{w}"))
+            .arg(1)
+            .query(&mut conn)
+            .unwrap();
+        // A deadline, then persisted: never expires.
+        hold(
+            &mut conn,
+            &key,
+            &format!("sku-p:persisted-{w}"),
+            start + 500,
+        );
+        let _: Vec<i64> = redis::cmd("HPERSIST")
+            .arg(&key)
+            .arg("FIELDS")
+            .arg(1)
+            .arg(format!("sku-p:persisted-{w}"))
+            .query(&mut conn)
+            .unwrap();
+        // A deadline, then deleted before it (paid): nothing fires.
+        hold(&mut conn, &key, &format!("sku-d:paid-{w}"), start + 1000);
+        let _: () = redis::cmd("HDEL")
+            .arg(&key)
+            .arg(format!("sku-d:paid-{w}"))
+            .query(&mut conn)
+            .unwrap();
+        // A field the pattern does not match: never alerted.
+        hold(&mut conn, &key, &format!("unmatched-{w}"), start + 200);
+    }
+    // Ordinary key rules work alongside.
+    for i in 0..20 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("lock:{i}"))
+            .arg(1)
+            .arg("PX")
+            .arg(1500 + i * 50)
+            .query(&mut conn)
+            .unwrap();
+    }
+    let requests = receiver.wait_for(220, PATIENCE + Duration::from_secs(10));
+    // Anything extra (a second alert, a persisted or deleted field) would come within a second.
+    std::thread::sleep(Duration::from_secs(2));
+    let requests = {
+        let mut all = receiver.requests();
+        all.sort_by_key(|r| r.json()["rule"].as_str().unwrap_or_default().to_string());
+        assert!(all.len() >= requests.len());
+        all
+    };
+    let alerts = field_alerts(&requests);
+    let got: Vec<&(String, String)> = alerts.keys().collect();
+    let mut want: Vec<&(String, String)> = expected.iter().collect();
+    want.sort();
+    assert_eq!(
+        got,
+        want,
+        "exactly the 200 fields with deadlines are alerted\n{}",
+        kw.describe_output()
+    );
+    for ((key, field), (n, j)) in &alerts {
+        assert_eq!(*n, 1, "{key} {field} alerted {n} times");
+        assert_eq!(j["event"], "hexpired");
+        assert_eq!(j["recovered"], false, "{j}");
+        let (sku, order) = field.split_once(':').unwrap();
+        assert_eq!(
+            j["captures"]["warehouse"],
+            key.strip_prefix("holds:").unwrap()
+        );
+        assert_eq!(j["captures"]["sku"], sku);
+        assert_eq!(j["captures"]["order_id"], order);
+        assert!(j["deadline"].is_string() && j["late_ms"].is_i64(), "{j}");
+    }
+    let locks: Vec<String> = requests
+        .iter()
+        .map(Request::json)
+        .filter(|j| j["rule"] == "lock")
+        .map(|j| {
+            assert!(j.get("field").is_none(), "a key event has no field: {j}");
+            j["key"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(locks.len(), 20, "each lock alerted once: {locks:?}");
+    assert_eq!(requests.len(), 220, "nothing else was sent");
+    assert_eq!(
+        known_fields(&mut conn),
+        0,
+        "the field ledger let go of every field"
+    );
+    kw.stop();
+}
+
+#[test]
+fn fields_due_while_keywatch_was_killed_are_recovered_once_after_a_restart() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut conn = redis.conn();
+    let start = server_ms(&mut conn) + 3000;
+    for i in 0..60 {
+        hold(
+            &mut conn,
+            &format!("holds:wh{}", i % 3),
+            &format!("sku-{i}:order-{i}"),
+            start + i * 10,
+        );
+    }
+    // One due after the restart: fired on time, not recovered.
+    hold(&mut conn, "holds:wh0", "sku-late:order-late", start + 9000);
+    wait_until("keywatch learnt the 61 field deadlines", PATIENCE, || {
+        known_fields(&mut conn) == 61
+    });
+    kw.sigkill();
+    // Every one of the 60 falls due while nobody listens.
+    wait_until("the 60 fields are gone", PATIENCE, || {
+        server_ms(&mut conn) > start + 60 * 10 + 500
+    });
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    receiver.wait_for(61, PATIENCE + Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+    let requests = receiver.requests();
+    assert!(requests.len() >= 61);
+    let alerts = field_alerts(&requests);
+    assert_eq!(
+        alerts.len(),
+        61,
+        "{:?}\n{}",
+        alerts.keys(),
+        kw.describe_output()
+    );
+    for ((key, field), (n, j)) in &alerts {
+        assert_eq!(*n, 1, "{key} {field} alerted {n} times");
+        let late = field == "sku-late:order-late";
+        assert_eq!(j["recovered"], !late, "{j}");
+    }
+    assert_eq!(requests.len(), 61, "nothing else was sent");
+    kw.stop();
+}
+
+#[test]
+fn on_redis_7_0_check_run_and_doctor_say_which_server_hexpired_needs() {
+    let redis = RedisServer::with_events("Exgh");
+    let (flavor, version) = redis.flavor();
+    assert!(
+        flavor == "redis" && version < vec![7, 4],
+        "this test needs a server without hash-field expiry; the default is {flavor} {version:?}"
+    );
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let needed = "Redis 7.4 or later, Valkey 9.0 or later";
+
+    let check = rules.run(&["check"], &[]);
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success(), "{stderr}");
+    assert!(stderr.contains("warning: rule `hold`: `hexpired` needs a server with hash-field expiry (Redis 7.4 or later, Valkey 9.0 or later)"), "{stderr}");
+    assert!(String::from_utf8_lossy(&check.stdout).contains("`Exgh`"));
+
+    let run = run_keywatch(
+        [
+            "run",
+            "-r",
+            &rules.arg(),
+            "--redis",
+            &redis.url(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "`hexpired` rules need hash-field expiry, which {} lacks: it runs Redis 7.0",
+            redis.addr()
+        )) && stderr.contains("Redis 7.4 or later, or Valkey 9.0 or later, is needed"),
+        "{stderr}"
+    );
+
+    let (code, hash) = doctor_hash_fields(&rules, &redis);
+    assert_eq!(code, Some(1));
+    assert_eq!(hash["verdict"], "fail", "{hash}");
+    assert!(
+        hash["detail"]
+            .as_str()
+            .unwrap()
+            .contains("it runs Redis 7.0"),
+        "{hash}"
+    );
+    assert_eq!(
+        hash["fix"],
+        format!("upgrade to {}", needed.replace(", V", ", or V"))
+    );
+}
+
+#[test]
+fn on_valkey_9_doctor_finds_hash_field_expiry() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let (_, hash) = doctor_hash_fields(&rules, &redis);
+    assert_eq!(hash["verdict"], "ok", "{hash}");
+}
+
+#[test]
+fn upcoming_lists_learnt_fields_and_explain_renders_one() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut conn = redis.conn();
+    let now = server_ms(&mut conn);
+    hold(&mut conn, "holds:wh1", "sku-1:order-1", now + 600_000);
+    hold(&mut conn, "holds:wh2", "sku-2:order-2", now + 300_000);
+    wait_until("keywatch learnt both deadlines", PATIENCE, || {
+        known_fields(&mut conn) == 2
+    });
+    kw.stop();
+    let out = rules.run(&["upcoming", "--json", "--redis", &redis.url()], &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{stdout}");
+    assert_eq!(rows[0]["key"], "holds:wh2", "soonest first: {stdout}");
+    assert_eq!(rows[0]["field"], "sku-2:order-2");
+    assert_eq!(rows[0]["rules"], serde_json::json!(["hold"]));
+    let ttl = rows[0]["ttl_ms"].as_i64().unwrap();
+    assert!((250_000..=300_000).contains(&ttl), "{ttl}");
+    assert_eq!(rows[1]["field"], "sku-1:order-1");
+
+    let out = rules.run(&["explain", "holds:wh1", "--field", "sku-1:order-1"], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("key \"holds:wh1\" field \"sku-1:order-1\" (db 0, event hexpired)"),
+        "{text}"
+    );
+    assert!(text.contains("field pattern: {sku}:{order_id}"), "{text}");
+    assert!(
+        text.contains("capture sku = \"sku-1\"") && text.contains("capture order_id = \"order-1\""),
+        "{text}"
+    );
+    let out = rules.run(&["explain", "holds:wh1", "--field", "no-colon"], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a field the pattern does not match fires nothing"
+    );
+}
+
+#[test]
+fn two_instances_alert_each_field_once() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let mut a = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut b = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut conn = redis.conn();
+    let start = server_ms(&mut conn) + 2000;
+    for i in 0..100 {
+        hold(
+            &mut conn,
+            &format!("holds:wh{}", i % 5),
+            &format!("sku-{i}:order-{i}"),
+            start + i * 10,
+        );
+    }
+    receiver.wait_for(100, PATIENCE);
+    std::thread::sleep(Duration::from_secs(2));
+    let alerts = field_alerts(&receiver.requests());
+    assert_eq!(alerts.len(), 100);
+    assert!(
+        alerts.values().all(|(n, _)| *n == 1),
+        "each once: {:?}",
+        alerts
+            .iter()
+            .filter(|(_, (n, _))| *n > 1)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(receiver.count(), 100);
+    a.stop();
+    b.stop();
+}
+
+#[test]
+fn the_documented_user_with_the_hash_field_line_has_what_the_example_rules_need_on_valkey() {
+    let redis = RedisServer::builder()
+        .binary(valkey_server_bin())
+        .notify_keyspace_events("Exegh")
+        .start();
+    let docs = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/redis.md"),
+    )
+    .unwrap();
+    let lines: Vec<&str> = docs
+        .lines()
+        .filter(|l| l.starts_with("ACL SETUSER keywatch "))
+        .collect();
+    assert!(
+        lines.len() == 3 && lines[2].contains("+hpexpiretime"),
+        "{lines:?}"
+    );
+    let mut conn = redis.conn();
+    for line in lines {
+        let words: Vec<String> = line
+            .split_whitespace()
+            .map(|w| w.replace("PASSWORD", "kw-pass"))
+            .collect();
+        let _: () = redis::cmd(&words[0])
+            .arg(&words[1..])
+            .query(&mut conn)
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+    }
+    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let url = format!("redis://keywatch:kw-pass@{}", redis.addr());
+    let out = run_keywatch(
+        ["doctor", "--redis", &url, "-r", rules.to_str().unwrap()],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("ok    permissions") && text.contains("ok    hash-fields"),
+        "{text}"
+    );
+}
