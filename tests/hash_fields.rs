@@ -465,3 +465,81 @@ fn the_documented_user_with_the_hash_field_line_has_what_the_example_rules_need_
         "{text}"
     );
 }
+
+/// Follow-ups of a field's alert follow the field, not its hash: a field that stays gone is
+/// escalated once after `after`, with its `field` and `"followup": "escalation"`; a field set
+/// again before `after` cancels its escalation and sends one resolved notice, although its hash
+/// held other fields all along.
+#[test]
+fn a_fields_alert_escalates_unless_the_field_exists_again() {
+    let (alerts, leader, team) = (
+        HttpReceiver::start(),
+        HttpReceiver::start(),
+        HttpReceiver::start(),
+    );
+    let redis = valkey();
+    let rules = Rules::new(&format!(
+        r#"
+channels:
+  oncall: {{ type: webhook, url: "{}" }}
+  leader: {{ type: webhook, url: "{}" }}
+  team: {{ type: webhook, url: "{}" }}
+rules:
+  - name: hold
+    match: "holds:{{warehouse}}"
+    field: "{{sku}}:{{order_id}}"
+    on: [hexpired]
+    notify: {{ to: [oncall] }}
+    escalate:
+      after: 3s
+      unless: recreated
+      to: [leader]
+    resolved:
+      within: 1h
+      to: [team]
+"#,
+        alerts.url_for("/a"),
+        leader.url_for("/l"),
+        team.url_for("/t")
+    ));
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut conn = redis.conn();
+    // The hash keeps a field without a TTL, so it exists throughout.
+    let _: () = redis::cmd("HSET")
+        .arg("holds:wh1")
+        .arg("keep")
+        .arg(1)
+        .query(&mut conn)
+        .unwrap();
+    let due = server_ms(&mut conn) + 1500;
+    hold(&mut conn, "holds:wh1", "sku-1:order-stays-gone", due);
+    hold(&mut conn, "holds:wh1", "sku-2:order-comes-back", due);
+    alerts.wait_for(2, PATIENCE);
+    // One comes back well before `after`.
+    let _: () = redis::cmd("HSET")
+        .arg("holds:wh1")
+        .arg("sku-2:order-comes-back")
+        .arg(1)
+        .query(&mut conn)
+        .unwrap();
+    let escalation = leader.wait_for(1, PATIENCE)[0].json();
+    assert_eq!(escalation["followup"], "escalation", "{escalation}");
+    assert_eq!(
+        escalation["field"], "sku-1:order-stays-gone",
+        "{escalation}"
+    );
+    let resolved = team.wait_for(1, PATIENCE)[0].json();
+    assert_eq!(resolved["followup"], "resolved", "{resolved}");
+    assert_eq!(resolved["field"], "sku-2:order-comes-back", "{resolved}");
+    // Both follow-ups of the one that came back were due by now; nothing else may follow.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        leader.count(),
+        1,
+        "the field that came back was escalated too:\n{}",
+        kw.describe_output()
+    );
+    assert_eq!(team.count(), 1, "more than one resolved notice");
+    assert_eq!(alerts.count(), 2, "{}", kw.describe_output());
+    kw.stop();
+}

@@ -210,30 +210,32 @@ impl Fields {
     }
 
     /// Reads the deadlines of `fields` of `key` (`-2` gone, `-1` none), at most `per_second`
-    /// fields a second.
+    /// fields a second, each with the server's time just before it was read ([`timed`]).
     async fn deadlines(
         &self,
         db: u32,
         key: &[u8],
         fields: &[Vec<u8>],
         per_second: u64,
-    ) -> redis::RedisResult<Vec<i64>> {
+    ) -> redis::RedisResult<Vec<(i64, i64)>> {
         let mut out = Vec::with_capacity(fields.len());
-        let mut conn = self.inner.keyspace.conn(db).await?;
+        let conn = self.inner.keyspace.conn(db).await?;
         let started = Instant::now();
         for chunk in fields.chunks(PAGE) {
             let should_take = Duration::from_secs_f64(out.len() as f64 / per_second.max(1) as f64);
             if let Some(wait) = should_take.checked_sub(started.elapsed()) {
                 tokio::time::sleep(wait).await;
             }
-            let d: Vec<i64> = redis::cmd("HPEXPIRETIME")
-                .arg(key)
-                .arg("FIELDS")
-                .arg(chunk.len())
-                .arg(chunk)
-                .query_async(&mut conn)
-                .await?;
-            out.extend(d);
+            let mut read = redis::cmd("HPEXPIRETIME");
+            read.arg(key).arg("FIELDS").arg(chunk.len()).arg(chunk);
+            let (at, mut answers) = timed(&conn, vec![read]).await?;
+            out.extend(
+                answers
+                    .pop()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|d| (d, at)),
+            );
         }
         Ok(out)
     }
@@ -302,22 +304,25 @@ impl Fields {
 
     /// Judges known fields of `key` against what the server says now: gone past the deadline is
     /// an expiry (reported); gone before it was a delete, and no deadline a persist (forgotten);
-    /// another deadline is recorded. `now` holds the server's answers, in the order of `known`.
+    /// another deadline is recorded. `now` holds the server's answers, in the order of `known`,
+    /// each with the server's own time just before it was read: "past the deadline" is judged on
+    /// the server's clock, never on keywatch's estimate of it, which may lag by more than the
+    /// time between an expiry and its check (fields expired at their deadline were forgotten as
+    /// deleted under load).
     async fn judge(
         &self,
         db: u32,
         key: &[u8],
         known: &[(Vec<u8>, i64)],
-        now: &[i64],
+        now: &[(i64, i64)],
         tx: &mpsc::Sender<Signal>,
     ) -> redis::RedisResult<bool> {
         let mut changes = Vec::new();
         let mut events = Vec::new();
-        let due_by = now_ms() + SKEW_MS;
-        for ((f, d), t) in known.iter().zip(now) {
+        for ((f, d), (t, at)) in known.iter().zip(now) {
             match *t {
                 // Already reported and not yet taken: left alone, not forgotten.
-                -2 if *d <= due_by => events.extend(
+                -2 if *d <= at + SKEW_MS => events.extend(
                     self.may_send(&member(key, f), *d)
                         .then(|| self.event(db, key, f, *d)),
                 ),
@@ -383,7 +388,7 @@ impl Fields {
                 .collect();
             let now = self.deadlines(db, key, &fields, u64::MAX).await?;
             let mut changes = Vec::new();
-            for (f, t) in fields.into_iter().zip(now) {
+            for (f, (t, _)) in fields.into_iter().zip(now) {
                 match (t, known.get(&f)) {
                     // Gone since the page was read: judged with the rest below.
                     (-2, Some(_)) => continue,
@@ -457,8 +462,9 @@ impl Fields {
                 c
             })
             .collect();
-        let answers: Vec<Vec<i64>> = conn.each(cmds).await?;
+        let (at, answers) = timed(&conn, cmds).await?;
         for ((k, fs), now) in by_key.iter().zip(answers) {
+            let now: Vec<(i64, i64)> = now.into_iter().map(|d| (d, at)).collect();
             if !self.judge(db, k, fs, &now, tx).await? {
                 break;
             }
@@ -693,14 +699,37 @@ impl Fields {
     }
 }
 
-/// A field read gone this much before its recorded deadline still counts as expired (clocks of
-/// keywatch and the server differ by up to this); earlier, it was deleted.
-const SKEW_MS: i64 = 2;
+/// A field read gone this much before its recorded deadline, on the server's clock, still counts
+/// as expired: the server's time is read just before the fields, not with them (and on a
+/// cluster perhaps on another node), so a field may expire between the two. Gone earlier, it was
+/// deleted.
+const SKEW_MS: i64 = 5;
+
+/// Runs `reads` after `TIME` (in one pipeline on a node): the server's time (unix ms) just
+/// before they ran, and their answers.
+async fn timed(conn: &Conn, reads: Vec<redis::Cmd>) -> redis::RedisResult<(i64, Vec<Vec<i64>>)> {
+    let mut cmds = Vec::with_capacity(reads.len() + 1);
+    cmds.push(redis::cmd("TIME"));
+    cmds.extend(reads);
+    let mut answers: Vec<Vec<i64>> = conn.each(cmds).await?;
+    let time = answers.remove(0);
+    let at = match time.as_slice() {
+        [secs, micros] => secs * 1000 + micros / 1000,
+        _ => {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "TIME answered something else than seconds and microseconds",
+            )));
+        }
+    };
+    Ok((at, answers))
+}
 
 crate::keyspace::commands::declare! {
     /// The commands of the field ledger ([`crate::keyspace::commands`]).
     const WHY = "field ledger: deadlines of watched hash fields";
     [
+        Use::new(Conn::Watched, "time", "field ledger: gone before or after the deadline, on the server's clock"),
         Use::new(Conn::Watched, "info", "field ledger: does the server expire hash fields?")
             .args("server")
             .when(When::Fields),
