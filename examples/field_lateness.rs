@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -24,43 +24,8 @@ use keywatch::keyspace::local_server::LocalRedis;
 use keywatch::keyspace::server_fetch;
 use tokio_util::sync::CancellationToken;
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-struct Stats {
-    n: usize,
-    p50: i64,
-    p99: i64,
-    max: i64,
-}
-
-fn stats(mut v: Vec<i64>) -> Stats {
-    v.sort_unstable();
-    let q = |p: f64| {
-        v.get(((v.len() as f64 - 1.0) * p).round() as usize)
-            .copied()
-            .unwrap_or(-1)
-    };
-    Stats {
-        n: v.len(),
-        p50: q(0.5),
-        p99: q(0.99),
-        max: v.last().copied().unwrap_or(-1),
-    }
-}
+mod lateness_stats;
+use lateness_stats::{arg, now_ms, stats};
 
 async fn load_far(c: &mut redis::aio::MultiplexedConnection, far: u64) {
     for h in 0..far.div_ceil(1000) {

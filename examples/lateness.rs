@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -21,21 +21,8 @@ use keywatch::config::{self, Mode};
 use keywatch::keyspace::local_server::LocalRedis;
 use tokio_util::sync::CancellationToken;
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod lateness_stats;
+use lateness_stats::{Stats, arg, now_ms, stats};
 
 /// Loads the far keys and the due keys; returns each due key's deadline.
 async fn load(url: &str, far: u64, due: u64, spread_ms: i64) -> HashMap<String, i64> {
@@ -64,28 +51,6 @@ async fn load(url: &str, far: u64, due: u64, spread_ms: i64) -> HashMap<String, 
     }
     let _: () = p.query_async(&mut c).await.unwrap();
     deadlines
-}
-
-struct Stats {
-    n: usize,
-    p50: i64,
-    p99: i64,
-    max: i64,
-}
-
-fn stats(mut v: Vec<i64>) -> Stats {
-    v.sort_unstable();
-    let q = |p: f64| {
-        v.get(((v.len() as f64 - 1.0) * p).round() as usize)
-            .copied()
-            .unwrap_or(-1)
-    };
-    Stats {
-        n: v.len(),
-        p50: q(0.5),
-        p99: q(0.99),
-        max: v.last().copied().unwrap_or(-1),
-    }
 }
 
 async fn plain(far: u64, due: u64, spread_ms: i64) -> Stats {

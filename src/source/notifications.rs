@@ -359,7 +359,9 @@ async fn session(
             _ = shutdown.cancelled() => return None,
             permit = tx.reserve(), if !held.is_empty() => {
                 let Ok(permit) = permit else { return None };
-                permit.send(held.pop());
+                if let Some(signal) = held.pop() {
+                    permit.send(signal);
+                }
             }
             msg = stream.next() => {
                 let Some(msg) = msg else {
@@ -431,11 +433,11 @@ impl Held {
         self.signals.push_back(signal);
     }
 
-    /// The oldest; only called when there is one.
-    fn pop(&mut self) -> Signal {
-        let signal = self.signals.pop_front().expect("a held signal");
+    /// The oldest, if any.
+    fn pop(&mut self) -> Option<Signal> {
+        let signal = self.signals.pop_front()?;
         self.weight -= weight(&signal);
-        signal
+        Some(signal)
     }
 
     /// Hands every held signal on before the session ends: they were published and read, so
