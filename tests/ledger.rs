@@ -320,3 +320,64 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         assert!(lost[0].is_none(), "B fired the recovered expiry again");
     });
 }
+
+/// A deadline read before its key expired but written to the ledger after the key's `expired`
+/// was taken (a fill's scan racing the event, or another instance's `expire` note) is that same
+/// expiry: it must not come back as a miss and fire a second time as recovered. (CI caught this
+/// in the Sentinel suite: a fill that scanned right as a test key was set alerted it twice.)
+#[test]
+fn a_deadline_learnt_after_its_expiry_was_taken_does_not_fire_again() {
+    use keywatch::engine::intake::{Intake, Mode};
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let config = common::rules::log_rule_config();
+        let url = keywatch::config::Secret::new(redis.url());
+        let keyspace = keywatch::keyspace::Keyspace::new(url, config.redis.clone()).unwrap();
+        let state = keyspace.conn(0).await.unwrap();
+        let metrics = std::sync::Arc::new(keywatch::metrics::Metrics::new());
+        let ledger = Ledger::new(state.clone(), keyspace, "keywatch:", metrics);
+        let keys = vec![b"k:1".to_vec()];
+        common::set_px(&mut redis.conn(), "k:1", 300);
+        // The fill reads the deadline while the key lives...
+        let deadlines = ledger.read(0, &keys).await.unwrap();
+        assert!(deadlines[0] > 0, "{deadlines:?}");
+        // ...the key expires (scenario, not synchronisation) and its `expired` is taken, with
+        // no deadline in the ledger yet...
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        touch_until_gone(&mut redis.conn(), &["k:1"]);
+        let heard = keywatch::event::KeyEvent {
+            kind: keywatch::event::EventKind::Expired,
+            db: 0,
+            key: b"k:1".to_vec(),
+            field: None,
+            observed_at: chrono::Utc::now(),
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: String::new(),
+        };
+        let intake = Intake::new(state, "keywatch:", "a");
+        let took = intake
+            .take(0, &[(&heard, Mode::Live { fire: true })])
+            .await
+            .unwrap();
+        assert!(took[0].is_some(), "the live expiry fires");
+        // ...and only then is the deadline written.
+        ledger.record(0, &keys, &deadlines).await.unwrap();
+        assert_eq!(ledger_size(&redis), 0, "the handled deadline came back");
+        assert_eq!(ledger.poke(0).await.unwrap(), 0);
+        let seq = ledger.mark(0).await.unwrap();
+        let missed = ledger.missed(0, seq, 100).await.unwrap();
+        assert!(missed.is_empty(), "recovered a second time: {missed:?}");
+
+        // A later incarnation of the key is learnt as usual.
+        common::set_px(&mut redis.conn(), "k:1", 60_000);
+        ledger.learn(0, &keys).await.unwrap();
+        assert_eq!(ledger_size(&redis), 1);
+    });
+}

@@ -22,6 +22,11 @@
 //! that lives 5 s. A scanner warning is claimed once per rule, key and deadline, until a minute
 //! after the deadline.
 //!
+//! An `expired` taken without a known deadline is remembered as `~T` (taken at `T`): a deadline
+//! of that key read before it went but written to the ledger after (a fill's scan, another
+//! instance's `expire`) is then recognised as this one and not written back ([`crate::source::ledger::Ledger::record`]),
+//! where it would have been found gone and fired a second time as recovered.
+//!
 //! Handled deadlines are remembered by *when they were handled* (ten minutes), not by deadline:
 //! an instance that reads an `expired` minutes late still finds the deadline the first instance
 //! took, computes the same claim, and does not fire a second time. The memory is trimmed at most
@@ -85,7 +90,14 @@ for i = 8, #ARGV, 6 do
     if d then
       remember(key, d)
     else
-      d = redis.call('HGET', KEYS[5], key)
+      local h = redis.call('HGET', KEYS[5], key)
+      if h and string.sub(h, 1, 1) ~= '~' then
+        d = h
+      else
+        -- Taken without a known deadline: a deadline of this key learnt late (a fill or
+        -- another instance read it before the key went) must not come back as a miss.
+        remember(key, '~' .. now)
+      end
     end
     fire = mode == 'L'
   elseif mode == 'R' or mode == 'r' then

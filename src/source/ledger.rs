@@ -66,6 +66,37 @@ pub struct Missed {
 // holds the deadline the poker saw: if the engine handled the `expired` in between, nothing moves.
 // Entries are stamped with the next number of the database's marker sequence, shared by every
 // instance (see `Ledger::mark`); returns that number.
+// Records read deadlines (ARGV[1] is the slack, then key/deadline pairs): a positive deadline
+// goes in unless the handled memory says this incarnation's expiry was taken already, either
+// with that very deadline (or a later one) or, as `~T`, without a known deadline at T; a
+// deadline at or before T (plus clock slack) belonged to the key that expired then.
+const RECORD: &str = r"
+local slack = tonumber(ARGV[1])
+for i = 2, #ARGV, 2 do
+  local k, d = ARGV[i], tonumber(ARGV[i + 1])
+  if d > 0 then
+    local h = redis.call('HGET', KEYS[2], k)
+    local stale = false
+    if h then
+      if string.sub(h, 1, 1) == '~' then
+        stale = d <= tonumber(string.sub(h, 2)) + slack
+      else
+        stale = d <= tonumber(h)
+      end
+    end
+    if not stale then
+      redis.call('ZADD', KEYS[1], d, k)
+    end
+  else
+    redis.call('ZREM', KEYS[1], k)
+  end
+end
+return 0
+";
+
+/// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
+const TAKEN_SLACK_MS: i64 = 100;
+
 const MOVE_POKED: &str = r"
 local seq = redis.call('INCR', KEYS[4])
 for i = 1, #ARGV, 2 do
@@ -91,6 +122,7 @@ struct Inner {
     prefix: String,
     instance: String,
     move_poked: redis::Script,
+    record: redis::Script,
     metrics: Arc<Metrics>,
     /// Set once a fill has walked every database: from then on the ledger knows every deadline
     /// the rules want, and the scanner may ask it instead of scanning.
@@ -110,6 +142,7 @@ impl Ledger {
                 prefix: prefix.to_string(),
                 instance: format!("{:016x}", fastrand::u64(..)),
                 move_poked: redis::Script::new(MOVE_POKED),
+                record: redis::Script::new(RECORD),
                 metrics,
                 filled: AtomicBool::new(false),
                 filling: AtomicUsize::new(0),
@@ -162,18 +195,38 @@ impl Ledger {
         if keys.is_empty() {
             return Ok(());
         }
+        let deadlines = self.read(db, keys).await?;
+        self.record(db, keys, &deadlines).await
+    }
+
+    /// The deadlines of `keys` (`PEXPIRETIME`: -1 without a TTL, -2 gone), the first half of
+    /// [`Ledger::learn`].
+    pub async fn read(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<i64>> {
         let conn = self.inner.keyspace.conn(db).await?;
-        let deadlines: Vec<i64> = conn.each(per_key("PEXPIRETIME", keys)).await?;
-        let zset = self.zset(db);
-        let mut write = redis::pipe();
-        for (k, d) in keys.iter().zip(deadlines) {
-            if d > 0 {
-                write.cmd("ZADD").arg(&zset).arg(d).arg(k).ignore();
-            } else {
-                write.cmd("ZREM").arg(&zset).arg(k).ignore();
-            }
+        conn.each(per_key("PEXPIRETIME", keys)).await
+    }
+
+    /// Records deadlines read by [`Ledger::read`], the second half of [`Ledger::learn`]. Between
+    /// the two the key may have expired and its `expired` been taken (by this instance's engine
+    /// while a fill scans, or by another instance): a deadline already handled is then not
+    /// written back, or the poker would find it gone and it would fire again as recovered.
+    pub async fn record(
+        &self,
+        db: u32,
+        keys: &[Vec<u8>],
+        deadlines: &[i64],
+    ) -> redis::RedisResult<()> {
+        if keys.is_empty() {
+            return Ok(());
         }
-        write.exec_async(&mut self.inner.state.clone()).await
+        let mut inv = self.inner.record.prepare_invoke();
+        inv.key(self.zset(db))
+            .key(format!("{}ledger:{db}:handled-deadline", self.inner.prefix))
+            .arg(TAKEN_SLACK_MS);
+        for (k, d) in keys.iter().zip(deadlines) {
+            inv.arg(k).arg(*d);
+        }
+        inv.invoke_async(&mut self.inner.state.clone()).await
     }
 
     pub async fn forget(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<()> {
@@ -707,6 +760,10 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "hset", SCRIPTS)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
             .args("{key} k 0")
+            .when(When::Ledger),
+        Use::new(Conn::State, "hget", SCRIPTS)
+            .on(Keys::State("ledger:*:handled-deadline"), Access::Read)
+            .args("{key} k")
             .when(When::Ledger),
 
     ]
