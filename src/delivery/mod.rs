@@ -206,14 +206,30 @@ impl Delivery {
         let in_memory = inner.queue.is_none();
         if let Some(q) = &inner.queue {
             let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
-            let pending: Vec<Job> = later.iter().flatten().cloned().collect();
-            if let Err(e) = q.store(&leased, &pending, also).await {
-                tracing::warn!(error = %e, jobs = leased.len() + pending.len(), "Cannot store jobs in the queue; their events stay taken and are tried again.");
+            let mut pending = Vec::new();
+            let mut waiting = Vec::new();
+            for jobs in &later {
+                for (job, target) in jobs.iter().zip(wait_targets(inner, &actions.config, jobs)) {
+                    match target {
+                        Some(t) => waiting.push((t, job.clone())),
+                        None => pending.push(job.clone()),
+                    }
+                }
+            }
+            if let Err(e) = q.store(&leased, &pending, &waiting, also).await {
+                tracing::warn!(error = %e, jobs = leased.len() + pending.len() + waiting.len(), "Cannot store jobs in the queue; their events stay taken and are tried again.");
                 return Err(e);
+            }
+            for (target, _) in &waiting {
+                if let Some(slot) = SlotKey::from_target(target)
+                    .and_then(|k| inner.slots.get(&actions.config, &k))
+                {
+                    slot.set_parked(true);
+                }
             }
             if !later.is_empty() {
                 later.clear();
-                inner.backlogged.store(true, Ordering::Relaxed);
+                inner.backlogged.store(!pending.is_empty(), Ordering::Relaxed);
                 inner.wake.notify_one();
             }
         }
@@ -535,6 +551,45 @@ fn has_room(inner: &Inner, config: &crate::config::Config, jobs: &[Job]) -> bool
             .of(config, &j.firing.rule, action)
             .is_none_or(|s| s.has_room()),
     })
+}
+
+/// Where each job of a firing that does not start now waits: for its target in Redis (the
+/// target's name) when that target has no room, as [`admit_firing`] would send it after taking
+/// it from the queue; `None`, in the queue for whichever instance has room first, when the
+/// targets have room and only this instance has none. Nothing is reserved.
+fn wait_targets(
+    inner: &Inner,
+    config: &crate::config::Config,
+    jobs: &[Job],
+) -> Vec<Option<String>> {
+    let first = starting(jobs);
+    let mut out = Vec::with_capacity(jobs.len());
+    let mut after: Option<String> = None;
+    for (i, job) in jobs.iter().enumerate() {
+        if after.is_some() || i >= first {
+            out.push(after.clone());
+            continue;
+        }
+        let full = full_target(inner, config, job);
+        if full.is_some() && !matches!(job.action, Action::Notify { .. }) {
+            after.clone_from(&full);
+        }
+        out.push(full);
+    }
+    out
+}
+
+/// `job`'s target (as [`SlotKey::target`] names it) when it has no room now: its channel's
+/// rate-limited line, or its slot.
+fn full_target(inner: &Inner, config: &crate::config::Config, job: &Job) -> Option<String> {
+    if let Action::Notify { channel } = &job.action
+        && let Some(l) = inner.limiters.get(config, channel)
+    {
+        return (!l.lane.has_room(0)).then(|| SlotKey::Channel(channel.clone()).target());
+    }
+    let key = SlotKey::of(&job.firing.rule, &job.action)?;
+    let slot = inner.slots.get(config, &key)?;
+    (!slot.has_room()).then(|| key.target())
 }
 
 /// How many of a firing's jobs (in the order of SPEC §2) start at once: the first step, or every

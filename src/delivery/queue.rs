@@ -250,16 +250,20 @@ impl Queue {
     }
 
     /// Stores new jobs: `leased` ones this instance attempts now (leased to it), `pending` ones
-    /// it has no room for (due now, for whichever instance has room first). One round trip at
-    /// most, shared with whatever other jobs are being stored or finished at the same time.
-    /// `also` runs in the same transaction (see [`Writer::put_with`]).
+    /// it has no room for (due now, for whichever instance has room first), and `waiting` ones
+    /// whose target has no room (straight into that target's waiting set, as
+    /// [`Queue::park`] would put them after taking them: in a storm, taking a job only to park
+    /// it again was most of what the queue cost Redis). One round trip at most, shared with
+    /// whatever other jobs are being stored or finished at the same time. `also` runs in the
+    /// same transaction (see [`Writer::put_with`]).
     pub async fn store(
         &self,
         leased: &[Job],
         pending: &[Job],
+        waiting: &[(String, Job)],
         also: Vec<redis::Cmd>,
     ) -> Result<(), WriteError> {
-        if leased.is_empty() && pending.is_empty() && also.is_empty() {
+        if leased.is_empty() && pending.is_empty() && waiting.is_empty() && also.is_empty() {
             return Ok(());
         }
         let now = now_ms();
@@ -270,7 +274,40 @@ impl Queue {
             .map(|j| (j.id(), payload(j), lease_end))
             .chain(pending.iter().map(|j| (j.id(), payload(j), now)))
             .collect();
+        let mut also = also;
+        also.extend(self.wait_cmds(waiting, now));
         self.writer.put_with(writes, also).await
+    }
+
+    /// The commands that store `waiting` jobs (target, job) in their targets' waiting sets at
+    /// `at`: the payloads in one `HSET`, one `ZADD` per target, and the targets listed.
+    fn wait_cmds(&self, waiting: &[(String, Job)], at: i64) -> Vec<redis::Cmd> {
+        if waiting.is_empty() {
+            return Vec::new();
+        }
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&self.jobs);
+        let mut by_target: std::collections::BTreeMap<&str, redis::Cmd> = Default::default();
+        for (target, job) in waiting {
+            let id = job.id();
+            hset.arg(&id)
+                .arg(serde_json::to_string(job).unwrap_or_default());
+            by_target
+                .entry(target)
+                .or_insert_with(|| {
+                    let mut z = redis::cmd("ZADD");
+                    z.arg(self.waiting_zset(target));
+                    z
+                })
+                .arg(at)
+                .arg(id);
+        }
+        let mut sadd = redis::cmd("SADD");
+        sadd.arg(self.waiting_key()).arg(by_target.keys().collect::<Vec<_>>());
+        let mut cmds = vec![hset];
+        cmds.extend(by_target.into_values());
+        cmds.push(sadd);
+        cmds
     }
 
     /// The state connection the queue uses, for commands beside it (follow-ups).
@@ -693,7 +730,7 @@ mod tests {
     async fn a_retry_does_not_bring_back_a_job_another_instance_finished() {
         let (_server, q, conn) = queue().await;
         let j = job("k:1", Action::Reload);
-        q.store(&[], std::slice::from_ref(&j), Vec::new())
+        q.store(&[], std::slice::from_ref(&j), &[], Vec::new())
             .await
             .unwrap();
         assert_eq!(q.take_due(10).await.unwrap().jobs, vec![j.clone()]);
@@ -751,7 +788,7 @@ mod tests {
     async fn a_job_that_does_not_decode_is_set_aside_once() {
         let (_server, q, conn) = queue().await;
         let good = job("k:1", Action::Exec);
-        q.store(&[], std::slice::from_ref(&good), Vec::new())
+        q.store(&[], std::slice::from_ref(&good), &[], Vec::new())
             .await
             .unwrap();
         let future =
@@ -820,8 +857,8 @@ mod tests {
         };
         let jobs: Vec<Job> = (0..3).map(|i| job(&format!("k:{i}"), notify())).collect();
         let other = job("o:1", Action::Reload);
-        q.store(&[], &jobs, Vec::new()).await.unwrap();
-        q.store(&[], std::slice::from_ref(&other), Vec::new())
+        q.store(&[], &jobs, &[], Vec::new()).await.unwrap();
+        q.store(&[], std::slice::from_ref(&other), &[], Vec::new())
             .await
             .unwrap();
         assert_eq!(q.take_due(10).await.unwrap().jobs.len(), 4);

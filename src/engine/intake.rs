@@ -14,24 +14,32 @@
 //! next taker to remove them, not to fire again. A record whose details could not be read waits
 //! for its retry, with its attempts counted, in the same sorted set.
 //!
-//! Claims: an event with a known deadline is claimed as a field of a hash shared by every deadline
-//! in the same minute (`HSETNX`), spread over sixteen hashes by the claim's first hex digit and
-//! dropped ten minutes after that minute ends: a key per claim (`SET NX PX`) would make Redis
-//! publish an `expire` event per claim to every subscriber, in a mass expiry as many again as the
-//! expiries. Without a known deadline the claim can only tell copies from repeats by time: a key
-//! that lives 5 s. A scanner warning is claimed once per rule, key and deadline, until a minute
-//! after the deadline.
+//! Claims: an expiry whose deadline this script takes out of the ledger (or the poked set, or
+//! the field ledger) is claimed by that removal itself: `ZREM` answers one caller only, so no
+//! claim is written for it. An instance that hears the same `expired` later finds the deadline
+//! in the handled memory instead, and knows that someone took it. Other events with a known
+//! deadline are claimed as a field of a hash shared by every deadline in the same minute
+//! (`HSETNX`), spread over sixteen hashes by the claim's first hex digit and dropped ten minutes
+//! after that minute ends: a key per claim (`SET NX PX`) would make Redis publish an `expire`
+//! event per claim to every subscriber. Without a known deadline the claim can only tell copies
+//! from repeats by time: a key that lives 5 s. A scanner warning is claimed once per rule, key
+//! and deadline, until a minute after the deadline.
+//!
+//! Handled deadlines are remembered by *when they were handled*, not by deadline: in one hash
+//! per minute, which Redis drops ten minutes after that minute ends. An instance that reads an
+//! `expired` minutes late still finds the deadline the first instance took and does not fire a
+//! second time. One field written per expiry and nothing to trim: a sorted set trimmed by time
+//! cost three writes per expiry, which in a mass expiry was a good part of Redis's work.
 //!
 //! An `expired` taken without a known deadline is remembered as `~T` (taken at `T`): a deadline
 //! of that key read before it went but written to the ledger after (a fill's scan, another
-//! instance's `expire`) is then recognised as this one and not written back ([`crate::source::ledger::Ledger::record`]),
-//! where it would have been found gone and fired a second time as recovered.
+//! instance's `expire`) is then recognised as this one and not written back
+//! ([`crate::source::ledger::Ledger::record`]), where it would have been found gone and fired a
+//! second time as recovered.
 //!
-//! Handled deadlines are remembered by *when they were handled* (ten minutes), not by deadline:
-//! an instance that reads an `expired` minutes late still finds the deadline the first instance
-//! took, computes the same claim, and does not fire a second time. The memory is trimmed at most
-//! 2,048 entries per script (with each take, and every second while no events come), so a
-//! storm's handled set never costs one long command.
+//! A caveat of the removal being the claim: an instance whose rules (mid-reload) watch a key only
+//! for warnings takes its deadline out of the ledger without firing, and another instance whose
+//! rules already fire on it then finds the deadline handled and does not fire either.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -51,30 +59,60 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// future than this belongs to an older incarnation of the key.
 const SKEW_MS: i64 = 2000;
 
-/// How long a handled deadline is remembered, from when it was handled.
-const HANDLED_MEMORY_MS: i64 = 600_000;
+/// How long a handled deadline is remembered, from the minute it was handled: one hash per
+/// minute (`{prefix}ledger:DB:handled:MINUTE`), dropped by Redis itself when its time is up.
+pub const HANDLED_MINUTES: i64 = 10;
+
+/// The name of the handled memory of `db` without its minute.
+pub fn handled_memory(prefix: &str, db: u32) -> String {
+    format!("{prefix}ledger:{db}:handled:")
+}
 
 const TAKE: &str = r"
 local now = tonumber(ARGV[1])
 local due_limit = tonumber(ARGV[2])
+local minutes = tonumber(ARGV[3])
 local lease_end = ARGV[4]
 local me = ARGV[5]
 local prefix = ARGV[6]
 local db = ARGV[7]
-local old = redis.call('ZRANGE', KEYS[4], '-inf', ARGV[3], 'BYSCORE', 'LIMIT', 0, 2048)
-if #old > 0 then
-  redis.call('ZREM', KEYS[4], unpack(old))
-  redis.call('HDEL', KEYS[5], unpack(old))
-end
+local minute = math.floor(now / 60000)
+local memory = prefix .. 'ledger:' .. db .. ':handled:'
+local kept = false
 local function remember(key, d)
-  redis.call('ZADD', KEYS[4], now, key)
-  redis.call('HSET', KEYS[5], key, d)
+  local hk = memory .. minute
+  redis.call('HSET', hk, key, d)
+  if not kept then
+    redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
+    kept = true
+  end
+end
+local recent = nil
+local function recalled(key)
+  if not recent then
+    recent = {}
+    for m = minute, minute - minutes, -1 do
+      if redis.call('EXISTS', memory .. m) == 1 then
+        recent[#recent + 1] = memory .. m
+      end
+    end
+  end
+  for _, hk in ipairs(recent) do
+    local h = redis.call('HGET', hk, key)
+    if h then return h end
+  end
+  return false
 end
 local out = {}
 for i = 8, #ARGV, 6 do
   local mode, kind, key, given, extra, rec = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local d = false
   local fire = true
+  -- Whether this script took the deadline out of a ledger (or the poked set) itself: that
+  -- removal answers one caller only, so it is the claim.
+  local own = false
+  -- Whether the deadline comes from the handled memory: someone took this expiry already.
+  local recalled_d = false
   if mode == 'L' or mode == 'l' then
     local s = redis.call('ZSCORE', KEYS[1], key)
     if s and tonumber(s) <= due_limit then
@@ -89,10 +127,12 @@ for i = 8, #ARGV, 6 do
     end
     if d then
       remember(key, d)
+      own = true
     else
-      local h = redis.call('HGET', KEYS[5], key)
+      local h = recalled(key)
       if h and string.sub(h, 1, 1) ~= '~' then
         d = h
+        recalled_d = true
       else
         -- Taken without a known deadline: a deadline of this key learnt late (a fill or
         -- another instance read it before the key went) must not come back as a miss.
@@ -107,14 +147,16 @@ for i = 8, #ARGV, 6 do
       redis.call('HDEL', KEYS[3], key)
       d = p
       remember(key, d)
+      own = true
     end
     fire = p and mode == 'R'
   elseif mode == 'F' or mode == 'f' then
-    local s = redis.call('ZSCORE', KEYS[8], key)
+    local s = redis.call('ZSCORE', KEYS[6], key)
     if s and tonumber(s) <= due_limit then
-      redis.call('ZREM', KEYS[8], key)
+      redis.call('ZREM', KEYS[6], key)
       redis.call('HDEL', extra, given)
       d = s
+      own = true
     end
     fire = d and mode == 'F'
   elseif given ~= '' then
@@ -130,12 +172,15 @@ for i = 8, #ARGV, 6 do
       end
     else
       id = redis.sha1hex(db .. '|' .. kind .. '|' .. (d or '') .. '|' .. key)
-      if d then
+      if own then
+        won = 1
+      elseif recalled_d then
+        won = 0
+      elseif d then
         local b = math.floor(tonumber(d) / 60000)
-        local nb = math.floor(now / 60000)
         local hk = prefix .. 'claims:' .. b .. ':' .. string.sub(id, 1, 1)
         won = redis.call('HSETNX', hk, id, me)
-        local until_ms = (math.max(b, nb) + 1) * 60000 + 600000
+        local until_ms = (math.max(b, minute) + 1) * 60000 + 600000
         if redis.call('PEXPIRETIME', hk) < until_ms then
           redis.call('PEXPIREAT', hk, until_ms)
         end
@@ -144,8 +189,8 @@ for i = 8, #ARGV, 6 do
       end
     end
     if won == 1 then
-      redis.call('HSET', KEYS[7], id, (d or '') .. '\n' .. rec)
-      redis.call('ZADD', KEYS[6], lease_end, id)
+      redis.call('HSET', KEYS[5], id, (d or '') .. '\n' .. rec)
+      redis.call('ZADD', KEYS[4], lease_end, id)
     end
   end
   out[#out + 1] = won
@@ -358,14 +403,12 @@ impl Intake {
         inv.key(ledger(""))
             .key(ledger(":poked"))
             .key(ledger(":poked-deadline"))
-            .key(ledger(":handled"))
-            .key(ledger(":handled-deadline"))
             .key(&self.zset)
             .key(&self.records)
             .key(fields)
             .arg(now)
             .arg(now + SKEW_MS)
-            .arg(now - HANDLED_MEMORY_MS)
+            .arg(HANDLED_MINUTES)
             .arg(now + LEASE.as_millis() as i64)
             .arg(&self.instance)
             .arg(&self.prefix)
@@ -433,11 +476,6 @@ impl Intake {
             taken.push(Some(Taken { id, record }));
         }
         Ok(taken)
-    }
-
-    /// Trims the handled memory of `db` by one bounded step (the take script with no event).
-    pub async fn trim(&self, db: u32) -> redis::RedisResult<()> {
-        self.take(db, &[]).await.map(|_| ())
     }
 
     /// Takes over records whose lease ended (their taker died, stopped or is retrying a detail
@@ -617,15 +655,15 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "zcard", WHY)
             .on(Keys::State("intake"), Access::Read)
             .args("{key}"),
+        Use::new(Conn::State, "zrange", SCRIPT)
+            .on(Keys::State("intake"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
         Use::new(Conn::State, "hset", WHY)
             .on(Keys::State("intake:events"), Access::Write)
             .args("{key} id r"),
         Use::new(Conn::State, "hdel", WHY)
             .on(Keys::State("intake:events"), Access::ReadWrite)
             .args("{key} id"),
-        Use::new(Conn::State, "zrange", SCRIPT)
-            .on(Keys::State("ledger:*:handled"), Access::Read)
-            .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
         Use::new(Conn::State, "zscore", SCRIPT)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k"),
@@ -636,13 +674,16 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:poked-deadline"), Access::ReadWrite)
             .args("{key} k"),
         Use::new(Conn::State, "hset", SCRIPT)
-            .on(Keys::State("ledger:*:handled-deadline"), Access::Write)
+            .on(Keys::State("ledger:*:handled:*"), Access::Write)
             .args("{key} k 0"),
+        Use::new(Conn::State, "pexpireat", SCRIPT)
+            .on(Keys::State("ledger:*:handled:*"), Access::Write)
+            .args("{key} 1000"),
+        Use::new(Conn::State, "exists", SCRIPT)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key}"),
         Use::new(Conn::State, "hget", SCRIPT)
-            .on(Keys::State("ledger:*:handled-deadline"), Access::Read)
-            .args("{key} k"),
-        Use::new(Conn::State, "hdel", SCRIPT)
-            .on(Keys::State("ledger:*:handled-deadline"), Access::ReadWrite)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k"),
         Use::new(Conn::State, "hsetnx", SCRIPT)
             .on(Keys::State("claims:*:*"), Access::Write)

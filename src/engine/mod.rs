@@ -107,13 +107,6 @@ impl Engine {
                     }
                 }
                 _ = take_over.tick() => {
-                    if self.ledger().is_some() {
-                        for &db in &self.config.redis.databases {
-                            if let Err(e) = self.intake.trim(db).await {
-                                tracing::debug!(db, error = %e, "Cannot trim the handled memory.");
-                            }
-                        }
-                    }
                     if stages.len() < FIRING_STAGES {
                         self.config = self.live.current();
                         match self.intake.take_over(BATCH).await {

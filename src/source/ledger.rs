@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::engine::intake;
 use crate::keyspace::{Conn, per_key};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -66,16 +67,35 @@ pub struct Missed {
 // holds the deadline the poker saw: if the engine handled the `expired` in between, nothing moves.
 // Entries are stamped with the next number of the database's marker sequence, shared by every
 // instance (see `Ledger::mark`); returns that number.
-// Records read deadlines (ARGV[1] is the slack, then key/deadline pairs): a positive deadline
-// goes in unless the handled memory says this incarnation's expiry was taken already, either
-// with that very deadline (or a later one) or, as `~T`, without a known deadline at T; a
-// deadline at or before T (plus clock slack) belonged to the key that expired then.
+// Records read deadlines (ARGV[1] is the slack, ARGV[2] the handled memory's name without its
+// minute, ARGV[3] the current minute, ARGV[4] how many minutes it goes back, then key/deadline
+// pairs): a positive deadline goes in unless the handled memory says this incarnation's expiry
+// was taken already, either with that very deadline (or a later one) or, as `~T`, without a
+// known deadline at T; a deadline at or before T (plus clock slack) belonged to the key that
+// expired then.
 const RECORD: &str = r"
 local slack = tonumber(ARGV[1])
-for i = 2, #ARGV, 2 do
+local recent = nil
+local function recalled(key)
+  if not recent then
+    recent = {}
+    local minute = tonumber(ARGV[3])
+    for m = minute, minute - tonumber(ARGV[4]), -1 do
+      if redis.call('EXISTS', ARGV[2] .. m) == 1 then
+        recent[#recent + 1] = ARGV[2] .. m
+      end
+    end
+  end
+  for _, hk in ipairs(recent) do
+    local h = redis.call('HGET', hk, key)
+    if h then return h end
+  end
+  return false
+end
+for i = 5, #ARGV, 2 do
   local k, d = ARGV[i], tonumber(ARGV[i + 1])
   if d > 0 then
-    local h = redis.call('HGET', KEYS[2], k)
+    local h = recalled(k)
     local stale = false
     if h then
       if string.sub(h, 1, 1) == '~' then
@@ -221,8 +241,10 @@ impl Ledger {
         }
         let mut inv = self.inner.record.prepare_invoke();
         inv.key(self.zset(db))
-            .key(format!("{}ledger:{db}:handled-deadline", self.inner.prefix))
-            .arg(TAKEN_SLACK_MS);
+            .arg(TAKEN_SLACK_MS)
+            .arg(intake::handled_memory(&self.inner.prefix, db))
+            .arg(now_ms().div_euclid(60_000))
+            .arg(intake::HANDLED_MINUTES);
         for (k, d) in keys.iter().zip(deadlines) {
             inv.arg(k).arg(*d);
         }
@@ -762,8 +784,12 @@ crate::keyspace::commands::declare! {
             .args("{key} k 0")
             .when(When::Ledger),
         Use::new(Conn::State, "hget", SCRIPTS)
-            .on(Keys::State("ledger:*:handled-deadline"), Access::Read)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Conn::State, "exists", SCRIPTS)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key}")
             .when(When::Ledger),
 
     ]
