@@ -18,8 +18,20 @@
 //! (`state.url`), so that the watched one only expires, publishes and serves the details.
 //!
 //! `--save` writes the figures as JSON; `--compare` reads such a file and prints the change.
+//!
+//! Side by side with another build, in one run: `--baseline PATH` names this example built from
+//! another commit (copy `target/release/examples/mass_expiry` aside before rebuilding); `--rounds N`
+//! runs Redis's pace, the baseline and this build N times, alternating, and prints each run and
+//! the medians: seconds to take over and to deliver, keywatch's CPU µs per task, each
+//! redis-server's CPU µs per task (the watched one, and the state one with `--state-redis`), peak
+//! RSS. The naive subscriber is skipped in that mode.
+//!
+//! ```text
+//! cp target/release/examples/mass_expiry /tmp/mass_expiry.main    # on the older commit
+//! cargo run --release --example mass_expiry -- --baseline /tmp/mass_expiry.main --rounds 3
+//! ```
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -75,6 +87,9 @@ struct Args {
     python: String,
     /// keywatch's state (ledger, claims, queue) in a second redis-server (`state.url`).
     state_redis: bool,
+    /// Another build of this example, run alternately with this one.
+    baseline: Option<PathBuf>,
+    rounds: usize,
 }
 
 fn parse_args() -> Args {
@@ -94,6 +109,11 @@ fn parse_args() -> Args {
         skip_naive: args.iter().any(|a| a == "--skip-naive"),
         python: value("--python").unwrap_or_else(|| "python3".into()),
         state_redis: args.iter().any(|a| a == "--state-redis"),
+        baseline: value("--baseline").map(PathBuf::from),
+        rounds: value("--rounds")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1)
+            .max(1),
     }
 }
 
@@ -300,8 +320,9 @@ impl Drop for Keywatch {
     }
 }
 
-/// `keywatch run` as a child process: this example started again with `--keywatch`.
-fn start_keywatch(redis: &str, receiver: &str, state: Option<&str>) -> Keywatch {
+/// `keywatch run` as a child process: `exe` (this example, or a baseline build of it) started
+/// again with `--keywatch`.
+fn start_keywatch(exe: &Path, redis: &str, receiver: &str, state: Option<&str>) -> Keywatch {
     let dir = tempfile::tempdir().expect("temp dir");
     let rules = dir.path().join("rules.yaml");
     let state = state
@@ -325,7 +346,6 @@ fn start_keywatch(redis: &str, receiver: &str, state: Option<&str>) -> Keywatch 
     )
     .expect("write rules");
     let log = std::fs::File::create(log_path()).expect("log file");
-    let exe = std::env::current_exe().expect("this example's path");
     let child = Command::new(exe)
         .arg("--keywatch")
         .args(["run", "-r"])
@@ -344,6 +364,8 @@ struct KeywatchRun {
     taken_s: f64,
     cpu_s: f64,
     redis_cpu_s: f64,
+    /// The state's redis-server, with `--state-redis`.
+    state_cpu_s: Option<f64>,
     /// `INFO commandstats` lines of the keywatch run, most time first.
     commands: Vec<(String, u64, f64)>,
     rss_mb: f64,
@@ -352,11 +374,12 @@ struct KeywatchRun {
     details_left: usize,
 }
 
-async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
+async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool) -> KeywatchRun {
     let server = LocalRedis::start(&["--notify-keyspace-events", "Exg"]).expect("redis-server");
     let state = state_redis.then(|| LocalRedis::start(&[]).expect("redis-server for the state"));
     let (hook, seen) = receiver(tasks).await;
     let kw = start_keywatch(
+        exe,
         &server.url(),
         &hook,
         state.as_ref().map(|s| s.url()).as_deref(),
@@ -384,9 +407,11 @@ async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
     };
     let cpu_s = cpu_secs(pid) - cpu_at_due;
     let (redis_cpu_s, commands) = watched.end().await;
+    let mut state_cpu_s = None;
     if let Some(span) = &mut state_span {
         let (cpu, commands) = span.end().await;
         print_commands("the state's redis-server", cpu, &commands);
+        state_cpu_s = Some(cpu);
     }
     let taken_ms = taken.await.unwrap_or(f64::NAN);
     // Requests still on their way would be duplicates: give them a moment to show.
@@ -410,6 +435,7 @@ async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
         taken_s: secs_since(due, taken_ms),
         cpu_s,
         redis_cpu_s,
+        state_cpu_s,
         commands,
         rss_mb,
         delivered,
@@ -421,6 +447,7 @@ async fn keywatch_run(tasks: usize, state_redis: bool) -> KeywatchRun {
 /// A redis-server's CPU seconds and commands from one instant on.
 struct RedisSpan {
     pid: u32,
+    url: String,
     conn: redis::aio::MultiplexedConnection,
     cpu_at: f64,
     commands_at: Vec<(String, u64, f64)>,
@@ -434,8 +461,26 @@ impl RedisSpan {
             .await
             .expect("connect to the throwaway redis-server");
         let commands_at = command_stats(&mut conn).await;
+        if slowlog_wanted() {
+            for (name, value) in [
+                ("slowlog-log-slower-than", "0"),
+                ("slowlog-max-len", "2000000"),
+            ] {
+                let _: Result<(), _> = redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg(name)
+                    .arg(value)
+                    .query_async(&mut conn)
+                    .await;
+            }
+            let _: Result<(), _> = redis::cmd("SLOWLOG")
+                .arg("RESET")
+                .query_async(&mut conn)
+                .await;
+        }
         RedisSpan {
             pid: server.pid(),
+            url: server.url(),
             conn,
             cpu_at: cpu_secs(server.pid()),
             commands_at,
@@ -445,8 +490,85 @@ impl RedisSpan {
     /// CPU seconds and commands (most time first) since [`RedisSpan::start`].
     async fn end(&mut self) -> (f64, Vec<(String, u64, f64)>) {
         let cpu = cpu_secs(self.pid) - self.cpu_at;
+        if slowlog_wanted() {
+            print_slowlog(&self.url);
+        }
         let now = command_stats(&mut self.conn).await;
         (cpu, since(&self.commands_at, now))
+    }
+}
+
+/// `KEYWATCH_BENCH_SLOWLOG=1`: every command of the span is logged (`SLOWLOG` at 0 µs) and
+/// summed by command and first key (digits masked), so that scripts can be told apart. The log
+/// itself costs Redis time: figures of such a run are for the breakdown, not the totals.
+fn slowlog_wanted() -> bool {
+    std::env::var_os("KEYWATCH_BENCH_SLOWLOG").is_some()
+}
+
+/// Blocking on purpose: the whole log is one large reply, longer in coming than an async
+/// connection's response timeout.
+fn print_slowlog(url: &str) {
+    let entries: Vec<redis::Value> = match redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| redis::cmd("SLOWLOG").arg("GET").arg(-1).query(&mut c))
+    {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("  SLOWLOG: cannot read it: {e}");
+            return;
+        }
+    };
+    let mut sums: std::collections::HashMap<String, (u64, u64)> = Default::default();
+    for e in entries {
+        let redis::Value::Array(fields) = e else {
+            continue;
+        };
+        let usec: u64 = fields
+            .get(2)
+            .and_then(|v| redis::from_redis_value(v.clone()).ok())
+            .unwrap_or(0);
+        let args: Vec<String> = fields
+            .get(3)
+            .and_then(|v| redis::from_redis_value(v.clone()).ok())
+            .unwrap_or_default();
+        let name = args.first().cloned().unwrap_or_default().to_lowercase();
+        let key_at = if name == "evalsha" { 3 } else { 1 };
+        // Names that hold an id or a number are summed as one: `keywatch:history:#`.
+        let key: String = args
+            .get(key_at)
+            .map(|k| {
+                k.split(':')
+                    .map(|part| {
+                        if part.len() >= 12 || part.chars().any(|ch| ch.is_ascii_digit()) {
+                            "#"
+                        } else {
+                            part
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(":")
+            })
+            .unwrap_or_default();
+        // A script by its keys: its first and, for a script, its second.
+        let second = if name == "evalsha" {
+            args.get(4)
+                .map(|k| format!(" {}", k.rsplit(':').next().unwrap_or_default()))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let s = sums.entry(format!("{name} {key}{second}")).or_default();
+        s.0 += 1;
+        s.1 += usec;
+    }
+    let mut sums: Vec<_> = sums.into_iter().collect();
+    sums.sort_by(|a, b| b.1.1.cmp(&a.1.1));
+    eprintln!("  SLOWLOG (every command; by command and first key):");
+    for (what, (calls, usec)) in sums.iter().take(25) {
+        eprintln!(
+            "    {what:<48} {calls:>9} calls {:>9.3} s",
+            *usec as f64 / 1e6
+        );
     }
 }
 
@@ -642,6 +764,107 @@ fn print_comparison(old: &Figures, new: &Figures) {
     }
 }
 
+/// The median of `xs` (NaN when empty).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
+/// `--baseline`: Redis's pace, the baseline build and this one, alternating, `--rounds` times.
+fn side_by_side(args: &Args, baseline: &Path) -> std::process::ExitCode {
+    let this = std::env::current_exe().expect("this example's path");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut pace = Vec::new();
+    let mut runs: [Vec<KeywatchRun>; 2] = [Vec::new(), Vec::new()];
+    let names = ["baseline", "this build"];
+    rt.block_on(async {
+        for round in 1..=args.rounds {
+            let p = redis_pace(args.tasks).await;
+            eprintln!("round {round}: Redis's pace {p:.2} s");
+            pace.push(p);
+            for (i, exe) in [baseline, this.as_path()].into_iter().enumerate() {
+                let kw = keywatch_run(exe, args.tasks, args.state_redis).await;
+                eprintln!(
+                    "round {round}: {}: taken over {:.2} s, delivered {:.2} s, {} of {} delivered",
+                    names[i], kw.taken_s, kw.secs, kw.delivered, args.tasks
+                );
+                print_commands(
+                    &format!("{} (watched redis-server)", names[i]),
+                    kw.redis_cpu_s,
+                    &kw.commands,
+                );
+                runs[i].push(kw);
+            }
+        }
+    });
+    let per_task = |s: f64| s * 1e6 / args.tasks as f64;
+    let layout = if args.state_redis {
+        "state on its own redis-server"
+    } else {
+        "state on the watched redis-server"
+    };
+    println!(
+        "\nmass expiry, {} tasks, {layout}, {} rounds alternating (medians; each run below)\n",
+        args.tasks, args.rounds
+    );
+    let redis_s = median(pace.clone());
+    println!("Redis's pace (last `expired` at a bare subscriber): {redis_s:.2} s\n");
+    println!(
+        "| build | taken over, s | ÷ Redis's pace | delivered, s | keywatch CPU µs/task | watched redis CPU µs/task | state redis CPU µs/task | peak RSS MB |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, rs) in runs.iter().enumerate() {
+        let m = |f: &dyn Fn(&KeywatchRun) -> f64| median(rs.iter().map(f).collect());
+        let taken = m(&|r| r.taken_s);
+        let state = if args.state_redis {
+            format!("{:.1}", per_task(m(&|r| r.state_cpu_s.unwrap_or(f64::NAN))))
+        } else {
+            "(same server)".to_string()
+        };
+        println!(
+            "| {} | {taken:.2} | {:.2}× | {:.2} | {:.1} | {:.1} | {state} | {:.0} |",
+            names[i],
+            taken / redis_s,
+            m(&|r| r.secs),
+            per_task(m(&|r| r.cpu_s)),
+            per_task(m(&|r| r.redis_cpu_s)),
+            m(&|r| r.rss_mb),
+        );
+    }
+    println!("\neach run:\n");
+    println!(
+        "| round | Redis's pace, s | build | taken over, s | delivered, s | delivered / requests | details left |"
+    );
+    println!("|---:|---:|---|---:|---:|---|---:|");
+    let mut complete = true;
+    for round in 0..args.rounds {
+        for (i, rs) in runs.iter().enumerate() {
+            let r = &rs[round];
+            complete &= r.delivered == args.tasks && r.details_left == 0;
+            println!(
+                "| {} | {:.2} | {} | {:.2} | {:.2} | {} / {} | {} |",
+                round + 1,
+                pace[round],
+                names[i],
+                r.taken_s,
+                r.secs,
+                r.delivered,
+                r.requests,
+                r.details_left
+            );
+        }
+    }
+    if complete {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    }
+}
+
 fn main() -> std::process::ExitCode {
     let mut argv = std::env::args();
     if argv.nth(1).as_deref() == Some("--keywatch") {
@@ -652,6 +875,9 @@ fn main() -> std::process::ExitCode {
         return keywatch::command::run(cli);
     }
     let args = parse_args();
+    if let Some(baseline) = &args.baseline {
+        return side_by_side(&args, baseline);
+    }
     let old = args.compare.as_ref().map(|p| {
         let text = std::fs::read_to_string(p)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()));
@@ -662,7 +888,8 @@ fn main() -> std::process::ExitCode {
     let figures = rt.block_on(async {
         let redis_s = redis_pace(args.tasks).await;
         eprintln!("Redis's pace: {redis_s:.2} s");
-        let kw = keywatch_run(args.tasks, args.state_redis).await;
+        let exe = std::env::current_exe().expect("this example's path");
+        let kw = keywatch_run(&exe, args.tasks, args.state_redis).await;
         eprintln!("keywatch: {:.2} s", kw.secs);
         print_commands("redis-server", kw.redis_cpu_s, &kw.commands);
         let naive_s = if args.skip_naive {

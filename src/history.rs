@@ -298,14 +298,30 @@ impl Writer {
         let now = clock::now_ms();
         let mut p = redis::pipe();
         let mut firings = 0;
+        // One `HSET` (and one `PEXPIRE`) per firing's hash and one `ZADD` of every new firing,
+        // however many entries of the batch they hold: in a storm each firing comes with its
+        // outcomes, and a command per entry was most of what history cost Redis.
+        let mut index_add = redis::cmd("ZADD");
+        index_add.arg(&index);
+        let mut hashes: Vec<(String, redis::Cmd)> = Vec::new();
+        let mut at: std::collections::HashMap<String, usize> = Default::default();
+        let prefix = self.prefix.clone();
+        let mut hset = |id: &str, field: &str, value: &str| {
+            let key = record_key(&prefix, id);
+            let i = *at.entry(key.clone()).or_insert_with(|| {
+                let mut c = redis::cmd("HSET");
+                c.arg(&key);
+                hashes.push((key, c));
+                hashes.len() - 1
+            });
+            hashes[i].1.arg(field).arg(value);
+        };
         for e in batch {
             match e {
                 Entry::Firing { id, at_ms, event } => {
                     firings += 1;
-                    let key = record_key(&self.prefix, id);
-                    p.add_command(zadd(&index, *at_ms, id)).ignore();
-                    p.add_command(hset(&key, "event", event)).ignore();
-                    p.add_command(pexpire(&key, self.keep_ms)).ignore();
+                    index_add.arg(*at_ms).arg(id);
+                    hset(id, "event", event);
                 }
                 Entry::Action { id, field, record } => {
                     let mut record = record.clone();
@@ -316,12 +332,17 @@ impl Writer {
                         // A dead letter later in this batch keeps these attempts.
                         known.insert(at, record.attempts);
                     }
-                    let key = record_key(&self.prefix, id);
                     let json = serde_json::to_string(&record).unwrap_or_default();
-                    p.add_command(hset(&key, field, &json)).ignore();
-                    p.add_command(pexpire(&key, self.keep_ms)).ignore();
+                    hset(id, field, &json);
                 }
             }
+        }
+        for (key, hset) in hashes {
+            p.add_command(hset).ignore();
+            p.add_command(pexpire(&key, self.keep_ms)).ignore();
+        }
+        if firings > 0 {
+            p.add_command(index_add).ignore();
         }
         if firings > 0 {
             let mut trim = redis::cmd("ZREMRANGEBYSCORE");
@@ -362,18 +383,6 @@ impl Writer {
         p.add_command(zrem).ignore();
         p.query_async(&mut self.conn).await
     }
-}
-
-fn zadd(key: &str, score: i64, member: &str) -> redis::Cmd {
-    let mut c = redis::cmd("ZADD");
-    c.arg(key).arg(score).arg(member);
-    c
-}
-
-fn hset(key: &str, field: &str, value: &str) -> redis::Cmd {
-    let mut c = redis::cmd("HSET");
-    c.arg(key).arg(field).arg(value);
-    c
 }
 
 fn hget(key: &str, field: &str) -> redis::Cmd {

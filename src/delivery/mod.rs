@@ -160,6 +160,10 @@ impl Delivery {
         }
         let mut now = Vec::new();
         let mut later = Vec::new();
+        // Per later firing, where each of its jobs waits (see `wait_targets`).
+        let mut later_waits: Vec<Vec<Option<String>>> = Vec::new();
+        // The room of each target that this batch's firings already count on.
+        let mut counted: HashMap<String, usize> = HashMap::new();
         let mut windows: HashMap<Window, (Group, Vec<Arc<Firing>>)> = HashMap::new();
         for firing in firings {
             let firing = Arc::new(firing);
@@ -188,13 +192,27 @@ impl Delivery {
             if jobs.is_empty() {
                 continue;
             }
-            match inner
-                .concurrent
-                .clone()
-                .try_acquire_many_owned(permits(&jobs))
-            {
-                Ok(permit) if has_room(inner, &actions.config, &jobs) => now.push((jobs, permit)),
-                _ => later.push(jobs),
+            // Without a queue there is nowhere else to wait: everything starts here, in turn.
+            let waits = if inner.queue.is_some() {
+                wait_targets(inner, &actions.config, &jobs, &mut counted)
+            } else {
+                vec![None; jobs.len()]
+            };
+            let permit = if waits.iter().all(Option::is_none) {
+                inner
+                    .concurrent
+                    .clone()
+                    .try_acquire_many_owned(permits(&jobs))
+                    .ok()
+            } else {
+                None
+            };
+            match permit {
+                Some(permit) => now.push((jobs, permit)),
+                None => {
+                    later.push(jobs);
+                    later_waits.push(waits);
+                }
             }
         }
         // Windows first: a job id is the same whoever computes it, so putting a window's jobs
@@ -208,8 +226,8 @@ impl Delivery {
             let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
             let mut pending = Vec::new();
             let mut waiting = Vec::new();
-            for jobs in &later {
-                for (job, target) in jobs.iter().zip(wait_targets(inner, &actions.config, jobs)) {
+            for (jobs, waits) in later.iter().zip(later_waits) {
+                for (job, target) in jobs.iter().zip(waits) {
                     match target {
                         Some(t) => waiting.push((t, job.clone())),
                         None => pending.push(job.clone()),
@@ -221,15 +239,17 @@ impl Delivery {
                 return Err(e);
             }
             for (target, _) in &waiting {
-                if let Some(slot) = SlotKey::from_target(target)
-                    .and_then(|k| inner.slots.get(&actions.config, &k))
+                if let Some(slot) =
+                    SlotKey::from_target(target).and_then(|k| inner.slots.get(&actions.config, &k))
                 {
                     slot.set_parked(true);
                 }
             }
             if !later.is_empty() {
                 later.clear();
-                inner.backlogged.store(!pending.is_empty(), Ordering::Relaxed);
+                if !pending.is_empty() {
+                    inner.backlogged.store(true, Ordering::Relaxed);
+                }
                 inner.wake.notify_one();
             }
         }
@@ -414,7 +434,13 @@ impl Delivery {
                     take_windows(&inner, &queue).await;
                 }
                 take_waiting(&inner, &queue).await;
-                take_due(&inner, &queue).await;
+                // Woken because a job finished and jobs wait for its target: that was
+                // `take_waiting`'s work. The queue itself is read on the tick, or at once while
+                // it holds more than one take brought (a script call per finished job, on a
+                // queue that held only leased jobs, was a good part of a storm's Redis work).
+                if ticked || inner.backlogged.load(Ordering::Relaxed) {
+                    take_due(&inner, &queue).await;
+                }
             }
         });
     }
@@ -532,35 +558,17 @@ fn permits(jobs: &[Job]) -> u32 {
     u32::try_from(jobs.len().clamp(1, state::CONCURRENT)).unwrap_or(1)
 }
 
-/// Whether the targets `jobs` start with have room now (their slots, or rate-limited lines); a
-/// firing that would only wait in memory is better stored to wait in the queue. Always, without
-/// a queue: there is nowhere else to wait.
-fn has_room(inner: &Inner, config: &crate::config::Config, jobs: &[Job]) -> bool {
-    if inner.queue.is_none() {
-        return true;
-    }
-    jobs[..starting(jobs)].iter().all(|j| match &j.action {
-        Action::Notify { channel } if config.channel(channel).is_some_and(|c| c.rate.is_some()) => {
-            inner
-                .limiters
-                .get(config, channel)
-                .is_none_or(|l| l.lane.has_room(0))
-        }
-        action => inner
-            .slots
-            .of(config, &j.firing.rule, action)
-            .is_none_or(|s| s.has_room()),
-    })
-}
-
-/// Where each job of a firing that does not start now waits: for its target in Redis (the
+/// Where each job of a new firing waits if it cannot start now: for its target in Redis (the
 /// target's name) when that target has no room, as [`admit_firing`] would send it after taking
-/// it from the queue; `None`, in the queue for whichever instance has room first, when the
-/// targets have room and only this instance has none. Nothing is reserved.
+/// it from the queue; `None` otherwise. All `None`: the firing may start here now. The room of
+/// each target is counted across the batch (`counted`), since nothing is reserved until the
+/// jobs run: judged one firing at a time against the same free room, a whole storm batch
+/// looked as if it fitted, was leased here, and all but a few jobs were then parked one by one.
 fn wait_targets(
     inner: &Inner,
     config: &crate::config::Config,
     jobs: &[Job],
+    counted: &mut HashMap<String, usize>,
 ) -> Vec<Option<String>> {
     let first = starting(jobs);
     let mut out = Vec::with_capacity(jobs.len());
@@ -570,7 +578,7 @@ fn wait_targets(
             out.push(after.clone());
             continue;
         }
-        let full = full_target(inner, config, job);
+        let full = count_room(inner, config, job, counted).err();
         if full.is_some() && !matches!(job.action, Action::Notify { .. }) {
             after.clone_from(&full);
         }
@@ -579,17 +587,38 @@ fn wait_targets(
     out
 }
 
-/// `job`'s target (as [`SlotKey::target`] names it) when it has no room now: its channel's
-/// rate-limited line, or its slot.
-fn full_target(inner: &Inner, config: &crate::config::Config, job: &Job) -> Option<String> {
+/// Counts `job` against the room of its target (its channel's rate-limited line, or its slot)
+/// left after what `counted` holds; `Err` with the target's name when there is none.
+fn count_room(
+    inner: &Inner,
+    config: &crate::config::Config,
+    job: &Job,
+    counted: &mut HashMap<String, usize>,
+) -> Result<(), String> {
     if let Action::Notify { channel } = &job.action
         && let Some(l) = inner.limiters.get(config, channel)
     {
-        return (!l.lane.has_room(0)).then(|| SlotKey::Channel(channel.clone()).target());
+        let target = SlotKey::Channel(channel.clone()).target();
+        let n = counted.entry(target.clone()).or_default();
+        if !l.lane.has_room(*n) {
+            return Err(target);
+        }
+        *n += 1;
+        return Ok(());
     }
-    let key = SlotKey::of(&job.firing.rule, &job.action)?;
-    let slot = inner.slots.get(config, &key)?;
-    (!slot.has_room()).then(|| key.target())
+    let Some(key) = SlotKey::of(&job.firing.rule, &job.action) else {
+        return Ok(());
+    };
+    let Some(slot) = inner.slots.get(config, &key) else {
+        return Ok(());
+    };
+    let target = key.target();
+    let n = counted.entry(target.clone()).or_default();
+    if slot.room() <= *n {
+        return Err(target);
+    }
+    *n += 1;
+    Ok(())
 }
 
 /// How many of a firing's jobs (in the order of SPEC §2) start at once: the first step, or every

@@ -303,7 +303,8 @@ impl Queue {
                 .arg(id);
         }
         let mut sadd = redis::cmd("SADD");
-        sadd.arg(self.waiting_key()).arg(by_target.keys().collect::<Vec<_>>());
+        sadd.arg(self.waiting_key())
+            .arg(by_target.keys().collect::<Vec<_>>());
         let mut cmds = vec![hset];
         cmds.extend(by_target.into_values());
         cmds.push(sadd);

@@ -122,11 +122,6 @@ impl Slot {
                 .saturating_sub(self.waiting.load(Ordering::Acquire))
     }
 
-    /// Whether [`Slot::admit`] would admit a job now (without reserving anything).
-    pub(super) fn has_room(&self) -> bool {
-        self.room() > 0
-    }
-
     /// Jobs of this target now wait in Redis (or no longer do, as far as this instance knows).
     pub(super) fn set_parked(&self, parked: bool) {
         self.parked.store(parked, Ordering::Release);

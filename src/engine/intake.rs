@@ -119,11 +119,13 @@ for i = 8, #ARGV, 6 do
       redis.call('ZREM', KEYS[1], key)
       d = s
     end
-    local p = redis.call('HGET', KEYS[3], key)
-    if p then
-      redis.call('ZREM', KEYS[2], key)
-      redis.call('HDEL', KEYS[3], key)
-      d = p
+    if not d then
+      local p = redis.call('HGET', KEYS[3], key)
+      if p then
+        redis.call('ZREM', KEYS[2], key)
+        redis.call('HDEL', KEYS[3], key)
+        d = p
+      end
     end
     if d then
       remember(key, d)
