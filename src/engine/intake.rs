@@ -68,6 +68,29 @@ pub fn handled_memory(prefix: &str, db: u32) -> String {
     format!("{prefix}ledger:{db}:handled:")
 }
 
+/// Lua put in front of the scripts that read the handled memory: `recalled(memory, minute,
+/// minutes, key)` is what the memory (`memory` is its name without the minute) holds for `key`
+/// over the `minutes` before `minute`, or `false`. The minutes' hashes that exist are listed once
+/// per script run: most are absent, and a miss then costs one `HGET` per hash that exists.
+pub const RECALLED: &str = r"
+local recent = nil
+local function recalled(memory, minute, minutes, key)
+  if not recent then
+    recent = {}
+    for m = minute, minute - minutes, -1 do
+      if redis.call('EXISTS', memory .. m) == 1 then
+        recent[#recent + 1] = memory .. m
+      end
+    end
+  end
+  for _, hk in ipairs(recent) do
+    local h = redis.call('HGET', hk, key)
+    if h then return h end
+  end
+  return false
+end
+";
+
 const TAKE: &str = r"
 local now = tonumber(ARGV[1])
 local due_limit = tonumber(ARGV[2])
@@ -86,22 +109,6 @@ local function remember(key, d)
     redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
     kept = true
   end
-end
-local recent = nil
-local function recalled(key)
-  if not recent then
-    recent = {}
-    for m = minute, minute - minutes, -1 do
-      if redis.call('EXISTS', memory .. m) == 1 then
-        recent[#recent + 1] = memory .. m
-      end
-    end
-  end
-  for _, hk in ipairs(recent) do
-    local h = redis.call('HGET', hk, key)
-    if h then return h end
-  end
-  return false
 end
 local out = {}
 for i = 8, #ARGV, 6 do
@@ -131,7 +138,7 @@ for i = 8, #ARGV, 6 do
       remember(key, d)
       own = true
     else
-      local h = recalled(key)
+      local h = recalled(memory, minute, minutes, key)
       if h and string.sub(h, 1, 1) ~= '~' then
         d = h
         recalled_d = true
@@ -379,7 +386,7 @@ impl Intake {
             instance: instance.to_string(),
             zset: format!("{prefix}intake"),
             records: format!("{prefix}intake:events"),
-            take: Arc::new(redis::Script::new(TAKE)),
+            take: Arc::new(redis::Script::new(&format!("{RECALLED}{TAKE}"))),
             take_over: Arc::new(redis::Script::new(TAKE_OVER)),
             retry: Arc::new(redis::Script::new(RETRY)),
             held: Arc::default(),

@@ -75,27 +75,11 @@ pub struct Missed {
 // expired then.
 const RECORD: &str = r"
 local slack = tonumber(ARGV[1])
-local recent = nil
-local function recalled(key)
-  if not recent then
-    recent = {}
-    local minute = tonumber(ARGV[3])
-    for m = minute, minute - tonumber(ARGV[4]), -1 do
-      if redis.call('EXISTS', ARGV[2] .. m) == 1 then
-        recent[#recent + 1] = ARGV[2] .. m
-      end
-    end
-  end
-  for _, hk in ipairs(recent) do
-    local h = redis.call('HGET', hk, key)
-    if h then return h end
-  end
-  return false
-end
+local minute, minutes = tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 5, #ARGV, 2 do
   local k, d = ARGV[i], tonumber(ARGV[i + 1])
   if d > 0 then
-    local h = recalled(k)
+    local h = recalled(ARGV[2], minute, minutes, k)
     local stale = false
     if h then
       if string.sub(h, 1, 1) == '~' then
@@ -162,7 +146,7 @@ impl Ledger {
                 prefix: prefix.to_string(),
                 instance: format!("{:016x}", fastrand::u64(..)),
                 move_poked: redis::Script::new(MOVE_POKED),
-                record: redis::Script::new(RECORD),
+                record: redis::Script::new(&format!("{}{RECORD}", intake::RECALLED)),
                 metrics,
                 filled: AtomicBool::new(false),
                 filling: AtomicUsize::new(0),
@@ -782,14 +766,6 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "hset", SCRIPTS)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
             .args("{key} k 0")
-            .when(When::Ledger),
-        Use::new(Conn::State, "hget", SCRIPTS)
-            .on(Keys::State("ledger:*:handled:*"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Conn::State, "exists", SCRIPTS)
-            .on(Keys::State("ledger:*:handled:*"), Access::Read)
-            .args("{key}")
             .when(When::Ledger),
 
     ]
