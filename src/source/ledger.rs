@@ -44,6 +44,11 @@ const POKE_BATCH: usize = 2000;
 /// published at all may be kept waiting meanwhile.
 const HOLD_AT_MOST: Duration = Duration::from_secs(1);
 
+/// Longest the poker touches without recording the keys it finds gone while events wait (see
+/// [`Ledger::poke_round`]): how long recovering an expiry whose event was lost may be put off by
+/// a subscriber that never catches up.
+const RECORD_AT_MOST: Duration = Duration::from_secs(10);
+
 /// What a keyevent says about a deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Note {
@@ -298,6 +303,16 @@ impl Ledger {
 
     /// One round of the poker for `db`: touch every due key; returns how many were due.
     pub async fn poke(&self, db: u32) -> redis::RedisResult<usize> {
+        self.poke_round(db, true).await
+    }
+
+    /// A round of the poker; `record_gone`: keys found gone move to the poked set, to be
+    /// recovered if their `expired` never comes. While events wait to be matched (a mass expiry:
+    /// Redis has expired the keys and their `expired` is on its way), the poker only touches: a
+    /// gone key recorded as poked then had its record undone by the take of that very event, a
+    /// fifth of a storm's keys paying four writes each for nothing. A key whose event really was
+    /// lost stays in the ledger and is found gone again once the events are caught up with.
+    pub async fn poke_round(&self, db: u32, record_gone: bool) -> redis::RedisResult<usize> {
         let zset = self.zset(db);
         // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
         let due: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
@@ -328,10 +343,11 @@ impl Ledger {
         let mut fix = redis::pipe();
         for ((k, score), t) in due.iter().zip(now) {
             match t {
-                -2 => {
+                -2 if record_gone => {
                     gone.arg(k).arg(*score as i64);
                     any_gone = true;
                 }
+                -2 => {}
                 // A plain SET dropped the TTL (Redis says nothing about that): no expiry will come.
                 -1 => {
                     fix.cmd("ZREM").arg(&zset).arg(k).ignore();
@@ -594,6 +610,7 @@ pub async fn run_poker(
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
     let mut last_round = tokio::time::Instant::now();
+    let mut last_recorded = tokio::time::Instant::now();
     loop {
         // Read each round: a reload may change the databases, or whether a ledger is kept.
         let config = live.current();
@@ -623,7 +640,14 @@ pub async fn run_poker(
                 for &db in &dbs {
                     // Keep poking while whole batches are due, then wait a tick.
                     loop {
-                        match ledger.poke(db).await {
+                        // Gone keys are recorded once the events are caught up with, and
+                        // at least every RECORD_AT_MOST however busy: a subscriber always
+                        // behind must not put off recovering lost expiries for good.
+                        let record = !behind() || last_recorded.elapsed() >= RECORD_AT_MOST;
+                        if record {
+                            last_recorded = tokio::time::Instant::now();
+                        }
+                        match ledger.poke_round(db, record).await {
                             Ok(n) if n == POKE_BATCH && !behind() => continue,
                             Ok(_) => break,
                             Err(e) => {
