@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::{Conn, clock};
+use crate::source::ledger::{HANDLED_MINUTES, RECALLED};
 
 /// How long a taken event is this instance's before another may take it over. Renewed every
 /// [`RENEW_EVERY`] while in hand.
@@ -58,38 +59,6 @@ pub const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// A clock skew allowance: an `expired` for a key whose recorded deadline is further in the
 /// future than this belongs to an older incarnation of the key.
 const SKEW_MS: i64 = 2000;
-
-/// How long a handled deadline is remembered, from the minute it was handled: one hash per
-/// minute (`{prefix}ledger:DB:handled:MINUTE`), dropped by Redis itself when its time is up.
-pub const HANDLED_MINUTES: i64 = 10;
-
-/// The name of the handled memory of `db` without its minute.
-pub fn handled_memory(prefix: &str, db: u32) -> String {
-    format!("{prefix}ledger:{db}:handled:")
-}
-
-/// Lua put in front of the scripts that read the handled memory: `recalled(memory, minute,
-/// minutes, key)` is what the memory (`memory` is its name without the minute) holds for `key`
-/// over the `minutes` before `minute`, or `false`. The minutes' hashes that exist are listed once
-/// per script run: most are absent, and a miss then costs one `HGET` per hash that exists.
-pub const RECALLED: &str = r"
-local recent = nil
-local function recalled(memory, minute, minutes, key)
-  if not recent then
-    recent = {}
-    for m = minute, minute - minutes, -1 do
-      if redis.call('EXISTS', memory .. m) == 1 then
-        recent[#recent + 1] = memory .. m
-      end
-    end
-  end
-  for _, hk in ipairs(recent) do
-    local h = redis.call('HGET', hk, key)
-    if h then return h end
-  end
-  return false
-end
-";
 
 const TAKE: &str = r"
 local now = tonumber(ARGV[1])
@@ -688,9 +657,6 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "pexpireat", SCRIPT)
             .on(Keys::State("ledger:*:handled:*"), Access::Write)
             .args("{key} 1000"),
-        Use::new(Conn::State, "exists", SCRIPT)
-            .on(Keys::State("ledger:*:handled:*"), Access::Read)
-            .args("{key}"),
         Use::new(Conn::State, "hget", SCRIPT)
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k"),

@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::engine::intake;
 use crate::keyspace::{Conn, per_key};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +42,38 @@ const POKE_BATCH: usize = 2000;
 /// Longest the poker holds back while events wait: what a key whose `expired` Redis has not
 /// published at all may be kept waiting meanwhile.
 const HOLD_AT_MOST: Duration = Duration::from_secs(1);
+
+/// How long a handled deadline is remembered, from the minute it was handled: one hash per
+/// minute (`{prefix}ledger:DB:handled:MINUTE`), dropped by Redis itself when its time is up.
+pub const HANDLED_MINUTES: i64 = 10;
+
+/// The name of the handled memory of `db` without its minute.
+pub fn handled_memory(prefix: &str, db: u32) -> String {
+    format!("{prefix}ledger:{db}:handled:")
+}
+
+/// Lua put in front of the scripts that read the handled memory: `recalled(memory, minute,
+/// minutes, key)` is what the memory (`memory` is its name without the minute) holds for `key`
+/// over the `minutes` before `minute`, or `false`. The minutes' hashes that exist are listed once
+/// per script run: most are absent, and a miss then costs one `HGET` per hash that exists.
+pub const RECALLED: &str = r"
+local recent = nil
+local function recalled(memory, minute, minutes, key)
+  if not recent then
+    recent = {}
+    for m = minute, minute - minutes, -1 do
+      if redis.call('EXISTS', memory .. m) == 1 then
+        recent[#recent + 1] = memory .. m
+      end
+    end
+  end
+  for _, hk in ipairs(recent) do
+    local h = redis.call('HGET', hk, key)
+    if h then return h end
+  end
+  return false
+end
+";
 
 /// Longest the poker touches without recording the keys it finds gone while events wait (see
 /// [`Ledger::poke_round`]): how long recovering an expiry whose event was lost may be put off by
@@ -151,7 +182,7 @@ impl Ledger {
                 prefix: prefix.to_string(),
                 instance: format!("{:016x}", fastrand::u64(..)),
                 move_poked: redis::Script::new(MOVE_POKED),
-                record: redis::Script::new(&format!("{}{RECORD}", intake::RECALLED)),
+                record: redis::Script::new(&format!("{RECALLED}{RECORD}")),
                 metrics,
                 filled: AtomicBool::new(false),
                 filling: AtomicUsize::new(0),
@@ -231,9 +262,9 @@ impl Ledger {
         let mut inv = self.inner.record.prepare_invoke();
         inv.key(self.zset(db))
             .arg(TAKEN_SLACK_MS)
-            .arg(intake::handled_memory(&self.inner.prefix, db))
+            .arg(handled_memory(&self.inner.prefix, db))
             .arg(now_ms().div_euclid(60_000))
-            .arg(intake::HANDLED_MINUTES);
+            .arg(HANDLED_MINUTES);
         for (k, d) in keys.iter().zip(deadlines) {
             inv.arg(k).arg(*d);
         }
@@ -790,6 +821,14 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "hset", SCRIPTS)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
             .args("{key} k 0")
+            .when(When::Ledger),
+        Use::new(Conn::State, "exists", SCRIPTS)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Conn::State, "hget", SCRIPTS)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key} k")
             .when(When::Ledger),
 
     ]
