@@ -562,7 +562,7 @@ fn print_slowlog(url: &str) {
         s.1 += usec;
     }
     let mut sums: Vec<_> = sums.into_iter().collect();
-    sums.sort_by(|a, b| b.1.1.cmp(&a.1.1));
+    sums.sort_by_key(|s| std::cmp::Reverse(s.1.1));
     eprintln!("  SLOWLOG (every command; by command and first key):");
     for (what, (calls, usec)) in sums.iter().take(25) {
         eprintln!(
