@@ -27,6 +27,50 @@ fn ledger_size(redis: &RedisServer) -> i64 {
         .unwrap()
 }
 
+/// A current-thread runtime for the tests that drive the ledger through the library.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The keyspace of `redis` under the rules of `log_rule_config`, its state connection, and
+/// metrics: what a `Ledger` or an `Intake` is built from.
+async fn state_of(
+    redis: &RedisServer,
+) -> (
+    keywatch::keyspace::Keyspace,
+    keywatch::keyspace::Conn,
+    std::sync::Arc<keywatch::metrics::Metrics>,
+) {
+    let config = common::rules::log_rule_config();
+    let url = keywatch::config::Secret::new(redis.url());
+    let keyspace = keywatch::keyspace::Keyspace::new(url, config.redis.clone()).unwrap();
+    let state = keyspace.conn(0).await.unwrap();
+    (
+        keyspace,
+        state,
+        std::sync::Arc::new(keywatch::metrics::Metrics::new()),
+    )
+}
+
+/// An `expired` of `key` in database 0, as the subscriber hands it on (`deadline` for a
+/// recovered one).
+fn expired(key: &str, deadline_ms: Option<i64>, recovered: bool) -> keywatch::event::KeyEvent {
+    keywatch::event::KeyEvent {
+        kind: keywatch::event::EventKind::Expired,
+        db: 0,
+        key: key.as_bytes().to_vec(),
+        field: None,
+        observed_at: chrono::Utc::now(),
+        deadline: deadline_ms.and_then(chrono::DateTime::from_timestamp_millis),
+        ttl_ms: None,
+        recovered,
+        source: String::new(),
+    }
+}
+
 #[test]
 fn expiries_with_known_deadlines_carry_deadline_and_lateness() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
@@ -255,17 +299,9 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
     use keywatch::engine::intake::{Intake, Mode};
     use keywatch::source::ledger::Ledger;
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let config = common::rules::log_rule_config();
-        let url = keywatch::config::Secret::new(redis.url());
-        let keyspace = keywatch::keyspace::Keyspace::new(url, config.redis.clone()).unwrap();
-        let state = keyspace.conn(0).await.unwrap();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
         let redis_conn = state.clone();
-        let metrics = std::sync::Arc::new(keywatch::metrics::Metrics::new());
         let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
         let b = Ledger::new(state, keyspace, "kw:", metrics);
         common::set_px(&mut redis.conn(), "k:1", 300);
@@ -287,19 +323,8 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         assert!(late > early);
         let missed = a.missed(0, late, 100).await.unwrap();
         assert_eq!(missed.len(), 1, "{missed:?}");
-        let event = |recovered: bool| keywatch::event::KeyEvent {
-            kind: keywatch::event::EventKind::Expired,
-            db: 0,
-            key: b"k:1".to_vec(),
-            field: None,
-            observed_at: chrono::Utc::now(),
-            deadline: recovered
-                .then(|| chrono::DateTime::from_timestamp_millis(missed[0].deadline_ms))
-                .flatten(),
-            ttl_ms: None,
-            recovered,
-            source: String::new(),
-        };
+        let event =
+            |recovered: bool| expired("k:1", recovered.then_some(missed[0].deadline_ms), recovered);
         let (ia, ib) = (
             Intake::new(redis_conn.clone(), "kw:", "a"),
             Intake::new(redis_conn, "kw:", "b"),
@@ -330,16 +355,8 @@ fn a_deadline_learnt_after_its_expiry_was_taken_does_not_fire_again() {
     use keywatch::engine::intake::{Intake, Mode};
     use keywatch::source::ledger::Ledger;
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let config = common::rules::log_rule_config();
-        let url = keywatch::config::Secret::new(redis.url());
-        let keyspace = keywatch::keyspace::Keyspace::new(url, config.redis.clone()).unwrap();
-        let state = keyspace.conn(0).await.unwrap();
-        let metrics = std::sync::Arc::new(keywatch::metrics::Metrics::new());
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
         let ledger = Ledger::new(state.clone(), keyspace, "keywatch:", metrics);
         let keys = vec![b"k:1".to_vec()];
         common::set_px(&mut redis.conn(), "k:1", 300);
@@ -350,17 +367,7 @@ fn a_deadline_learnt_after_its_expiry_was_taken_does_not_fire_again() {
         // no deadline in the ledger yet...
         tokio::time::sleep(Duration::from_millis(400)).await;
         touch_until_gone(&mut redis.conn(), &["k:1"]);
-        let heard = keywatch::event::KeyEvent {
-            kind: keywatch::event::EventKind::Expired,
-            db: 0,
-            key: b"k:1".to_vec(),
-            field: None,
-            observed_at: chrono::Utc::now(),
-            deadline: None,
-            ttl_ms: None,
-            recovered: false,
-            source: String::new(),
-        };
+        let heard = expired("k:1", None, false);
         let intake = Intake::new(state, "keywatch:", "a");
         let took = intake
             .take(0, &[(&heard, Mode::Live { fire: true })])

@@ -595,16 +595,8 @@ fn count_room(
     job: &Job,
     counted: &mut HashMap<String, usize>,
 ) -> Result<(), String> {
-    if let Action::Notify { channel } = &job.action
-        && let Some(l) = inner.limiters.get(config, channel)
-    {
-        let target = SlotKey::Channel(channel.clone()).target();
-        let n = counted.entry(target.clone()).or_default();
-        if !l.lane.has_room(*n) {
-            return Err(target);
-        }
-        *n += 1;
-        return Ok(());
+    if let Some(lined) = count_in_line(inner, config, job, counted) {
+        return lined;
     }
     let Some(key) = SlotKey::of(&job.firing.rule, &job.action) else {
         return Ok(());
@@ -619,6 +611,27 @@ fn count_room(
     }
     *n += 1;
     Ok(())
+}
+
+/// For a notification of a rate-limited channel (`None` otherwise): its line bounds it, so it
+/// is counted against the line's room left after what `counted` (by target) holds already.
+fn count_in_line(
+    inner: &Inner,
+    config: &crate::config::Config,
+    job: &Job,
+    counted: &mut HashMap<String, usize>,
+) -> Option<Result<(), String>> {
+    let Action::Notify { channel } = &job.action else {
+        return None;
+    };
+    let l = inner.limiters.get(config, channel)?;
+    let target = SlotKey::Channel(channel.clone()).target();
+    let n = counted.entry(target.clone()).or_default();
+    if !l.lane.has_room(*n) {
+        return Some(Err(target));
+    }
+    *n += 1;
+    Some(Ok(()))
 }
 
 /// How many of a firing's jobs (in the order of SPEC §2) start at once: the first step, or every
@@ -638,18 +651,11 @@ fn admit(
     job: &Job,
     lanes: &mut HashMap<String, usize>,
 ) -> Result<Ticket, String> {
-    let key = SlotKey::of(&job.firing.rule, &job.action);
-    if let Action::Notify { channel } = &job.action
-        && let Some(l) = inner.limiters.get(config, channel)
-    {
-        // Its line bounds it; the slot is asked for once its token comes.
-        let n = lanes.entry(channel.clone()).or_default();
-        if !l.lane.has_room(*n) {
-            return Err(SlotKey::Channel(channel.clone()).target());
-        }
-        *n += 1;
-        return Ok(Ticket::Ask);
+    // A rate-limited line bounds it; the slot is asked for once its token comes.
+    if let Some(lined) = count_in_line(inner, config, job, lanes) {
+        return lined.map(|()| Ticket::Ask);
     }
+    let key = SlotKey::of(&job.firing.rule, &job.action);
     match key.as_ref().and_then(|k| inner.slots.get(config, k)) {
         Some(slot) => slot
             .admit()
