@@ -86,14 +86,24 @@ return n
 // payload pairs (payloads from KEYS[3]), as TAKE does.
 const UNPARK: &str = r"
 local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('ZADD', KEYS[2], ARGV[2], id)
+if #ids == 0 then
+  redis.call('SREM', KEYS[4], ARGV[3])
+  return {}
+end
+-- A command each way per thousand jobs (one per job cost more than the moves themselves).
+for j = 1, #ids, 1000 do
+  local last = math.min(j + 999, #ids)
+  redis.call('ZREM', KEYS[1], unpack(ids, j, last))
+  local leased = {}
+  for i = j, last do
+    leased[#leased + 1] = ARGV[2]
+    leased[#leased + 1] = ids[i]
+  end
+  redis.call('ZADD', KEYS[2], unpack(leased))
 end
 if redis.call('ZCARD', KEYS[1]) == 0 then
   redis.call('SREM', KEYS[4], ARGV[3])
 end
-if #ids == 0 then return {} end
 local payloads = redis.call('HMGET', KEYS[3], unpack(ids))
 local out = {}
 for i, id in ipairs(ids) do

@@ -68,19 +68,46 @@ local lease_end = ARGV[4]
 local me = ARGV[5]
 local prefix = ARGV[6]
 local db = ARGV[7]
+local batch = ARGV[8]
+local first = 9
 local minute = math.floor(now / 60000)
 local memory = prefix .. 'ledger:' .. db .. ':handled:'
-local kept = false
-local function remember(key, d)
-  local hk = memory .. minute
-  redis.call('HSET', hk, key, d)
-  if not kept then
-    redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
-    kept = true
+-- Calls f with the elements of list, at most step at a time (Lua's stack bounds unpack).
+local function chunked(list, step, f)
+  for j = 1, #list, step do
+    f(unpack(list, j, math.min(j + step - 1, #list)))
   end
 end
+-- The ledger's scores of every live expiry, read in one command.
+local live = {}
+for i = first, #ARGV, 6 do
+  if ARGV[i] == 'L' or ARGV[i] == 'l' then
+    live[#live + 1] = ARGV[i + 2]
+  end
+end
+local scores = {}
+chunked(live, 1000, function(...)
+  local keys = {...}
+  local s = redis.call('ZMSCORE', KEYS[1], ...)
+  for j, k in ipairs(keys) do
+    if s[j] then scores[k] = s[j] end
+  end
+end)
+-- Writes of the hot path, sent once for the whole batch: the deadlines taken out of the
+-- ledger, the handled memory, the record of every event won.
+local unledgered = {}
+local handled = {}
+-- What this script remembered as handled, per key: a later event of the same key in the batch
+-- must find it as if it had been written already.
+local here = {}
+local function remember(key, d)
+  handled[#handled + 1] = key
+  handled[#handled + 1] = d
+  here[key] = d
+end
+local lines = {}
 local out = {}
-for i = 8, #ARGV, 6 do
+for i = first, #ARGV, 6 do
   local mode, kind, key, given, extra, rec = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
   local d = false
   local fire = true
@@ -90,9 +117,10 @@ for i = 8, #ARGV, 6 do
   -- Whether the deadline comes from the handled memory: someone took this expiry already.
   local recalled_d = false
   if mode == 'L' or mode == 'l' then
-    local s = redis.call('ZSCORE', KEYS[1], key)
+    local s = scores[key]
     if s and tonumber(s) <= due_limit then
-      redis.call('ZREM', KEYS[1], key)
+      scores[key] = nil
+      unledgered[#unledgered + 1] = key
       d = s
     end
     if not d then
@@ -107,7 +135,7 @@ for i = 8, #ARGV, 6 do
       remember(key, d)
       own = true
     else
-      local h = recalled(memory, minute, minutes, key)
+      local h = here[key] or recalled(memory, minute, minutes, key)
       if h and string.sub(h, 1, 1) ~= '~' then
         d = h
         recalled_d = true
@@ -167,13 +195,27 @@ for i = 8, #ARGV, 6 do
       end
     end
     if won == 1 then
-      redis.call('HSET', KEYS[5], id, (d or '') .. '\n' .. rec)
-      redis.call('ZADD', KEYS[4], lease_end, id)
+      lines[#lines + 1] = id .. '\t' .. (d or '') .. '\t' .. rec
     end
   end
   out[#out + 1] = won
   out[#out + 1] = d or ''
   out[#out + 1] = id
+end
+chunked(unledgered, 1000, function(...)
+  redis.call('ZREM', KEYS[1], ...)
+end)
+if #handled > 0 then
+  local hk = memory .. minute
+  chunked(handled, 1000, function(...)
+    redis.call('HSET', hk, ...)
+  end)
+  redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
+end
+-- One record for every event this instance won: leased, renewed, taken over and cleared as one.
+if #lines > 0 then
+  redis.call('HSET', KEYS[5], batch, 'B\n' .. table.concat(lines, '\n'))
+  redis.call('ZADD', KEYS[4], lease_end, batch)
 end
 return out
 ";
@@ -300,11 +342,27 @@ impl Record {
     }
 }
 
-/// A record as stored: the deadline (or nothing), a newline, the JSON. The take script learns
-/// the deadline and writes it in front of the JSON the instance sent.
+/// A record of one event as stored: the deadline (or nothing), a newline, the JSON. Records
+/// taken one at a time (a detail read waiting for its retry) are stored so.
 fn encode(r: &Record) -> String {
     let d = r.deadline_ms.map(|d| d.to_string()).unwrap_or_default();
     format!("{d}\n{}", serde_json::to_string(r).unwrap_or_default())
+}
+
+/// A record of several events, as the take script writes it: `B`, then a line per event: its
+/// id, a tab, its deadline (or nothing), a tab, its JSON. JSON holds no raw tab or newline.
+fn encode_batch<'a>(events: impl IntoIterator<Item = (&'a str, &'a Record)>) -> String {
+    let mut out = String::from("B");
+    for (id, r) in events {
+        let d = r.deadline_ms.map(|d| d.to_string()).unwrap_or_default();
+        out.push('\n');
+        out.push_str(id);
+        out.push('\t');
+        out.push_str(&d);
+        out.push('\t');
+        out.push_str(&serde_json::to_string(r).unwrap_or_default());
+    }
+    out
 }
 
 fn decode(stored: &str) -> Result<Record, String> {
@@ -314,6 +372,28 @@ fn decode(stored: &str) -> Result<Record, String> {
     let mut r: Record = serde_json::from_str(json).map_err(|e| e.to_string())?;
     r.deadline_ms = parse_deadline(d);
     Ok(r)
+}
+
+/// The events of the record stored as `id`: (event id, record) each.
+fn decode_stored(id: &str, stored: &str) -> Result<Vec<(String, Record)>, String> {
+    let Some(lines) = stored.strip_prefix("B\n") else {
+        return Ok(vec![(id.to_string(), decode(stored)?)]);
+    };
+    lines
+        .split('\n')
+        .map(|line| {
+            let mut parts = line.splitn(3, '\t');
+            let (Some(event), Some(d), Some(json)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(format!(
+                    "a line of the record is not id, deadline, JSON: {line:?}"
+                ));
+            };
+            let mut r: Record = serde_json::from_str(json).map_err(|e| e.to_string())?;
+            r.deadline_ms = parse_deadline(d);
+            Ok((event.to_string(), r))
+        })
+        .collect()
 }
 
 /// A deadline as Redis writes a score or a field: an integer, or a float for a score.
@@ -326,18 +406,41 @@ fn parse_deadline(s: &str) -> Option<i64> {
         .or_else(|| s.parse::<f64>().ok().map(|f| f as i64))
 }
 
-/// One event taken by this instance: its intake id and record.
+/// One event taken by this instance.
 #[derive(Clone, Debug)]
 pub struct Taken {
+    /// The intake record that holds it, with the other events taken beside it: the unit that
+    /// is leased, renewed, handed back, taken over and cleared.
     pub id: String,
+    /// The event's own id (its claim's), unique within its record.
+    pub event: String,
     pub record: Record,
 }
+
+/// Where a taken event goes once its batch's firing stage is done with it.
+#[derive(Clone, Debug)]
+pub enum Next {
+    /// Its jobs are stored (in the transaction these commands join); `Some`: these details
+    /// remain to be removed, and its record keeps it until they are.
+    Stored(Option<Vec<crate::engine::detail::Request>>),
+    /// Its details could not be read: it leaves its record for one of its own, due at this
+    /// time for whoever takes it then, with its attempts counted.
+    RetryAt(i64, Box<Record>),
+    /// Nothing more to do for it (given up and dead-lettered).
+    Done,
+}
+
+/// Intake record ids are unique per process, whatever the instance's name.
+static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 #[derive(Clone)]
 pub struct Intake {
     conn: Conn,
     prefix: String,
     instance: String,
+    /// When this intake started: with [`RECORDS`], makes record ids unique across restarts
+    /// of an instance whose name (host and pid) comes back.
+    started_ms: i64,
     zset: String,
     records: String,
     take: Arc<redis::Script>,
@@ -353,6 +456,7 @@ impl Intake {
             conn,
             prefix: prefix.to_string(),
             instance: instance.to_string(),
+            started_ms: chrono::Utc::now().timestamp_millis(),
             zset: format!("{prefix}intake"),
             records: format!("{prefix}intake:events"),
             take: Arc::new(redis::Script::new(&format!("{RECALLED}{TAKE}"))),
@@ -366,15 +470,22 @@ impl Intake {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes the events of `db` (with how each is to be treated): one script. Returns, per
-    /// event, the record this instance now holds, or `None` where another instance (or an
-    /// earlier take) has it or nothing fires.
+    fn record_id(&self) -> String {
+        let n = RECORDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("b:{}:{}:{n}", self.instance, self.started_ms)
+    }
+
+    /// Takes the events of `db` (with how each is to be treated): one script, which records
+    /// every event this instance wins in one intake record. Returns, per event, what this
+    /// instance now holds, or `None` where another instance (or an earlier take) has it or
+    /// nothing fires.
     pub async fn take(
         &self,
         db: u32,
         events: &[(&KeyEvent, Mode)],
     ) -> redis::RedisResult<Vec<Option<Taken>>> {
         let now = clock::now_ms();
+        let batch = self.record_id();
         let ledger = |s: &str| format!("{}ledger:{db}{s}", self.prefix);
         let fields = crate::source::fields::Fields::zset(&self.prefix, db);
         let mut inv = self.take.prepare_invoke();
@@ -390,7 +501,8 @@ impl Intake {
             .arg(now + LEASE.as_millis() as i64)
             .arg(&self.instance)
             .arg(&self.prefix)
-            .arg(db);
+            .arg(db)
+            .arg(&batch);
         let mut records = Vec::with_capacity(events.len());
         for (e, mode) in events {
             if let (Mode::Field { fire }, Some(field)) = (mode, &e.field) {
@@ -424,7 +536,7 @@ impl Intake {
                     ("W", e.deadline, claim, Some(rule.clone()))
                 }
             };
-            // The deadline is not in the JSON (the script writes the one it learns in front).
+            // The deadline is not in the JSON (the script writes the one it learns beside it).
             let r = Record::of(e, rule);
             let json = serde_json::to_string(&r).unwrap_or_default();
             inv.arg(code)
@@ -444,21 +556,27 @@ impl Intake {
         for (triple, mut record) in out.chunks_exact(3).zip(records) {
             let won: i64 = redis::from_redis_value(triple[0].clone()).unwrap_or(0);
             let d: String = redis::from_redis_value(triple[1].clone()).unwrap_or_default();
-            let id: String = redis::from_redis_value(triple[2].clone()).unwrap_or_default();
+            let event: String = redis::from_redis_value(triple[2].clone()).unwrap_or_default();
             if won != 1 {
                 taken.push(None);
                 continue;
             }
             record.deadline_ms = parse_deadline(&d).or(record.deadline_ms);
-            self.held().insert(id.clone());
-            taken.push(Some(Taken { id, record }));
+            taken.push(Some(Taken {
+                id: batch.clone(),
+                event,
+                record,
+            }));
+        }
+        if taken.iter().any(Option::is_some) {
+            self.held().insert(batch);
         }
         Ok(taken)
     }
 
     /// Takes over records whose lease ended (their taker died, stopped or is retrying a detail
-    /// read), up to `max`, leased to this instance. A record that no longer decodes is cleared
-    /// with an error in the log: it can never be run.
+    /// read), up to `max` records (each may hold a batch of events), leased to this instance.
+    /// A record that no longer decodes is cleared with an error in the log: it can never be run.
     pub async fn take_over(&self, max: usize) -> redis::RedisResult<Vec<Taken>> {
         let now = clock::now_ms();
         let pairs: Vec<String> = self
@@ -473,13 +591,14 @@ impl Intake {
         let mut out = Vec::new();
         let mut broken = Vec::new();
         for pair in pairs.chunks_exact(2) {
-            match decode(&pair[1]) {
-                Ok(record) => {
+            match decode_stored(&pair[0], &pair[1]) {
+                Ok(events) => {
                     self.held().insert(pair[0].clone());
-                    out.push(Taken {
+                    out.extend(events.into_iter().map(|(event, record)| Taken {
                         id: pair[0].clone(),
+                        event,
                         record,
-                    });
+                    }));
                 }
                 Err(e) => {
                     tracing::error!(id = %pair[0], error = %e, "An intake record cannot be read (written by another version?); it is dropped.");
@@ -494,23 +613,38 @@ impl Intake {
     }
 
     /// The commands that, run in one transaction with storing the events' jobs, move each
-    /// record on: cleared, or (`Some`) rewritten to say which details remain to be removed.
-    pub fn after_store(
-        &self,
-        done: &[(&Taken, Option<Vec<crate::engine::detail::Request>>)],
-    ) -> Vec<redis::Cmd> {
-        let mut cmds = Vec::new();
-        let mut cleared = Vec::new();
-        for (t, remove) in done {
-            match remove {
-                Some(remove) => {
+    /// record on. A record whose events are all done is cleared; one with details still to
+    /// remove is rewritten to hold just those events (so a crash before the removal leads the
+    /// next taker to remove them, not to fire again); an event that waits for a retry moves to a
+    /// record of its own, due then. Every event of a record must be given: an event left out is
+    /// dropped with it.
+    pub fn moved_on(&self, events: &[(&Taken, Next)]) -> Vec<redis::Cmd> {
+        let mut by_record: std::collections::BTreeMap<&str, Vec<(&str, Record)>> =
+            Default::default();
+        let mut split = Vec::new();
+        for (t, next) in events {
+            let kept = by_record.entry(t.id.as_str()).or_default();
+            match next {
+                Next::Stored(Some(remove)) => {
                     let mut r = t.record.clone();
                     r.remove = Some(remove.clone());
-                    let mut c = redis::cmd("HSET");
-                    c.arg(&self.records).arg(&t.id).arg(encode(&r));
-                    cmds.push(c);
+                    kept.push((t.event.as_str(), r));
                 }
-                None => cleared.push(t.id.as_str()),
+                Next::Stored(None) | Next::Done => {}
+                Next::RetryAt(due, record) => split.push((t.event.as_str(), *due, record)),
+            }
+        }
+        let mut cmds = Vec::new();
+        let mut cleared = Vec::new();
+        for (id, kept) in by_record {
+            if kept.is_empty() {
+                cleared.push(id);
+            } else {
+                let mut c = redis::cmd("HSET");
+                c.arg(&self.records)
+                    .arg(id)
+                    .arg(encode_batch(kept.iter().map(|(e, r)| (*e, r))));
+                cmds.push(c);
             }
         }
         if !cleared.is_empty() {
@@ -525,7 +659,29 @@ impl Intake {
                 held.remove(id);
             }
         }
+        // After the clearing: an event retried again keeps the id of the record it is alone in.
+        for (event, due, record) in split {
+            let mut h = redis::cmd("HSET");
+            h.arg(&self.records).arg(event).arg(encode(record));
+            let mut z = redis::cmd("ZADD");
+            z.arg(&self.zset).arg(due).arg(event);
+            cmds.push(h);
+            cmds.push(z);
+        }
         cmds
+    }
+
+    /// Runs commands of [`Intake::moved_on`] on their own, when no job is stored with them.
+    pub async fn apply(&self, cmds: Vec<redis::Cmd>) -> redis::RedisResult<()> {
+        if cmds.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for c in cmds {
+            pipe.add_command(c).ignore();
+        }
+        pipe.exec_async(&mut self.conn.clone()).await
     }
 
     /// Clears records whose work is done.
@@ -552,18 +708,29 @@ impl Intake {
             .await
     }
 
-    /// Puts a record back for another attempt at `due_ms` (whoever takes it then), with its
-    /// attempts counted; only if it is still in the intake.
-    pub async fn retry(&self, t: &Taken, due_ms: i64) -> redis::RedisResult<()> {
-        self.held().remove(&t.id);
-        self.retry
-            .key(&self.zset)
-            .key(&self.records)
-            .arg(&t.id)
-            .arg(due_ms)
-            .arg(encode(&t.record))
-            .invoke_async(&mut self.conn.clone())
-            .await
+    /// Puts the records of `events` back as they were taken, due at `due_ms` (whoever takes
+    /// them then); only those still in the intake. Every event of a record must be given.
+    pub async fn put_back(&self, events: &[&Taken], due_ms: i64) -> redis::RedisResult<()> {
+        let mut by_record: std::collections::BTreeMap<&str, Vec<(&str, &Record)>> =
+            Default::default();
+        for t in events {
+            by_record
+                .entry(t.id.as_str())
+                .or_default()
+                .push((t.event.as_str(), &t.record));
+        }
+        for (id, events) in by_record {
+            self.held().remove(id);
+            self.retry
+                .key(&self.zset)
+                .key(&self.records)
+                .arg(id)
+                .arg(due_ms)
+                .arg(encode_batch(events))
+                .invoke_async::<()>(&mut self.conn.clone())
+                .await?;
+        }
+        Ok(())
     }
 
     /// Stops renewing records this instance cannot move on: they come due when their lease
@@ -582,7 +749,8 @@ impl Intake {
             .await
     }
 
-    /// Hands the records in hand back at shutdown: due now, for any instance.
+    /// Hands the records in hand back at shutdown: due now, for any instance. Returns how
+    /// many records (each may hold several events).
     pub async fn hand_back(&self) -> redis::RedisResult<usize> {
         let ids: Vec<String> = self.held().drain().collect();
         self.set_due(&ids, clock::now_ms()).await?;
@@ -643,6 +811,9 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("intake:events"), Access::ReadWrite)
             .args("{key} id"),
         Use::new(Conn::State, "zscore", SCRIPT)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "zmscore", SCRIPT)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k"),
         Use::new(Conn::State, "hget", SCRIPT)
@@ -712,6 +883,43 @@ mod tests {
             decode(&encode(&Record::of(&plain, None))).unwrap().event(),
             plain
         );
+    }
+
+    #[test]
+    fn a_batch_record_keeps_each_event_its_id_and_deadline() {
+        let mut a = Record::of(
+            &KeyEvent {
+                kind: EventKind::Expired,
+                db: 0,
+                key: b"a\t\nb".to_vec(),
+                field: None,
+                observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
+                deadline: chrono::DateTime::from_timestamp_millis(4_990),
+                ttl_ms: None,
+                recovered: false,
+                source: "n:1".into(),
+            },
+            None,
+        );
+        let mut b = a.clone();
+        b.deadline_ms = None;
+        b.rule = Some("warn\tme".into());
+        a.remove = Some(Vec::new());
+        let stored = encode_batch([("e1", &a), ("e2", &b)]);
+        let back = decode_stored("b:x", &stored).unwrap();
+        assert_eq!(back.len(), 2);
+        assert_eq!(back[0].0, "e1");
+        assert_eq!(back[0].1.event(), a.event());
+        assert_eq!(back[0].1.remove, Some(Vec::new()));
+        assert_eq!(back[1].0, "e2");
+        assert_eq!(back[1].1.deadline_ms, None);
+        assert_eq!(back[1].1.rule.as_deref(), Some("warn\tme"));
+        // A record of one event (a retry's, or one written before batches) is its own event.
+        let one = decode_stored("e3", &encode(&a)).unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].0, "e3");
+        assert_eq!(one[0].1.event(), a.event());
+        assert!(decode_stored("b:y", "B\nno tabs here").is_err());
     }
 
     #[test]

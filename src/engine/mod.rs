@@ -41,6 +41,9 @@ const FIRING_STAGES: usize = 4;
 /// retry) are looked for.
 const TAKE_OVER_EVERY: Duration = Duration::from_secs(1);
 
+/// Records taken over per look (see [`Engine::take_over`]).
+const TAKE_OVER_RECORDS: usize = 16;
+
 pub struct Engine {
     /// The rules in force for the batch at hand: one snapshot of `live` per batch.
     pub config: Arc<Config>,
@@ -109,7 +112,7 @@ impl Engine {
                 _ = take_over.tick() => {
                     if stages.len() < FIRING_STAGES {
                         self.config = self.live.current();
-                        match self.intake.take_over(BATCH).await {
+                        match self.take_over().await {
                             Ok(taken) => {
                                 let items = taken.into_iter().map(|t| self.item(t, None)).collect();
                                 self.start_stage(&mut stages, items).await;
@@ -130,6 +133,24 @@ impl Engine {
             ),
             Err(e) => {
                 tracing::warn!(error = %e, "Cannot hand taken events back; they come due when their lease ends.")
+            }
+        }
+    }
+
+    /// Records whose lease ended, a few at a time until about a batch of events: a record holds
+    /// up to a batch (a take's), or one event (waiting for a detail read's retry).
+    async fn take_over(&self) -> redis::RedisResult<Vec<intake::Taken>> {
+        let mut taken = Vec::new();
+        loop {
+            let more = self.intake.take_over(TAKE_OVER_RECORDS).await?;
+            let records = more
+                .iter()
+                .map(|t| t.id.as_str())
+                .collect::<std::collections::HashSet<_>>()
+                .len();
+            taken.extend(more);
+            if records < TAKE_OVER_RECORDS || taken.len() >= BATCH {
+                return Ok(taken);
             }
         }
     }

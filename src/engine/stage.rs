@@ -13,9 +13,9 @@
 use std::sync::Arc;
 
 use crate::config::{Config, Recover};
-use crate::delivery::{Delivery, Next, RetryPolicy};
+use crate::delivery::{self, Delivery, RetryPolicy};
 use crate::engine::detail::{self, Request};
-use crate::engine::intake::{Intake, Taken};
+use crate::engine::intake::{Intake, Next, Taken};
 use crate::firing::Firing;
 use crate::keyspace::{Keyspace, clock};
 use crate::metrics::Metrics;
@@ -179,27 +179,47 @@ impl FiringStage {
             stored.push((&item.taken, (!remove.is_empty()).then_some(remove)));
         }
 
-        if !stored.is_empty() {
-            let also = self.intake.after_store(&stored);
-            if self.delivery.accept_with(firings, also).await.is_err() {
-                // Nothing was stored: the records come back to whoever takes them next.
-                for (t, _) in &stored {
-                    if let Err(e) = self.intake.retry(t, clock::now_ms() + 1000).await {
-                        tracing::warn!(error = %e, "Cannot put a taken event back; it comes due when its lease ends.");
-                    }
-                }
-            } else {
-                crate::drill::pass(crate::drill::Step::Stored);
-                let removals: Vec<(String, Vec<Request>)> = stored
-                    .into_iter()
-                    .filter_map(|(t, r)| r.map(|r| (t.id.clone(), r)))
-                    .collect();
-                self.remove(removals).await;
-            }
-        }
+        // Where every event goes next, in the transaction that stores the jobs: its record
+        // cleared or rewritten, a failed read split off to wait for its retry.
+        let mut next: Vec<(&Taken, Next)> = stored
+            .into_iter()
+            .map(|(t, remove)| (t, Next::Stored(remove)))
+            .collect();
         for (item, reason) in failed {
-            self.read_failed(item, &reason).await;
+            next.push((&item.taken, self.read_failed(item, &reason)));
         }
+        let stores = next.iter().any(|(_, n)| matches!(n, Next::Stored(_)));
+        let also = self.intake.moved_on(&next);
+        let written = if stores {
+            self.delivery.accept_with(firings, also).await.is_ok()
+        } else {
+            match self.intake.apply(also).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Cannot put events whose detail read failed back for their retry; they come due again in a second.");
+                    false
+                }
+            }
+        };
+        if !written {
+            // Nothing was stored: the records come back to whoever takes them next.
+            let events: Vec<&Taken> = next.iter().map(|(t, _)| *t).collect();
+            if let Err(e) = self.intake.put_back(&events, clock::now_ms() + 1000).await {
+                tracing::warn!(error = %e, "Cannot put taken events back; they come due when their lease ends.");
+            }
+            return;
+        }
+        if stores {
+            crate::drill::pass(crate::drill::Step::Stored);
+        }
+        let removals: Vec<(String, Vec<Request>)> = next
+            .into_iter()
+            .filter_map(|(t, n)| match n {
+                Next::Stored(Some(r)) => Some((t.id.clone(), r)),
+                _ => None,
+            })
+            .collect();
+        self.remove(removals).await;
     }
 
     /// Keeps in history an event of `rule` that runs none of its actions, and why.
@@ -242,7 +262,9 @@ impl FiringStage {
             return;
         }
         crate::drill::pass(crate::drill::Step::Removed);
-        let ids: Vec<String> = removals.into_iter().map(|(id, _)| id).collect();
+        let mut ids: Vec<String> = removals.into_iter().map(|(id, _)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
         if let Err(e) = self.intake.clear(&ids).await {
             tracing::warn!(error = %e, "Cannot clear taken events whose work is done; their details are removed again when they come due (nothing fires twice).");
         }
@@ -259,21 +281,19 @@ impl FiringStage {
 
     /// An event whose detail could not be read: retried with backoff; after the retry window,
     /// its actions are dead letters that say why.
-    async fn read_failed(&self, item: &Item, reason: &str) {
+    fn read_failed(&self, item: &Item, reason: &str) -> Next {
         self.metrics.detail_read_failures.inc();
-        let mut t = item.taken.clone();
+        let mut record = item.taken.record.clone();
         let now = clock::now_ms();
-        let since = *t.record.failing_since.get_or_insert(now);
-        t.record.attempt += 1;
-        let e = t.record.event();
-        match RetryPolicy::default().after_failure(t.record.attempt, since, now, None) {
-            Next::RetryAt(at) => {
-                tracing::warn!(key = %e.key_lossy(), attempt = t.record.attempt, error = %reason, "Cannot read the detail; the event waits for a retry (its actions never run without it).");
-                if let Err(err) = self.intake.retry(&t, at).await {
-                    tracing::warn!(error = %err, "Cannot schedule the retry; the event comes due when its lease ends.");
-                }
+        let since = *record.failing_since.get_or_insert(now);
+        record.attempt += 1;
+        let e = record.event();
+        match RetryPolicy::default().after_failure(record.attempt, since, now, None) {
+            delivery::Next::RetryAt(at) => {
+                tracing::warn!(key = %e.key_lossy(), attempt = record.attempt, error = %reason, "Cannot read the detail; the event waits for a retry (its actions never run without it).");
+                Next::RetryAt(at, Box::new(record))
             }
-            Next::GiveUp => {
+            delivery::Next::GiveUp => {
                 let firings = item
                     .rules
                     .iter()
@@ -286,9 +306,7 @@ impl FiringStage {
                     firings,
                     &format!("the detail could not be read for the whole retry window: {reason}"),
                 );
-                if let Err(err) = self.intake.clear(&[t.id]).await {
-                    tracing::warn!(error = %err, "Cannot clear a given-up event.");
-                }
+                Next::Done
             }
         }
     }
