@@ -69,7 +69,10 @@ local me = ARGV[5]
 local prefix = ARGV[6]
 local db = ARGV[7]
 local batch = ARGV[8]
-local first = 9
+-- The events' records, a line each in the order of the events: stored as they are, with a line
+-- naming those won, so the script neither copies nor joins them one by one.
+local blob = ARGV[9]
+local first = 10
 local minute = math.floor(now / 60000)
 local memory = prefix .. 'ledger:' .. db .. ':handled:'
 -- Calls f with the elements of list, at most step at a time (Lua's stack bounds unpack).
@@ -80,7 +83,7 @@ local function chunked(list, step, f)
 end
 -- The ledger's scores of every live expiry, read in one command.
 local live = {}
-for i = first, #ARGV, 6 do
+for i = first, #ARGV, 5 do
   if ARGV[i] == 'L' or ARGV[i] == 'l' then
     live[#live + 1] = ARGV[i + 2]
   end
@@ -105,10 +108,12 @@ local function remember(key, d)
   handled[#handled + 1] = d
   here[key] = d
 end
-local lines = {}
+local won_list = {}
 local out = {}
-for i = first, #ARGV, 6 do
-  local mode, kind, key, given, extra, rec = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
+local n = 0
+for i = first, #ARGV, 5 do
+  local mode, kind, key, given, extra = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
+  n = n + 1
   local d = false
   local fire = true
   -- Whether this script took the deadline out of a ledger (or the poked set) itself: that
@@ -169,20 +174,17 @@ for i = first, #ARGV, 6 do
     d = given
   end
   local won = 0
-  local id = ''
   if fire then
     if mode == 'W' then
-      id = redis.sha1hex(extra)
       if redis.call('SET', extra, me, 'NX', 'PXAT', tonumber(given) + 60000) then
         won = 1
       end
-    else
-      id = redis.sha1hex(db .. '|' .. kind .. '|' .. (d or '') .. '|' .. key)
-      if own then
-        won = 1
-      elseif recalled_d then
-        won = 0
-      elseif d then
+    elseif own then
+      won = 1
+    elseif not recalled_d then
+      -- Claimed by a write shared by every instance, named by the event.
+      local id = redis.sha1hex(db .. '|' .. kind .. '|' .. (d or '') .. '|' .. key)
+      if d then
         local b = math.floor(tonumber(d) / 60000)
         local hk = prefix .. 'claims:' .. b .. ':' .. string.sub(id, 1, 1)
         won = redis.call('HSETNX', hk, id, me)
@@ -195,12 +197,11 @@ for i = first, #ARGV, 6 do
       end
     end
     if won == 1 then
-      lines[#lines + 1] = id .. '\t' .. (d or '') .. '\t' .. rec
+      won_list[#won_list + 1] = n .. ':' .. (d or '')
     end
   end
   out[#out + 1] = won
   out[#out + 1] = d or ''
-  out[#out + 1] = id
 end
 chunked(unledgered, 1000, function(...)
   redis.call('ZREM', KEYS[1], ...)
@@ -213,8 +214,8 @@ if #handled > 0 then
   redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
 end
 -- One record for every event this instance won: leased, renewed, taken over and cleared as one.
-if #lines > 0 then
-  redis.call('HSET', KEYS[5], batch, 'B\n' .. table.concat(lines, '\n'))
+if #won_list > 0 then
+  redis.call('HSET', KEYS[5], batch, 'C\n' .. table.concat(won_list, ',') .. '\n' .. blob)
   redis.call('ZADD', KEYS[4], lease_end, batch)
 end
 return out
@@ -376,6 +377,9 @@ fn decode(stored: &str) -> Result<Record, String> {
 
 /// The events of the record stored as `id`: (event id, record) each.
 fn decode_stored(id: &str, stored: &str) -> Result<Vec<(String, Record)>, String> {
+    if let Some(rest) = stored.strip_prefix("C\n") {
+        return decode_taken(rest);
+    }
     let Some(lines) = stored.strip_prefix("B\n") else {
         return Ok(vec![(id.to_string(), decode(stored)?)]);
     };
@@ -396,6 +400,30 @@ fn decode_stored(id: &str, stored: &str) -> Result<Vec<(String, Record)>, String
         .collect()
 }
 
+/// A record as the take script writes it: a line of the events won (`N:DEADLINE`, comma
+/// separated, `N` counting the lines below from 1), then every event's JSON, a line each.
+fn decode_taken(stored: &str) -> Result<Vec<(String, Record)>, String> {
+    let (won, lines) = stored
+        .split_once('\n')
+        .ok_or_else(|| "no line of events won".to_string())?;
+    let lines: Vec<&str> = lines.split('\n').collect();
+    won.split(',')
+        .map(|w| {
+            let (n, d) = w
+                .split_once(':')
+                .ok_or_else(|| format!("not N:DEADLINE: {w:?}"))?;
+            let json = n
+                .parse::<usize>()
+                .ok()
+                .and_then(|n| lines.get(n.checked_sub(1)?))
+                .ok_or_else(|| format!("no event {n:?} in the record"))?;
+            let mut r: Record = serde_json::from_str(json).map_err(|e| e.to_string())?;
+            r.deadline_ms = parse_deadline(d).or(r.deadline_ms);
+            Ok((n.to_string(), r))
+        })
+        .collect()
+}
+
 /// A deadline as Redis writes a score or a field: an integer, or a float for a score.
 fn parse_deadline(s: &str) -> Option<i64> {
     if s.is_empty() {
@@ -412,7 +440,7 @@ pub struct Taken {
     /// The intake record that holds it, with the other events taken beside it: the unit that
     /// is leased, renewed, handed back, taken over and cleared.
     pub id: String,
-    /// The event's own id (its claim's), unique within its record.
+    /// The event's id within its record.
     pub event: String,
     pub record: Record,
 }
@@ -504,21 +532,28 @@ impl Intake {
             .arg(db)
             .arg(&batch);
         let mut records = Vec::with_capacity(events.len());
+        // Every event's record JSON, a line each (JSON holds no raw newline), as one argument.
+        let mut blob = String::new();
+        let mut line = |r: &Record| {
+            if !blob.is_empty() {
+                blob.push('\n');
+            }
+            blob.push_str(&serde_json::to_string(r).unwrap_or_default());
+        };
+        let mut per_event = Vec::with_capacity(events.len());
         for (e, mode) in events {
             if let (Mode::Field { fire }, Some(field)) = (mode, &e.field) {
                 // The member names the field, so the claim is the field's; the index entry
                 // leaves with the member.
                 let r = Record::of(e, None);
-                inv.arg(if *fire { "F" } else { "f" })
-                    .arg(e.kind.as_str())
-                    .arg(crate::source::fields::member(&e.key, field))
-                    .arg(field)
-                    .arg(crate::source::fields::Fields::index(
-                        &self.prefix,
-                        db,
-                        &e.key,
-                    ))
-                    .arg(serde_json::to_string(&r).unwrap_or_default());
+                line(&r);
+                per_event.push((
+                    if *fire { "F" } else { "f" },
+                    crate::source::fields::member(&e.key, field),
+                    field.clone(),
+                    crate::source::fields::Fields::index(&self.prefix, db, &e.key),
+                    e.kind,
+                ));
                 records.push(r);
                 continue;
             }
@@ -538,25 +573,31 @@ impl Intake {
             };
             // The deadline is not in the JSON (the script writes the one it learns beside it).
             let r = Record::of(e, rule);
-            let json = serde_json::to_string(&r).unwrap_or_default();
-            inv.arg(code)
-                .arg(e.kind.as_str())
-                .arg(&e.key)
-                .arg(
-                    given
-                        .map(|d| d.timestamp_millis().to_string())
-                        .unwrap_or_default(),
-                )
-                .arg(extra)
-                .arg(json);
+            line(&r);
+            per_event.push((
+                code,
+                e.key.clone(),
+                given
+                    .map(|d| d.timestamp_millis().to_string().into_bytes())
+                    .unwrap_or_default(),
+                extra,
+                e.kind,
+            ));
             records.push(r);
+        }
+        inv.arg(&blob);
+        for (code, key, given, extra, kind) in &per_event {
+            inv.arg(*code)
+                .arg(kind.as_str())
+                .arg(key)
+                .arg(given)
+                .arg(extra);
         }
         let out: Vec<redis::Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut taken = Vec::with_capacity(events.len());
-        for (triple, mut record) in out.chunks_exact(3).zip(records) {
-            let won: i64 = redis::from_redis_value(triple[0].clone()).unwrap_or(0);
-            let d: String = redis::from_redis_value(triple[1].clone()).unwrap_or_default();
-            let event: String = redis::from_redis_value(triple[2].clone()).unwrap_or_default();
+        for (i, (pair, mut record)) in out.chunks_exact(2).zip(records).enumerate() {
+            let won: i64 = redis::from_redis_value(pair[0].clone()).unwrap_or(0);
+            let d: String = redis::from_redis_value(pair[1].clone()).unwrap_or_default();
             if won != 1 {
                 taken.push(None);
                 continue;
@@ -564,7 +605,7 @@ impl Intake {
             record.deadline_ms = parse_deadline(&d).or(record.deadline_ms);
             taken.push(Some(Taken {
                 id: batch.clone(),
-                event,
+                event: (i + 1).to_string(),
                 record,
             }));
         }
@@ -631,7 +672,9 @@ impl Intake {
                     kept.push((t.event.as_str(), r));
                 }
                 Next::Stored(None) | Next::Done => {}
-                Next::RetryAt(due, record) => split.push((t.event.as_str(), *due, record)),
+                Next::RetryAt(due, record) => {
+                    split.push((t.id.as_str(), t.event.as_str(), *due, record))
+                }
             }
         }
         let mut cmds = Vec::new();
@@ -660,11 +703,18 @@ impl Intake {
             }
         }
         // After the clearing: an event retried again keeps the id of the record it is alone in.
-        for (event, due, record) in split {
+        for (record_id, event, due, record) in split {
+            // Named after the record it leaves (event ids are unique only within it); one that
+            // is alone in its record already keeps that name.
+            let id = if event == record_id {
+                event.to_string()
+            } else {
+                format!("{record_id}/{event}")
+            };
             let mut h = redis::cmd("HSET");
-            h.arg(&self.records).arg(event).arg(encode(record));
+            h.arg(&self.records).arg(&id).arg(encode(record));
             let mut z = redis::cmd("ZADD");
-            z.arg(&self.zset).arg(due).arg(event);
+            z.arg(&self.zset).arg(due).arg(&id);
             cmds.push(h);
             cmds.push(z);
         }
@@ -920,6 +970,38 @@ mod tests {
         assert_eq!(one[0].0, "e3");
         assert_eq!(one[0].1.event(), a.event());
         assert!(decode_stored("b:y", "B\nno tabs here").is_err());
+    }
+
+    #[test]
+    fn a_taken_record_holds_only_the_events_won_with_the_deadlines_learnt() {
+        let e = |key: &str| {
+            Record::of(
+                &KeyEvent {
+                    kind: EventKind::Expired,
+                    db: 0,
+                    key: key.as_bytes().to_vec(),
+                    field: None,
+                    observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
+                    deadline: None,
+                    ttl_ms: None,
+                    recovered: false,
+                    source: "n:1".into(),
+                },
+                None,
+            )
+        };
+        let blob = [e("a"), e("b"), e("c")]
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let back = decode_stored("b:z", &format!("C\n1:4990,3:\n{blob}")).unwrap();
+        let got: Vec<(&str, &[u8], Option<i64>)> = back
+            .iter()
+            .map(|(id, r)| (id.as_str(), r.key.as_slice(), r.deadline_ms))
+            .collect();
+        assert_eq!(got, [("1", &b"a"[..], Some(4990)), ("3", &b"c"[..], None)]);
+        assert!(decode_stored("b:z", &format!("C\n4:1\n{blob}")).is_err());
     }
 
     #[test]
