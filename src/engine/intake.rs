@@ -96,6 +96,34 @@ chunked(live, 1000, function(...)
     if s[j] then scores[k] = s[j] end
   end
 end)
+-- The poked set's deadlines of every key that may be taken from it (a live expiry the ledger
+-- has no due deadline for, a recovery), read in one command too.
+local maybe_poked = {}
+for i = first, #ARGV, 5 do
+  local m, k = ARGV[i], ARGV[i + 2]
+  if ((m == 'L' or m == 'l') and not (scores[k] and tonumber(scores[k]) <= due_limit))
+      or m == 'R' or m == 'r' then
+    maybe_poked[#maybe_poked + 1] = k
+  end
+end
+local poked = {}
+chunked(maybe_poked, 1000, function(...)
+  local keys = {...}
+  local p = redis.call('HMGET', KEYS[3], ...)
+  for j, k in ipairs(keys) do
+    if p[j] then poked[k] = p[j] end
+  end
+end)
+-- Takes key's deadline out of the poked set (the removal written once for the batch).
+local unpoked = {}
+local function take_poked(key)
+  local p = poked[key]
+  if p then
+    poked[key] = nil
+    unpoked[#unpoked + 1] = key
+  end
+  return p
+end
 -- Writes of the hot path, sent once for the whole batch: the deadlines taken out of the
 -- ledger, the handled memory, the record of every event won.
 local unledgered = {}
@@ -129,12 +157,7 @@ for i = first, #ARGV, 5 do
       d = s
     end
     if not d then
-      local p = redis.call('HGET', KEYS[3], key)
-      if p then
-        redis.call('ZREM', KEYS[2], key)
-        redis.call('HDEL', KEYS[3], key)
-        d = p
-      end
+      d = take_poked(key) or false
     end
     if d then
       remember(key, d)
@@ -152,10 +175,8 @@ for i = first, #ARGV, 5 do
     end
     fire = mode == 'L'
   elseif mode == 'R' or mode == 'r' then
-    local p = redis.call('HGET', KEYS[3], key)
+    local p = take_poked(key)
     if p then
-      redis.call('ZREM', KEYS[2], key)
-      redis.call('HDEL', KEYS[3], key)
       d = p
       remember(key, d)
       own = true
@@ -205,6 +226,10 @@ for i = first, #ARGV, 5 do
 end
 chunked(unledgered, 1000, function(...)
   redis.call('ZREM', KEYS[1], ...)
+end)
+chunked(unpoked, 1000, function(...)
+  redis.call('ZREM', KEYS[2], ...)
+  redis.call('HDEL', KEYS[3], ...)
 end)
 if #handled > 0 then
   local hk = memory .. minute
@@ -839,6 +864,9 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "evalsha", WHY)
             .on(Keys::State("intake"), Access::ReadWrite)
             .args("{sha} 2 {prefix}intake {prefix}intake:events"),
+        // A detail read's retry moved into its own record when no job is stored with it.
+        Use::new(Conn::State, "multi", WHY),
+        Use::new(Conn::State, "exec", WHY),
         Use::new(Conn::State, "zadd", WHY)
             .on(Keys::State("intake"), Access::Write)
             .args("{key} XX 0 id"),
@@ -867,6 +895,9 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k"),
         Use::new(Conn::State, "hget", SCRIPT)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hmget", SCRIPT)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
             .args("{key} k"),
         Use::new(Conn::State, "hdel", SCRIPT)

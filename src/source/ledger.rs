@@ -139,13 +139,29 @@ const TAKEN_SLACK_MS: i64 = 100;
 
 const MOVE_POKED: &str = r"
 local seq = redis.call('INCR', KEYS[4])
-for i = 1, #ARGV, 2 do
-  local m = ARGV[i]
-  local s = redis.call('ZSCORE', KEYS[1], m)
-  if s and tonumber(s) == tonumber(ARGV[i + 1]) then
-    redis.call('ZREM', KEYS[1], m)
-    redis.call('ZADD', KEYS[2], seq, m)
-    redis.call('HSET', KEYS[3], m, ARGV[i + 1])
+-- A command each per thousand keys, not per key: in a storm the poker moves thousands at once.
+for j = 1, #ARGV, 2000 do
+  local last = math.min(j + 1999, #ARGV)
+  local members = {}
+  for i = j, last, 2 do
+    members[#members + 1] = ARGV[i]
+  end
+  local scores = redis.call('ZMSCORE', KEYS[1], unpack(members))
+  local moved, poked, deadlines = {}, {}, {}
+  for n, m in ipairs(members) do
+    local given = ARGV[j + 2 * (n - 1) + 1]
+    if scores[n] and tonumber(scores[n]) == tonumber(given) then
+      moved[#moved + 1] = m
+      poked[#poked + 1] = seq
+      poked[#poked + 1] = m
+      deadlines[#deadlines + 1] = m
+      deadlines[#deadlines + 1] = given
+    end
+  end
+  if #moved > 0 then
+    redis.call('ZREM', KEYS[1], unpack(moved))
+    redis.call('ZADD', KEYS[2], unpack(poked))
+    redis.call('HSET', KEYS[3], unpack(deadlines))
   end
 end
 return seq
@@ -795,6 +811,10 @@ crate::keyspace::commands::declare! {
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
             .when(When::Ledger),
         Use::new(Conn::State, "zscore", WHY)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Conn::State, "zmscore", WHY)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),
