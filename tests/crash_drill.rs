@@ -142,6 +142,12 @@ fn drill(crash_at: &str, two: bool) {
         );
     }
     let tasks = waves * TASKS;
+    // Its last lines may still be on their way through the pipe's reader thread.
+    let read_until = std::time::Instant::now() + Duration::from_secs(5);
+    while !doomed.stderr().contains("drill: crashing at") && std::time::Instant::now() < read_until
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         doomed.stderr().contains("drill: crashing at"),
         "the instance died of something else:\n{}",
