@@ -81,6 +81,19 @@ local function chunked(list, step, f)
     f(unpack(list, j, math.min(j + step - 1, #list)))
   end
 end
+-- What a multi-key read (ZMSCORE, HMGET) of `key` answers for each of `members`, as a table
+-- of the members that have a value.
+local function read_all(command, key, members)
+  local found = {}
+  chunked(members, 1000, function(...)
+    local asked = {...}
+    local got = redis.call(command, key, ...)
+    for j, m in ipairs(asked) do
+      if got[j] then found[m] = got[j] end
+    end
+  end)
+  return found
+end
 -- The ledger's scores of every live expiry, read in one command.
 local live = {}
 for i = first, #ARGV, 5 do
@@ -88,14 +101,7 @@ for i = first, #ARGV, 5 do
     live[#live + 1] = ARGV[i + 2]
   end
 end
-local scores = {}
-chunked(live, 1000, function(...)
-  local keys = {...}
-  local s = redis.call('ZMSCORE', KEYS[1], ...)
-  for j, k in ipairs(keys) do
-    if s[j] then scores[k] = s[j] end
-  end
-end)
+local scores = read_all('ZMSCORE', KEYS[1], live)
 -- The poked set's deadlines of every key that may be taken from it (a live expiry the ledger
 -- has no due deadline for, a recovery), read in one command too.
 local maybe_poked = {}
@@ -106,14 +112,7 @@ for i = first, #ARGV, 5 do
     maybe_poked[#maybe_poked + 1] = k
   end
 end
-local poked = {}
-chunked(maybe_poked, 1000, function(...)
-  local keys = {...}
-  local p = redis.call('HMGET', KEYS[3], ...)
-  for j, k in ipairs(keys) do
-    if p[j] then poked[k] = p[j] end
-  end
-end)
+local poked = read_all('HMGET', KEYS[3], maybe_poked)
 -- Takes key's deadline out of the poked set (the removal written once for the batch).
 local unpoked = {}
 local function take_poked(key)
