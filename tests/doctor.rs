@@ -405,7 +405,14 @@ fn a_user_without_multi_gets_its_reads_checked_and_the_rest_reported_unchecked()
     // keywatch stores jobs in a transaction: MULTI is refused, and said so with its grant.
     assert_eq!(code, Some(1), "{t}");
     assert!(t.contains("FAIL  permissions (command)"), "{t}");
-    assert!(t.contains("MULTI (job queue)"), "{t}");
+    // The intake's record moves on with its jobs in one transaction too: named first.
+    assert!(t.contains("MULTI (intake: claims and taken events)"), "{t}");
+    // EXEC without a MULTI tells nothing of EXEC's own grant: not reported as refused.
+    assert!(!t.contains("EXEC without MULTI"), "{t}");
+    assert!(
+        t.contains("MULTI is refused, so EXEC cannot be checked"),
+        "{t}"
+    );
     // Writes could not be checked without running them: a warning, not a guess.
     assert!(t.contains("warn  permissions"), "{t}");
     assert!(t.contains("could not be checked"), "{t}");

@@ -640,6 +640,10 @@ async fn transaction(conn: &mut MultiplexedConnection, command: &str) -> Outcome
         .await;
     let which = usize::from(command != "multi");
     match r {
+        // EXEC or DISCARD without a MULTI says nothing of its own grant.
+        Ok(v) if which == 1 && v.first().is_some_and(|m| m.is_err()) => {
+            Outcome::Unchecked(format!("MULTI is refused, so {closing} cannot be checked"))
+        }
         Ok(v) => match v.get(which) {
             Some(Ok(_)) => Outcome::Allowed,
             Some(Err(e)) => refused(e),
