@@ -21,7 +21,7 @@
 //! PUBLISH. With a counter per instance, one instance's marker could cover another's entry
 //! moved after it was published, and recover a key whose `expired` it had yet to read.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -79,6 +79,66 @@ end
 /// [`Ledger::poke_round`]): how long recovering an expiry whose event was lost may be put off by
 /// a subscriber that never catches up.
 const RECORD_AT_MOST: Duration = Duration::from_secs(10);
+
+/// How long the poker waits, after finding a due key gone, before it records that key as
+/// poked (see [`Ledger::poke_round`]): time for the take of its `expired` to reach the ledger.
+/// A key whose event really was lost is recovered this much later.
+pub const GRACE: Duration = Duration::from_millis(100);
+/// Most keys the poker holds in their grace; beyond, gone keys are recorded at once (the
+/// memory stays bounded in a storm).
+const GRACE_MAX: usize = 20_000;
+/// Pages of due keys all within their grace that one round looks past.
+const GRACE_PAGES: usize = 4;
+
+/// The due keys the poker found gone and has not recorded yet, with when it found them.
+#[derive(Default)]
+pub struct Grace {
+    found: HashMap<(u32, Vec<u8>), (i64, std::time::Instant)>,
+    last_sweep: Option<std::time::Instant>,
+}
+
+impl Grace {
+    /// Whether `key`, due at `deadline`, is within its grace: it is then neither touched nor
+    /// recorded this round.
+    fn waiting(&mut self, db: u32, key: &[u8], deadline: i64) -> bool {
+        self.sweep();
+        self.found
+            .get(&(db, key.to_vec()))
+            .is_some_and(|(d, at)| *d == deadline && at.elapsed() < GRACE)
+    }
+
+    /// `key` was found gone: `true` if that begins its grace (not recorded now), `false` if
+    /// it is to be recorded (its grace is over, or no room is left for it).
+    fn begin(&mut self, db: u32, key: &[u8], deadline: i64) -> bool {
+        let entry = (db, key.to_vec());
+        match self.found.get(&entry) {
+            Some((d, _)) if *d == deadline => {
+                self.found.remove(&entry);
+                false
+            }
+            _ if self.found.len() >= GRACE_MAX => false,
+            _ => {
+                self.found
+                    .insert(entry, (deadline, std::time::Instant::now()));
+                true
+            }
+        }
+    }
+
+    /// Forgets the keys found long enough ago that their take (or their record) happened.
+    fn sweep(&mut self) {
+        let now = std::time::Instant::now();
+        if self
+            .last_sweep
+            .is_some_and(|t| now.duration_since(t) < GRACE)
+        {
+            return;
+        }
+        self.last_sweep = Some(now);
+        self.found
+            .retain(|_, found| now.duration_since(found.1) < 4 * GRACE);
+    }
+}
 
 /// What a keyevent says about a deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,9 +408,10 @@ impl Ledger {
         Ok(seq)
     }
 
-    /// One round of the poker for `db`: touch every due key; returns how many were due.
+    /// One round of the poker for `db`: touch every due key; returns how many it touched. Keys
+    /// found gone are recorded at once (no [`Grace`]).
     pub async fn poke(&self, db: u32) -> redis::RedisResult<usize> {
-        self.poke_round(db, true).await
+        self.poke_round(db, true, None).await
     }
 
     /// A round of the poker; `record_gone`: keys found gone move to the poked set, to be
@@ -359,20 +420,48 @@ impl Ledger {
     /// gone key recorded as poked then had its record undone by the take of that very event, a
     /// fifth of a storm's keys paying four writes each for nothing. A key whose event really was
     /// lost stays in the ledger and is found gone again once the events are caught up with.
-    pub async fn poke_round(&self, db: u32, record_gone: bool) -> redis::RedisResult<usize> {
+    ///
+    /// With a [`Grace`], a key found gone for the first time is not recorded yet: nearly always
+    /// its `expired` was just published (the touch itself expired it) and its take is on its
+    /// way, which removes it from the ledger. Recording it meant three writes to the poked set
+    /// that the take then undid with two more, for every key expired on time. It is recorded
+    /// if it is still in the ledger once [`GRACE`] has passed.
+    pub async fn poke_round(
+        &self,
+        db: u32,
+        record_gone: bool,
+        mut grace: Option<&mut Grace>,
+    ) -> redis::RedisResult<usize> {
         let zset = self.zset(db);
-        // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
-        let due: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(&zset)
-            .arg("-inf")
-            .arg(now_ms() - 1)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(POKE_BATCH)
-            .arg("WITHSCORES")
-            .query_async(&mut self.inner.state.clone())
-            .await?;
+        let mut offset = 0;
+        let due = loop {
+            // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
+            let page: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+                .arg(&zset)
+                .arg("-inf")
+                .arg(now_ms() - 1)
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(POKE_BATCH)
+                .arg("WITHSCORES")
+                .query_async(&mut self.inner.state.clone())
+                .await?;
+            let len = page.len();
+            let Some(g) = grace.as_deref_mut() else {
+                break page;
+            };
+            let open: Vec<(Vec<u8>, f64)> = page
+                .into_iter()
+                .filter(|(k, score)| !g.waiting(db, k, *score as i64))
+                .collect();
+            // A page of keys all within their grace: the due keys behind them must not wait.
+            if open.is_empty() && len == POKE_BATCH && offset < GRACE_PAGES * POKE_BATCH {
+                offset += POKE_BATCH;
+                continue;
+            }
+            break open;
+        };
         if due.is_empty() {
             return Ok(0);
         }
@@ -391,6 +480,12 @@ impl Ledger {
         for ((k, score), t) in due.iter().zip(now) {
             match t {
                 -2 if record_gone => {
+                    if grace
+                        .as_deref_mut()
+                        .is_some_and(|g| g.begin(db, k, *score as i64))
+                    {
+                        continue;
+                    }
                     gone.arg(k).arg(*score as i64);
                     any_gone = true;
                 }
@@ -658,6 +753,7 @@ pub async fn run_poker(
     let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
     let mut last_round = tokio::time::Instant::now();
     let mut last_recorded = tokio::time::Instant::now();
+    let mut grace = Grace::default();
     loop {
         // Read each round: a reload may change the databases, or whether a ledger is kept.
         let config = live.current();
@@ -694,7 +790,7 @@ pub async fn run_poker(
                         if record {
                             last_recorded = tokio::time::Instant::now();
                         }
-                        match ledger.poke_round(db, record).await {
+                        match ledger.poke_round(db, record, Some(&mut grace)).await {
                             Ok(n) if n == POKE_BATCH && !behind() => continue,
                             Ok(_) => break,
                             Err(e) => {
@@ -857,6 +953,36 @@ crate::keyspace::commands::declare! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gone_key_is_recorded_only_when_found_gone_again_after_its_grace() {
+        let mut g = Grace::default();
+        // Found gone: its grace begins, it is neither recorded nor touched meanwhile.
+        assert!(g.begin(0, b"k", 10));
+        assert!(g.waiting(0, b"k", 10));
+        // Another database, or a new deadline of the same key, is another expiry.
+        assert!(!g.waiting(1, b"k", 10));
+        assert!(!g.waiting(0, b"k", 11));
+        std::thread::sleep(GRACE);
+        assert!(!g.waiting(0, b"k", 10));
+        // Still in the ledger after its grace, and gone: recorded now, and forgotten.
+        assert!(!g.begin(0, b"k", 10));
+        assert!(g.found.is_empty());
+    }
+
+    #[test]
+    fn a_full_grace_records_gone_keys_at_once() {
+        let mut g = Grace::default();
+        for i in 0..GRACE_MAX {
+            assert!(g.begin(0, i.to_string().as_bytes(), 1));
+        }
+        assert!(!g.begin(0, b"one more", 1));
+        // Entries are dropped some time after their grace, taken or recorded.
+        std::thread::sleep(4 * GRACE);
+        g.last_sweep = None;
+        assert!(!g.waiting(0, b"0", 1));
+        assert!(g.found.is_empty());
+    }
 
     #[test]
     fn a_marker_is_complete_once_every_subscribed_node_heard_it() {
