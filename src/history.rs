@@ -4,10 +4,15 @@
 //! and for every instance.
 //!
 //! Layout under `state.prefix`: a sorted set `history` (member = event id, score = when it was
-//! observed, ms) and one hash per firing, `history:ID`, whose field `event` is the event JSON of
-//! SPEC §4 and whose fields `a:ACTION` (`a:reload`, `a:notify:oncall`) are that action's latest
-//! outcome. Memory is bounded twice: each hash expires `history.keep` after it was written, and
-//! the index is trimmed by time and to [`MAX_FIRINGS`] entries (the trimmed hashes unlinked).
+//! observed, ms) and one hash per minute of observation, `history:@MINUTE` (the observed ms
+//! divided by 60,000), holding for each firing of that minute the field `ID`, the event JSON of
+//! SPEC §4, and the field `ID:a`, its actions' latest outcomes as lines `a:ACTION<TAB>JSON`
+//! (`a:reload`, `a:notify:oncall`). One hash per minute rather than per firing: in a storm a
+//! key of its own, created and given a TTL per firing and again per outcome, was a quarter of
+//! what the state server spent. Memory is bounded twice: each minute's hash expires
+//! `history.keep` after the latest firing in it, and the index is trimmed by time and to
+//! [`MAX_FIRINGS`] entries (the trimmed firings' fields removed). Hashes of one firing each
+//! (`history:ID`, fields `event` and `a:ACTION`), written before this layout, are still read.
 //!
 //! Recording never holds up delivery: the pipeline hands entries to a bounded channel, and one
 //! writer task per instance stores them in batches. When Redis cannot keep up the entries that
@@ -90,10 +95,91 @@ pub struct Filter {
     pub limit: usize,
 }
 
-/// Where a firing's hash is.
+/// Where a firing's hash was before firings were kept by minute; still read.
 fn record_key(prefix: &str, id: &str) -> String {
     format!("{prefix}history:{id}")
 }
+
+/// The span of observation whose firings share a hash.
+const MINUTE_MS: i64 = 60_000;
+
+/// The hash of the firings observed in the minute of `at_ms`.
+fn minute_key(prefix: &str, at_ms: i64) -> String {
+    format!("{prefix}history:@{}", at_ms.div_euclid(MINUTE_MS))
+}
+
+/// The field of a firing's outcomes in its minute's hash.
+fn outcomes_field(id: &str) -> String {
+    format!("{id}:a")
+}
+
+// Writes a batch into the minutes' hashes KEYS (ARGV[i]: KEYS[i] is to last at least until
+// then, unix ms: `keep` after the latest firing of the batch in that minute), then
+// entries of four arguments: kind, index of its hash in KEYS, firing id, value. Kind `e`: the
+// value is the event JSON. Kind `a`: the value is `a:ACTION<TAB>JSON`, the action's latest
+// outcome, replacing that action's line in the firing's outcomes; kind `d` likewise, but a dead
+// letter whose JSON says `"attempts":0` keeps the attempts its line had. One `HSET` per hash.
+const PUT: &str = r#"
+local n = #KEYS
+local fields = {}
+local function current(k, f)
+  local t = fields[k]
+  if not t then
+    t = {}
+    fields[k] = t
+  end
+  if t[f] == nil then
+    t[f] = redis.call('HGET', KEYS[k], f) or false
+  end
+  return t
+end
+for i = n + 1, #ARGV, 4 do
+  local kind, k, id, value = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
+  if kind == 'e' then
+    fields[k] = fields[k] or {}
+    fields[k][id] = value
+  else
+    local f = id .. ':a'
+    local t = current(k, f)
+    local name = string.match(value, '^[^\t]*\t')
+    local kept = {}
+    if t[f] then
+      for line in string.gmatch(t[f], '[^\n]+') do
+        if string.sub(line, 1, #name) == name then
+          local attempts = string.match(line, '"attempts":(%d+)')
+          if kind == 'd' and attempts then
+            value = (string.gsub(value, '"attempts":0', '"attempts":' .. attempts, 1))
+          end
+        else
+          kept[#kept + 1] = line
+        end
+      end
+    end
+    kept[#kept + 1] = value
+    t[f] = table.concat(kept, '\n')
+  end
+end
+for k = 1, n do
+  local args = {}
+  for f, v in pairs(fields[k] or {}) do
+    if v then
+      args[#args + 1] = f
+      args[#args + 1] = v
+    end
+  end
+  for j = 1, #args, 1000 do
+    redis.call('HSET', KEYS[k], unpack(args, j, math.min(j + 999, #args)))
+  end
+  -- Only ever later: a batch of outcomes of older firings must not cut newer ones short.
+  local left = redis.call('PTTL', KEYS[k])
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if left < 0 or now + left < tonumber(ARGV[k]) then
+    redis.call('PEXPIREAT', KEYS[k], ARGV[k])
+  end
+end
+return 0
+"#;
 
 fn index_key(prefix: &str) -> String {
     format!("{prefix}history")
@@ -119,6 +205,8 @@ enum Entry {
     },
     Action {
         id: String,
+        /// When its firing was observed: the minute whose hash holds it.
+        at_ms: i64,
         field: String,
         record: ActionRecord,
     },
@@ -145,6 +233,7 @@ impl Recorder {
             conn,
             prefix: prefix.to_string(),
             keep_ms: keep.as_millis().min(i64::MAX as u128) as i64,
+            put: redis::Script::new(PUT),
         };
         let handle = tokio::spawn(writer.run(rx, stop));
         let lost = Arc::new(AtomicU64::new(0));
@@ -178,8 +267,8 @@ impl Recorder {
         });
     }
 
-    /// One attempt of `action` of the firing `id`, the `attempts`-th, ended with `outcome`.
-    pub fn attempt(&self, id: &str, action: &Action, outcome: &Outcome, attempts: u32) {
+    /// One attempt of `action` of the firing `f`, the `attempts`-th, ended with `outcome`.
+    pub fn attempt(&self, f: &Firing, action: &Action, outcome: &Outcome, attempts: u32) {
         let (label, error) = match outcome {
             // A follow-up that had nothing to do (see `action::followup`).
             Outcome::Sent(t) if t.starts_with(CANCELLED) => ("skipped", Some(t.clone())),
@@ -187,13 +276,13 @@ impl Recorder {
             Outcome::Retry { reason, .. } => ("retrying", Some(reason.clone())),
             Outcome::Failed(reason) => ("dead", Some(reason.clone())),
         };
-        self.action(id, action, label, attempts, error);
+        self.action(f, action, label, attempts, error);
     }
 
-    /// `action` of the firing `id` was given up (a dead letter) for `reason`.
-    pub fn dead(&self, id: &str, action: &Action, reason: &str) {
+    /// `action` of the firing `f` was given up (a dead letter) for `reason`.
+    pub fn dead(&self, f: &Firing, action: &Action, reason: &str) {
         // 0: the writer keeps the attempts already recorded.
-        self.action(id, action, "dead", 0, Some(reason.to_string()));
+        self.action(f, action, "dead", 0, Some(reason.to_string()));
     }
 
     /// A firing that does not run its actions (silenced, or a recovery its rule skips): kept
@@ -201,20 +290,21 @@ impl Recorder {
     pub fn skipped(&self, f: &Firing, actions: &[Action], why: &str) {
         self.firing(f);
         for a in actions {
-            self.action(&f.id, a, "skipped", 0, Some(why.to_string()));
+            self.action(f, a, "skipped", 0, Some(why.to_string()));
         }
     }
 
     fn action(
         &self,
-        id: &str,
+        f: &Firing,
         action: &Action,
         outcome: &str,
         attempts: u32,
         error: Option<String>,
     ) {
         self.send(Entry::Action {
-            id: id.to_string(),
+            id: f.id.clone(),
+            at_ms: f.observed_at.timestamp_millis(),
             field: action_field(action),
             record: ActionRecord {
                 action: action.name().to_string(),
@@ -232,6 +322,7 @@ struct Writer {
     conn: Conn,
     prefix: String,
     keep_ms: i64,
+    put: redis::Script,
 }
 
 impl Writer {
@@ -270,131 +361,124 @@ impl Writer {
 
     async fn try_store(&mut self, batch: &[Entry]) -> redis::RedisResult<()> {
         let index = index_key(&self.prefix);
-        // A dead letter keeps the attempts already counted: read them first.
-        let mut known: std::collections::HashMap<(String, String), u32> = Default::default();
-        let dead: Vec<(&str, &str)> = batch
-            .iter()
-            .filter_map(|e| match e {
-                Entry::Action { id, field, record }
-                    if record.attempts == 0 && record.outcome == "dead" =>
-                {
-                    Some((id.as_str(), field.as_str()))
-                }
-                _ => None,
-            })
-            .collect();
-        if !dead.is_empty() {
-            let mut p = redis::pipe();
-            for (id, field) in &dead {
-                p.add_command(hget(&record_key(&self.prefix, id), field));
-            }
-            let old: Vec<Option<String>> = p.query_async(&mut self.conn).await?;
-            for ((id, field), old) in dead.iter().zip(old) {
-                if let Some(a) = old.and_then(|o| serde_json::from_str::<ActionRecord>(&o).ok()) {
-                    known.insert((id.to_string(), field.to_string()), a.attempts);
-                }
-            }
-        }
         let now = clock::now_ms();
-        let mut p = redis::pipe();
-        let mut firings = 0;
-        // One `HSET` (and one `PEXPIRE`) per firing's hash and one `ZADD` of every new firing,
-        // however many entries of the batch they hold: in a storm each firing comes with its
-        // outcomes, and a command per entry was most of what history cost Redis.
+        // The minutes' hashes this batch writes to, each expiring `keep` after its minute.
+        let mut minutes: Vec<String> = Vec::new();
+        let keep_ms = self.keep_ms;
+        let mut minute_of = |at_ms: i64, expires: &mut Vec<i64>| {
+            let key = minute_key(&self.prefix, at_ms);
+            let until = at_ms.saturating_add(keep_ms);
+            match minutes.iter().position(|m| *m == key) {
+                Some(i) => {
+                    expires[i] = expires[i].max(until);
+                    i + 1
+                }
+                None => {
+                    minutes.push(key);
+                    expires.push(until);
+                    minutes.len()
+                }
+            }
+        };
+        let mut expires = Vec::new();
+        let mut entries: Vec<(&str, usize, &str, String)> = Vec::with_capacity(batch.len());
         let mut index_add = redis::cmd("ZADD");
         index_add.arg(&index);
-        let mut hashes: Vec<(String, redis::Cmd)> = Vec::new();
-        let mut at: std::collections::HashMap<String, usize> = Default::default();
-        let prefix = self.prefix.clone();
-        let mut hset = |id: &str, field: &str, value: &str| {
-            let key = record_key(&prefix, id);
-            let i = *at.entry(key.clone()).or_insert_with(|| {
-                let mut c = redis::cmd("HSET");
-                c.arg(&key);
-                hashes.push((key, c));
-                hashes.len() - 1
-            });
-            hashes[i].1.arg(field).arg(value);
-        };
+        let mut firings = 0;
         for e in batch {
             match e {
                 Entry::Firing { id, at_ms, event } => {
                     firings += 1;
                     index_add.arg(*at_ms).arg(id);
-                    hset(id, "event", event);
+                    let k = minute_of(*at_ms, &mut expires);
+                    entries.push(("e", k, id, event.clone()));
                 }
-                Entry::Action { id, field, record } => {
-                    let mut record = record.clone();
-                    let at = (id.clone(), field.clone());
-                    if record.attempts == 0 {
-                        record.attempts = known.get(&at).copied().unwrap_or(0);
+                Entry::Action {
+                    id,
+                    at_ms,
+                    field,
+                    record,
+                } => {
+                    let k = minute_of(*at_ms, &mut expires);
+                    // A dead letter says 0 attempts: the script keeps those already recorded.
+                    let kind = if record.attempts == 0 && record.outcome == "dead" {
+                        "d"
                     } else {
-                        // A dead letter later in this batch keeps these attempts.
-                        known.insert(at, record.attempts);
-                    }
-                    let json = serde_json::to_string(&record).unwrap_or_default();
-                    hset(id, field, &json);
+                        "a"
+                    };
+                    let json = serde_json::to_string(record).unwrap_or_default();
+                    entries.push((kind, k, id, format!("{field}\t{json}")));
                 }
             }
         }
-        for (key, hset) in hashes {
-            p.add_command(hset).ignore();
-            p.add_command(pexpire(&key, self.keep_ms)).ignore();
+        let mut put = self.put.prepare_invoke();
+        for m in &minutes {
+            put.key(m);
         }
-        if firings > 0 {
-            p.add_command(index_add).ignore();
+        put.arg(&expires);
+        for (kind, k, id, value) in &entries {
+            put.arg(*kind).arg(*k).arg(*id).arg(value);
         }
-        if firings > 0 {
-            let mut trim = redis::cmd("ZREMRANGEBYSCORE");
-            trim.arg(&index)
-                .arg("-inf")
-                .arg(format!("({}", now - self.keep_ms));
-            p.add_command(trim).ignore();
-            let mut card = redis::cmd("ZCARD");
-            card.arg(&index);
-            p.add_command(card);
-            let (count,): (usize,) = p.query_async(&mut self.conn).await?;
-            if count > MAX_FIRINGS {
-                self.trim_count(count - MAX_FIRINGS).await?;
-            }
-        } else {
-            let _: () = p.query_async(&mut self.conn).await?;
+        put.invoke_async::<()>(&mut self.conn).await?;
+        if firings == 0 {
+            return Ok(());
+        }
+        let mut p = redis::pipe();
+        p.add_command(index_add).ignore();
+        let mut trim = redis::cmd("ZREMRANGEBYSCORE");
+        trim.arg(&index)
+            .arg("-inf")
+            .arg(format!("({}", now - self.keep_ms));
+        p.add_command(trim).ignore();
+        let mut card = redis::cmd("ZCARD");
+        card.arg(&index);
+        p.add_command(card);
+        let (count,): (usize,) = p.query_async(&mut self.conn).await?;
+        if count > MAX_FIRINGS {
+            self.trim_count(count - MAX_FIRINGS).await?;
         }
         Ok(())
     }
 
-    /// Drops the `excess` oldest firings and their hashes.
+    /// Drops the `excess` oldest firings: their fields in their minutes' hashes (and a hash
+    /// of their own, from before the minutes' hashes).
     async fn trim_count(&mut self, excess: usize) -> redis::RedisResult<()> {
         let index = index_key(&self.prefix);
         let mut range = redis::cmd("ZRANGE");
-        range.arg(&index).arg(0).arg(excess as i64 - 1);
-        let ids: Vec<String> = range.query_async(&mut self.conn).await?;
-        if ids.is_empty() {
+        range
+            .arg(&index)
+            .arg(0)
+            .arg(excess as i64 - 1)
+            .arg("WITHSCORES");
+        let old: Vec<(String, f64)> = range.query_async(&mut self.conn).await?;
+        if old.is_empty() {
             return Ok(());
         }
-        let mut p = redis::pipe();
+        let mut by_minute: std::collections::BTreeMap<String, redis::Cmd> = Default::default();
         let mut unlink = redis::cmd("UNLINK");
-        for id in &ids {
+        for (id, at) in &old {
+            by_minute
+                .entry(minute_key(&self.prefix, *at as i64))
+                .or_insert_with_key(|key| {
+                    let mut c = redis::cmd("HDEL");
+                    c.arg(key);
+                    c
+                })
+                .arg(id)
+                .arg(outcomes_field(id));
             unlink.arg(record_key(&self.prefix, id));
+        }
+        let mut p = redis::pipe();
+        for hdel in by_minute.into_values() {
+            p.add_command(hdel).ignore();
         }
         p.add_command(unlink).ignore();
         let mut zrem = redis::cmd("ZREM");
-        zrem.arg(&index).arg(&ids);
+        zrem.arg(&index)
+            .arg(old.iter().map(|(id, _)| id).collect::<Vec<_>>());
         p.add_command(zrem).ignore();
         p.query_async(&mut self.conn).await
     }
-}
-
-fn hget(key: &str, field: &str) -> redis::Cmd {
-    let mut c = redis::cmd("HGET");
-    c.arg(key).arg(field);
-    c
-}
-
-fn pexpire(key: &str, ms: i64) -> redis::Cmd {
-    let mut c = redis::cmd("PEXPIRE");
-    c.arg(key).arg(ms.max(1));
-    c
 }
 
 /// The firings `filter` selects, newest first, read from what every instance recorded.
@@ -421,19 +505,47 @@ pub async fn list(
             .arg("REV")
             .arg("LIMIT")
             .arg(offset)
-            .arg(PAGE);
-        let ids: Vec<String> = range.query_async(conn).await?;
-        if ids.is_empty() {
+            .arg(PAGE)
+            .arg("WITHSCORES");
+        let page: Vec<(String, f64)> = range.query_async(conn).await?;
+        if page.is_empty() {
             break;
         }
-        offset += ids.len();
+        offset += page.len();
         let mut p = redis::pipe();
-        for id in &ids {
-            let mut c = redis::cmd("HGETALL");
-            c.arg(record_key(prefix, id));
+        for (id, at) in &page {
+            let mut c = redis::cmd("HMGET");
+            c.arg(minute_key(prefix, *at as i64))
+                .arg(id)
+                .arg(outcomes_field(id));
             p.add_command(c);
         }
-        let hashes: Vec<Vec<(String, String)>> = p.query_async(conn).await?;
+        let found: Vec<(Option<String>, Option<String>)> = p.query_async(conn).await?;
+        // Firings kept before the minutes' hashes, in a hash of their own.
+        let older: Vec<&str> = page
+            .iter()
+            .zip(&found)
+            .filter(|(_, (event, _))| event.is_none())
+            .map(|((id, _), _)| id.as_str())
+            .collect();
+        let mut legacy: std::collections::HashMap<&str, Vec<(String, String)>> = Default::default();
+        if !older.is_empty() {
+            let mut p = redis::pipe();
+            for id in &older {
+                let mut c = redis::cmd("HGETALL");
+                c.arg(record_key(prefix, id));
+                p.add_command(c);
+            }
+            let hashes: Vec<Vec<(String, String)>> = p.query_async(conn).await?;
+            legacy.extend(older.into_iter().zip(hashes));
+        }
+        let hashes = page
+            .iter()
+            .zip(found)
+            .map(|((id, _), (event, outcomes))| match event {
+                Some(event) => stored_fields(event, outcomes),
+                None => legacy.remove(id.as_str()).unwrap_or_default(),
+            });
         for fields in hashes {
             let Some(r) = parse_record(fields) else {
                 continue;
@@ -457,6 +569,18 @@ pub async fn list(
         }
     }
     Ok(out)
+}
+
+/// A firing's fields in its minute's hash, as the fields of a hash of its own (what
+/// [`parse_record`] reads): `event`, and one `a:ACTION` per line of its outcomes.
+fn stored_fields(event: String, outcomes: Option<String>) -> Vec<(String, String)> {
+    let mut fields = vec![("event".to_string(), event)];
+    for line in outcomes.as_deref().unwrap_or("").lines() {
+        if let Some((name, json)) = line.split_once('\t') {
+            fields.push((name.to_string(), json.to_string()));
+        }
+    }
+    fields
 }
 
 /// A firing's hash as a record; `None` when only outcomes are left of it (its event was
@@ -490,21 +614,32 @@ fn parse_record(fields: Vec<(String, String)>) -> Option<Record> {
 }
 
 crate::keyspace::commands::declare! {
-    /// The commands history sends ([`crate::keyspace::commands`]).
+    /// The commands history sends, its script's included ([`crate::keyspace::commands`]).
     const WHY = "history of firings and outcomes";
+    const SCRIPT = "history of firings and outcomes (script)";
     [
         Use::new(Conn::State, "zadd", WHY)
             .on(Keys::State("history"), Access::Write)
             .args("{key} 0 id"),
-        Use::new(Conn::State, "hset", WHY)
-            .on(Keys::State("history:*"), Access::Write)
-            .args("{key} event json"),
-        Use::new(Conn::State, "hget", WHY)
+        Use::new(Conn::State, "script|load", WHY)
+            .access(Access::Write)
+            .args("return(1)"),
+        Use::new(Conn::State, "evalsha", WHY)
+            .on(Keys::State("history:*"), Access::ReadWrite)
+            .args("{sha} 1 {prefix}history:@0"),
+        Use::new(Conn::State, "hget", SCRIPT)
             .on(Keys::State("history:*"), Access::Read)
-            .args("{key} event"),
-        Use::new(Conn::State, "pexpire", WHY)
+            .args("{key} id:a"),
+        Use::new(Conn::State, "hset", SCRIPT)
+            .on(Keys::State("history:*"), Access::Write)
+            .args("{key} id json"),
+        Use::new(Conn::State, "pexpireat", SCRIPT)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} 1000"),
+        Use::new(Conn::State, "pttl", SCRIPT)
+            .on(Keys::State("history:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "time", SCRIPT),
         Use::new(Conn::State, "zremrangebyscore", WHY)
             .on(Keys::State("history"), Access::ReadWrite)
             .args("{key} -inf 0"),
@@ -513,13 +648,19 @@ crate::keyspace::commands::declare! {
             .args("{key}"),
         Use::new(Conn::State, "zrange", WHY)
             .on(Keys::State("history"), Access::Read)
-            .args("{key} 0 0"),
+            .args("{key} 0 0 WITHSCORES"),
+        Use::new(Conn::State, "hdel", WHY)
+            .on(Keys::State("history:*"), Access::Write)
+            .args("{key} id id:a"),
         Use::new(Conn::State, "unlink", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key}"),
         Use::new(Conn::State, "zrem", WHY)
             .on(Keys::State("history"), Access::Write)
             .args("{key} id"),
+        Use::new(Conn::State, "hmget", WHY)
+            .on(Keys::State("history:*"), Access::Read)
+            .args("{key} id id:a"),
         Use::new(Conn::State, "hgetall", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key}"),

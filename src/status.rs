@@ -209,7 +209,7 @@ impl Status {
     pub fn record_dead_letter(&self, d: &DeadLetter) {
         if let Some(h) = self.history() {
             for f in &d.firings {
-                h.dead(&f.id, &d.action, &d.reason);
+                h.dead(f, &d.action, &d.reason);
             }
         }
         self.count(&d.rule, |c| c.dead += 1);

@@ -185,3 +185,98 @@ rules:
         n == 1 && history(&daemon, &[]).len() == 1
     });
 }
+
+#[test]
+fn a_firing_kept_in_a_hash_of_its_own_by_an_older_version_is_still_listed() {
+    let good = HttpReceiver::start();
+    let yaml = format!(
+        r#"
+channels:
+  audit: {{ type: webhook, url: "{good}" }}
+rules:
+  - name: r
+    match: "k:{{id}}"
+    notify: {{ to: [audit] }}
+"#,
+        good = good.url_for("/hook"),
+    );
+    let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    // The layout before firings were kept by minute: `history:ID`, fields `event` and `a:…`.
+    let now: i64 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let mut conn = daemon.conn();
+    let _: () = redis::cmd("ZADD")
+        .arg("keywatch:history")
+        .arg(now - 1000)
+        .arg("old1")
+        .query(&mut conn)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("keywatch:history:old1")
+        .arg("event")
+        .arg(r#"{"id":"old1","rule":"r","key":"k:old","event":"expired"}"#)
+        .arg("a:notify:audit")
+        .arg(r#"{"action":"notify","channel":"audit","outcome":"sent","attempts":1,"last_error":null,"at":"2026-12-02T00:00:00.000Z"}"#)
+        .query(&mut conn)
+        .unwrap();
+    daemon.expire("k:new");
+    good.wait_for(1, PATIENCE);
+    wait_until("both firings are listed", PATIENCE, || {
+        let list = history(&daemon, &[]);
+        keys(&list) == ["k:new", "k:old"]
+            && list.iter().all(|r| r["actions"][0]["outcome"] == "sent")
+    });
+}
+
+#[test]
+fn a_storm_is_kept_in_one_hash_per_minute_not_a_key_per_firing() {
+    let good = HttpReceiver::start();
+    let yaml = format!(
+        r#"
+channels:
+  audit: {{ type: webhook, url: "{good}" }}
+rules:
+  - name: r
+    match: "k:{{id}}"
+    notify: {{ to: [audit] }}
+"#,
+        good = good.url_for("/hook"),
+    );
+    let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    let mut conn = daemon.conn();
+    let mut p = redis::pipe();
+    for i in 0..300 {
+        p.cmd("SET")
+            .arg(format!("k:{i}"))
+            .arg(1)
+            .arg("PX")
+            .arg(50)
+            .ignore();
+    }
+    let _: () = p.query(&mut conn).unwrap();
+    good.wait_for(300, PATIENCE);
+    wait_until("every firing is listed as sent", PATIENCE, || {
+        let list = history(&daemon, &["--limit", "1000"]);
+        list.len() == 300
+            && list.iter().all(|r| {
+                r["actions"].as_array().unwrap().len() == 1 && r["actions"][0]["outcome"] == "sent"
+            })
+    });
+    let hashes: Vec<String> = redis::cmd("KEYS")
+        .arg("keywatch:history:*")
+        .query(&mut conn)
+        .unwrap();
+    assert!(
+        !hashes.is_empty()
+            && hashes.len() <= 2
+            && hashes.iter().all(|h| h.starts_with("keywatch:history:@")),
+        "{hashes:?}"
+    );
+    // Each minute's hash lasts `keep` (default 7 days) after its latest firing.
+    for h in &hashes {
+        let ttl: i64 = redis::cmd("PTTL").arg(h).query(&mut conn).unwrap();
+        assert!(ttl > 6 * 86_400_000 && ttl <= 7 * 86_400_000, "{h}: {ttl}");
+    }
+}

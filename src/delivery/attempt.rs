@@ -54,8 +54,8 @@ pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
         );
         if let Some(h) = s.history() {
             let action = work.action();
-            for id in work.firing_ids() {
-                h.attempt(id, &action, &outcome, n + 1);
+            for f in work.firings() {
+                h.attempt(f, &action, &outcome, n + 1);
             }
         }
     }

@@ -99,10 +99,10 @@ impl Work {
     }
 
     /// Every firing this work stands for.
-    pub(super) fn firing_ids(&self) -> Vec<&str> {
+    pub(super) fn firings(&self) -> Vec<&Firing> {
         match self {
-            Work::Job { firing, .. } => vec![&firing.id],
-            Work::Digest { firings, .. } => firings.iter().map(|f| f.id.as_str()).collect(),
+            Work::Job { firing, .. } => vec![firing],
+            Work::Digest { firings, .. } => firings.iter().map(|f| f.as_ref()).collect(),
         }
     }
 
