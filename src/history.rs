@@ -6,8 +6,8 @@
 //! Layout under `state.prefix`: a sorted set `history` (member = event id, score = when it was
 //! observed, ms) and one hash per minute of observation, `history:@MINUTE` (the observed ms
 //! divided by 60,000), holding for each firing of that minute the field `ID`, the event JSON of
-//! SPEC §4, and the field `ID:a`, its actions' latest outcomes as lines `a:ACTION<TAB>JSON`
-//! (`a:reload`, `a:notify:oncall`). One hash per minute rather than per firing: in a storm a
+//! SPEC §4, and the field `ID:a`, its actions' latest outcomes as lines `"a:ACTION"<TAB>JSON`
+//! (the name as a JSON string: `"a:reload"`, `"a:notify:oncall"`). One hash per minute rather than per firing: in a storm a
 //! key of its own, created and given a TTL per firing and again per outcome, was a quarter of
 //! what the state server spent. Memory is bounded twice: each minute's hash expires
 //! `history.keep` after the latest firing in it, and the index is trimmed by time and to
@@ -116,7 +116,7 @@ fn outcomes_field(id: &str) -> String {
 // Writes a batch into the minutes' hashes KEYS (ARGV[i]: KEYS[i] is to last at least until
 // then, unix ms: `keep` after the latest firing of the batch in that minute), then
 // entries of four arguments: kind, index of its hash in KEYS, firing id, value. Kind `e`: the
-// value is the event JSON. Kind `a`: the value is `a:ACTION<TAB>JSON`, the action's latest
+// value is the event JSON. Kind `a`: the value is `"a:ACTION"<TAB>JSON`, the action's latest
 // outcome, replacing that action's line in the firing's outcomes; kind `d` likewise, but a dead
 // letter whose JSON says `"attempts":0` keeps the attempts its line had. One `HSET` per hash.
 const PUT: &str = r#"
@@ -407,7 +407,10 @@ impl Writer {
                         "a"
                     };
                     let json = serde_json::to_string(record).unwrap_or_default();
-                    entries.push((kind, k, id, format!("{field}\t{json}")));
+                    // The name as a JSON string: neither part then holds a tab or a newline,
+                    // whatever a channel is called.
+                    let name = serde_json::to_string(field).unwrap_or_default();
+                    entries.push((kind, k, id, format!("{name}\t{json}")));
                 }
             }
         }
@@ -576,8 +579,10 @@ pub async fn list(
 fn stored_fields(event: String, outcomes: Option<String>) -> Vec<(String, String)> {
     let mut fields = vec![("event".to_string(), event)];
     for line in outcomes.as_deref().unwrap_or("").lines() {
-        if let Some((name, json)) = line.split_once('\t') {
-            fields.push((name.to_string(), json.to_string()));
+        if let Some((name, json)) = line.split_once('\t')
+            && let Ok(name) = serde_json::from_str::<String>(name)
+        {
+            fields.push((name, json.to_string()));
         }
     }
     fields
@@ -670,6 +675,24 @@ crate::keyspace::commands::declare! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outcome_lines_name_their_action_as_a_json_string_whatever_the_channel_is_called() {
+        let name = serde_json::to_string("a:notify:odd\tname\nhere").unwrap();
+        let lines = format!("{name}\t{{\"x\":1}}\n\"a:reload\"\t{{\"y\":2}}");
+        let fields = stored_fields("{}".into(), Some(lines));
+        assert_eq!(
+            fields,
+            [
+                ("event".to_string(), "{}".to_string()),
+                (
+                    "a:notify:odd\tname\nhere".to_string(),
+                    r#"{"x":1}"#.to_string()
+                ),
+                ("a:reload".to_string(), r#"{"y":2}"#.to_string()),
+            ]
+        );
+    }
 
     #[test]
     fn a_record_is_the_event_json_plus_its_actions_in_spec_order() {
