@@ -42,6 +42,9 @@ const BACKLOG: usize = 16 * 1024;
 /// Entries the writer stores in one round trip.
 const BATCH: usize = 512;
 
+/// Longest the writer waits for more entries to store with the first one.
+const LINGER: Duration = Duration::from_millis(20);
+
 /// The outcome of one action of one firing, as `history --json` prints it (SPEC §1).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ActionRecord {
@@ -334,10 +337,19 @@ impl Writer {
             };
             let Some(first) = first else { break };
             let mut batch = vec![first];
+            // Whatever else comes within LINGER goes in the same call: in a storm entries
+            // trickle in a few at a time, and a script call per few entries cost more than
+            // the entries themselves. History is a record; 20 ms later is as good.
+            let until = tokio::time::Instant::now() + LINGER;
             while batch.len() < BATCH {
-                match rx.try_recv() {
-                    Ok(e) => batch.push(e),
-                    Err(_) => break,
+                let room = BATCH - batch.len();
+                let more = tokio::select! {
+                    n = rx.recv_many(&mut batch, room) => n,
+                    _ = tokio::time::sleep_until(until) => 0,
+                    _ = stop.cancelled() => 0,
+                };
+                if more == 0 {
+                    break;
                 }
             }
             self.store(batch).await;
