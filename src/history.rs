@@ -6,19 +6,22 @@
 //! Layout under `state.prefix`: a sorted set `history` (member = event id, score = when it was
 //! observed, ms) and one hash per minute of observation, `history:@MINUTE` (the observed ms
 //! divided by 60,000), holding for each firing of that minute the field `ID`, the event JSON of
-//! SPEC §4, and the field `ID:a`, its actions' latest outcomes as lines `"a:ACTION"<TAB>JSON`
-//! (the name as a JSON string: `"a:reload"`, `"a:notify:oncall"`). One hash per minute rather than per firing: in a storm a
-//! key of its own, created and given a TTL per firing and again per outcome, was a quarter of
-//! what the state server spent. Memory is bounded twice: each minute's hash expires
-//! `history.keep` after the latest firing in it, and the index is trimmed by time and to
-//! [`MAX_FIRINGS`] entries (the trimmed firings' fields removed). Hashes of one firing each
-//! (`history:ID`, fields `event` and `a:ACTION`), written before this layout, are still read.
+//! SPEC §4, the field `ID:n`, the names of its actions' fields (a JSON array: `a:reload`,
+//! `a:notify:oncall`, its follow-ups' `a:escalate:…` too), and one field `ID:a:…` per action,
+//! its latest outcome. One hash per minute rather than per firing, written with plain `HSET`s
+//! of many fields: in a storm a key of its own, created and given a TTL per firing and again
+//! per outcome, was a quarter of what the state server spent. Memory is bounded twice: each
+//! minute's hash lasts `history.keep` after the latest firing in it, and the index is trimmed by
+//! time and to [`MAX_FIRINGS`] entries (the trimmed firings' fields removed). Hashes of one
+//! firing each (`history:ID`, fields `event` and `a:ACTION`), written before this layout, are
+//! still read.
 //!
 //! Recording never holds up delivery: the pipeline hands entries to a bounded channel, and one
 //! writer task per instance stores them in batches. When Redis cannot keep up the entries that
 //! do not fit are counted and logged, never queued without bound; history is a record, the
 //! queue (not this) is what guarantees the actions.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -111,78 +114,15 @@ fn minute_key(prefix: &str, at_ms: i64) -> String {
     format!("{prefix}history:@{}", at_ms.div_euclid(MINUTE_MS))
 }
 
-/// The field of a firing's outcomes in its minute's hash.
-fn outcomes_field(id: &str) -> String {
-    format!("{id}:a")
+/// The field naming a firing's action fields in its minute's hash.
+fn names_field(id: &str) -> String {
+    format!("{id}:n")
 }
 
-// Writes a batch into the minutes' hashes KEYS (ARGV[i]: KEYS[i] is to last at least until
-// then, unix ms: `keep` after the latest firing of the batch in that minute), then
-// entries of four arguments: kind, index of its hash in KEYS, firing id, value. Kind `e`: the
-// value is the event JSON. Kind `a`: the value is `"a:ACTION"<TAB>JSON`, the action's latest
-// outcome, replacing that action's line in the firing's outcomes; kind `d` likewise, but a dead
-// letter whose JSON says `"attempts":0` keeps the attempts its line had. One `HSET` per hash.
-const PUT: &str = r#"
-local n = #KEYS
-local fields = {}
-local function current(k, f)
-  local t = fields[k]
-  if not t then
-    t = {}
-    fields[k] = t
-  end
-  if t[f] == nil then
-    t[f] = redis.call('HGET', KEYS[k], f) or false
-  end
-  return t
-end
-for i = n + 1, #ARGV, 4 do
-  local kind, k, id, value = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
-  if kind == 'e' then
-    fields[k] = fields[k] or {}
-    fields[k][id] = value
-  else
-    local f = id .. ':a'
-    local t = current(k, f)
-    local name = string.match(value, '^[^\t]*\t')
-    local kept = {}
-    if t[f] then
-      for line in string.gmatch(t[f], '[^\n]+') do
-        if string.sub(line, 1, #name) == name then
-          local attempts = string.match(line, '"attempts":(%d+)')
-          if kind == 'd' and attempts then
-            value = (string.gsub(value, '"attempts":0', '"attempts":' .. attempts, 1))
-          end
-        else
-          kept[#kept + 1] = line
-        end
-      end
-    end
-    kept[#kept + 1] = value
-    t[f] = table.concat(kept, '\n')
-  end
-end
-for k = 1, n do
-  local args = {}
-  for f, v in pairs(fields[k] or {}) do
-    if v then
-      args[#args + 1] = f
-      args[#args + 1] = v
-    end
-  end
-  for j = 1, #args, 1000 do
-    redis.call('HSET', KEYS[k], unpack(args, j, math.min(j + 999, #args)))
-  end
-  -- Only ever later: a batch of outcomes of older firings must not cut newer ones short.
-  local left = redis.call('PTTL', KEYS[k])
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  if left < 0 or now + left < tonumber(ARGV[k]) then
-    redis.call('PEXPIREAT', KEYS[k], ARGV[k])
-  end
-end
-return 0
-"#;
+/// The field of one action's latest outcome (`action` is its [`action_field`]).
+fn outcome_field(id: &str, action: &str) -> String {
+    format!("{id}:{action}")
+}
 
 fn index_key(prefix: &str) -> String {
     format!("{prefix}history")
@@ -205,6 +145,8 @@ enum Entry {
         id: String,
         at_ms: i64,
         event: String,
+        /// The fields its actions' outcomes go to, as a JSON array.
+        names: String,
     },
     Action {
         id: String,
@@ -236,7 +178,6 @@ impl Recorder {
             conn,
             prefix: prefix.to_string(),
             keep_ms: keep.as_millis().min(i64::MAX as u128) as i64,
-            put: redis::Script::new(PUT),
         };
         let handle = tokio::spawn(writer.run(rx, stop));
         let lost = Arc::new(AtomicU64::new(0));
@@ -256,17 +197,15 @@ impl Recorder {
         }
     }
 
-    /// A firing whose jobs are stored.
-    pub fn firing(&self, f: &Firing) {
-        self.firing_json(f, f.to_json());
-    }
-
-    /// A firing with an event JSON of its own (a follow-up adds `"followup"`).
-    pub fn firing_json(&self, f: &Firing, event: serde_json::Value) {
+    /// A firing whose jobs are stored; `actions`: every action it may record an outcome for
+    /// (its follow-ups' included), which is what the readers look up.
+    pub fn firing(&self, f: &Firing, actions: &[Action]) {
+        let names: Vec<String> = actions.iter().map(action_field).collect();
         self.send(Entry::Firing {
             id: f.id.clone(),
             at_ms: f.observed_at.timestamp_millis(),
-            event: event.to_string(),
+            event: f.to_json().to_string(),
+            names: serde_json::to_string(&names).unwrap_or_default(),
         });
     }
 
@@ -291,7 +230,7 @@ impl Recorder {
     /// A firing that does not run its actions (silenced, or a recovery its rule skips): kept
     /// with each action `skipped` and why.
     pub fn skipped(&self, f: &Firing, actions: &[Action], why: &str) {
-        self.firing(f);
+        self.firing(f, actions);
         for a in actions {
             self.action(f, a, "skipped", 0, Some(why.to_string()));
         }
@@ -325,7 +264,6 @@ struct Writer {
     conn: Conn,
     prefix: String,
     keep_ms: i64,
-    put: redis::Script,
 }
 
 impl Writer {
@@ -374,71 +312,83 @@ impl Writer {
     async fn try_store(&mut self, batch: &[Entry]) -> redis::RedisResult<()> {
         let index = index_key(&self.prefix);
         let now = clock::now_ms();
-        // The minutes' hashes this batch writes to, each expiring `keep` after its minute.
-        let mut minutes: Vec<String> = Vec::new();
-        let keep_ms = self.keep_ms;
-        let mut minute_of = |at_ms: i64, expires: &mut Vec<i64>| {
-            let key = minute_key(&self.prefix, at_ms);
-            let until = at_ms.saturating_add(keep_ms);
-            match minutes.iter().position(|m| *m == key) {
-                Some(i) => {
-                    expires[i] = expires[i].max(until);
-                    i + 1
-                }
-                None => {
-                    minutes.push(key);
-                    expires.push(until);
-                    minutes.len()
-                }
-            }
-        };
-        let mut expires = Vec::new();
-        let mut entries: Vec<(&str, usize, &str, String)> = Vec::with_capacity(batch.len());
-        let mut index_add = redis::cmd("ZADD");
-        index_add.arg(&index);
-        let mut firings = 0;
-        for e in batch {
-            match e {
-                Entry::Firing { id, at_ms, event } => {
-                    firings += 1;
-                    index_add.arg(*at_ms).arg(id);
-                    let k = minute_of(*at_ms, &mut expires);
-                    entries.push(("e", k, id, event.clone()));
-                }
+        // A dead letter keeps the attempts already counted: read them first.
+        let dead: Vec<(String, String)> = batch
+            .iter()
+            .filter_map(|e| match e {
                 Entry::Action {
                     id,
                     at_ms,
                     field,
                     record,
-                } => {
-                    let k = minute_of(*at_ms, &mut expires);
-                    // A dead letter says 0 attempts: the script keeps those already recorded.
-                    let kind = if record.attempts == 0 && record.outcome == "dead" {
-                        "d"
-                    } else {
-                        "a"
-                    };
-                    let json = serde_json::to_string(record).unwrap_or_default();
-                    // The name as a JSON string: neither part then holds a tab or a newline,
-                    // whatever a channel is called.
-                    let name = serde_json::to_string(field).unwrap_or_default();
-                    entries.push((kind, k, id, format!("{name}\t{json}")));
+                } if record.attempts == 0 && record.outcome == "dead" => {
+                    Some((minute_key(&self.prefix, *at_ms), outcome_field(id, field)))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut known: HashMap<(String, String), u32> = HashMap::new();
+        if !dead.is_empty() {
+            let mut p = redis::pipe();
+            for (key, field) in &dead {
+                p.cmd("HGET").arg(key).arg(field);
+            }
+            let old: Vec<Option<String>> = p.query_async(&mut self.conn).await?;
+            for (at, old) in dead.into_iter().zip(old) {
+                if let Some(a) = old.and_then(|o| serde_json::from_str::<ActionRecord>(&o).ok()) {
+                    known.insert(at, a.attempts);
                 }
             }
         }
-        let mut put = self.put.prepare_invoke();
-        for m in &minutes {
-            put.key(m);
-        }
-        put.arg(&expires);
-        for (kind, k, id, value) in &entries {
-            put.arg(*kind).arg(*k).arg(*id).arg(value);
-        }
-        put.invoke_async::<()>(&mut self.conn).await?;
-        if firings == 0 {
-            return Ok(());
+        // One `HSET` per minute's hash, however many firings and outcomes of the batch it holds,
+        // and its expiry moved only ever later: `keep` after its latest firing.
+        let mut minutes: BTreeMap<String, (redis::Cmd, i64)> = BTreeMap::new();
+        let mut index_add = redis::cmd("ZADD");
+        index_add.arg(&index);
+        let mut firings = 0;
+        for e in batch {
+            let (id, at_ms) = match e {
+                Entry::Firing { id, at_ms, .. } | Entry::Action { id, at_ms, .. } => (id, *at_ms),
+            };
+            let (hset, until) = minutes
+                .entry(minute_key(&self.prefix, at_ms))
+                .or_insert_with_key(|key| {
+                    let mut c = redis::cmd("HSET");
+                    c.arg(key);
+                    (c, i64::MIN)
+                });
+            *until = (*until).max(at_ms.saturating_add(self.keep_ms));
+            match e {
+                Entry::Firing { event, names, .. } => {
+                    firings += 1;
+                    index_add.arg(at_ms).arg(id);
+                    hset.arg(id).arg(event).arg(names_field(id)).arg(names);
+                }
+                Entry::Action { field, record, .. } => {
+                    let mut record = record.clone();
+                    let at = (minute_key(&self.prefix, at_ms), outcome_field(id, field));
+                    if record.attempts == 0 {
+                        record.attempts = known.get(&at).copied().unwrap_or(0);
+                    } else {
+                        // A dead letter later in this batch keeps these attempts.
+                        known.insert(at.clone(), record.attempts);
+                    }
+                    let json = serde_json::to_string(&record).unwrap_or_default();
+                    hset.arg(&at.1).arg(json);
+                }
+            }
         }
         let mut p = redis::pipe();
+        for (key, (hset, until)) in minutes {
+            p.add_command(hset).ignore();
+            // A new hash gets its expiry (NX), one that has an earlier one a later (GT).
+            for when in ["NX", "GT"] {
+                p.cmd("PEXPIREAT").arg(&key).arg(until).arg(when).ignore();
+            }
+        }
+        if firings == 0 {
+            return p.query_async(&mut self.conn).await;
+        }
         p.add_command(index_add).ignore();
         let mut trim = redis::cmd("ZREMRANGEBYSCORE");
         trim.arg(&index)
@@ -469,18 +419,27 @@ impl Writer {
         if old.is_empty() {
             return Ok(());
         }
-        let mut by_minute: std::collections::BTreeMap<String, redis::Cmd> = Default::default();
-        let mut unlink = redis::cmd("UNLINK");
+        let mut p = redis::pipe();
         for (id, at) in &old {
-            by_minute
+            p.cmd("HGET")
+                .arg(minute_key(&self.prefix, *at as i64))
+                .arg(names_field(id));
+        }
+        let names: Vec<Option<String>> = p.query_async(&mut self.conn).await?;
+        let mut by_minute: BTreeMap<String, redis::Cmd> = BTreeMap::new();
+        let mut unlink = redis::cmd("UNLINK");
+        for ((id, at), names) in old.iter().zip(names) {
+            let hdel = by_minute
                 .entry(minute_key(&self.prefix, *at as i64))
                 .or_insert_with_key(|key| {
                     let mut c = redis::cmd("HDEL");
                     c.arg(key);
                     c
-                })
-                .arg(id)
-                .arg(outcomes_field(id));
+                });
+            hdel.arg(id).arg(names_field(id));
+            for name in action_names(names.as_deref()) {
+                hdel.arg(outcome_field(id, &name));
+            }
             unlink.arg(record_key(&self.prefix, id));
         }
         let mut p = redis::pipe();
@@ -494,6 +453,13 @@ impl Writer {
         p.add_command(zrem).ignore();
         p.query_async(&mut self.conn).await
     }
+}
+
+/// The action fields a firing's `ID:n` names (none when it is missing or unreadable).
+fn action_names(names: Option<&str>) -> Vec<String> {
+    names
+        .and_then(|n| serde_json::from_str(n).ok())
+        .unwrap_or_default()
 }
 
 /// The firings `filter` selects, newest first, read from what every instance recorded.
@@ -529,13 +495,36 @@ pub async fn list(
         offset += page.len();
         let mut p = redis::pipe();
         for (id, at) in &page {
-            let mut c = redis::cmd("HMGET");
-            c.arg(minute_key(prefix, *at as i64))
+            p.cmd("HMGET")
+                .arg(minute_key(prefix, *at as i64))
                 .arg(id)
-                .arg(outcomes_field(id));
-            p.add_command(c);
+                .arg(names_field(id));
         }
         let found: Vec<(Option<String>, Option<String>)> = p.query_async(conn).await?;
+        // Each firing's outcomes, by the names it listed.
+        let names: Vec<Vec<String>> = found
+            .iter()
+            .map(|(_, n)| action_names(n.as_deref()))
+            .collect();
+        let mut p = redis::pipe();
+        let mut asked = 0;
+        for (((id, at), (event, _)), names) in page.iter().zip(&found).zip(&names) {
+            if event.is_some() && !names.is_empty() {
+                let mut c = redis::cmd("HMGET");
+                c.arg(minute_key(prefix, *at as i64));
+                for n in names {
+                    c.arg(outcome_field(id, n));
+                }
+                p.add_command(c);
+                asked += 1;
+            }
+        }
+        let mut outcomes: std::vec::IntoIter<Vec<Option<String>>> = if asked > 0 {
+            let got: Vec<Vec<Option<String>>> = p.query_async(conn).await?;
+            got.into_iter()
+        } else {
+            Vec::new().into_iter()
+        };
         // Firings kept before the minutes' hashes, in a hash of their own.
         let older: Vec<&str> = page
             .iter()
@@ -543,24 +532,29 @@ pub async fn list(
             .filter(|(_, (event, _))| event.is_none())
             .map(|((id, _), _)| id.as_str())
             .collect();
-        let mut legacy: std::collections::HashMap<&str, Vec<(String, String)>> = Default::default();
+        let mut legacy: HashMap<&str, Vec<(String, String)>> = HashMap::new();
         if !older.is_empty() {
             let mut p = redis::pipe();
             for id in &older {
-                let mut c = redis::cmd("HGETALL");
-                c.arg(record_key(prefix, id));
-                p.add_command(c);
+                p.cmd("HGETALL").arg(record_key(prefix, id));
             }
             let hashes: Vec<Vec<(String, String)>> = p.query_async(conn).await?;
             legacy.extend(older.into_iter().zip(hashes));
         }
-        let hashes = page
-            .iter()
-            .zip(found)
-            .map(|((id, _), (event, outcomes))| match event {
-                Some(event) => stored_fields(event, outcomes),
+        let mut hashes = Vec::with_capacity(page.len());
+        for (((id, _), (event, _)), names) in page.iter().zip(found).zip(names) {
+            hashes.push(match event {
+                Some(event) => {
+                    let got = if names.is_empty() {
+                        Vec::new()
+                    } else {
+                        outcomes.next().unwrap_or_default()
+                    };
+                    stored_fields(event, names, got)
+                }
                 None => legacy.remove(id.as_str()).unwrap_or_default(),
             });
+        }
         for fields in hashes {
             let Some(r) = parse_record(fields) else {
                 continue;
@@ -587,16 +581,19 @@ pub async fn list(
 }
 
 /// A firing's fields in its minute's hash, as the fields of a hash of its own (what
-/// [`parse_record`] reads): `event`, and one `a:ACTION` per line of its outcomes.
-fn stored_fields(event: String, outcomes: Option<String>) -> Vec<(String, String)> {
+/// [`parse_record`] reads): `event`, and each named action's outcome that was recorded.
+fn stored_fields(
+    event: String,
+    names: Vec<String>,
+    outcomes: Vec<Option<String>>,
+) -> Vec<(String, String)> {
     let mut fields = vec![("event".to_string(), event)];
-    for line in outcomes.as_deref().unwrap_or("").lines() {
-        if let Some((name, json)) = line.split_once('\t')
-            && let Ok(name) = serde_json::from_str::<String>(name)
-        {
-            fields.push((name, json.to_string()));
-        }
-    }
+    fields.extend(
+        names
+            .into_iter()
+            .zip(outcomes)
+            .filter_map(|(name, json)| Some((name, json?))),
+    );
     fields
 }
 
@@ -631,32 +628,21 @@ fn parse_record(fields: Vec<(String, String)>) -> Option<Record> {
 }
 
 crate::keyspace::commands::declare! {
-    /// The commands history sends, its script's included ([`crate::keyspace::commands`]).
+    /// The commands history sends ([`crate::keyspace::commands`]).
     const WHY = "history of firings and outcomes";
-    const SCRIPT = "history of firings and outcomes (script)";
     [
         Use::new(Conn::State, "zadd", WHY)
             .on(Keys::State("history"), Access::Write)
             .args("{key} 0 id"),
-        Use::new(Conn::State, "script|load", WHY)
-            .access(Access::Write)
-            .args("return(1)"),
-        Use::new(Conn::State, "evalsha", WHY)
-            .on(Keys::State("history:*"), Access::ReadWrite)
-            .args("{sha} 1 {prefix}history:@0"),
-        Use::new(Conn::State, "hget", SCRIPT)
-            .on(Keys::State("history:*"), Access::Read)
-            .args("{key} id:a"),
-        Use::new(Conn::State, "hset", SCRIPT)
+        Use::new(Conn::State, "hset", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} id json"),
-        Use::new(Conn::State, "pexpireat", SCRIPT)
-            .on(Keys::State("history:*"), Access::Write)
-            .args("{key} 1000"),
-        Use::new(Conn::State, "pttl", SCRIPT)
+        Use::new(Conn::State, "hget", WHY)
             .on(Keys::State("history:*"), Access::Read)
-            .args("{key}"),
-        Use::new(Conn::State, "time", SCRIPT),
+            .args("{key} id:n"),
+        Use::new(Conn::State, "pexpireat", WHY)
+            .on(Keys::State("history:*"), Access::Write)
+            .args("{key} 1000 NX"),
         Use::new(Conn::State, "zremrangebyscore", WHY)
             .on(Keys::State("history"), Access::ReadWrite)
             .args("{key} -inf 0"),
@@ -668,7 +654,7 @@ crate::keyspace::commands::declare! {
             .args("{key} 0 0 WITHSCORES"),
         Use::new(Conn::State, "hdel", WHY)
             .on(Keys::State("history:*"), Access::Write)
-            .args("{key} id id:a"),
+            .args("{key} id id:n"),
         Use::new(Conn::State, "unlink", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key}"),
@@ -677,7 +663,7 @@ crate::keyspace::commands::declare! {
             .args("{key} id"),
         Use::new(Conn::State, "hmget", WHY)
             .on(Keys::State("history:*"), Access::Read)
-            .args("{key} id id:a"),
+            .args("{key} id id:n"),
         Use::new(Conn::State, "hgetall", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key}"),
@@ -689,21 +675,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn outcome_lines_name_their_action_as_a_json_string_whatever_the_channel_is_called() {
-        let name = serde_json::to_string("a:notify:odd\tname\nhere").unwrap();
-        let lines = format!("{name}\t{{\"x\":1}}\n\"a:reload\"\t{{\"y\":2}}");
-        let fields = stored_fields("{}".into(), Some(lines));
+    fn a_firings_outcomes_are_those_of_the_actions_it_names_that_were_recorded() {
+        let names = action_names(Some(r#"["a:reload","a:notify:odd\tname"]"#));
+        assert_eq!(names, ["a:reload", "a:notify:odd\tname"]);
+        assert_eq!(outcome_field("x", &names[1]), "x:a:notify:odd\tname");
+        let fields = stored_fields("{}".into(), names, vec![None, Some("{\"y\":2}".into())]);
         assert_eq!(
             fields,
             [
                 ("event".to_string(), "{}".to_string()),
-                (
-                    "a:notify:odd\tname\nhere".to_string(),
-                    r#"{"x":1}"#.to_string()
-                ),
-                ("a:reload".to_string(), r#"{"y":2}"#.to_string()),
+                ("a:notify:odd\tname".to_string(), r#"{"y":2}"#.to_string()),
             ]
         );
+        assert!(action_names(Some("not json")).is_empty());
+        assert!(action_names(None).is_empty());
     }
 
     #[test]

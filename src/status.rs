@@ -147,9 +147,11 @@ impl Status {
             .collect()
     }
 
-    pub fn record_firing(&self, f: &Firing) {
+    /// A firing whose jobs are stored; `actions`: every action it may run (see
+    /// [`crate::history::Recorder::firing`]).
+    pub fn record_firing(&self, f: &Firing, actions: &[crate::firing::Action]) {
         if let Some(h) = self.history() {
-            h.firing(f);
+            h.firing(f, actions);
         }
         let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         if r.len() == RECENT {

@@ -69,3 +69,11 @@ pub fn actions_of(rule: &crate::config::Rule) -> Vec<Action> {
     }
     out
 }
+
+/// [`actions_of`] and the rule's follow-ups (`escalate`, `resolved`): every action a firing of
+/// `rule` may record an outcome for.
+pub fn every_action_of(rule: &crate::config::Rule) -> Vec<Action> {
+    let mut out = actions_of(rule);
+    out.extend(followup::jobs_of(rule, 0).0.into_iter().map(|(a, _)| a));
+    out
+}

@@ -172,7 +172,8 @@ impl FiringStage {
                     },
                 };
                 let firing = Firing::new(&r.name, &e, r.capture_names(), f.captures, value);
-                self.status.record_firing(&firing);
+                self.status
+                    .record_firing(&firing, &crate::action::every_action_of(r));
                 firings.push(firing);
             }
             remove.dedup();
