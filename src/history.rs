@@ -5,10 +5,9 @@
 //!
 //! Layout under `state.prefix`: a sorted set `history` (member = event id, score = when it was
 //! observed, ms) and one hash per minute of observation, `history:@MINUTE` (the observed ms
-//! divided by 60,000), holding for each firing of that minute the field `ID`, the event JSON of
-//! SPEC §4, the field `ID:n`, the names of its actions' fields (a JSON array: `a:reload`,
-//! `a:notify:oncall`, its follow-ups' `a:escalate:…` too), and one field `ID:a:…` per action,
-//! its latest outcome. One hash per minute rather than per firing, written with plain `HSET`s
+//! divided by 60,000), holding for each firing of that minute the field `ID`: a line naming its
+//! actions' fields (a JSON array: `a:reload`, `a:notify:oncall`, its follow-ups' `a:escalate:…`
+//! too), then the event JSON of SPEC §4; and one field `ID:a:…` per action, its latest outcome. One hash per minute rather than per firing, written with plain `HSET`s
 //! of many fields: in a storm a key of its own, created and given a TTL per firing and again
 //! per outcome, was a quarter of what the state server spent. Memory is bounded twice: each
 //! minute's hash lasts `history.keep` after the latest firing in it, and the index is trimmed by
@@ -112,11 +111,6 @@ const MINUTE_MS: i64 = 60_000;
 /// The hash of the firings observed in the minute of `at_ms`.
 fn minute_key(prefix: &str, at_ms: i64) -> String {
     format!("{prefix}history:@{}", at_ms.div_euclid(MINUTE_MS))
-}
-
-/// The field naming a firing's action fields in its minute's hash.
-fn names_field(id: &str) -> String {
-    format!("{id}:n")
 }
 
 /// The field of one action's latest outcome (`action` is its [`action_field`]).
@@ -362,7 +356,8 @@ impl Writer {
                 Entry::Firing { event, names, .. } => {
                     firings += 1;
                     index_add.arg(at_ms).arg(id);
-                    hset.arg(id).arg(event).arg(names_field(id)).arg(names);
+                    // JSON holds no raw newline: the first one ends the names.
+                    hset.arg(id).arg(format!("{names}\n{event}"));
                 }
                 Entry::Action { field, record, .. } => {
                     let mut record = record.clone();
@@ -423,12 +418,12 @@ impl Writer {
         for (id, at) in &old {
             p.cmd("HGET")
                 .arg(minute_key(&self.prefix, *at as i64))
-                .arg(names_field(id));
+                .arg(id);
         }
-        let names: Vec<Option<String>> = p.query_async(&mut self.conn).await?;
+        let stored: Vec<Option<String>> = p.query_async(&mut self.conn).await?;
         let mut by_minute: BTreeMap<String, redis::Cmd> = BTreeMap::new();
         let mut unlink = redis::cmd("UNLINK");
-        for ((id, at), names) in old.iter().zip(names) {
+        for ((id, at), stored) in old.iter().zip(stored) {
             let hdel = by_minute
                 .entry(minute_key(&self.prefix, *at as i64))
                 .or_insert_with_key(|key| {
@@ -436,8 +431,9 @@ impl Writer {
                     c.arg(key);
                     c
                 });
-            hdel.arg(id).arg(names_field(id));
-            for name in action_names(names.as_deref()) {
+            hdel.arg(id);
+            let (names, _) = split_stored(stored.as_deref().unwrap_or(""));
+            for name in names {
                 hdel.arg(outcome_field(id, &name));
             }
             unlink.arg(record_key(&self.prefix, id));
@@ -455,11 +451,11 @@ impl Writer {
     }
 }
 
-/// The action fields a firing's `ID:n` names (none when it is missing or unreadable).
-fn action_names(names: Option<&str>) -> Vec<String> {
-    names
-        .and_then(|n| serde_json::from_str(n).ok())
-        .unwrap_or_default()
+/// A firing's `ID` field as the action fields it names (none when unreadable) and its event
+/// JSON.
+fn split_stored(stored: &str) -> (Vec<String>, &str) {
+    let (names, event) = stored.split_once('\n').unwrap_or(("", stored));
+    (serde_json::from_str(names).unwrap_or_default(), event)
 }
 
 /// The firings `filter` selects, newest first, read from what every instance recorded.
@@ -495,20 +491,23 @@ pub async fn list(
         offset += page.len();
         let mut p = redis::pipe();
         for (id, at) in &page {
-            p.cmd("HMGET")
-                .arg(minute_key(prefix, *at as i64))
-                .arg(id)
-                .arg(names_field(id));
+            p.cmd("HGET").arg(minute_key(prefix, *at as i64)).arg(id);
         }
-        let found: Vec<(Option<String>, Option<String>)> = p.query_async(conn).await?;
-        // Each firing's outcomes, by the names it listed.
-        let names: Vec<Vec<String>> = found
-            .iter()
-            .map(|(_, n)| action_names(n.as_deref()))
-            .collect();
+        let stored: Vec<Option<String>> = p.query_async(conn).await?;
+        // Each firing's event, and the names of its actions' outcome fields.
+        let (found, names): (Vec<Option<String>>, Vec<Vec<String>>) = stored
+            .into_iter()
+            .map(|s| match s {
+                Some(s) => {
+                    let (names, event) = split_stored(&s);
+                    (Some(event.to_string()), names)
+                }
+                None => (None, Vec::new()),
+            })
+            .unzip();
         let mut p = redis::pipe();
         let mut asked = 0;
-        for (((id, at), (event, _)), names) in page.iter().zip(&found).zip(&names) {
+        for (((id, at), event), names) in page.iter().zip(&found).zip(&names) {
             if event.is_some() && !names.is_empty() {
                 let mut c = redis::cmd("HMGET");
                 c.arg(minute_key(prefix, *at as i64));
@@ -529,7 +528,7 @@ pub async fn list(
         let older: Vec<&str> = page
             .iter()
             .zip(&found)
-            .filter(|(_, (event, _))| event.is_none())
+            .filter(|(_, event)| event.is_none())
             .map(|((id, _), _)| id.as_str())
             .collect();
         let mut legacy: HashMap<&str, Vec<(String, String)>> = HashMap::new();
@@ -542,7 +541,7 @@ pub async fn list(
             legacy.extend(older.into_iter().zip(hashes));
         }
         let mut hashes = Vec::with_capacity(page.len());
-        for (((id, _), (event, _)), names) in page.iter().zip(found).zip(names) {
+        for (((id, _), event), names) in page.iter().zip(found).zip(names) {
             hashes.push(match event {
                 Some(event) => {
                     let got = if names.is_empty() {
@@ -639,7 +638,7 @@ crate::keyspace::commands::declare! {
             .args("{key} id json"),
         Use::new(Conn::State, "hget", WHY)
             .on(Keys::State("history:*"), Access::Read)
-            .args("{key} id:n"),
+            .args("{key} id"),
         Use::new(Conn::State, "pexpireat", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} 1000 NX"),
@@ -654,7 +653,7 @@ crate::keyspace::commands::declare! {
             .args("{key} 0 0 WITHSCORES"),
         Use::new(Conn::State, "hdel", WHY)
             .on(Keys::State("history:*"), Access::Write)
-            .args("{key} id id:n"),
+            .args("{key} id id:a:reload"),
         Use::new(Conn::State, "unlink", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key}"),
@@ -663,7 +662,7 @@ crate::keyspace::commands::declare! {
             .args("{key} id"),
         Use::new(Conn::State, "hmget", WHY)
             .on(Keys::State("history:*"), Access::Read)
-            .args("{key} id id:n"),
+            .args("{key} id:a:reload"),
         Use::new(Conn::State, "hgetall", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key}"),
@@ -676,19 +675,19 @@ mod tests {
 
     #[test]
     fn a_firings_outcomes_are_those_of_the_actions_it_names_that_were_recorded() {
-        let names = action_names(Some(r#"["a:reload","a:notify:odd\tname"]"#));
+        let (names, event) = split_stored("[\"a:reload\",\"a:notify:odd\\tname\"]\n{\"id\":\"x\"}");
         assert_eq!(names, ["a:reload", "a:notify:odd\tname"]);
+        assert_eq!(event, r#"{"id":"x"}"#);
         assert_eq!(outcome_field("x", &names[1]), "x:a:notify:odd\tname");
-        let fields = stored_fields("{}".into(), names, vec![None, Some("{\"y\":2}".into())]);
+        let fields = stored_fields(event.into(), names, vec![None, Some("{\"y\":2}".into())]);
         assert_eq!(
             fields,
             [
-                ("event".to_string(), "{}".to_string()),
+                ("event".to_string(), r#"{"id":"x"}"#.to_string()),
                 ("a:notify:odd\tname".to_string(), r#"{"y":2}"#.to_string()),
             ]
         );
-        assert!(action_names(Some("not json")).is_empty());
-        assert!(action_names(None).is_empty());
+        assert!(split_stored("not json\n{}").0.is_empty());
     }
 
     #[test]
