@@ -672,6 +672,129 @@ crate::keyspace::commands::declare! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keyspace::local_server::LocalRedis;
+
+    /// A writer on a throwaway redis-server (kept alive by the returned server).
+    async fn writer(keep_ms: i64) -> (LocalRedis, Writer, Conn) {
+        let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
+            .await
+            .unwrap()
+            .expect("a throwaway redis-server");
+        let client = redis::Client::open(server.url()).unwrap();
+        let conn = Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+        let w = Writer {
+            conn: conn.clone(),
+            prefix: "kw:".into(),
+            keep_ms,
+        };
+        (server, w, conn)
+    }
+
+    fn fired(id: &str, at_ms: i64) -> Entry {
+        Entry::Firing {
+            id: id.into(),
+            at_ms,
+            event: format!(r#"{{"id":"{id}","rule":"r","key":"k:{id}"}}"#),
+            names: r#"["a:reload","a:notify:c"]"#.into(),
+        }
+    }
+
+    fn outcome(id: &str, at_ms: i64, field: &str, outcome: &str, attempts: u32) -> Entry {
+        Entry::Action {
+            id: id.into(),
+            at_ms,
+            field: field.into(),
+            record: ActionRecord {
+                action: field.trim_start_matches("a:").into(),
+                channel: None,
+                outcome: outcome.into(),
+                attempts,
+                last_error: None,
+                at: "2026-12-02T00:00:00.000Z".into(),
+            },
+        }
+    }
+
+    async fn all(conn: &Conn) -> Vec<Record> {
+        let filter = Filter {
+            limit: 100,
+            ..Default::default()
+        };
+        list(&mut conn.clone(), "kw:", &filter).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn outcomes_land_beside_their_firing_and_a_dead_letter_keeps_the_attempts() {
+        let (_server, mut w, conn) = writer(3_600_000).await;
+        let now = clock::now_ms();
+        w.try_store(&[
+            fired("x", now),
+            outcome("x", now, "a:reload", "retrying", 3),
+        ])
+        .await
+        .unwrap();
+        // Another batch: the dead letter says 0 attempts, the 3 recorded stay.
+        w.try_store(&[
+            outcome("x", now, "a:reload", "dead", 0),
+            outcome("x", now, "a:notify:c", "sent", 1),
+        ])
+        .await
+        .unwrap();
+        let got = all(&conn).await;
+        assert_eq!(got.len(), 1);
+        let a: Vec<(&str, &str, u32)> = got[0]
+            .actions
+            .iter()
+            .map(|a| (a.action.as_str(), a.outcome.as_str(), a.attempts))
+            .collect();
+        assert_eq!(a, [("reload", "dead", 3), ("notify:c", "sent", 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_minutes_hash_lasts_keep_after_its_latest_firing_whatever_comes_after() {
+        let keep = 3_600_000;
+        let (_server, mut w, conn) = writer(keep).await;
+        let minute = clock::now_ms().div_euclid(MINUTE_MS) * MINUTE_MS;
+        w.try_store(&[fired("a", minute + 10), fired("b", minute + 20)])
+            .await
+            .unwrap();
+        // An outcome of the earlier firing, later: the expiry does not move back.
+        w.try_store(&[outcome("a", minute + 10, "a:reload", "sent", 1)])
+            .await
+            .unwrap();
+        let at: i64 = redis::cmd("PEXPIRETIME")
+            .arg(minute_key("kw:", minute))
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(at, minute + 20 + keep);
+    }
+
+    #[tokio::test]
+    async fn trimming_by_count_removes_the_oldest_firings_fields_and_index_entries() {
+        let (_server, mut w, conn) = writer(3_600_000).await;
+        let now = clock::now_ms();
+        w.try_store(&[
+            fired("old", now - 120_000),
+            outcome("old", now - 120_000, "a:reload", "sent", 1),
+            fired("new", now),
+        ])
+        .await
+        .unwrap();
+        w.trim_count(1).await.unwrap();
+        let got = all(&conn).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].event["id"], "new");
+        let left: usize = redis::cmd("HLEN")
+            .arg(minute_key("kw:", now - 120_000))
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            left, 0,
+            "the old firing's event and outcome fields are gone"
+        );
+    }
 
     #[test]
     fn a_firings_outcomes_are_those_of_the_actions_it_names_that_were_recorded() {
