@@ -676,12 +676,7 @@ mod tests {
 
     /// A writer on a throwaway redis-server (kept alive by the returned server).
     async fn writer(keep_ms: i64) -> (LocalRedis, Writer, Conn) {
-        let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
-            .await
-            .unwrap()
-            .expect("a throwaway redis-server");
-        let client = redis::Client::open(server.url()).unwrap();
-        let conn = Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+        let (server, conn) = crate::keyspace::local_server::throwaway().await;
         let w = Writer {
             conn: conn.clone(),
             prefix: "kw:".into(),

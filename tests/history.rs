@@ -152,20 +152,7 @@ rules:
 
 #[test]
 fn history_is_bounded_by_keep() {
-    let good = HttpReceiver::start();
-    let yaml = format!(
-        r#"
-history: {{ keep: 1s }}
-channels:
-  audit: {{ type: webhook, url: "{good}" }}
-rules:
-  - name: r
-    match: "k:{{id}}"
-    notify: {{ to: [audit] }}
-"#,
-        good = good.url_for("/hook"),
-    );
-    let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    let (good, daemon) = notifying_daemon("history: { keep: 1s }");
     daemon.expire("k:1");
     good.wait_for(1, PATIENCE);
     wait_until("the firing is recorded", PATIENCE, || {
@@ -186,11 +173,13 @@ rules:
     });
 }
 
-#[test]
-fn a_firing_kept_in_a_hash_of_its_own_by_an_older_version_is_still_listed() {
+/// keywatch with one rule notifying a local receiver of every expired `k:…`, `head` in front
+/// of its rules.
+fn notifying_daemon(head: &str) -> (HttpReceiver, Daemon) {
     let good = HttpReceiver::start();
     let yaml = format!(
         r#"
+{head}
 channels:
   audit: {{ type: webhook, url: "{good}" }}
 rules:
@@ -201,6 +190,12 @@ rules:
         good = good.url_for("/hook"),
     );
     let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    (good, daemon)
+}
+
+#[test]
+fn a_firing_kept_in_a_hash_of_its_own_by_an_older_version_is_still_listed() {
+    let (good, daemon) = notifying_daemon("");
     // The layout before firings were kept by minute: `history:ID`, fields `event` and `a:…`.
     let now: i64 = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -232,19 +227,7 @@ rules:
 
 #[test]
 fn a_storm_is_kept_in_one_hash_per_minute_not_a_key_per_firing() {
-    let good = HttpReceiver::start();
-    let yaml = format!(
-        r#"
-channels:
-  audit: {{ type: webhook, url: "{good}" }}
-rules:
-  - name: r
-    match: "k:{{id}}"
-    notify: {{ to: [audit] }}
-"#,
-        good = good.url_for("/hook"),
-    );
-    let daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &[]);
+    let (good, daemon) = notifying_daemon("");
     let mut conn = daemon.conn();
     let mut p = redis::pipe();
     for i in 0..300 {

@@ -711,12 +711,7 @@ mod tests {
 
     /// A queue on a throwaway redis-server (kept alive by the returned server).
     async fn queue() -> (LocalRedis, Queue, Conn) {
-        let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
-            .await
-            .unwrap()
-            .expect("a throwaway redis-server");
-        let client = redis::Client::open(server.url()).unwrap();
-        let conn = Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+        let (server, conn) = crate::keyspace::local_server::throwaway().await;
         (server, Queue::new(conn.clone(), "kw:"), conn)
     }
 

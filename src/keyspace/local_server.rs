@@ -124,3 +124,16 @@ impl LocalRedis {
         &self.bin
     }
 }
+
+/// A throwaway redis-server and a connection to it, for tests of the modules that keep state
+/// (the server lives as long as the returned value).
+#[cfg(test)]
+pub async fn throwaway() -> (LocalRedis, super::Conn) {
+    let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
+        .await
+        .unwrap()
+        .expect("a throwaway redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = super::Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+    (server, conn)
+}
