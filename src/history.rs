@@ -198,7 +198,7 @@ impl Recorder {
         self.send(Entry::Firing {
             id: f.id.clone(),
             at_ms: f.observed_at.timestamp_millis(),
-            event: f.to_json().to_string(),
+            event: f.to_json_string(),
             names: serde_json::to_string(&names).unwrap_or_default(),
         });
     }

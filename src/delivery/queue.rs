@@ -273,7 +273,7 @@ impl Queue {
         }
         let now = now_ms();
         let lease_end = now + LEASE.as_millis() as i64;
-        let payload = |j: &Job| serde_json::to_string(j).unwrap_or_default();
+        let payload = |j: &Job| j.payload();
         let writes = leased
             .iter()
             .map(|j| (j.id(), payload(j), lease_end))
@@ -295,8 +295,7 @@ impl Queue {
         let mut by_target: std::collections::BTreeMap<&str, redis::Cmd> = Default::default();
         for (target, job) in waiting {
             let id = job.id();
-            hset.arg(&id)
-                .arg(serde_json::to_string(job).unwrap_or_default());
+            hset.arg(&id).arg(job.payload());
             by_target
                 .entry(target)
                 .or_insert_with(|| {
@@ -326,9 +325,7 @@ impl Queue {
     /// move it.
     pub fn due_later_cmds(&self, job: &Job, due_ms: i64) -> [redis::Cmd; 2] {
         let mut hset = redis::cmd("HSETNX");
-        hset.arg(&self.jobs)
-            .arg(job.id())
-            .arg(serde_json::to_string(job).unwrap_or_default());
+        hset.arg(&self.jobs).arg(job.id()).arg(job.payload());
         let mut zadd = redis::cmd("ZADD");
         zadd.arg(&self.zset).arg("NX").arg(due_ms).arg(job.id());
         [hset, zadd]
@@ -362,8 +359,7 @@ impl Queue {
         let mut inv = self.reschedule.prepare_invoke();
         inv.key(zset).key(&self.jobs).arg(due_ms);
         for j in jobs {
-            inv.arg(j.id())
-                .arg(serde_json::to_string(j).unwrap_or_default());
+            inv.arg(j.id()).arg(j.payload());
         }
         inv.invoke_async(&mut self.conn.clone()).await
     }
@@ -538,8 +534,7 @@ impl Queue {
             .arg(u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1))
             .arg(w.member());
         for j in jobs {
-            inv.arg(j.id())
-                .arg(serde_json::to_string(j).unwrap_or_default());
+            inv.arg(j.id()).arg(j.payload());
         }
         inv.invoke_async(&mut self.conn.clone()).await
     }
