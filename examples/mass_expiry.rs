@@ -255,7 +255,7 @@ async fn receiver(tasks: usize) -> (String, Arc<Mutex<Seen>>) {
 }
 
 /// When the hash of details became empty (unix ms): every task taken over.
-async fn watch_details(url: String) -> f64 {
+async fn watch_details(url: String, pids: Vec<u32>) -> (f64, Vec<f64>) {
     let client = redis::Client::open(url).expect("redis url");
     let mut c = client
         .get_multiplexed_async_connection()
@@ -269,11 +269,13 @@ async fn watch_details(url: String) -> f64 {
             .await
             .unwrap_or(usize::MAX);
         if n == 0 {
-            return unix_ms_f64();
+            // The CPU the processes had used by then: what taking over cost, apart from the
+            // delivery that goes on after it.
+            return (unix_ms_f64(), pids.iter().map(|p| cpu_secs(*p)).collect());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    f64::NAN
+    (f64::NAN, vec![f64::NAN; pids.len()])
 }
 
 /// Waits until `n` clients subscribe to the expired channel (keywatch is listening).
@@ -366,6 +368,9 @@ struct KeywatchRun {
     redis_cpu_s: f64,
     /// The state's redis-server, with `--state-redis`.
     state_cpu_s: Option<f64>,
+    /// CPU seconds from the due instant until every task was taken over: keywatch, the watched
+    /// redis-server, the state's (with `--state-redis`).
+    taken_cpu_s: [f64; 3],
     /// `INFO commandstats` lines of the keywatch run, most time first.
     commands: Vec<(String, u64, f64)>,
     rss_mb: f64,
@@ -394,7 +399,10 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool) -> KeywatchRu
         Some(s) => Some(RedisSpan::start(s).await),
         None => None,
     };
-    let taken = tokio::spawn(watch_details(server.url()));
+    let mut pids = vec![pid, server.pid()];
+    pids.extend(state.as_ref().map(|s| s.pid()));
+    let cpu_at: Vec<f64> = pids.iter().map(|p| cpu_secs(*p)).collect();
+    let taken = tokio::spawn(watch_details(server.url(), pids));
     let give_up = Instant::now() + GIVE_UP;
     while seen.lock().unwrap_or_else(|p| p.into_inner()).distinct < tasks
         && Instant::now() < give_up
@@ -413,7 +421,11 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool) -> KeywatchRu
         print_commands("the state's redis-server", cpu, &commands);
         state_cpu_s = Some(cpu);
     }
-    let taken_ms = taken.await.unwrap_or(f64::NAN);
+    let (taken_ms, cpu_when_taken) = taken.await.unwrap_or((f64::NAN, Vec::new()));
+    let mut taken_cpu_s = [f64::NAN; 3];
+    for (i, (then, at)) in cpu_when_taken.iter().zip(&cpu_at).enumerate() {
+        taken_cpu_s[i] = then - at;
+    }
     // Requests still on their way would be duplicates: give them a moment to show.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let requests = requests.max(seen.lock().unwrap_or_else(|p| p.into_inner()).requests);
@@ -436,6 +448,7 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool) -> KeywatchRu
         cpu_s,
         redis_cpu_s,
         state_cpu_s,
+        taken_cpu_s,
         commands,
         rss_mb,
         delivered,
@@ -817,11 +830,17 @@ fn side_by_side(args: &Args, baseline: &Path) -> std::process::ExitCode {
         "| build | taken over, s | ÷ Redis's pace | delivered, s | keywatch CPU µs/task | watched redis CPU µs/task | state redis CPU µs/task | peak RSS MB |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let mut taking_over = Vec::new();
     for (i, rs) in runs.iter().enumerate() {
         let m = |f: &dyn Fn(&KeywatchRun) -> f64| median(rs.iter().map(f).collect());
         let taken = m(&|r| r.taken_s);
         let state = if args.state_redis {
             format!("{:.1}", per_task(m(&|r| r.state_cpu_s.unwrap_or(f64::NAN))))
+        } else {
+            "(same server)".to_string()
+        };
+        let state_taken = if args.state_redis {
+            format!("{:.1}", per_task(m(&|r| r.taken_cpu_s[2])))
         } else {
             "(same server)".to_string()
         };
@@ -834,6 +853,20 @@ fn side_by_side(args: &Args, baseline: &Path) -> std::process::ExitCode {
             per_task(m(&|r| r.redis_cpu_s)),
             m(&|r| r.rss_mb),
         );
+        taking_over.push(format!(
+            "| {} | {taken:.2} | {:.1} | {:.1} | {state_taken} |",
+            names[i],
+            per_task(m(&|r| r.taken_cpu_s[0])),
+            per_task(m(&|r| r.taken_cpu_s[1])),
+        ));
+    }
+    println!("\nfrom the due instant until every task was taken over (medians):\n");
+    println!(
+        "| build | taken over, s | keywatch CPU µs/task | watched redis CPU µs/task | state redis CPU µs/task |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for row in taking_over {
+        println!("{row}");
     }
     println!("\neach run:\n");
     println!(
