@@ -7,8 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::config::{DetailSource, Rule};
-use crate::template::Context;
-use crate::template::TemplateSet;
+use crate::template::{Context, TemplateSet};
 
 /// Where one event's detail lives, rendered to exact key bytes.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -44,6 +43,36 @@ impl Location {
     }
 }
 
+/// What a detail location is rendered from: the event's key and its captures, which is all the
+/// usual locations (`delay:detail` + `{{ id }}`) name, and the full template context, built only
+/// for a location that needs more.
+pub struct Vars<'a> {
+    pub key: &'a [u8],
+    pub capture_names: &'a [String],
+    pub capture_values: &'a [Vec<u8>],
+    pub context: &'a dyn Fn() -> Context,
+}
+
+impl Vars<'_> {
+    /// A name's bytes as the template context would render them in a mode that writes values as
+    /// they are: the key, or a capture (the last of two with one name, as in the context);
+    /// `None` for every other name of the context, which shadow captures there.
+    fn value(&self, name: &str) -> Option<&[u8]> {
+        if name == "key" {
+            return Some(self.key);
+        }
+        if crate::template::CONTEXT_NAMES.contains(&name) {
+            return None;
+        }
+        self.capture_names
+            .iter()
+            .zip(self.capture_values)
+            .rev()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
 /// Renders the rule's `detail` location for one event. `own` is `state.prefix`: a detail under
 /// it is read but never removed, whatever the key text made the template say (`check` refuses
 /// the templates that always land there; this catches the ones a capture steers there).
@@ -51,14 +80,16 @@ pub fn request(
     templates: &TemplateSet,
     rule: &Rule,
     db: u32,
-    ctx: &Context,
+    vars: &Vars<'_>,
     own: &[u8],
 ) -> Option<Result<Request, String>> {
     let d = rule.detail.as_ref()?;
-    let render = |id| {
-        templates
-            .render(id, ctx)
-            .map_err(|e| format!("detail: {}", e.message))
+    let context = std::cell::OnceCell::new();
+    let render = |id| match templates.render_plain(id, |n| vars.value(n)) {
+        Some(bytes) => Ok(bytes),
+        None => templates
+            .render(id, context.get_or_init(vars.context))
+            .map_err(|e| format!("detail: {}", e.message)),
     };
     let at = match &d.source {
         DetailSource::Hash { key, field } => match (render(*key), render(*field)) {
@@ -264,6 +295,33 @@ mod tests {
         assert_eq!(plan.targets[2][0], 2048);
     }
 
+    /// The config of one rules file, which must be valid.
+    fn config_of(yaml: &str) -> crate::config::Config {
+        crate::config::load_texts(
+            vec!["rules.yaml".into()],
+            &[yaml.to_string()],
+            crate::config::Mode::Check,
+            &|_| None,
+        )
+        .unwrap_or_else(|e| panic!("valid rules: {e:?}"))
+        .config
+    }
+
+    /// An `expired` of `key` in db 0.
+    fn expired(key: Vec<u8>) -> crate::event::KeyEvent {
+        crate::event::KeyEvent {
+            kind: crate::event::EventKind::Expired,
+            db: 0,
+            key,
+            field: None,
+            observed_at: chrono::Utc::now(),
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: "test".into(),
+        }
+    }
+
     #[test]
     fn a_detail_under_the_state_prefix_is_read_but_never_removed() {
         let yaml = r#"
@@ -275,30 +333,20 @@ rules:
     detail: { key: "{{ id }}", remove: true }
     notify: { to: [log] }
 "#;
-        let loaded = crate::config::load_texts(
-            vec!["rules.yaml".into()],
-            &[yaml.to_string()],
-            crate::config::Mode::Check,
-            &|_| None,
-        )
-        .unwrap_or_else(|_| panic!("valid rules"));
-        let config = loaded.config;
+        let config = config_of(yaml);
         let rule = &config.rules[0];
         let own = config.state.prefix.as_bytes();
         let request_for = |id: &[u8]| {
-            let event = crate::event::KeyEvent {
-                kind: crate::event::EventKind::Expired,
-                db: 0,
-                key: [b"task:".as_slice(), id].concat(),
-                field: None,
-                observed_at: chrono::Utc::now(),
-                deadline: None,
-                ttl_ms: None,
-                recovered: false,
-                source: "test".into(),
+            let event = expired([b"task:".as_slice(), id].concat());
+            let values = [id.to_vec()];
+            let context = || Context::for_event("r", &event, rule.capture_names(), &values, None);
+            let vars = Vars {
+                key: &event.key,
+                capture_names: rule.capture_names(),
+                capture_values: &values,
+                context: &context,
             };
-            let ctx = Context::for_event("r", &event, rule.capture_names(), &[id.to_vec()], None);
-            request(&config.templates, rule, 0, &ctx, own)
+            request(&config.templates, rule, 0, &vars, own)
                 .expect("the rule has a detail")
                 .expect("it renders")
         };
@@ -311,6 +359,83 @@ rules:
             }
         );
         assert!(!r.remove);
+    }
+
+    /// A location of literal text, the key and captures is rendered without building the
+    /// template context; any other takes the context, and both give minijinja's bytes.
+    #[test]
+    fn plain_locations_skip_the_context_and_others_use_it() {
+        let yaml = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: plain
+    match: "task:{id}"
+    detail: { hash: "d:{{ key }}", field: "{{ id }}" }
+    notify: { to: [log] }
+  - name: filtered
+    match: "task:{id}"
+    detail: { hash: "d:{{ key }}", field: "{{ id | lower }}" }
+    notify: { to: [log] }
+"#;
+        let config = config_of(yaml);
+        let key = b"task:\xffAB".to_vec();
+        let values = [b"\xffAB".to_vec()];
+        let event = expired(key.clone());
+        let located = |i: usize| {
+            let rule = &config.rules[i];
+            let built = std::cell::Cell::new(0);
+            let context = || {
+                built.set(built.get() + 1);
+                Context::for_event(&rule.name, &event, rule.capture_names(), &values, None)
+            };
+            let vars = Vars {
+                key: &key,
+                capture_names: rule.capture_names(),
+                capture_values: &values,
+                context: &context,
+            };
+            let r = request(&config.templates, rule, 0, &vars, b"keywatch:")
+                .expect("the rule has a detail")
+                .expect("it renders");
+            (r.at, built.get())
+        };
+        let hash = [b"d:".as_slice(), &key].concat();
+        assert_eq!(
+            located(0),
+            (
+                Location::Hash {
+                    key: hash.clone(),
+                    field: values[0].clone()
+                },
+                0
+            )
+        );
+        let (at, built) = located(1);
+        assert_eq!(
+            built, 1,
+            "the context is built once for the rule, not per template"
+        );
+        assert!(matches!(at, Location::Hash { key, .. } if key == hash));
+        // `check` refuses a capture named like a context name; were there one, the context's
+        // value is the one a template sees, so the plain path leaves such names to it.
+        let names = ["rule".to_string(), "id".to_string(), "id".to_string()];
+        let vals = [b"1".to_vec(), b"2".to_vec(), b"3".to_vec()];
+        let context = || Context::for_event("r", &event, &names, &vals, None);
+        let vars = Vars {
+            key: &key,
+            capture_names: &names,
+            capture_values: &vals,
+            context: &context,
+        };
+        assert_eq!(vars.value("rule"), None);
+        assert_eq!(vars.value("key"), Some(key.as_slice()));
+        assert_eq!(
+            vars.value("id"),
+            Some(b"3".as_slice()),
+            "the last of two, as in the context"
+        );
+        assert_eq!(vars.value("missing"), None);
     }
 
     #[test]

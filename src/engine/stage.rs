@@ -100,12 +100,18 @@ impl FiringStage {
                     self.keep_skipped(r, &e, captures, "recovered: the rule says `recover: never`");
                     continue;
                 }
-                let ctx = Context::for_event(&r.name, &e, r.capture_names(), captures, None);
+                let context = || Context::for_event(&r.name, &e, r.capture_names(), captures, None);
+                let vars = detail::Vars {
+                    key: &e.key,
+                    capture_names: r.capture_names(),
+                    capture_values: captures,
+                    context: &context,
+                };
                 let detail = match detail::request(
                     &config.templates,
                     r,
                     e.db,
-                    &ctx,
+                    &vars,
                     config.state.prefix.as_bytes(),
                 ) {
                     None => None,

@@ -51,6 +51,55 @@ struct Entry {
     escape: Escape,
     /// The name in the environment: `{index}.{escape tag}`.
     name: String,
+    /// The template as literal text and bare names, when it is only that and its mode writes
+    /// values as they are (see [`TemplateSet::render_plain`]).
+    plain: Option<Vec<Piece>>,
+}
+
+/// A part of a plain template: `order:` and `id` in `order:{{ id }}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Piece {
+    Text(String),
+    Name(String),
+}
+
+/// Names that minijinja reads as constants, not as variables.
+const CONSTANTS: &[&str] = &["true", "false", "none", "True", "False", "None"];
+
+/// `source` as literal text and `{{ name }}` references, when that is all it is. Anything else
+/// (a filter, an expression, a tag, a comment, whitespace control, a delimiter in the text) is
+/// left to minijinja: this only has to recognise the common forms, never to parse Jinja.
+fn plain_pieces(source: &str) -> Option<Vec<Piece>> {
+    let text = |t: &str| {
+        let delimiter = ["{{", "{%", "{#", "}}", "%}", "#}"]
+            .iter()
+            .any(|d| t.contains(d));
+        (!delimiter).then(|| Piece::Text(t.to_owned()))
+    };
+    let mut pieces = Vec::new();
+    let mut rest = source;
+    while let Some(open) = rest.find("{{") {
+        if open > 0 {
+            pieces.push(text(&rest[..open])?);
+        }
+        let after = &rest[open + 2..];
+        let close = after.find("}}")?;
+        let name = after[..close].trim_matches(|c: char| c == ' ' || c == '\t');
+        let mut chars = name.chars();
+        let identifier = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !identifier || CONSTANTS.contains(&name) {
+            return None;
+        }
+        pieces.push(Piece::Name(name.to_owned()));
+        rest = &after[close + 2..];
+    }
+    if !rest.is_empty() {
+        pieces.push(text(rest)?);
+    }
+    Some(pieces)
 }
 
 /// Every template of a rule set, compiled once.
@@ -119,10 +168,14 @@ impl TemplateSet {
         self.env
             .add_template_owned(name.clone(), encoded)
             .map_err(|e| convert_error(&e, source))?;
+        let plain = matches!(escape, Escape::RedisKey | Escape::Raw)
+            .then(|| plain_pieces(source))
+            .flatten();
         self.entries.push(Entry {
             source: source.to_owned(),
             escape,
             name,
+            plain,
         });
         Ok(TemplateId(index))
     }
@@ -177,6 +230,28 @@ impl TemplateSet {
                 Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
             },
         })
+    }
+
+    /// [`TemplateSet::render`] without a context, for a template of literal text and bare names
+    /// in a mode that writes values as they are (`order:{{ id }}` as a detail location): each
+    /// name's bytes come from `value`. `None` when the template is not of that form or `value`
+    /// does not know a name; the caller then renders it the usual way (which also reports an
+    /// undefined name as it always has). A mass expiry rendered a whole context per event to
+    /// place one capture in a hash field, a tenth of the intake's CPU.
+    pub fn render_plain<'v>(
+        &self,
+        id: TemplateId,
+        value: impl Fn(&str) -> Option<&'v [u8]>,
+    ) -> Option<Vec<u8>> {
+        let pieces = self.entry(id).plain.as_ref()?;
+        let mut out = Vec::new();
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => out.extend_from_slice(t.as_bytes()),
+                Piece::Name(n) => out.extend_from_slice(value(n)?),
+            }
+        }
+        Some(out)
     }
 
     fn render_encoded(&self, id: TemplateId, ctx: &Context) -> Result<String, TemplateError> {

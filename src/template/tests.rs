@@ -705,3 +705,87 @@ fn shareable_across_tasks() {
     assert_send_sync::<TemplateSet>();
     assert_send_sync::<Context>();
 }
+
+// ---- plain templates, rendered without a context ---------------------------------------------
+
+/// `render_plain` of `source` with the key and the one capture `x` of [`ctx_with`], beside what
+/// minijinja renders from the full context.
+fn plain_and_full(
+    source: &str,
+    escape: Escape,
+    key: &[u8],
+    x: &[u8],
+) -> (Option<Vec<u8>>, Vec<u8>) {
+    let mut set = TemplateSet::new();
+    let id = set.add(source, escape).unwrap();
+    let plain = set.render_plain(id, |name| match name {
+        "key" => Some(key),
+        "x" => Some(x),
+        _ => None,
+    });
+    (plain, set.render(id, &ctx_with(key, x)).unwrap())
+}
+
+#[test]
+fn only_literal_text_and_bare_names_are_plain() {
+    for source in [
+        "{{ x }}",
+        "{{x}}",
+        "delay:detail",
+        "",
+        "order:{{ x }}:{{ key }}\n",
+        "a{b}c{{ x }}",
+    ] {
+        let (plain, full) = plain_and_full(source, Escape::RedisKey, b"k", b"42");
+        assert_eq!(plain.as_deref(), Some(full.as_slice()), "{source:?}");
+    }
+    for source in [
+        "{{ x | upper }}",
+        "{{- x }}",
+        "{{ x -}}",
+        "{{ x ~ 'a' }}",
+        "{{ captures.x }}",
+        "{{ true }}",
+        "{{ none }}",
+        "{% if x %}{{ x }}{% endif %}",
+        "{# note #}{{ x }}",
+        "{% raw %}{{ x }}{% endraw %}",
+        "{{ '}}' }}",
+    ] {
+        let (plain, _) = plain_and_full(source, Escape::RedisKey, b"k", b"42");
+        assert_eq!(plain, None, "{source:?}");
+    }
+    // A mode that escapes values is never plain.
+    let (plain, _) = plain_and_full("{{ x }}", Escape::Glob, b"k", b"*");
+    assert_eq!(plain, None);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A plain template renders to the same bytes without a context as with one, for any key and
+    /// capture bytes (not UTF-8, the byte-encoding's reserved characters, delimiters) and any
+    /// literal text around them.
+    #[test]
+    fn plain_rendering_is_the_full_rendering(
+        key in proptest::collection::vec(any::<u8>(), 0..32),
+        x in proptest::collection::vec(any::<u8>(), 0..32),
+        before in "[a-z:{}%#\\-\u{f700}-\u{f7ff} ]{0,8}",
+        after in "[a-z:{}%#\\-\u{f700}-\u{f7ff}\n ]{0,8}",
+    ) {
+        for escape in [Escape::RedisKey, Escape::Raw] {
+            let source = format!("{before}{{{{ x }}}}{after}{{{{key}}}}");
+            let mut set = TemplateSet::new();
+            // Random text may itself be a tag or a syntax error: only what compiles compares.
+            let Ok(id) = set.add(&source, escape) else { continue };
+            let plain = set.render_plain(id, |name| match name {
+                "key" => Some(key.as_slice()),
+                "x" => Some(x.as_slice()),
+                _ => None,
+            });
+            if let Some(plain) = plain {
+                prop_assert_eq!(plain, set.render(id, &ctx_with(&key, &x)).unwrap(), "{:?}", source);
+            }
+        }
+    }
+}
