@@ -24,7 +24,8 @@
 //! runs Redis's pace, the baseline and this build N times, alternating, and prints each run and
 //! the medians: seconds to take over and to deliver, keywatch's CPU µs per task, each
 //! redis-server's CPU µs per task (the watched one, and the state one with `--state-redis`), peak
-//! RSS; and each process's CPU µs per task until every task was taken over. The naive subscriber is skipped in that mode.
+//! RSS; and each process's CPU µs per task until every task was taken over. The naive subscriber
+//! is skipped in that mode.
 //!
 //! ```text
 //! cp target/release/examples/mass_expiry /tmp/mass_expiry.main    # on the older commit

@@ -273,11 +273,10 @@ impl Queue {
         }
         let now = now_ms();
         let lease_end = now + LEASE.as_millis() as i64;
-        let payload = |j: &Job| j.payload();
         let writes = leased
             .iter()
-            .map(|j| (j.id(), payload(j), lease_end))
-            .chain(pending.iter().map(|j| (j.id(), payload(j), now)))
+            .map(|j| (j.id(), j.payload(), lease_end))
+            .chain(pending.iter().map(|j| (j.id(), j.payload(), now)))
             .collect();
         let mut also = also;
         also.extend(self.wait_cmds(waiting, now));

@@ -53,26 +53,6 @@ pub struct Vars<'a> {
     pub context: &'a dyn Fn() -> Context,
 }
 
-impl Vars<'_> {
-    /// A name's bytes as the template context would render them in a mode that writes values as
-    /// they are: the key, or a capture (the last of two with one name, as in the context);
-    /// `None` for every other name of the context, which shadow captures there.
-    fn value(&self, name: &str) -> Option<&[u8]> {
-        if name == "key" {
-            return Some(self.key);
-        }
-        if crate::template::CONTEXT_NAMES.contains(&name) {
-            return None;
-        }
-        self.capture_names
-            .iter()
-            .zip(self.capture_values)
-            .rev()
-            .find(|(n, _)| n.as_str() == name)
-            .map(|(_, v)| v.as_slice())
-    }
-}
-
 /// Renders the rule's `detail` location for one event. `own` is `state.prefix`: a detail under
 /// it is read but never removed, whatever the key text made the template say (`check` refuses
 /// the templates that always land there; this catches the ones a capture steers there).
@@ -85,7 +65,9 @@ pub fn request(
 ) -> Option<Result<Request, String>> {
     let d = rule.detail.as_ref()?;
     let context = std::cell::OnceCell::new();
-    let render = |id| match templates.render_plain(id, |n| vars.value(n)) {
+    let verbatim =
+        |n: &str| crate::template::verbatim(n, vars.key, vars.capture_names, vars.capture_values);
+    let render = |id| match templates.render_plain(id, verbatim) {
         Some(bytes) => Ok(bytes),
         None => templates
             .render(id, context.get_or_init(vars.context))
@@ -417,25 +399,6 @@ rules:
             "the context is built once for the rule, not per template"
         );
         assert!(matches!(at, Location::Hash { key, .. } if key == hash));
-        // `check` refuses a capture named like a context name; were there one, the context's
-        // value is the one a template sees, so the plain path leaves such names to it.
-        let names = ["rule".to_string(), "id".to_string(), "id".to_string()];
-        let vals = [b"1".to_vec(), b"2".to_vec(), b"3".to_vec()];
-        let context = || Context::for_event("r", &event, &names, &vals, None);
-        let vars = Vars {
-            key: &key,
-            capture_names: &names,
-            capture_values: &vals,
-            context: &context,
-        };
-        assert_eq!(vars.value("rule"), None);
-        assert_eq!(vars.value("key"), Some(key.as_slice()));
-        assert_eq!(
-            vars.value("id"),
-            Some(b"3".as_slice()),
-            "the last of two, as in the context"
-        );
-        assert_eq!(vars.value("missing"), None);
     }
 
     #[test]

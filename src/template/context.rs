@@ -32,6 +32,30 @@ pub const CONTEXT_NAMES: &[&str] = &[
     "gap_ms",
 ];
 
+/// The bytes `name` renders to in a mode that writes values as they are, for the names known
+/// without building a [`Context`]: the key, and the captures (the last of two with one name, as
+/// in the context's map). `None` for every other name, including a capture named like one of
+/// [`CONTEXT_NAMES`], which the context's own value shadows.
+pub fn verbatim<'a>(
+    name: &str,
+    key: &'a [u8],
+    capture_names: &[String],
+    capture_values: &'a [Vec<u8>],
+) -> Option<&'a [u8]> {
+    if name == "key" {
+        return Some(key);
+    }
+    if CONTEXT_NAMES.contains(&name) {
+        return None;
+    }
+    capture_names
+        .iter()
+        .zip(capture_values)
+        .rev()
+        .find(|(n, _)| n.as_str() == name)
+        .map(|(_, v)| v.as_slice())
+}
+
 /// The values one event offers its templates.
 ///
 /// Strings are held in the encoding of [`super::bytestr`], so that exact renders give back the

@@ -21,7 +21,7 @@ use std::fmt;
 
 use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 
-pub use context::{CONTEXT_NAMES, Context, human_duration};
+pub use context::{CONTEXT_NAMES, Context, human_duration, verbatim};
 pub use escape::Escape;
 
 /// The work one render may do (minijinja's fuel: about one unit per instruction and per 64 bytes

@@ -760,6 +760,23 @@ fn only_literal_text_and_bare_names_are_plain() {
     assert_eq!(plain, None);
 }
 
+#[test]
+fn verbatim_names_are_the_key_and_captures_the_context_does_not_shadow() {
+    // `check` refuses a capture named like a context name; were there one, the context's
+    // value is the one a template sees, so the plain path leaves such names to it.
+    let key = b"task:\xffAB".to_vec();
+    let names = ["rule".to_string(), "id".to_string(), "id".to_string()];
+    let vals = [b"1".to_vec(), b"2".to_vec(), b"3".to_vec()];
+    assert_eq!(verbatim("rule", &key, &names, &vals), None);
+    assert_eq!(verbatim("key", &key, &names, &vals), Some(key.as_slice()));
+    assert_eq!(
+        verbatim("id", &key, &names, &vals),
+        Some(b"3".as_slice()),
+        "the last of two, as in the context"
+    );
+    assert_eq!(verbatim("missing", &key, &names, &vals), None);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
