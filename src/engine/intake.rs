@@ -380,38 +380,70 @@ fn encode(r: &Record) -> String {
 fn encode_batch<'a>(events: impl IntoIterator<Item = (&'a str, &'a Record)>) -> String {
     let mut out = String::from("B");
     for (id, r) in events {
-        let d = r.deadline_ms.map(|d| d.to_string()).unwrap_or_default();
-        out.push('\n');
-        out.push_str(id);
-        out.push('\t');
-        out.push_str(&d);
-        out.push('\t');
-        out.push_str(&serde_json::to_string(r).unwrap_or_default());
+        push_line(
+            &mut out,
+            id,
+            r.deadline_ms,
+            &serde_json::to_string(r).unwrap_or_default(),
+        );
     }
     out
 }
 
-fn decode(stored: &str) -> Result<Record, String> {
+/// A `B` line: id, deadline (or nothing), JSON, tab separated.
+fn push_line(out: &mut String, id: &str, deadline_ms: Option<i64>, json: &str) {
+    out.push('\n');
+    out.push_str(id);
+    out.push('\t');
+    if let Some(d) = deadline_ms {
+        let _ = std::fmt::Write::write_fmt(out, format_args!("{d}"));
+    }
+    out.push('\t');
+    out.push_str(json);
+}
+
+/// A record of events whose jobs are stored, as [`Intake::moved_on`] rewrites it: each event's
+/// `B` line as it was taken (its JSON as stored, not written again) with a fourth part, after
+/// another tab, the JSON of the details that remain to be removed. Writing each event's JSON
+/// again with its removals was a twentieth of the intake's CPU in a mass expiry.
+fn encode_removals<'a>(
+    events: impl IntoIterator<Item = (&'a Taken, &'a [crate::engine::detail::Request])>,
+) -> String {
+    let mut out = String::from("B");
+    for (t, remove) in events {
+        push_line(&mut out, &t.event, t.record.deadline_ms, &t.json);
+        out.push('\t');
+        out.push_str(&serde_json::to_string(remove).unwrap_or_default());
+    }
+    out
+}
+
+/// A record of one event: the record and its JSON as stored.
+fn decode(stored: &str) -> Result<(Record, Arc<str>), String> {
     let (d, json) = stored
         .split_once('\n')
         .ok_or_else(|| "no deadline line".to_string())?;
     let mut r: Record = serde_json::from_str(json).map_err(|e| e.to_string())?;
     r.deadline_ms = parse_deadline(d);
-    Ok(r)
+    Ok((r, json.into()))
 }
 
-/// The events of the record stored as `id`: (event id, record) each.
-fn decode_stored(id: &str, stored: &str) -> Result<Vec<(String, Record)>, String> {
+/// One event of a stored record: its id within the record, the record, its JSON as stored.
+type Stored = (String, Record, Arc<str>);
+
+/// The events of the record stored as `id`.
+fn decode_stored(id: &str, stored: &str) -> Result<Vec<Stored>, String> {
     if let Some(rest) = stored.strip_prefix("C\n") {
         return decode_taken(rest);
     }
     let Some(lines) = stored.strip_prefix("B\n") else {
-        return Ok(vec![(id.to_string(), decode(stored)?)]);
+        let (r, json) = decode(stored)?;
+        return Ok(vec![(id.to_string(), r, json)]);
     };
     lines
         .split('\n')
         .map(|line| {
-            let mut parts = line.splitn(3, '\t');
+            let mut parts = line.splitn(4, '\t');
             let (Some(event), Some(d), Some(json)) = (parts.next(), parts.next(), parts.next())
             else {
                 return Err(format!(
@@ -420,14 +452,18 @@ fn decode_stored(id: &str, stored: &str) -> Result<Vec<(String, Record)>, String
             };
             let mut r: Record = serde_json::from_str(json).map_err(|e| e.to_string())?;
             r.deadline_ms = parse_deadline(d);
-            Ok((event.to_string(), r))
+            // Details to remove, kept beside the JSON (see `encode_removals`).
+            if let Some(remove) = parts.next() {
+                r.remove = Some(serde_json::from_str(remove).map_err(|e| e.to_string())?);
+            }
+            Ok((event.to_string(), r, json.into()))
         })
         .collect()
 }
 
 /// A record as the take script writes it: a line of the events won (`N:DEADLINE`, comma
 /// separated, `N` counting the lines below from 1), then every event's JSON, a line each.
-fn decode_taken(stored: &str) -> Result<Vec<(String, Record)>, String> {
+fn decode_taken(stored: &str) -> Result<Vec<Stored>, String> {
     let (won, lines) = stored
         .split_once('\n')
         .ok_or_else(|| "no line of events won".to_string())?;
@@ -444,7 +480,7 @@ fn decode_taken(stored: &str) -> Result<Vec<(String, Record)>, String> {
                 .ok_or_else(|| format!("no event {n:?} in the record"))?;
             let mut r: Record = serde_json::from_str(json).map_err(|e| e.to_string())?;
             r.deadline_ms = parse_deadline(d).or(r.deadline_ms);
-            Ok((n.to_string(), r))
+            Ok((n.to_string(), r, (*json).into()))
         })
         .collect()
 }
@@ -468,6 +504,9 @@ pub struct Taken {
     /// The event's id within its record.
     pub event: String,
     pub record: Record,
+    /// The record's JSON as stored (without the deadline and removals kept beside it): a
+    /// record rewritten to "details to remove" keeps it as it is.
+    pub json: Arc<str>,
 }
 
 /// Where a taken event goes once its batch's firing stage is done with it.
@@ -557,13 +596,17 @@ impl Intake {
             .arg(db)
             .arg(&batch);
         let mut records = Vec::with_capacity(events.len());
-        // Every event's record JSON, a line each (JSON holds no raw newline), as one argument.
+        // Every event's record JSON, a line each (JSON holds no raw newline), as one argument;
+        // each line is kept with its event as well (see `Taken::json`).
         let mut blob = String::new();
+        let mut jsons: Vec<Arc<str>> = Vec::with_capacity(events.len());
         let mut line = |r: &Record| {
+            let json = serde_json::to_string(r).unwrap_or_default();
             if !blob.is_empty() {
                 blob.push('\n');
             }
-            blob.push_str(&serde_json::to_string(r).unwrap_or_default());
+            blob.push_str(&json);
+            jsons.push(json.into());
         };
         let mut per_event = Vec::with_capacity(events.len());
         for (e, mode) in events {
@@ -620,7 +663,9 @@ impl Intake {
         }
         let out: Vec<redis::Value> = inv.invoke_async(&mut self.conn.clone()).await?;
         let mut taken = Vec::with_capacity(events.len());
-        for (i, (pair, mut record)) in out.chunks_exact(2).zip(records).enumerate() {
+        for (i, ((pair, mut record), json)) in
+            out.chunks_exact(2).zip(records).zip(jsons).enumerate()
+        {
             let won: i64 = redis::from_redis_value(pair[0].clone()).unwrap_or(0);
             let d: String = redis::from_redis_value(pair[1].clone()).unwrap_or_default();
             if won != 1 {
@@ -632,6 +677,7 @@ impl Intake {
                 id: batch.clone(),
                 event: (i + 1).to_string(),
                 record,
+                json,
             }));
         }
         if taken.iter().any(Option::is_some) {
@@ -660,10 +706,11 @@ impl Intake {
             match decode_stored(&pair[0], &pair[1]) {
                 Ok(events) => {
                     self.held().insert(pair[0].clone());
-                    out.extend(events.into_iter().map(|(event, record)| Taken {
+                    out.extend(events.into_iter().map(|(event, record, json)| Taken {
                         id: pair[0].clone(),
                         event,
                         record,
+                        json,
                     }));
                 }
                 Err(e) => {
@@ -685,17 +732,15 @@ impl Intake {
     /// record of its own, due then. Every event of a record must be given: an event left out is
     /// dropped with it.
     pub fn moved_on(&self, events: &[(&Taken, Next)]) -> Vec<redis::Cmd> {
-        let mut by_record: std::collections::BTreeMap<&str, Vec<(&str, Record)>> =
-            Default::default();
+        let mut by_record: std::collections::BTreeMap<
+            &str,
+            Vec<(&Taken, &[crate::engine::detail::Request])>,
+        > = Default::default();
         let mut split = Vec::new();
         for (t, next) in events {
             let kept = by_record.entry(t.id.as_str()).or_default();
             match next {
-                Next::Stored(Some(remove)) => {
-                    let mut r = t.record.clone();
-                    r.remove = Some(remove.clone());
-                    kept.push((t.event.as_str(), r));
-                }
+                Next::Stored(Some(remove)) => kept.push((*t, remove.as_slice())),
                 Next::Stored(None) | Next::Done => {}
                 Next::RetryAt(due, record) => {
                     split.push((t.id.as_str(), t.event.as_str(), *due, record))
@@ -711,7 +756,7 @@ impl Intake {
                 let mut c = redis::cmd("HSET");
                 c.arg(&self.records)
                     .arg(id)
-                    .arg(encode_batch(kept.iter().map(|(e, r)| (*e, r))));
+                    .arg(encode_removals(kept.iter().copied()));
                 cmds.push(c);
             }
         }
@@ -956,12 +1001,19 @@ mod tests {
             recovered: true,
             source: "n:1".into(),
         };
-        let r = decode(&encode(&Record::of(&e, None))).unwrap();
+        let (r, json) = decode(&encode(&Record::of(&e, None))).unwrap();
         assert_eq!(r.event(), e);
+        assert_eq!(
+            &*json,
+            serde_json::to_string(&Record::of(&e, None)).unwrap()
+        );
         let mut plain = e.clone();
         plain.deadline = None;
         assert_eq!(
-            decode(&encode(&Record::of(&plain, None))).unwrap().event(),
+            decode(&encode(&Record::of(&plain, None)))
+                .unwrap()
+                .0
+                .event(),
             plain
         );
     }
@@ -1003,24 +1055,24 @@ mod tests {
         assert!(decode_stored("b:y", "B\nno tabs here").is_err());
     }
 
+    /// An `expired` of `key` observed at 5 s, without a deadline.
+    fn expired(db: u32, key: &[u8]) -> KeyEvent {
+        KeyEvent {
+            kind: EventKind::Expired,
+            db,
+            key: key.to_vec(),
+            field: None,
+            observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: "n:1".into(),
+        }
+    }
+
     #[test]
     fn a_taken_record_holds_only_the_events_won_with_the_deadlines_learnt() {
-        let e = |key: &str| {
-            Record::of(
-                &KeyEvent {
-                    kind: EventKind::Expired,
-                    db: 0,
-                    key: key.as_bytes().to_vec(),
-                    field: None,
-                    observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
-                    deadline: None,
-                    ttl_ms: None,
-                    recovered: false,
-                    source: "n:1".into(),
-                },
-                None,
-            )
-        };
+        let e = |key: &str| Record::of(&expired(0, key.as_bytes()), None);
         let blob = [e("a"), e("b"), e("c")]
             .iter()
             .map(|r| serde_json::to_string(r).unwrap())
@@ -1029,10 +1081,56 @@ mod tests {
         let back = decode_stored("b:z", &format!("C\n1:4990,3:\n{blob}")).unwrap();
         let got: Vec<(&str, &[u8], Option<i64>)> = back
             .iter()
-            .map(|(id, r)| (id.as_str(), r.key.as_slice(), r.deadline_ms))
+            .map(|(id, r, _)| (id.as_str(), r.key.as_slice(), r.deadline_ms))
             .collect();
         assert_eq!(got, [("1", &b"a"[..], Some(4990)), ("3", &b"c"[..], None)]);
         assert!(decode_stored("b:z", &format!("C\n4:1\n{blob}")).is_err());
+    }
+
+    #[test]
+    fn a_record_rewritten_with_its_removals_keeps_each_events_json_as_it_was_taken() {
+        let taken = |event: &str, key: &[u8], deadline: Option<i64>| {
+            let mut record = Record::of(&expired(2, key), None);
+            record.deadline_ms = deadline;
+            record.attempt = 2;
+            Taken {
+                id: "b:1".into(),
+                event: event.into(),
+                json: serde_json::to_string(&record).unwrap().into(),
+                record,
+            }
+        };
+        let a = taken("1", b"order:\t\n\xff", Some(4_990));
+        let b = taken("3", b"*", None);
+        let at = |key: &[u8], field: &[u8]| crate::engine::detail::Request {
+            db: 2,
+            at: crate::engine::detail::Location::Hash {
+                key: key.to_vec(),
+                field: field.to_vec(),
+            },
+            remove: true,
+        };
+        let ra = vec![at(b"d\tetail", b"\n\xfe"), at(b"x", b"y")];
+        let rb = vec![at(b"d", b"*")];
+        let stored = encode_removals([(&a, ra.as_slice()), (&b, rb.as_slice())]);
+        // The events' JSON is in the record as it was taken, byte for byte.
+        assert!(stored.contains(&*a.json) && stored.contains(&*b.json));
+        let back = decode_stored("b:1", &stored).unwrap();
+        let got: Vec<(&str, Option<i64>, u32, &Option<Vec<_>>)> = back
+            .iter()
+            .map(|(id, r, _)| (id.as_str(), r.deadline_ms, r.attempt, &r.remove))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("1", Some(4_990), 2, &Some(ra.clone())),
+                ("3", None, 2, &Some(rb.clone()))
+            ]
+        );
+        assert_eq!(back[0].1.event(), a.record.event());
+        assert_eq!(back[1].1.key, b"*");
+        assert_eq!(&*back[0].2, &*a.json);
+        assert!(decode_stored("b:1", "B\n1\t\t{}\tnot json").is_err());
     }
 
     #[test]
