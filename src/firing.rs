@@ -27,12 +27,113 @@ pub struct Firing {
     #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_opt")]
     pub field: Option<Vec<u8>>,
     pub captures: Vec<Capture>,
-    pub detail: Option<serde_json::Value>,
+    pub detail: Option<Detail>,
     pub deadline: Option<DateTime<Utc>>,
     pub observed_at: DateTime<Utc>,
     pub ttl_ms: Option<i64>,
     pub recovered: bool,
     pub source: String,
+    /// Its JSON, written once ([`Firing::text`]).
+    #[serde(skip)]
+    written: Written,
+}
+
+/// A firing's JSON once written: history keeps it and the payload of each of its jobs embeds
+/// it, and writing it for each of them was a tenth of the intake's CPU in a mass expiry. It is
+/// derived from the firing, so it never makes two firings differ, and a clone starts without
+/// it (a clone may be changed; a firing in use is shared behind an `Arc` and never is).
+#[derive(Default)]
+struct Written(std::sync::OnceLock<Arc<str>>);
+
+impl Clone for Written {
+    fn clone(&self) -> Written {
+        Written::default()
+    }
+}
+
+impl PartialEq for Written {
+    fn eq(&self, _: &Written) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Written")
+    }
+}
+
+/// A firing's detail: the JSON kept beside the key (SPEC §2), or its text when it is not JSON.
+/// Read from Redis, it is kept as the JSON text it was stored as, checked but not parsed, and
+/// written into history and the jobs' payloads as it is: a mass expiry stores 100,000 details
+/// at once, and parsing each into a tree only to write it out again was a tenth of the intake's
+/// CPU. It is parsed when something reads it (a template, the event JSON), once.
+#[derive(Clone)]
+pub struct Detail {
+    /// The JSON as it was stored, when it is JSON.
+    text: Option<Box<serde_json::value::RawValue>>,
+    value: std::sync::OnceLock<serde_json::Value>,
+}
+
+impl Detail {
+    /// The detail as read from Redis: its JSON when the bytes are JSON, else its text (lossy
+    /// UTF-8) as a string.
+    pub fn read(bytes: &[u8]) -> Detail {
+        match serde_json::from_slice::<Box<serde_json::value::RawValue>>(bytes) {
+            Ok(text) => Detail {
+                text: Some(text),
+                value: Default::default(),
+            },
+            Err(_) => serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()).into(),
+        }
+    }
+
+    /// The detail as templates see it.
+    pub fn value(&self) -> &serde_json::Value {
+        self.value.get_or_init(|| {
+            self.text
+                .as_ref()
+                // Checked when it was read: it parses.
+                .and_then(|t| serde_json::from_str(t.get()).ok())
+                .unwrap_or_default()
+        })
+    }
+}
+
+impl From<serde_json::Value> for Detail {
+    fn from(v: serde_json::Value) -> Detail {
+        Detail {
+            text: None,
+            value: v.into(),
+        }
+    }
+}
+
+impl PartialEq for Detail {
+    fn eq(&self, other: &Detail) -> bool {
+        self.value() == other.value()
+    }
+}
+
+impl std::fmt::Debug for Detail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.value().fmt(f)
+    }
+}
+
+impl Serialize for Detail {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match &self.text {
+            Some(text) => text.serialize(s),
+            None => self.value().serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Detail {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Detail, D::Error> {
+        serde_json::Value::deserialize(d).map(Detail::from)
+    }
 }
 
 /// One captured value of the rule's pattern.
@@ -91,7 +192,7 @@ impl Firing {
         event: &KeyEvent,
         names: &[String],
         values: Vec<Vec<u8>>,
-        detail: Option<serde_json::Value>,
+        detail: Option<Detail>,
     ) -> Firing {
         let instant = event.deadline.unwrap_or(event.observed_at);
         Firing {
@@ -116,7 +217,18 @@ impl Firing {
             ttl_ms: event.ttl_ms,
             recovered: event.recovered,
             source: event.source.clone(),
+            written: Written::default(),
         }
+    }
+
+    /// The firing's JSON (as `serde_json` writes it), written at the first call: what history
+    /// keeps of it and what every job of it embeds ([`Job::payload`]). A firing is not changed
+    /// once it is read so (it is shared behind an `Arc` by then).
+    pub fn text(&self) -> Arc<str> {
+        self.written
+            .0
+            .get_or_init(|| serde_json::to_string(self).unwrap_or_default().into())
+            .clone()
     }
 
     /// The event as a source reported it, for rendering templates.
@@ -149,7 +261,7 @@ impl Firing {
             &self.event(),
             &self.capture_names(),
             &self.capture_values(),
-            self.detail.clone(),
+            self.detail.as_ref().map(|d| d.value().clone()),
         )
     }
 
@@ -163,13 +275,6 @@ impl Firing {
         serde_json::to_value(self.event_json()).unwrap_or_default()
     }
 
-    /// [`Firing::to_json`] as text, written straight from the firing: history stores one per
-    /// firing, and building the `Value` tree first (every string and the detail copied, then
-    /// written) was a tenth of the intake's CPU in a mass expiry.
-    pub fn to_json_string(&self) -> String {
-        serde_json::to_string(&self.event_json()).unwrap_or_default()
-    }
-
     fn event_json(&self) -> EventJson<'_> {
         EventJson {
             captures: self
@@ -179,7 +284,7 @@ impl Firing {
                 .collect(),
             db: self.db,
             deadline: self.deadline.map(rfc3339),
-            detail: &self.detail,
+            detail: self.detail.as_ref().map(Detail::value),
             event: self.kind.as_str(),
             field: self.field.as_deref().map(String::from_utf8_lossy),
             id: &self.id,
@@ -204,7 +309,7 @@ struct EventJson<'a> {
     captures: std::collections::BTreeMap<&'a str, std::borrow::Cow<'a, str>>,
     db: u32,
     deadline: Option<String>,
-    detail: &'a Option<serde_json::Value>,
+    detail: Option<&'a serde_json::Value>,
     event: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<std::borrow::Cow<'a, str>>,
@@ -218,9 +323,6 @@ struct EventJson<'a> {
     ttl_ms: Option<i64>,
     version: u32,
 }
-
-/// The room a job's payload starts with ([`Job::payload`]).
-const PAYLOAD_GUESS: usize = 768;
 
 /// RFC 3339 in UTC with milliseconds, as in SPEC §4: `2026-11-29T10:15:00.000Z`.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
@@ -322,16 +424,30 @@ impl Job {
         self.action.idempotency_key(&self.firing.id)
     }
 
-    /// Its JSON as the queue stores it. Written into a buffer sized for a typical payload (a few
-    /// hundred bytes with its detail): grown from empty, the text was copied again at every
-    /// doubling, which in a mass expiry showed among the intake's costs.
+    /// Its JSON as the queue stores it: the text `serde_json` writes for it, with the firing's
+    /// own JSON written once for history and all its jobs ([`Firing::text`]) put in whole.
     pub fn payload(&self) -> String {
-        let mut out = Vec::with_capacity(PAYLOAD_GUESS + self.firing.key.len());
-        match serde_json::to_writer(&mut out, self) {
-            // serde_json writes UTF-8 only.
-            Ok(()) => String::from_utf8(out).unwrap_or_default(),
-            Err(_) => String::new(),
+        /// The job after its firing, as the job writes it.
+        #[derive(Serialize)]
+        struct Rest<'a> {
+            action: &'a Action,
+            attempt: u32,
+            failing_since: Option<i64>,
         }
+        let firing = self.firing.text();
+        let rest = serde_json::to_string(&Rest {
+            action: &self.action,
+            attempt: self.attempt,
+            failing_since: self.failing_since,
+        })
+        .unwrap_or_default();
+        let mut out = String::with_capacity(firing.len() + rest.len() + 12);
+        out.push_str("{\"firing\":");
+        out.push_str(&firing);
+        out.push(',');
+        // `rest` is an object: its fields follow the firing's, in the job's own order.
+        out.push_str(rest.strip_prefix('{').unwrap_or("}"));
+        out
     }
 }
 
@@ -493,7 +609,7 @@ mod tests {
 
     /// The event JSON as it was built before it was written straight from the firing: a
     /// `Value` tree, whose objects sort their keys. Kept here as the reference the bytes of
-    /// [`Firing::to_json_string`] must not drift from (webhook payloads and history carry them).
+    /// [`Firing::to_json`] must not drift from (webhook payloads and history carry them).
     fn event_value(f: &Firing) -> serde_json::Value {
         let captures: serde_json::Map<String, serde_json::Value> = f
             .captures
@@ -531,7 +647,7 @@ mod tests {
     }
 
     #[test]
-    fn event_json_text_is_the_bytes_of_the_value_form() {
+    fn event_json_is_the_value_form_it_was_built_as() {
         let plain = Firing::new("r", &event(), &[], vec![], None);
         let mut field = event();
         field.kind = EventKind::Hexpired;
@@ -545,10 +661,9 @@ mod tests {
             // Two captures of one name: the last wins, as in an object.
             &["z".into(), "a".into(), "z".into()],
             vec![b"1".to_vec(), b"\xff@all".to_vec(), b"3".to_vec()],
-            Some(serde_json::json!({"user": "u\n1", "n": [1, 2.5, null], "b": {"x": true}})),
+            Some(serde_json::json!({"user": "u\n1", "n": [1, 2.5, null], "b": {"x": true}}).into()),
         );
         for f in [plain, rich] {
-            assert_eq!(f.to_json_string(), event_value(&f).to_string());
             assert_eq!(f.to_json(), event_value(&f));
         }
     }
@@ -560,10 +675,85 @@ mod tests {
             &event(),
             &["id".into()],
             vec![vec![b'x'; 4000]],
-            Some(serde_json::json!({"order": 42})),
+            Some(serde_json::json!({"order": 42}).into()),
         );
-        let job = Job::first(Arc::new(f), Action::Reload);
-        assert_eq!(job.payload(), serde_json::to_string(&job).unwrap());
+        let f = Arc::new(f);
+        let channel = || "on\"call\t<!channel>".to_string();
+        let actions = [
+            Action::Reload,
+            Action::Exec,
+            Action::Cleanup,
+            Action::Notify { channel: channel() },
+            Action::Escalate { channel: channel() },
+            Action::Resolved { channel: channel() },
+        ];
+        for action in actions {
+            for (attempt, failing_since) in [(0, None), (7, Some(1_796_227_237_527))] {
+                let job = Job {
+                    firing: f.clone(),
+                    action: action.clone(),
+                    attempt,
+                    failing_since,
+                };
+                assert_eq!(job.payload(), serde_json::to_string(&job).unwrap());
+                let back: Job = serde_json::from_str(&job.payload()).unwrap();
+                assert_eq!(back, job);
+            }
+        }
+        // Written once for all of them, and a clone (which may be changed) writes its own.
+        assert!(Arc::ptr_eq(&f.text(), &f.text()));
+        let mut changed = (*f).clone();
+        changed.recovered = !changed.recovered;
+        assert_eq!(&*changed.text(), serde_json::to_string(&changed).unwrap());
+        assert_ne!(changed.text(), f.text());
+    }
+
+    /// How a detail was read before it was kept as its text: parsed at once.
+    fn parsed(bytes: &[u8]) -> serde_json::Value {
+        serde_json::from_slice(bytes).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned())
+        })
+    }
+
+    #[test]
+    fn json_details_are_kept_as_stored_and_read_as_parsed_and_text_is_kept() {
+        let stored = br#" {"order_id": 1, "user": "u\n1", "n": [1e3, 2.50, null]} "#;
+        let d = Detail::read(stored);
+        assert_eq!(d.value(), &parsed(stored));
+        // Written as it was stored (without the spaces around it), not as a tree writes it.
+        assert_eq!(
+            serde_json::to_string(&d).unwrap(),
+            r#"{"order_id": 1, "user": "u\n1", "n": [1e3, 2.50, null]}"#
+        );
+        for text in [&b"plain text"[..], b"\xff", b"\"\xff\"", b"{\"a\": 1", b""] {
+            let d = Detail::read(text);
+            assert_eq!(d.value(), &parsed(text), "{text:?}");
+            assert_eq!(serde_json::to_string(&d).unwrap(), parsed(text).to_string());
+        }
+    }
+
+    mod detail_bytes {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever the bytes beside a key, a detail reads as it did when it was parsed at
+            /// once, and its JSON in a job's payload reads back as that.
+            #[test]
+            fn a_detail_reads_as_parsed_and_its_json_reads_back_the_same(
+                bytes in prop_oneof![
+                    proptest::collection::vec(any::<u8>(), 0..40),
+                    "[ \\[\\]{}\":,0-9a-z.eE+\\-\\\\\n]{0,40}".prop_map(String::into_bytes),
+                    any::<i64>().prop_map(|n| format!(" {{\"n\": {n}, \"s\": [\"x\\u00e9\", true]}}").into_bytes()),
+                ]
+            ) {
+                let d = Detail::read(&bytes);
+                prop_assert_eq!(d.value(), &parsed(&bytes));
+                let text = serde_json::to_string(&d).unwrap();
+                let back: Detail = serde_json::from_str(&text).unwrap();
+                prop_assert_eq!(back.value(), &parsed(&bytes));
+            }
+        }
     }
 
     #[test]
@@ -573,7 +763,7 @@ mod tests {
             &event(),
             &["id".into()],
             vec![b"\xff42".to_vec()],
-            Some(serde_json::json!({"a": 1})),
+            Some(serde_json::json!({"a": 1}).into()),
         );
         let stored = serde_json::to_string(&f).unwrap();
         let back: Firing = serde_json::from_str(&stored).unwrap();

@@ -138,7 +138,9 @@ enum Entry {
     Firing {
         id: String,
         at_ms: i64,
-        event: String,
+        /// The firing's JSON ([`Firing::text`], shared with its jobs' payloads); readers turn
+        /// it into the event JSON.
+        event: Arc<str>,
         /// The fields its actions' outcomes go to, as a JSON array.
         names: String,
     },
@@ -198,7 +200,7 @@ impl Recorder {
         self.send(Entry::Firing {
             id: f.id.clone(),
             at_ms: f.observed_at.timestamp_millis(),
-            event: f.to_json_string(),
+            event: f.text(),
             names: serde_json::to_string(&names).unwrap_or_default(),
         });
     }
@@ -357,7 +359,11 @@ impl Writer {
                     firings += 1;
                     index_add.arg(at_ms).arg(id);
                     // JSON holds no raw newline: the first one ends the names.
-                    hset.arg(id).arg(format!("{names}\n{event}"));
+                    let mut stored = String::with_capacity(names.len() + 1 + event.len());
+                    stored.push_str(names);
+                    stored.push('\n');
+                    stored.push_str(event);
+                    hset.arg(id).arg(stored);
                 }
                 Entry::Action { field, record, .. } => {
                     let mut record = record.clone();
@@ -596,6 +602,16 @@ fn stored_fields(
     fields
 }
 
+/// The event JSON of SPEC §4 of a stored firing: kept as the firing's own JSON (what its jobs
+/// embed, so that it is written once; since 2026-12-02), or as the event JSON by earlier
+/// versions. The event JSON has no `kind`, so it never reads as a firing.
+fn event_json(stored: &str) -> Option<serde_json::Value> {
+    match serde_json::from_str::<Firing>(stored) {
+        Ok(f) => Some(f.to_json()),
+        Err(_) => serde_json::from_str(stored).ok(),
+    }
+}
+
 /// A firing's hash as a record; `None` when only outcomes are left of it (its event was
 /// trimmed, or its writer has not stored it yet).
 fn parse_record(fields: Vec<(String, String)>) -> Option<Record> {
@@ -603,7 +619,7 @@ fn parse_record(fields: Vec<(String, String)>) -> Option<Record> {
     let mut actions = Vec::new();
     for (name, value) in fields {
         if name == "event" {
-            event = serde_json::from_str(&value).ok();
+            event = event_json(&value);
         } else if name.starts_with("a:")
             && let Ok(a) = serde_json::from_str::<ActionRecord>(&value)
         {
@@ -689,7 +705,7 @@ mod tests {
         Entry::Firing {
             id: id.into(),
             at_ms,
-            event: format!(r#"{{"id":"{id}","rule":"r","key":"k:{id}"}}"#),
+            event: format!(r#"{{"id":"{id}","rule":"r","key":"k:{id}"}}"#).into(),
             names: r#"["a:reload","a:notify:c"]"#.into(),
         }
     }
@@ -743,6 +759,50 @@ mod tests {
             .map(|a| (a.action.as_str(), a.outcome.as_str(), a.attempts))
             .collect();
         assert_eq!(a, [("reload", "dead", 3), ("notify:c", "sent", 1)]);
+    }
+
+    #[tokio::test]
+    async fn a_firing_kept_as_its_own_json_reads_as_its_event_json_and_older_entries_still_read() {
+        let (_server, mut w, conn) = writer(3_600_000).await;
+        let now = clock::now_ms();
+        let at = chrono::DateTime::from_timestamp_millis(now).unwrap();
+        let e = crate::event::KeyEvent {
+            kind: crate::event::EventKind::Expired,
+            db: 3,
+            key: b"order:\xff\n*<!channel>".to_vec(),
+            field: None,
+            observed_at: at,
+            deadline: Some(at - chrono::Duration::milliseconds(7)),
+            ttl_ms: None,
+            recovered: true,
+            source: "127.0.0.1:1".into(),
+        };
+        let f = Firing::new(
+            "orders \u{1f512}",
+            &e,
+            &["id".into()],
+            vec![b"\xfe@all".to_vec()],
+            Some(serde_json::json!({"user": "u\n1", "n": [1, 2.5, null]}).into()),
+        );
+        w.try_store(&[Entry::Firing {
+            id: f.id.clone(),
+            at_ms: now,
+            event: f.text(),
+            names: r#"["a:reload"]"#.into(),
+        }])
+        .await
+        .unwrap();
+        // What an earlier version wrote: the event JSON itself.
+        let mut old = fired("old", now - 1);
+        if let Entry::Firing { event, .. } = &mut old {
+            *event = r#"{"event":"expired","id":"old","key":"k:old","rule":"r"}"#.into();
+        }
+        w.try_store(&[old]).await.unwrap();
+        let got = all(&conn).await;
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].event, f.to_json());
+        assert_eq!(got[0].str_field("key"), String::from_utf8_lossy(&f.key));
+        assert_eq!(got[1].str_field("key"), "k:old");
     }
 
     #[tokio::test]

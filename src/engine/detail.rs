@@ -91,12 +91,6 @@ pub fn request(
     Some(Ok(Request { db, at, remove }))
 }
 
-/// The detail as templates see it: parsed JSON when it is JSON, else its text.
-pub fn parse(bytes: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(bytes)
-        .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into_owned()))
-}
-
 /// What reading one detail gave: its bytes, `None` when there is none, or why it could not be
 /// read (an error: the event waits for a retry, its actions never run without it).
 pub type Read = Result<Option<Vec<u8>>, String>;
@@ -399,15 +393,5 @@ rules:
             "the context is built once for the rule, not per template"
         );
         assert!(matches!(at, Location::Hash { key, .. } if key == hash));
-    }
-
-    #[test]
-    fn json_details_are_parsed_and_text_is_kept() {
-        assert_eq!(
-            parse(br#"{"order_id": 1}"#),
-            serde_json::json!({"order_id": 1})
-        );
-        assert_eq!(parse(b"plain text"), serde_json::json!("plain text"));
-        assert_eq!(parse(b"\xff"), serde_json::json!("\u{fffd}"));
     }
 }

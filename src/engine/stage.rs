@@ -16,7 +16,7 @@ use crate::config::{Config, Recover};
 use crate::delivery::{self, Delivery, RetryPolicy};
 use crate::engine::detail::{self, Request};
 use crate::engine::intake::{Intake, Next, Taken};
-use crate::firing::Firing;
+use crate::firing::{Detail, Firing};
 use crate::keyspace::{Keyspace, clock};
 use crate::metrics::Metrics;
 use crate::status::Status;
@@ -65,8 +65,10 @@ impl FiringStage {
         let config = &self.config;
         let mut requests: Vec<Request> = Vec::new();
         let mut plans: Vec<Vec<Fires>> = Vec::with_capacity(items.len());
-        for item in &items {
-            let e = item.taken.record.event();
+        // Each item's event, rebuilt from its record once for both passes below.
+        let events: Vec<crate::event::KeyEvent> =
+            items.iter().map(|i| i.taken.record.event()).collect();
+        for (item, e) in items.iter().zip(&events) {
             if item.rules.is_empty() {
                 // Taken over after a reload removed every rule that took it.
                 tracing::error!(key = %e.key_lossy(), event = %e.kind, "A taken event matches no rule in force any more (a reload removed it); nothing fires for it.");
@@ -91,16 +93,16 @@ impl FiringStage {
                     if first {
                         self.metrics.silenced_for(&r.name);
                         tracing::info!(rule = %r.name, key = %e.key_lossy(), "Silenced: counted, not sent.");
-                        self.keep_skipped(r, &e, captures, "silenced");
+                        self.keep_skipped(r, e, captures, "silenced");
                     }
                     continue;
                 }
                 if e.recovered && r.recover == Recover::Never {
-                    self.skip_recovery(&r.name, &e, "the rule says `recover: never`");
-                    self.keep_skipped(r, &e, captures, "recovered: the rule says `recover: never`");
+                    self.skip_recovery(&r.name, e, "the rule says `recover: never`");
+                    self.keep_skipped(r, e, captures, "recovered: the rule says `recover: never`");
                     continue;
                 }
-                let context = || Context::for_event(&r.name, &e, r.capture_names(), captures, None);
+                let context = || Context::for_event(&r.name, e, r.capture_names(), captures, None);
                 let vars = detail::Vars {
                     key: &e.key,
                     capture_names: r.capture_names(),
@@ -142,8 +144,7 @@ impl FiringStage {
         // Per stored item: the details it will remove.
         let mut stored: Vec<(&Taken, Option<Vec<Request>>)> = Vec::new();
         let mut failed: Vec<(&Item, String)> = Vec::new();
-        for (item, fires) in items.iter().zip(plans) {
-            let e = item.taken.record.event();
+        for ((item, fires), e) in items.iter().zip(plans).zip(&events) {
             if let Some(err) = fires
                 .iter()
                 .filter_map(|f| f.detail.and_then(|i| details[i].as_ref().err()))
@@ -162,22 +163,22 @@ impl FiringStage {
                             if requests[i].remove {
                                 remove.push(requests[i].clone());
                             }
-                            Some(detail::parse(bytes))
+                            Some(Detail::read(bytes))
                         }
                         Ok(None) if e.recovered && r.recover == Recover::IfDetail => {
                             let why = "its detail is gone (`recover: if_detail`): the key was likely deleted while nobody listened";
-                            self.skip_recovery(&r.name, &e, why);
-                            self.keep_skipped(r, &e, &f.captures, why);
+                            self.skip_recovery(&r.name, e, why);
+                            self.keep_skipped(r, e, &f.captures, why);
                             continue;
                         }
                         Ok(None) => {
                             tracing::warn!(rule = %r.name, key = %e.key_lossy(), "No detail found beside the key; the actions run with `detail` = none.");
-                            Some(serde_json::Value::Null)
+                            Some(serde_json::Value::Null.into())
                         }
                         Err(_) => unreachable!("items with a failed read were set aside above"),
                     },
                 };
-                let firing = Firing::new(&r.name, &e, r.capture_names(), f.captures, value);
+                let firing = Firing::new(&r.name, e, r.capture_names(), f.captures, value);
                 self.status
                     .record_firing(&firing, &crate::action::every_action_of(r));
                 firings.push(firing);
