@@ -116,6 +116,20 @@ pub fn read_rule_files(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<String>),
     Ok((files, texts))
 }
 
+/// The config of one rules file's text, which must load (tests). `mode` as the command that
+/// would load it: `Check` reports what `Run` would also refuse, without needing the environment.
+#[cfg(test)]
+pub(crate) fn of_yaml(yaml: &str, mode: Mode) -> Config {
+    load_texts(
+        vec!["rules.yaml".into()],
+        &[yaml.to_string()],
+        mode,
+        &|_| None,
+    )
+    .unwrap_or_else(|e| panic!("the test's rules do not load: {e:?}"))
+    .config
+}
+
 /// The same as [`load`] for texts already read (tests, reload).
 pub fn load_texts(
     files: Vec<PathBuf>,

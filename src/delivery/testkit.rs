@@ -31,14 +31,7 @@ use super::{Delivery, RetryPolicy};
 
 /// The rules of `yaml`, validated as `keywatch run` validates them.
 pub(super) fn config(yaml: &str) -> Config {
-    crate::config::load_texts(
-        vec!["rules.yaml".into()],
-        &[yaml.to_string()],
-        crate::config::Mode::Run,
-        &|_| None,
-    )
-    .unwrap_or_else(|e| panic!("the test's rules do not load: {e:?}"))
-    .config
+    crate::config::of_yaml(yaml, crate::config::Mode::Run)
 }
 
 /// Puts `with(original)` in place of channel `name`'s integration.

@@ -271,16 +271,8 @@ mod tests {
         assert_eq!(plan.targets[2][0], 2048);
     }
 
-    /// The config of one rules file, which must be valid.
     fn config_of(yaml: &str) -> crate::config::Config {
-        crate::config::load_texts(
-            vec!["rules.yaml".into()],
-            &[yaml.to_string()],
-            crate::config::Mode::Check,
-            &|_| None,
-        )
-        .unwrap_or_else(|e| panic!("valid rules: {e:?}"))
-        .config
+        crate::config::of_yaml(yaml, crate::config::Mode::Check)
     }
 
     /// An `expired` of `key` in db 0.

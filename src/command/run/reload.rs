@@ -410,15 +410,7 @@ mod tests {
     use crate::config::LiveConfig;
 
     fn load(text: &str) -> Config {
-        let env = |_: &str| None;
-        config::load_texts(
-            vec![PathBuf::from("r.yaml")],
-            &[text.to_string()],
-            Mode::Check,
-            &env,
-        )
-        .map(|l| l.config)
-        .unwrap_or_else(|e| panic!("{e:?}"))
+        config::of_yaml(text, Mode::Check)
     }
 
     const BASE: &str = "
