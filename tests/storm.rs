@@ -57,16 +57,32 @@ fn set_due(c: &mut redis::Connection, keys: impl Iterator<Item = String>, deadli
     let _: () = pipe.query(c).unwrap();
 }
 
+/// How many jobs the members of a queue set hold: one each, a bundle (`#N#…`, the waiting jobs
+/// of one batch for one target, stored as one) the N it names.
+fn jobs_in(members: &[String]) -> usize {
+    members
+        .iter()
+        .map(|m| {
+            m.strip_prefix('#')
+                .and_then(|r| r.split_once('#'))
+                .and_then(|(n, _)| n.parse().ok())
+                .unwrap_or(1)
+        })
+        .sum()
+}
+
 /// Jobs waiting in Redis, not leased to an instance: due in the queue (a lease runs 15 s from
 /// the take), or waiting for their target in its own set.
 fn waiting_in_redis(redis: &RedisServer) -> usize {
     let mut c = redis.conn();
-    let due: usize = redis::cmd("ZCOUNT")
+    let due: Vec<String> = redis::cmd("ZRANGE")
         .arg("keywatch:queue")
         .arg("-inf")
         .arg(unix_ms() + 7000)
+        .arg("BYSCORE")
         .query(&mut c)
         .unwrap();
+    let due = jobs_in(&due);
     let targets: Vec<String> = redis::cmd("SMEMBERS")
         .arg("keywatch:queue:waits")
         .query(&mut c)
@@ -74,10 +90,13 @@ fn waiting_in_redis(redis: &RedisServer) -> usize {
     due + targets
         .iter()
         .map(|t| {
-            redis::cmd("ZCARD")
+            let members: Vec<String> = redis::cmd("ZRANGE")
                 .arg(format!("keywatch:queue:wait:{t}"))
-                .query::<usize>(&mut c)
-                .unwrap()
+                .arg(0)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap();
+            jobs_in(&members)
         })
         .sum::<usize>()
 }

@@ -123,6 +123,11 @@ impl Lane {
         self.cap.saturating_sub(self.lock().len())
     }
 
+    /// How many messages the line holds at most.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
     /// Whether `more` messages still fit in the line.
     pub fn has_room(&self, more: usize) -> bool {
         self.room() > more

@@ -234,7 +234,8 @@ impl Delivery {
                     }
                 }
             }
-            if let Err(e) = q.store(&leased, &pending, &waiting, also).await {
+            let sizes = bundle_sizes(inner, &actions.config, &waiting);
+            if let Err(e) = q.store(&leased, &pending, &waiting, &sizes, also).await {
                 tracing::warn!(error = %e, jobs = leased.len() + pending.len() + waiting.len(), "Cannot store jobs in the queue; their events stay taken and are tried again.");
                 return Err(e);
             }
@@ -525,17 +526,20 @@ async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
             Some(SlotKey::Channel(c)) => inner.limiters.get(&config, c).map(|l| l.lane),
             _ => None,
         };
-        let room = match (&lane, &slot) {
-            (Some(lane), _) => lane.room(),
-            (None, Some(slot)) => slot.room(),
+        let (room, cap) = match (&lane, &slot) {
+            (Some(lane), _) => (lane.room(), lane.cap()),
+            (None, Some(slot)) => (slot.room(), slot.capacity()),
             // Gone from the rules: taken to fail and be dead-lettered.
-            (None, None) => TAKE_MAX,
+            (None, None) => (TAKE_MAX, TAKE_MAX),
         };
         let room = room.min(inner.concurrent.available_permits()).min(TAKE_MAX);
         if room == 0 {
             continue;
         }
-        let taken = match queue.unpark(&target, room).await {
+        // All the room the target has: a bundle made when it was wider (before a reload) goes
+        // whole, rather than never.
+        let idle = room >= cap.min(TAKE_MAX);
+        let taken = match queue.unpark(&target, room, idle).await {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(error = %e, %target, "Cannot take jobs waiting for their target; retrying.");
@@ -543,7 +547,7 @@ async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
             }
         };
         if let Some(slot) = &slot
-            && taken.jobs.len() + taken.unreadable.len() < room
+            && !taken.more
         {
             // All of them taken: nothing more to wake up for.
             slot.set_parked(false);
@@ -551,6 +555,36 @@ async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
         dead_letter_unreadable(inner, taken.unreadable);
         start_taken(inner, taken.jobs).await;
     }
+}
+
+/// The bundle size of each target that `waiting` jobs wait for: half of what the target takes
+/// at once (its slot's width and line, or its rate-limited line). A bundle taken back never
+/// brings more than the target has room for (see `queue::bundle`), and half is what frees up
+/// while the target stays busy (its line empties as its requests run): a bundle as big as all
+/// its room would be taken only once the target had nothing left to do.
+fn bundle_sizes(
+    inner: &Inner,
+    config: &crate::config::Config,
+    waiting: &[(String, Job)],
+) -> HashMap<String, usize> {
+    let mut sizes = HashMap::new();
+    for (target, _) in waiting {
+        if sizes.contains_key(target) {
+            continue;
+        }
+        let key = SlotKey::from_target(target);
+        let lane = match &key {
+            Some(SlotKey::Channel(c)) => inner.limiters.get(config, c).map(|l| l.lane),
+            _ => None,
+        };
+        let cap = match (lane, key.and_then(|k| inner.slots.get(config, &k))) {
+            (Some(lane), _) => lane.cap(),
+            (None, Some(slot)) => slot.capacity(),
+            (None, None) => 1,
+        };
+        sizes.insert(target.clone(), (cap / 2).max(1));
+    }
+    sizes
 }
 
 /// How many permits of [`Inner::concurrent`] `jobs` take: one each (and never more than there are).

@@ -16,13 +16,17 @@
 //! sent by another, or by the same one after its restart. `{prefix}groups` lists the windows
 //! that hold jobs, so a window of a rule removed by a reload is still found (and dead-lettered).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::keyspace::Conn;
 
 use crate::firing::{Action, Job};
 
+mod bundle;
 mod writer;
+use bundle::Settled;
 pub use writer::WriteError;
 use writer::Writer;
 
@@ -81,17 +85,30 @@ end
 return n
 ";
 
-// Takes the ARGV[1] oldest jobs of the waiting set KEYS[1] back into the queue KEYS[2], leased
-// until ARGV[2]; an emptied set leaves the list KEYS[3] (its name there is ARGV[3]). Returns their
-// ids: the payloads are read after it with a plain `HMGET` (leased to this instance, they stay).
+// Takes the oldest jobs of the waiting set KEYS[1] back into the queue KEYS[2], leased until
+// ARGV[2], as many as fit in ARGV[1] (a bundle counts as the jobs it holds: see `bundle`); one
+// bigger than that is taken alone when ARGV[4] says the target is idle (its room is all there
+// is), so that a bundle made for a wider target still goes. An emptied set leaves the list
+// KEYS[3] (its name there is ARGV[3]). Returns how many members are left and the members taken:
+// the payloads are read after it with a plain `HMGET` (leased to this instance, they stay).
 // Passing them through the script (into Lua and back out as its answer) cost more than the moves.
 const UNPARK: &str = r"
-local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-if #ids == 0 then
-  redis.call('SREM', KEYS[3], ARGV[3])
-  return {}
+local room = tonumber(ARGV[1])
+local seen = redis.call('ZRANGE', KEYS[1], 0, room - 1)
+local ids = {}
+local jobs = 0
+for _, id in ipairs(seen) do
+  local n = tonumber(string.match(id, '^#(%d+)#')) or 1
+  if jobs + n > room and not (jobs == 0 and ARGV[4] == '1') then break end
+  ids[#ids + 1] = id
+  jobs = jobs + n
 end
--- A command each way per thousand jobs (one per job cost more than the moves themselves).
+if #ids == 0 then
+  local left = redis.call('ZCARD', KEYS[1])
+  if left == 0 then redis.call('SREM', KEYS[3], ARGV[3]) end
+  return {left, {}}
+end
+-- A command each way per thousand members (one per job cost more than the moves themselves).
 for j = 1, #ids, 1000 do
   local last = math.min(j + 999, #ids)
   redis.call('ZREM', KEYS[1], unpack(ids, j, last))
@@ -102,10 +119,38 @@ for j = 1, #ids, 1000 do
   end
   redis.call('ZADD', KEYS[2], unpack(leased))
 end
-if redis.call('ZCARD', KEYS[1]) == 0 then
+local left = redis.call('ZCARD', KEYS[1])
+if left == 0 then
   redis.call('SREM', KEYS[3], ARGV[3])
 end
-return ids
+return {left, ids}
+";
+
+// Moves job ARGV[3] (payload ARGV[4]) out of its bundle ARGV[1], where it is job ARGV[2], into
+// the sorted set KEYS[3] at ARGV[5] (a retry, or a wait for its target; KEYS[5], when given,
+// lists that target as ARGV[6]), and marks it done in the bundle (KEYS[4]): only while the
+// bundle is still in the queue KEYS[1] (with KEYS[2] the payloads), as `RESCHEDULE` and `PARK`
+// move only jobs still there. Returns 1 when it moved.
+const DETACH: &str = r"
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[3])
+redis.call('HSET', KEYS[4], ARGV[2], '1')
+if KEYS[5] then redis.call('SADD', KEYS[5], ARGV[6]) end
+return 1
+";
+
+// Counts the jobs of the sorted sets KEYS: a member each, a bundle as the jobs it holds.
+const COUNT: &str = r"
+local n = 0
+for _, k in ipairs(KEYS) do
+  n = n + redis.call('ZCARD', k)
+  for _, id in ipairs(redis.call('ZRANGE', k, 0, -1)) do
+    local b = tonumber(string.match(id, '^#(%d+)#'))
+    if b then n = n + b - 1 end
+  end
+end
+return n
 ";
 
 // Sets jobs that cannot be read aside (ARGV as id, payload pairs): out of the sorted set
@@ -171,6 +216,8 @@ impl Window {
 pub struct Taken {
     pub jobs: Vec<Job>,
     pub unreadable: Vec<Unreadable>,
+    /// Taken from a waiting set: whether it still holds jobs.
+    pub more: bool,
 }
 
 /// A stored job that does not decode (written by another version, or damaged): what can be
@@ -223,6 +270,10 @@ pub struct Queue {
     set_aside: redis::Script,
     park: redis::Script,
     unpark: redis::Script,
+    detach: redis::Script,
+    count: redis::Script,
+    /// The bundles this instance took, and which of their jobs it has yet to finish.
+    held: Arc<Mutex<bundle::Held>>,
     /// Payloads of jobs this version cannot read, kept for a person or a later version.
     unreadable: String,
     /// New and finished jobs, group-committed.
@@ -245,12 +296,11 @@ impl Queue {
             set_aside: redis::Script::new(SET_ASIDE),
             park: redis::Script::new(PARK),
             unpark: redis::Script::new(UNPARK),
+            detach: redis::Script::new(DETACH),
+            count: redis::Script::new(COUNT),
+            held: Arc::default(),
             unreadable: format!("{prefix}queue:unreadable"),
-            writer: Writer::start(
-                conn,
-                format!("{prefix}queue"),
-                format!("{prefix}queue:jobs"),
-            ),
+            writer: Writer::start(conn, prefix),
         }
     }
 
@@ -258,14 +308,16 @@ impl Queue {
     /// it has no room for (due now, for whichever instance has room first), and `waiting` ones
     /// whose target has no room (straight into that target's waiting set, as
     /// [`Queue::park`] would put them after taking them: in a storm, taking a job only to park
-    /// it again was most of what the queue cost Redis). One round trip at most, shared with
-    /// whatever other jobs are being stored or finished at the same time. `also` runs in the
-    /// same transaction (see [`Writer::put_with`]).
+    /// it again was most of what the queue cost Redis). Waiting jobs of one target go in
+    /// bundles of up to `bundle_sizes[target]` (1 when it does not say; see [`bundle`]). One
+    /// round trip at most, shared with whatever other jobs are being stored or finished at the
+    /// same time. `also` runs in the same transaction (see [`Writer::put_with`]).
     pub async fn store(
         &self,
         leased: &[Job],
         pending: &[Job],
         waiting: &[(String, Job)],
+        bundle_sizes: &HashMap<String, usize>,
         also: Vec<redis::Cmd>,
     ) -> Result<(), WriteError> {
         if leased.is_empty() && pending.is_empty() && waiting.is_empty() && also.is_empty() {
@@ -279,37 +331,60 @@ impl Queue {
             .chain(pending.iter().map(|j| (j.id(), j.payload(), now)))
             .collect();
         let mut also = also;
-        also.extend(self.wait_cmds(waiting, now));
+        also.extend(self.wait_cmds(waiting, bundle_sizes, now));
         self.writer.put_with(writes, also).await
     }
 
     /// The commands that store `waiting` jobs (target, job) in their targets' waiting sets at
-    /// `at`: the payloads in one `HSET`, one `ZADD` per target, and the targets listed.
-    fn wait_cmds(&self, waiting: &[(String, Job)], at: i64) -> Vec<redis::Cmd> {
+    /// `at`, in order, a target's in bundles of its size: the payloads in one `HSET`, one
+    /// `ZADD` per target, and the targets listed.
+    fn wait_cmds(
+        &self,
+        waiting: &[(String, Job)],
+        bundle_sizes: &HashMap<String, usize>,
+        at: i64,
+    ) -> Vec<redis::Cmd> {
         if waiting.is_empty() {
             return Vec::new();
         }
+        let mut by_target: std::collections::BTreeMap<&str, Vec<&Job>> = Default::default();
+        for (target, job) in waiting {
+            by_target.entry(target).or_default().push(job);
+        }
         let mut hset = redis::cmd("HSET");
         hset.arg(&self.jobs);
-        let mut by_target: std::collections::BTreeMap<&str, redis::Cmd> = Default::default();
-        for (target, job) in waiting {
-            let id = job.id();
-            hset.arg(&id).arg(job.payload());
-            by_target
-                .entry(target)
-                .or_insert_with(|| {
-                    let mut z = redis::cmd("ZADD");
-                    z.arg(self.waiting_zset(target));
-                    z
-                })
-                .arg(at)
-                .arg(id);
-        }
+        let mut cmds = Vec::with_capacity(by_target.len() + 2);
         let mut sadd = redis::cmd("SADD");
-        sadd.arg(self.waiting_key())
-            .arg(by_target.keys().collect::<Vec<_>>());
-        let mut cmds = vec![hset];
-        cmds.extend(by_target.into_values());
+        sadd.arg(self.waiting_key());
+        for (target, jobs) in &by_target {
+            let size = bundle_sizes
+                .get(*target)
+                .copied()
+                .unwrap_or(1)
+                .clamp(1, bundle::MAX);
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(self.waiting_zset(target));
+            for chunk in jobs.chunks(size) {
+                let id = match chunk {
+                    [job] => {
+                        let id = job.id();
+                        hset.arg(&id).arg(job.payload());
+                        id
+                    }
+                    _ => {
+                        let payloads: Vec<String> = chunk.iter().map(|j| j.payload()).collect();
+                        let id = bundle::id(&chunk[0].id(), chunk.len());
+                        hset.arg(&id)
+                            .arg(bundle::payload(payloads.iter().map(String::as_str)));
+                        id
+                    }
+                };
+                zadd.arg(at).arg(id);
+            }
+            cmds.push(zadd);
+            sadd.arg(*target);
+        }
+        cmds.insert(0, hset);
         cmds.push(sadd);
         cmds
     }
@@ -330,19 +405,81 @@ impl Queue {
         [hset, zadd]
     }
 
-    /// The job is finished (sent, or dead-lettered); group-committed like [`Queue::put_leased`].
+    /// The job is finished (sent, or dead-lettered); group-committed like [`Queue::store`]. A
+    /// bundled job is marked done in its bundle, and the last one removes the bundle.
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
-        self.writer.done(id.to_string()).await
+        let settled = self.held().settle(id);
+        match settled {
+            None => self.writer.done(id.to_string()).await,
+            Some(Settled::Mark { bundle, index }) => self.writer.mark(bundle, index).await,
+            Some(Settled::Finished { bundle }) => self.finish_bundle(&bundle).await,
+        }
+    }
+
+    async fn finish_bundle(&self, bundle: &str) -> Result<(), WriteError> {
+        self.writer
+            .finish_bundle(bundle, &bundle::done_key(&self.prefix, bundle))
+            .await
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, bundle::Held> {
+        // A std Mutex: the guard never lives across an await.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The job's next attempt is due at `due_ms`, on whichever instance takes it; `false` when
     /// the job had left the queue (this instance lost its lease and another finished it), and
-    /// it stays gone.
+    /// it stays gone. A bundled job leaves its bundle for a place of its own.
     pub async fn reschedule(&self, job: &Job, due_ms: i64) -> redis::RedisResult<bool> {
+        let id = job.id();
+        let member = self.held().get(&id);
+        if let Some(m) = member {
+            return self
+                .detach(&m, &id, &job.payload(), &self.zset, due_ms, None)
+                .await;
+        }
         let moved = self
             .move_if_present(&self.zset, std::slice::from_ref(job), due_ms)
             .await?;
         Ok(moved > 0)
+    }
+
+    /// Moves bundled job `id` out of its bundle into `zset` at `score` (a waiting set when
+    /// `target` says, which is then listed), marked done in the bundle, unless the bundle left
+    /// the queue; then settles it here.
+    async fn detach(
+        &self,
+        m: &bundle::Member,
+        id: &str,
+        payload: &str,
+        zset: &str,
+        score: i64,
+        target: Option<&str>,
+    ) -> redis::RedisResult<bool> {
+        let mut inv = self.detach.prepare_invoke();
+        inv.key(&self.zset)
+            .key(&self.jobs)
+            .key(zset)
+            .key(bundle::done_key(&self.prefix, &m.bundle));
+        if target.is_some() {
+            inv.key(self.waiting_key());
+        }
+        inv.arg(&*m.bundle)
+            .arg(m.index)
+            .arg(id)
+            .arg(payload)
+            .arg(score);
+        if let Some(t) = target {
+            inv.arg(t);
+        }
+        let moved: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
+        let settled = self.held().settle(id);
+        if let Some(Settled::Finished { bundle }) = settled {
+            self.finish_bundle(&bundle).await.map_err(|e| {
+                redis::RedisError::from((redis::ErrorKind::Io, "queue writer", e.to_string()))
+            })?;
+        }
+        Ok(moved == 1)
     }
 
     /// Moves the jobs still in `zset` to `due_ms` with their new payloads; how many moved.
@@ -380,28 +517,55 @@ impl Queue {
         if ids.is_empty() {
             return Ok(());
         }
+        let now = now_ms();
+        let (bundled, ids): (Vec<(String, bundle::Member)>, Vec<String>) = {
+            let held = self.held();
+            let mut bundled = Vec::new();
+            let mut own = Vec::new();
+            for id in ids {
+                match held.get(id) {
+                    Some(m) => bundled.push((id.clone(), m)),
+                    None => own.push(id.clone()),
+                }
+            }
+            (bundled, own)
+        };
+        // Rare (a bundle is never bigger than its target's room): one call each.
+        let wait = self.waiting_zset(target);
+        for (id, m) in &bundled {
+            self.detach(m, id, &m.payload, &wait, now, Some(target))
+                .await?;
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
         let mut inv = self.park.prepare_invoke();
         inv.key(&self.zset)
-            .key(self.waiting_zset(target))
+            .key(wait)
             .key(self.waiting_key())
             .arg(target)
-            .arg(now_ms())
+            .arg(now)
             .arg(ids);
         inv.invoke_async::<()>(&mut self.conn.clone()).await
     }
 
-    /// Takes up to `max` of the oldest jobs waiting for `target`, leased to this instance.
-    pub async fn unpark(&self, target: &str, max: usize) -> redis::RedisResult<Taken> {
+    /// Takes up to `room` of the oldest jobs waiting for `target`, leased to this instance
+    /// (a bundle bigger than `room` when `idle`: `room` is all the target ever has).
+    pub async fn unpark(&self, target: &str, room: usize, idle: bool) -> redis::RedisResult<Taken> {
         let mut inv = self.unpark.prepare_invoke();
         inv.key(self.waiting_zset(target))
             .key(&self.zset)
             .key(self.waiting_key())
-            .arg(max)
+            .arg(room)
             .arg(now_ms() + LEASE.as_millis() as i64)
-            .arg(target);
-        let ids: Vec<String> = inv.invoke_async(&mut self.conn.clone()).await?;
+            .arg(target)
+            .arg(if idle { "1" } else { "0" });
+        let (left, ids): (i64, Vec<String>) = inv.invoke_async(&mut self.conn.clone()).await?;
         if ids.is_empty() {
-            return Ok(Taken::default());
+            return Ok(Taken {
+                more: left > 0,
+                ..Taken::default()
+            });
         }
         let payloads: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(&self.jobs)
@@ -413,7 +577,9 @@ impl Queue {
             .zip(payloads)
             .flat_map(|(id, payload)| [Some(id), payload])
             .collect();
-        self.decode(&self.zset, pairs).await
+        let mut taken = self.decode(&self.zset, pairs).await?;
+        taken.more = left > 0;
+        Ok(taken)
     }
 
     /// The targets that have jobs waiting for them.
@@ -444,12 +610,26 @@ impl Queue {
     }
 
     /// The jobs of id, payload pairs just leased from `zset`; those that do not decode are set
-    /// aside.
+    /// aside. A bundle brings those of its jobs not marked done, and is this instance's to finish.
     async fn decode(&self, zset: &str, pairs: Vec<Option<String>>) -> redis::RedisResult<Taken> {
         let mut taken = Taken::default();
         let mut aside: Vec<(String, String)> = Vec::new();
+        let marks = self.marks(&pairs).await?;
         for pair in pairs.chunks(2) {
             let [Some(id), payload] = pair else { continue };
+            if let (Some(_), Some(p)) = (bundle::size(id), payload) {
+                match self
+                    .open_bundle(id, p, marks.get(id.as_str()), &mut taken)
+                    .await
+                {
+                    Ok(()) => continue,
+                    Err(e) => {
+                        taken.unreadable.push(Unreadable::new(id, p, e.to_string()));
+                        aside.push((id.clone(), p.clone()));
+                        continue;
+                    }
+                }
+            }
             match payload.as_deref().map(serde_json::from_str::<Job>) {
                 Some(Ok(job)) => taken.jobs.push(job),
                 Some(Err(e)) => {
@@ -478,18 +658,120 @@ impl Queue {
             // Not set aside: leased as the others, it comes back when its lease ends and is
             // reported again then.
             inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+            let marks: Vec<String> = aside
+                .iter()
+                .filter(|(id, _)| bundle::size(id).is_some())
+                .map(|(id, _)| bundle::done_key(&self.prefix, id))
+                .collect();
+            if !marks.is_empty() {
+                redis::cmd("DEL")
+                    .arg(marks)
+                    .exec_async(&mut self.conn.clone())
+                    .await?;
+            }
         }
         Ok(taken)
     }
 
-    /// Hands jobs back at shutdown: due now, for any instance.
-    pub async fn hand_back(&self, ids: &[String]) -> redis::RedisResult<()> {
-        self.set_due(&self.zset, ids, now_ms()).await
+    /// The completion marks of the bundles among `pairs` (indexes of the jobs done), read in
+    /// one round trip after their lease was taken: a mark written after that is another
+    /// instance's that lost its lease, and what it marked it attempted already (the same as a
+    /// job it finished after losing its lease).
+    async fn marks(
+        &self,
+        pairs: &[Option<String>],
+    ) -> redis::RedisResult<HashMap<String, HashMap<String, String>>> {
+        let bundles: Vec<&String> = pairs
+            .chunks(2)
+            .filter_map(|p| match p {
+                [Some(id), Some(_)] if bundle::size(id).is_some() => Some(id),
+                _ => None,
+            })
+            .collect();
+        if bundles.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let mut pipe = redis::pipe();
+        for b in &bundles {
+            pipe.cmd("HGETALL").arg(bundle::done_key(&self.prefix, b));
+        }
+        let marks: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(bundles.into_iter().cloned().zip(marks).collect())
     }
 
-    /// Extends the leases of jobs still being attempted (only those still in the queue).
+    /// Adds the jobs of bundle `id` that are not marked done to `taken`, and holds the bundle;
+    /// `Err` when its payload is no bundle this version reads (it is then set aside whole). A
+    /// job of it that does not decode is set aside on its own and marked done.
+    async fn open_bundle(
+        &self,
+        id: &str,
+        payload: &str,
+        marks: Option<&HashMap<String, String>>,
+        taken: &mut Taken,
+    ) -> Result<(), serde_json::Error> {
+        let elements = bundle::elements(payload)?;
+        let bundle: Arc<str> = id.into();
+        let mut mine = Vec::new();
+        let mut bad = Vec::new();
+        for (index, element) in elements.iter().enumerate() {
+            if marks.is_some_and(|m| m.contains_key(&index.to_string())) {
+                continue;
+            }
+            match serde_json::from_str::<Job>(element.get()) {
+                Ok(job) => {
+                    mine.push((job.id(), index, Arc::<str>::from(element.get())));
+                    taken.jobs.push(job);
+                }
+                Err(e) => {
+                    let at = format!("{id}@{index}");
+                    taken
+                        .unreadable
+                        .push(Unreadable::new(&at, element.get(), e.to_string()));
+                    bad.push((at, index, element.get().to_string()));
+                }
+            }
+        }
+        let nothing_left = mine.is_empty();
+        self.held().hold(bundle.clone(), mine);
+        if !bad.is_empty() {
+            // Kept for a person beside the other unreadable jobs, and marked done, so that the
+            // bundle's next taker does not report it again.
+            let mut pipe = redis::pipe();
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&self.unreadable);
+            let mut marks = redis::cmd("HSET");
+            marks.arg(bundle::done_key(&self.prefix, id));
+            for (at, index, text) in &bad {
+                hset.arg(at).arg(text);
+                marks.arg(index).arg("1");
+            }
+            pipe.add_command(hset).ignore();
+            pipe.add_command(marks).ignore();
+            if let Err(e) = pipe.exec_async(&mut self.conn.clone()).await {
+                tracing::warn!(error = %e, bundle = id, "Cannot set unreadable jobs of a bundle aside; they are reported again when it is taken next.");
+            }
+        }
+        if nothing_left {
+            // Every job of it was done: a bundle whose last acknowledgement did not land.
+            if let Err(e) = self.finish_bundle(id).await {
+                tracing::warn!(error = %e, bundle = id, "Cannot remove a finished bundle; it is taken and removed again when its lease ends.");
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands jobs back at shutdown: due now, for any instance.
+    /// A bundled job hands its whole bundle back: the jobs of it finished here are marked.
+    pub async fn hand_back(&self, ids: &[String]) -> redis::RedisResult<()> {
+        let members = self.held().members(ids);
+        self.set_due(&self.zset, &members, now_ms()).await
+    }
+
+    /// Extends the leases of jobs still being attempted (only those still in the queue): of a
+    /// bundled job, its bundle's.
     pub async fn renew(&self, ids: &[String]) -> redis::RedisResult<()> {
-        self.set_due(&self.zset, ids, now_ms() + LEASE.as_millis() as i64)
+        let members = self.held().members(ids);
+        self.set_due(&self.zset, &members, now_ms() + LEASE.as_millis() as i64)
             .await
     }
 
@@ -604,15 +886,22 @@ impl Queue {
         let windows = self.windows().await?;
         let targets = self.waiting_targets().await?;
         let mut pipe = redis::pipe();
-        pipe.cmd("ZCARD").arg(&self.zset);
         for w in &windows {
             pipe.cmd("ZCARD").arg(self.window_zset(w));
         }
+        let counts: Vec<i64> = if windows.is_empty() {
+            Vec::new()
+        } else {
+            pipe.query_async(&mut self.conn.clone()).await?
+        };
+        // Bundles live in the queue (leased) and the waiting sets: counted by what they hold.
+        let mut inv = self.count.prepare_invoke();
+        inv.key(&self.zset);
         for t in &targets {
-            pipe.cmd("ZCARD").arg(self.waiting_zset(t));
+            inv.key(self.waiting_zset(t));
         }
-        let counts: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
-        Ok(counts.iter().sum())
+        let queued: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
+        Ok(queued + counts.iter().sum::<i64>())
     }
 }
 
@@ -692,6 +981,31 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "hset", SCRIPTS)
             .on(Keys::State("queue:unreadable"), Access::Write)
             .args("{key} id job"),
+        Use::new(Conn::State, "hset", "job queue: unreadable jobs of a bundle")
+            .on(Keys::State("queue:unreadable"), Access::Write)
+            .args("{key} id job"),
+        // Bundles (see `bundle`): their completion marks.
+        Use::new(Conn::State, "hset", "job queue: bundles' completion marks")
+            .on(Keys::State("queue:done:*"), Access::Write)
+            .args("{key} 0 1"),
+        Use::new(Conn::State, "hgetall", "job queue: bundles' completion marks")
+            .on(Keys::State("queue:done:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "del", "job queue: bundles' completion marks")
+            .on(Keys::State("queue:done:*"), Access::Write)
+            .args("{key}"),
+        Use::new(Conn::State, "evalsha", "job queue: bundles' completion marks")
+            .on(Keys::State("queue:done:*"), Access::ReadWrite)
+            .args("{sha} 2 {prefix}queue {key}"),
+        Use::new(Conn::State, "hset", SCRIPTS)
+            .on(Keys::State("queue:done:*"), Access::Write)
+            .args("{key} 0 1"),
+        Use::new(Conn::State, "zrange", SCRIPTS)
+            .on(Keys::State("queue:wait:*"), Access::Read)
+            .args("{key} 0 -1"),
+        Use::new(Conn::State, "zcard", SCRIPTS)
+            .on(Keys::State("queue:wait:*"), Access::Read)
+            .args("{key}"),
 
     ]
 }
@@ -737,9 +1051,15 @@ mod tests {
     async fn a_retry_does_not_bring_back_a_job_another_instance_finished() {
         let (_server, q, conn) = queue().await;
         let j = job("k:1", Action::Reload);
-        q.store(&[], std::slice::from_ref(&j), &[], Vec::new())
-            .await
-            .unwrap();
+        q.store(
+            &[],
+            std::slice::from_ref(&j),
+            &[],
+            &HashMap::new(),
+            Vec::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(q.take_due(10).await.unwrap().jobs, vec![j.clone()]);
         // Still ours: the retry is stored, due when it says.
         let mut again = j.clone();
@@ -795,9 +1115,15 @@ mod tests {
     async fn a_job_that_does_not_decode_is_set_aside_once() {
         let (_server, q, conn) = queue().await;
         let good = job("k:1", Action::Exec);
-        q.store(&[], std::slice::from_ref(&good), &[], Vec::new())
-            .await
-            .unwrap();
+        q.store(
+            &[],
+            std::slice::from_ref(&good),
+            &[],
+            &HashMap::new(),
+            Vec::new(),
+        )
+        .await
+        .unwrap();
         let future =
             r#"{"firing":{"id":"f1","rule":"orders","shape":"v2"},"action":{"action":"sms"}}"#;
         let mut c = conn.clone();
@@ -864,10 +1190,18 @@ mod tests {
         };
         let jobs: Vec<Job> = (0..3).map(|i| job(&format!("k:{i}"), notify())).collect();
         let other = job("o:1", Action::Reload);
-        q.store(&[], &jobs, &[], Vec::new()).await.unwrap();
-        q.store(&[], std::slice::from_ref(&other), &[], Vec::new())
+        q.store(&[], &jobs, &[], &HashMap::new(), Vec::new())
             .await
             .unwrap();
+        q.store(
+            &[],
+            std::slice::from_ref(&other),
+            &[],
+            &HashMap::new(),
+            Vec::new(),
+        )
+        .await
+        .unwrap();
         assert_eq!(q.take_due(10).await.unwrap().jobs.len(), 4);
         // Finished elsewhere after this instance lost its lease: it stays finished.
         q.done(&jobs[2].id()).await.unwrap();
@@ -883,13 +1217,236 @@ mod tests {
         // The other target's job is still where it was.
         assert!(score(&conn, "kw:queue", &other.id()).await.is_some());
 
-        let first = q.unpark("channel:slow", 1).await.unwrap();
+        let first = q.unpark("channel:slow", 1, false).await.unwrap();
         assert_eq!(first.jobs.len(), 1);
         assert!(score(&conn, "kw:queue", &first.jobs[0].id()).await.unwrap() > now_ms() as f64);
-        let rest = q.unpark("channel:slow", 10).await.unwrap();
+        let rest = q.unpark("channel:slow", 10, false).await.unwrap();
         assert_eq!(rest.jobs.len(), 1);
         assert!(q.waiting_targets().await.unwrap().is_empty());
         assert_eq!(q.len().await.unwrap(), 3);
+    }
+
+    async fn exists(conn: &Conn, key: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap()
+    }
+
+    /// Five jobs waiting for one target, in bundles of two: two bundles and one job on its own.
+    async fn bundled(q: &Queue) -> Vec<Job> {
+        let jobs: Vec<Job> = (0..5)
+            .map(|i| job(&format!("k:{i}"), Action::Reload))
+            .collect();
+        let waiting: Vec<(String, Job)> = jobs
+            .iter()
+            .map(|j| ("reload:r".to_string(), j.clone()))
+            .collect();
+        let sizes = HashMap::from([("reload:r".to_string(), 2)]);
+        q.store(&[], &[], &waiting, &sizes, Vec::new())
+            .await
+            .unwrap();
+        jobs
+    }
+
+    /// Waiting jobs go in bundles as big as their target says; a bundle is taken back whole,
+    /// only when it fits the room (or the target is idle), and counts as the jobs it holds.
+    #[tokio::test]
+    async fn waiting_jobs_are_bundled_and_taken_back_as_the_room_allows() {
+        let (_server, q, conn) = queue().await;
+        let jobs = bundled(&q).await;
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg("kw:queue:wait:reload:r")
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(members.len(), 3, "{members:?}");
+        assert_eq!(q.len().await.unwrap(), 5);
+        // Room for one: the first bundle holds two, and the target is busy.
+        let none = q.unpark("reload:r", 1, false).await.unwrap();
+        assert!(none.jobs.is_empty() && none.more);
+        // Idle with room for one (a bundle made for a wider target): taken whole.
+        let first = q.unpark("reload:r", 1, true).await.unwrap();
+        assert_eq!(first.jobs, jobs[..2]);
+        assert!(first.more);
+        // Room for two: the next bundle fits, the job after it does not.
+        let second = q.unpark("reload:r", 2, false).await.unwrap();
+        assert_eq!(second.jobs, jobs[2..4]);
+        assert!(second.more);
+        let third = q.unpark("reload:r", 3, false).await.unwrap();
+        assert_eq!(third.jobs, jobs[4..]);
+        assert!(!third.more);
+        assert!(q.waiting_targets().await.unwrap().is_empty());
+        assert_eq!(q.len().await.unwrap(), 5, "all leased");
+        for j in &jobs {
+            q.done(&j.id()).await.unwrap();
+        }
+        assert_eq!(q.len().await.unwrap(), 0);
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("kw:*")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert!(keys.is_empty(), "left behind: {keys:?}");
+    }
+
+    /// The crash the marks are for: an instance finished one job of a bundle and died; whoever
+    /// takes the bundle over when its lease ends attempts only the other one, and removes the
+    /// bundle with its marks when that is done.
+    #[tokio::test]
+    async fn a_bundle_taken_over_brings_only_the_jobs_nobody_finished() {
+        let (_server, q, conn) = queue().await;
+        let jobs = bundled(&q).await;
+        let taken = q.unpark("reload:r", 2, false).await.unwrap();
+        assert_eq!(taken.jobs, jobs[..2]);
+        q.done(&jobs[0].id()).await.unwrap();
+        let bundle = bundle::id(&jobs[0].id(), 2);
+        assert!(exists(&conn, &bundle::done_key("kw:", &bundle)).await);
+        // The instance dies; its lease ends.
+        redis::cmd("ZADD")
+            .arg("kw:queue")
+            .arg(0)
+            .arg(&bundle)
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+        let other = Queue::new(conn.clone(), "kw:");
+        let again = other.take_due(10).await.unwrap();
+        assert_eq!(again.jobs, jobs[1..2]);
+        // Renewing and handing back a bundled job touch its bundle.
+        other.renew(&[jobs[1].id()]).await.unwrap();
+        assert!(score(&conn, "kw:queue", &bundle).await.unwrap() > now_ms() as f64);
+        other.done(&jobs[1].id()).await.unwrap();
+        assert_eq!(score(&conn, "kw:queue", &bundle).await, None);
+        assert_eq!(payload(&conn, &bundle).await, None);
+        assert!(!exists(&conn, &bundle::done_key("kw:", &bundle)).await);
+    }
+
+    /// This instance lost a bundle's lease; another took it over and finished it. This one's
+    /// late acknowledgement must not leave marks behind (nothing would ever remove them), and
+    /// its retry of a job must not bring the job back.
+    #[tokio::test]
+    async fn late_writes_to_a_bundle_finished_elsewhere_leave_nothing() {
+        let (_server, q, conn) = queue().await;
+        let jobs = bundled(&q).await;
+        q.unpark("reload:r", 2, false).await.unwrap();
+        let bundle = bundle::id(&jobs[0].id(), 2);
+        let other = Queue::new(conn.clone(), "kw:");
+        redis::cmd("ZADD")
+            .arg("kw:queue")
+            .arg(0)
+            .arg(&bundle)
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(other.take_due(10).await.unwrap().jobs.len(), 2);
+        other.done(&jobs[0].id()).await.unwrap();
+        other.done(&jobs[1].id()).await.unwrap();
+        q.done(&jobs[0].id()).await.unwrap();
+        assert!(!exists(&conn, &bundle::done_key("kw:", &bundle)).await);
+        let mut again = jobs[1].clone();
+        again.attempt = 1;
+        assert!(!q.reschedule(&again, 42).await.unwrap());
+        assert_eq!(score(&conn, "kw:queue", &again.id()).await, None);
+        assert_eq!(payload(&conn, &again.id()).await, None);
+    }
+
+    /// A bundled job that fails, or finds no room after all, leaves its bundle for a place of
+    /// its own (marked done in the bundle, so a taker of the bundle does not run it again).
+    #[tokio::test]
+    async fn a_bundled_job_retried_or_parked_leaves_its_bundle() {
+        let (_server, q, conn) = queue().await;
+        let jobs = bundled(&q).await;
+        q.unpark("reload:r", 4, false).await.unwrap();
+        let mut again = jobs[0].clone();
+        again.attempt = 1;
+        assert!(q.reschedule(&again, 42).await.unwrap());
+        assert_eq!(score(&conn, "kw:queue", &again.id()).await, Some(42.0));
+        assert!(
+            payload(&conn, &again.id())
+                .await
+                .unwrap()
+                .contains("\"attempt\":1")
+        );
+        q.park("reload:r", &[jobs[2].id()]).await.unwrap();
+        assert!(
+            score(&conn, "kw:queue:wait:reload:r", &jobs[2].id())
+                .await
+                .is_some()
+        );
+        assert_eq!(payload(&conn, &jobs[2].id()).await, Some(jobs[2].payload()));
+        // Their bundles, taken over now, bring only the others.
+        redis::cmd("ZADD")
+            .arg("kw:queue")
+            .arg(0)
+            .arg(bundle::id(&jobs[0].id(), 2))
+            .arg(0)
+            .arg(bundle::id(&jobs[2].id(), 2))
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+        let other = Queue::new(conn.clone(), "kw:");
+        let mut ids: Vec<String> = other
+            .take_due(10)
+            .await
+            .unwrap()
+            .jobs
+            .iter()
+            .map(Job::id)
+            .collect();
+        ids.sort();
+        // The retry (due at 42, long past) comes too, as a job of its own.
+        let mut want = vec![jobs[0].id(), jobs[1].id(), jobs[3].id()];
+        want.sort();
+        assert_eq!(ids, want);
+    }
+
+    /// One job of a bundle that this version cannot read is set aside on its own (and marked
+    /// done); the others run. A bundle that is no bundle at all is set aside whole.
+    #[tokio::test]
+    async fn an_unreadable_job_in_a_bundle_is_set_aside_alone() {
+        let (_server, q, conn) = queue().await;
+        let good = job("k:1", Action::Reload);
+        let bad = r#"{"firing":{"id":"f9","rule":"orders","shape":"v2"},"action":"sms"}"#;
+        let bundle = bundle::id(&good.id(), 2);
+        let broken = "#3#f8:reload";
+        redis::pipe()
+            .cmd("HSET")
+            .arg("kw:queue:jobs")
+            .arg(&bundle)
+            .arg(bundle::payload([good.payload().as_str(), bad].into_iter()))
+            .arg(broken)
+            .arg("[not json")
+            .cmd("ZADD")
+            .arg("kw:queue")
+            .arg(0)
+            .arg(&bundle)
+            .arg(0)
+            .arg(broken)
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+        let taken = q.take_due(10).await.unwrap();
+        assert_eq!(taken.jobs, vec![good.clone()]);
+        let mut unreadable: Vec<String> = taken.unreadable.iter().map(|u| u.id.clone()).collect();
+        unreadable.sort();
+        let mut want = [broken.to_string(), format!("{bundle}@1")];
+        want.sort();
+        assert_eq!(unreadable, want);
+        let kept: Option<String> = redis::cmd("HGET")
+            .arg("kw:queue:unreadable")
+            .arg(format!("{bundle}@1"))
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(kept.as_deref(), Some(bad));
+        assert_eq!(score(&conn, "kw:queue", broken).await, None);
+        q.done(&good.id()).await.unwrap();
+        assert_eq!(q.len().await.unwrap(), 0);
+        assert!(!exists(&conn, &bundle::done_key("kw:", &bundle)).await);
     }
 
     fn good_id() -> String {

@@ -122,6 +122,11 @@ impl Slot {
                 .saturating_sub(self.waiting.load(Ordering::Acquire))
     }
 
+    /// The most [`Slot::room`] ever is: its width and a line as long.
+    pub(super) fn capacity(&self) -> usize {
+        self.width.saturating_mul(2)
+    }
+
     /// Jobs of this target now wait in Redis (or no longer do, as far as this instance knows).
     pub(super) fn set_parked(&self, parked: bool) {
         self.parked.store(parked, Ordering::Release);

@@ -9,6 +9,9 @@
 //! first attempt and acknowledged only after success — but under load one round trip serves
 //! hundreds of jobs, and when idle a write goes out at once (no timer adds latency).
 
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use crate::keyspace::Conn;
 use tokio::sync::{mpsc, oneshot};
 
@@ -37,7 +40,30 @@ enum Op {
     /// A command of the caller's that must take effect with its jobs or not at all (the
     /// intake record of the event the jobs are for).
     Also(redis::Cmd),
+    /// Mark job `index` of a bundle done (see [`super::bundle`]). Marks go out after the
+    /// batch's transaction, in one script call: a mark is written only while its bundle is
+    /// still queued, so a late mark of a bundle another instance finished leaves nothing behind.
+    Mark { bundle: Arc<str>, index: usize },
 }
+
+// Sets completion marks: KEYS[1] is the queue, KEYS[2..] the bundles' mark hashes; ARGV holds,
+// per bundle in the order of KEYS, its member, how many marks, and their indexes.
+const MARK: &str = r"
+local a = 1
+for k = 2, #KEYS do
+  local n = tonumber(ARGV[a + 1])
+  if redis.call('ZSCORE', KEYS[1], ARGV[a]) then
+    local f = {}
+    for i = a + 2, a + 1 + n do
+      f[#f + 1] = ARGV[i]
+      f[#f + 1] = '1'
+    end
+    redis.call('HSET', KEYS[k], unpack(f))
+  end
+  a = a + 2 + n
+end
+return 0
+";
 
 /// One caller's writes: they go out in one transaction, never split between two.
 struct Request {
@@ -52,9 +78,9 @@ pub struct Writer {
 
 impl Writer {
     /// Starts the writing task; it ends when the last clone of the writer is dropped.
-    pub fn start(conn: Conn, zset: String, jobs: String) -> Writer {
+    pub fn start(conn: Conn, prefix: &str) -> Writer {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(conn, zset, jobs, rx));
+        tokio::spawn(run(conn, prefix.to_string(), rx));
         Writer { tx }
     }
 
@@ -77,6 +103,24 @@ impl Writer {
         self.send(vec![Op::Done { id }]).await
     }
 
+    /// Marks job `index` of `bundle` done.
+    pub async fn mark(&self, bundle: Arc<str>, index: usize) -> Result<(), WriteError> {
+        self.send(vec![Op::Mark { bundle, index }]).await
+    }
+
+    /// Removes a bundle all of whose jobs are done, with its marks (`marks`, their key).
+    pub async fn finish_bundle(&self, bundle: &str, marks: &str) -> Result<(), WriteError> {
+        let mut del = redis::cmd("DEL");
+        del.arg(marks);
+        self.send(vec![
+            Op::Done {
+                id: bundle.to_string(),
+            },
+            Op::Also(del),
+        ])
+        .await
+    }
+
     async fn send(&self, ops: Vec<Op>) -> Result<(), WriteError> {
         let (reply, answer) = oneshot::channel();
         self.tx
@@ -86,21 +130,60 @@ impl Writer {
     }
 }
 
-async fn run(mut conn: Conn, zset: String, jobs: String, mut rx: mpsc::UnboundedReceiver<Request>) {
+async fn run(mut conn: Conn, prefix: String, mut rx: mpsc::UnboundedReceiver<Request>) {
+    let zset = format!("{prefix}queue");
+    let jobs = format!("{prefix}queue:jobs");
+    let mark = redis::Script::new(MARK);
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let mut pipe = pipeline(&zset, &jobs, batch.iter().flat_map(|r| &r.ops));
-        // One transaction: a caller's jobs and its `Also` commands land together or not at
-        // all (a crash cannot fall between them); Redis runs it as one command batch anyway.
-        pipe.atomic();
-        let result = pipe
-            .exec_async(&mut conn)
-            .await
-            .map_err(|e| WriteError::Redis(e.to_string()));
+        let ops = || batch.iter().flat_map(|r: &Request| &r.ops);
+        let mut result = Ok(());
+        if ops().any(|o| !matches!(o, Op::Mark { .. })) {
+            let mut pipe = pipeline(
+                &zset,
+                &jobs,
+                ops().filter(|o| !matches!(o, Op::Mark { .. })),
+            );
+            // One transaction: a caller's jobs and its `Also` commands land together or not at
+            // all (a crash cannot fall between them); Redis runs it as one command batch anyway.
+            pipe.atomic();
+            result = pipe.exec_async(&mut conn).await;
+        }
+        if result.is_ok()
+            && let Some(inv) = marks(&mark, &zset, &prefix, ops())
+        {
+            result = inv.invoke_async::<()>(&mut conn).await;
+        }
+        let result = result.map_err(|e| WriteError::Redis(e.to_string()));
         for r in batch.drain(..) {
             let _ = r.reply.send(result.clone());
         }
     }
+}
+
+/// The batch's completion marks as one call of [`MARK`], grouped by bundle; `None` without any.
+fn marks<'a>(
+    script: &'a redis::Script,
+    zset: &str,
+    prefix: &str,
+    ops: impl Iterator<Item = &'a Op>,
+) -> Option<redis::ScriptInvocation<'a>> {
+    let mut by_bundle: BTreeMap<&Arc<str>, Vec<usize>> = BTreeMap::new();
+    for op in ops {
+        if let Op::Mark { bundle, index } = op {
+            by_bundle.entry(bundle).or_default().push(*index);
+        }
+    }
+    if by_bundle.is_empty() {
+        return None;
+    }
+    let mut inv = script.prepare_invoke();
+    inv.key(zset);
+    for (bundle, indexes) in &by_bundle {
+        inv.key(super::bundle::done_key(prefix, bundle));
+        inv.arg(&***bundle).arg(indexes.len()).arg(indexes);
+    }
+    Some(inv)
 }
 
 /// The batch as few commands as keep its order: each run of consecutive puts becomes one
@@ -152,6 +235,8 @@ fn pipeline<'a>(zset: &str, jobs: &str, ops: impl Iterator<Item = &'a Op>) -> re
                 pipe.add_command(zrem).ignore();
                 pipe.add_command(hdel).ignore();
             }
+            // Sent apart, after the transaction (see `run`).
+            Op::Mark { .. } => {}
         }
     }
     pipe
