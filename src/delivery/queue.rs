@@ -981,9 +981,6 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "hset", SCRIPTS)
             .on(Keys::State("queue:unreadable"), Access::Write)
             .args("{key} id job"),
-        Use::new(Conn::State, "hset", "job queue: unreadable jobs of a bundle")
-            .on(Keys::State("queue:unreadable"), Access::Write)
-            .args("{key} id job"),
         // Bundles (see `bundle`): their completion marks.
         Use::new(Conn::State, "hset", "job queue: bundles' completion marks")
             .on(Keys::State("queue:done:*"), Access::Write)
@@ -997,9 +994,6 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "evalsha", "job queue: bundles' completion marks")
             .on(Keys::State("queue:done:*"), Access::ReadWrite)
             .args("{sha} 2 {prefix}queue {key}"),
-        Use::new(Conn::State, "hset", SCRIPTS)
-            .on(Keys::State("queue:done:*"), Access::Write)
-            .args("{key} 0 1"),
         Use::new(Conn::State, "zrange", SCRIPTS)
             .on(Keys::State("queue:wait:*"), Access::Read)
             .args("{key} 0 -1"),
