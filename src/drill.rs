@@ -5,7 +5,8 @@
 //! `KEYWATCH_DRILL_CRASH_AT=STEP[:N]`: the process kills itself (SIGKILL, as `kill -9` would: no
 //! destructor, no flush) the N-th time (default 1st) it passes `STEP`. The steps are the
 //! boundaries of an event's path, in order: `taken` (claimed, intake recorded), `stored` (jobs
-//! stored), `removed` (details removed), `sent` (an action succeeded, not yet acknowledged).
+//! stored), `removed` (details removed), `sent` (an action succeeded, not yet acknowledged),
+//! `marked` (a job of a bundle acknowledged by its completion mark, others of that bundle not).
 //! Off unless the variable is set, and then one relaxed load per step; for drills, never for
 //! production (docs/development.md lists it).
 //!
@@ -28,6 +29,9 @@ pub enum Step {
     Removed,
     /// An action succeeded; its job not yet acknowledged.
     Sent,
+    /// A job of a bundle was acknowledged by its completion mark; other jobs of the bundle are
+    /// still this instance's (`delivery::queue::bundle`).
+    Marked,
 }
 
 impl Step {
@@ -37,6 +41,7 @@ impl Step {
             Step::Stored => "stored",
             Step::Removed => "removed",
             Step::Sent => "sent",
+            Step::Marked => "marked",
         }
     }
 }
@@ -55,10 +60,16 @@ fn crash_at() -> Option<&'static CrashAt> {
             Some((s, n)) => (s.to_string(), n.parse().ok()?),
             None => (v, 1),
         };
-        let step = [Step::Taken, Step::Stored, Step::Removed, Step::Sent]
-            .into_iter()
-            .map(Step::name)
-            .find(|s| *s == name)?;
+        let step = [
+            Step::Taken,
+            Step::Stored,
+            Step::Removed,
+            Step::Sent,
+            Step::Marked,
+        ]
+        .into_iter()
+        .map(Step::name)
+        .find(|s| *s == name)?;
         Some(CrashAt {
             step,
             nth,

@@ -557,11 +557,12 @@ async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
     }
 }
 
-/// The bundle size of each target that `waiting` jobs wait for: half of what the target takes
-/// at once (its slot's width and line, or its rate-limited line). A bundle taken back never
-/// brings more than the target has room for (see `queue::bundle`), and half is what frees up
-/// while the target stays busy (its line empties as its requests run): a bundle as big as all
-/// its room would be taken only once the target had nothing left to do.
+/// The bundle size of each target that `waiting` jobs wait for (the queue caps it at its own
+/// most): a slot's whole line, or half of a rate-limited line. A bundle taken back never brings
+/// more than the target has room for (see `queue::bundle`), so it must fit in what frees up
+/// while the target stays busy: a slot's line empties as its requests run, and a slot's line is
+/// at least a bundle long (`slots::LINE_MIN`); a rate-limited line is the target's only room.
+/// A bundle as big as all of it would be taken only once the target had nothing left to do.
 fn bundle_sizes(
     inner: &Inner,
     config: &crate::config::Config,
@@ -577,12 +578,12 @@ fn bundle_sizes(
             Some(SlotKey::Channel(c)) => inner.limiters.get(config, c).map(|l| l.lane),
             _ => None,
         };
-        let cap = match (lane, key.and_then(|k| inner.slots.get(config, &k))) {
-            (Some(lane), _) => lane.cap(),
-            (None, Some(slot)) => slot.capacity(),
+        let size = match (lane, key.and_then(|k| inner.slots.get(config, &k))) {
+            (Some(lane), _) => lane.cap() / 2,
+            (None, Some(slot)) => slot.line(),
             (None, None) => 1,
         };
-        sizes.insert(target.clone(), (cap / 2).max(1));
+        sizes.insert(target.clone(), size.max(1));
     }
     sizes
 }

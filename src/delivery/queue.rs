@@ -411,7 +411,13 @@ impl Queue {
         let settled = self.held().settle(id);
         match settled {
             None => self.writer.done(id.to_string()).await,
-            Some(Settled::Mark { bundle, index }) => self.writer.mark(bundle, index).await,
+            Some(Settled::Mark { bundle, index }) => {
+                let marked = self.writer.mark(bundle, index).await;
+                if marked.is_ok() {
+                    crate::drill::pass(crate::drill::Step::Marked);
+                }
+                marked
+            }
             Some(Settled::Finished { bundle }) => self.finish_bundle(&bundle).await,
         }
     }

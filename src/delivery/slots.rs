@@ -2,11 +2,12 @@
 //! channel, and for each rule's `reload` and `exec`.
 //!
 //! Each of them is a *slot*: a semaphore as wide as its `concurrency`, and a line of jobs
-//! waiting for it, as long as the slot is wide. A job that finds the line full is not kept in
-//! memory: it goes to wait for its target in Redis (`Queue::park`), and is taken back from
-//! there as the slot frees up (`Queue::unpark`), by whichever instance has room for that
-//! target. So a storm of a million notifications costs this instance at most twice the width of
-//! each slot, and a slow target holds no more than that of the room every other target shares.
+//! waiting for it, as long as the slot is wide and at least [`LINE_MIN`]. A job that finds the
+//! line full is not kept in memory: it goes to wait for its target in Redis (`Queue::park`), and
+//! is taken back from there as the slot frees up (`Queue::unpark`), by whichever instance has
+//! room for that target. So a storm of a million notifications costs this instance at most the
+//! width and the line of each slot, and a slow target holds no more than that of the room every
+//! other target shares.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -71,6 +72,14 @@ impl SlotKey {
     }
 }
 
+/// The shortest line: a whole bundle of waiting jobs (`queue::bundle`, 64 jobs) fits in it
+/// while the slot is busy. Jobs wait for a narrow target in Redis in bundles as long as its
+/// line; with a line only as long as the slot is wide (16 by default), bundles of 8 cost the
+/// state server about eight calls each to take back, mark and remove — most of what a storm's
+/// delivery cost it. A line holds jobs in memory, but never more than the instance's own bound
+/// (`state::CONCURRENT`) across all targets.
+pub(super) const LINE_MIN: usize = 64;
+
 pub(super) struct Slot {
     width: usize,
     permits: Arc<Semaphore>,
@@ -93,7 +102,12 @@ impl Slot {
         }
     }
 
-    /// A permit at once, or a place in the line while it is shorter than the slot is wide;
+    /// How many jobs wait in memory for this slot at most.
+    pub(super) fn line(&self) -> usize {
+        self.width.max(LINE_MIN)
+    }
+
+    /// A permit at once, or a place in the line while it is not full;
     /// `None`: the job should wait for this target in Redis instead.
     pub(super) fn admit(self: &Arc<Self>) -> Option<Ticket> {
         if let Ok(p) = self.permits.clone().try_acquire_owned() {
@@ -101,7 +115,7 @@ impl Slot {
         }
         let mut n = self.waiting.load(Ordering::Acquire);
         loop {
-            if n >= self.width {
+            if n >= self.line() {
                 return None;
             }
             match self
@@ -118,13 +132,13 @@ impl Slot {
     pub(super) fn room(&self) -> usize {
         self.permits.available_permits()
             + self
-                .width
+                .line()
                 .saturating_sub(self.waiting.load(Ordering::Acquire))
     }
 
-    /// The most [`Slot::room`] ever is: its width and a line as long.
+    /// The most [`Slot::room`] ever is: its width and its line.
     pub(super) fn capacity(&self) -> usize {
-        self.width.saturating_mul(2)
+        self.width.saturating_add(self.line())
     }
 
     /// Jobs of this target now wait in Redis (or no longer do, as far as this instance knows).
@@ -294,19 +308,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_slot_admits_its_width_then_a_line_as_long_then_nothing() {
-        let slot = Arc::new(Slot::new(2, Arc::new(Notify::new())));
-        assert_eq!(slot.room(), 4);
-        let now: Vec<Ticket> = (0..2).map(|_| slot.admit().unwrap()).collect();
-        assert!(now.iter().all(|t| matches!(t, Ticket::Now(_))));
-        let line: Vec<Ticket> = (0..2).map(|_| slot.admit().unwrap()).collect();
-        assert!(line.iter().all(|t| matches!(t, Ticket::Line(_))));
-        assert!(slot.admit().is_none());
-        assert_eq!(slot.room(), 0);
-        // A place given up is free again.
-        drop(line);
-        assert_eq!(slot.room(), 2);
-        assert!(matches!(slot.admit(), Some(Ticket::Line(_))));
+    async fn a_slot_admits_its_width_then_its_line_then_nothing() {
+        for (width, line) in [(2, LINE_MIN), (100, 100)] {
+            let slot = Arc::new(Slot::new(width, Arc::new(Notify::new())));
+            assert_eq!(slot.line(), line);
+            assert_eq!(slot.room(), width + line);
+            assert_eq!(slot.capacity(), width + line);
+            let now: Vec<Ticket> = (0..width).map(|_| slot.admit().unwrap()).collect();
+            assert!(now.iter().all(|t| matches!(t, Ticket::Now(_))));
+            let mut queued: Vec<Ticket> = (0..line).map(|_| slot.admit().unwrap()).collect();
+            assert!(queued.iter().all(|t| matches!(t, Ticket::Line(_))));
+            assert!(slot.admit().is_none());
+            assert_eq!(slot.room(), 0);
+            // Places given up are free again.
+            queued.truncate(line - 2);
+            assert_eq!(slot.room(), 2);
+            assert!(matches!(slot.admit(), Some(Ticket::Line(_))));
+        }
     }
 
     #[test]
