@@ -94,6 +94,7 @@ impl Delivery {
                 slots: Slots::new(wake.clone()),
                 backlogged: AtomicBool::new(false),
                 wake,
+                waiting_targets: Default::default(),
                 digests: Mutex::new(HashMap::new()),
                 dead,
                 queue,
@@ -434,7 +435,7 @@ impl Delivery {
                 if ticked {
                     take_windows(&inner, &queue).await;
                 }
-                take_waiting(&inner, &queue).await;
+                take_waiting(&inner, &queue, ticked).await;
                 // Woken because a job finished and jobs wait for its target: that was
                 // `take_waiting`'s work. The queue itself is read on the tick, or at once while
                 // it holds more than one take brought (a script call per finished job, on a
@@ -510,13 +511,9 @@ async fn start_taken(inner: &Arc<Inner>, jobs: Vec<Job>) {
 /// Takes back the jobs waiting in Redis for each target that has room here now: as many as its
 /// slot (or rate-limited line) admits, within this instance's room. A target that no longer
 /// exists gets its jobs taken too, to be dead-lettered.
-async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
-    let targets = match queue.waiting_targets().await {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot read which targets have jobs waiting; retrying.");
-            return;
-        }
+async fn take_waiting(inner: &Arc<Inner>, queue: &Queue, ticked: bool) {
+    let Some(targets) = waiting_targets(inner, queue, ticked).await else {
+        return;
     };
     let config = inner.actions.live.current();
     for target in targets {
@@ -539,6 +536,9 @@ async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
         // All the room the target has: a bundle made when it was wider (before a reload) goes
         // whole, rather than never.
         let idle = room >= cap.min(TAKE_MAX);
+        if !idle && slot.as_ref().is_some_and(|s| !s.worth_asking(room)) {
+            continue;
+        }
         let taken = match queue.unpark(&target, room, idle).await {
             Ok(t) => t,
             Err(e) => {
@@ -546,14 +546,39 @@ async fn take_waiting(inner: &Arc<Inner>, queue: &Queue) {
                 continue;
             }
         };
-        if let Some(slot) = &slot
-            && !taken.more
-        {
-            // All of them taken: nothing more to wake up for.
-            slot.set_parked(false);
+        if let Some(slot) = &slot {
+            slot.set_need(taken.need);
+            if !taken.more {
+                // All of them taken: nothing more to wake up for.
+                slot.set_parked(false);
+            }
+        }
+        if !taken.more {
+            inner.waiting_targets.forget(&target);
         }
         dead_letter_unreadable(inner, taken.unreadable);
         start_taken(inner, taken.jobs).await;
+    }
+}
+
+/// The targets that have jobs waiting in Redis: as read at most [`state::TARGETS_FRESH`] ago
+/// (and anew on every tick), since the queue loop runs each time a request finishes while jobs
+/// wait, and a read per request was a good share of what a storm's delivery cost the state
+/// server. A target whose jobs another instance parked is seen that much later at most; one of
+/// this instance's was parked because its slot was full, and waits for room anyway.
+async fn waiting_targets(inner: &Inner, queue: &Queue, ticked: bool) -> Option<Vec<String>> {
+    if !ticked && let Some(t) = inner.waiting_targets.fresh() {
+        return Some(t);
+    }
+    match queue.waiting_targets().await {
+        Ok(t) => {
+            inner.waiting_targets.set(t.clone());
+            Some(t)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Cannot read which targets have jobs waiting; retrying.");
+            None
+        }
     }
 }
 

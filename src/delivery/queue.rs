@@ -89,24 +89,30 @@ return n
 // ARGV[2], as many as fit in ARGV[1] (a bundle counts as the jobs it holds: see `bundle`); one
 // bigger than that is taken alone when ARGV[4] says the target is idle (its room is all there
 // is), so that a bundle made for a wider target still goes. An emptied set leaves the list
-// KEYS[3] (its name there is ARGV[3]). Returns how many members are left and the members taken:
-// the payloads are read after it with a plain `HMGET` (leased to this instance, they stay).
-// Passing them through the script (into Lua and back out as its answer) cost more than the moves.
+// KEYS[3] (its name there is ARGV[3]). Returns how many members are left, the members taken and
+// how many jobs the oldest member left behind holds (0: none was too big), so that the caller
+// need not ask again until it has that much room: the payloads are read after it with a plain
+// `HMGET` (leased to this instance, they stay). Passing them through the script (into Lua and
+// back out as its answer) cost more than the moves.
 const UNPARK: &str = r"
 local room = tonumber(ARGV[1])
 local seen = redis.call('ZRANGE', KEYS[1], 0, room - 1)
 local ids = {}
 local jobs = 0
+local need = 0
 for _, id in ipairs(seen) do
   local n = tonumber(string.match(id, '^#(%d+)#')) or 1
-  if jobs + n > room and not (jobs == 0 and ARGV[4] == '1') then break end
+  if jobs + n > room and not (jobs == 0 and ARGV[4] == '1') then
+    need = n
+    break
+  end
   ids[#ids + 1] = id
   jobs = jobs + n
 end
 if #ids == 0 then
   local left = redis.call('ZCARD', KEYS[1])
   if left == 0 then redis.call('SREM', KEYS[3], ARGV[3]) end
-  return {left, {}}
+  return {left, {}, need}
 end
 -- A command each way per thousand members (one per job cost more than the moves themselves).
 for j = 1, #ids, 1000 do
@@ -123,7 +129,7 @@ local left = redis.call('ZCARD', KEYS[1])
 if left == 0 then
   redis.call('SREM', KEYS[3], ARGV[3])
 end
-return {left, ids}
+return {left, ids, need}
 ";
 
 // Moves job ARGV[3] (payload ARGV[4]) out of its bundle ARGV[1], where it is job ARGV[2], into
@@ -218,6 +224,10 @@ pub struct Taken {
     pub unreadable: Vec<Unreadable>,
     /// Taken from a waiting set: whether it still holds jobs.
     pub more: bool,
+    /// Taken from a waiting set: how many jobs its oldest member left there holds, when that
+    /// member did not fit in the room given (0 otherwise). Asking again with less room is
+    /// bound to bring nothing.
+    pub need: usize,
 }
 
 /// A stored job that does not decode (written by another version, or damaged): what can be
@@ -566,10 +576,12 @@ impl Queue {
             .arg(now_ms() + LEASE.as_millis() as i64)
             .arg(target)
             .arg(if idle { "1" } else { "0" });
-        let (left, ids): (i64, Vec<String>) = inv.invoke_async(&mut self.conn.clone()).await?;
+        let (left, ids, need): (i64, Vec<String>, usize) =
+            inv.invoke_async(&mut self.conn.clone()).await?;
         if ids.is_empty() {
             return Ok(Taken {
                 more: left > 0,
+                need,
                 ..Taken::default()
             });
         }
@@ -585,6 +597,7 @@ impl Queue {
             .collect();
         let mut taken = self.decode(&self.zset, pairs).await?;
         taken.more = left > 0;
+        taken.need = need;
         Ok(taken)
     }
 
@@ -997,9 +1010,10 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "del", "job queue: bundles' completion marks")
             .on(Keys::State("queue:done:*"), Access::Write)
             .args("{key}"),
-        Use::new(Conn::State, "evalsha", "job queue: bundles' completion marks")
-            .on(Keys::State("queue:done:*"), Access::ReadWrite)
-            .args("{sha} 2 {prefix}queue {key}"),
+        // A mark is written beside a read of whether its bundle is still queued (`writer`).
+        Use::new(Conn::State, "zscore", "job queue: bundles' completion marks")
+            .on(Keys::State("queue"), Access::Read)
+            .args("{key} id"),
         Use::new(Conn::State, "zrange", SCRIPTS)
             .on(Keys::State("queue:wait:*"), Access::Read)
             .args("{key} 0 -1"),
@@ -1268,17 +1282,21 @@ mod tests {
         // Room for one: the first bundle holds two, and the target is busy.
         let none = q.unpark("reload:r", 1, false).await.unwrap();
         assert!(none.jobs.is_empty() && none.more);
+        assert_eq!(none.need, 2, "the room the oldest bundle needs");
         // Idle with room for one (a bundle made for a wider target): taken whole.
         let first = q.unpark("reload:r", 1, true).await.unwrap();
         assert_eq!(first.jobs, jobs[..2]);
         assert!(first.more);
+        assert_eq!(first.need, 0, "it looked at no member beyond the room");
         // Room for two: the next bundle fits, the job after it does not.
         let second = q.unpark("reload:r", 2, false).await.unwrap();
         assert_eq!(second.jobs, jobs[2..4]);
         assert!(second.more);
+        assert_eq!(second.need, 1);
         let third = q.unpark("reload:r", 3, false).await.unwrap();
         assert_eq!(third.jobs, jobs[4..]);
         assert!(!third.more);
+        assert_eq!(third.need, 0);
         assert!(q.waiting_targets().await.unwrap().is_empty());
         assert_eq!(q.len().await.unwrap(), 5, "all leased");
         for j in &jobs {

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
@@ -88,8 +89,17 @@ pub(super) struct Slot {
     /// Set when this instance sent jobs to wait for this target in Redis: a permit given back
     /// then wakes the queue loop to take the next of them at once.
     parked: AtomicBool,
+    /// How many jobs the oldest member waiting for this target in Redis holds, when the last
+    /// look found it too big for the room then (`Queue::unpark`), and when that was: asking
+    /// again with less room brings nothing, and in a storm's delivery those empty asks (a
+    /// script call each time a request finished) were most of the calls the state server got.
+    need: Mutex<Option<(usize, Instant)>>,
     wake: Arc<Notify>,
 }
+
+/// How long a slot trusts what the last look said its oldest waiting member needs: another
+/// instance may have taken that member meanwhile.
+const NEED_FRESH: Duration = Duration::from_millis(200);
 
 impl Slot {
     fn new(width: usize, wake: Arc<Notify>) -> Slot {
@@ -98,6 +108,7 @@ impl Slot {
             permits: Arc::new(Semaphore::new(width)),
             waiting: AtomicUsize::new(0),
             parked: AtomicBool::new(false),
+            need: Mutex::new(None),
             wake,
         }
     }
@@ -139,6 +150,22 @@ impl Slot {
     /// The most [`Slot::room`] ever is: its width and its line.
     pub(super) fn capacity(&self) -> usize {
         self.width.saturating_add(self.line())
+    }
+
+    /// The oldest member waiting for this target in Redis holds `need` jobs and did not fit in
+    /// the room of the last look (0: nothing was too big).
+    pub(super) fn set_need(&self, need: usize) {
+        *self.need.lock().unwrap_or_else(|p| p.into_inner()) =
+            (need > 0).then(|| (need, Instant::now()));
+    }
+
+    /// Whether taking jobs back with `room` may bring any: not while the last look, a moment
+    /// ago, found the oldest member bigger than that.
+    pub(super) fn worth_asking(&self, room: usize) -> bool {
+        match *self.need.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some((need, at)) => room >= need || at.elapsed() >= NEED_FRESH,
+            None => true,
+        }
     }
 
     /// Jobs of this target now wait in Redis (or no longer do, as far as this instance knows).
@@ -325,6 +352,23 @@ mod tests {
             assert_eq!(slot.room(), 2);
             assert!(matches!(slot.admit(), Some(Ticket::Line(_))));
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_does_not_ask_again_for_less_than_the_oldest_member_needs_for_a_while() {
+        let slot = Slot::new(16, Arc::new(Notify::new()));
+        assert!(slot.worth_asking(1));
+        slot.set_need(64);
+        assert!(!slot.worth_asking(63));
+        assert!(slot.worth_asking(64));
+        tokio::time::advance(NEED_FRESH).await;
+        assert!(
+            slot.worth_asking(1),
+            "another instance may have taken it since"
+        );
+        slot.set_need(64);
+        slot.set_need(0);
+        assert!(slot.worth_asking(1));
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub(super) struct Inner {
     /// finishes then wakes the queue loop to take the next ones at once.
     pub(super) backlogged: AtomicBool,
     pub(super) wake: Arc<Notify>,
+    /// The targets with jobs waiting in Redis, as last read (see `take_waiting`).
+    pub(super) waiting_targets: WaitingTargets,
     /// Digest windows held in memory, by (rule, channel): only when there is no queue, or Redis
     /// refused to store the notifications in their shared window.
     pub(super) digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
@@ -61,6 +63,39 @@ pub(super) struct Inner {
     pub(super) status: OnceLock<Arc<Status>>,
     /// The clock that retry decisions (`failing_since`, the retry window) are read from.
     pub(super) clock: Clock,
+}
+
+/// How long the queue loop trusts its last read of which targets have jobs waiting in Redis.
+pub(super) const TARGETS_FRESH: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The targets with jobs waiting in Redis, as last read, and when.
+#[derive(Default)]
+pub(super) struct WaitingTargets(Mutex<Option<(Vec<String>, tokio::time::Instant)>>);
+
+impl WaitingTargets {
+    /// The last read, if it is fresh.
+    pub(super) fn fresh(&self) -> Option<Vec<String>> {
+        match &*self.lock() {
+            Some((t, at)) if at.elapsed() < TARGETS_FRESH => Some(t.clone()),
+            _ => None,
+        }
+    }
+
+    pub(super) fn set(&self, targets: Vec<String>) {
+        *self.lock() = Some((targets, tokio::time::Instant::now()));
+    }
+
+    /// `target` was found to have nothing more waiting.
+    pub(super) fn forget(&self, target: &str) {
+        if let Some((t, _)) = &mut *self.lock() {
+            t.retain(|x| x != target);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Vec<String>, tokio::time::Instant)>> {
+        // A std Mutex: the guard never lives across an await.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Unix ms as the retry decisions read them.

@@ -11,12 +11,20 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::keyspace::Conn;
 use tokio::sync::{mpsc, oneshot};
 
 /// Callers served by one pipeline at most, so one batch never becomes a huge command.
 const MAX_BATCH: usize = 2048;
+
+/// How long a batch of acknowledgements alone waits for more before it goes. In a storm's
+/// delivery requests finish a few at a time, and sending each few at once made a transaction
+/// per handful of jobs: half of the state server's calls. Nothing waits to start on an
+/// acknowledgement, and a job whose acknowledgement is late by this is all a crash in it could
+/// send twice beyond the requests in flight.
+const ACK_LINGER: Duration = Duration::from_millis(2);
 
 /// Why a write did not reach Redis.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -40,35 +48,29 @@ enum Op {
     /// A command of the caller's that must take effect with its jobs or not at all (the
     /// intake record of the event the jobs are for).
     Also(redis::Cmd),
-    /// Mark job `index` of a bundle done (see [`super::bundle`]). Marks go out after the
-    /// batch's transaction, in one script call: a mark is written only while its bundle is
-    /// still queued, so a late mark of a bundle another instance finished leaves nothing behind.
+    /// Mark job `index` of a bundle done (see [`super::bundle`]): a field of the bundle's mark
+    /// hash, written in the batch's transaction beside a read of whether the bundle is still
+    /// queued. A mark that found it gone (another instance took it over when this one lost its
+    /// lease, and finished it) is removed again at once, so that it leaves nothing behind.
     Mark { bundle: Arc<str>, index: usize },
+    /// Remove a finished bundle's marks (`key`).
+    Unmark { key: String },
 }
-
-// Sets completion marks: KEYS[1] is the queue, KEYS[2..] the bundles' mark hashes; ARGV holds,
-// per bundle in the order of KEYS, its member, how many marks, and their indexes.
-const MARK: &str = r"
-local a = 1
-for k = 2, #KEYS do
-  local n = tonumber(ARGV[a + 1])
-  if redis.call('ZSCORE', KEYS[1], ARGV[a]) then
-    local f = {}
-    for i = a + 2, a + 1 + n do
-      f[#f + 1] = ARGV[i]
-      f[#f + 1] = '1'
-    end
-    redis.call('HSET', KEYS[k], unpack(f))
-  end
-  a = a + 2 + n
-end
-return 0
-";
 
 /// One caller's writes: they go out in one transaction, never split between two.
 struct Request {
     ops: Vec<Op>,
     reply: oneshot::Sender<Result<(), WriteError>>,
+}
+
+impl Request {
+    /// Whether it only records that jobs are finished (nothing waits to start on it).
+    fn acknowledges(&self) -> bool {
+        self.ops.iter().all(|o| match o {
+            Op::Done { .. } | Op::Mark { .. } | Op::Unmark { .. } => true,
+            Op::Put { .. } | Op::Also(_) => false,
+        })
+    }
 }
 
 #[derive(Clone)]
@@ -110,13 +112,13 @@ impl Writer {
 
     /// Removes a bundle all of whose jobs are done, with its marks (`marks`, their key).
     pub async fn finish_bundle(&self, bundle: &str, marks: &str) -> Result<(), WriteError> {
-        let mut del = redis::cmd("DEL");
-        del.arg(marks);
         self.send(vec![
             Op::Done {
                 id: bundle.to_string(),
             },
-            Op::Also(del),
+            Op::Unmark {
+                key: marks.to_string(),
+            },
         ])
         .await
     }
@@ -131,76 +133,81 @@ impl Writer {
 }
 
 async fn run(mut conn: Conn, prefix: String, mut rx: mpsc::UnboundedReceiver<Request>) {
-    let zset = format!("{prefix}queue");
-    let jobs = format!("{prefix}queue:jobs");
-    let mark = redis::Script::new(MARK);
+    let names = Names {
+        zset: format!("{prefix}queue"),
+        jobs: format!("{prefix}queue:jobs"),
+        prefix,
+    };
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
-        let ops = || batch.iter().flat_map(|r: &Request| &r.ops);
-        let mut result = Ok(());
-        if ops().any(|o| !matches!(o, Op::Mark { .. })) {
-            let mut pipe = pipeline(
-                &zset,
-                &jobs,
-                ops().filter(|o| !matches!(o, Op::Mark { .. })),
-            );
-            // One transaction: a caller's jobs and its `Also` commands land together or not at
-            // all (a crash cannot fall between them); Redis runs it as one command batch anyway.
-            pipe.atomic();
-            result = pipe.exec_async(&mut conn).await;
+        if batch.iter().all(Request::acknowledges) {
+            // Acknowledgements only: whatever else finishes within ACK_LINGER goes with them.
+            let until = tokio::time::Instant::now() + ACK_LINGER;
+            while batch.len() < MAX_BATCH {
+                let room = MAX_BATCH - batch.len();
+                let more = tokio::select! {
+                    n = rx.recv_many(&mut batch, room) => n,
+                    _ = tokio::time::sleep_until(until) => 0,
+                };
+                if more == 0 {
+                    break;
+                }
+            }
         }
-        if result.is_ok()
-            && let Some(inv) = marks(&mark, &zset, &prefix, ops())
-        {
-            result = inv.invoke_async::<()>(&mut conn).await;
+        let (mut pipe, marked) = pipeline(&names, batch.iter().flat_map(|r: &Request| &r.ops));
+        // One transaction: a caller's jobs and its `Also` commands land together or not at
+        // all (a crash cannot fall between them); Redis runs it as one command batch anyway.
+        pipe.atomic();
+        let mut result = pipe.query_async::<Vec<Option<f64>>>(&mut conn).await;
+        if let Ok(queued) = &result {
+            let late: Vec<String> = marked
+                .iter()
+                .zip(queued)
+                .filter(|(_, score)| score.is_none())
+                .map(|(bundle, _)| super::bundle::done_key(&names.prefix, bundle))
+                .collect();
+            if !late.is_empty()
+                && let Err(e) = redis::cmd("DEL").arg(late).exec_async(&mut conn).await
+            {
+                result = Err(e);
+            }
         }
-        let result = result.map_err(|e| WriteError::Redis(e.to_string()));
+        let result = result
+            .map(|_| ())
+            .map_err(|e| WriteError::Redis(e.to_string()));
         for r in batch.drain(..) {
             let _ = r.reply.send(result.clone());
         }
     }
 }
 
-/// The batch's completion marks as one call of [`MARK`], grouped by bundle; `None` without any.
-fn marks<'a>(
-    script: &'a redis::Script,
-    zset: &str,
-    prefix: &str,
-    ops: impl Iterator<Item = &'a Op>,
-) -> Option<redis::ScriptInvocation<'a>> {
-    let mut by_bundle: BTreeMap<&Arc<str>, Vec<usize>> = BTreeMap::new();
-    for op in ops {
-        if let Op::Mark { bundle, index } = op {
-            by_bundle.entry(bundle).or_default().push(*index);
-        }
-    }
-    if by_bundle.is_empty() {
-        return None;
-    }
-    let mut inv = script.prepare_invoke();
-    inv.key(zset);
-    for (bundle, indexes) in &by_bundle {
-        inv.key(super::bundle::done_key(prefix, bundle));
-        inv.arg(&***bundle).arg(indexes.len()).arg(indexes);
-    }
-    Some(inv)
+/// The keys the writer writes to.
+struct Names {
+    prefix: String,
+    zset: String,
+    jobs: String,
 }
 
 /// The batch as few commands as keep its order: each run of consecutive puts becomes one
-/// `HSET` and one `ZADD`, each run of removals one `ZREM` and one `HDEL`; other commands go
-/// as they are, in their place. Order matters only
-/// between writes of one job, which come from one caller that waits for each: keeping runs in
-/// order keeps that.
-fn pipeline<'a>(zset: &str, jobs: &str, ops: impl Iterator<Item = &'a Op>) -> redis::Pipeline {
+/// `HSET` and one `ZADD`, each run of removals one `ZREM` and one `HDEL`, each run of marks one
+/// `HSET` per bundle and a `ZSCORE` of the bundle; other commands go as they are, in their
+/// place. Order matters only between writes of one job, which come from one caller that waits
+/// for each: keeping runs in order keeps that. Returns the pipeline and, in order, the bundle
+/// each of its answers (the `ZSCORE`s; every other command's answer is ignored) is about.
+fn pipeline<'a>(
+    names: &Names,
+    ops: impl Iterator<Item = &'a Op>,
+) -> (redis::Pipeline, Vec<Arc<str>>) {
     let mut pipe = redis::pipe();
+    let mut marked = Vec::new();
     let mut ops = ops.peekable();
     while let Some(first) = ops.next() {
         match first {
             Op::Put { .. } => {
                 let mut hset = redis::cmd("HSET");
                 let mut zadd = redis::cmd("ZADD");
-                hset.arg(jobs);
-                zadd.arg(zset);
+                hset.arg(&names.jobs);
+                zadd.arg(&names.zset);
                 let mut add = |op: &Op| {
                     if let Op::Put { id, payload, due } = op {
                         hset.arg(id).arg(payload);
@@ -217,11 +224,14 @@ fn pipeline<'a>(zset: &str, jobs: &str, ops: impl Iterator<Item = &'a Op>) -> re
             Op::Also(cmd) => {
                 pipe.add_command(cmd.clone()).ignore();
             }
+            Op::Unmark { key } => {
+                pipe.cmd("DEL").arg(key).ignore();
+            }
             Op::Done { .. } => {
                 let mut zrem = redis::cmd("ZREM");
                 let mut hdel = redis::cmd("HDEL");
-                zrem.arg(zset);
-                hdel.arg(jobs);
+                zrem.arg(&names.zset);
+                hdel.arg(&names.jobs);
                 let mut add = |op: &Op| {
                     if let Op::Done { id } = op {
                         zrem.arg(id);
@@ -235,11 +245,31 @@ fn pipeline<'a>(zset: &str, jobs: &str, ops: impl Iterator<Item = &'a Op>) -> re
                 pipe.add_command(zrem).ignore();
                 pipe.add_command(hdel).ignore();
             }
-            // Sent apart, after the transaction (see `run`).
-            Op::Mark { .. } => {}
+            Op::Mark { .. } => {
+                let mut by_bundle: BTreeMap<&Arc<str>, Vec<usize>> = BTreeMap::new();
+                let mut add = |op: &'a Op| {
+                    if let Op::Mark { bundle, index } = op {
+                        by_bundle.entry(bundle).or_default().push(*index);
+                    }
+                };
+                add(first);
+                while let Some(op) = ops.next_if(|o| matches!(o, Op::Mark { .. })) {
+                    add(op);
+                }
+                for (bundle, indexes) in by_bundle {
+                    let mut hset = redis::cmd("HSET");
+                    hset.arg(super::bundle::done_key(&names.prefix, bundle));
+                    for i in indexes {
+                        hset.arg(i).arg("1");
+                    }
+                    pipe.add_command(hset).ignore();
+                    pipe.cmd("ZSCORE").arg(&names.zset).arg(&**bundle);
+                    marked.push(bundle.clone());
+                }
+            }
         }
     }
-    pipe
+    (pipe, marked)
 }
 
 #[cfg(test)]
@@ -263,20 +293,53 @@ mod tests {
         p.cmd_iter().map(crate::keyspace::command_text).collect()
     }
 
+    fn mark(bundle: &str, index: usize) -> Op {
+        Op::Mark {
+            bundle: bundle.into(),
+            index,
+        }
+    }
+
+    fn names() -> Names {
+        Names {
+            prefix: "kw:".into(),
+            zset: "kw:queue".into(),
+            jobs: "kw:queue:jobs".into(),
+        }
+    }
+
     #[test]
     fn runs_of_one_kind_become_one_command_each_in_order() {
-        let ops = [put("a"), put("b"), done("c"), done("d"), put("c")];
-        let p = pipeline("q", "q:jobs", ops.iter());
+        let ops = [
+            put("a"),
+            put("b"),
+            done("c"),
+            done("d"),
+            mark("#2#x", 1),
+            mark("#3#y", 0),
+            mark("#2#x", 0),
+            put("c"),
+            mark("#3#y", 2),
+        ];
+        let (p, marked) = pipeline(&names(), ops.iter());
         assert_eq!(
             commands(&p),
             [
-                "HSET q:jobs a pa b pb",
-                "ZADD q 7 a 7 b",
-                "ZREM q c d",
-                "HDEL q:jobs c d",
-                "HSET q:jobs c pc",
-                "ZADD q 7 c",
+                "HSET kw:queue:jobs a pa b pb",
+                "ZADD kw:queue 7 a 7 b",
+                "ZREM kw:queue c d",
+                "HDEL kw:queue:jobs c d",
+                "HSET kw:queue:done:#2#x 1 1 0 1",
+                "ZSCORE kw:queue #2#x",
+                "HSET kw:queue:done:#3#y 0 1",
+                "ZSCORE kw:queue #3#y",
+                "HSET kw:queue:jobs c pc",
+                "ZADD kw:queue 7 c",
+                "HSET kw:queue:done:#3#y 2 1",
+                "ZSCORE kw:queue #3#y",
             ]
         );
+        let marked: Vec<&str> = marked.iter().map(|b| &**b).collect();
+        assert_eq!(marked, ["#2#x", "#3#y", "#3#y"], "one answer per ZSCORE");
     }
 }
