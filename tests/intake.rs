@@ -224,3 +224,98 @@ fn a_taken_event_left_behind_is_taken_over_and_cleared() {
         assert_eq!(b.len().await.unwrap(), 0);
     });
 }
+
+/// One batch holding every kind of event the take script knows, some keys twice, taken by one
+/// instance and then again by another: the first wins exactly the events it should, with the
+/// deadline each should carry, and the second wins none. (A storm's batch is expiries only and
+/// takes the script's short path; a mixed batch takes the other.)
+#[test]
+fn a_mixed_batch_is_won_once_with_each_events_deadline() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (a, b) = (intake(&redis, "a").await, intake(&redis, "b").await);
+        let now = Utc::now().timestamp_millis();
+        let due = now - 5_000;
+        let mut conn = redis.conn();
+        let () = redis::pipe()
+            .cmd("ZADD")
+            .arg("kw:ledger:0")
+            .arg(due)
+            .arg("k:ledger")
+            .arg(due + 1)
+            .arg("k:quiet")
+            .arg(now + 3_600_000)
+            .arg("k:later")
+            .ignore()
+            .cmd("ZADD")
+            .arg("kw:ledger:0:poked")
+            .arg(1)
+            .arg("k:poked")
+            .ignore()
+            .cmd("HSET")
+            .arg("kw:ledger:0:poked-deadline")
+            .arg("k:poked")
+            .arg(due + 2)
+            .ignore()
+            .query(&mut conn)
+            .unwrap();
+        let deleted = |key: &str, deadline: Option<i64>| KeyEvent {
+            kind: EventKind::Deleted,
+            ..expired(key, deadline)
+        };
+        let warned = expired("k:warned", Some(now + 60_000));
+        let events = [
+            (expired("k:ledger", None), Mode::Live { fire: true }),
+            (expired("k:ledger", None), Mode::Live { fire: true }),
+            (expired("k:quiet", None), Mode::Live { fire: false }),
+            (deleted("k:dated", Some(due + 3)), Mode::Plain),
+            (deleted("k:undated", None), Mode::Plain),
+            (expired("k:unknown", None), Mode::Live { fire: true }),
+            (expired("k:poked", None), Mode::Recovered { fire: true }),
+            (
+                warned,
+                Mode::Warning {
+                    rule: "r".to_string(),
+                },
+            ),
+            (expired("k:later", None), Mode::Live { fire: true }),
+        ];
+        let with: Vec<(&KeyEvent, Mode)> = events.iter().map(|(e, m)| (e, m.clone())).collect();
+        let first: Vec<Option<Option<i64>>> = a
+            .take(0, &with)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.map(|t| t.record.deadline_ms))
+            .collect();
+        assert_eq!(
+            first,
+            [
+                Some(Some(due)),
+                None,
+                None,
+                Some(Some(due + 3)),
+                Some(None),
+                Some(None),
+                Some(Some(due + 2)),
+                Some(Some(now + 60_000)),
+                // Its deadline is an hour away: an older incarnation's `expired`.
+                Some(None),
+            ]
+        );
+        let second = b.take(0, &with).await.unwrap();
+        assert!(second.iter().all(Option::is_none), "{second:?}");
+        let ledger: Vec<String> = redis::cmd("ZRANGE")
+            .arg("kw:ledger:0")
+            .arg(0)
+            .arg(-1)
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(ledger, ["k:later"]);
+        let poked: i64 = redis::cmd("ZCARD")
+            .arg("kw:ledger:0:poked")
+            .query(&mut conn)
+            .unwrap();
+        assert_eq!(poked, 0);
+    });
+}

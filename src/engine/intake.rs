@@ -72,48 +72,78 @@ local batch = ARGV[8]
 -- The events' records, a line each in the order of the events: stored as they are, with a line
 -- naming those won, so the script neither copies nor joins them one by one.
 local blob = ARGV[9]
-local first = 10
+-- One letter per event, its mode. An expiry (`L`, `l`, `R`, `r`) has one argument, its key;
+-- any other event four: its kind, key, given deadline and extra (a claim key, a field).
+local modes = ARGV[10]
+local first = 11
+local n = #modes
 local minute = math.floor(now / 60000)
 local memory = prefix .. 'ledger:' .. db .. ':handled:'
--- Calls f with the elements of list, at most step at a time (Lua's stack bounds unpack).
-local function chunked(list, step, f)
-  for j = 1, #list, step do
-    f(unpack(list, j, math.min(j + step - 1, #list)))
+local B_L, B_l, B_R, B_r, B_F, B_f, B_W = string.byte('LlRrFfW', 1, 7)
+-- Calls f with the elements of list from i to j, at most step at a time (Lua's stack bounds
+-- unpack).
+local function chunked(list, i, j, step, f)
+  for k = i, j, step do
+    f(unpack(list, k, math.min(k + step - 1, j)))
   end
 end
--- What a multi-member read (`read`, a ZMSCORE or HMGET of one key) answers for each of
--- `members`, as a table of the members that have a value. The read is passed as a function
--- so that the command it sends stays a literal (the doctor's guard reads them).
-local function read_all(members, read)
-  local found = {}
-  chunked(members, 1000, function(...)
-    local asked = {...}
-    local got = read(...)
-    for j, m in ipairs(asked) do
-      if got[j] then found[m] = got[j] end
-    end
-  end)
-  return found
-end
--- The ledger's scores of every live expiry, read in one command.
+-- Where each event's arguments start (with live expiries only, in a storm, event i's key is
+-- ARGV[first + i - 1]), and the keys of the live expiries.
+local live_only = not string.find(modes, '[^Ll]')
+local at = {}
 local live = {}
-for i = first, #ARGV, 5 do
-  if ARGV[i] == 'L' or ARGV[i] == 'l' then
-    live[#live + 1] = ARGV[i + 2]
+if not live_only then
+  local a = first
+  for i = 1, n do
+    at[i] = a
+    local m = string.byte(modes, i)
+    if m == B_L or m == B_l or m == B_R or m == B_r then
+      if m == B_L or m == B_l then live[#live + 1] = ARGV[a] end
+      a = a + 1
+    else
+      a = a + 4
+    end
   end
 end
-local scores = read_all(live, function(...) return redis.call('ZMSCORE', KEYS[1], ...) end)
+-- The ledger's scores of every live expiry, read in one command (a command per thousand), in
+-- the order of the live expiries.
+local scores = {}
+local function read_scores(...)
+  local got = redis.call('ZMSCORE', KEYS[1], ...)
+  for j = 1, select('#', ...) do scores[#scores + 1] = got[j] end
+end
+if live_only then
+  chunked(ARGV, first, first + n - 1, 1000, read_scores)
+else
+  chunked(live, 1, #live, 1000, read_scores)
+end
 -- The poked set's deadlines of every key that may be taken from it (a live expiry the ledger
 -- has no due deadline for, a recovery), read in one command too.
 local maybe_poked = {}
-for i = first, #ARGV, 5 do
-  local m, k = ARGV[i], ARGV[i + 2]
-  if ((m == 'L' or m == 'l') and not (scores[k] and tonumber(scores[k]) <= due_limit))
-      or m == 'R' or m == 'r' then
-    maybe_poked[#maybe_poked + 1] = k
+-- The due deadline of each live expiry that has one (by its place among them).
+local due = {}
+local li = 0
+for i = 1, n do
+  local m = string.byte(modes, i)
+  if m == B_L or m == B_l then
+    li = li + 1
+    local s = scores[li]
+    if s and tonumber(s) <= due_limit then
+      due[li] = s
+    else
+      maybe_poked[#maybe_poked + 1] = ARGV[at[i] or first + i - 1]
+    end
+  elseif m == B_R or m == B_r then
+    maybe_poked[#maybe_poked + 1] = ARGV[at[i]]
   end
 end
-local poked = read_all(maybe_poked, function(...) return redis.call('HMGET', KEYS[3], ...) end)
+local poked = {}
+chunked(maybe_poked, 1, #maybe_poked, 1000, function(...)
+  local got = redis.call('HMGET', KEYS[3], ...)
+  for j = 1, select('#', ...) do
+    if got[j] then poked[select(j, ...)] = got[j] end
+  end
+end)
 -- Takes key's deadline out of the poked set (the removal written once for the batch).
 local unpoked = {}
 local function take_poked(key)
@@ -136,114 +166,127 @@ local function remember(key, d)
   handled[#handled + 1] = d
   here[key] = d
 end
-local won_list = {}
-local out = {}
-local n = 0
-for i = first, #ARGV, 5 do
-  local mode, kind, key, given, extra = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  n = n + 1
-  local d = false
-  local fire = true
-  -- Whether this script took the deadline out of a ledger (or the poked set) itself: that
-  -- removal answers one caller only, so it is the claim.
-  local own = false
-  -- Whether the deadline comes from the handled memory: someone took this expiry already.
-  local recalled_d = false
-  if mode == 'L' or mode == 'l' then
-    local s = scores[key]
-    if s and tonumber(s) <= due_limit then
-      scores[key] = nil
+-- The events won, as `n:deadline` joined by commas: the record's first line and the answer.
+local won_parts = {}
+local function won(i, d)
+  if #won_parts > 0 then won_parts[#won_parts + 1] = ',' end
+  won_parts[#won_parts + 1] = i
+  won_parts[#won_parts + 1] = ':'
+  won_parts[#won_parts + 1] = d or ''
+end
+li = 0
+for i = 1, n do
+  local m = string.byte(modes, i)
+  local p = at[i] or first + i - 1
+  if m == B_L or m == B_l then
+    li = li + 1
+    local key = ARGV[p]
+    local s = due[li]
+    local d = false
+    -- `here`: the same key earlier in the batch took its deadline already.
+    if s and not here[key] then
       unledgered[#unledgered + 1] = key
       d = s
-    end
-    if not d then
+    else
       d = take_poked(key) or false
     end
     if d then
-      remember(key, d)
-      own = true
+      local hn = #handled
+      handled[hn + 1] = key
+      handled[hn + 2] = d
+      here[key] = d
+      if m == B_L then
+        local wn = #won_parts
+        if wn > 0 then
+          won_parts[wn + 1] = ','
+          wn = wn + 1
+        end
+        won_parts[wn + 1] = i
+        won_parts[wn + 2] = ':'
+        won_parts[wn + 3] = d
+      end
     else
       local h = here[key] or recalled(memory, minute, minutes, key)
-      if h and string.sub(h, 1, 1) ~= '~' then
-        d = h
-        recalled_d = true
-      else
+      if not (h and string.sub(h, 1, 1) ~= '~') then
         -- Taken without a known deadline: a deadline of this key learnt late (a fill or
         -- another instance read it before the key went) must not come back as a miss.
         remember(key, '~' .. now)
+        if m == B_L then
+          -- Claimed by a key shared by every instance, named by the event.
+          local id = redis.sha1hex(db .. '|expired||' .. key)
+          if redis.call('SET', prefix .. 'claim:' .. id, me, 'NX', 'PX', 5000) then
+            won(i, false)
+          end
+        end
       end
     end
-    fire = mode == 'L'
-  elseif mode == 'R' or mode == 'r' then
-    local p = take_poked(key)
-    if p then
-      d = p
+  elseif m == B_R or m == B_r then
+    local key = ARGV[p]
+    local d = take_poked(key)
+    if d then
       remember(key, d)
-      own = true
+      if m == B_R then won(i, d) end
     end
-    fire = p and mode == 'R'
-  elseif mode == 'F' or mode == 'f' then
-    local s = redis.call('ZSCORE', KEYS[6], key)
-    if s and tonumber(s) <= due_limit then
-      redis.call('ZREM', KEYS[6], key)
-      redis.call('HDEL', extra, given)
-      d = s
-      own = true
-    end
-    fire = d and mode == 'F'
-  elseif given ~= '' then
-    d = given
-  end
-  local won = 0
-  if fire then
-    if mode == 'W' then
-      if redis.call('SET', extra, me, 'NX', 'PXAT', tonumber(given) + 60000) then
-        won = 1
+  else
+    local kind, key, given, extra = ARGV[p], ARGV[p + 1], ARGV[p + 2], ARGV[p + 3]
+    if m == B_F or m == B_f then
+      local s = redis.call('ZSCORE', KEYS[6], key)
+      if s and tonumber(s) <= due_limit then
+        redis.call('ZREM', KEYS[6], key)
+        redis.call('HDEL', extra, given)
+        if m == B_F then won(i, s) end
       end
-    elseif own then
-      won = 1
-    elseif not recalled_d then
+    elseif m == B_W then
+      if redis.call('SET', extra, me, 'NX', 'PXAT', tonumber(given) + 60000) then
+        won(i, given ~= '' and given or false)
+      end
+    else
       -- Claimed by a write shared by every instance, named by the event.
+      local d = given ~= '' and given or false
       local id = redis.sha1hex(db .. '|' .. kind .. '|' .. (d or '') .. '|' .. key)
+      local w = 0
       if d then
         local b = math.floor(tonumber(d) / 60000)
         local hk = prefix .. 'claims:' .. b .. ':' .. string.sub(id, 1, 1)
-        won = redis.call('HSETNX', hk, id, me)
+        w = redis.call('HSETNX', hk, id, me)
         local until_ms = (math.max(b, minute) + 1) * 60000 + 600000
         if redis.call('PEXPIRETIME', hk) < until_ms then
           redis.call('PEXPIREAT', hk, until_ms)
         end
       elseif redis.call('SET', prefix .. 'claim:' .. id, me, 'NX', 'PX', 5000) then
-        won = 1
+        w = 1
       end
-    end
-    if won == 1 then
-      won_list[#won_list + 1] = n .. ':' .. (d or '')
+      if w == 1 then won(i, d) end
     end
   end
-  out[#out + 1] = won
-  out[#out + 1] = d or ''
 end
-chunked(unledgered, 1000, function(...)
-  redis.call('ZREM', KEYS[1], ...)
-end)
-chunked(unpoked, 1000, function(...)
+if live_only and #unledgered == n then
+  chunked(ARGV, first, first + n - 1, 1000, function(...)
+    redis.call('ZREM', KEYS[1], ...)
+  end)
+else
+  chunked(unledgered, 1, #unledgered, 1000, function(...)
+    redis.call('ZREM', KEYS[1], ...)
+  end)
+end
+chunked(unpoked, 1, #unpoked, 1000, function(...)
   redis.call('ZREM', KEYS[2], ...)
   redis.call('HDEL', KEYS[3], ...)
 end)
 if #handled > 0 then
   local hk = memory .. minute
-  chunked(handled, 1000, function(...)
+  chunked(handled, 1, #handled, 1000, function(...)
     redis.call('HSET', hk, ...)
   end)
   redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
 end
 -- One record for every event this instance won: leased, renewed, taken over and cleared as one.
-if #won_list > 0 then
-  redis.call('HSET', KEYS[5], batch, 'C\n' .. table.concat(won_list, ',') .. '\n' .. blob)
+local won_list = table.concat(won_parts)
+if #won_parts > 0 then
+  redis.call('HSET', KEYS[5], batch, 'C\n' .. won_list .. '\n' .. blob)
   redis.call('ZADD', KEYS[4], lease_end, batch)
 end
-return out
+return won_list
 ";
 
 // Puts record ARGV[1] back, due at ARGV[2] with its record now ARGV[3], if it is still there.
@@ -608,71 +651,86 @@ impl Intake {
             blob.push_str(&json);
             jsons.push(json.into());
         };
-        let mut per_event = Vec::with_capacity(events.len());
+        // Per event: its mode's letter, and its arguments: an expiry's key alone (the letters
+        // `L`, `l`, `R`, `r`: its kind is `expired`), any other event's kind, key, given deadline
+        // and extra. In a storm every event is an expiry: one argument each, not five.
+        let mut modes = String::with_capacity(events.len());
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(events.len());
         for (e, mode) in events {
             if let (Mode::Field { fire }, Some(field)) = (mode, &e.field) {
                 // The member names the field, so the claim is the field's; the index entry
                 // leaves with the member.
                 let r = Record::of(e, None);
                 line(&r);
-                per_event.push((
-                    if *fire { "F" } else { "f" },
-                    crate::source::fields::member(&e.key, field),
-                    field.clone(),
-                    crate::source::fields::Fields::index(&self.prefix, db, &e.key),
-                    e.kind,
+                modes.push(if *fire { 'F' } else { 'f' });
+                args.push(e.kind.as_str().as_bytes().to_vec());
+                args.push(crate::source::fields::member(&e.key, field));
+                args.push(field.clone());
+                args.push(crate::source::fields::Fields::index(
+                    &self.prefix,
+                    db,
+                    &e.key,
                 ));
                 records.push(r);
                 continue;
             }
             let (code, given, extra, rule) = match mode {
-                Mode::Live { fire: true } => ("L", None, Vec::new(), None),
-                Mode::Live { fire: false } => ("l", None, Vec::new(), None),
-                Mode::Recovered { fire: true } => ("R", None, Vec::new(), None),
-                Mode::Recovered { fire: false } => ("r", None, Vec::new(), None),
-                Mode::Plain | Mode::Field { .. } => ("P", e.deadline, Vec::new(), None),
+                Mode::Live { fire: true } => ('L', None, None, None),
+                Mode::Live { fire: false } => ('l', None, None, None),
+                Mode::Recovered { fire: true } => ('R', None, None, None),
+                Mode::Recovered { fire: false } => ('r', None, None, None),
+                Mode::Plain | Mode::Field { .. } => ('P', e.deadline, Some(Vec::new()), None),
                 Mode::Warning { rule } => {
                     let d = e.deadline.map_or(0, |d| d.timestamp_millis());
                     let mut claim =
                         format!("{}warned:{}:{rule}:{d}:", self.prefix, e.db).into_bytes();
                     claim.extend_from_slice(&e.key);
-                    ("W", e.deadline, claim, Some(rule.clone()))
+                    ('W', e.deadline, Some(claim), Some(rule.clone()))
                 }
             };
             // The deadline is not in the JSON (the script writes the one it learns beside it).
             let r = Record::of(e, rule);
             line(&r);
-            per_event.push((
-                code,
-                e.key.clone(),
-                given
-                    .map(|d| d.timestamp_millis().to_string().into_bytes())
-                    .unwrap_or_default(),
-                extra,
-                e.kind,
-            ));
+            modes.push(code);
+            match extra {
+                None => args.push(e.key.clone()),
+                Some(extra) => {
+                    args.push(e.kind.as_str().as_bytes().to_vec());
+                    args.push(e.key.clone());
+                    args.push(
+                        given
+                            .map(|d| d.timestamp_millis().to_string().into_bytes())
+                            .unwrap_or_default(),
+                    );
+                    args.push(extra);
+                }
+            }
             records.push(r);
         }
-        inv.arg(&blob);
-        for (code, key, given, extra, kind) in &per_event {
-            inv.arg(*code)
-                .arg(kind.as_str())
-                .arg(key)
-                .arg(given)
-                .arg(extra);
+        inv.arg(&blob).arg(&modes);
+        for a in &args {
+            inv.arg(a);
         }
-        let out: Vec<redis::Value> = inv.invoke_async(&mut self.conn.clone()).await?;
+        // The events won, `n:deadline` joined by commas (n counts from 1).
+        let won: String = inv.invoke_async(&mut self.conn.clone()).await?;
+        let mut deadlines: Vec<Option<Option<i64>>> = vec![None; records.len()];
+        for w in won.split(',').filter(|w| !w.is_empty()) {
+            if let Some((n, d)) = w.split_once(':')
+                && let Ok(n) = n.parse::<usize>()
+                && let Some(slot) = n.checked_sub(1).and_then(|i| deadlines.get_mut(i))
+            {
+                *slot = Some(parse_deadline(d));
+            }
+        }
         let mut taken = Vec::with_capacity(events.len());
-        for (i, ((pair, mut record), json)) in
-            out.chunks_exact(2).zip(records).zip(jsons).enumerate()
+        for (i, ((deadline, mut record), json)) in
+            deadlines.into_iter().zip(records).zip(jsons).enumerate()
         {
-            let won: i64 = redis::from_redis_value(pair[0].clone()).unwrap_or(0);
-            let d: String = redis::from_redis_value(pair[1].clone()).unwrap_or_default();
-            if won != 1 {
+            let Some(d) = deadline else {
                 taken.push(None);
                 continue;
-            }
-            record.deadline_ms = parse_deadline(&d).or(record.deadline_ms);
+            };
+            record.deadline_ms = d.or(record.deadline_ms);
             taken.push(Some(Taken {
                 id: batch.clone(),
                 event: (i + 1).to_string(),
