@@ -95,6 +95,8 @@ impl Delivery {
                 backlogged: AtomicBool::new(false),
                 wake,
                 waiting_targets: Default::default(),
+                intake_behind: OnceLock::new(),
+                deferral: Default::default(),
                 digests: Mutex::new(HashMap::new()),
                 dead,
                 queue,
@@ -138,6 +140,13 @@ impl Delivery {
     /// Reports every attempt and dead letter to `status` from now on (the first call wins).
     pub fn report_to(&self, status: Arc<Status>) {
         let _ = self.inner.status.set(status);
+    }
+
+    /// Jobs waiting in Redis for their targets stay there while `behind` says the intake is
+    /// behind (for at most a couple of seconds at a stretch: see `Inner::deferring`). The
+    /// first call wins.
+    pub fn defer_to(&self, behind: impl Fn() -> bool + Send + Sync + 'static) {
+        let _ = self.inner.intake_behind.set(Box::new(behind));
     }
 
     /// Takes the firings of one batch. Their jobs are in the durable queue when this returns
@@ -512,6 +521,9 @@ async fn start_taken(inner: &Arc<Inner>, jobs: Vec<Job>) {
 /// slot (or rate-limited line) admits, within this instance's room. A target that no longer
 /// exists gets its jobs taken too, to be dead-lettered.
 async fn take_waiting(inner: &Arc<Inner>, queue: &Queue, ticked: bool) {
+    if inner.deferring() {
+        return;
+    }
     let Some(targets) = waiting_targets(inner, queue, ticked).await else {
         return;
     };

@@ -61,8 +61,48 @@ pub(super) struct Inner {
     /// Where outcomes and dead letters are shown (the status page); set once by `report_to`
     /// so that the constructor stays the same for callers that have no status page.
     pub(super) status: OnceLock<Arc<Status>>,
+    /// Whether the intake is behind (set once by `defer_to`), and the queue loop's holding
+    /// back for it (see [`Inner::deferring`]).
+    pub(super) intake_behind: OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
+    pub(super) deferral: Deferral,
     /// The clock that retry decisions (`failing_since`, the retry window) are read from.
     pub(super) clock: Clock,
+}
+
+/// The longest the queue loop holds back jobs waiting in Redis for an intake that is behind,
+/// before it takes them anyway until the intake has caught up once.
+pub(super) const DEFER_AT_MOST: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Inner {
+    /// Whether jobs waiting in Redis should stay there a little longer, because the intake is
+    /// behind (more than a batch of events waits to be taken: a mass expiry). Events not yet
+    /// taken are only in Redis's pub/sub buffers and the subscriber's; jobs in the queue are
+    /// safe, and every request run meanwhile takes CPU from taking events over.
+    pub(super) fn deferring(&self) -> bool {
+        self.deferral
+            .hold(self.intake_behind.get().is_some_and(|f| f()))
+    }
+}
+
+/// Holding back while something else is behind, never for more than [`DEFER_AT_MOST`] at a
+/// stretch: an intake that never catches up must not stop delivery. After that, it does not
+/// hold back again until the intake has caught up once.
+#[derive(Default)]
+pub(super) struct Deferral(Mutex<Option<tokio::time::Instant>>);
+
+impl Deferral {
+    /// Whether to hold back now, `behind` being whether the other side is behind now.
+    pub(super) fn hold(&self, behind: bool) -> bool {
+        let mut since = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !behind {
+            *since = None;
+            return false;
+        }
+        since
+            .get_or_insert_with(tokio::time::Instant::now)
+            .elapsed()
+            < DEFER_AT_MOST
+    }
 }
 
 /// How long the queue loop trusts its last read of which targets have jobs waiting in Redis.
@@ -192,4 +232,27 @@ pub(super) fn windows_inflight(
         .windows_inflight
         .lock()
         .unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deferral_holds_back_for_a_stretch_at_most_then_not_until_caught_up() {
+        let d = Deferral::default();
+        assert!(!d.hold(false));
+        assert!(d.hold(true));
+        tokio::time::advance(DEFER_AT_MOST / 2).await;
+        assert!(d.hold(true));
+        tokio::time::advance(DEFER_AT_MOST / 2).await;
+        assert!(
+            !d.hold(true),
+            "behind for the whole stretch: delivery goes on"
+        );
+        tokio::time::advance(DEFER_AT_MOST * 10).await;
+        assert!(!d.hold(true), "still behind: still going on");
+        assert!(!d.hold(false));
+        assert!(d.hold(true), "caught up once: it may hold back again");
+    }
 }

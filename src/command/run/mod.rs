@@ -222,6 +222,8 @@ pub async fn run(
         delivery_stop.clone(),
     );
     delivery.report_to(status.clone());
+    let waiting = metrics.clone();
+    delivery.defer_to(move || waiting.events_waiting.get() >= crate::engine::BATCH as i64);
     delivery.start_redrive();
     delivery.start_queue();
     let poker_stop = CancellationToken::new();
