@@ -5,7 +5,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, RedisServer, write_rules};
+use common::{HttpReceiver, RedisServer, jobs_in, write_rules};
 
 #[test]
 fn three_instances_fire_each_event_once() {
@@ -368,6 +368,17 @@ fn three_instances_send_one_digest_per_window() {
     assert_eq!(keys.len(), 90, "each event listed once: {keys:?}");
 }
 
+/// The notifications waiting in a window: a member is one, or a batch's bundle (`#N#…`) of N.
+fn in_window(c: &mut redis::Connection, zset: &str) -> usize {
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(zset)
+        .arg(0)
+        .arg(-1)
+        .query(c)
+        .unwrap();
+    jobs_in(&members)
+}
+
 /// A window open when keywatch stops is not lost: its events wait in Redis, and the next
 /// instance sends the digest when the window ends.
 #[test]
@@ -382,13 +393,7 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
     common::wait_until(
         "all 20 expiries are waiting in the window",
         Duration::from_secs(20),
-        || {
-            redis::cmd("ZCARD")
-                .arg("keywatch:group:cache-gone:hook")
-                .query::<i64>(&mut c)
-                .unwrap()
-                == 20
-        },
+        || in_window(&mut c, "keywatch:group:cache-gone:hook") == 20,
     );
     // A window's notifications are jobs waiting too: the backlog gauge counts them.
     let addr = common::endpoint(&a);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{Daemon, HttpReceiver, Logs, PATIENCE, RedisServer, Rig, Rules};
+use common::{Daemon, HttpReceiver, Logs, PATIENCE, RedisServer, Rig, Rules, jobs_in};
 
 /// Requests a receiver holds right now, and the most it held at once.
 #[derive(Default)]
@@ -55,20 +55,6 @@ fn set_due(c: &mut redis::Connection, keys: impl Iterator<Item = String>, deadli
             .ignore();
     }
     let _: () = pipe.query(c).unwrap();
-}
-
-/// How many jobs the members of a queue set hold: one each, a bundle (`#N#…`, the waiting jobs
-/// of one batch for one target, stored as one) the N it names.
-fn jobs_in(members: &[String]) -> usize {
-    members
-        .iter()
-        .map(|m| {
-            m.strip_prefix('#')
-                .and_then(|r| r.split_once('#'))
-                .and_then(|(n, _)| n.parse().ok())
-                .unwrap_or(1)
-        })
-        .sum()
 }
 
 /// Jobs waiting in Redis, not leased to an instance: due in the queue (a lease runs 15 s from

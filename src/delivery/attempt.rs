@@ -248,11 +248,16 @@ pub(super) async fn deliver_held(
                     Some(q),
                     Some(w),
                     Work::Digest {
-                        firings, channel, ..
+                        firings,
+                        channel,
+                        jobs,
+                        sizes,
+                        ..
                     },
                 ) = (&inner.queue, &window, &work)
                 {
-                    let again = window_jobs(firings, channel, n, failing_since);
+                    let again =
+                        by_member(jobs, sizes, window_jobs(firings, channel, n, failing_since));
                     finish(&inner);
                     match q.window_retry(w, &again, at).await {
                         Ok(()) => return,
@@ -269,6 +274,16 @@ pub(super) async fn deliver_held(
             }
         }
     }
+}
+
+/// A window digest's notifications (`again`, in order) with the members (`ids`) they came
+/// from, `sizes[i]` of them each.
+fn by_member(ids: &[String], sizes: &[usize], again: Vec<Job>) -> Vec<(String, Vec<Job>)> {
+    let mut rest = again.into_iter();
+    ids.iter()
+        .zip(sizes)
+        .map(|(id, n)| (id.clone(), rest.by_ref().take(*n).collect()))
+        .collect()
 }
 
 /// The slot `work`'s requests are counted in, under the rules in force now.
@@ -389,6 +404,7 @@ pub(super) async fn take_turn(
             message: Arc::new(message),
             firings,
             jobs,
+            sizes: Vec::new(),
             window: None,
         }),
         Err(e) => {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::action::notify;
 use crate::channel::Message;
 use crate::config::Group;
-use crate::firing::{Action, DeadLetter, Firing, Job};
+use crate::firing::{Action, DeadLetter, Firing};
 
 use super::attempt::{
     compose_digest_now, dead_letter, dead_letter_unreadable, deliver, keep_dead_letter,
@@ -52,23 +52,32 @@ pub(super) async fn take_windows(inner: &Arc<Inner>, queue: &Queue) {
         }
     };
     for w in windows {
-        let jobs = match queue.window_take(&w, WINDOW_TAKE_MAX).await {
+        let members = match queue.window_take(&w, WINDOW_TAKE_MAX).await {
             Ok(t) => {
                 dead_letter_unreadable(inner, t.unreadable);
-                if t.jobs.is_empty() {
+                if t.members.is_empty() {
                     continue;
                 }
-                t.jobs
+                t.members
             }
             Err(e) => {
                 tracing::warn!(error = %e, rule = %w.rule, "Cannot take a digest window; retrying.");
                 continue;
             }
         };
-        let attempt = jobs.iter().map(|j| j.attempt).max().unwrap_or(0);
-        let failing_since = jobs.iter().filter_map(|j| j.failing_since).min();
-        let ids: Vec<String> = jobs.iter().map(Job::id).collect();
-        let firings: Vec<Arc<Firing>> = jobs.into_iter().map(|j| j.firing).collect();
+        let jobs = || members.iter().flat_map(|m| &m.jobs);
+        let attempt = jobs().map(|j| j.attempt).max().unwrap_or(0);
+        let failing_since = jobs().filter_map(|j| j.failing_since).min();
+        let ids: Vec<String> = members.iter().map(|m| m.id.clone()).collect();
+        let sizes: Vec<usize> = members.iter().map(|m| m.jobs.len()).collect();
+        let firings: Vec<Arc<Firing>> = jobs().map(|j| j.firing.clone()).collect();
+        if firings.is_empty() {
+            // Nothing readable left in them (set aside above, or all seen twice).
+            if let Err(e) = queue.window_done(&w, &ids).await {
+                tracing::warn!(error = %e, rule = %w.rule, "Cannot remove emptied members of a digest window; they are taken again when their lease ends.");
+            }
+            continue;
+        }
         match compose_digest_now(inner, &w.rule, &w.channel, &firings) {
             Ok(message) => {
                 let work = Work::Digest {
@@ -77,6 +86,7 @@ pub(super) async fn take_windows(inner: &Arc<Inner>, queue: &Queue) {
                     message: Arc::new(message),
                     firings,
                     jobs: ids,
+                    sizes,
                     window: Some(w),
                 };
                 let i = inner.clone();
@@ -96,6 +106,7 @@ pub(super) async fn take_windows(inner: &Arc<Inner>, queue: &Queue) {
                     )),
                     firings,
                     jobs: ids.clone(),
+                    sizes,
                     window: Some(w.clone()),
                 };
                 dead_letter(inner, &work, &format!("cannot compose the digest: {e}"));
@@ -139,7 +150,7 @@ pub(super) fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, g
         };
         match composed {
             Ok(message) => {
-                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch, jobs: Vec::new(), window: None };
+                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch, jobs: Vec::new(), sizes: Vec::new(), window: None };
                 deliver(i.clone(), work, 0, None).await
             }
             Err(e) => {

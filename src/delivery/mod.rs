@@ -225,8 +225,10 @@ impl Delivery {
                 }
             }
         }
-        // Windows first: a job id is the same whoever computes it, so putting a window's jobs
-        // again after a crash before the store below adds nothing twice.
+        // Windows first: a job id, and the id of a batch's bundle, is the same whoever computes
+        // it from the same events, so putting a window's jobs again after a crash before the
+        // store below adds nothing twice (and a notification a take brings twice, in two
+        // members, is in its digest once).
         for (w, (group, firings)) in windows {
             put_in_window(inner, w, group, firings).await;
         }
@@ -883,6 +885,7 @@ fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
                         message: Arc::new(message),
                         firings,
                         jobs: Vec::new(),
+                        sizes: Vec::new(),
                         window: None,
                     };
                     deliver(i.clone(), work, 0, None).await

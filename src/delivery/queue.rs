@@ -202,6 +202,42 @@ end
 return 0
 ";
 
+// Takes members of the window KEYS[1] due at ARGV[1], oldest first, until the jobs they hold
+// (a bundle counts as the jobs it holds) reach ARGV[2], leased until ARGV[3]; returns member,
+// payload pairs (KEYS[2] holds the payloads).
+const WINDOW_TAKE: &str = r"
+local max = tonumber(ARGV[2])
+local seen = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, max)
+local ids = {}
+local jobs = 0
+for _, id in ipairs(seen) do
+  local n = tonumber(string.match(id, '^#(%d+)#')) or 1
+  if jobs >= max then break end
+  ids[#ids + 1] = id
+  jobs = jobs + n
+end
+local out = {}
+for j = 1, #ids, 1000 do
+  local last = math.min(j + 999, #ids)
+  local leased = {}
+  for i = j, last do
+    leased[#leased + 1] = ARGV[3]
+    leased[#leased + 1] = ids[i]
+  end
+  redis.call('ZADD', KEYS[1], unpack(leased))
+  local payloads = redis.call('HMGET', KEYS[2], unpack(ids, j, last))
+  for i = j, last do
+    out[#out + 1] = ids[i]
+    out[#out + 1] = payloads[i - j + 1]
+  end
+end
+return out
+";
+
+/// Most notifications of one batch stored as one member of their window (a bundle, see
+/// `bundle`): a batch of events is at most this many anyway.
+const WINDOW_BUNDLE_MAX: usize = 1024;
+
 /// A digest window: one rule's notifications for one channel.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Window {
@@ -228,6 +264,24 @@ pub struct Taken {
     /// member did not fit in the room given (0 otherwise). Asking again with less room is
     /// bound to bring nothing.
     pub need: usize,
+}
+
+/// One member of a digest window, as taken: a notification, or a bundle of a batch's.
+#[derive(Debug, Default)]
+pub struct WindowMember {
+    /// Its name in the window: what acknowledging, renewing or retrying it names.
+    pub id: String,
+    /// The notifications it holds that this take brings (one seen in an earlier member of the
+    /// same take, stored twice by an event run again after a crash, is left out).
+    pub jobs: Vec<Job>,
+}
+
+/// What one take of a window brought.
+#[derive(Debug, Default)]
+pub struct WindowTaken {
+    pub members: Vec<WindowMember>,
+    /// Those this version cannot read (set aside already, to be dead-lettered by the caller).
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// A stored job that does not decode (written by another version, or damaged): what can be
@@ -273,6 +327,7 @@ pub struct Queue {
     prefix: String,
     group_put: redis::Script,
     group_done: redis::Script,
+    window_take: redis::Script,
     zset: String,
     jobs: String,
     take: redis::Script,
@@ -299,6 +354,7 @@ impl Queue {
             prefix: prefix.to_string(),
             group_put: redis::Script::new(GROUP_PUT),
             group_done: redis::Script::new(GROUP_DONE),
+            window_take: redis::Script::new(WINDOW_TAKE),
             zset: format!("{prefix}queue"),
             jobs: format!("{prefix}queue:jobs"),
             take: redis::Script::new(TAKE),
@@ -833,8 +889,17 @@ impl Queue {
             .arg(now_ms())
             .arg(u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1))
             .arg(w.member());
-        for j in jobs {
-            inv.arg(j.id()).arg(j.payload());
+        // A batch's notifications go in as one member: one payload and one place in the
+        // window, not one per notification (a digest needs no job of its own per event).
+        for chunk in jobs.chunks(WINDOW_BUNDLE_MAX) {
+            match chunk {
+                [job] => inv.arg(job.id()).arg(job.payload()),
+                _ => {
+                    let payloads: Vec<String> = chunk.iter().map(Job::payload).collect();
+                    inv.arg(bundle::id(&chunk[0].id(), chunk.len()))
+                        .arg(bundle::payload(payloads.iter().map(String::as_str)))
+                }
+            };
         }
         inv.invoke_async(&mut self.conn.clone()).await
     }
@@ -852,9 +917,110 @@ impl Queue {
             .collect())
     }
 
-    /// Takes up to `max` jobs of `w` whose window has ended (or whose retry is due), leased.
-    pub async fn window_take(&self, w: &Window, max: usize) -> redis::RedisResult<Taken> {
-        self.take_from(&self.window_zset(w), max).await
+    /// Takes about `max` notifications of `w` whose window has ended (or whose retry is due),
+    /// leased: whole members until `max` is reached, so the last may bring it past `max` by
+    /// less than one bundle (a digest of 5,000 or of 5,900 reads the same; splitting a bundle
+    /// would cost a rewrite of it).
+    pub async fn window_take(&self, w: &Window, max: usize) -> redis::RedisResult<WindowTaken> {
+        let zset = self.window_zset(w);
+        let now = now_ms();
+        let pairs: Vec<Option<String>> = self
+            .window_take
+            .key(&zset)
+            .key(&self.jobs)
+            .arg(now)
+            .arg(max)
+            .arg(now + LEASE.as_millis() as i64)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut taken = WindowTaken::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut aside: Vec<(String, String)> = Vec::new();
+        let mut bad_elements = Vec::new();
+        for pair in pairs.chunks(2) {
+            let [Some(id), payload] = pair else { continue };
+            let Some(payload) = payload else {
+                taken.unreadable.push(Unreadable::new(
+                    id,
+                    "",
+                    "its payload is missing".to_string(),
+                ));
+                aside.push((id.clone(), String::new()));
+                continue;
+            };
+            let mut member = WindowMember {
+                id: id.clone(),
+                jobs: Vec::new(),
+            };
+            let mut keep = |job: Job, member: &mut WindowMember| {
+                if seen.insert(job.id()) {
+                    member.jobs.push(job);
+                }
+            };
+            if bundle::size(id).is_some() {
+                match bundle::elements(payload) {
+                    Ok(elements) => {
+                        for (index, element) in elements.iter().enumerate() {
+                            match serde_json::from_str::<Job>(element.get()) {
+                                Ok(job) => keep(job, &mut member),
+                                Err(e) => {
+                                    // Kept for a person; the rest of the bundle goes on.
+                                    let at = format!("{id}@{index}");
+                                    taken.unreadable.push(Unreadable::new(
+                                        &at,
+                                        element.get(),
+                                        e.to_string(),
+                                    ));
+                                    bad_elements.push((at, element.get().to_string()));
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        taken
+                            .unreadable
+                            .push(Unreadable::new(id, payload, e.to_string()));
+                        aside.push((id.clone(), payload.clone()));
+                        continue;
+                    }
+                }
+            } else {
+                match serde_json::from_str::<Job>(payload) {
+                    Ok(job) => keep(job, &mut member),
+                    Err(e) => {
+                        taken
+                            .unreadable
+                            .push(Unreadable::new(id, payload, e.to_string()));
+                        aside.push((id.clone(), payload.clone()));
+                        continue;
+                    }
+                }
+            }
+            taken.members.push(member);
+        }
+        if !aside.is_empty() || !bad_elements.is_empty() {
+            let mut pipe = redis::pipe();
+            if !aside.is_empty() {
+                let mut inv = self.set_aside.prepare_invoke();
+                inv.key(&zset).key(&self.jobs).key(&self.unreadable);
+                for (id, payload) in &aside {
+                    inv.arg(id).arg(payload);
+                }
+                // Not set aside: leased as the others, it comes back when its lease ends and
+                // is reported again then.
+                inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+            }
+            if !bad_elements.is_empty() {
+                let mut hset = redis::cmd("HSET");
+                hset.arg(&self.unreadable);
+                for (at, text) in &bad_elements {
+                    hset.arg(at).arg(text);
+                }
+                pipe.add_command(hset).ignore();
+                pipe.exec_async(&mut self.conn.clone()).await?;
+            }
+        }
+        Ok(taken)
     }
 
     /// The digest of these jobs of `w` was sent or dead-lettered.
@@ -871,15 +1037,44 @@ impl Queue {
     /// The digest of these jobs of `w` failed: they come due again at `due_ms` with their
     /// attempts counted, for whichever instance takes them; those no longer in the window
     /// (another instance sent their digest after this one lost its lease) stay gone.
+    ///
+    /// `members` are the members the digest was made of (see [`WindowMember`]), each with its
+    /// notifications as they go back (their attempts counted): a member goes back whole, so a
+    /// bundle stays one.
     pub async fn window_retry(
         &self,
         w: &Window,
-        jobs: &[Job],
+        members: &[(String, Vec<Job>)],
         due_ms: i64,
     ) -> redis::RedisResult<()> {
-        self.move_if_present(&self.window_zset(w), jobs, due_ms)
-            .await
-            .map(|_| ())
+        // A member left with nothing (all of it stood twice in this digest) is done.
+        let empty: Vec<String> = members
+            .iter()
+            .filter(|(_, jobs)| jobs.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !empty.is_empty() {
+            self.window_done(w, &empty).await?;
+        }
+        let mut inv = self.reschedule.prepare_invoke();
+        inv.key(self.window_zset(w)).key(&self.jobs).arg(due_ms);
+        let mut any = false;
+        for (id, jobs) in members {
+            let payload = match jobs.as_slice() {
+                [] => continue,
+                [job] if bundle::size(id).is_none() => job.payload(),
+                _ => {
+                    let payloads: Vec<String> = jobs.iter().map(Job::payload).collect();
+                    bundle::payload(payloads.iter().map(String::as_str))
+                }
+            };
+            inv.arg(id).arg(payload);
+            any = true;
+        }
+        if any {
+            inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+        }
+        Ok(())
     }
 
     /// Extends the leases of window jobs whose digest is being attempted.
@@ -904,23 +1099,17 @@ impl Queue {
     pub async fn len(&self) -> redis::RedisResult<i64> {
         let windows = self.windows().await?;
         let targets = self.waiting_targets().await?;
-        let mut pipe = redis::pipe();
-        for w in &windows {
-            pipe.cmd("ZCARD").arg(self.window_zset(w));
-        }
-        let counts: Vec<i64> = if windows.is_empty() {
-            Vec::new()
-        } else {
-            pipe.query_async(&mut self.conn.clone()).await?
-        };
-        // Bundles live in the queue (leased) and the waiting sets: counted by what they hold.
+        // Bundles live in the queue (leased), the waiting sets and the windows: counted by
+        // what they hold.
         let mut inv = self.count.prepare_invoke();
         inv.key(&self.zset);
         for t in &targets {
             inv.key(self.waiting_zset(t));
         }
-        let queued: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
-        Ok(queued + counts.iter().sum::<i64>())
+        for w in &windows {
+            inv.key(self.window_zset(w));
+        }
+        inv.invoke_async(&mut self.conn.clone()).await
     }
 }
 
@@ -1041,6 +1230,31 @@ mod tests {
         Job::first(Arc::new(super::super::testkit::firing("r", key)), action)
     }
 
+    /// Rule `r`'s digest window for channel `c`, and a notification to it.
+    fn window_rc() -> Window {
+        Window {
+            rule: "r".into(),
+            channel: "c".into(),
+        }
+    }
+
+    fn notify_c() -> Action {
+        Action::Notify {
+            channel: "c".into(),
+        }
+    }
+
+    /// Every member of a sorted set, lowest score first.
+    async fn members(conn: &Conn, zset: &str) -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg(zset)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap()
+    }
+
     async fn score(conn: &Conn, zset: &str, id: &str) -> Option<f64> {
         redis::cmd("ZSCORE")
             .arg(zset)
@@ -1095,31 +1309,110 @@ mod tests {
         assert_eq!(q.len().await.unwrap(), 0);
     }
 
-    /// The same for a digest window's jobs: a digest sent by another instance stays sent.
+    /// The same for a digest window's members: a digest sent by another instance stays sent.
     #[tokio::test]
     async fn a_digest_retry_does_not_bring_back_jobs_another_instance_sent() {
         let (_server, q, conn) = queue().await;
-        let w = Window {
-            rule: "r".into(),
-            channel: "c".into(),
-        };
-        let notify = || Action::Notify {
-            channel: "c".into(),
-        };
-        let (a, b) = (job("k:1", notify()), job("k:2", notify()));
-        q.window_put(&w, Duration::from_millis(1), &[a.clone(), b.clone()])
-            .await
-            .unwrap();
+        let w = window_rc();
+        let (a, b) = (job("k:1", notify_c()), job("k:2", notify_c()));
+        // Two batches: two members.
+        for j in [&a, &b] {
+            q.window_put(&w, Duration::from_millis(1), std::slice::from_ref(j))
+                .await
+                .unwrap();
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
-        assert_eq!(q.window_take(&w, 10).await.unwrap().jobs.len(), 2);
+        let taken = q.window_take(&w, 10).await.unwrap();
+        let ids: Vec<&str> = taken.members.iter().map(|m| m.id.as_str()).collect();
+        assert_eq!(ids, [a.id(), b.id()]);
         // Another instance sent `a` (after this one's lease ran out); `b` is still the window's.
         q.window_done(&w, &[a.id()]).await.unwrap();
-        q.window_retry(&w, &[a.clone(), b.clone()], 42)
-            .await
-            .unwrap();
+        q.window_retry(
+            &w,
+            &[(a.id(), vec![a.clone()]), (b.id(), vec![b.clone()])],
+            42,
+        )
+        .await
+        .unwrap();
         assert_eq!(score(&conn, "kw:group:r:c", &a.id()).await, None);
         assert_eq!(payload(&conn, &a.id()).await, None);
         assert_eq!(score(&conn, "kw:group:r:c", &b.id()).await, Some(42.0));
+    }
+
+    /// A batch's notifications are one member of their window: taken whole (however many),
+    /// counted as what they hold, and retried whole with their attempts counted. A notification
+    /// stored twice (an event run again after a crash) is in the digest once.
+    #[tokio::test]
+    async fn a_batch_is_one_member_of_its_window() {
+        let (_server, q, conn) = queue().await;
+        let w = window_rc();
+        let jobs: Vec<Job> = (0..3).map(|i| job(&format!("k:{i}"), notify_c())).collect();
+        q.window_put(&w, Duration::from_millis(1), &jobs)
+            .await
+            .unwrap();
+        q.window_put(&w, Duration::from_millis(1), &jobs[2..])
+            .await
+            .unwrap();
+        let members = members(&conn, "kw:group:r:c").await;
+        // One score (the window's end): by name, a bundle's `#` first.
+        assert_eq!(members, [bundle::id(&jobs[0].id(), 3), jobs[2].id()]);
+        assert_eq!(q.len().await.unwrap(), 4);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Room for two: the bundle alone (the first member is taken whatever its size)...
+        let taken = q.window_take(&w, 2).await.unwrap();
+        assert!(taken.unreadable.is_empty());
+        let got: Vec<(String, Vec<Job>)> =
+            taken.members.into_iter().map(|m| (m.id, m.jobs)).collect();
+        assert_eq!(got, [(bundle::id(&jobs[0].id(), 3), jobs.clone())]);
+        // ...and once more with room: the lone copy, which this take did not see before.
+        let rest = q.window_take(&w, 10).await.unwrap();
+        assert_eq!(rest.members.len(), 1);
+        assert_eq!(rest.members[0].jobs, jobs[2..]);
+        // Both together: the copy is left out of the second member.
+        let both = [
+            (bundle::id(&jobs[0].id(), 3), jobs.clone()),
+            (jobs[2].id(), jobs[2..].to_vec()),
+        ];
+        let again: Vec<(String, Vec<Job>)> = both
+            .iter()
+            .map(|(id, js)| {
+                let js = js
+                    .iter()
+                    .map(|j| Job {
+                        attempt: 1,
+                        ..j.clone()
+                    })
+                    .collect();
+                (id.clone(), js)
+            })
+            .collect();
+        q.window_retry(&w, &again, 0).await.unwrap();
+        let taken = q.window_take(&w, 10).await.unwrap();
+        let jobs_back: Vec<&Job> = taken.members.iter().flat_map(|m| &m.jobs).collect();
+        assert_eq!(jobs_back.len(), 3, "the copy once");
+        assert!(jobs_back.iter().all(|j| j.attempt == 1));
+        assert_eq!(taken.members[1].jobs, []);
+        // A member left with nothing goes when retried; done, the rest goes too.
+        let ids: Vec<String> = taken.members.iter().map(|m| m.id.clone()).collect();
+        q.window_retry(
+            &w,
+            &[
+                (ids[0].clone(), taken.members[0].jobs.clone()),
+                (ids[1].clone(), Vec::new()),
+            ],
+            0,
+        )
+        .await
+        .unwrap();
+        assert_eq!(q.len().await.unwrap(), 3);
+        q.window_done(&w, &ids).await.unwrap();
+        assert_eq!(q.len().await.unwrap(), 0);
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("kw:*")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert!(keys.iter().all(|k| k.ends_with(":window")), "{keys:?}");
     }
 
     /// A job stored by a version that wrote something this one cannot read (or whose payload
@@ -1270,13 +1563,7 @@ mod tests {
     async fn waiting_jobs_are_bundled_and_taken_back_as_the_room_allows() {
         let (_server, q, conn) = queue().await;
         let jobs = bundled(&q).await;
-        let members: Vec<String> = redis::cmd("ZRANGE")
-            .arg("kw:queue:wait:reload:r")
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn.clone())
-            .await
-            .unwrap();
+        let members = members(&conn, "kw:queue:wait:reload:r").await;
         assert_eq!(members.len(), 3, "{members:?}");
         assert_eq!(q.len().await.unwrap(), 5);
         // Room for one: the first bundle holds two, and the target is busy.

@@ -23,8 +23,12 @@ pub(super) enum Work {
         message: Arc<Message>,
         firings: Vec<Arc<Firing>>,
         /// Queued jobs the digest stands for, acknowledged when it is sent or dead-lettered;
-        /// empty for a digest held only in memory (no queue, or the queue was unreachable).
+        /// empty for a digest held only in memory (no queue, or the queue was unreachable). For
+        /// a window's digest, the window's members (a notification, or a batch's bundle).
         jobs: Vec<String>,
+        /// For a window's digest: how many of `firings`, in order, each of `jobs` holds (a
+        /// failed digest goes back to its window member by member). Empty otherwise.
+        sizes: Vec<usize>,
         /// The `group` window the jobs wait in; `None` for a merged backlog (whose jobs are in
         /// the queue itself).
         window: Option<Window>,

@@ -98,3 +98,17 @@ pub fn notify_flags(conn: &mut impl ConnectionLike) -> String {
         .expect("CONFIG GET notify-keyspace-events");
     pair.get(1).cloned().unwrap_or_default()
 }
+
+/// How many jobs the members of a queue or digest-window set hold: one each, a bundle (`#N#…`,
+/// jobs of one batch stored as one member) the N it names.
+pub fn jobs_in(members: &[String]) -> usize {
+    members
+        .iter()
+        .map(|m| {
+            m.strip_prefix('#')
+                .and_then(|r| r.split_once('#'))
+                .and_then(|(n, _)| n.parse().ok())
+                .unwrap_or(1)
+        })
+        .sum()
+}

@@ -40,7 +40,7 @@ pub mod tools;
 pub mod wait;
 
 pub use commands::{
-    expire_now, notify_flags, set_and_expire_now, set_px, set_with_ttl, touch_until_gone,
+    expire_now, jobs_in, notify_flags, set_and_expire_now, set_px, set_with_ttl, touch_until_gone,
 };
 pub use daemon::{
     Daemon, KeywatchProcess, Logs, Rig, SUBSCRIBED, assert_no_secret, field_is, keywatch_bin,
