@@ -12,10 +12,15 @@
 //! ```text
 //! cargo run --release --example mass_expiry [-- --tasks 100000] [--save FILE] [--compare FILE]
 //!                                           [--skip-naive] [--python python3] [--state-redis]
+//!                                           [--digest]
 //! ```
 //!
 //! `--state-redis` keeps keywatch's own state (ledger, claims, queue) in a second redis-server
 //! (`state.url`), so that the watched one only expires, publishes and serves the details.
+//!
+//! `--digest` runs issue #18's own scenario instead of one `reload` per task: the rule notifies a
+//! webhook with `group` (a window of 1 s, the first 1,000 events of each digest in its body), so
+//! a task is "delivered" when a digest counts it; taken over is the same finish line.
 //!
 //! `--save` writes the figures as JSON; `--compare` reads such a file and prints the change.
 //!
@@ -88,6 +93,8 @@ struct Args {
     python: String,
     /// keywatch's state (ledger, claims, queue) in a second redis-server (`state.url`).
     state_redis: bool,
+    /// One digest rule (`notify` with `group`) instead of one `reload` per task.
+    digest: bool,
     /// Another build of this example, run alternately with this one.
     baseline: Option<PathBuf>,
     rounds: usize,
@@ -110,6 +117,7 @@ fn parse_args() -> Args {
         skip_naive: args.iter().any(|a| a == "--skip-naive"),
         python: value("--python").unwrap_or_else(|| "python3".into()),
         state_redis: args.iter().any(|a| a == "--state-redis"),
+        digest: args.iter().any(|a| a == "--digest"),
         baseline: value("--baseline").map(PathBuf::from),
         rounds: value("--rounds")
             .and_then(|v| v.parse().ok())
@@ -217,6 +225,12 @@ struct Detail {
     order_id: usize,
 }
 
+/// A digest's body (SPEC §4): how many events it stands for.
+#[derive(Deserialize)]
+struct Digest {
+    count: usize,
+}
+
 /// A local order service: counts `POST /orders/close` bodies carrying a task's detail.
 async fn receiver(tasks: usize) -> (String, Arc<Mutex<Seen>>) {
     let seen = Arc::new(Mutex::new(Seen {
@@ -224,26 +238,45 @@ async fn receiver(tasks: usize) -> (String, Arc<Mutex<Seen>>) {
         ..Default::default()
     }));
     let s = seen.clone();
-    let app = Router::new().route(
-        "/orders/close",
-        post(move |body: Bytes| {
-            let s = s.clone();
-            async move {
-                let d: Option<Detail> = serde_json::from_slice(&body).ok();
-                let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
-                g.requests += 1;
-                if let Some(d) = d
-                    && d.order_id < g.tasks.len()
-                    && !g.tasks[d.order_id]
-                {
-                    g.tasks[d.order_id] = true;
-                    g.distinct += 1;
-                    g.last_ms = unix_ms_f64();
+    let d = seen.clone();
+    let app = Router::new()
+        .route(
+            "/orders/close",
+            post(move |body: Bytes| {
+                let s = s.clone();
+                async move {
+                    let d: Option<Detail> = serde_json::from_slice(&body).ok();
+                    let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
+                    g.requests += 1;
+                    if let Some(d) = d
+                        && d.order_id < g.tasks.len()
+                        && !g.tasks[d.order_id]
+                    {
+                        g.tasks[d.order_id] = true;
+                        g.distinct += 1;
+                        g.last_ms = unix_ms_f64();
+                    }
+                    "ok"
                 }
-                "ok"
-            }
-        }),
-    );
+            }),
+        )
+        .route(
+            "/digest",
+            post(move |body: Bytes| {
+                let s = d.clone();
+                async move {
+                    let digest: Option<Digest> = serde_json::from_slice(&body).ok();
+                    let mut g = s.lock().unwrap_or_else(|p| p.into_inner());
+                    g.requests += 1;
+                    if let Some(digest) = digest {
+                        // The body lists the first `max_items` events; `count` counts them all.
+                        g.distinct += digest.count;
+                        g.last_ms = unix_ms_f64();
+                    }
+                    "ok"
+                }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind the receiver");
@@ -325,14 +358,32 @@ impl Drop for Keywatch {
 
 /// `keywatch run` as a child process: `exe` (this example, or a baseline build of it) started
 /// again with `--keywatch`.
-fn start_keywatch(exe: &Path, redis: &str, receiver: &str, state: Option<&str>) -> Keywatch {
+fn start_keywatch(
+    exe: &Path,
+    redis: &str,
+    receiver: &str,
+    state: Option<&str>,
+    digest: bool,
+) -> Keywatch {
     let dir = tempfile::tempdir().expect("temp dir");
     let rules = dir.path().join("rules.yaml");
     let state = state
         .map(|url| format!("state:\n  url: \"{url}\"\n"))
         .unwrap_or_default();
-    std::fs::write(
-        &rules,
+    let text = if digest {
+        let hook = receiver.replace("/orders/close", "/digest");
+        format!(
+            r#"{state}channels:
+  hook: {{ type: webhook, url: "{hook}" }}
+rules:
+  - name: close-unpaid-order
+    match: "delay:task:{{id}}"
+    on: [expired]
+    detail: {{ hash: "delay:detail", field: "{{{{ id }}}}", remove: true }}
+    notify: {{ to: [hook], group: {{ window: 1s, max_items: 1000 }} }}
+"#
+        )
+    } else {
         format!(
             r#"{state}rules:
   - name: close-unpaid-order
@@ -345,9 +396,9 @@ fn start_keywatch(exe: &Path, redis: &str, receiver: &str, state: Option<&str>) 
       headers: {{ Content-Type: application/json }}
       body: "{{{{ detail | tojson }}}}"
 "#
-        ),
-    )
-    .expect("write rules");
+        )
+    };
+    std::fs::write(&rules, text).expect("write rules");
     let log = std::fs::File::create(log_path()).expect("log file");
     let child = Command::new(exe)
         .arg("--keywatch")
@@ -380,7 +431,7 @@ struct KeywatchRun {
     details_left: usize,
 }
 
-async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool) -> KeywatchRun {
+async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool, digest: bool) -> KeywatchRun {
     let server = LocalRedis::start(&["--notify-keyspace-events", "Exg"]).expect("redis-server");
     let state = state_redis.then(|| LocalRedis::start(&[]).expect("redis-server for the state"));
     let (hook, seen) = receiver(tasks).await;
@@ -389,6 +440,7 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool) -> KeywatchRu
         &server.url(),
         &hook,
         state.as_ref().map(|s| s.url()).as_deref(),
+        digest,
     );
     wait_subscribed(&server.url()).await;
     let due = load(&server.url(), tasks).await;
@@ -801,7 +853,7 @@ fn side_by_side(args: &Args, baseline: &Path) -> std::process::ExitCode {
             eprintln!("round {round}: Redis's pace {p:.2} s");
             pace.push(p);
             for (i, exe) in [baseline, this.as_path()].into_iter().enumerate() {
-                let kw = keywatch_run(exe, args.tasks, args.state_redis).await;
+                let kw = keywatch_run(exe, args.tasks, args.state_redis, args.digest).await;
                 eprintln!(
                     "round {round}: {}: taken over {:.2} s, delivered {:.2} s, {} of {} delivered",
                     names[i], kw.taken_s, kw.secs, kw.delivered, args.tasks
@@ -821,8 +873,13 @@ fn side_by_side(args: &Args, baseline: &Path) -> std::process::ExitCode {
     } else {
         "state on the watched redis-server"
     };
+    let rule = if args.digest {
+        "one digest rule"
+    } else {
+        "one reload per task"
+    };
     println!(
-        "\nmass expiry, {} tasks, {layout}, {} rounds alternating (medians; each run below)\n",
+        "\nmass expiry, {} tasks, {rule}, {layout}, {} rounds alternating (medians; each run below)\n",
         args.tasks, args.rounds
     );
     let redis_s = median(pace.clone());
@@ -923,7 +980,7 @@ fn main() -> std::process::ExitCode {
         let redis_s = redis_pace(args.tasks).await;
         eprintln!("Redis's pace: {redis_s:.2} s");
         let exe = std::env::current_exe().expect("this example's path");
-        let kw = keywatch_run(&exe, args.tasks, args.state_redis).await;
+        let kw = keywatch_run(&exe, args.tasks, args.state_redis, args.digest).await;
         eprintln!("keywatch: {:.2} s", kw.secs);
         print_commands("redis-server", kw.redis_cpu_s, &kw.commands);
         let naive_s = if args.skip_naive {
