@@ -438,6 +438,64 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
     );
 }
 
+/// A kill while a window's digest is in flight loses nothing and splits nothing: the window's
+/// members (one per batch: 3,000 expiries come in several) stay leased to the dead instance
+/// until the lease ends, then the next instance sends the same digest again, whole. Only the
+/// digest that had reached the receiver before the kill is sent twice (SPEC §5).
+#[test]
+fn a_digest_in_flight_at_a_kill_is_sent_again_whole() {
+    const N: usize = 3000;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    // The first digest gets no answer before the kill.
+    receiver.push(common::Response::status(200).delay(Duration::from_secs(120)));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = grouped_rules(dir.path(), &receiver, "1s");
+    let mut a = common::run_on(&redis, &rules);
+    let mut c = redis.conn();
+    expire_together(&mut c, N, 300);
+    let first = receiver.wait_for(1, Duration::from_secs(60));
+    assert_eq!(first[0].json()["count"].as_u64(), Some(N as u64));
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg("keywatch:group:cache-gone:hook")
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        members.len() > 1 && jobs_in(&members) == N,
+        "the window holds its {N} notifications in several bundles: {members:?}"
+    );
+    a.sigkill();
+    let _b = common::run_on(&redis, &rules);
+    let after = receiver.wait_for(2, Duration::from_secs(60));
+    let again = &after[1];
+    assert_eq!(
+        again.json()["count"].as_u64(),
+        Some(N as u64),
+        "the same digest, whole: {}",
+        again.summary()
+    );
+    assert_eq!(
+        again.header("idempotency-key"),
+        first[0].header("idempotency-key"),
+        "sent again as the same digest"
+    );
+    let got = past_window_sentinel(&redis, &receiver);
+    assert_eq!(got.len(), 2, "nothing else was sent: {got:?}");
+    common::wait_until(
+        "a sent window leaves nothing behind",
+        common::PATIENCE,
+        || {
+            let left: i64 = redis::cmd("EXISTS")
+                .arg("keywatch:group:cache-gone:hook")
+                .query(&mut c)
+                .unwrap();
+            left == 0
+        },
+    );
+}
+
 /// A window's digest that fails goes back to its window with its attempt counted; whichever
 /// instance takes it next sends the same digest (same `Idempotency-Key`) once.
 #[test]
