@@ -725,14 +725,7 @@ impl Queue {
             }
         }
         if !aside.is_empty() {
-            let mut inv = self.set_aside.prepare_invoke();
-            inv.key(zset).key(&self.jobs).key(&self.unreadable);
-            for (id, payload) in &aside {
-                inv.arg(id).arg(payload);
-            }
-            // Not set aside: leased as the others, it comes back when its lease ends and is
-            // reported again then.
-            inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+            self.set_aside(zset, &aside).await?;
             let marks: Vec<String> = aside
                 .iter()
                 .filter(|(id, _)| bundle::size(id).is_some())
@@ -746,6 +739,18 @@ impl Queue {
             }
         }
         Ok(taken)
+    }
+
+    /// Moves members that cannot be read (`aside`: id, payload) out of `zset` into
+    /// `queue:unreadable`, kept for a person. Should this fail, they stay leased as the others
+    /// and come back when their lease ends, to be reported again then.
+    async fn set_aside(&self, zset: &str, aside: &[(String, String)]) -> redis::RedisResult<()> {
+        let mut inv = self.set_aside.prepare_invoke();
+        inv.key(zset).key(&self.jobs).key(&self.unreadable);
+        for (id, payload) in aside {
+            inv.arg(id).arg(payload);
+        }
+        inv.invoke_async(&mut self.conn.clone()).await
     }
 
     /// The completion marks of the bundles among `pairs` (indexes of the jobs done), read in
@@ -948,77 +953,52 @@ impl Queue {
                 aside.push((id.clone(), String::new()));
                 continue;
             };
-            let mut member = WindowMember {
-                id: id.clone(),
-                jobs: Vec::new(),
-            };
-            let mut keep = |job: Job, member: &mut WindowMember| {
-                if seen.insert(job.id()) {
-                    member.jobs.push(job);
-                }
-            };
-            if bundle::size(id).is_some() {
-                match bundle::elements(payload) {
-                    Ok(elements) => {
-                        for (index, element) in elements.iter().enumerate() {
-                            match serde_json::from_str::<Job>(element.get()) {
-                                Ok(job) => keep(job, &mut member),
-                                Err(e) => {
-                                    // Kept for a person; the rest of the bundle goes on.
-                                    let at = format!("{id}@{index}");
-                                    taken.unreadable.push(Unreadable::new(
-                                        &at,
-                                        element.get(),
-                                        e.to_string(),
-                                    ));
-                                    bad_elements.push((at, element.get().to_string()));
-                                }
+            let mut jobs = Vec::new();
+            let read = if bundle::size(id).is_some() {
+                bundle::elements(payload).map(|elements| {
+                    for (index, element) in elements.iter().enumerate() {
+                        match serde_json::from_str::<Job>(element.get()) {
+                            Ok(job) => jobs.push(job),
+                            Err(e) => {
+                                // Kept for a person; the rest of the bundle goes on.
+                                let at = format!("{id}@{index}");
+                                taken.unreadable.push(Unreadable::new(
+                                    &at,
+                                    element.get(),
+                                    e.to_string(),
+                                ));
+                                bad_elements.push((at, element.get().to_string()));
                             }
                         }
                     }
-                    Err(e) => {
-                        taken
-                            .unreadable
-                            .push(Unreadable::new(id, payload, e.to_string()));
-                        aside.push((id.clone(), payload.clone()));
-                        continue;
-                    }
-                }
+                })
             } else {
-                match serde_json::from_str::<Job>(payload) {
-                    Ok(job) => keep(job, &mut member),
-                    Err(e) => {
-                        taken
-                            .unreadable
-                            .push(Unreadable::new(id, payload, e.to_string()));
-                        aside.push((id.clone(), payload.clone()));
-                        continue;
-                    }
-                }
+                serde_json::from_str::<Job>(payload).map(|job| jobs.push(job))
+            };
+            if let Err(e) = read {
+                taken
+                    .unreadable
+                    .push(Unreadable::new(id, payload, e.to_string()));
+                aside.push((id.clone(), payload.clone()));
+                continue;
             }
-            taken.members.push(member);
+            // A notification already in an earlier member of this take is left out here.
+            jobs.retain(|j| seen.insert(j.id()));
+            taken.members.push(WindowMember {
+                id: id.clone(),
+                jobs,
+            });
         }
-        if !aside.is_empty() || !bad_elements.is_empty() {
-            let mut pipe = redis::pipe();
-            if !aside.is_empty() {
-                let mut inv = self.set_aside.prepare_invoke();
-                inv.key(&zset).key(&self.jobs).key(&self.unreadable);
-                for (id, payload) in &aside {
-                    inv.arg(id).arg(payload);
-                }
-                // Not set aside: leased as the others, it comes back when its lease ends and
-                // is reported again then.
-                inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+        if !aside.is_empty() {
+            self.set_aside(&zset, &aside).await?;
+        }
+        if !bad_elements.is_empty() {
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&self.unreadable);
+            for (at, text) in &bad_elements {
+                hset.arg(at).arg(text);
             }
-            if !bad_elements.is_empty() {
-                let mut hset = redis::cmd("HSET");
-                hset.arg(&self.unreadable);
-                for (at, text) in &bad_elements {
-                    hset.arg(at).arg(text);
-                }
-                pipe.add_command(hset).ignore();
-                pipe.exec_async(&mut self.conn.clone()).await?;
-            }
+            hset.exec_async(&mut self.conn.clone()).await?;
         }
         Ok(taken)
     }

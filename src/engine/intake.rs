@@ -191,6 +191,8 @@ for i = 1, n do
       d = take_poked(key) or false
     end
     if d then
+      -- `remember` and `won` written out: this is a storm's path, once per expiry, and a Lua
+      -- call per event each was a measurable share of the script.
       local hn = #handled
       handled[hn + 1] = key
       handled[hn + 2] = d
