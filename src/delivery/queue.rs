@@ -1734,6 +1734,53 @@ mod tests {
         assert!(!exists(&conn, &bundle::done_key("kw:", &bundle)).await);
     }
 
+    /// The same in a digest window: one notification of a batch's member that this version
+    /// cannot read is kept for a person on its own and the digest goes on without it; a member
+    /// that is no bundle at all is set aside whole.
+    #[tokio::test]
+    async fn an_unreadable_notification_in_a_window_member_is_set_aside_alone() {
+        let (_server, q, conn) = queue().await;
+        let w = window_rc();
+        let good = job("k:1", notify_c());
+        let bad = r#"{"firing":{"id":"f9","rule":"r","shape":"v2"},"action":"sms"}"#;
+        let member = bundle::id(&good.id(), 2);
+        let broken = "#3#f8:notify";
+        redis::pipe()
+            .cmd("HSET")
+            .arg("kw:queue:jobs")
+            .arg(&member)
+            .arg(bundle::payload([good.payload().as_str(), bad].into_iter()))
+            .arg(broken)
+            .arg("[not json")
+            .cmd("ZADD")
+            .arg("kw:group:r:c")
+            .arg(0)
+            .arg(&member)
+            .arg(0)
+            .arg(broken)
+            .exec_async(&mut conn.clone())
+            .await
+            .unwrap();
+        let taken = q.window_take(&w, 10).await.unwrap();
+        let got: Vec<(String, Vec<Job>)> =
+            taken.members.into_iter().map(|m| (m.id, m.jobs)).collect();
+        assert_eq!(got, [(member.clone(), vec![good])]);
+        let mut unreadable: Vec<String> = taken.unreadable.iter().map(|u| u.id.clone()).collect();
+        unreadable.sort();
+        let mut want = [broken.to_string(), format!("{member}@1")];
+        want.sort();
+        assert_eq!(unreadable, want);
+        let kept: Option<String> = redis::cmd("HGET")
+            .arg("kw:queue:unreadable")
+            .arg(format!("{member}@1"))
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(kept.as_deref(), Some(bad));
+        assert_eq!(score(&conn, "kw:group:r:c", broken).await, None);
+        assert!(score(&conn, "kw:group:r:c", &member).await.is_some());
+    }
+
     fn good_id() -> String {
         job("k:1", Action::Exec).id()
     }
