@@ -1,7 +1,7 @@
 //! Replication and Sentinel: a replica is never watched as if it were the master, and with
 //! `redis.sentinel` keywatch follows the master through a failover.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -14,7 +14,7 @@
 //! [`DOUBLED_MAX`]). "Doubled only if sent before the kill" alone cannot catch a take-over that
 //! re-sends jobs acknowledged long before it (they were sent before the kill too).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //!
 //! On Redis 7.0, `check`, `run` and `doctor` must say which server version `hexpired` needs.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
