@@ -4,7 +4,7 @@
 //! its dependencies, and 30 of them took longer to build than the suite takes to run. Run one
 //! suite with its module's name as the filter, `cargo test --test e2e pipeline::`, one test with
 //! its path, `cargo test --test e2e ledger::expiries_while_keywatch_is_down_are_recovered_once`
-//! (docs/development.md#running-the-tests).
+//! (docs/development.md#running-one-suite-or-one-test).
 //!
 //! The suites share one process, so nothing in them or in the harness may rely on process-wide
 //! state that one test changes for the others: no `std::env::set_var`, no current directory,
