@@ -1,4 +1,4 @@
-//! The crash drill's hook (tests/crash_drill.rs): a guarantee is only as good as the drill that
+//! The crash drill's hook (tests/e2e/crash_drill.rs): a guarantee is only as good as the drill that
 //! attacks it, and a kill "between claiming and storing" cannot be timed from outside the
 //! process.
 //!

@@ -308,7 +308,7 @@ mod tests {
     /// A storm of 200 notifications and 40 reloads and execs against targets that take 20 ms:
     /// never more requests at once than each `concurrency` (a channel's, a rule's reload's), and
     /// every one made. (Without Redis the others wait in memory; with it, in the queue:
-    /// `tests/storm.rs`.)
+    /// `tests/e2e/storm.rs`.)
     #[tokio::test(start_paused = true)]
     async fn requests_in_flight_stay_within_each_concurrency() {
         let hook = SlowTarget::start(ms(20)).await;

@@ -112,3 +112,42 @@ pub fn jobs_in(members: &[String]) -> usize {
         })
         .sum()
 }
+
+/// What a keywatch with the default state prefix (`keywatch:`) still has to do for database 0,
+/// read from `conn`'s server, by sorted set: deadlines in the key and the field ledger, events
+/// taken and not finished (the intake), jobs due, waiting or in flight (the queue). All zero:
+/// every deadline it learnt has been decided and every job it stored has ended, so nothing more
+/// can arrive from them; the signal to wait for instead of "a while".
+pub fn work_left(conn: &mut impl ConnectionLike) -> Vec<(&'static str, i64)> {
+    [
+        "keywatch:ledger:0",
+        "keywatch:fields:0",
+        "keywatch:intake",
+        "keywatch:queue",
+    ]
+    .into_iter()
+    .map(|key| {
+        let n: i64 = redis::cmd("ZCARD")
+            .arg(key)
+            .query(conn)
+            .unwrap_or_else(|e| panic!("ZCARD {key}: {e}"));
+        (key, n)
+    })
+    .collect()
+}
+
+/// Waits until [`work_left`] is all zero. Panics after [`PATIENCE`] with what is left.
+pub fn wait_no_work_left(conn: &mut impl ConnectionLike) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let left = work_left(conn);
+        if left.iter().all(|(_, n)| *n == 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "keywatch still has work after {PATIENCE:?}: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

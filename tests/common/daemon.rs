@@ -296,6 +296,44 @@ impl KeywatchProcess {
         self.status
     }
 
+    /// The local ports of the TCP sockets the process holds now (read from `/proc`): which of
+    /// a receiver's connections ([`HttpReceiver::open_peers`]) are this process's.
+    pub fn tcp_ports(&self) -> std::collections::HashSet<u16> {
+        let pid = self.child.id();
+        let inodes: std::collections::HashSet<String> =
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .filter_map(|target| {
+                    let target = target.to_str()?;
+                    let inode = target.strip_prefix("socket:[")?.strip_suffix(']')?;
+                    Some(inode.to_string())
+                })
+                .collect();
+        let mut ports = std::collections::HashSet::new();
+        for table in ["tcp", "tcp6"] {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+                continue;
+            };
+            // `sl local_address rem_address st … uid timeout inode`, addresses as HEX:PORT.
+            for line in text.lines().skip(1) {
+                let columns: Vec<&str> = line.split_whitespace().collect();
+                if columns.len() > 9
+                    && inodes.contains(columns[9])
+                    && let Some(port) = columns[1]
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| u16::from_str_radix(p, 16).ok())
+                {
+                    ports.insert(port);
+                }
+            }
+        }
+        ports
+    }
+
     /// Both streams, labelled, for panic messages.
     pub fn describe_output(&self) -> String {
         format!(

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -240,6 +240,9 @@ struct State {
     bind_error: Option<String>,
     shutdown: bool,
     connections: HashMap<u64, TcpStream>,
+    /// The client's address of each connection in `connections`, from its accept until its
+    /// thread has recorded its last request.
+    peers: HashMap<u64, SocketAddr>,
     next_connection: u64,
 }
 
@@ -285,6 +288,7 @@ impl HttpReceiver {
                 bind_error: None,
                 shutdown: false,
                 connections: HashMap::new(),
+                peers: HashMap::new(),
                 next_connection: 1,
             }),
             changed: Condvar::new(),
@@ -404,6 +408,47 @@ impl HttpReceiver {
         state.requests.clone()
     }
 
+    /// The client addresses of the connections being served: from the accept until the peer
+    /// has closed its end (or the receiver cut it) and every request read from it is recorded.
+    pub fn open_peers(&self) -> Vec<SocketAddr> {
+        self.inner.lock().peers.values().copied().collect()
+    }
+
+    /// Returns once every connection made to this receiver before the call has been accepted
+    /// (and shows in [`HttpReceiver::open_peers`] until it is read to its end): connects once
+    /// more and waits until the accept loop has taken that connection, since the listener hands
+    /// connections out in the order they came. Panics after `timeout`.
+    pub fn accept_pending(&self, timeout: Duration) {
+        let probe = TcpStream::connect(("127.0.0.1", self.inner.port))
+            .unwrap_or_else(|e| panic!("connect to the receiver {}: {e}", self.url()));
+        let me = probe
+            .local_addr()
+            .expect("local_addr of a connected socket");
+        self.wait_state("accepted every connection made so far", timeout, |state| {
+            state.peers.values().any(|p| *p == me)
+        });
+    }
+
+    /// Waits until `done` holds for the state; panics after `timeout` with `what`.
+    fn wait_state(&self, what: &str, timeout: Duration, done: impl Fn(&State) -> bool) {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.inner.lock();
+        while !done(&state) {
+            let now = Instant::now();
+            assert!(
+                now < deadline,
+                "HTTP receiver {}: not {what} within {timeout:?}",
+                self.url()
+            );
+            state = self
+                .inner
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
     /// Outage: closes the listener (new connections are refused) and cuts open connections.
     /// Returns once the port no longer accepts.
     pub fn down(&self) {
@@ -518,16 +563,26 @@ fn accept_loop(inner: Arc<Inner>, first: TcpListener) {
                 }
                 Err(_) => continue,
             }
+            if let Ok(peer) = stream.peer_addr() {
+                state.peers.insert(id, peer);
+            }
             drop(state);
+            inner.changed.notify_all();
             let conn_inner = Arc::clone(&inner);
             let spawned = std::thread::Builder::new()
                 .name(format!("http-receiver-{}-conn-{id}", inner.port))
                 .spawn(move || {
                     serve_connection(&conn_inner, id, stream);
-                    conn_inner.lock().connections.remove(&id);
+                    let mut state = conn_inner.lock();
+                    state.connections.remove(&id);
+                    state.peers.remove(&id);
+                    drop(state);
+                    conn_inner.changed.notify_all();
                 });
             if spawned.is_err() {
-                inner.lock().connections.remove(&id);
+                let mut state = inner.lock();
+                state.connections.remove(&id);
+                state.peers.remove(&id);
             }
         }
         drop(current);

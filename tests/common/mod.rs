@@ -13,7 +13,7 @@
 //! - [`redis_sentinel`]: a master, a replica and three sentinels of such children
 //!   ([`RedisSentinels`]), for failovers.
 //! - [`commands`]: Redis commands tests repeat: keys with a TTL, keys that expire right now
-//!   ([`expire_now`]), the notification flags.
+//!   ([`expire_now`]), the notification flags, what keywatch still has to do ([`work_left`]).
 //! - [`http_receiver`]: a real HTTP/1.1 server on std threads that records exact bytes and plays
 //!   scripted responses ([`HttpReceiver`]).
 //! - [`daemon`]: running the real `keywatch` binary: one-shot commands ([`run_keywatch`]), the
@@ -41,6 +41,7 @@ pub mod wait;
 
 pub use commands::{
     expire_now, jobs_in, notify_flags, set_and_expire_now, set_px, set_with_ttl, touch_until_gone,
+    wait_no_work_left, work_left,
 };
 pub use daemon::{
     Daemon, KeywatchProcess, Logs, Rig, SUBSCRIBED, assert_no_secret, field_is, keywatch_bin,

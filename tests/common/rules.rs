@@ -94,7 +94,7 @@ pub fn log_rule_config() -> keywatch::config::Config {
 /// order: the line every deployment needs, then the one that adds cleanup. Tests run keywatch and
 /// doctor under exactly these, so the documentation and reality cannot drift apart. The third
 /// line, for `hexpired` rules, is left out: the default test server (Redis 7.0) has no hash-field
-/// expiry and refuses it (tests/hash_fields.rs runs those rules on Valkey).
+/// expiry and refuses it (tests/e2e/hash_fields.rs runs those rules on Valkey).
 pub fn documented_acl_lines() -> Vec<String> {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/redis.md"),

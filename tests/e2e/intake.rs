@@ -3,7 +3,7 @@
 //! expiry handled minutes late still found, and a taken event left by one instance taken over
 //! by another.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

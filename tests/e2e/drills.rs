@@ -3,9 +3,9 @@
 //! keywatch promises (SPEC §5) and checks it on real `redis-server` children.
 //!
 //! The retry side of "a receiver down for an hour" is replayed in virtual time beside the code
-//! (`delivery::tests`); a real receiver failing for a while is in `tests/pipeline.rs`.
+//! (`delivery::tests`); a real receiver failing for a while is in `tests/e2e/pipeline.rs`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

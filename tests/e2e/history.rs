@@ -2,7 +2,7 @@
 //! `keywatch history` (with its filters), `GET /api/history` and the status page after the
 //! instance that did the work has stopped.
 
-mod common;
+use crate::common;
 
 use common::{
     Daemon, HttpReceiver, PATIENCE, RedisServer, Response, endpoint, field_is, get, run_keywatch,

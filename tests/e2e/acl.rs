@@ -2,7 +2,7 @@
 //! webhook with the deadline the ledger learnt, a cleanup deletes and `HDEL`s, and Redis refused
 //! nothing (`ACL LOG` stays empty).
 
-mod common;
+use crate::common;
 
 use common::{
     HttpReceiver, Logs, PATIENCE, RedisServer, run_subscribed, set_px, wait_until, write_rules,

@@ -3,7 +3,7 @@
 //! rule reference (`docs/rules.md`), and the Chinese one every command the English one shows; every
 //! relative link of the READMEs and `docs/` leads to a file and heading that exist.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -1,7 +1,7 @@
 //! Self-tests of the integration-test harness in `tests/common/`: if these fail, no other
 //! end-to-end result can be trusted.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -3,7 +3,7 @@
 //! whole batch with `detail: null`, and a host clock that is off must neither double nor drop
 //! work. Real redis-server children, real HTTP receivers, the real binary.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! keywatch exports (and every metric of SPEC §7), the systemd unit and the container file name
 //! what exists, and `keywatch completions` prints scripts the shells accept.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -163,7 +163,7 @@ fn the_systemd_unit_is_hardened_and_restarts_on_failure() {
         "ProtectSystem=strict",
         "Restart=on-failure",
         "EnvironmentFile=/etc/keywatch/keywatch.env",
-        // keywatch reloads its rules on SIGHUP (tests/reload.rs).
+        // keywatch reloads its rules on SIGHUP (tests/e2e/reload.rs).
         "ExecReload=/bin/kill -HUP $MAINPID",
     ] {
         assert!(set.contains(&needed), "keywatch.service lacks `{needed}`");

@@ -2,7 +2,7 @@
 //! of the event the server published. Runs on whichever server the harness starts
 //! (`KEYWATCH_REDIS_SERVER`; `.ci/valkey-tests` runs it on Valkey) and checks that server's way.
 
-mod common;
+use crate::common;
 
 use common::{Daemon, HttpReceiver, PATIENCE, RedisServer};
 

@@ -2,7 +2,7 @@
 //! (keywatch killed, subscriber cut off by Redis's output-buffer limit), and keys whose TTL went
 //! away never alerted.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! permission (exit 1 naming the command and the `ACL SETUSER` that grants it), a ready Redis
 //! (exit 0), and a password in the URL that never reaches the output.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 
@@ -375,7 +375,7 @@ fn the_documented_user_has_every_permission_the_example_rules_need() {
         acl(&redis, &line);
     }
     // The hash-field example needs a server with hash-field expiry, which the default one is not:
-    // tests/hash_fields.rs runs it, under all three documented lines, on Valkey.
+    // tests/e2e/hash_fields.rs runs it, under all three documented lines, on Valkey.
     let rules = tempfile::tempdir().unwrap();
     for file in
         std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")).unwrap()

@@ -4,7 +4,7 @@
 //!
 //! Each test has its own Redis, receivers and daemon, so the tests run in parallel.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

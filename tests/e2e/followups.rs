@@ -3,7 +3,7 @@
 //! The real binary on a real `redis-server`, keys that really expire, and local HTTP receivers
 //! that record the exact bytes sent.
 
-mod common;
+use crate::common;
 
 use common::{Daemon, HttpReceiver, PATIENCE, Response, wait_until};
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! redis-server, with real HTTP receivers and real child processes. Keys are made to expire at
 //! once (see `common::expire_now`), so no test waits for Redis's expiry cycle.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

@@ -1,6 +1,6 @@
 //! Several keywatch instances on one Redis: every event fires once, not once per instance.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //!
 //! On Redis 7.0, `check`, `run` and `doctor` must say which server version `hexpired` needs.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -168,8 +168,10 @@ fn every_expired_field_is_alerted_once_with_its_field_and_captures_and_nothing_e
             .unwrap();
     }
     let requests = receiver.wait_for(220, PATIENCE + Duration::from_secs(10));
-    // Anything extra (a second alert, a persisted or deleted field) would come within a second.
-    std::thread::sleep(Duration::from_secs(2));
+    // Anything extra (a second alert, a persisted or deleted field) would come from a deadline
+    // still in a ledger, an event still in the intake or a job still in the queue: once none
+    // is left, keywatch has decided every field.
+    common::wait_no_work_left(&mut conn);
     let requests = {
         let mut all = receiver.requests();
         all.sort_by_key(|r| r.json()["rule"].as_str().unwrap_or_default().to_string());
@@ -246,7 +248,7 @@ fn fields_due_while_keywatch_was_killed_are_recovered_once_after_a_restart() {
     });
     let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
     receiver.wait_for(61, PATIENCE + Duration::from_secs(10));
-    std::thread::sleep(Duration::from_secs(2));
+    common::wait_no_work_left(&mut conn);
     let requests = receiver.requests();
     assert!(requests.len() >= 61);
     let alerts = field_alerts(&requests);
@@ -402,7 +404,7 @@ fn two_instances_alert_each_field_once() {
         );
     }
     receiver.wait_for(100, PATIENCE);
-    std::thread::sleep(Duration::from_secs(2));
+    common::wait_no_work_left(&mut conn);
     let alerts = field_alerts(&receiver.requests());
     assert_eq!(alerts.len(), 100);
     assert!(
@@ -531,8 +533,22 @@ rules:
     let resolved = team.wait_for(1, PATIENCE)[0].json();
     assert_eq!(resolved["followup"], "resolved", "{resolved}");
     assert_eq!(resolved["field"], "sku-2:order-comes-back", "{resolved}");
-    // Both follow-ups of the one that came back were due by now; nothing else may follow.
-    std::thread::sleep(Duration::from_secs(4));
+    // Both follow-ups of the one that came back were made due when it came back; once the
+    // queue holds only the resolved notice of the one that stays gone (due in an hour), the
+    // escalation of the one that came back has been decided too. Nothing else may follow.
+    common::wait_until(
+        "the queue holds only the resolved notice of the field that stays gone",
+        PATIENCE,
+        || {
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg("keywatch:queue")
+                .arg(0)
+                .arg(-1)
+                .query(&mut conn)
+                .unwrap();
+            common::jobs_in(&members) == 1
+        },
+    );
     assert_eq!(
         leader.count(),
         1,

@@ -14,7 +14,7 @@
 //! [`DOUBLED_MAX`]). "Doubled only if sent before the kill" alone cannot catch a take-over that
 //! re-sends jobs acknowledged long before it (they were sent before the kill too).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -86,10 +86,26 @@ const DOUBLED_MAX: usize = 2 * CONCURRENCY;
 /// waves in a row on a loaded machine).
 const WAVES: usize = 6;
 
-/// Nothing of a killed instance's work is done again before its leases end (15 s after their
-/// last renewal, at most 5 s before the kill): requests that reach the receiver within this of the
-/// kill were written by it (a socket's buffered bytes arrive after its process is gone).
-const DEAD_INSTANCE_DRAINED: Duration = Duration::from_secs(5);
+/// Waits until every request the killed instance wrote has been recorded by `receiver`: its
+/// sockets' buffered bytes may arrive after the process is gone, and each of its connections is
+/// read to its end (the kernel closed them at its death) before it leaves the receiver's open
+/// connections. Connections still open then are `survivor`'s. Nothing of the killed instance's
+/// work is done again before its leases end (15 s after their last renewal, at most 5 s before
+/// the kill), so this comes first.
+fn wait_dead_instance_drained(receiver: &HttpReceiver, survivor: Option<&KeywatchProcess>) {
+    receiver.accept_pending(AFTER_CRASH);
+    wait_until(
+        "the killed instance's connections are read to their end",
+        AFTER_CRASH,
+        || {
+            let theirs = survivor.map(KeywatchProcess::tcp_ports).unwrap_or_default();
+            receiver
+                .open_peers()
+                .iter()
+                .all(|peer| theirs.contains(&peer.port()))
+        },
+    );
+}
 
 fn count(redis: &RedisServer, cmd: &str, key: &str) -> i64 {
     redis::cmd(cmd)
@@ -149,6 +165,9 @@ fn drill_paced(crash_at: &str, two: bool) {
     drill_against(crash_at, two, receiver);
 }
 
+/// What the scanner logs after each run.
+const SCAN_DONE: &str = "Scanner: run done.";
+
 /// How long the paced receiver takes to answer.
 const RESPONSE_TIME: Duration = Duration::from_millis(10);
 
@@ -157,7 +176,7 @@ fn drill_against(crash_at: &str, two: bool, receiver: HttpReceiver) {
     let dir = tempfile::tempdir().unwrap();
     let rules = rules(dir.path(), &receiver);
     let mut doomed = spawn(&redis, &rules, Some(crash_at));
-    let _survivor = two.then(|| spawn(&redis, &rules, None));
+    let survivor = two.then(|| spawn(&redis, &rules, None));
     // Learnt from `expire` events: due in 1.5 s, fired on time by the poker.
     let mut waves = 0;
     loop {
@@ -186,7 +205,7 @@ fn drill_against(crash_at: &str, two: bool, receiver: HttpReceiver) {
     );
     // Every request that reaches the receiver by now was sent before the kill (or by the
     // survivor, which makes the check looser, never wrong).
-    std::thread::sleep(DEAD_INSTANCE_DRAINED);
+    wait_dead_instance_drained(&receiver, survivor.as_ref());
     let (before, _) = by_key(&receiver);
     let sent_before: BTreeSet<String> = before.keys().cloned().collect();
     let _restarted = (!two).then(|| spawn(&redis, &rules, None));
@@ -305,7 +324,7 @@ rules:
         doomed.describe_output()
     );
     assert!(receiver.requests().is_empty(), "sent before the kill");
-    let _restarted = spawn(&redis, &rules, None);
+    let restarted = spawn(&redis, &rules, None);
     wait_until("50 warnings are delivered", AFTER_CRASH, || {
         by_key(&receiver).0.len() >= 50
     });
@@ -314,7 +333,11 @@ rules:
             && count(&redis, "ZCARD", "keywatch:queue") == 0
     });
     // A scan or two later: still once each.
-    std::thread::sleep(Duration::from_secs(2));
+    let runs = || restarted.stderr().matches(SCAN_DONE).count();
+    let drained_at = runs();
+    wait_until("two more scans ran", AFTER_CRASH, || {
+        runs() >= drained_at + 2
+    });
     let (delivered, _) = by_key(&receiver);
     assert_eq!(delivered.len(), 50);
     assert!(delivered.values().all(|n| *n == 1), "{delivered:?}");

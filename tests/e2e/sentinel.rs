@@ -1,13 +1,23 @@
 //! Replication and Sentinel: a replica is never watched as if it were the master, and with
 //! `redis.sentinel` keywatch follows the master through a failover.
 
-mod common;
-
-use std::time::Duration;
+use crate::common;
 
 use common::{
     HttpReceiver, RedisSentinels, RedisServer, endpoint, get, metric, spawn_run, wait_until,
 };
+
+/// How many `ROLE` commands `server` has run (`INFO commandstats`).
+fn role_calls(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_role:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
 
 /// A replica given as `--redis`: keywatch runs but is not ready, says why and where the master
 /// is, and reports its subscriber down; it never subscribes there.
@@ -44,8 +54,13 @@ fn a_replica_given_as_redis_is_not_watched() {
         0.0,
         "{metrics}"
     );
-    // It stays that way: the next attempts find a replica again.
-    std::thread::sleep(Duration::from_secs(2));
+    // It stays that way: the next attempts find a replica again (each asks the node's ROLE).
+    let asked = role_calls(&replica);
+    wait_until(
+        "keywatch asked the replica's role twice more",
+        common::PATIENCE,
+        || role_calls(&replica) >= asked + 2,
+    );
     assert_eq!(get(&addr, "/readyz").0, 503);
     assert!(
         !kw.stderr().contains(common::SUBSCRIBED) && !kw.stdout().contains(common::SUBSCRIBED),
@@ -154,8 +169,10 @@ fn keywatch_follows_the_master_through_a_failover() {
         .cloned()
         .collect();
     receiver.wait_past(&all, common::PATIENCE);
-    // Late duplicates (a recovery of something already alerted) would come within seconds.
-    std::thread::sleep(Duration::from_secs(3));
+    // Late duplicates (a recovery of something already alerted) would come from a deadline
+    // still in the ledger, an event still in the intake or a job still in the queue: once none
+    // is left on the master, keywatch has decided every key.
+    common::wait_no_work_left(&mut set.data[1].conn());
     let got = common::delivered(&receiver.requests());
     let wrong: Vec<(&String, usize)> = all
         .iter()

@@ -1,7 +1,7 @@
 //! A channel whose backlog outgrows its rate: the waiting notifications merge into digests
 //! instead of trickling out for hours, and none is lost.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! pattern accepts, and exactly those when the pattern says its glob is exact. The unit tests
 //! check the same against a port of Redis's matcher; this checks the port's premise.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! master is subscribed, keys on every shard alert exactly once, alerts go on after a failover,
 //! detail and cleanup reach keys on other shards, and readiness and metrics name every master.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

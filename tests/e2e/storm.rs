@@ -2,7 +2,7 @@
 //! `concurrency`, what waits waits in the queue in Redis, and a slow channel does not hold back
 //! another.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

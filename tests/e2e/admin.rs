@@ -1,6 +1,6 @@
 //! `keywatch silence` and `keywatch dead` against running instances.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

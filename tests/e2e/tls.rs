@@ -2,7 +2,7 @@
 //! certificates generated in the test, and the real `keywatch` binary connecting through the
 //! `redis.tls` files of its rules (every connection: subscriber, keyspace, state, admin CLI).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

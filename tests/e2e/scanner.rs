@@ -2,7 +2,7 @@
 //! due later than `warn_before`, once per key and deadline over many scans and across two
 //! instances, again after a renewal only when the new deadline comes near; and `upcoming`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

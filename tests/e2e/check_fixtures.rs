@@ -2,10 +2,10 @@
 //!
 //! Each fixture is a rule file (or a folder of them) in `tests/fixtures/check/` with a
 //! `.expected` file beside it: the first line is `exit: N`, the rest is the exact stderr.
-//! `UPDATE_FIXTURES=1 cargo test --test check_fixtures` rewrites the `.expected` files; review
+//! `UPDATE_FIXTURES=1 cargo test --test e2e check_fixtures::` rewrites the `.expected` files; review
 //! the diff before committing it.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

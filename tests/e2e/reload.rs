@@ -2,7 +2,7 @@
 //! a signal, a broken edit leaves the old rules firing, and SIGHUP and `POST /-/reload` reload
 //! on demand. Real redis-server, real HTTP receiver, the real binary.
 
-mod common;
+use crate::common;
 
 use common::{
     Daemon, HttpReceiver, PATIENCE, endpoint, field_is, get, metric, post, wait_until, write_rules,

@@ -5,7 +5,7 @@
 //! Needs Debian's `chromium` (`.ci/run` installs it) or `KEYWATCH_CHROMIUM` naming a
 //! Chromium/Chrome binary. Without one the test fails and says so; it never skips.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! `/healthz`, `/readyz` and `/metrics` of a running keywatch: readiness follows the
 //! subscription, and metrics move as events flow.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
