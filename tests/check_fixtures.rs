@@ -102,6 +102,11 @@ fn sentinel_without_master_or_nodes_says_what_is_missing() {
 }
 
 #[test]
+fn exec_env_names_and_templates_are_checked_at_their_place() {
+    check("exec_env.yaml", &[]);
+}
+
+#[test]
 fn hash_field_rules_are_checked_at_their_place() {
     check("hash_fields.yaml", &[]);
 }

@@ -292,6 +292,8 @@ pub struct ExecStep {
     /// Per argument: its template starts with a value (`{{ file }}`), so key text decides
     /// whether it starts with `-` (refused by `action::exec` unless after `--`).
     pub value_led: Vec<bool>,
+    /// `env`: variables the command gets besides `PATH`, `HOME` and the event's `KEYWATCH_*`.
+    pub env: Vec<(String, TemplateId)>,
     pub timeout: Duration,
     /// Processes of this rule's exec running at once on one instance.
     pub concurrency: usize,

@@ -35,6 +35,9 @@ pub struct ReloadDraft {
 pub struct ExecDraft {
     pub loc: Loc,
     pub command: Vec<Text>,
+    /// `env`: variables given to the command besides `PATH`, `HOME` and the event's
+    /// `KEYWATCH_*`, each a template (docs/rules.md#exec).
+    pub env: Vec<(Spanned<String>, Text)>,
     pub timeout: Duration,
     pub concurrency: usize,
 }
@@ -410,18 +413,65 @@ fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft
         None => Duration::from_secs(60),
     };
     let concurrency = crate::channel::concurrency(d, m.get("concurrency"), &what);
-    m.finish(d, &["command", "timeout", "concurrency"], &|f| {
-        (f == "shell").then(|| "keywatch never runs a shell: give `command` as a list".to_string())
-    });
+    let env = m
+        .get("env")
+        .map(|n| decode_exec_env(d, n, &what))
+        .unwrap_or_default();
+    m.finish(
+        d,
+        &["command", "env", "timeout", "concurrency"],
+        &|f| match f {
+            "shell" => Some("keywatch never runs a shell: give `command` as a list".to_string()),
+            "environment" => Some("the command's variables are given in `env`".to_string()),
+            _ => None,
+        },
+    );
     if command.is_empty() {
         return None;
     }
     Some(ExecDraft {
         loc: node.loc.clone(),
         command,
+        env,
         timeout,
         concurrency,
     })
+}
+
+/// `exec.env`: a map of variable names to templates. The command gets nothing else of keywatch's
+/// environment (docs/rules.md#exec): a variable it needs is named here, e.g. `TZ: "${TZ}"`.
+fn decode_exec_env(d: &mut Decoder<'_>, node: &Node, what: &str) -> Vec<(Spanned<String>, Text)> {
+    let what = format!("{what} `env`");
+    if !matches!(node.kind, crate::yaml::Kind::Map(_)) {
+        d.error(
+            &node.loc,
+            format!("{what} must be a map of variable names to values (templates), e.g. `{{ REPORT_DAY: \"{{{{ day }}}}\", TZ: \"${{TZ}}\" }}`"),
+        );
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (name, value) in d.string_map(node, &what) {
+        let n = &name.value;
+        let valid = n
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            d.error(
+                &name.loc,
+                format!("{what}: `{n}` is not a variable name: use letters, digits and `_`, not starting with a digit, e.g. `REPORT_DAY`"),
+            );
+        } else if n.starts_with("KEYWATCH_") {
+            d.error(
+                &name.loc,
+                format!("{what}: `{n}` is reserved: keywatch sets KEYWATCH_KEY, KEYWATCH_RULE, KEYWATCH_EVENT, KEYWATCH_DB and KEYWATCH_ID itself, and passes no other KEYWATCH_ variable; pick another name"),
+            );
+        } else {
+            out.push((name, value));
+        }
+    }
+    out
 }
 
 fn decode_cleanup(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<CleanupDraft> {
