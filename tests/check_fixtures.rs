@@ -107,6 +107,11 @@ fn exec_env_names_and_templates_are_checked_at_their_place() {
 }
 
 #[test]
+fn templates_that_render_other_templates_are_refused_at_their_place() {
+    check("include.yaml", &[("RELOAD_TOKEN", "s3cret-reload-token")]);
+}
+
+#[test]
 fn hash_field_rules_are_checked_at_their_place() {
     check("hash_fields.yaml", &[]);
 }
