@@ -107,6 +107,11 @@ fn exec_env_names_and_templates_are_checked_at_their_place() {
 }
 
 #[test]
+fn recover_long_form_is_checked_at_its_place() {
+    check("recover.yaml", &[]);
+}
+
+#[test]
 fn templates_that_render_other_templates_are_refused_at_their_place() {
     check("include.yaml", &[("RELOAD_TOKEN", "s3cret-reload-token")]);
 }

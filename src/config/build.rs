@@ -359,6 +359,7 @@ fn build_rule(
             },
             |s| s.value,
         ),
+        max_late: r.max_late.as_ref().map(|s| s.value),
         detail: built(detail)?,
         reload: built(reload)?,
         exec: built(exec)?,

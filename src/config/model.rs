@@ -195,6 +195,9 @@ pub struct Rule {
     pub warn_before: Option<Duration>,
     /// What to do with an expiry found afterwards (nobody heard it at its deadline).
     pub recover: Recover,
+    /// `recover.max_late`: an expiry found more than this after its deadline is skipped
+    /// (counted, logged, kept in history) whatever `recover` says.
+    pub max_late: Option<Duration>,
     pub detail: Option<DetailStep>,
     pub reload: Option<ReloadStep>,
     pub exec: Option<ExecStep>,
