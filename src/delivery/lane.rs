@@ -182,7 +182,9 @@ impl Lane {
     fn next_turn(&self) -> Option<(Entry, Vec<Entry>)> {
         let mut line = self.lock();
         let lead = line.pop_front()?;
-        if line.len() < self.merge_over {
+        // "More waiting than the rate lets through in a minute" (docs/rules.md#channels):
+        // exactly that many still go one by one.
+        if line.len() <= self.merge_over {
             return Some((lead, Vec::new()));
         }
         let (same, rest): (VecDeque<Entry>, VecDeque<Entry>) = line
@@ -316,6 +318,43 @@ mod tests {
                 sent: 5,
                 ..RuleCounts::default()
             }
+        );
+    }
+
+    /// The threshold is "more waiting than the rate lets through in `MAX_WAIT`" (docs/rules.md):
+    /// with the burst spent, a token's message with exactly 2 waiting behind it on a `2/min`
+    /// channel sends singly (they go at 60 s and 90 s); a third behind it merges.
+    #[tokio::test(start_paused = true)]
+    async fn exactly_the_threshold_waiting_does_not_merge() {
+        let (s, rec) = chat();
+        s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
+        rec.until(secs(1)).await;
+        s.delivery
+            .accept(firings("a", &["a:3", "a:4", "a:5"]))
+            .await;
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[
+                (0, &["a:1"]),
+                (0, &["a:2"]),
+                (30, &["a:3"]),
+                (60, &["a:4"]),
+                (90, &["a:5"]),
+            ],
+        );
+        let (s, rec) = chat();
+        s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
+        rec.until(secs(1)).await;
+        s.delivery
+            .accept(firings("a", &["a:3", "a:4", "a:5", "a:6"]))
+            .await;
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[
+                (0, &["a:1"]),
+                (0, &["a:2"]),
+                (30, &["a:3", "a:4", "a:5", "a:6"]),
+            ],
         );
     }
 
