@@ -906,6 +906,39 @@ rules:
     rig.stop();
 }
 
+/// A restarted (or promoted) server lacks the flags; keywatch is ready again only once `enable`
+/// has added them. Before, it was ready (`/readyz` 200) a few ms before the `CONFIG SET`, and a
+/// `del` or `evicted` in that gap was lost while keywatch said it was ready.
+#[test]
+fn ready_again_only_after_enable_has_added_the_flags() {
+    let mut rig = Rig::start(
+        "",
+        r#"
+redis: { notifications: enable }
+channels:
+  console: { type: log }
+rules:
+  - name: gone
+    match: "gone:{n}"
+    on: [deleted, evicted]
+    notify: { to: [console] }
+"#,
+    );
+    rig.wait_for_log_count("keywatch is ready.", 1);
+    rig.redis.restart();
+    rig.wait_for_log_count("keywatch is ready.", 2);
+    let log = rig.stderr();
+    let nth = |needle: &str, n: usize| log.match_indices(needle).nth(n).map(|(at, _)| at);
+    let added = nth("Added missing notify-keyspace-events flags", 1)
+        .unwrap_or_else(|| panic!("the flags were not added again:\n{log}"));
+    let ready = nth("keywatch is ready.", 1).unwrap();
+    assert!(
+        added < ready,
+        "ready again before the flags were added:\n{log}"
+    );
+    rig.stop();
+}
+
 // ---------------------------------------------------------------------------------------------
 // SIGTERM
 
