@@ -66,6 +66,10 @@ pub struct Status {
     config: Mutex<Option<Arc<Config>>>,
     /// Where firings and outcomes are recorded in Redis, once `run` has started its writer.
     history: std::sync::OnceLock<crate::history::Recorder>,
+    /// Reasons not to be ready besides the nodes (a grant the rules need is missing), by name.
+    blockers: Mutex<BTreeMap<String, String>>,
+    /// Whether [`Status::ready`] was true when last looked at, to log its changes once.
+    was_ready: std::sync::atomic::AtomicBool,
 }
 
 impl Status {
@@ -99,6 +103,54 @@ impl Status {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(node.to_string(), up);
+        self.note_readiness();
+    }
+
+    /// Not ready because of `reason` (named `name`), until [`Status::unblock`].
+    pub fn block(&self, name: &str, reason: &str) {
+        self.blockers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string(), reason.to_string());
+        self.note_readiness();
+    }
+
+    pub fn unblock(&self, name: &str) {
+        self.blockers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        self.note_readiness();
+    }
+
+    /// Why keywatch is not ready, besides its nodes.
+    pub fn blockers(&self) -> Vec<String> {
+        self.blockers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Logs a change of readiness once: the line an operator (or a drill) looks for.
+    fn note_readiness(&self) {
+        use std::sync::atomic::Ordering;
+        let now = self.ready();
+        if self.was_ready.swap(now, Ordering::AcqRel) == now {
+            return;
+        }
+        if now {
+            tracing::info!("keywatch is ready.");
+        } else {
+            let down: Vec<String> = self
+                .nodes()
+                .into_iter()
+                .filter(|(_, up)| !up)
+                .map(|(n, _)| n)
+                .collect();
+            tracing::warn!(nodes_not_subscribed = %down.join(" "), reasons = %self.blockers().join("; "), "keywatch is not ready.");
+        }
     }
 
     /// `node` is not watched because of `reason` (it is no master): not subscribed, and
@@ -130,12 +182,22 @@ impl Status {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(node);
+        self.note_readiness();
     }
 
-    /// Every expected node is subscribed (and there is at least one).
+    /// Every expected node is subscribed (and there is at least one), and nothing else holds
+    /// readiness back ([`Status::block`]).
     pub fn ready(&self) -> bool {
-        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-        !nodes.is_empty() && nodes.values().all(|up| *up)
+        let nodes_up = {
+            let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+            !nodes.is_empty() && nodes.values().all(|up| *up)
+        };
+        nodes_up
+            && self
+                .blockers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
     }
 
     pub fn nodes(&self) -> Vec<(String, bool)> {

@@ -1,6 +1,11 @@
 //! `exec`: a local command, as an argv without a shell (a capture is always one argument, never
 //! shell syntax), with a timeout after which it is killed. Its output goes to the log.
 //!
+//! The command's environment is clean (docs/rules.md#exec): `PATH`, `HOME`, the event's
+//! `KEYWATCH_*` and what the rule's `env` names, nothing else of keywatch's own. keywatch's
+//! environment holds its secrets (`KEYWATCH_LINK_SECRET`, webhook tokens, passwords), and a
+//! child that inherited them could forge signed links or post as keywatch.
+//!
 //! The command runs in a process group of its own, and the group is what gets killed: a shell
 //! that started a background job (`sh -c "…; sleep 40 &"`) exits at once while its child keeps
 //! the output pipes open, and neither a timeout nor the end of the output may wait on that child.
@@ -18,6 +23,10 @@ use crate::firing::Firing;
 
 use super::context::Actions;
 use crate::outcome::Outcome;
+
+/// `PATH` for a command when keywatch itself has none (a bare container): the usual system
+/// folders, so `command: ["rebuild-report"]` still finds its program.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// Output kept for the log, per stream.
 const KEEP: usize = 4096;
@@ -38,10 +47,32 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
     if let Some(why) = refused(&argv, &step.value_led, &f.key) {
         return Outcome::Failed(why);
     }
+    let mut env = Vec::with_capacity(step.env.len());
+    for (name, id) in &step.env {
+        match a.config.templates.render(*id, &ctx) {
+            Ok(bytes) if bytes.contains(&0) => {
+                return Outcome::Failed(format!(
+                    "exec variable {name} contains a NUL byte, which no environment can carry"
+                ));
+            }
+            Ok(bytes) => env.push((name, OsString::from_vec(bytes))),
+            Err(e) => return Outcome::Failed(format!("exec variable {name}: {}", e.message)),
+        }
+    }
     let Some((program, args)) = argv.split_first() else {
         return Outcome::Failed("exec: empty command".into());
     };
     let mut cmd = tokio::process::Command::new(program);
+    cmd.env_clear().env(
+        "PATH",
+        std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into()),
+    );
+    if let Some(home) = std::env::var_os("HOME") {
+        cmd.env("HOME", home);
+    }
+    // The rule's own first: the event's variables are keywatch's to set (`check` refuses a
+    // `KEYWATCH_` name in `env`), and may be replaced by nothing the rule says.
+    cmd.envs(env);
     cmd.args(args)
         .env("KEYWATCH_KEY", OsString::from_vec(f.key.clone()))
         .env("KEYWATCH_RULE", &rule.name)

@@ -238,6 +238,9 @@ fn explain_rule(
             args.join(", "),
             humantime::format_duration(e.timeout)
         );
+        for (name, id) in &e.env {
+            let _ = writeln!(out, "     env {name}={}", render(*id));
+        }
         let argv: Option<Vec<std::ffi::OsString>> = e
             .command
             .iter()

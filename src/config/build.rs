@@ -359,6 +359,7 @@ fn build_rule(
             },
             |s| s.value,
         ),
+        max_late: r.max_late.as_ref().map(|s| s.value),
         detail: built(detail)?,
         reload: built(reload)?,
         exec: built(exec)?,
@@ -584,8 +585,17 @@ impl RuleTemplates<'_, '_, '_> {
             .iter()
             .map(|a| self.compile(a, Escape::RedisKey, "exec.command"))
             .collect();
+        let env: Vec<Option<(String, TemplateId)>> = ed
+            .env
+            .iter()
+            .map(|(k, v)| {
+                self.compile(v, Escape::RedisKey, &format!("exec.env.{}", k.value))
+                    .map(|id| (k.value.clone(), id))
+            })
+            .collect();
         Some(ExecStep {
             command: command.into_iter().collect::<Option<Vec<_>>>()?,
+            env: env.into_iter().collect::<Option<Vec<_>>>()?,
             value_led: ed
                 .command
                 .iter()

@@ -195,6 +195,9 @@ pub struct Rule {
     pub warn_before: Option<Duration>,
     /// What to do with an expiry found afterwards (nobody heard it at its deadline).
     pub recover: Recover,
+    /// `recover.max_late`: an expiry found more than this after its deadline is skipped
+    /// (counted, logged, kept in history) whatever `recover` says.
+    pub max_late: Option<Duration>,
     pub detail: Option<DetailStep>,
     pub reload: Option<ReloadStep>,
     pub exec: Option<ExecStep>,
@@ -292,6 +295,8 @@ pub struct ExecStep {
     /// Per argument: its template starts with a value (`{{ file }}`), so key text decides
     /// whether it starts with `-` (refused by `action::exec` unless after `--`).
     pub value_led: Vec<bool>,
+    /// `env`: variables the command gets besides `PATH`, `HOME` and the event's `KEYWATCH_*`.
+    pub env: Vec<(String, TemplateId)>,
     pub timeout: Duration,
     /// Processes of this rule's exec running at once on one instance.
     pub concurrency: usize,

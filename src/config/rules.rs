@@ -35,6 +35,9 @@ pub struct ReloadDraft {
 pub struct ExecDraft {
     pub loc: Loc,
     pub command: Vec<Text>,
+    /// `env`: variables given to the command besides `PATH`, `HOME` and the event's
+    /// `KEYWATCH_*`, each a template (docs/rules.md#exec).
+    pub env: Vec<(Spanned<String>, Text)>,
     pub timeout: Duration,
     pub concurrency: usize,
 }
@@ -73,6 +76,9 @@ pub struct RuleDraft {
     pub db: Option<Spanned<Vec<u32>>>,
     pub warn_before: Option<Spanned<Duration>>,
     pub recover: Option<Spanned<Recover>>,
+    /// `recover.max_late` (the long form): an expiry found later than this after its deadline
+    /// is skipped.
+    pub max_late: Option<Spanned<Duration>>,
     pub detail: Option<DetailDraft>,
     pub reload: Option<ReloadDraft>,
     pub exec: Option<ExecDraft>,
@@ -217,25 +223,11 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         d.error(&w.loc, format!("{what}: `warn_before` must be more than 0"));
     }
 
-    let recover = m.get("recover").and_then(|n| {
-        let t = d.text(n, &format!("{what} `recover`"))?;
-        match Recover::parse(&t.value) {
-            Some(value) => Some(Spanned { value, loc: t.loc }),
-            None => {
-                let names = Recover::ALL.map(Recover::as_str);
-                d.error(
-                    &t.loc,
-                    format!(
-                        "{what}: unknown `recover` value `{}`; expected {}{}",
-                        t.value,
-                        names.join(", "),
-                        did_you_mean(&t.value, names)
-                    ),
-                );
-                None
-            }
-        }
-    });
+    let (recover, max_late) = match m.get("recover") {
+        None => (None, None),
+        Some(n) if matches!(n.kind, crate::yaml::Kind::Map(_)) => decode_recover_long(d, n, &what),
+        Some(n) => (decode_recover_when(d, n, &what, "recover"), None),
+    };
     let detail = m.get("detail").and_then(|n| decode_detail(d, n, &what));
     let reload = m.get("reload").and_then(|n| decode_reload(d, n, &what));
     let exec = m.get("exec").and_then(|n| decode_exec(d, n, &what));
@@ -267,6 +259,7 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         db,
         warn_before,
         recover,
+        max_late,
         detail,
         reload,
         exec,
@@ -275,6 +268,66 @@ fn decode_rule(d: &mut Decoder<'_>, node: &Node) -> Option<RuleDraft> {
         escalate,
         resolved,
     })
+}
+
+/// `recover: always | if_detail | never`, or the long form's `when`.
+fn decode_recover_when(
+    d: &mut Decoder<'_>,
+    n: &Node,
+    what: &str,
+    field: &str,
+) -> Option<Spanned<Recover>> {
+    let t = d.text(n, &format!("{what} `{field}`"))?;
+    match Recover::parse(&t.value) {
+        Some(value) => Some(Spanned { value, loc: t.loc }),
+        None => {
+            let names = Recover::ALL.map(Recover::as_str);
+            d.error(
+                &t.loc,
+                format!(
+                    "{what}: unknown `{field}` value `{}`; expected {}{}",
+                    t.value,
+                    names.join(", "),
+                    did_you_mean(&t.value, names)
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The long form `recover: { when: if_detail, max_late: 6h }` (docs/rules.md#recover-expiries-found-afterwards).
+fn decode_recover_long(
+    d: &mut Decoder<'_>,
+    n: &Node,
+    what: &str,
+) -> (Option<Spanned<Recover>>, Option<Spanned<Duration>>) {
+    let Some(mut m) = d.map(n, &format!("{what} `recover`")) else {
+        return (None, None);
+    };
+    let when = m
+        .get("when")
+        .and_then(|w| decode_recover_when(d, w, what, "recover.when"));
+    let max_late = m
+        .get("max_late")
+        .and_then(|x| d.duration(x, &format!("{what} `recover.max_late`")));
+    if let Some(late) = &max_late
+        && late.value.is_zero()
+    {
+        d.error(
+            &late.loc,
+            format!("{what}: `recover.max_late` must be more than 0 (to fire no expiry found afterwards, say `when: never`)"),
+        );
+    }
+    let (has_when, has_late) = (m.get("when").is_some(), m.get("max_late").is_some());
+    m.finish(d, &["when", "max_late"], &|_| None);
+    if !has_when && !has_late {
+        d.error(
+            &n.loc,
+            format!("{what}: `recover` needs `when` (always, if_detail, never) or `max_late` (e.g. `6h`), or is given as one word: `recover: if_detail`"),
+        );
+    }
+    (when, max_late)
 }
 
 fn decode_detail(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<DetailDraft> {
@@ -410,18 +463,65 @@ fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft
         None => Duration::from_secs(60),
     };
     let concurrency = crate::channel::concurrency(d, m.get("concurrency"), &what);
-    m.finish(d, &["command", "timeout", "concurrency"], &|f| {
-        (f == "shell").then(|| "keywatch never runs a shell: give `command` as a list".to_string())
-    });
+    let env = m
+        .get("env")
+        .map(|n| decode_exec_env(d, n, &what))
+        .unwrap_or_default();
+    m.finish(
+        d,
+        &["command", "env", "timeout", "concurrency"],
+        &|f| match f {
+            "shell" => Some("keywatch never runs a shell: give `command` as a list".to_string()),
+            "environment" => Some("the command's variables are given in `env`".to_string()),
+            _ => None,
+        },
+    );
     if command.is_empty() {
         return None;
     }
     Some(ExecDraft {
         loc: node.loc.clone(),
         command,
+        env,
         timeout,
         concurrency,
     })
+}
+
+/// `exec.env`: a map of variable names to templates. The command gets nothing else of keywatch's
+/// environment (docs/rules.md#exec): a variable it needs is named here, e.g. `TZ: "${TZ}"`.
+fn decode_exec_env(d: &mut Decoder<'_>, node: &Node, what: &str) -> Vec<(Spanned<String>, Text)> {
+    let what = format!("{what} `env`");
+    if !matches!(node.kind, crate::yaml::Kind::Map(_)) {
+        d.error(
+            &node.loc,
+            format!("{what} must be a map of variable names to values (templates), e.g. `{{ REPORT_DAY: \"{{{{ day }}}}\", TZ: \"${{TZ}}\" }}`"),
+        );
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (name, value) in d.string_map(node, &what) {
+        let n = &name.value;
+        let valid = n
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            d.error(
+                &name.loc,
+                format!("{what}: `{n}` is not a variable name: use letters, digits and `_`, not starting with a digit, e.g. `REPORT_DAY`"),
+            );
+        } else if n.starts_with("KEYWATCH_") {
+            d.error(
+                &name.loc,
+                format!("{what}: `{n}` is reserved: keywatch sets KEYWATCH_KEY, KEYWATCH_RULE, KEYWATCH_EVENT, KEYWATCH_DB and KEYWATCH_ID itself, and passes no other KEYWATCH_ variable; pick another name"),
+            );
+        } else {
+            out.push((name, value));
+        }
+    }
+    out
 }
 
 fn decode_cleanup(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<CleanupDraft> {

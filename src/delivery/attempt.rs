@@ -20,8 +20,16 @@ use super::slots::{Slot, SlotKey, Ticket};
 use super::state::{DIGEST_ITEMS, Held, Inner, Room, inflight, windows_inflight};
 use super::work::{Work, window_jobs};
 
-/// One attempt, logged and counted: one line per action sent or failed.
-pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
+/// One attempt, logged and counted: one line per action sent or failed. `n` attempts came before
+/// it, failing since `failing_since`. A failure that may be retried is decided here, before it is
+/// counted: past the retry window it is the last attempt, counted and logged as failed (the dead
+/// letter follows), not as a retry; else the answer carries when to attempt again (`RetryAt`).
+pub(super) async fn attempt(
+    inner: &Inner,
+    work: &Work,
+    n: u32,
+    failing_since: &mut Option<i64>,
+) -> (Outcome, Option<i64>) {
     let started = Instant::now();
     let outcome = match work {
         Work::Job { firing, action } => inner.actions.run(firing, action).await,
@@ -36,6 +44,23 @@ pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
     // or dead-lettered: an error may quote a rendered URL, argument or answer with a secret.
     let secrets = &inner.actions.live.current().secrets;
     let outcome = outcome.map_text(|t| secrets.mask(t));
+    let mut retry_at = None;
+    let outcome = match outcome {
+        Outcome::Retry { reason, after } => {
+            let now = inner.clock.now_ms();
+            let since = *failing_since.get_or_insert(now);
+            match inner.policy.after_failure(n + 1, since, now, after) {
+                Next::RetryAt(at) => {
+                    retry_at = Some(at);
+                    Outcome::Retry { reason, after }
+                }
+                Next::GiveUp => Outcome::Failed(format!(
+                    "gave up: failing for longer than the retry window; last: {reason}"
+                )),
+            }
+        }
+        other => other,
+    };
     let secs = started.elapsed().as_secs_f64();
     inner
         .metrics
@@ -85,7 +110,7 @@ pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
             tracing::error!(%rule, %key, action, channel, outcome = "failed", attempt = n + 1, %reason, "Action failed for good.")
         }
     }
-    outcome
+    (outcome, retry_at)
 }
 
 /// Attempts `work` until it is sent or fails for good, holding nothing of this instance's room
@@ -196,7 +221,7 @@ pub(super) async fn deliver_held(
             // Left in flight: shutdown hands it back.
             Err(()) => return,
         };
-        let outcome = attempt(&inner, &work, n).await;
+        let (outcome, retry_at) = attempt(&inner, &work, n, &mut failing_since).await;
         drop(permit);
         match outcome {
             Outcome::Sent(_) | Outcome::Failed(_) => {
@@ -208,20 +233,11 @@ pub(super) async fn deliver_held(
                 finish(&inner);
                 return;
             }
-            Outcome::Retry { after, .. } => {
+            Outcome::Retry { .. } => {
                 let now = inner.clock.now_ms();
-                let since = *failing_since.get_or_insert(now);
                 n += 1;
-                let Next::RetryAt(at) = inner.policy.after_failure(n, since, now, after) else {
-                    dead_letter(
-                        &inner,
-                        &work,
-                        "gave up: failing for longer than the retry window",
-                    );
-                    acknowledge(&inner, window.as_ref(), &jobs).await;
-                    finish(&inner);
-                    return;
-                };
+                // `attempt` decided: a retry always comes with its time.
+                let at = retry_at.unwrap_or(now);
                 let wait = Duration::from_millis(u64::try_from(at - now).unwrap_or(0));
                 if let (Some(q), Work::Job { firing, action }) = (&durable, &work) {
                     let job = Job {
@@ -621,10 +637,13 @@ mod tests {
                 }
             }
         }
+        // The last attempt of each is the one that gave up: counted as failed, not as a retry
+        // (before, it was counted and logged as a retry right before its dead letter).
         assert_eq!(
             s.status.counts("flaky"),
             RuleCounts {
-                retried: received.len() as u64,
+                retried: received.len() as u64 - 10,
+                failed: 10,
                 dead: 10,
                 ..RuleCounts::default()
             }

@@ -3,12 +3,14 @@
 //! `count`, the first items, "… and N more") instead of trickling out for hours.
 //!
 //! Every notification for a channel with a `rate` waits here for a token. One task per channel
-//! takes the tokens and hands each to the oldest waiting message; when, at that moment, more are
-//! still waiting than the channel may send in [`MAX_WAIT`] (DingTalk's 20/min: more than 20), the
-//! oldest message takes the waiting messages of its rule along as one digest. The merged messages'
-//! jobs stay stored in the queue and leased to this instance until that digest is sent (then they
-//! are all acknowledged), so a crash before then delivers them again — at most a duplicate, never
-//! a loss.
+//! takes the tokens and hands each to the oldest waiting message. While tokens are in hand (the
+//! bucket's burst), every message goes on its own: three alerts on a fresh `2/min` channel are
+//! two messages at once and one 30 s later, never one digest. Once a token had to be waited for,
+//! and more are still waiting behind its message than the channel may send in [`MAX_WAIT`]
+//! (DingTalk's 20/min: more than 20), the oldest message takes the waiting messages of its rule
+//! along as one digest. The merged messages' jobs stay stored in the queue and leased to this
+//! instance until that digest is sent (then they are all acknowledged), so a crash before then
+//! delivers them again — at most a duplicate, never a loss.
 //!
 //! The line itself is bounded ([`line_cap`]): a notification that finds it full goes back to the
 //! queue in Redis, to wait for its channel there (taken back as the line shortens), so a storm on
@@ -148,12 +150,12 @@ impl Lane {
                     _ = self.arrived.notified() => {}
                 }
             }
-            tokio::select! {
+            let in_hand = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
-                _ = self.limiter.take() => {}
-            }
-            let Some((lead, merged)) = self.next_turn() else {
+                in_hand = self.limiter.take() => in_hand,
+            };
+            let Some((lead, merged)) = self.next_turn(in_hand) else {
                 continue;
             };
             if merged.is_empty() {
@@ -178,11 +180,15 @@ impl Lane {
         }
     }
 
-    /// The oldest message, and the waiting messages of its rule when the line is too long.
-    fn next_turn(&self) -> Option<(Entry, Vec<Entry>)> {
+    /// The oldest message, and the waiting messages of its rule when the line is longer than
+    /// the rate serves in [`MAX_WAIT`]. `in_hand`: its token came without a wait, so the bucket
+    /// still serves the line as fast as it fills, and nothing merges.
+    fn next_turn(&self, in_hand: bool) -> Option<(Entry, Vec<Entry>)> {
         let mut line = self.lock();
         let lead = line.pop_front()?;
-        if line.len() < self.merge_over {
+        // "More waiting than the rate lets through in a minute" (docs/rules.md#channels):
+        // exactly that many still go one by one.
+        if in_hand || line.len() <= self.merge_over {
             return Some((lead, Vec::new()));
         }
         let (same, rest): (VecDeque<Entry>, VecDeque<Entry>) = line
@@ -316,6 +322,85 @@ mod tests {
                 sent: 5,
                 ..RuleCounts::default()
             }
+        );
+    }
+
+    /// Three alerts at once on a fresh `2/min` channel: two tokens are in hand, so two go at
+    /// once, singly, and the third gets the next token 30 s later. Before, the first token's
+    /// message found two waiting behind it (not fewer than the threshold of 2) and took them
+    /// along: one digest of three, though two tokens were in hand.
+    #[tokio::test(start_paused = true)]
+    async fn alerts_with_tokens_in_hand_are_sent_singly() {
+        let (s, rec) = chat();
+        s.delivery
+            .accept(firings("a", &["a:1", "a:2", "a:3"]))
+            .await;
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[(0, &["a:1"]), (0, &["a:2"]), (30, &["a:3"])],
+        );
+        assert_eq!(s.status.counts("a").sent, 3);
+    }
+
+    /// DingTalk's `20/min`: 21 alerts at once are 20 messages at once and one 3 s later, not
+    /// one digest of 21.
+    #[tokio::test(start_paused = true)]
+    async fn twenty_one_alerts_on_a_fresh_twenty_a_minute_channel_are_not_merged() {
+        let mut config = testkit::config(
+            "channels:\n  robot: { type: log, rate: 20/min }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [robot] }\n",
+        );
+        let rec = Recorder::answering(|_| crate::outcome::Outcome::Sent("ok".into()));
+        let r = rec.clone();
+        replace_integration(&mut config, "robot", move |_| r as Arc<dyn Integration>);
+        let s = stage(config, RetryPolicy::default());
+        let keys: Vec<String> = (1..=21).map(|i| format!("a:{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        s.delivery.accept(firings("a", &keys)).await;
+        let got = rec.until(secs(300)).await;
+        assert_eq!(got.len(), 21, "{got:?}");
+        assert!(got.iter().all(|r| !r.digest), "{got:?}");
+        assert_eq!(
+            got.iter().filter(|r| r.at == secs(0)).count(),
+            20,
+            "{got:?}"
+        );
+        assert_eq!(got[20].at, secs(3), "{got:?}");
+    }
+
+    /// The threshold is "more waiting than the rate lets through in `MAX_WAIT`" (docs/rules.md):
+    /// with the burst spent, a token's message with exactly 2 waiting behind it on a `2/min`
+    /// channel sends singly (they go at 60 s and 90 s); a third behind it merges.
+    #[tokio::test(start_paused = true)]
+    async fn exactly_the_threshold_waiting_does_not_merge() {
+        let (s, rec) = chat();
+        s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
+        rec.until(secs(1)).await;
+        s.delivery
+            .accept(firings("a", &["a:3", "a:4", "a:5"]))
+            .await;
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[
+                (0, &["a:1"]),
+                (0, &["a:2"]),
+                (30, &["a:3"]),
+                (60, &["a:4"]),
+                (90, &["a:5"]),
+            ],
+        );
+        let (s, rec) = chat();
+        s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
+        rec.until(secs(1)).await;
+        s.delivery
+            .accept(firings("a", &["a:3", "a:4", "a:5", "a:6"]))
+            .await;
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[
+                (0, &["a:1"]),
+                (0, &["a:2"]),
+                (30, &["a:3", "a:4", "a:5", "a:6"]),
+            ],
         );
     }
 

@@ -19,8 +19,8 @@ pub enum Limiter {
 }
 
 impl Limiter {
-    /// Waits for a token.
-    pub async fn take(&self) {
+    /// Waits for a token; true when one was in hand (no wait was needed).
+    pub async fn take(&self) -> bool {
         match self {
             Limiter::Shared(b) => b.take().await,
             Limiter::Local(b) => b.take().await,
@@ -69,11 +69,14 @@ impl TokenBucket {
         }
     }
 
-    /// Waits for a token.
-    pub async fn take(&self) {
+    /// Waits for a token; true when one was in hand.
+    pub async fn take(&self) -> bool {
+        let mut in_hand = true;
         while let Err(wait) = self.try_take() {
+            in_hand = false;
             tokio::time::sleep(wait).await;
         }
+        in_hand
     }
 }
 
@@ -126,8 +129,9 @@ impl SharedBucket {
         }
     }
 
-    /// Waits for a token from the shared bucket.
-    pub async fn take(&self) {
+    /// Waits for a token from the shared bucket; true when one was in hand.
+    pub async fn take(&self) -> bool {
+        let mut in_hand = true;
         loop {
             let wait: redis::RedisResult<u64> = self
                 .script
@@ -137,12 +141,14 @@ impl SharedBucket {
                 .invoke_async(&mut self.conn.clone())
                 .await;
             match wait {
-                Ok(0) => return,
-                Ok(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                Ok(0) => return in_hand,
+                Ok(ms) => {
+                    in_hand = false;
+                    tokio::time::sleep(Duration::from_millis(ms)).await
+                }
                 Err(e) => {
                     tracing::warn!(key = %self.key, error = %e, "Cannot reach the shared rate limit; limiting this instance alone.");
-                    self.local.take().await;
-                    return;
+                    return self.local.take().await && in_hand;
                 }
             }
         }

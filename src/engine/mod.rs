@@ -242,8 +242,11 @@ impl Engine {
                 Signal::Up { node } => {
                     self.markers().up(&node);
                     self.metrics.subscriber(&node, true);
-                    self.status.set_subscribed(&node, true);
+                    // Ready only once the flags are there: a promoted replica (or a restarted
+                    // server) lacks them until `enable` adds them, and a `del` or `evicted` in
+                    // between is not published at all.
                     self.recheck_flags(&node).await;
+                    self.status.set_subscribed(&node, true);
                     self.after_subscribe(&node);
                     if let Some(f) = self
                         .fields

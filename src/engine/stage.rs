@@ -22,6 +22,22 @@ use crate::metrics::Metrics;
 use crate::status::Status;
 use crate::template::Context;
 
+/// Why an expiry found afterwards is too late for `rule` to fire (`recover.max_late`), if it is:
+/// an expiry found hours after its deadline (keywatch was down) is noise for a lock alert or a
+/// cache pre-warm (docs/rules.md#recover-expiries-found-afterwards).
+fn too_late(rule: &crate::config::Rule, e: &crate::event::KeyEvent) -> Option<String> {
+    let max = rule.max_late?;
+    let late = e.late_ms().filter(|_| e.recovered)?;
+    let max_ms = i64::try_from(max.as_millis()).unwrap_or(i64::MAX);
+    (late > max_ms).then(|| {
+        format!(
+            "found {} after its deadline, later than `recover.max_late` ({})",
+            crate::template::human_duration(late),
+            crate::template::human_duration(max_ms)
+        )
+    })
+}
+
 /// A rule's index in the config and the captures of its pattern.
 pub type RuleMatch = (usize, Vec<Vec<u8>>);
 
@@ -95,6 +111,11 @@ impl FiringStage {
                         tracing::info!(rule = %r.name, key = %e.key_lossy(), "Silenced: counted, not sent.");
                         self.keep_skipped(r, e, captures, "silenced");
                     }
+                    continue;
+                }
+                if let Some(why) = too_late(r, e) {
+                    self.skip_recovery(&r.name, e, &why);
+                    self.keep_skipped(r, e, captures, &format!("recovered: {why}"));
                     continue;
                 }
                 if e.recovered && r.recover == Recover::Never {

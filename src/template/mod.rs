@@ -270,6 +270,19 @@ impl TemplateSet {
     }
 }
 
+/// The tag of a statement that would render another template, which this build of minijinja does
+/// not know (no `multi_template` feature, see Cargo.toml): its syntax error says so plainly.
+fn other_template_tag(err: &minijinja::Error) -> Option<&'static str> {
+    if err.kind() != minijinja::ErrorKind::SyntaxError {
+        return None;
+    }
+    let detail = err.detail()?;
+    let name = detail.strip_prefix("unknown statement ")?;
+    ["include", "import", "extends", "from", "block"]
+        .into_iter()
+        .find(|t| *t == name.trim())
+}
+
 /// minijinja's error as one line for `FILE:LINE:COLUMN: message`: its kind and detail, the
 /// failing expression quoted when minijinja points at one and the detail does not already quote
 /// it, and the underlying cause. The template's internal name (`3.glob`) means nothing to users
@@ -279,6 +292,14 @@ fn convert_error(err: &minijinja::Error, source: &str) -> TemplateError {
         return TemplateError {
             message: format!(
                 "the template does more work than one render may ({FUEL} steps): a macro that calls itself, or a loop over too many items?"
+            ),
+            line: err.line(),
+        };
+    }
+    if let Some(tag) = other_template_tag(err) {
+        return TemplateError {
+            message: format!(
+                "`{{% {tag} %}}` is not allowed: a template cannot render another template (every rule's templates share one set, `${{VAR}}` secrets substituted, so it could send one in clear); write the text here, or use a macro defined in this template"
             ),
             line: err.line(),
         };

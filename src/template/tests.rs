@@ -48,6 +48,42 @@ fn render_text(source: &str, escape: Escape, ctx: &Context) -> String {
 
 // ---- escaping per mode -----------------------------------------------------------------------
 
+/// Every template of a set lives in one environment under a guessable name (`0.raw`): one that
+/// could include, import or extend another would render it, secrets substituted. They are
+/// refused at compile time, with the line.
+#[test]
+fn templates_cannot_render_other_templates() {
+    let mut set = TemplateSet::new();
+    set.add("Bearer s3cret", Escape::Raw).unwrap();
+    for (source, tag) in [
+        ("{% include '0.raw' %}", "include"),
+        ("a\n{%- include '0.raw' ignore missing %}", "include"),
+        ("{% import '0.raw' as m %}", "import"),
+        ("{% from '0.raw' import x %}", "from"),
+        ("{% extends '0.raw' %}", "extends"),
+        ("{% block b %}{% endblock %}", "block"),
+    ] {
+        let err = set.add(source, Escape::Text).unwrap_err();
+        assert!(
+            err.message
+                .starts_with(&format!("`{{% {tag} %}}` is not allowed")),
+            "{source}: {err:?}"
+        );
+        assert!(err.line.is_some(), "{source}: {err:?}");
+    }
+    // Macros of the template itself still work.
+    let id = set
+        .add(
+            "{% macro m(x) %}[{{ x }}]{% endmacro %}{{ m(1) }}",
+            Escape::Text,
+        )
+        .unwrap();
+    assert_eq!(
+        set.source(id),
+        "{% macro m(x) %}[{{ x }}]{% endmacro %}{{ m(1) }}"
+    );
+}
+
 #[test]
 fn glob_escapes_values_not_literals() {
     let out = render("session:{{ x }}:*", Escape::Glob, &ctx(b"*"));

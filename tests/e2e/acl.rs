@@ -160,3 +160,40 @@ fn a_reload_that_drops_a_database_unsubscribes_without_a_reconnect() {
     assert!(!log.contains("reconnecting"), "{}", kw.describe_output());
     assert!(!log.contains("NOPERM"), "{}", kw.describe_output());
 }
+
+/// Watching databases 0 and 1 as the documented user without `+select` (docs/redis.md says it is
+/// needed for other databases): `run` stays not ready, and `/readyz` and the log name the missing
+/// grant and the `ACL SETUSER` that adds it; once granted, it becomes ready without a restart.
+/// Before, it became ready and only warned at every scan: db 1's deadlines were never learnt.
+#[test]
+fn a_missing_grant_keeps_run_not_ready_naming_it_until_it_is_granted() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let url = documented_user(&redis);
+    let dir = tempfile::tempdir().unwrap();
+    let rules = write_rules(
+        dir.path(),
+        "rules.yaml",
+        "redis: { databases: [0, 1] }\nchannels:\n  console: { type: log }\nrules:\n  - name: lock\n    match: \"lock:{id}\"\n    notify: { to: [console] }\n",
+    );
+    let mut kw = common::spawn_run(&url, &rules, Logs::Text, &[]);
+    kw.wait_for_output("HTTP endpoint listening", PATIENCE);
+    let addr = common::endpoint::endpoint(&kw);
+    kw.wait_for_output("ACL SETUSER keywatch +select", PATIENCE);
+    kw.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    let (status, body) = common::endpoint::get(&addr, "/readyz");
+    assert_eq!(status, 503, "{body}\n{}", kw.describe_output());
+    assert!(body.contains("+select"), "{body}");
+    // Still not ready a moment later: the check is not a one-off.
+    kw.wait_for_output("ACL SETUSER keywatch +select", PATIENCE);
+    assert_eq!(common::endpoint::get(&addr, "/readyz").0, 503);
+
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "keywatch", "+select"][..])
+        .query(&mut redis.conn())
+        .unwrap();
+    wait_until("keywatch is ready once granted", PATIENCE, || {
+        common::endpoint::get(&addr, "/readyz").0 == 200
+    });
+    kw.wait_for_output("every grant the rules need", PATIENCE);
+    kw.stop();
+}

@@ -102,6 +102,21 @@ fn sentinel_without_master_or_nodes_says_what_is_missing() {
 }
 
 #[test]
+fn exec_env_names_and_templates_are_checked_at_their_place() {
+    check("exec_env.yaml", &[]);
+}
+
+#[test]
+fn recover_long_form_is_checked_at_its_place() {
+    check("recover.yaml", &[]);
+}
+
+#[test]
+fn templates_that_render_other_templates_are_refused_at_their_place() {
+    check("include.yaml", &[("RELOAD_TOKEN", "s3cret-reload-token")]);
+}
+
+#[test]
 fn hash_field_rules_are_checked_at_their_place() {
     check("hash_fields.yaml", &[]);
 }

@@ -390,3 +390,75 @@ fn a_queue_that_cannot_be_written_holds_the_task_and_keeps_its_detail() {
             == 0
     });
 }
+
+/// `recover: { when, max_late }`: keywatch is down while two keys expire and starts again more
+/// than 2 s after their deadline. The rule with `max_late: 2s` skips its key (counted, logged,
+/// kept in history with why); the one with `max_late: 1h` fires it, recovered.
+#[test]
+fn an_expiry_found_later_than_max_late_is_skipped_and_one_within_it_fires() {
+    let (redis, receiver, dir) = rig();
+    let rules = common::hook_rules(
+        dir.path(),
+        &receiver,
+        r#"rules:
+  - name: stale
+    match: "stale:{id}"
+    recover: { when: always, max_late: 2s }
+    notify: { to: [hook] }
+  - name: fresh
+    match: "fresh:{id}"
+    recover: { when: always, max_late: 1h }
+    notify: { to: [hook] }
+"#,
+    );
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut c = redis.conn();
+    let deadline = std::time::SystemTime::now() + Duration::from_millis(1500);
+    let at_ms = deadline
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for key in ["stale:1", "fresh:1"] {
+        let () = redis::cmd("SET")
+            .arg(key)
+            .arg("x")
+            .arg("PXAT")
+            .arg(at_ms)
+            .query(&mut c)
+            .unwrap();
+    }
+    wait_until("the ledger knows both deadlines", PATIENCE, || {
+        redis::cmd("ZCARD")
+            .arg("keywatch:ledger:0")
+            .query::<i64>(&mut redis.conn())
+            .unwrap()
+            == 2
+    });
+    kw.sigkill();
+    // Down until well past `max_late` of `stale`: 2 s after the deadline, and a margin.
+    wait_until("3 s past the deadline", PATIENCE, || {
+        std::time::SystemTime::now() > deadline + Duration::from_secs(3)
+    });
+    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    wait_until("`fresh` fired its recovered expiry", PATIENCE, || {
+        by_key(&receiver).contains_key("fresh:1")
+    });
+    let addr = common::endpoint::endpoint(&kw);
+    wait_until("`stale` counted its skip", PATIENCE, || {
+        let (_, body) = common::endpoint::get(&addr, "/metrics");
+        common::endpoint::metric(&body, "keywatch_recovery_skipped_total{rule=\"stale\"}") == 1.0
+    });
+    let d = by_key(&receiver);
+    assert!(!d.contains_key("stale:1"), "{d:?}");
+    assert_eq!(d["fresh:1"].0, 1);
+    assert!(d["fresh:1"].2, "not marked recovered");
+    assert!(
+        kw.stderr().contains("max_late"),
+        "the skip is logged with its reason:\n{}",
+        kw.stderr()
+    );
+    wait_until("the skip is kept in history with why", PATIENCE, || {
+        let (_, body) = common::endpoint::get(&addr, "/api/history?rule=stale");
+        body.contains("skipped") && body.contains("max_late")
+    });
+}

@@ -308,6 +308,85 @@ rules:
     rig.stop();
 }
 
+/// keywatch's environment holds its secrets; a child printing its whole environment sees
+/// `PATH`, `HOME`, the event's `KEYWATCH_*` and what the rule's `env` names, and none of them
+/// (before, it inherited every variable: a job could forge links with KEYWATCH_LINK_SECRET).
+#[test]
+fn exec_children_get_a_clean_environment_without_keywatchs_secrets() {
+    let rules = common::Rules::new_with(|dir| {
+        format!(
+            r#"
+rules:
+  - name: report
+    match: "report:{{day}}"
+    exec:
+      command: ["/bin/sh", "-c", 'env > "$$0.tmp" && mv "$$0.tmp" "$$0"', "{dir}/env.out"]
+      env:
+        REPORT_DAY: "day {{{{ day }}}}"
+        PASSED_ON: "${{PASSED_ON}}"
+"#,
+            dir = dir.display()
+        )
+    });
+    let envs = [
+        ("KEYWATCH_LINK_SECRET", "link-secret-0123456789"),
+        ("SECRET_TOKEN", "token-9876543210"),
+        ("PASSED_ON", "named in env"),
+        ("HOME", "/home/keywatch-test"),
+    ];
+    let out = rules.dir.path().join("env.out");
+    let daemon = common::Daemon::launch(RedisServer::with_events("Exg"), rules, Logs::Text, &envs);
+    daemon.expire("report:2026-12-04");
+    wait_until("the command ran", PATIENCE, || out.exists());
+    let env = std::fs::read_to_string(&out).unwrap();
+    let vars: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
+    assert!(!env.contains("link-secret-0123456789"), "{env}");
+    assert!(!env.contains("token-9876543210"), "{env}");
+    assert_eq!(
+        vars.get("KEYWATCH_KEY"),
+        Some(&"report:2026-12-04"),
+        "{env}"
+    );
+    assert_eq!(vars.get("KEYWATCH_RULE"), Some(&"report"), "{env}");
+    assert_eq!(vars.get("KEYWATCH_EVENT"), Some(&"expired"), "{env}");
+    assert_eq!(vars.get("REPORT_DAY"), Some(&"day 2026-12-04"), "{env}");
+    assert_eq!(vars.get("PASSED_ON"), Some(&"named in env"), "{env}");
+    assert_eq!(vars.get("HOME"), Some(&"/home/keywatch-test"), "{env}");
+    assert!(vars.contains_key("PATH"), "{env}");
+    // `sh` adds PWD (and SHLVL, `_`) of its own; nothing else comes from keywatch.
+    let extra: Vec<&&str> = vars
+        .keys()
+        .filter(|k| {
+            !k.starts_with("KEYWATCH_")
+                && ![
+                    "PATH",
+                    "HOME",
+                    "REPORT_DAY",
+                    "PASSED_ON",
+                    "PWD",
+                    "SHLVL",
+                    "_",
+                    "OLDPWD",
+                ]
+                .contains(k)
+        })
+        .collect();
+    assert!(extra.is_empty(), "inherited {extra:?}:\n{env}");
+    let kw: Vec<&&str> = vars.keys().filter(|k| k.starts_with("KEYWATCH_")).collect();
+    assert_eq!(
+        kw,
+        [
+            &"KEYWATCH_DB",
+            &"KEYWATCH_EVENT",
+            &"KEYWATCH_ID",
+            &"KEYWATCH_KEY",
+            &"KEYWATCH_RULE"
+        ],
+        "{env}"
+    );
+    daemon.stop();
+}
+
 #[test]
 fn exec_non_zero_exit_is_retried_and_a_timeout_kills_the_process() {
     let rig = Rig::start(
@@ -823,6 +902,39 @@ rules:
     assert_eq!(
         keys,
         BTreeSet::from(["restart:before".into(), "restart:after".into()])
+    );
+    rig.stop();
+}
+
+/// A restarted (or promoted) server lacks the flags; keywatch is ready again only once `enable`
+/// has added them. Before, it was ready (`/readyz` 200) a few ms before the `CONFIG SET`, and a
+/// `del` or `evicted` in that gap was lost while keywatch said it was ready.
+#[test]
+fn ready_again_only_after_enable_has_added_the_flags() {
+    let mut rig = Rig::start(
+        "",
+        r#"
+redis: { notifications: enable }
+channels:
+  console: { type: log }
+rules:
+  - name: gone
+    match: "gone:{n}"
+    on: [deleted, evicted]
+    notify: { to: [console] }
+"#,
+    );
+    rig.wait_for_log_count("keywatch is ready.", 1);
+    rig.redis.restart();
+    rig.wait_for_log_count("keywatch is ready.", 2);
+    let log = rig.stderr();
+    let nth = |needle: &str, n: usize| log.match_indices(needle).nth(n).map(|(at, _)| at);
+    let added = nth("Added missing notify-keyspace-events flags", 1)
+        .unwrap_or_else(|| panic!("the flags were not added again:\n{log}"));
+    let ready = nth("keywatch is ready.", 1).unwrap();
+    assert!(
+        added < ready,
+        "ready again before the flags were added:\n{log}"
     );
     rig.stop();
 }

@@ -33,7 +33,6 @@ use crate::keyspace::connect;
 use crate::source::flags;
 
 use info::Info;
-use permissions::{Conn, Outcome};
 use report::Report;
 
 /// SCAN calls per rule pattern for the sample count: at `COUNT 1000`, up to 10,000 keys walked,
@@ -78,7 +77,8 @@ pub fn main(config: &Config, opts: &Options, rt: &tokio::runtime::Runtime) -> Ex
     }
 }
 
-async fn open(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
+/// A connection with doctor's timeouts (also `run`'s check of its grants).
+pub(crate) async fn open(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
     let cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(5)))
         .set_response_timeout(Some(Duration::from_secs(10)));
@@ -325,7 +325,7 @@ pub(crate) async fn notifications(
 }
 
 /// The user the connection acts as: `ACL WHOAMI`, else the one in the settings, else `default`.
-async fn whoami(client: &redis::Client, conn: &mut MultiplexedConnection) -> String {
+pub(crate) async fn whoami(client: &redis::Client, conn: &mut MultiplexedConnection) -> String {
     match redis::cmd("ACL")
         .arg("WHOAMI")
         .query_async::<String>(conn)
@@ -351,80 +351,28 @@ async fn permissions(
     client: &redis::Client,
     conn: &mut MultiplexedConnection,
 ) {
-    let needs = permissions::needs(config);
-    let user = whoami(client, conn).await;
-    let method = permissions::method(conn, &user).await;
-    // keywatch's own state may live in another Redis (`state.url`), as another user.
-    let state = match &config.state.url {
-        None => None,
-        Some(url) => match connect::client(url, &config.redis, 0) {
-            Ok((c, n)) => match open(&c).await {
-                Ok(mut sc) => {
-                    let u = whoami(&c, &mut sc).await;
-                    let m = permissions::method(&mut sc, &u).await;
-                    Some((c, sc, u, m))
-                }
-                Err(e) => {
-                    report.fail(
-                        "state",
-                        format!(
-                            "cannot connect to the state Redis at {n} (state.url): {}",
-                            short(&e)
-                        ),
-                        None,
-                    );
-                    return;
-                }
-            },
-            Err(e) => {
-                report.fail("state", format!("state.url: {e}"), None);
-                return;
-            }
-        },
-    };
-    let mut refused: Vec<Refusal> = Vec::new();
-    let mut unchecked = Vec::new();
-    for need in &needs {
-        let (c, sc, u, m) = match (&need.conn, &state) {
-            (Conn::State, Some((c, sc, u, m))) => (c, sc.clone(), u, m),
-            _ => (client, conn.clone(), &user, &method),
-        };
-        let mut sc = sc;
-        match permissions::check(m, &mut sc, c, need).await {
-            Outcome::Allowed => {}
-            Outcome::Refused { reason, noperm } => refused.push(Refusal {
-                grant: if noperm { need.grant(&reason) } else { None },
-                user: u.clone(),
-                what: match refusal_kind(&reason, noperm) {
-                    "other" => format!("{} ({}): {reason}", need.shown(), need.purpose),
-                    _ => format!("{} ({})", need.shown(), need.purpose),
-                },
-                kind: refusal_kind(&reason, noperm),
-            }),
-            Outcome::Unchecked(why) => unchecked.push(format!("{}: {why}", need.shown())),
+    let g = match permissions::grants(config, client, conn).await {
+        Ok(g) => g,
+        Err(e) => {
+            report.fail("state", e, None);
+            return;
         }
-    }
-    let how = match &state {
-        Some((_, _, u, m)) => format!(
-            "{}; state Redis: {}, user {u:?}",
-            method.describe(),
-            m.describe()
-        ),
-        None => method.describe(),
     };
-    if refused.is_empty() {
+    let (user, how) = (&g.user, &g.how);
+    if g.refused.is_empty() {
         report.ok(
             "permissions",
             format!(
                 "user {user:?} may send the {} commands keywatch sends ({how})",
-                needs.len() - unchecked.len()
+                g.needs - g.unchecked.len()
             ),
         );
     }
     // One line per kind of refusal, with one fix granting all of it: a missing `~prefix*`
     // refuses dozens of commands at once.
     for kind in ["command", "key", "channel", "other"] {
-        let group: Vec<&Refusal> = refused.iter().filter(|r| r.kind == kind).collect();
+        let group: Vec<&permissions::Refusal> =
+            g.refused.iter().filter(|r| r.kind == kind).collect();
         if group.is_empty() {
             continue;
         }
@@ -440,55 +388,24 @@ async fn permissions(
         if group.len() > 12 {
             detail.push_str(&format!("\nand {} more", group.len() - 12));
         }
-        let mut fixes: Vec<(String, Vec<String>)> = Vec::new();
-        for r in &group {
-            let Some(g) = &r.grant else { continue };
-            match fixes.iter_mut().find(|(u, _)| *u == r.user) {
-                Some((_, gs)) if gs.contains(g) => {}
-                Some((_, gs)) => gs.push(g.clone()),
-                None => fixes.push((r.user.clone(), vec![g.clone()])),
-            }
-        }
-        let fix = (!fixes.is_empty()).then(|| {
-            fixes
-                .iter()
-                .map(|(u, gs)| format!("ACL SETUSER {u} {}", gs.join(" ")))
-                .collect::<Vec<_>>()
-                .join("\n")
-        });
-        report.fail(&format!("permissions ({kind})"), detail, fix);
+        report.fail(
+            &format!("permissions ({kind})"),
+            detail,
+            permissions::fixes(&group),
+        );
     }
-    if !unchecked.is_empty() {
+    if !g.unchecked.is_empty() {
         report.warn(
             "permissions",
             format!(
                 "{} command(s) could not be checked ({how}):\n{}",
-                unchecked.len(),
-                unchecked.join("\n")
+                g.unchecked.len(),
+                g.unchecked.join("\n")
             ),
             Some(format!(
                 "run doctor as a user allowed ACL DRYRUN, or ACL SETUSER {user} +multi +discard"
             )),
         );
-    }
-}
-
-/// A command the server refused, and what grants it.
-struct Refusal {
-    grant: Option<String>,
-    user: String,
-    what: String,
-    kind: &'static str,
-}
-
-fn refusal_kind(reason: &str, noperm: bool) -> &'static str {
-    let r = reason.to_ascii_lowercase();
-    match () {
-        _ if !noperm => "other",
-        _ if r.contains("command") => "command",
-        _ if r.contains("channel") => "channel",
-        _ if r.contains("key") => "key",
-        _ => "other",
     }
 }
 

@@ -554,6 +554,145 @@ crate::keyspace::commands::declare! {
     ]
 }
 
+/// A command the server refused, and what grants it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The ACL rule that grants it (`+select`), when the ACL refused it.
+    pub grant: Option<String>,
+    pub user: String,
+    /// The command as sent, and why keywatch sends it.
+    pub what: String,
+    /// `command`, `key`, `channel` (refused by the ACL) or `other` (by the server).
+    pub kind: &'static str,
+}
+
+impl Refusal {
+    /// Refused by the ACL: a grant is missing (not a renamed or unknown command).
+    pub fn by_acl(&self) -> bool {
+        self.kind != "other"
+    }
+}
+
+/// What checking every command `run` sends found.
+#[derive(Clone, Debug, Default)]
+pub struct Grants {
+    /// How many commands were checked.
+    pub needs: usize,
+    /// The user on the watched Redis.
+    pub user: String,
+    /// How they were checked (`ACL DRYRUN for user "keywatch"`), the state Redis's too.
+    pub how: String,
+    pub refused: Vec<Refusal>,
+    /// Commands that could not be checked without running them, and why.
+    pub unchecked: Vec<String>,
+}
+
+/// The `ACL SETUSER` lines that grant what `refused` lacks, one per user.
+pub fn fixes(refused: &[&Refusal]) -> Option<String> {
+    let mut fixes: Vec<(String, Vec<String>)> = Vec::new();
+    for r in refused {
+        let Some(g) = &r.grant else { continue };
+        match fixes.iter_mut().find(|(u, _)| *u == r.user) {
+            Some((_, gs)) if gs.contains(g) => {}
+            Some((_, gs)) => gs.push(g.clone()),
+            None => fixes.push((r.user.clone(), vec![g.clone()])),
+        }
+    }
+    (!fixes.is_empty()).then(|| {
+        fixes
+            .iter()
+            .map(|(u, gs)| format!("ACL SETUSER {u} {}", gs.join(" ")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    })
+}
+
+/// Checks whether the users keywatch connects as may send every command `run` sends with
+/// `config`: on the watched Redis (`client`, `conn`) and on the state Redis (`state.url`), each
+/// the best way its server allows ([`method`]). `Err`: the state Redis cannot be reached.
+pub async fn grants(
+    config: &Config,
+    client: &redis::Client,
+    conn: &mut MultiplexedConnection,
+) -> Result<Grants, String> {
+    use crate::command::doctor::{open, short, whoami};
+    use crate::keyspace::connect;
+    let needs = needs(config);
+    let user = whoami(client, conn).await;
+    let method = method(conn, &user).await;
+    // keywatch's own state may live in another Redis (`state.url`), as another user.
+    let state = match &config.state.url {
+        None => None,
+        Some(url) => match connect::client(url, &config.redis, 0) {
+            Ok((c, n)) => match open(&c).await {
+                Ok(mut sc) => {
+                    let u = whoami(&c, &mut sc).await;
+                    let m = self::method(&mut sc, &u).await;
+                    Some((c, sc, u, m))
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "cannot connect to the state Redis at {n} (state.url): {}",
+                        short(&e)
+                    ));
+                }
+            },
+            Err(e) => return Err(format!("state.url: {e}")),
+        },
+    };
+    let mut refused: Vec<Refusal> = Vec::new();
+    let mut unchecked = Vec::new();
+    for need in &needs {
+        let (c, sc, u, m) = match (&need.conn, &state) {
+            (Conn::State, Some((c, sc, u, m))) => (c, sc.clone(), u, m),
+            _ => (client, conn.clone(), &user, &method),
+        };
+        let mut sc = sc;
+        match check(m, &mut sc, c, need).await {
+            Outcome::Allowed => {}
+            Outcome::Refused { reason, noperm } => {
+                let kind = refusal_kind(&reason, noperm);
+                refused.push(Refusal {
+                    grant: if noperm { need.grant(&reason) } else { None },
+                    user: u.clone(),
+                    what: match kind {
+                        "other" => format!("{} ({}): {reason}", need.shown(), need.purpose),
+                        _ => format!("{} ({})", need.shown(), need.purpose),
+                    },
+                    kind,
+                })
+            }
+            Outcome::Unchecked(why) => unchecked.push(format!("{}: {why}", need.shown())),
+        }
+    }
+    let how = match &state {
+        Some((_, _, u, m)) => format!(
+            "{}; state Redis: {}, user {u:?}",
+            method.describe(),
+            m.describe()
+        ),
+        None => method.describe(),
+    };
+    Ok(Grants {
+        needs: needs.len(),
+        user,
+        how,
+        refused,
+        unchecked,
+    })
+}
+
+fn refusal_kind(reason: &str, noperm: bool) -> &'static str {
+    let r = reason.to_ascii_lowercase();
+    match () {
+        _ if !noperm => "other",
+        _ if r.contains("command") => "command",
+        _ if r.contains("channel") => "channel",
+        _ if r.contains("key") => "key",
+        _ => "other",
+    }
+}
+
 /// How permissions are checked on one connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Method {

@@ -218,6 +218,9 @@ async fn readyz(State(s): State<Shared>) -> impl IntoResponse {
         };
         body.push_str(&format!("{node}: {state}\n"));
     }
+    for why in s.status.blockers() {
+        body.push_str(&format!("not ready: {why}\n"));
+    }
     if s.status.ready() {
         (StatusCode::OK, format!("ready\n{body}"))
     } else {

@@ -5,6 +5,7 @@
 //! [`SHUTDOWN_GRACE`] budget to finish attempts in flight.
 
 pub mod endpoint;
+pub mod grants;
 pub mod links_page;
 pub mod reload;
 pub mod status_page;
@@ -144,6 +145,13 @@ pub async fn run(
     }
 
     let subscribers = CancellationToken::new();
+    // Not ready until every grant the rules need is there (docs/redis.md#least-privilege-acl).
+    tokio::spawn(grants::keep(
+        live.clone(),
+        keyspace.clone(),
+        status.clone(),
+        subscribers.clone(),
+    ));
     let delivery_stop = CancellationToken::new();
     let http_stop = CancellationToken::new();
 
