@@ -74,6 +74,7 @@ pub async fn silence_add(
         id: silences::new_id(),
         rule: rule.to_string(),
         pattern: pattern.map(str::to_string),
+        key: None,
         until: now + chrono::Duration::from_std(duration).map_err(|e| e.to_string())?,
         comment: comment.to_string(),
         created: now,

@@ -35,6 +35,7 @@ pub struct Drafts {
     pub rules: Vec<RuleDraft>,
     pub history: super::followups::HistoryDraft,
     pub links: Option<super::followups::LinksSettings>,
+    pub server: Option<super::server::ServerSettings>,
 }
 
 /// The default message of SPEC §2, with the TTL for `expiring`.
@@ -120,6 +121,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
         secrets: d.secrets(),
         history: drafts.history.settings(),
         links: drafts.links,
+        server: drafts.server.unwrap_or_default(),
     })
 }
 

@@ -12,6 +12,7 @@ pub mod live;
 pub mod model;
 pub mod rules;
 pub mod sections;
+pub mod server;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -43,7 +44,7 @@ pub struct Loaded {
 }
 
 const SECTIONS: &[&str] = &[
-    "redis", "state", "channels", "rules", "scanner", "history", "links",
+    "redis", "state", "channels", "rules", "scanner", "history", "links", "server",
 ];
 
 /// Every `*.yaml`/`*.yml` file of `paths` (files as given; folders walked, sorted by path).
@@ -202,6 +203,9 @@ fn decode_document(
     }
     if let Some(n) = m.get("links") {
         followups::decode_links(d, n, &mut drafts.links);
+    }
+    if let Some(n) = m.get("server") {
+        server::decode_server(d, n, base, &mut drafts.server);
     }
     m.finish(d, SECTIONS, &|f| match f {
         "rule" => Some("rules are listed under `rules:`".into()),

@@ -35,6 +35,8 @@ pub struct Config {
     pub history: super::followups::HistorySettings,
     /// `links`: signed acknowledge/silence links in messages of rules with `escalate`.
     pub links: Option<super::followups::LinksSettings>,
+    /// `server`: protection of the `--listen` endpoint.
+    pub server: super::server::ServerSettings,
 }
 
 impl Config {

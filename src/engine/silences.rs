@@ -18,6 +18,10 @@ pub struct Silence {
     /// A pattern of SPEC §3 the key must match too; `None`: every key of the rule.
     #[serde(rename = "match")]
     pub pattern: Option<String>,
+    /// The exact key muted (base64: keys are bytes), from a signed link; when set it governs and
+    /// `pattern` only spells the key for people (and older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
     pub until: DateTime<Utc>,
     pub comment: String,
     pub created: DateTime<Utc>,
@@ -41,6 +45,8 @@ impl Silence {
 enum Scope {
     Every,
     Matching(Box<Pattern>),
+    /// Exactly these bytes.
+    Key(Vec<u8>),
     /// A pattern that does not parse: muting every key instead would silence far more than
     /// anyone asked for, so it mutes none.
     Invalid,
@@ -63,6 +69,7 @@ impl Active {
                 && match scope {
                     Scope::Every => true,
                     Scope::Matching(p) => p.is_match(key),
+                    Scope::Key(k) => k == key,
                     Scope::Invalid => false,
                 }
         })
@@ -83,6 +90,14 @@ impl Active {
         let compiled = silences
             .into_iter()
             .map(|s| {
+                if let Some(key) = &s.key {
+                    use base64::Engine;
+                    let scope = match base64::engine::general_purpose::STANDARD.decode(key) {
+                        Ok(k) => Scope::Key(k),
+                        Err(_) => Scope::Invalid,
+                    };
+                    return (s, scope);
+                }
                 let scope = match s.pattern.as_deref().map(Pattern::parse) {
                     None => Scope::Every,
                     Some(Ok(p)) => Scope::Matching(Box::new(p)),
@@ -128,6 +143,17 @@ pub async fn add(conn: &mut Conn, prefix: &str, s: &Silence) -> redis::RedisResu
         .arg(&s.id)
         .arg(json)
         .exec_async(conn)
+        .await
+}
+
+/// Adds `s` unless a silence with its id exists; false when one did (a link replayed).
+pub async fn add_once(conn: &mut Conn, prefix: &str, s: &Silence) -> redis::RedisResult<bool> {
+    let json = serde_json::to_string(s).unwrap_or_default();
+    redis::cmd("HSETNX")
+        .arg(hash(prefix))
+        .arg(&s.id)
+        .arg(json)
+        .query_async(conn)
         .await
 }
 
@@ -189,6 +215,9 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "hset", "silences")
             .on(Keys::State("silences"), Access::Write)
             .args("{key} id silence"),
+        Use::new(Conn::State, "hsetnx", "silences: from a signed link")
+            .on(Keys::State("silences"), Access::Write)
+            .args("{key} id silence"),
         Use::new(Conn::State, "hdel", "silences")
             .on(Keys::State("silences"), Access::ReadWrite)
             .args("{key} id"),
@@ -207,6 +236,7 @@ mod tests {
             id: new_id(),
             rule: rule.into(),
             pattern: pattern.map(Into::into),
+            key: None,
             until: now + chrono::Duration::seconds(secs),
             comment: String::new(),
             created: now,
@@ -227,6 +257,7 @@ mod tests {
             id: "bad".into(),
             rule: "locks".into(),
             pattern: Some("lock:{".into()),
+            key: None,
             until: now + chrono::Duration::seconds(60),
             comment: String::new(),
             created: now,

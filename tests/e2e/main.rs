@@ -28,6 +28,7 @@ mod deploy;
 mod docs;
 mod doctor;
 mod drills;
+mod endpoint_protection;
 mod endpoints;
 mod followups;
 mod guarantees;

@@ -16,6 +16,10 @@ use crate::metrics::Metrics;
 use crate::source::ledger::Ledger;
 use crate::status::Status;
 
+/// Refused links are logged once per this period, with a count of the others.
+static LINKS_REFUSED: super::throttled_log::Throttled =
+    super::throttled_log::Throttled::new(std::time::Duration::from_secs(10));
+
 #[derive(Clone)]
 pub struct Shared {
     pub metrics: Arc<Metrics>,
@@ -32,13 +36,20 @@ pub struct Shared {
 }
 
 pub fn router(shared: Shared) -> Router {
-    Router::new()
+    // Behind the `Host` check, `server.token` and (for a reload) the origin check.
+    let protected = Router::new()
         .route("/", get(status_page))
+        .route("/-/reload", post(reload))
+        .route("/api/history", get(api_history))
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            super::access::protect,
+        ));
+    Router::new()
+        .merge(protected)
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/-/reload", post(reload))
-        .route("/api/history", get(api_history))
         .route("/l/{token}", get(link_page).post(link_act))
         .with_state(shared)
 }
@@ -97,7 +108,10 @@ fn link_claim(
         crate::keyspace::clock::now_ms(),
     )
     .map_err(|why| {
-        tracing::warn!(reason = %why, "A signed link was refused.");
+        // Anyone can send forged links: one line per period, not one per request.
+        if let Some(suppressed) = LINKS_REFUSED.pass() {
+            tracing::warn!(reason = %why, suppressed, "A signed link was refused.");
+        }
         refused()
     })
 }
@@ -133,7 +147,7 @@ async fn link_act(
     let Some((conn, prefix)) = s.history.clone() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "no state here\n").into_response();
     };
-    match super::links_page::act(conn, &prefix, &claim).await {
+    match super::links_page::act(conn, &prefix, &claim, &token).await {
         Ok(done) => {
             tracing::info!(rule = %claim.rule, id = %claim.id, act = ?claim.act, "Acted on a signed link.");
             (
@@ -254,12 +268,12 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     tokio::net::TcpListener::bind(addr).await
 }
 
-pub async fn serve(listener: tokio::net::TcpListener, shared: Shared, shutdown: CancellationToken) {
-    let app = router(shared);
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
-    {
-        tracing::error!(error = %e, "HTTP endpoint stopped.");
-    }
+/// Serves the endpoint on `listener` with at most `bound` connections until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Shared,
+    bound: usize,
+    shutdown: CancellationToken,
+) {
+    super::connections::serve(listener, router(shared), bound, shutdown).await;
 }

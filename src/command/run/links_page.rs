@@ -40,8 +40,13 @@ pub fn button(act: Act) -> &'static str {
     }
 }
 
-/// Does what `claim` says; returns what was done, in words.
-pub async fn act(mut conn: Conn, prefix: &str, claim: &Claim) -> redis::RedisResult<String> {
+/// Does what `claim` says (the link's `token`); returns what was done, in words.
+pub async fn act(
+    mut conn: Conn,
+    prefix: &str,
+    claim: &Claim,
+    token: &str,
+) -> redis::RedisResult<String> {
     let key = crate::event::printable(&claim.key_bytes()).into_owned();
     match claim.act {
         Act::Ack => {
@@ -62,15 +67,22 @@ pub async fn act(mut conn: Conn, prefix: &str, claim: &Claim) -> redis::RedisRes
             let now = Utc::now();
             let until = now + chrono::Duration::from_std(SILENCE_FOR).unwrap_or_default();
             let s = crate::engine::silences::Silence {
-                id: crate::engine::silences::new_id(),
+                id: silence_id(token),
                 rule: claim.rule.clone(),
                 pattern: Some(literal_pattern(&claim.key_bytes())),
+                // The exact bytes: a key that is not UTF-8 has no pattern of its own.
+                key: Some(claim.key.clone()),
                 until,
                 comment: "silenced from a signed link".into(),
                 created: now,
                 by: "link".into(),
             };
-            crate::engine::silences::add(&mut conn, prefix, &s).await?;
+            if !crate::engine::silences::add_once(&mut conn, prefix, &s).await? {
+                return Ok(format!(
+                    "Already silenced from this link: rule {} for key {key} (silence {}).",
+                    claim.rule, s.id
+                ));
+            }
             Ok(format!(
                 "Silenced: rule {} for key {key} until {} (silence {}).",
                 claim.rule,
@@ -81,8 +93,15 @@ pub async fn act(mut conn: Conn, prefix: &str, claim: &Claim) -> redis::RedisRes
     }
 }
 
+/// The id of the silence a link makes, the same for every use of the link: replaying it (a chat
+/// app's retries, a script) makes one silence, not one per request.
+fn silence_id(token: &str) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(token.as_bytes())[..4])
+}
+
 /// A pattern (SPEC §3) that matches exactly `key`: `\\ { } *` escaped. A key that is not UTF-8
-/// cannot be written as one; its silence matches the key with the invalid bytes replaced.
+/// cannot be written as one: this spells it for people, and the silence's `key` holds the bytes.
 fn literal_pattern(key: &[u8]) -> String {
     let mut out = String::new();
     for c in String::from_utf8_lossy(key).chars() {

@@ -4,11 +4,15 @@
 //! senders let the engine drain and stop, after which delivery gets what is left of the
 //! [`SHUTDOWN_GRACE`] budget to finish attempts in flight.
 
+pub mod access;
+pub mod connections;
 pub mod endpoint;
 pub mod grants;
 pub mod links_page;
+pub mod open_files;
 pub mod reload;
 pub mod status_page;
+pub mod throttled_log;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -79,6 +83,7 @@ pub async fn run(
     // a stop requested while keywatch starts (it already logs "Subscribed" by then) must still
     // end in a clean exit 0.
     let signals = StopSignals::install();
+    let open_files = open_files::raise();
     let env_url = std::env::var("KEYWATCH_REDIS_URL")
         .ok()
         .filter(|u| !u.is_empty());
@@ -143,6 +148,16 @@ pub async fn run(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "HTTP endpoint listening (/, /metrics, /healthz, /readyz, /-/reload).");
     }
+    if !opts.listen.ip().is_loopback() && config.server.token.is_none() {
+        tracing::warn!(listen = %opts.listen, "The HTTP endpoint listens beyond loopback without `server.token`: anyone who reaches it can read the status page and the history and reload the rules. Set `server.token` (docs/operations.md#exposing-the-endpoint).");
+    }
+    let bound = connections::bound_for(open_files);
+    tracing::info!(
+        open_files,
+        connections = bound,
+        header_timeout_s = connections::HEADER_TIMEOUT.as_secs(),
+        "HTTP connections are bounded to half the limit on open files."
+    );
 
     let subscribers = CancellationToken::new();
     // Not ready until every grant the rules need is there (docs/redis.md#least-privilege-acl).
@@ -306,6 +321,7 @@ pub async fn run(
             silences: Some(silenced.clone()),
             history: Some((state.clone(), config.state.prefix.clone())),
         },
+        bound,
         http_stop.clone(),
     ));
 

@@ -1,0 +1,587 @@
+//! The HTTP endpoint under a hostile network (docs/operations.md#exposing-the-endpoint): idle and
+//! slow clients, a token, `Host` and `Origin` checks, and signed links replayed or forged.
+
+use crate::common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::{HttpReceiver, Logs, PATIENCE, RedisServer};
+
+/// keywatch's idle and header timeout (docs/operations.md#exposing-the-endpoint).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `keywatch run` with its open-file limit (soft and hard) lowered to `nofile` before it starts,
+/// so that a few hundred connections reach it.
+fn run_with_nofile(
+    redis: &RedisServer,
+    rules: &std::path::Path,
+    nofile: u64,
+) -> common::KeywatchProcess {
+    use std::os::unix::process::CommandExt;
+    let mut command = common::keywatch_command(
+        [
+            "run".as_ref(),
+            "-r".as_ref(),
+            rules.as_os_str(),
+            "--redis".as_ref(),
+            redis.url().as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ] as [&std::ffi::OsStr; 7],
+        &[],
+    );
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = rustix::process::Rlimit {
+                current: Some(nofile),
+                maximum: Some(nofile),
+            };
+            rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut kw = common::KeywatchProcess::from_command(command);
+    kw.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    kw
+}
+
+/// (status, body) of a GET that gives up after `patience` (0 when it got no answer).
+fn get_within(addr: &str, path: &str, patience: Duration) -> u16 {
+    let Ok(mut conn) = TcpStream::connect(addr) else {
+        return 0;
+    };
+    conn.set_read_timeout(Some(patience)).unwrap();
+    if write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return 0;
+    }
+    let mut raw = String::new();
+    let _ = conn.read_to_string(&mut raw);
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether the server has closed `conn` (end of stream or reset), waiting up to `patience`.
+fn closed_by_server(conn: &mut TcpStream, patience: Duration) -> bool {
+    conn.set_read_timeout(Some(patience)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            // An answer (408, 400) before the close is fine: keep reading to the end.
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// Issue 36: under `ulimit -n 256`, 300 connections each sending half a request header made
+/// `/healthz` fail and a webhook delivery fail (`cannot connect`) until they were released, and
+/// idle connections were never closed.
+#[test]
+fn three_hundred_idle_connections_leave_healthz_and_delivery_working_and_are_cut_off() {
+    let redis = RedisServer::with_events("Exg");
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::hook_rules(
+        dir.path(),
+        &receiver,
+        "rules:\n  - name: locks\n    match: 'lock:{id}'\n    notify: { to: [hook] }\n",
+    );
+    let kw = run_with_nofile(&redis, &rules, 256);
+    let addr = common::endpoint(&kw);
+
+    let mut idle: Vec<TcpStream> = Vec::new();
+    for _ in 0..300 {
+        let mut c = TcpStream::connect(&addr).expect("connect");
+        // Half a request header, never finished.
+        let _ = c.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ");
+        idle.push(c);
+    }
+    let opened = Instant::now();
+
+    // At the bound, `/healthz` answers at once.
+    assert_eq!(
+        get_within(&addr, "/healthz", Duration::from_secs(5)),
+        200,
+        "/healthz did not answer with 300 idle connections open\n{}",
+        kw.describe_output()
+    );
+    // And a webhook delivery goes out (it needs a file descriptor of its own).
+    common::set_and_expire_now(&mut redis.conn(), &["lock:1"]);
+    let got = receiver.wait_for(1, PATIENCE);
+    assert_eq!(got[0].json()["key"], "lock:1", "{}", kw.describe_output());
+
+    // Every idle connection is closed by keywatch once the header timeout has passed.
+    for (i, c) in idle.iter_mut().enumerate() {
+        let left = (HEADER_TIMEOUT + PATIENCE).saturating_sub(opened.elapsed());
+        assert!(
+            closed_by_server(c, left.max(Duration::from_millis(1))),
+            "idle connection {i} is still open {:?} after it was opened",
+            opened.elapsed()
+        );
+    }
+    assert!(
+        get_within(&addr, "/healthz", Duration::from_secs(5)) == 200,
+        "{}",
+        kw.describe_output()
+    );
+    let log = kw.stderr();
+    assert!(
+        log.contains("open files"),
+        "the open-file limit is logged at start:\n{log}"
+    );
+}
+
+/// A client that connects and never sends anything is cut off after the header timeout, and
+/// so is one that stays connected after its answer (keep-alive).
+#[test]
+fn a_silent_client_and_an_idle_kept_alive_one_are_cut_off() {
+    let redis = RedisServer::with_events("Exg");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n",
+    );
+    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let addr = common::endpoint(&kw);
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(&addr).unwrap();
+    let mut kept = TcpStream::connect(&addr).unwrap();
+    write!(kept, "GET /healthz HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    kept.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut buf = [0u8; 512];
+    let n = kept.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    assert!(closed_by_server(&mut silent, HEADER_TIMEOUT + PATIENCE));
+    assert!(closed_by_server(&mut kept, HEADER_TIMEOUT + PATIENCE));
+    assert!(
+        started.elapsed() >= HEADER_TIMEOUT - Duration::from_secs(1),
+        "cut off before the timeout: {:?}",
+        started.elapsed()
+    );
+    drop(kw);
+}
+
+/// (status, head, body) of one request with `headers` (each `Name: value`), `Connection: close`.
+fn request(addr: &str, method: &str, path: &str, headers: &[&str]) -> (u16, String, String) {
+    let mut conn = TcpStream::connect(addr).expect("connect to the HTTP endpoint");
+    conn.set_read_timeout(Some(PATIENCE)).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+    {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("Content-Length: 0\r\nConnection: close\r\n\r\n");
+    conn.write_all(head.as_bytes()).unwrap();
+    let mut raw = String::new();
+    let _ = conn.read_to_string(&mut raw);
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    (status, head.to_string(), body.to_string())
+}
+
+/// One kept-alive connection for many requests in a row.
+struct KeptAlive {
+    addr: String,
+    reader: std::io::BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl KeptAlive {
+    fn open(addr: &str) -> KeptAlive {
+        let conn = TcpStream::connect(addr).expect("connect to the HTTP endpoint");
+        conn.set_read_timeout(Some(PATIENCE)).unwrap();
+        KeptAlive {
+            addr: addr.to_string(),
+            reader: std::io::BufReader::new(conn.try_clone().unwrap()),
+            writer: conn,
+        }
+    }
+
+    /// The status of one request; its answer is read whole.
+    fn round_trip(&mut self, method: &str, path: &str) -> u16 {
+        use std::io::BufRead;
+        let addr = &self.addr;
+        write!(
+            self.writer,
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
+        )
+        .unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).unwrap();
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut len = 0;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0u8; len];
+        self.reader.read_exact(&mut body).unwrap();
+        status
+    }
+}
+
+const TOKEN: &str = "endpoint-token-0123456789";
+const LINK_SECRET: &str = "link-secret-0123456789";
+
+fn protected_daemon(server_section: &str) -> common::Daemon {
+    let yaml = format!(
+        r#"{server_section}
+links:
+  base_url: "https://links.example.internal:8443/kw"
+  secret: "${{LINK_SECRET}}"
+channels:
+  log: {{ type: log }}
+rules:
+  - name: locks
+    match: "lock:{{id}}"
+    notify: {{ to: [log] }}
+"#
+    );
+    common::Daemon::start_with(
+        RedisServer::with_events("Exg"),
+        &yaml,
+        &[("KW_TOKEN", TOKEN), ("LINK_SECRET", LINK_SECRET)],
+    )
+}
+
+/// Issue 36: `POST /-/reload`, `/api/history` and `/` answered anyone, with any `Host` (a
+/// DNS-rebinding page could read the history) and any `Origin` (a cross-site form could reload).
+#[test]
+fn with_a_token_the_status_page_history_and_reload_need_it_and_the_probes_stay_open() {
+    let daemon =
+        protected_daemon("server:\n  token: \"${KW_TOKEN}\"\n  hosts: [\"KeyWatch.internal\"]");
+    let addr = common::endpoint(&daemon.process);
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let wrong = format!("Authorization: Bearer {TOKEN}x");
+    for (method, path) in [("GET", "/"), ("GET", "/api/history"), ("POST", "/-/reload")] {
+        let (status, head, body) = request(&addr, method, path, &[]);
+        assert_eq!(
+            status, 401,
+            "{method} {path} without a token: {head}\n{body}"
+        );
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("www-authenticate: bearer"),
+            "{head}"
+        );
+        assert_eq!(
+            request(&addr, method, path, &[&wrong]).0,
+            401,
+            "{method} {path}"
+        );
+        assert_eq!(
+            request(&addr, method, path, &["Authorization: Basic a2V5OndhdGNo"]).0,
+            401
+        );
+        let (status, _, body) = request(&addr, method, path, &[&bearer]);
+        assert_eq!(status, 200, "{method} {path} with the token: {body}");
+    }
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        assert_eq!(request(&addr, "GET", path, &[]).0, 200, "{path} stays open");
+        // Whatever the Host: Prometheus scrapes by pod address, probes by any name.
+        assert_eq!(
+            request(&addr, "GET", path, &["Host: anything.example"]).0,
+            200
+        );
+    }
+    // A signed link is its own capability: refused for being forged, not for lacking a token.
+    assert_eq!(request(&addr, "GET", "/l/forged.link", &[]).0, 403);
+
+    // Host: the listen address, loopback names on loopback, links.base_url's host, server.hosts.
+    let port = addr.rsplit(':').next().unwrap();
+    for host in [
+        format!("Host: localhost:{port}"),
+        "Host: links.example.internal".to_string(),
+        "Host: keywatch.internal:443".to_string(),
+    ] {
+        assert_eq!(
+            request(&addr, "GET", "/", &[&host, &bearer]).0,
+            200,
+            "{host}"
+        );
+    }
+    let (status, _, body) = request(
+        &addr,
+        "GET",
+        "/api/history",
+        &["Host: rebound.example", &bearer],
+    );
+    assert_eq!(status, 421, "{body}");
+    assert!(body.contains("server.hosts"), "{body}");
+
+    // A cross-origin reload is refused, token or not; a same-origin one passes.
+    for from in [
+        "Origin: https://evil.example",
+        "Sec-Fetch-Site: cross-site",
+        "Origin: null",
+    ] {
+        let (status, _, body) = request(&addr, "POST", "/-/reload", &[&bearer, from]);
+        assert_eq!(status, 403, "{from}: {body}");
+    }
+    let same = format!("Origin: http://{addr}");
+    assert_eq!(
+        request(
+            &addr,
+            "POST",
+            "/-/reload",
+            &[&bearer, &same, "Sec-Fetch-Site: same-origin"]
+        )
+        .0,
+        200
+    );
+    common::assert_no_secret("the log", &daemon.stderr(), &[TOKEN]);
+}
+
+/// Without `server`, the `Host` and `Origin` checks still hold (they cost a legitimate client
+/// nothing), and listening beyond loopback without a token is warned about at start.
+#[test]
+fn without_a_token_host_and_origin_are_still_checked_and_listening_wide_is_warned_about() {
+    let daemon = protected_daemon("");
+    let addr = common::endpoint(&daemon.process);
+    assert_eq!(request(&addr, "GET", "/", &[]).0, 200);
+    assert_eq!(
+        request(&addr, "GET", "/", &["Host: rebound.example"]).0,
+        421
+    );
+    assert_eq!(
+        request(
+            &addr,
+            "POST",
+            "/-/reload",
+            &["Origin: https://evil.example"]
+        )
+        .0,
+        403
+    );
+    assert_eq!(request(&addr, "POST", "/-/reload", &[]).0, 200);
+    assert!(!daemon.stderr().contains("without `server.token`"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n",
+    );
+    let redis = RedisServer::with_events("Exg");
+    let mut wide = common::spawn_keywatch(
+        [
+            "run".as_ref(),
+            "-r".as_ref(),
+            rules.as_os_str(),
+            "--redis".as_ref(),
+            redis.url().as_ref(),
+            "--listen".as_ref(),
+            "0.0.0.0:0".as_ref(),
+        ] as [&std::ffi::OsStr; 7],
+        &[],
+    );
+    wide.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    assert!(
+        wide.stderr()
+            .contains("listens beyond loopback without `server.token`"),
+        "{}",
+        wide.describe_output()
+    );
+}
+
+/// `check` says where `server` is wrong, and suggests the field meant.
+#[test]
+fn check_says_where_the_server_section_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        "server:\n  tokn: \"x\"\n  token: \"short\"\n  hosts: [\"https://k.internal/\", \"ok.internal\"]\nchannels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n",
+    );
+    let out = common::run_keywatch(
+        ["check".as_ref(), "-r".as_ref(), rules.as_os_str()] as [&std::ffi::OsStr; 3],
+        &[],
+    );
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    for wanted in [
+        "rules.yaml:2:3: unknown field `tokn` in the `server` section; did you mean `token`?",
+        "rules.yaml:3:10: `server.token` must be at least 16 characters",
+        "rules.yaml:4:11: `server.hosts`: `https://k.internal/` is not a host name",
+    ] {
+        assert!(text.contains(wanted), "missing {wanted:?} in:\n{text}");
+    }
+    assert!(!text.contains("ok.internal"), "{text}");
+}
+
+/// Issue 36: each of 20,000 bad link requests wrote a WARN line.
+#[test]
+fn twenty_thousand_forged_links_make_a_few_log_lines_not_twenty_thousand() {
+    let daemon = protected_daemon("");
+    let addr = common::endpoint(&daemon.process);
+    let started = Instant::now();
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                // Kept-alive connections, so that 20,000 requests take seconds, not minutes.
+                let mut conn = KeptAlive::open(&addr);
+                let mut refused = 0;
+                for i in 0..5_000 {
+                    if conn.round_trip("GET", &format!("/l/forged{t}x{i}.c2ln")) == 403 {
+                        refused += 1;
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let refused: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(refused, 20_000);
+    let took = started.elapsed();
+    let logged = daemon
+        .logs()
+        .iter()
+        .filter(|l| common::field_is(l, "message", "A signed link was refused."))
+        .count();
+    // One line per 10 s at most, the first at once.
+    let allowed = 1 + took.as_secs() as usize / 10;
+    assert!(
+        (1..=allowed).contains(&logged),
+        "{logged} log lines for 20,000 refused links in {took:?}"
+    );
+}
+
+/// A silence link for `key` (its exact bytes), signed as keywatch signs it.
+fn silence_link(key: &[u8]) -> String {
+    use base64::Engine;
+    let claim = keywatch::links::Claim {
+        act: keywatch::links::Act::Silence,
+        id: "0123456789abcdef0123456789abcdef".into(),
+        rule: "locks".into(),
+        key: base64::engine::general_purpose::STANDARD.encode(key),
+        db: 0,
+        exp: chrono::Utc::now().timestamp_millis() + 3_600_000,
+    };
+    keywatch::links::sign(LINK_SECRET.as_bytes(), &claim)
+}
+
+/// Issue 36: one silence link replayed 2,000 times made 2,000 silences.
+#[test]
+fn a_silence_link_replayed_two_thousand_times_makes_one_silence() {
+    let daemon = protected_daemon("");
+    let addr = common::endpoint(&daemon.process);
+    let link = format!("/l/{}", silence_link(b"lock:7"));
+    let mut conn = KeptAlive::open(&addr);
+    for _ in 0..2_000 {
+        assert_eq!(conn.round_trip("POST", &link), 200);
+    }
+    let n: i64 = redis::cmd("HLEN")
+        .arg("keywatch:silences")
+        .query(&mut daemon.conn())
+        .unwrap();
+    assert_eq!(n, 1, "silences made by one link replayed 2,000 times");
+    let (_, _, page) = request(&addr, "POST", &link, &[]);
+    assert!(page.contains("Already silenced"), "{page}");
+}
+
+/// Issue 36: a silence link for a key that is not UTF-8 muted a *different* key (the spelling
+/// with the replacement character), and not the key itself.
+#[test]
+fn a_silence_link_for_a_key_that_is_not_utf8_mutes_exactly_that_key() {
+    let receiver = HttpReceiver::start();
+    let yaml = format!(
+        r#"
+links:
+  base_url: "https://links.example.internal"
+  secret: "${{LINK_SECRET}}"
+channels:
+  hook: {{ type: webhook, url: "{}" }}
+rules:
+  - name: locks
+    match: "lock:{{id}}"
+    notify: {{ to: [hook] }}
+"#,
+        receiver.url_for("/hook")
+    );
+    let daemon = common::Daemon::start_with(
+        RedisServer::with_events("Exg"),
+        &yaml,
+        &[("LINK_SECRET", LINK_SECRET)],
+    );
+    let addr = common::endpoint(&daemon.process);
+    let raw: &[u8] = b"lock:\xff";
+    let replacement = "lock:\u{fffd}".as_bytes();
+    let (status, _, page) = request(&addr, "POST", &format!("/l/{}", silence_link(raw)), &[]);
+    assert_eq!(status, 200, "{page}");
+    let id = page
+        .split("(silence ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .expect("the silence's id")
+        .to_string();
+    // In force once the status page lists it (silences are read every second).
+    common::wait_until("the silence is in force", PATIENCE, || {
+        request(&addr, "GET", "/", &[]).2.contains(&id)
+    });
+    let silenced = || {
+        common::metric(
+            &request(&addr, "GET", "/metrics", &[]).2,
+            "keywatch_silenced_total",
+        )
+    };
+
+    common::set_and_expire_now(&mut daemon.conn(), &[raw]);
+    common::wait_until("the key's event is silenced or sent", PATIENCE, || {
+        silenced() >= 1.0 || receiver.count() > 0
+    });
+    assert_eq!(
+        receiver.count(),
+        0,
+        "the silenced key was sent: {:?}",
+        receiver
+            .requests()
+            .iter()
+            .map(|r| r.summary())
+            .collect::<Vec<_>>()
+    );
+
+    common::set_and_expire_now(&mut daemon.conn(), &[replacement]);
+    let got = receiver.wait_for(1, PATIENCE);
+    assert_eq!(
+        got[0].json()["key"],
+        "lock:\u{fffd}",
+        "another key is not muted"
+    );
+    assert_eq!(silenced(), 1.0);
+}
