@@ -105,3 +105,8 @@ fn sentinel_without_master_or_nodes_says_what_is_missing() {
 fn hash_field_rules_are_checked_at_their_place() {
     check("hash_fields.yaml", &[]);
 }
+
+#[test]
+fn email_channels_are_checked_where_written() {
+    check("email.yaml", &[]);
+}
