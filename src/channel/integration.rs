@@ -40,7 +40,8 @@ pub trait Integration: fmt::Debug + Send + Sync {
     fn target(&self) -> String;
 
     /// What sending `msg` at `now` takes (signatures depend on the time): the request to send,
-    /// or, for a channel that needs none, the message handled here and now.
+    /// an exchange over the integration's own protocol, or, for a channel that needs none, the
+    /// message handled here and now.
     fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch;
 
     /// Whether its messages can mention people by mobile number (a rule's `mention.mobiles`).
@@ -58,9 +59,15 @@ pub trait Integration: fmt::Debug + Send + Sync {
 pub enum Dispatch {
     /// An HTTP request, whose answer the integration then judges.
     Request(Request),
+    /// An exchange over another protocol (SMTP), run and judged by the integration itself.
+    Exchange(Exchange),
     /// Nothing to send: the message was handled in-process (the log).
     Done(Outcome),
 }
+
+/// A send over an integration's own protocol: it owns everything it needs and resolves to the
+/// outcome, bounded by the channel's `timeout`.
+pub type Exchange = futures_util::future::BoxFuture<'static, Outcome>;
 
 /// Requests in flight at once per channel, and per `reload` or `exec` rule, when the rule files
 /// do not say (SPEC §2).

@@ -25,7 +25,7 @@ use crate::yaml::diagnostic::did_you_mean;
 
 pub use fields::{Fields, check_http_url};
 pub use integration::{
-    Channel, DEFAULT_CONCURRENCY, Dispatch, Integration, Kind, MAX_CONCURRENCY, Rate,
+    Channel, DEFAULT_CONCURRENCY, Dispatch, Exchange, Integration, Kind, MAX_CONCURRENCY, Rate,
 };
 pub use message::{Item, Message};
 
@@ -40,7 +40,7 @@ macro_rules! integrations {
     };
 }
 
-integrations![dingtalk, slack, feishu, wecom, webhook, log];
+integrations![dingtalk, slack, feishu, wecom, webhook, email, log];
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {
@@ -52,6 +52,7 @@ pub fn kind(name: &str) -> Option<&'static Kind> {
 pub async fn send(client: &reqwest::Client, ch: &Channel, msg: &Message) -> Outcome {
     match ch.integration.dispatch(ch, msg, Utc::now()) {
         Dispatch::Done(outcome) => outcome,
+        Dispatch::Exchange(exchange) => exchange.await,
         Dispatch::Request(req) => match http::send(client, &req, ch.timeout).await {
             Ok(answer) => ch.integration.judge(ch, &answer),
             Err(o) => o,

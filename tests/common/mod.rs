@@ -21,6 +21,8 @@
 //!   a receiver ([`Rig`]).
 //! - [`endpoint`]: the daemon's HTTP endpoint: its address, GET/POST, metric sums.
 //! - [`rules`]: rule files in temp dirs ([`write_rules`], [`Rules`], [`lock_rules`]) and configs.
+//! - [`smtp_server`]: a real SMTP server (Python's aiosmtpd) with STARTTLS or TLS, AUTH and
+//!   scripted answers, and the mails it accepted ([`SmtpServer`], [`Mail`]).
 //! - [`tls`]: a test CA with server and client certificates, made in the test ([`TestPki`]), for
 //!   servers started with [`RedisServerBuilder::tls`].
 //! - [`wait`]: [`PATIENCE`], the upper bound of every wait, and polling ([`wait_until`]).
@@ -35,6 +37,7 @@ pub mod redis_cluster;
 pub mod redis_sentinel;
 pub mod redis_server;
 pub mod rules;
+pub mod smtp_server;
 pub mod tls;
 pub mod tools;
 pub mod wait;
@@ -57,5 +60,6 @@ pub use rules::{
 };
 /// For [`KeywatchProcess::signal`], e.g. `Signal::HUP`.
 pub use rustix::process::Signal;
+pub use smtp_server::{Mail, SmtpServer};
 pub use tls::TestPki;
 pub use wait::{PATIENCE, poll, wait_until};

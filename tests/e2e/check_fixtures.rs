@@ -120,3 +120,8 @@ fn templates_that_render_other_templates_are_refused_at_their_place() {
 fn hash_field_rules_are_checked_at_their_place() {
     check("hash_fields.yaml", &[]);
 }
+
+#[test]
+fn email_channels_are_checked_where_written() {
+    check("email.yaml", &[]);
+}

@@ -28,6 +28,7 @@ mod deploy;
 mod docs;
 mod doctor;
 mod drills;
+mod email;
 mod endpoint_protection;
 mod endpoints;
 mod followups;
