@@ -65,17 +65,17 @@ pub struct Status {
     /// The running rule set; replaced on reload.
     config: Mutex<Option<Arc<Config>>>,
     /// Where firings and outcomes are recorded in Redis, once `run` has started its writer.
-    history: std::sync::OnceLock<crate::history::Recorder>,
+    history: std::sync::OnceLock<crate::store::history::Recorder>,
 }
 
 impl Status {
     /// Records firings and outcomes in Redis from now on, besides the in-memory list.
-    pub fn record_to(&self, recorder: crate::history::Recorder) {
+    pub fn record_to(&self, recorder: crate::store::history::Recorder) {
         let _ = self.history.set(recorder);
     }
 
     /// The history recorder, once `run` started it.
-    pub fn history(&self) -> Option<&crate::history::Recorder> {
+    pub fn history(&self) -> Option<&crate::store::history::Recorder> {
         self.history.get()
     }
 
@@ -148,7 +148,7 @@ impl Status {
     }
 
     /// A firing whose jobs are stored; `actions`: every action it may run (see
-    /// [`crate::history::Recorder::firing`]).
+    /// [`crate::store::history::Recorder::firing`]).
     pub fn record_firing(&self, f: &Firing, actions: &[crate::firing::Action]) {
         if let Some(h) = self.history() {
             h.firing(f, actions);
