@@ -39,10 +39,18 @@
 //!   backoff, digests, rate-limited lanes, dead letters.
 //! - [`action`]: what a job does: reload, exec, cleanup, notify.
 //!
+//! What every stage keeps in Redis:
+//! - [`store`]: one file per structure keywatch keeps in Redis (the deadline and field
+//!   ledgers' keys, the handled memory, intake records and claims, the job queue with targets'
+//!   waiting lines and digest windows, dead letters, silences, rate buckets, history), each
+//!   with its key names, leases, Lua (`.lua` files beside it) and Redis commands. The stages
+//!   decide and call it; it imports none of them (`tests/layout.rs` checks that too). The
+//!   structures are listed in `docs/how-it-works.md` ("What keywatch keeps in Redis").
+//!
 //! Seen from outside:
 //! - [`metrics`]: every metric of SPEC §7, defined once.
-//! - [`history`]: every firing and its actions' outcomes, kept in Redis for `keywatch history`,
-//!   `/api/history` and the status page.
+//! - [`store::history`]: every firing and its actions' outcomes, kept in Redis for
+//!   `keywatch history`, `/api/history` and the status page.
 //! - [`links`]: signed acknowledge/silence links in messages, and their verification.
 //! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
 //! - [`command`]: the command line of SPEC §1 and each command: `run` (with its HTTP endpoint,
@@ -67,7 +75,6 @@ pub mod drill;
 pub mod engine;
 pub mod event;
 pub mod firing;
-pub mod history;
 pub mod keyspace;
 pub mod links;
 pub mod metrics;
@@ -76,5 +83,6 @@ pub mod pattern;
 pub mod proc_stats;
 pub mod source;
 pub mod status;
+pub mod store;
 pub mod template;
 pub mod yaml;

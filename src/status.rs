@@ -65,7 +65,7 @@ pub struct Status {
     /// The running rule set; replaced on reload.
     config: Mutex<Option<Arc<Config>>>,
     /// Where firings and outcomes are recorded in Redis, once `run` has started its writer.
-    history: std::sync::OnceLock<crate::history::Recorder>,
+    history: std::sync::OnceLock<crate::store::history::Recorder>,
     /// Reasons not to be ready besides the nodes (a grant the rules need is missing), by name.
     blockers: Mutex<BTreeMap<String, String>>,
     /// Whether [`Status::ready`] was true when last looked at, to log its changes once.
@@ -74,12 +74,12 @@ pub struct Status {
 
 impl Status {
     /// Records firings and outcomes in Redis from now on, besides the in-memory list.
-    pub fn record_to(&self, recorder: crate::history::Recorder) {
+    pub fn record_to(&self, recorder: crate::store::history::Recorder) {
         let _ = self.history.set(recorder);
     }
 
     /// The history recorder, once `run` started it.
-    pub fn history(&self) -> Option<&crate::history::Recorder> {
+    pub fn history(&self) -> Option<&crate::store::history::Recorder> {
         self.history.get()
     }
 
@@ -210,7 +210,7 @@ impl Status {
     }
 
     /// A firing whose jobs are stored; `actions`: every action it may run (see
-    /// [`crate::history::Recorder::firing`]).
+    /// [`crate::store::history::Recorder::firing`]).
     pub fn record_firing(&self, f: &Firing, actions: &[crate::firing::Action]) {
         if let Some(h) = self.history() {
             h.firing(f, actions);

@@ -1,5 +1,6 @@
 //! The layout of `src/` shows the pipeline (sources → engine → delivery → actions), and stays
-//! that way: no import circle between the crate's top-level modules, nor between its files.
+//! that way: no import circle between the crate's top-level modules, nor between its files, and
+//! what keywatch keeps in Redis (`store`) imports none of the stages that use it.
 //!
 //! Reads the source text rather than compiler output, so it runs in every `cargo test`: every
 //! `crate::…`, `super::…` and child-module path outside comments, string literals and unit-test
@@ -332,6 +333,32 @@ fn no_circle_between_top_level_modules() {
         found.is_empty(),
         "import circles between top-level modules of src/:\n{}",
         shown(&found)
+    );
+}
+
+/// What keywatch keeps in Redis (`src/store/`) sits below the stages: each stage calls it, and it
+/// imports none of them (nor the commands above them), so data still flows one way.
+#[test]
+fn the_store_imports_no_stage() {
+    const ABOVE: &[&str] = &[
+        "source", "engine", "delivery", "action", "channel", "command",
+    ];
+    let refs = crate_src().references();
+    let mut found = Vec::new();
+    for (from, to) in &refs {
+        if from.first().map(String::as_str) != Some("store") {
+            continue;
+        }
+        for t in to {
+            if t.first().is_some_and(|m| ABOVE.contains(&m.as_str())) {
+                found.push(format!("{} imports {}", from.join("::"), t.join("::")));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "the store imports a stage:\n{}",
+        found.join("\n")
     );
 }
 

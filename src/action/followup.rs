@@ -17,6 +17,7 @@ use crate::config::{FollowupStep, Rule, Unless};
 use crate::firing::{Action, Firing};
 use crate::keyspace::clock;
 use crate::outcome::Outcome;
+use crate::store::followups;
 
 use super::context::Actions;
 
@@ -26,18 +27,7 @@ pub use crate::outcome::CANCELLED;
 /// heard at the last moment still finds its jobs.
 const MARKER_SLACK_MS: i64 = 60_000;
 
-/// Set by an acknowledgement of the alert `firing_id` (a signed link); its escalations stop.
-pub fn ack_key(prefix: &str, firing_id: &str) -> String {
-    format!("{prefix}ack:{firing_id}")
-}
-
-/// Names the alert of `rule` on `key` whose follow-ups wait, so that hearing the key again
-/// finds their jobs (`{prefix}followup:RULE:DB:KEY`, the key's exact bytes).
-pub fn marker_key(prefix: &str, rule: &str, db: u32, key: &[u8]) -> Vec<u8> {
-    let mut k = format!("{prefix}followup:{rule}:{db}:").into_bytes();
-    k.extend_from_slice(key);
-    k
-}
+pub use crate::store::followups::{ack_key, marker_key};
 
 /// The follow-up jobs of a firing of `rule`, each with its due time (unix ms, Redis's clock),
 /// and how long the marker naming them must live.
@@ -84,33 +74,17 @@ pub fn due_on_recreation(rule: &Rule, firing_id: &str) -> Vec<String> {
     ids
 }
 
-/// Makes the queued jobs `ids` due now, if they are still waiting (`ZADD XX`: a job already
-/// done stays gone).
-pub fn due_now_cmd(prefix: &str, ids: &[String], now_ms: i64) -> redis::Cmd {
-    let mut c = redis::cmd("ZADD");
-    c.arg(format!("{prefix}queue")).arg("XX");
-    for id in ids {
-        c.arg(now_ms).arg(id);
-    }
-    c
-}
-
 /// Stores the marker of the alert `f` (see [`marker_key`]) for `ms`, in the caller's
 /// transaction.
 pub fn marker_cmd(prefix: &str, f: &Firing, ms: i64) -> redis::Cmd {
-    let mut set = redis::cmd("SET");
-    set.arg(marker_key(prefix, &f.rule, f.db, &f.key))
-        .arg(&f.id)
-        .arg("PX")
-        .arg(ms);
-    set
+    followups::marker_cmd(prefix, &f.rule, f.db, &f.key, &f.id, ms)
 }
 
 /// `key` in `db` was heard existing again: the follow-ups of alerts of it by `rules` that wait
 /// in the queue become due now, and their markers go.
 pub async fn bring_forward(
     keyspace: &crate::keyspace::Keyspace,
-    mut state: crate::keyspace::Conn,
+    state: crate::keyspace::Conn,
     prefix: &str,
     rules: &[Rule],
     db: u32,
@@ -122,28 +96,19 @@ pub async fn bring_forward(
     if n == 0 {
         return Ok(());
     }
-    let markers: Vec<Vec<u8>> = rules
-        .iter()
-        .map(|r| marker_key(prefix, &r.name, db, key))
-        .collect();
-    let ids: Vec<Option<String>> = redis::cmd("MGET")
-        .arg(&markers)
-        .query_async(&mut state)
-        .await?;
-    let mut p = redis::pipe();
+    let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
+    let markers = followups::Markers::new(state, prefix, &names, db, key);
+    let ids = markers.read().await?;
+    let mut due = Vec::new();
     for (rule, id) in rules.iter().zip(ids) {
         if let Some(id) = id {
             let jobs = due_on_recreation(rule, &id);
             if !jobs.is_empty() {
-                p.add_command(due_now_cmd(prefix, &jobs, clock::now_ms()))
-                    .ignore();
+                due.push(jobs);
             }
         }
     }
-    let mut del = redis::cmd("DEL");
-    del.arg(&markers);
-    p.add_command(del).ignore();
-    p.query_async(&mut state).await
+    markers.bring_forward(&due, clock::now_ms()).await
 }
 
 /// One attempt of a follow-up job.
@@ -171,7 +136,7 @@ async fn escalate(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
         if let Some(state) = &a.state {
             let ids = due_on_recreation(rule, &f.id);
             let _: redis::RedisResult<i64> =
-                due_now_cmd(&a.config.state.prefix, &ids, clock::now_ms())
+                followups::due_now_cmd(&a.config.state.prefix, &ids, clock::now_ms())
                     .query_async(&mut state.clone())
                     .await;
         }
@@ -318,12 +283,9 @@ async fn acknowledged(a: &Actions, f: &Firing) -> Result<bool, String> {
     let Some(state) = &a.state else {
         return Ok(false);
     };
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(ack_key(&a.config.state.prefix, &f.id))
-        .query_async(&mut state.clone())
+    followups::acknowledged(&mut state.clone(), &a.config.state.prefix, &f.id)
         .await
-        .map_err(|e| format!("cannot read acknowledgements: {e}"))?;
-    Ok(n > 0)
+        .map_err(|e| format!("cannot read acknowledgements: {e}"))
 }
 
 crate::keyspace::commands::declare! {
@@ -336,20 +298,6 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::Watched, "hexists", WHY)
             .on(Keys::Watched, Access::Read)
             .args("{key} f"),
-        Use::new(Conn::State, "exists", WHY)
-            .on(Keys::State("ack:*"), Access::Read)
-            .args("{key}"),
-        Use::new(Conn::State, "zadd", WHY)
-            .on(Keys::State("queue"), Access::Write)
-            .args("{key} XX 0 id"),
-        Use::new(Conn::State, "set", WHY)
-            .on(Keys::State("followup:*"), Access::Write)
-            .args("{key} id PX 1000"),
-        Use::new(Conn::State, "mget", WHY)
-            .on(Keys::State("followup:*"), Access::Read)
-            .args("{key}"),
-        Use::new(Conn::State, "del", WHY)
-            .on(Keys::State("followup:*"), Access::Write)
-            .args("{key}"),
+        // Its keys' commands are declared with them (`store::followups`).
     ]
 }

@@ -8,11 +8,11 @@ use crate::keyspace::Conn;
 use chrono::Utc;
 
 use crate::config::{self, Config, Mode};
-use crate::delivery::dead::DeadStore;
 use crate::engine::silences::{self, Silence};
 use crate::firing::rfc3339;
 use crate::keyspace::connect;
 use crate::pattern::Pattern;
+use crate::store::dead::DeadStore;
 
 /// The rules (for their state settings) and a connection to the state Redis.
 pub async fn open(paths: &[PathBuf], redis_flag: Option<&str>) -> Result<(Config, Conn), String> {

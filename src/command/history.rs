@@ -1,9 +1,9 @@
 //! `keywatch history`: what fired, for which key, where it went and how it ended, read from what
-//! every instance recorded in Redis ([`crate::history`]).
+//! every instance recorded in Redis ([`crate::store::history`]).
 
 use crate::config::Config;
-use crate::history::{self, Filter, Record};
 use crate::keyspace::Conn;
+use crate::store::history::{self, Filter, Record};
 
 /// The listing: a table for people, or one JSON object per firing (`--json`).
 pub async fn run(

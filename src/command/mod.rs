@@ -486,7 +486,7 @@ pub fn run(cli: Cli) -> ExitCode {
             limit,
             target,
         } => admin(target, |config, conn| async move {
-            let filter = crate::history::Filter {
+            let filter = crate::store::history::Filter {
                 key: key.map(|k| *k),
                 rule,
                 since,

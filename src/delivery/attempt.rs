@@ -12,13 +12,13 @@ use crate::channel::{self, Message};
 use crate::firing::{Action, Firing, Job};
 use crate::outcome::Outcome;
 
-use super::dead::DeadLetter;
 use super::lane::{Lane, Turn, Waiting};
-use super::queue::{Unreadable, Window};
 use super::retry::Next;
 use super::slots::{Slot, SlotKey, Ticket};
 use super::state::{DIGEST_ITEMS, Held, Inner, Room, inflight, windows_inflight};
 use super::work::{Work, window_jobs};
+use crate::store::dead::DeadLetter;
+use crate::store::queue::{Unreadable, Window};
 
 /// One attempt, logged and counted: one line per action sent or failed. `n` attempts came before
 /// it, failing since `failing_since`. A failure that may be retried is decided here, before it is

@@ -11,9 +11,9 @@ use crate::firing::{Action, DeadLetter, Firing};
 use super::attempt::{
     compose_digest_now, dead_letter, dead_letter_unreadable, deliver, keep_dead_letter,
 };
-use super::queue::{Queue, Window};
 use super::state::Inner;
 use super::work::{Work, window_jobs};
+use crate::store::queue::{Queue, Window};
 
 /// Most jobs of one window taken into one digest: a storm's window of 100,000 becomes a few
 /// digests of this many, and no Lua call holds Redis for long.

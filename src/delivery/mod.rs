@@ -8,10 +8,8 @@
 //! throttled channel never delays another.
 
 mod attempt;
-pub mod dead;
 mod digest;
 pub mod lane;
-pub mod queue;
 pub mod ratelimit;
 pub mod retry;
 mod slots;
@@ -38,11 +36,11 @@ use crate::keyspace::clock::now_ms;
 use crate::metrics::Metrics;
 use crate::status::Status;
 
+use crate::store::dead::{DeadLetter, DeadStore};
+use crate::store::queue::{self, Queue, Window};
 use attempt::{compose_digest_now, dead_letter_unreadable, deliver, deliver_held};
-use dead::{DeadLetter, DeadStore};
 use digest::{put_in_window, take_windows};
 use lane::Limiters;
-use queue::{Queue, Window};
 pub use retry::{Next, RetryPolicy};
 use slots::{SlotKey, Slots, Ticket};
 use state::{CONCURRENT, Clock, Held, Inner, inflight, windows_inflight};
@@ -427,7 +425,7 @@ impl Delivery {
                         inner.metrics.queue_pending.set(n);
                     }
                 }
-                if last_renew.elapsed() >= crate::delivery::queue::RENEW_EVERY {
+                if last_renew.elapsed() >= crate::store::renew_every() {
                     last_renew = Instant::now();
                     let ids: Vec<String> = inflight(&inner).iter().cloned().collect();
                     if let Err(e) = queue.renew(&ids).await {

@@ -1,7 +1,7 @@
 //! Token buckets for channels: up to `burst` messages at once, refilled evenly over `per`
 //! (`20/min`: a burst of 20, then one every 3 s), as SPEC §2 defines `rate`.
 //!
-//! The bucket lives in Redis ([`SharedBucket`]), so every instance draws from the same one:
+//! The bucket lives in Redis ([`SharedBucket`], kept by [`crate::store::rate`]), so every instance draws from the same one:
 //! three instances together never exceed a DingTalk robot's 20 a minute. If Redis cannot be
 //! asked, the instance falls back to a bucket of its own rather than stop sending.
 
@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::Rate;
+use crate::store::rate::Bucket;
 
 /// A channel's rate limit: shared by every instance through Redis, or this instance's own.
 pub enum Limiter {
@@ -80,35 +81,9 @@ impl TokenBucket {
     }
 }
 
-// Takes a token if there is one (0), or says how many ms until there is. Redis's own clock is
-// used, so instances with skewed clocks still share one rate.
-const TAKE: &str = r"
-local burst = tonumber(ARGV[1])
-local per = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
-local tokens = tonumber(b[1]) or burst
-local ts = tonumber(b[2]) or now
-local rate = burst / per
-tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
-local wait = 0
-if tokens >= 1 then
-  tokens = tokens - 1
-else
-  wait = math.ceil((1 - tokens) / rate)
-end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ts', now)
-redis.call('PEXPIRE', KEYS[1], per * 2 + 1000)
-return wait
-";
-
-/// A channel's bucket shared by every instance through Redis.
+/// A channel's bucket shared by every instance through Redis ([`crate::store::rate`]).
 pub struct SharedBucket {
-    conn: crate::keyspace::Conn,
-    key: String,
-    rate: Rate,
-    script: redis::Script,
+    bucket: Bucket,
     /// Used while Redis cannot be asked.
     local: TokenBucket,
 }
@@ -121,10 +96,7 @@ impl SharedBucket {
         rate: Rate,
     ) -> SharedBucket {
         SharedBucket {
-            conn,
-            key: format!("{prefix}rate:{channel}"),
-            rate,
-            script: redis::Script::new(TAKE),
+            bucket: Bucket::new(conn, prefix, channel, rate),
             local: TokenBucket::new(rate),
         }
     }
@@ -133,57 +105,19 @@ impl SharedBucket {
     pub async fn take(&self) -> bool {
         let mut in_hand = true;
         loop {
-            let wait: redis::RedisResult<u64> = self
-                .script
-                .key(&self.key)
-                .arg(self.rate.burst)
-                .arg(self.rate.per.as_millis() as u64)
-                .invoke_async(&mut self.conn.clone())
-                .await;
-            match wait {
+            match self.bucket.take().await {
                 Ok(0) => return in_hand,
                 Ok(ms) => {
                     in_hand = false;
                     tokio::time::sleep(Duration::from_millis(ms)).await
                 }
                 Err(e) => {
-                    tracing::warn!(key = %self.key, error = %e, "Cannot reach the shared rate limit; limiting this instance alone.");
+                    tracing::warn!(key = %self.bucket.key(), error = %e, "Cannot reach the shared rate limit; limiting this instance alone.");
                     return self.local.take().await && in_hand;
                 }
             }
         }
     }
-}
-
-crate::keyspace::commands::declare! {
-    /// The commands shared rate limits send, their script's included
-    /// ([`crate::keyspace::commands`]).
-    const WHY = "rate limits of channels";
-    const SCRIPT = "rate limits of channels (script)";
-    [
-        Use::new(Conn::State, "script|load", WHY)
-            .access(Access::Write)
-            .args("return(1)")
-            .when(When::RateLimit),
-        Use::new(Conn::State, "evalsha", WHY)
-            .on(Keys::State("rate:*"), Access::ReadWrite)
-            .args("{sha} 1 {key} 1 1000")
-            .when(When::RateLimit),
-        Use::new(Conn::State, "time", SCRIPT).when(When::RateLimit),
-        Use::new(Conn::State, "hmget", SCRIPT)
-            .on(Keys::State("rate:*"), Access::Read)
-            .args("{key} tokens ts")
-            .when(When::RateLimit),
-        Use::new(Conn::State, "hset", SCRIPT)
-            .on(Keys::State("rate:*"), Access::Write)
-            .args("{key} tokens 1 ts 0")
-            .when(When::RateLimit),
-        Use::new(Conn::State, "pexpire", SCRIPT)
-            .on(Keys::State("rate:*"), Access::Write)
-            .args("{key} 1000")
-            .when(When::RateLimit),
-
-    ]
 }
 
 #[cfg(test)]

@@ -15,12 +15,12 @@ use crate::firing::Firing;
 use crate::metrics::Metrics;
 use crate::status::Status;
 
-use super::dead::DeadStore;
 use super::lane::Limiters;
-use super::queue::{Queue, Window};
 use super::retry::RetryPolicy;
 use super::slots::{Slots, Ticket};
 use super::work::DigestKey;
+use crate::store::dead::DeadStore;
+use crate::store::queue::{Queue, Window};
 
 pub(super) struct Inner {
     pub(super) actions: Actions,
@@ -156,7 +156,7 @@ pub(super) enum Clock {
 impl Clock {
     pub(super) fn now_ms(self) -> i64 {
         match self {
-            Clock::Wall => super::queue::now_ms(),
+            Clock::Wall => crate::store::queue::now_ms(),
             #[cfg(test)]
             Clock::Tokio { start_ms, start } => start_ms
                 .saturating_add(i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::channel::Message;
 use crate::firing::{Action, Firing, Job};
 
-use super::queue::Window;
+use crate::store::queue::Window;
 
 /// A digest window is per (rule, channel).
 pub(super) type DigestKey = (String, String);

@@ -43,281 +43,16 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::{Conn, clock};
-use crate::source::ledger::{HANDLED_MINUTES, RECALLED};
-
-/// How long a taken event is this instance's before another may take it over. Renewed every
-/// [`RENEW_EVERY`] while in hand.
-pub const LEASE: Duration = Duration::from_secs(15);
-pub const RENEW_EVERY: Duration = Duration::from_secs(5);
+use crate::store::intake::{Batch, Records};
 
 /// A clock skew allowance: an `expired` for a key whose recorded deadline is further in the
 /// future than this belongs to an older incarnation of the key.
 const SKEW_MS: i64 = 2000;
-
-const TAKE: &str = r"
-local now = tonumber(ARGV[1])
-local due_limit = tonumber(ARGV[2])
-local minutes = tonumber(ARGV[3])
-local lease_end = ARGV[4]
-local me = ARGV[5]
-local prefix = ARGV[6]
-local db = ARGV[7]
-local batch = ARGV[8]
--- The events' records, a line each in the order of the events: stored as they are, with a line
--- naming those won, so the script neither copies nor joins them one by one.
-local blob = ARGV[9]
--- One letter per event, its mode. An expiry (`L`, `l`, `R`, `r`) has one argument, its key;
--- any other event four: its kind, key, given deadline and extra (a claim key, a field).
-local modes = ARGV[10]
-local first = 11
-local n = #modes
-local minute = math.floor(now / 60000)
-local memory = prefix .. 'ledger:' .. db .. ':handled:'
-local B_L, B_l, B_R, B_r, B_F, B_f, B_W = string.byte('LlRrFfW', 1, 7)
--- Calls f with the elements of list from i to j, at most step at a time (Lua's stack bounds
--- unpack).
-local function chunked(list, i, j, step, f)
-  for k = i, j, step do
-    f(unpack(list, k, math.min(k + step - 1, j)))
-  end
-end
--- Where each event's arguments start (with live expiries only, in a storm, event i's key is
--- ARGV[first + i - 1]), and the keys of the live expiries.
-local live_only = not string.find(modes, '[^Ll]')
-local at = {}
-local live = {}
-if not live_only then
-  local a = first
-  for i = 1, n do
-    at[i] = a
-    local m = string.byte(modes, i)
-    if m == B_L or m == B_l or m == B_R or m == B_r then
-      if m == B_L or m == B_l then live[#live + 1] = ARGV[a] end
-      a = a + 1
-    else
-      a = a + 4
-    end
-  end
-end
--- The ledger's scores of every live expiry, read in one command (a command per thousand), in
--- the order of the live expiries.
-local scores = {}
-local function read_scores(...)
-  local got = redis.call('ZMSCORE', KEYS[1], ...)
-  for j = 1, select('#', ...) do scores[#scores + 1] = got[j] end
-end
-if live_only then
-  chunked(ARGV, first, first + n - 1, 1000, read_scores)
-else
-  chunked(live, 1, #live, 1000, read_scores)
-end
--- The poked set's deadlines of every key that may be taken from it (a live expiry the ledger
--- has no due deadline for, a recovery), read in one command too.
-local maybe_poked = {}
--- The due deadline of each live expiry that has one (by its place among them).
-local due = {}
-local li = 0
-for i = 1, n do
-  local m = string.byte(modes, i)
-  if m == B_L or m == B_l then
-    li = li + 1
-    local s = scores[li]
-    if s and tonumber(s) <= due_limit then
-      due[li] = s
-    else
-      maybe_poked[#maybe_poked + 1] = ARGV[at[i] or first + i - 1]
-    end
-  elseif m == B_R or m == B_r then
-    maybe_poked[#maybe_poked + 1] = ARGV[at[i]]
-  end
-end
-local poked = {}
-chunked(maybe_poked, 1, #maybe_poked, 1000, function(...)
-  local got = redis.call('HMGET', KEYS[3], ...)
-  for j = 1, select('#', ...) do
-    if got[j] then poked[select(j, ...)] = got[j] end
-  end
-end)
--- Takes key's deadline out of the poked set (the removal written once for the batch).
-local unpoked = {}
-local function take_poked(key)
-  local p = poked[key]
-  if p then
-    poked[key] = nil
-    unpoked[#unpoked + 1] = key
-  end
-  return p
-end
--- Writes of the hot path, sent once for the whole batch: the deadlines taken out of the
--- ledger, the handled memory, the record of every event won.
-local unledgered = {}
-local handled = {}
--- What this script remembered as handled, per key: a later event of the same key in the batch
--- must find it as if it had been written already.
-local here = {}
-local function remember(key, d)
-  handled[#handled + 1] = key
-  handled[#handled + 1] = d
-  here[key] = d
-end
--- The events won, as `n:deadline` joined by commas: the record's first line and the answer.
-local won_parts = {}
-local function won(i, d)
-  if #won_parts > 0 then won_parts[#won_parts + 1] = ',' end
-  won_parts[#won_parts + 1] = i
-  won_parts[#won_parts + 1] = ':'
-  won_parts[#won_parts + 1] = d or ''
-end
-li = 0
-for i = 1, n do
-  local m = string.byte(modes, i)
-  local p = at[i] or first + i - 1
-  if m == B_L or m == B_l then
-    li = li + 1
-    local key = ARGV[p]
-    local s = due[li]
-    local d = false
-    -- `here`: the same key earlier in the batch took its deadline already.
-    if s and not here[key] then
-      unledgered[#unledgered + 1] = key
-      d = s
-    else
-      d = take_poked(key) or false
-    end
-    if d then
-      -- `remember` and `won` written out: this is a storm's path, once per expiry, and a Lua
-      -- call per event each was a measurable share of the script.
-      local hn = #handled
-      handled[hn + 1] = key
-      handled[hn + 2] = d
-      here[key] = d
-      if m == B_L then
-        local wn = #won_parts
-        if wn > 0 then
-          won_parts[wn + 1] = ','
-          wn = wn + 1
-        end
-        won_parts[wn + 1] = i
-        won_parts[wn + 2] = ':'
-        won_parts[wn + 3] = d
-      end
-    else
-      local h = here[key] or recalled(memory, minute, minutes, key)
-      if not (h and string.sub(h, 1, 1) ~= '~') then
-        -- Taken without a known deadline: a deadline of this key learnt late (a fill or
-        -- another instance read it before the key went) must not come back as a miss.
-        remember(key, '~' .. now)
-        if m == B_L then
-          -- Claimed by a key shared by every instance, named by the event.
-          local id = redis.sha1hex(db .. '|expired||' .. key)
-          if redis.call('SET', prefix .. 'claim:' .. id, me, 'NX', 'PX', 5000) then
-            won(i, false)
-          end
-        end
-      end
-    end
-  elseif m == B_R or m == B_r then
-    local key = ARGV[p]
-    local d = take_poked(key)
-    if d then
-      remember(key, d)
-      if m == B_R then won(i, d) end
-    end
-  else
-    local kind, key, given, extra = ARGV[p], ARGV[p + 1], ARGV[p + 2], ARGV[p + 3]
-    if m == B_F or m == B_f then
-      local s = redis.call('ZSCORE', KEYS[6], key)
-      if s and tonumber(s) <= due_limit then
-        redis.call('ZREM', KEYS[6], key)
-        redis.call('HDEL', extra, given)
-        if m == B_F then won(i, s) end
-      end
-    elseif m == B_W then
-      if redis.call('SET', extra, me, 'NX', 'PXAT', tonumber(given) + 60000) then
-        won(i, given ~= '' and given or false)
-      end
-    else
-      -- Claimed by a write shared by every instance, named by the event.
-      local d = given ~= '' and given or false
-      local id = redis.sha1hex(db .. '|' .. kind .. '|' .. (d or '') .. '|' .. key)
-      local w = 0
-      if d then
-        local b = math.floor(tonumber(d) / 60000)
-        local hk = prefix .. 'claims:' .. b .. ':' .. string.sub(id, 1, 1)
-        w = redis.call('HSETNX', hk, id, me)
-        local until_ms = (math.max(b, minute) + 1) * 60000 + 600000
-        if redis.call('PEXPIRETIME', hk) < until_ms then
-          redis.call('PEXPIREAT', hk, until_ms)
-        end
-      elseif redis.call('SET', prefix .. 'claim:' .. id, me, 'NX', 'PX', 5000) then
-        w = 1
-      end
-      if w == 1 then won(i, d) end
-    end
-  end
-end
-if live_only and #unledgered == n then
-  chunked(ARGV, first, first + n - 1, 1000, function(...)
-    redis.call('ZREM', KEYS[1], ...)
-  end)
-else
-  chunked(unledgered, 1, #unledgered, 1000, function(...)
-    redis.call('ZREM', KEYS[1], ...)
-  end)
-end
-chunked(unpoked, 1, #unpoked, 1000, function(...)
-  redis.call('ZREM', KEYS[2], ...)
-  redis.call('HDEL', KEYS[3], ...)
-end)
-if #handled > 0 then
-  local hk = memory .. minute
-  chunked(handled, 1, #handled, 1000, function(...)
-    redis.call('HSET', hk, ...)
-  end)
-  redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
-end
--- One record for every event this instance won: leased, renewed, taken over and cleared as one.
-local won_list = table.concat(won_parts)
-if #won_parts > 0 then
-  redis.call('HSET', KEYS[5], batch, 'C\n' .. won_list .. '\n' .. blob)
-  redis.call('ZADD', KEYS[4], lease_end, batch)
-end
-return won_list
-";
-
-// Puts record ARGV[1] back, due at ARGV[2] with its record now ARGV[3], if it is still there.
-const RETRY: &str = r"
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-  return 1
-end
-return 0
-";
-
-// Takes up to ARGV[2] records due at ARGV[1] by moving them to ARGV[3] (the end of the lease);
-// returns id, record pairs (a record without payload is dropped).
-const TAKE_OVER: &str = r"
-local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
-local out = {}
-for _, id in ipairs(ids) do
-  local r = redis.call('HGET', KEYS[2], id)
-  if r then
-    redis.call('ZADD', KEYS[1], ARGV[3], id)
-    out[#out + 1] = id
-    out[#out + 1] = r
-  else
-    redis.call('ZREM', KEYS[1], id)
-  end
-end
-return out
-";
 
 /// How the take script treats one event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -572,17 +307,14 @@ static RECORDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new
 
 #[derive(Clone)]
 pub struct Intake {
-    conn: Conn,
+    /// Where records and claims are kept: leased for [`crate::store::lease`], renewed every
+    /// [`crate::store::renew_every`] while in hand.
+    store: Records,
     prefix: String,
     instance: String,
     /// When this intake started: with [`RECORDS`], makes record ids unique across restarts
     /// of an instance whose name (host and pid) comes back.
     started_ms: i64,
-    zset: String,
-    records: String,
-    take: Arc<redis::Script>,
-    take_over: Arc<redis::Script>,
-    retry: Arc<redis::Script>,
     /// Records in hand: their leases are renewed until they are cleared.
     held: Arc<Mutex<HashSet<String>>>,
 }
@@ -590,15 +322,10 @@ pub struct Intake {
 impl Intake {
     pub fn new(conn: Conn, prefix: &str, instance: &str) -> Intake {
         Intake {
-            conn,
+            store: Records::new(conn, prefix),
             prefix: prefix.to_string(),
             instance: instance.to_string(),
             started_ms: chrono::Utc::now().timestamp_millis(),
-            zset: format!("{prefix}intake"),
-            records: format!("{prefix}intake:events"),
-            take: Arc::new(redis::Script::new(&format!("{RECALLED}{TAKE}"))),
-            take_over: Arc::new(redis::Script::new(TAKE_OVER)),
-            retry: Arc::new(redis::Script::new(RETRY)),
             held: Arc::default(),
         }
     }
@@ -623,23 +350,6 @@ impl Intake {
     ) -> redis::RedisResult<Vec<Option<Taken>>> {
         let now = clock::now_ms();
         let batch = self.record_id();
-        let ledger = |s: &str| format!("{}ledger:{db}{s}", self.prefix);
-        let fields = crate::source::fields::Fields::zset(&self.prefix, db);
-        let mut inv = self.take.prepare_invoke();
-        inv.key(ledger(""))
-            .key(ledger(":poked"))
-            .key(ledger(":poked-deadline"))
-            .key(&self.zset)
-            .key(&self.records)
-            .key(fields)
-            .arg(now)
-            .arg(now + SKEW_MS)
-            .arg(HANDLED_MINUTES)
-            .arg(now + LEASE.as_millis() as i64)
-            .arg(&self.instance)
-            .arg(&self.prefix)
-            .arg(db)
-            .arg(&batch);
         let mut records = Vec::with_capacity(events.len());
         // Every event's record JSON, a line each (JSON holds no raw newline), as one argument;
         // each line is kept with its event as well (see `Taken::json`).
@@ -666,13 +376,9 @@ impl Intake {
                 line(&r);
                 modes.push(if *fire { 'F' } else { 'f' });
                 args.push(e.kind.as_str().as_bytes().to_vec());
-                args.push(crate::source::fields::member(&e.key, field));
+                args.push(crate::store::fields::member(&e.key, field));
                 args.push(field.clone());
-                args.push(crate::source::fields::Fields::index(
-                    &self.prefix,
-                    db,
-                    &e.key,
-                ));
+                args.push(crate::store::fields::index(&self.prefix, db, &e.key));
                 records.push(r);
                 continue;
             }
@@ -684,9 +390,7 @@ impl Intake {
                 Mode::Plain | Mode::Field { .. } => ('P', e.deadline, Some(Vec::new()), None),
                 Mode::Warning { rule } => {
                     let d = e.deadline.map_or(0, |d| d.timestamp_millis());
-                    let mut claim =
-                        format!("{}warned:{}:{rule}:{d}:", self.prefix, e.db).into_bytes();
-                    claim.extend_from_slice(&e.key);
+                    let claim = crate::store::intake::warned(&self.prefix, e.db, rule, d, &e.key);
                     ('W', e.deadline, Some(claim), Some(rule.clone()))
                 }
             };
@@ -709,12 +413,20 @@ impl Intake {
             }
             records.push(r);
         }
-        inv.arg(&blob).arg(&modes);
-        for a in &args {
-            inv.arg(a);
-        }
         // The events won, `n:deadline` joined by commas (n counts from 1).
-        let won: String = inv.invoke_async(&mut self.conn.clone()).await?;
+        let won = self
+            .store
+            .take(&Batch {
+                db,
+                now_ms: now,
+                due_limit_ms: now + SKEW_MS,
+                instance: &self.instance,
+                id: &batch,
+                blob: &blob,
+                modes: &modes,
+                args: &args,
+            })
+            .await?;
         let mut deadlines: Vec<Option<Option<i64>>> = vec![None; records.len()];
         for w in won.split(',').filter(|w| !w.is_empty()) {
             if let Some((n, d)) = w.split_once(':')
@@ -751,15 +463,7 @@ impl Intake {
     /// A record that no longer decodes is cleared with an error in the log: it can never be run.
     pub async fn take_over(&self, max: usize) -> redis::RedisResult<Vec<Taken>> {
         let now = clock::now_ms();
-        let pairs: Vec<String> = self
-            .take_over
-            .key(&self.zset)
-            .key(&self.records)
-            .arg(now)
-            .arg(max)
-            .arg(now + LEASE.as_millis() as i64)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let pairs = self.store.take_over(now, max).await?;
         let mut out = Vec::new();
         let mut broken = Vec::new();
         for pair in pairs.chunks_exact(2) {
@@ -813,20 +517,14 @@ impl Intake {
             if kept.is_empty() {
                 cleared.push(id);
             } else {
-                let mut c = redis::cmd("HSET");
-                c.arg(&self.records)
-                    .arg(id)
-                    .arg(encode_removals(kept.iter().copied()));
-                cmds.push(c);
+                cmds.push(
+                    self.store
+                        .rewrite(id, &encode_removals(kept.iter().copied())),
+                );
             }
         }
         if !cleared.is_empty() {
-            let mut z = redis::cmd("ZREM");
-            z.arg(&self.zset).arg(&cleared);
-            let mut h = redis::cmd("HDEL");
-            h.arg(&self.records).arg(&cleared);
-            cmds.push(z);
-            cmds.push(h);
+            cmds.extend(self.store.clearing(&cleared));
             let mut held = self.held();
             for id in cleared {
                 held.remove(id);
@@ -841,27 +539,14 @@ impl Intake {
             } else {
                 format!("{record_id}/{event}")
             };
-            let mut h = redis::cmd("HSET");
-            h.arg(&self.records).arg(&id).arg(encode(record));
-            let mut z = redis::cmd("ZADD");
-            z.arg(&self.zset).arg(due).arg(&id);
-            cmds.push(h);
-            cmds.push(z);
+            cmds.extend(self.store.putting(&id, &encode(record), due));
         }
         cmds
     }
 
     /// Runs commands of [`Intake::moved_on`] on their own, when no job is stored with them.
     pub async fn apply(&self, cmds: Vec<redis::Cmd>) -> redis::RedisResult<()> {
-        if cmds.is_empty() {
-            return Ok(());
-        }
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        for c in cmds {
-            pipe.add_command(c).ignore();
-        }
-        pipe.exec_async(&mut self.conn.clone()).await
+        self.store.apply(cmds).await
     }
 
     /// Clears records whose work is done.
@@ -875,17 +560,7 @@ impl Intake {
                 held.remove(id);
             }
         }
-        redis::pipe()
-            .cmd("ZREM")
-            .arg(&self.zset)
-            .arg(ids)
-            .ignore()
-            .cmd("HDEL")
-            .arg(&self.records)
-            .arg(ids)
-            .ignore()
-            .exec_async(&mut self.conn.clone())
-            .await
+        self.store.clear(ids).await
     }
 
     /// Puts the records of `events` back as they were taken, due at `due_ms` (whoever takes
@@ -901,14 +576,7 @@ impl Intake {
         }
         for (id, events) in by_record {
             self.held().remove(id);
-            self.retry
-                .key(&self.zset)
-                .key(&self.records)
-                .arg(id)
-                .arg(due_ms)
-                .arg(encode_batch(events))
-                .invoke_async::<()>(&mut self.conn.clone())
-                .await?;
+            self.store.retry(id, due_ms, &encode_batch(events)).await?;
         }
         Ok(())
     }
@@ -925,7 +593,8 @@ impl Intake {
     /// Extends the leases of the records in hand.
     pub async fn renew(&self) -> redis::RedisResult<()> {
         let ids: Vec<String> = self.held().iter().cloned().collect();
-        self.set_due(&ids, clock::now_ms() + LEASE.as_millis() as i64)
+        self.store
+            .set_due(&ids, clock::now_ms() + crate::store::lease_ms())
             .await
     }
 
@@ -933,115 +602,14 @@ impl Intake {
     /// many records (each may hold several events).
     pub async fn hand_back(&self) -> redis::RedisResult<usize> {
         let ids: Vec<String> = self.held().drain().collect();
-        self.set_due(&ids, clock::now_ms()).await?;
+        self.store.set_due(&ids, clock::now_ms()).await?;
         Ok(ids.len())
-    }
-
-    async fn set_due(&self, ids: &[String], due: i64) -> redis::RedisResult<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(&self.zset).arg("XX");
-        for id in ids {
-            zadd.arg(due).arg(id);
-        }
-        zadd.exec_async(&mut self.conn.clone()).await
     }
 
     /// Records waiting or in hand, for the metrics.
     pub async fn len(&self) -> redis::RedisResult<i64> {
-        redis::cmd("ZCARD")
-            .arg(&self.zset)
-            .query_async(&mut self.conn.clone())
-            .await
+        self.store.len().await
     }
-}
-
-crate::keyspace::commands::declare! {
-    /// The commands the intake sends, its scripts' included ([`crate::keyspace::commands`]).
-    const WHY = "intake: claims and taken events";
-    const SCRIPT = "intake: claims and taken events (script)";
-    [
-        Use::new(Conn::State, "script|load", WHY)
-            .access(Access::Write)
-            .args("return(1)"),
-        Use::new(Conn::State, "evalsha", WHY)
-            .on(Keys::State("intake"), Access::ReadWrite)
-            .args("{sha} 2 {prefix}intake {prefix}intake:events"),
-        // A detail read's retry moved into its own record when no job is stored with it.
-        Use::new(Conn::State, "multi", WHY),
-        Use::new(Conn::State, "exec", WHY),
-        Use::new(Conn::State, "zadd", WHY)
-            .on(Keys::State("intake"), Access::Write)
-            .args("{key} XX 0 id"),
-        Use::new(Conn::State, "zscore", WHY)
-            .on(Keys::State("intake"), Access::Read)
-            .args("{key} id"),
-        Use::new(Conn::State, "zrem", WHY)
-            .on(Keys::State("intake"), Access::Write)
-            .args("{key} id"),
-        Use::new(Conn::State, "zcard", WHY)
-            .on(Keys::State("intake"), Access::Read)
-            .args("{key}"),
-        Use::new(Conn::State, "zrange", SCRIPT)
-            .on(Keys::State("intake"), Access::Read)
-            .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
-        Use::new(Conn::State, "hset", WHY)
-            .on(Keys::State("intake:events"), Access::Write)
-            .args("{key} id r"),
-        Use::new(Conn::State, "hdel", WHY)
-            .on(Keys::State("intake:events"), Access::ReadWrite)
-            .args("{key} id"),
-        Use::new(Conn::State, "zscore", SCRIPT)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key} k"),
-        Use::new(Conn::State, "zmscore", SCRIPT)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key} k"),
-        Use::new(Conn::State, "hget", SCRIPT)
-            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
-            .args("{key} k"),
-        Use::new(Conn::State, "hmget", SCRIPT)
-            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
-            .args("{key} k"),
-        Use::new(Conn::State, "hdel", SCRIPT)
-            .on(Keys::State("ledger:*:poked-deadline"), Access::ReadWrite)
-            .args("{key} k"),
-        Use::new(Conn::State, "hset", SCRIPT)
-            .on(Keys::State("ledger:*:handled:*"), Access::Write)
-            .args("{key} k 0"),
-        Use::new(Conn::State, "pexpireat", SCRIPT)
-            .on(Keys::State("ledger:*:handled:*"), Access::Write)
-            .args("{key} 1000"),
-        Use::new(Conn::State, "hget", SCRIPT)
-            .on(Keys::State("ledger:*:handled:*"), Access::Read)
-            .args("{key} k"),
-        Use::new(Conn::State, "hsetnx", SCRIPT)
-            .on(Keys::State("claims:*:*"), Access::Write)
-            .args("{key} id 1"),
-        Use::new(Conn::State, "pexpiretime", SCRIPT)
-            .on(Keys::State("claims:*:*"), Access::Read)
-            .args("{key}"),
-        Use::new(Conn::State, "pexpireat", SCRIPT)
-            .on(Keys::State("claims:*:*"), Access::Write)
-            .args("{key} 1000"),
-        Use::new(Conn::State, "set", SCRIPT)
-            .on(Keys::State("claim:*"), Access::Write)
-            .args("{key} 1 NX PX 1000"),
-        Use::new(Conn::State, "set", SCRIPT)
-            .on(Keys::State("warned:*"), Access::Write)
-            .args("{key} 1 NX PXAT 1"),
-        Use::new(Conn::State, "zscore", SCRIPT)
-            .on(Keys::State("fields:*"), Access::Read)
-            .args("{key} k"),
-        Use::new(Conn::State, "zrem", SCRIPT)
-            .on(Keys::State("fields:*"), Access::Write)
-            .args("{key} k"),
-        Use::new(Conn::State, "hdel", SCRIPT)
-            .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
-            .args("{key} f"),
-    ]
 }
 
 #[cfg(test)]

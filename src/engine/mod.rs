@@ -80,7 +80,7 @@ impl Engine {
         let mut batch = Vec::with_capacity(BATCH);
         let mut stages = tokio::task::JoinSet::new();
         let mut recovering: Vec<(u32, u64)> = Vec::new();
-        let mut renew = tokio::time::interval(intake::RENEW_EVERY);
+        let mut renew = tokio::time::interval(crate::store::renew_every());
         let mut take_over = tokio::time::interval(TAKE_OVER_EVERY);
         for t in [&mut renew, &mut take_over] {
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

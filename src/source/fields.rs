@@ -62,21 +62,8 @@ pub fn change_of(event: &str) -> Option<Change> {
     }
 }
 
-/// The ledger member of `field` of hash `key`.
-pub fn member(key: &[u8], field: &[u8]) -> Vec<u8> {
-    let mut m = format!("{}:", key.len()).into_bytes();
-    m.extend_from_slice(key);
-    m.extend_from_slice(field);
-    m
-}
-
-/// A member back into key and field; `None` for bytes no [`member`] wrote.
-pub fn split(m: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
-    let colon = m.iter().position(|b| *b == b':')?;
-    let len: usize = std::str::from_utf8(&m[..colon]).ok()?.parse().ok()?;
-    let rest = &m[colon + 1..];
-    (rest.len() >= len).then(|| (rest[..len].to_vec(), rest[len..].to_vec()))
-}
+use crate::store::fields as store;
+pub use crate::store::fields::{member, split};
 
 /// Whether the server expires hash fields: `Err` says which version is needed and what it runs.
 ///
@@ -169,14 +156,12 @@ impl Fields {
 
     /// The sorted set of field deadlines of `db`.
     pub fn zset(prefix: &str, db: u32) -> String {
-        format!("{prefix}fields:{db}")
+        crate::store::fields::deadlines(prefix, db)
     }
 
     /// The per-hash index of `key` in `db`: field → deadline.
     pub fn index(prefix: &str, db: u32, key: &[u8]) -> Vec<u8> {
-        let mut k = format!("{prefix}fields:{db}:h:").into_bytes();
-        k.extend_from_slice(key);
-        k
+        crate::store::fields::index(prefix, db, key)
     }
 
     /// A keyevent about hash `key` (the engine calls this; the work happens in [`Fields::run`]).
@@ -202,11 +187,7 @@ impl Fields {
 
     /// The known deadlines of the fields of `key`.
     async fn known(&self, db: u32, key: &[u8]) -> redis::RedisResult<HashMap<Vec<u8>, i64>> {
-        let all: Vec<(Vec<u8>, i64)> = redis::cmd("HGETALL")
-            .arg(Self::index(&self.inner.prefix, db, key))
-            .query_async(&mut self.state())
-            .await?;
-        Ok(all.into_iter().collect())
+        store::known(&mut self.state(), &self.inner.prefix, db, key).await
     }
 
     /// Reads the deadlines of `fields` of `key` (`-2` gone, `-1` none), at most `per_second`
@@ -250,26 +231,7 @@ impl Fields {
         if changes.is_empty() {
             return Ok(());
         }
-        let zset = Self::zset(&self.inner.prefix, db);
-        let index = Self::index(&self.inner.prefix, db, key);
-        let mut pipe = redis::pipe();
-        for (f, d) in changes {
-            match d {
-                Some(d) => {
-                    pipe.cmd("ZADD")
-                        .arg(&zset)
-                        .arg(d)
-                        .arg(member(key, f))
-                        .ignore();
-                    pipe.cmd("HSET").arg(&index).arg(f).arg(d).ignore();
-                }
-                None => {
-                    pipe.cmd("ZREM").arg(&zset).arg(member(key, f)).ignore();
-                    pipe.cmd("HDEL").arg(&index).arg(f).ignore();
-                }
-            }
-        }
-        pipe.exec_async(&mut self.state()).await
+        store::write(&mut self.state(), &self.inner.prefix, db, key, changes).await
     }
 
     /// The event of a field found gone at or after its deadline.
@@ -421,17 +383,14 @@ impl Fields {
     /// One round of the poker for `db`: reads every due field again and reports those gone.
     /// Returns how many were read (fields reported and not yet taken are not read again).
     async fn poke(&self, db: u32, tx: &mpsc::Sender<Signal>) -> redis::RedisResult<usize> {
-        let due: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(Self::zset(&self.inner.prefix, db))
-            .arg("-inf")
-            .arg(now_ms() - 1)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(POKE_BATCH)
-            .arg("WITHSCORES")
-            .query_async(&mut self.state())
-            .await?;
+        let due = store::due(
+            &mut self.state(),
+            &self.inner.prefix,
+            db,
+            now_ms() - 1,
+            POKE_BATCH,
+        )
+        .await?;
         let mut by_key: BTreeMap<Vec<u8>, Vec<(Vec<u8>, i64)>> = BTreeMap::new();
         {
             let sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
@@ -681,17 +640,7 @@ impl Fields {
         until_ms: i64,
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, Vec<u8>, i64)>> {
-        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(Self::zset(prefix, db))
-            .arg("-inf")
-            .arg(until_ms)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .arg("WITHSCORES")
-            .query_async(state)
-            .await?;
+        let rows = store::due(state, prefix, db, until_ms, limit).await?;
         Ok(rows
             .into_iter()
             .filter_map(|(m, d)| split(&m).map(|(k, f)| (k, f, d as i64)))
@@ -726,8 +675,7 @@ async fn timed(conn: &Conn, reads: Vec<redis::Cmd>) -> redis::RedisResult<(i64, 
 }
 
 crate::keyspace::commands::declare! {
-    /// The commands of the field ledger ([`crate::keyspace::commands`]).
-    const WHY = "field ledger: deadlines of watched hash fields";
+    /// The commands of the field ledger to the watched Redis ([`crate::keyspace::commands`]).
     [
         Use::new(Conn::Watched, "time", "field ledger: gone before or after the deadline, on the server's clock"),
         Use::new(Conn::Watched, "info", "field ledger: does the server expire hash fields?")
@@ -745,30 +693,7 @@ crate::keyspace::commands::declare! {
             .on(Keys::Watched, Access::Read)
             .args("0 MATCH {glob} COUNT 10 TYPE hash")
             .when(When::Fields),
-        Use::new(Conn::State, "zadd", WHY)
-            .on(Keys::State("fields:*"), Access::Write)
-            .args("{key} 0 k")
-            .when(When::Fields),
-        Use::new(Conn::State, "zrem", WHY)
-            .on(Keys::State("fields:*"), Access::Write)
-            .args("{key} k")
-            .when(When::Fields),
-        Use::new(Conn::State, "zrange", WHY)
-            .on(Keys::State("fields:*"), Access::Read)
-            .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
-            .when(When::Fields),
-        Use::new(Conn::State, "hset", WHY)
-            .on(Keys::State("fields:*:h:*"), Access::Write)
-            .args("{key} f 0")
-            .when(When::Fields),
-        Use::new(Conn::State, "hdel", WHY)
-            .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
-            .args("{key} f")
-            .when(When::Fields),
-        Use::new(Conn::State, "hgetall", WHY)
-            .on(Keys::State("fields:*:h:*"), Access::Read)
-            .args("{key}")
-            .when(When::Fields),
+        // Its keys' commands are declared with them (`store::fields`).
     ]
 }
 

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
+use crate::store::ledger::{self as store, Deadlines};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -42,38 +43,6 @@ const POKE_BATCH: usize = 2000;
 /// Longest the poker holds back while events wait: what a key whose `expired` Redis has not
 /// published at all may be kept waiting meanwhile.
 const HOLD_AT_MOST: Duration = Duration::from_secs(1);
-
-/// How long a handled deadline is remembered, from the minute it was handled: one hash per
-/// minute (`{prefix}ledger:DB:handled:MINUTE`), dropped by Redis itself when its time is up.
-pub const HANDLED_MINUTES: i64 = 10;
-
-/// The name of the handled memory of `db` without its minute.
-pub fn handled_memory(prefix: &str, db: u32) -> String {
-    format!("{prefix}ledger:{db}:handled:")
-}
-
-/// Lua put in front of the scripts that read the handled memory: `recalled(memory, minute,
-/// minutes, key)` is what the memory (`memory` is its name without the minute) holds for `key`
-/// over the `minutes` before `minute`, or `false`. The minutes' hashes that exist are listed once
-/// per script run: most are absent, and a miss then costs one `HGET` per hash that exists.
-pub const RECALLED: &str = r"
-local recent = nil
-local function recalled(memory, minute, minutes, key)
-  if not recent then
-    recent = {}
-    for m = minute, minute - minutes, -1 do
-      if redis.call('EXISTS', memory .. m) == 1 then
-        recent[#recent + 1] = memory .. m
-      end
-    end
-  end
-  for _, hk in ipairs(recent) do
-    local h = redis.call('HGET', hk, key)
-    if h then return h end
-  end
-  return false
-end
-";
 
 /// Longest the poker touches without recording the keys it finds gone while events wait (see
 /// [`Ledger::poke_round`]): how long recovering an expiry whose event was lost may be put off by
@@ -159,86 +128,17 @@ pub struct Missed {
     pub deadline_ms: i64,
 }
 
-// Moves touched-and-gone keys from the ledger to the poked set, but only if the ledger still
-// holds the deadline the poker saw: if the engine handled the `expired` in between, nothing moves.
-// Entries are stamped with the next number of the database's marker sequence, shared by every
-// instance (see `Ledger::mark`); returns that number.
-// Records read deadlines (ARGV[1] is the slack, ARGV[2] the handled memory's name without its
-// minute, ARGV[3] the current minute, ARGV[4] how many minutes it goes back, then key/deadline
-// pairs): a positive deadline goes in unless the handled memory says this incarnation's expiry
-// was taken already, either with that very deadline (or a later one) or, as `~T`, without a
-// known deadline at T; a deadline at or before T (plus clock slack) belonged to the key that
-// expired then.
-const RECORD: &str = r"
-local slack = tonumber(ARGV[1])
-local minute, minutes = tonumber(ARGV[3]), tonumber(ARGV[4])
-for i = 5, #ARGV, 2 do
-  local k, d = ARGV[i], tonumber(ARGV[i + 1])
-  if d > 0 then
-    local h = recalled(ARGV[2], minute, minutes, k)
-    local stale = false
-    if h then
-      if string.sub(h, 1, 1) == '~' then
-        stale = d <= tonumber(string.sub(h, 2)) + slack
-      else
-        stale = d <= tonumber(h)
-      end
-    end
-    if not stale then
-      redis.call('ZADD', KEYS[1], d, k)
-    end
-  else
-    redis.call('ZREM', KEYS[1], k)
-  end
-end
-return 0
-";
-
-/// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
-const TAKEN_SLACK_MS: i64 = 100;
-
-const MOVE_POKED: &str = r"
-local seq = redis.call('INCR', KEYS[4])
--- A command each per thousand keys, not per key: in a storm the poker moves thousands at once.
-for j = 1, #ARGV, 2000 do
-  local last = math.min(j + 1999, #ARGV)
-  local members = {}
-  for i = j, last, 2 do
-    members[#members + 1] = ARGV[i]
-  end
-  local scores = redis.call('ZMSCORE', KEYS[1], unpack(members))
-  local moved, poked, deadlines = {}, {}, {}
-  for n, m in ipairs(members) do
-    local given = ARGV[j + 2 * (n - 1) + 1]
-    if scores[n] and tonumber(scores[n]) == tonumber(given) then
-      moved[#moved + 1] = m
-      poked[#poked + 1] = seq
-      poked[#poked + 1] = m
-      deadlines[#deadlines + 1] = m
-      deadlines[#deadlines + 1] = given
-    end
-  end
-  if #moved > 0 then
-    redis.call('ZREM', KEYS[1], unpack(moved))
-    redis.call('ZADD', KEYS[2], unpack(poked))
-    redis.call('HSET', KEYS[3], unpack(deadlines))
-  end
-end
-return seq
-";
-
 #[derive(Clone)]
 pub struct Ledger {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    state: Conn,
+    /// The ledger's keys on the state server.
+    store: Deadlines,
     keyspace: Keyspace,
     prefix: String,
     instance: String,
-    move_poked: redis::Script,
-    record: redis::Script,
     metrics: Arc<Metrics>,
     /// Set once a fill has walked every database: from then on the ledger knows every deadline
     /// the rules want, and the scanner may ask it instead of scanning.
@@ -253,12 +153,10 @@ impl Ledger {
     pub fn new(state: Conn, keyspace: Keyspace, prefix: &str, metrics: Arc<Metrics>) -> Ledger {
         Ledger {
             inner: Arc::new(Inner {
-                state,
+                store: Deadlines::new(state, prefix),
                 keyspace,
                 prefix: prefix.to_string(),
                 instance: format!("{:016x}", fastrand::u64(..)),
-                move_poked: redis::Script::new(MOVE_POKED),
-                record: redis::Script::new(&format!("{RECALLED}{RECORD}")),
                 metrics,
                 filled: AtomicBool::new(false),
                 filling: AtomicUsize::new(0),
@@ -268,27 +166,7 @@ impl Ledger {
 
     /// The pub/sub channel markers go on (subscribed by the keyevent subscriber).
     pub fn marker_channel(prefix: &str) -> String {
-        format!("{prefix}poke")
-    }
-
-    fn zset(&self, db: u32) -> String {
-        format!("{}ledger:{db}", self.inner.prefix)
-    }
-
-    fn poked(&self, db: u32) -> String {
-        format!("{}ledger:{db}:poked", self.inner.prefix)
-    }
-
-    fn poked_at(&self, db: u32) -> String {
-        format!("{}ledger:{db}:poked-deadline", self.inner.prefix)
-    }
-
-    /// The marker sequence of `db`, one for all instances: a poked entry numbered at most a
-    /// marker's number was moved before that marker was published, whoever moved it, so its
-    /// `expired` reached every subscriber before the marker. Per-instance counters broke this: a
-    /// marker of one instance could cover entries another instance moved after it.
-    fn seq_key(&self, db: u32) -> String {
-        format!("{}ledger:{db}:seq", self.inner.prefix)
+        store::marker_channel(prefix)
     }
 
     /// The marker payload of this instance for `db` and `seq`.
@@ -335,58 +213,27 @@ impl Ledger {
         if keys.is_empty() {
             return Ok(());
         }
-        let mut inv = self.inner.record.prepare_invoke();
-        inv.key(self.zset(db))
-            .arg(TAKEN_SLACK_MS)
-            .arg(handled_memory(&self.inner.prefix, db))
-            .arg(now_ms().div_euclid(60_000))
-            .arg(HANDLED_MINUTES);
-        for (k, d) in keys.iter().zip(deadlines) {
-            inv.arg(k).arg(*d);
-        }
-        inv.invoke_async(&mut self.inner.state.clone()).await
+        self.inner.store.record(db, keys, deadlines, now_ms()).await
     }
 
     pub async fn forget(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<()> {
         if keys.is_empty() {
             return Ok(());
         }
-        redis::cmd("ZREM")
-            .arg(self.zset(db))
-            .arg(keys)
-            .exec_async(&mut self.inner.state.clone())
-            .await
+        self.inner.store.forget(db, keys).await
     }
 
     /// Up to `limit` expiries missed up to marker `seq` of `db`, soonest first. Only read: taking
     /// them (out of the poked set, claimed, recorded) is one step of the intake
     /// ([`crate::engine::intake`]), so a crash in between leaves them here for the next marker.
     pub async fn missed(&self, db: u32, seq: u64, limit: usize) -> redis::RedisResult<Vec<Missed>> {
-        let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-            .arg(self.poked(db))
-            .arg("-inf")
-            .arg(seq)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut self.inner.state.clone())
-            .await?;
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        let deadlines: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(self.poked_at(db))
-            .arg(&keys)
-            .query_async(&mut self.inner.state.clone())
-            .await?;
-        Ok(keys
+        let poked = self.inner.store.poked(db, seq, limit).await?;
+        Ok(poked
             .into_iter()
-            .zip(deadlines)
-            .map(|(key, d)| Missed {
+            .map(|(key, deadline_ms)| Missed {
                 db,
                 key,
-                deadline_ms: d.and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0) as i64,
+                deadline_ms,
             })
             .collect())
     }
@@ -395,10 +242,7 @@ impl Ledger {
     /// was missed. Used after every (re)subscription, when events may have been lost.
     /// Returns the marker's number.
     pub async fn mark(&self, db: u32) -> redis::RedisResult<u64> {
-        let seq: u64 = redis::cmd("INCR")
-            .arg(self.seq_key(db))
-            .query_async(&mut self.inner.state.clone())
-            .await?;
+        let seq = self.inner.store.next_marker(db).await?;
         let mut conn = self.inner.keyspace.conn(db).await?;
         redis::cmd("PUBLISH")
             .arg(Self::marker_channel(&self.inner.prefix))
@@ -432,21 +276,11 @@ impl Ledger {
         record_gone: bool,
         mut grace: Option<&mut Grace>,
     ) -> redis::RedisResult<usize> {
-        let zset = self.zset(db);
+        let store = &self.inner.store;
         let mut offset = 0;
         let due = loop {
             // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
-            let page: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-                .arg(&zset)
-                .arg("-inf")
-                .arg(now_ms() - 1)
-                .arg("BYSCORE")
-                .arg("LIMIT")
-                .arg(offset)
-                .arg(POKE_BATCH)
-                .arg("WITHSCORES")
-                .query_async(&mut self.inner.state.clone())
-                .await?;
+            let page = store.due(db, now_ms() - 1, offset, POKE_BATCH).await?;
             let len = page.len();
             let Some(g) = grace.as_deref_mut() else {
                 break page;
@@ -469,14 +303,8 @@ impl Ledger {
         let keys: Vec<Vec<u8>> = due.iter().map(|(k, _)| k.clone()).collect();
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
         let now: Vec<i64> = conn.each(per_key("PEXPIRETIME", &keys)).await?;
-        let mut gone = self.inner.move_poked.prepare_invoke();
-        gone.key(&zset)
-            .key(self.poked(db))
-            .key(self.poked_at(db))
-            .key(self.seq_key(db));
-        let mut any_gone = false;
-        let mut fixes = 0;
-        let mut fix = redis::pipe();
+        let mut gone = Vec::new();
+        let mut fixes = Vec::new();
         for ((k, score), t) in due.iter().zip(now) {
             match t {
                 -2 if record_gone => {
@@ -486,28 +314,21 @@ impl Ledger {
                     {
                         continue;
                     }
-                    gone.arg(k).arg(*score as i64);
-                    any_gone = true;
+                    gone.push((k.as_slice(), *score as i64));
                 }
                 -2 => {}
                 // A plain SET dropped the TTL (Redis says nothing about that): no expiry will come.
-                -1 => {
-                    fix.cmd("ZREM").arg(&zset).arg(k).ignore();
-                    fixes += 1;
-                }
+                -1 => fixes.push((k.as_slice(), None)),
                 // The deadline moved without us hearing of it.
-                t if t != *score as i64 => {
-                    fix.cmd("ZADD").arg(&zset).arg(t).arg(k).ignore();
-                    fixes += 1;
-                }
+                t if t != *score as i64 => fixes.push((k.as_slice(), Some(t))),
                 _ => {}
             }
         }
-        if fixes > 0 {
-            fix.exec_async(&mut self.inner.state.clone()).await?;
+        if !fixes.is_empty() {
+            store.fix(db, &fixes).await?;
         }
-        if any_gone {
-            let seq: u64 = gone.invoke_async(&mut self.inner.state.clone()).await?;
+        if !gone.is_empty() {
+            let seq = store.move_poked(db, &gone).await?;
             // After the move, so the marker follows every `expired` the touches caused.
             redis::cmd("PUBLISH")
                 .arg(Self::marker_channel(&self.inner.prefix))
@@ -521,16 +342,11 @@ impl Ledger {
     /// Drops deadlines still in the future whose key is gone: deleted while keywatch was not
     /// listening. Run at start-up and after every reconnect, before those deadlines come.
     pub async fn reconcile(&self, db: u32) -> redis::RedisResult<usize> {
-        let zset = self.zset(db);
+        let store = &self.inner.store;
         let mut start = 0isize;
         let mut dropped = 0;
         loop {
-            let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-                .arg(&zset)
-                .arg(start)
-                .arg(start + 999)
-                .query_async(&mut self.inner.state.clone())
-                .await?;
+            let keys = store.page(db, start, 1000).await?;
             if keys.is_empty() {
                 return Ok(dropped);
             }
@@ -546,24 +362,15 @@ impl Ledger {
             if !gone.is_empty() {
                 // Only entries still in the future: due ones are the poker's to judge.
                 let now = now_ms();
-                let mut fix = redis::pipe();
-                for k in &gone {
-                    fix.cmd("ZSCORE").arg(&zset).arg(*k);
-                }
-                let scores: Vec<Option<f64>> =
-                    fix.query_async(&mut self.inner.state.clone()).await?;
-                let stale: Vec<&Vec<u8>> = gone
+                let scores = store.scores(db, &gone).await?;
+                let stale: Vec<Vec<u8>> = gone
                     .iter()
                     .zip(scores)
                     .filter(|(_, s)| s.is_some_and(|s| s as i64 > now))
-                    .map(|(k, _)| *k)
+                    .map(|(k, _)| (*k).clone())
                     .collect();
                 if !stale.is_empty() {
-                    redis::cmd("ZREM")
-                        .arg(&zset)
-                        .arg(&stale)
-                        .exec_async(&mut self.inner.state.clone())
-                        .await?;
+                    store.forget(db, &stale).await?;
                     dropped += stale.len();
                     kept -= stale.len();
                 }
@@ -624,12 +431,7 @@ impl Ledger {
 
     /// The number of deadlines known, per database.
     pub async fn size(&self, dbs: &[u32]) -> redis::RedisResult<i64> {
-        let mut pipe = redis::pipe();
-        for db in dbs {
-            pipe.cmd("ZCARD").arg(self.zset(*db));
-        }
-        let sizes: Vec<i64> = pipe.query_async(&mut self.inner.state.clone()).await?;
-        Ok(sizes.iter().sum())
+        self.inner.store.size(dbs).await
     }
 
     /// Whether a fill has completed since the last (re)subscription (see [`fill_all`]).
@@ -647,18 +449,10 @@ impl Ledger {
         offset: usize,
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(self.zset(db))
-            .arg(format!("({from_ms}"))
-            .arg(until_ms)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(offset)
-            .arg(limit)
-            .arg("WITHSCORES")
-            .query_async(&mut self.inner.state.clone())
-            .await?;
-        Ok(rows.into_iter().map(|(k, s)| (k, s as i64)).collect())
+        self.inner
+            .store
+            .between(db, from_ms, until_ms, offset, limit)
+            .await
     }
 
     /// The next `limit` deadlines of `db` up to `until_ms`, soonest first (for `upcoming`).
@@ -668,18 +462,7 @@ impl Ledger {
         until_ms: i64,
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(self.zset(db))
-            .arg("-inf")
-            .arg(until_ms)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .arg("WITHSCORES")
-            .query_async(&mut self.inner.state.clone())
-            .await?;
-        Ok(rows.into_iter().map(|(k, s)| (k, s as i64)).collect())
+        self.inner.store.upcoming(db, until_ms, limit).await
     }
 }
 
@@ -873,9 +656,7 @@ pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, V
 }
 
 crate::keyspace::commands::declare! {
-    /// The commands the ledger sends, its scripts' included ([`crate::keyspace::commands`]).
-    const WHY = "ledger: deadlines of the watched keys";
-    const SCRIPTS = "ledger: poked keys (script)";
+    /// The commands the ledger sends to the watched Redis ([`crate::keyspace::commands`]).
     [
         Use::new(Conn::Watched, "scan", "ledger: learns deadlines")
             .on(Keys::Watched, Access::Read)
@@ -894,59 +675,7 @@ crate::keyspace::commands::declare! {
             .channel(Channel::Marker)
             .args("{channel} keywatch-doctor")
             .when(When::Ledger),
-        Use::new(Conn::State, "zadd", WHY)
-            .on(Keys::State("ledger:*"), Access::Write)
-            .args("{key} 0 k")
-            .when(When::Ledger),
-        Use::new(Conn::State, "zrem", WHY)
-            .on(Keys::State("ledger:*"), Access::Write)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Conn::State, "zrange", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
-            .when(When::Ledger),
-        Use::new(Conn::State, "zscore", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Conn::State, "zmscore", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Conn::State, "zcard", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key}")
-            .when(When::Ledger),
-        Use::new(Conn::State, "incr", "ledger: marker sequence")
-            .on(Keys::State("ledger:*:seq"), Access::ReadWrite)
-            .args("{key}")
-            .when(When::Ledger),
-        Use::new(Conn::State, "script|load", "ledger: scripts")
-            .access(Access::Write)
-            .args("return(1)")
-            .when(When::Ledger),
-        Use::new(Conn::State, "evalsha", "ledger: scripts")
-            .on(Keys::State("ledger:*"), Access::ReadWrite)
-            .args("{sha} 4 {prefix}ledger:0 {prefix}ledger:0:poked {prefix}ledger:0:poked-deadline {prefix}ledger:0:seq")
-            .when(When::Ledger),
-        Use::new(Conn::State, "hmget", "ledger: missed expiries")
-            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Conn::State, "hset", SCRIPTS)
-            .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
-            .args("{key} k 0")
-            .when(When::Ledger),
-        Use::new(Conn::State, "exists", SCRIPTS)
-            .on(Keys::State("ledger:*:handled:*"), Access::Read)
-            .args("{key}")
-            .when(When::Ledger),
-        Use::new(Conn::State, "hget", SCRIPTS)
-            .on(Keys::State("ledger:*:handled:*"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-
+        // Its keys' commands are declared with them (`store::ledger`, `store::handled`).
     ]
 }
 

@@ -318,10 +318,6 @@ impl Scanner {
             .collect()
     }
 
-    fn last_key(&self) -> String {
-        format!("{}scanner:last", self.config.state.prefix)
-    }
-
     /// Runs on the schedule until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         let Some(settings) = self.config.scanner.clone() else {
@@ -331,11 +327,8 @@ impl Scanner {
             return;
         }
         let plan = Plan::new(&settings);
-        let last: Option<i64> = match redis::cmd("GET")
-            .arg(self.last_key())
-            .query_async(&mut self.state.clone())
-            .await
-        {
+        let runs = crate::store::scanner::Runs::new(self.state.clone(), &self.config.state.prefix);
+        let last: Option<i64> = match runs.last().await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "Scanner: cannot read when it last ran; running now.");
@@ -370,7 +363,7 @@ impl Scanner {
                 }
             };
             previous = instant;
-            if !self.claim_run(&plan, instant).await {
+            if !self.claim_run(&runs, &plan, instant).await {
                 tracing::debug!(%instant, "Scanner: another instance runs this one.");
                 continue;
             }
@@ -392,11 +385,7 @@ impl Scanner {
                         took_ms = took.as_millis() as u64,
                         "Scanner: run done."
                     );
-                    let _: redis::RedisResult<()> = redis::cmd("SET")
-                        .arg(self.last_key())
-                        .arg(instant.timestamp_millis())
-                        .query_async(&mut self.state.clone())
-                        .await;
+                    let _ = runs.ran(instant.timestamp_millis()).await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "Scanner: the run failed; the next one tries again.")
@@ -407,7 +396,12 @@ impl Scanner {
 
     /// Claims `instant` for this instance; on a Redis error it runs anyway (claims of the
     /// warnings still keep them single).
-    async fn claim_run(&self, plan: &Plan, instant: DateTime<Utc>) -> bool {
+    async fn claim_run(
+        &self,
+        runs: &crate::store::scanner::Runs,
+        plan: &Plan,
+        instant: DateTime<Utc>,
+    ) -> bool {
         let period = plan
             .next_after(instant)
             .map_or(Duration::from_secs(60), |n| {
@@ -416,20 +410,9 @@ impl Scanner {
         // Long enough to cover instances whose clocks differ a little, short enough that a
         // restart after a crash mid-run can catch up.
         let hold = (period / 2).clamp(Duration::from_millis(500), Duration::from_secs(60));
-        let key = format!(
-            "{}scanner:run:{}",
-            self.config.state.prefix,
-            instant.timestamp_millis()
-        );
-        let won: redis::RedisResult<Option<String>> = redis::cmd("SET")
-            .arg(key)
-            .arg(&self.instance)
-            .arg("NX")
-            .arg("PX")
-            .arg(hold.as_millis() as u64)
-            .query_async(&mut self.state.clone())
-            .await;
-        won.map(|w| w.is_some()).unwrap_or(true)
+        runs.claim(instant.timestamp_millis(), &self.instance, hold)
+            .await
+            .unwrap_or(true)
     }
 
     /// One run: every key of an `expiring` rule whose TTL is within its rule's `warn_before`,
@@ -594,7 +577,7 @@ impl Scanner {
 }
 
 crate::keyspace::commands::declare! {
-    /// The commands the scanner sends ([`crate::keyspace::commands`]).
+    /// The commands the scanner sends to the watched Redis ([`crate::keyspace::commands`]).
     [
         Use::new(Conn::Watched, "scan", "scanner: finds keys")
             .on(Keys::Watched, Access::Read)
@@ -604,19 +587,7 @@ crate::keyspace::commands::declare! {
             .on(Keys::Watched, Access::Read)
             .args("{key}")
             .when(When::Expiring),
-        Use::new(Conn::State, "get", "scanner: when it last ran")
-            .on(Keys::State("scanner:last"), Access::Read)
-            .args("{key}")
-            .when(When::Expiring),
-        Use::new(Conn::State, "set", "scanner: when it last ran")
-            .on(Keys::State("scanner:last"), Access::Write)
-            .args("{key} 0")
-            .when(When::Expiring),
-        Use::new(Conn::State, "set", "scanner: one instance per run")
-            .on(Keys::State("scanner:run:*"), Access::Write)
-            .args("{key} 1 NX PX 1000")
-            .when(When::Expiring),
-
+        // Its runs' marks are declared with them (`store::scanner`).
     ]
 }
 

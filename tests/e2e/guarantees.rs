@@ -288,8 +288,9 @@ fn libfaketime() -> String {
 
 /// Two instances, one of them on a host whose clock runs 20 s fast (libfaketime), share jobs
 /// whose receiver takes 3 s to answer. Compared against its own clock, the fast instance saw the
-/// other's 15 s leases as long over, took jobs still being sent and sent them again; its poker
+/// other's leases as long over, took jobs still being sent and sent them again; its poker
 /// touched keys 20 s before they were due. Against Redis's clock, every task is delivered once.
+/// Both run with a 5 s lease (`KEYWATCH_LEASE`): still far shorter than the clock is off.
 #[test]
 fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
     let faketime = libfaketime();
@@ -298,12 +299,18 @@ fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
         HttpReceiver::with_default(common::Response::status(200).delay(Duration::from_secs(3)));
     let dir = tempfile::tempdir().unwrap();
     let rules = common::lock_rules(dir.path(), &receiver, "");
-    let _honest = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let _honest = common::run_subscribed(
+        &redis.url(),
+        &rules,
+        Logs::Text,
+        &[("KEYWATCH_LEASE", "5s")],
+    );
     let mut fast = common::run_subscribed(
         &redis.url(),
         &rules,
         Logs::Text,
         &[
+            ("KEYWATCH_LEASE", "5s"),
             ("LD_PRELOAD", faketime.as_str()),
             ("FAKETIME", "+20s"),
             ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
@@ -319,8 +326,19 @@ fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
     wait_until("40 keys are delivered", PATIENCE, || {
         by_key(&receiver).len() >= 40
     });
-    // Longer than a lease (15 s) and the 3 s answers: a job taken twice would have come by now.
-    std::thread::sleep(Duration::from_secs(20));
+    // Every job done: nothing is left in the queue or the intake to be taken twice, and every
+    // attempt's request has reached the receiver (it counts a request when it arrives).
+    wait_until("the queue and the intake are empty", PATIENCE, || {
+        let queued: i64 = redis::cmd("ZCARD")
+            .arg("keywatch:queue")
+            .query(&mut c)
+            .unwrap();
+        let taken: i64 = redis::cmd("ZCARD")
+            .arg("keywatch:intake")
+            .query(&mut c)
+            .unwrap();
+        queued == 0 && taken == 0
+    });
     let d = by_key(&receiver);
     assert_eq!(d.len(), 40);
     let doubled: Vec<_> = d.iter().filter(|(_, v)| v.0 != 1).collect();

@@ -4,7 +4,8 @@
 //! more grants too much.
 //!
 //! The code is read as text. A file's commands are what it names in `redis::cmd("X")`,
-//! `.cmd("X")`, `per_key("X", …)` and its Lua's `redis.call('X', …)` (with a subcommand,
+//! `.cmd("X")`, `per_key("X", …)` and its Lua's `redis.call('X', …)` (the Lua of the `.lua`
+//! files it loads with `include_str!` included; with a subcommand,
 //! `CONFIG GET`, as `config|get`), the pub/sub calls, the scripts it runs (`EVALSHA`,
 //! `SCRIPT LOAD`), and what the client library sends for the helpers it calls.
 
@@ -66,6 +67,27 @@ fn code(text: &str) -> String {
         }
         None => text.to_string(),
     }
+}
+
+/// `code` followed by the Lua of every `.lua` file it loads (`include_str!("x.lua")`, a path
+/// relative to the file at `path`): a script's commands are its loader's.
+fn with_lua(path: &Path, code: &str) -> String {
+    const LOAD: &str = "include_str!(\"";
+    let mut out = code.to_string();
+    for (i, _) in code.match_indices(LOAD) {
+        let Some(name) = literal(code, i + LOAD.len(), '"') else {
+            continue;
+        };
+        if name.ends_with(".lua") {
+            let lua = path.parent().unwrap().join(name);
+            out.push('\n');
+            out.push_str(
+                &std::fs::read_to_string(&lua)
+                    .unwrap_or_else(|e| panic!("{} loads {name}: {e}", path.display())),
+            );
+        }
+    }
+    out
 }
 
 /// The literal that `code[at..]` starts with, up to `quote`.
@@ -146,7 +168,7 @@ fn sent(code: &str) -> BTreeSet<String> {
 }
 
 /// The files a declaration of `file` answers for: its own, and those of its submodules that
-/// declare nothing themselves (`delivery/queue.rs` for `delivery/queue/writer.rs`).
+/// declare nothing themselves (`store/queue.rs` for `store/queue/writer.rs`).
 fn answers_for(declared: &BTreeSet<String>, file: &str) -> String {
     if declared.contains(file) {
         return file.to_string();
@@ -188,7 +210,7 @@ fn sent_by_declaring_file() -> BTreeMap<String, BTreeSet<String>> {
             !text.contains(DECLARE) || declared.contains(&file),
             "{file} declares its Redis commands, but permissions::REGISTRY does not list it: the doctor would not check them"
         );
-        let code = code(&text);
+        let code = with_lua(&path, &code(&text));
         for typed in ["AsyncCommands", "TypedCommands", "redis::Commands"] {
             assert!(
                 !code.contains(typed),

@@ -178,7 +178,7 @@ async fn api_history(
     let Some((conn, prefix)) = s.history else {
         return (StatusCode::NOT_FOUND, "no history here\n").into_response();
     };
-    let mut filter = crate::history::Filter {
+    let mut filter = crate::store::history::Filter {
         limit: 100,
         ..Default::default()
     };
@@ -208,7 +208,7 @@ async fn api_history(
             }
         }
     }
-    match crate::history::list(&mut conn.clone(), &prefix, &filter).await {
+    match crate::store::history::list(&mut conn.clone(), &prefix, &filter).await {
         Ok(records) => {
             let list: Vec<serde_json::Value> = records.iter().map(|r| r.to_json()).collect();
             ([(header::CACHE_CONTROL, "no-store")], axum::Json(list)).into_response()

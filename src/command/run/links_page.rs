@@ -51,13 +51,7 @@ pub async fn act(
     match claim.act {
         Act::Ack => {
             let ms = (claim.exp - clock::now_ms()).max(1_000) + 60_000;
-            redis::cmd("SET")
-                .arg(crate::action::followup::ack_key(prefix, &claim.id))
-                .arg(Utc::now().to_rfc3339())
-                .arg("PX")
-                .arg(ms)
-                .query_async::<()>(&mut conn)
-                .await?;
+            crate::store::followups::acknowledge(&mut conn, prefix, &claim.id, ms).await?;
             Ok(format!(
                 "Acknowledged: the alert of rule {} for key {key} will not be escalated.",
                 claim.rule
@@ -111,16 +105,6 @@ fn literal_pattern(key: &[u8]) -> String {
         out.push(c);
     }
     out
-}
-
-crate::keyspace::commands::declare! {
-    /// The commands signed links send ([`crate::keyspace::commands`]); silences are added with
-    /// `engine::silences`.
-    [
-        Use::new(Conn::State, "set", "signed links: acknowledge")
-            .on(Keys::State("ack:*"), Access::Write)
-            .args("{key} at PX 1000"),
-    ]
 }
 
 #[cfg(test)]

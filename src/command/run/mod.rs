@@ -172,7 +172,7 @@ pub async fn run(
 
     let state = state_connection(&config, &keyspace).await?;
     let history_stop = CancellationToken::new();
-    let (recorder, history_writer) = crate::history::Recorder::spawn(
+    let (recorder, history_writer) = crate::store::history::Recorder::spawn(
         state.clone(),
         &config.state.prefix,
         config.history.keep,

@@ -438,13 +438,13 @@ pub async fn recent_firings(
     let Some((conn, prefix)) = history else {
         return status.recent();
     };
-    let filter = crate::history::Filter {
+    let filter = crate::store::history::Filter {
         limit: RECENT_SHOWN,
         ..Default::default()
     };
     let read = tokio::time::timeout(
         std::time::Duration::from_secs(2),
-        crate::history::list(&mut conn.clone(), prefix, &filter),
+        crate::store::history::list(&mut conn.clone(), prefix, &filter),
     )
     .await;
     match read {
@@ -462,7 +462,7 @@ pub async fn recent_firings(
     }
 }
 
-fn from_history(r: &crate::history::Record) -> RecentFiring {
+fn from_history(r: &crate::store::history::Record) -> RecentFiring {
     let mut event = r.str_field("event").to_string();
     if let Some(f) = r.event.get("followup").and_then(|f| f.as_str()) {
         event = format!("{event} ({f})");

@@ -21,218 +21,30 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::keyspace::Conn;
+use crate::store::lease_ms;
 
 use crate::firing::{Action, Job};
 
 mod bundle;
+pub mod keys;
+mod waiting;
+mod window;
 mod writer;
 use bundle::Settled;
 pub use writer::WriteError;
 use writer::Writer;
 
-/// How long a taken job is someone's before it is due again. The instance renews the leases of
-/// its jobs in flight every [`RENEW_EVERY`], so a long attempt keeps its job, and a job of an
-/// instance that died comes due within this.
-pub const LEASE: Duration = Duration::from_secs(15);
-pub const RENEW_EVERY: Duration = Duration::from_secs(5);
-
-// Takes up to ARGV[2] jobs due at ARGV[1] by moving them to ARGV[3] (the end of the lease).
-// Returns id, payload pairs: the id too, so that a job whose payload is missing or unreadable
-// can be set aside instead of being leased again every 15 s.
-const TAKE: &str = r"
-local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
-if #ids == 0 then return {} end
-for _, id in ipairs(ids) do
-  redis.call('ZADD', KEYS[1], ARGV[3], id)
-end
-local payloads = redis.call('HMGET', KEYS[2], unpack(ids))
-local out = {}
-for i, id in ipairs(ids) do
-  out[2 * i - 1] = id
-  out[2 * i] = payloads[i]
-end
-return out
-";
-
-// Moves jobs (ARGV[2..] as id, payload pairs) of the sorted set KEYS[1] to ARGV[1] ms, with
-// their new payloads in KEYS[2], but only those still in KEYS[1]: a job another instance took
-// over when this one lost its lease, and finished, must not come back. Returns how many moved.
-const RESCHEDULE: &str = r"
-local n = 0
-for i = 2, #ARGV, 2 do
-  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
-    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
-    redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i])
-    n = n + 1
-  end
-end
-return n
-";
-
-// Moves jobs (ARGV[3..]) still in the queue KEYS[1] to the waiting set KEYS[2] of their target,
-// at ARGV[2] (oldest first), and lists that set (ARGV[1]) in KEYS[3]. Returns how many moved.
-const PARK: &str = r"
-local n = 0
-for i = 3, #ARGV do
-  if redis.call('ZREM', KEYS[1], ARGV[i]) == 1 then
-    redis.call('ZADD', KEYS[2], ARGV[2], ARGV[i])
-    n = n + 1
-  end
-end
-if n > 0 then
-  redis.call('SADD', KEYS[3], ARGV[1])
-end
-return n
-";
-
-// Takes the oldest jobs of the waiting set KEYS[1] back into the queue KEYS[2], leased until
-// ARGV[2], as many as fit in ARGV[1] (a bundle counts as the jobs it holds: see `bundle`); one
-// bigger than that is taken alone when ARGV[4] says the target is idle (its room is all there
-// is), so that a bundle made for a wider target still goes. An emptied set leaves the list
-// KEYS[3] (its name there is ARGV[3]). Returns how many members are left, the members taken and
-// how many jobs the oldest member left behind holds (0: none was too big), so that the caller
-// need not ask again until it has that much room: the payloads are read after it with a plain
-// `HMGET` (leased to this instance, they stay). Passing them through the script (into Lua and
-// back out as its answer) cost more than the moves.
-const UNPARK: &str = r"
-local room = tonumber(ARGV[1])
-local seen = redis.call('ZRANGE', KEYS[1], 0, room - 1)
-local ids = {}
-local jobs = 0
-local need = 0
-for _, id in ipairs(seen) do
-  local n = tonumber(string.match(id, '^#(%d+)#')) or 1
-  if jobs + n > room and not (jobs == 0 and ARGV[4] == '1') then
-    need = n
-    break
-  end
-  ids[#ids + 1] = id
-  jobs = jobs + n
-end
-if #ids == 0 then
-  local left = redis.call('ZCARD', KEYS[1])
-  if left == 0 then redis.call('SREM', KEYS[3], ARGV[3]) end
-  return {left, {}, need}
-end
--- A command each way per thousand members (one per job cost more than the moves themselves).
-for j = 1, #ids, 1000 do
-  local last = math.min(j + 999, #ids)
-  redis.call('ZREM', KEYS[1], unpack(ids, j, last))
-  local leased = {}
-  for i = j, last do
-    leased[#leased + 1] = ARGV[2]
-    leased[#leased + 1] = ids[i]
-  end
-  redis.call('ZADD', KEYS[2], unpack(leased))
-end
-local left = redis.call('ZCARD', KEYS[1])
-if left == 0 then
-  redis.call('SREM', KEYS[3], ARGV[3])
-end
-return {left, ids, need}
-";
-
-// Moves job ARGV[3] (payload ARGV[4]) out of its bundle ARGV[1], where it is job ARGV[2], into
-// the sorted set KEYS[3] at ARGV[5] (a retry, or a wait for its target; KEYS[5], when given,
-// lists that target as ARGV[6]), and marks it done in the bundle (KEYS[4]): only while the
-// bundle is still in the queue KEYS[1] (with KEYS[2] the payloads), as `RESCHEDULE` and `PARK`
-// move only jobs still there. Returns 1 when it moved.
-const DETACH: &str = r"
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[3])
-redis.call('HSET', KEYS[4], ARGV[2], '1')
-if KEYS[5] then redis.call('SADD', KEYS[5], ARGV[6]) end
-return 1
-";
-
-// Counts the jobs of the sorted sets KEYS: a member each, a bundle as the jobs it holds.
-const COUNT: &str = r"
-local n = 0
-for _, k in ipairs(KEYS) do
-  n = n + redis.call('ZCARD', k)
-  for _, id in ipairs(redis.call('ZRANGE', k, 0, -1)) do
-    local b = tonumber(string.match(id, '^#(%d+)#'))
-    if b then n = n + b - 1 end
-  end
-end
-return n
-";
-
-// Sets jobs that cannot be read aside (ARGV as id, payload pairs): out of the sorted set
-// KEYS[1] and the payload hash KEYS[2], the payload (when there is one) kept in KEYS[3].
-const SET_ASIDE: &str = r"
-for i = 1, #ARGV, 2 do
-  if ARGV[i + 1] ~= '' then
-    redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-  end
-  redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
-end
-return 0
-";
-
-// Puts jobs (ARGV[4..] as id, payload pairs) into the window of KEYS[1] (its end) and KEYS[2]
-// (its jobs), opening a window of ARGV[2] ms at ARGV[1] if none is open; KEYS[3] is the payload
-// hash, KEYS[4] the list of windows and ARGV[3] this window's name in it. Returns the end.
-const GROUP_PUT: &str = r"
-local e = redis.call('GET', KEYS[1])
-if not e then
-  e = tonumber(ARGV[1]) + tonumber(ARGV[2])
-  redis.call('SET', KEYS[1], e, 'PX', ARGV[2])
-end
-for i = 4, #ARGV, 2 do
-  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-  redis.call('ZADD', KEYS[2], 'NX', e, ARGV[i])
-end
-redis.call('SADD', KEYS[4], ARGV[3])
-return tonumber(e)
-";
-
-// Removes finished jobs (ARGV[2..]) of the window KEYS[1] and their payloads (KEYS[2]); an
-// emptied window leaves the list of windows KEYS[3] (its name there is ARGV[1]).
-const GROUP_DONE: &str = r"
-for i = 2, #ARGV do
-  redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
-end
-if redis.call('ZCARD', KEYS[1]) == 0 then
-  redis.call('SREM', KEYS[3], ARGV[1])
-end
-return 0
-";
-
-// Takes members of the window KEYS[1] due at ARGV[1], oldest first, until the jobs they hold
-// (a bundle counts as the jobs it holds) reach ARGV[2], leased until ARGV[3]; returns member,
-// payload pairs (KEYS[2] holds the payloads).
-const WINDOW_TAKE: &str = r"
-local max = tonumber(ARGV[2])
-local seen = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, max)
-local ids = {}
-local jobs = 0
-for _, id in ipairs(seen) do
-  local n = tonumber(string.match(id, '^#(%d+)#')) or 1
-  if jobs >= max then break end
-  ids[#ids + 1] = id
-  jobs = jobs + n
-end
-local out = {}
-for j = 1, #ids, 1000 do
-  local last = math.min(j + 999, #ids)
-  local leased = {}
-  for i = j, last do
-    leased[#leased + 1] = ARGV[3]
-    leased[#leased + 1] = ids[i]
-  end
-  redis.call('ZADD', KEYS[1], unpack(leased))
-  local payloads = redis.call('HMGET', KEYS[2], unpack(ids, j, last))
-  for i = j, last do
-    out[#out + 1] = ids[i]
-    out[#out + 1] = payloads[i - j + 1]
-  end
-end
-return out
-";
+/// The queue's scripts, one `.lua` file each beside this one.
+const TAKE: &str = include_str!("queue/take.lua");
+const RESCHEDULE: &str = include_str!("queue/reschedule.lua");
+const PARK: &str = include_str!("queue/park.lua");
+const UNPARK: &str = include_str!("queue/unpark.lua");
+const DETACH: &str = include_str!("queue/detach.lua");
+const COUNT: &str = include_str!("queue/count.lua");
+const SET_ASIDE: &str = include_str!("queue/set_aside.lua");
+const GROUP_PUT: &str = include_str!("queue/group_put.lua");
+const GROUP_DONE: &str = include_str!("queue/group_done.lua");
+const WINDOW_TAKE: &str = include_str!("queue/window_take.lua");
 
 /// Most notifications of one batch stored as one member of their window (a bundle, see
 /// `bundle`): a batch of events is at most this many anyway.
@@ -355,8 +167,8 @@ impl Queue {
             group_put: redis::Script::new(GROUP_PUT),
             group_done: redis::Script::new(GROUP_DONE),
             window_take: redis::Script::new(WINDOW_TAKE),
-            zset: format!("{prefix}queue"),
-            jobs: format!("{prefix}queue:jobs"),
+            zset: keys::queue(prefix),
+            jobs: keys::jobs(prefix),
             take: redis::Script::new(TAKE),
             reschedule: redis::Script::new(RESCHEDULE),
             set_aside: redis::Script::new(SET_ASIDE),
@@ -365,7 +177,7 @@ impl Queue {
             detach: redis::Script::new(DETACH),
             count: redis::Script::new(COUNT),
             held: Arc::default(),
-            unreadable: format!("{prefix}queue:unreadable"),
+            unreadable: keys::unreadable(prefix),
             writer: Writer::start(conn, prefix),
         }
     }
@@ -390,7 +202,7 @@ impl Queue {
             return Ok(());
         }
         let now = now_ms();
-        let lease_end = now + LEASE.as_millis() as i64;
+        let lease_end = now + lease_ms();
         let writes = leased
             .iter()
             .map(|j| (j.id(), j.payload(), lease_end))
@@ -490,7 +302,7 @@ impl Queue {
 
     async fn finish_bundle(&self, bundle: &str) -> Result<(), WriteError> {
         self.writer
-            .finish_bundle(bundle, &bundle::done_key(&self.prefix, bundle))
+            .finish_bundle(bundle, &keys::bundle_done(&self.prefix, bundle))
             .await
     }
 
@@ -532,7 +344,7 @@ impl Queue {
         inv.key(&self.zset)
             .key(&self.jobs)
             .key(zset)
-            .key(bundle::done_key(&self.prefix, &m.bundle));
+            .key(keys::bundle_done(&self.prefix, &m.bundle));
         if target.is_some() {
             inv.key(self.waiting_key());
         }
@@ -573,96 +385,11 @@ impl Queue {
     }
 
     fn waiting_zset(&self, target: &str) -> String {
-        format!("{}queue:wait:{target}", self.prefix)
+        keys::waiting(&self.prefix, target)
     }
 
     fn waiting_key(&self) -> String {
-        format!("{}queue:waits", self.prefix)
-    }
-
-    /// Jobs this instance took but whose target (a channel, a rule's reload or exec) has no room
-    /// go to wait for it in Redis, in the target's own waiting set, oldest first: whichever
-    /// instance has room for that target takes them from there ([`Queue::unpark`]), while the
-    /// jobs of other targets behind them in the queue are taken meanwhile. Only jobs still
-    /// queued: one another instance finished after this one lost its lease stays finished.
-    pub async fn park(&self, target: &str, ids: &[String]) -> redis::RedisResult<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let now = now_ms();
-        let (bundled, ids): (Vec<(String, bundle::Member)>, Vec<String>) = {
-            let held = self.held();
-            let mut bundled = Vec::new();
-            let mut own = Vec::new();
-            for id in ids {
-                match held.get(id) {
-                    Some(m) => bundled.push((id.clone(), m)),
-                    None => own.push(id.clone()),
-                }
-            }
-            (bundled, own)
-        };
-        // Rare (a bundle is never bigger than its target's room): one call each.
-        let wait = self.waiting_zset(target);
-        for (id, m) in &bundled {
-            self.detach(m, id, &m.payload, &wait, now, Some(target))
-                .await?;
-        }
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let mut inv = self.park.prepare_invoke();
-        inv.key(&self.zset)
-            .key(wait)
-            .key(self.waiting_key())
-            .arg(target)
-            .arg(now)
-            .arg(ids);
-        inv.invoke_async::<()>(&mut self.conn.clone()).await
-    }
-
-    /// Takes up to `room` of the oldest jobs waiting for `target`, leased to this instance
-    /// (a bundle bigger than `room` when `idle`: `room` is all the target ever has).
-    pub async fn unpark(&self, target: &str, room: usize, idle: bool) -> redis::RedisResult<Taken> {
-        let mut inv = self.unpark.prepare_invoke();
-        inv.key(self.waiting_zset(target))
-            .key(&self.zset)
-            .key(self.waiting_key())
-            .arg(room)
-            .arg(now_ms() + LEASE.as_millis() as i64)
-            .arg(target)
-            .arg(if idle { "1" } else { "0" });
-        let (left, ids, need): (i64, Vec<String>, usize) =
-            inv.invoke_async(&mut self.conn.clone()).await?;
-        if ids.is_empty() {
-            return Ok(Taken {
-                more: left > 0,
-                need,
-                ..Taken::default()
-            });
-        }
-        let payloads: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(&self.jobs)
-            .arg(&ids)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        let pairs = ids
-            .into_iter()
-            .zip(payloads)
-            .flat_map(|(id, payload)| [Some(id), payload])
-            .collect();
-        let mut taken = self.decode(&self.zset, pairs).await?;
-        taken.more = left > 0;
-        taken.need = need;
-        Ok(taken)
-    }
-
-    /// The targets that have jobs waiting for them.
-    pub async fn waiting_targets(&self) -> redis::RedisResult<Vec<String>> {
-        redis::cmd("SMEMBERS")
-            .arg(self.waiting_key())
-            .query_async(&mut self.conn.clone())
-            .await
+        keys::waits(&self.prefix)
     }
 
     /// Takes up to `max` due jobs, leasing them to this instance.
@@ -678,7 +405,7 @@ impl Queue {
             .key(&self.jobs)
             .arg(now)
             .arg(max)
-            .arg(now + LEASE.as_millis() as i64)
+            .arg(now + lease_ms())
             .invoke_async(&mut self.conn.clone())
             .await?;
         self.decode(zset, pairs).await
@@ -729,7 +456,7 @@ impl Queue {
             let marks: Vec<String> = aside
                 .iter()
                 .filter(|(id, _)| bundle::size(id).is_some())
-                .map(|(id, _)| bundle::done_key(&self.prefix, id))
+                .map(|(id, _)| keys::bundle_done(&self.prefix, id))
                 .collect();
             if !marks.is_empty() {
                 redis::cmd("DEL")
@@ -773,7 +500,7 @@ impl Queue {
         }
         let mut pipe = redis::pipe();
         for b in &bundles {
-            pipe.cmd("HGETALL").arg(bundle::done_key(&self.prefix, b));
+            pipe.cmd("HGETALL").arg(keys::bundle_done(&self.prefix, b));
         }
         let marks: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(bundles.into_iter().cloned().zip(marks).collect())
@@ -820,7 +547,7 @@ impl Queue {
             let mut hset = redis::cmd("HSET");
             hset.arg(&self.unreadable);
             let mut marks = redis::cmd("HSET");
-            marks.arg(bundle::done_key(&self.prefix, id));
+            marks.arg(keys::bundle_done(&self.prefix, id));
             for (at, index, text) in &bad {
                 hset.arg(at).arg(text);
                 marks.arg(index).arg("1");
@@ -851,7 +578,7 @@ impl Queue {
     /// bundled job, its bundle's.
     pub async fn renew(&self, ids: &[String]) -> redis::RedisResult<()> {
         let members = self.held().members(ids);
-        self.set_due(&self.zset, &members, now_ms() + LEASE.as_millis() as i64)
+        self.set_due(&self.zset, &members, now_ms() + lease_ms())
             .await
     }
 
@@ -869,207 +596,11 @@ impl Queue {
     }
 
     fn window_zset(&self, w: &Window) -> String {
-        format!("{}group:{}:{}", self.prefix, w.rule, w.channel)
+        keys::window(&self.prefix, &w.rule, &w.channel)
     }
 
     fn windows_key(&self) -> String {
-        format!("{}groups", self.prefix)
-    }
-
-    /// Puts notification jobs into the open window of `w`, opening one of `length` if none is
-    /// open (the first event of a window starts it, for every instance alike); returns when
-    /// the window ends (unix ms).
-    pub async fn window_put(
-        &self,
-        w: &Window,
-        length: Duration,
-        jobs: &[Job],
-    ) -> redis::RedisResult<i64> {
-        let zset = self.window_zset(w);
-        let mut inv = self.group_put.prepare_invoke();
-        inv.key(format!("{zset}:window"))
-            .key(&zset)
-            .key(&self.jobs)
-            .key(self.windows_key())
-            .arg(now_ms())
-            .arg(u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1))
-            .arg(w.member());
-        // A batch's notifications go in as one member: one payload and one place in the
-        // window, not one per notification (a digest needs no job of its own per event).
-        for chunk in jobs.chunks(WINDOW_BUNDLE_MAX) {
-            match chunk {
-                [job] => inv.arg(job.id()).arg(job.payload()),
-                _ => {
-                    let payloads: Vec<String> = chunk.iter().map(Job::payload).collect();
-                    inv.arg(bundle::id(&chunk[0].id(), chunk.len()))
-                        .arg(bundle::payload(payloads.iter().map(String::as_str)))
-                }
-            };
-        }
-        inv.invoke_async(&mut self.conn.clone()).await
-    }
-
-    /// The windows that hold jobs.
-    pub async fn windows(&self) -> redis::RedisResult<Vec<Window>> {
-        let members: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(self.windows_key())
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(members
-            .iter()
-            .filter_map(|m| serde_json::from_str::<(String, String)>(m).ok())
-            .map(|(rule, channel)| Window { rule, channel })
-            .collect())
-    }
-
-    /// Takes about `max` notifications of `w` whose window has ended (or whose retry is due),
-    /// leased: whole members until `max` is reached, so the last may bring it past `max` by
-    /// less than one bundle (a digest of 5,000 or of 5,900 reads the same; splitting a bundle
-    /// would cost a rewrite of it).
-    pub async fn window_take(&self, w: &Window, max: usize) -> redis::RedisResult<WindowTaken> {
-        let zset = self.window_zset(w);
-        let now = now_ms();
-        let pairs: Vec<Option<String>> = self
-            .window_take
-            .key(&zset)
-            .key(&self.jobs)
-            .arg(now)
-            .arg(max)
-            .arg(now + LEASE.as_millis() as i64)
-            .invoke_async(&mut self.conn.clone())
-            .await?;
-        let mut taken = WindowTaken::default();
-        let mut seen = std::collections::HashSet::new();
-        let mut aside: Vec<(String, String)> = Vec::new();
-        let mut bad_elements = Vec::new();
-        for pair in pairs.chunks(2) {
-            let [Some(id), payload] = pair else { continue };
-            let Some(payload) = payload else {
-                taken.unreadable.push(Unreadable::new(
-                    id,
-                    "",
-                    "its payload is missing".to_string(),
-                ));
-                aside.push((id.clone(), String::new()));
-                continue;
-            };
-            let mut jobs = Vec::new();
-            let read = if bundle::size(id).is_some() {
-                bundle::elements(payload).map(|elements| {
-                    for (index, element) in elements.iter().enumerate() {
-                        match serde_json::from_str::<Job>(element.get()) {
-                            Ok(job) => jobs.push(job),
-                            Err(e) => {
-                                // Kept for a person; the rest of the bundle goes on.
-                                let at = format!("{id}@{index}");
-                                taken.unreadable.push(Unreadable::new(
-                                    &at,
-                                    element.get(),
-                                    e.to_string(),
-                                ));
-                                bad_elements.push((at, element.get().to_string()));
-                            }
-                        }
-                    }
-                })
-            } else {
-                serde_json::from_str::<Job>(payload).map(|job| jobs.push(job))
-            };
-            if let Err(e) = read {
-                taken
-                    .unreadable
-                    .push(Unreadable::new(id, payload, e.to_string()));
-                aside.push((id.clone(), payload.clone()));
-                continue;
-            }
-            // A notification already in an earlier member of this take is left out here.
-            jobs.retain(|j| seen.insert(j.id()));
-            taken.members.push(WindowMember {
-                id: id.clone(),
-                jobs,
-            });
-        }
-        if !aside.is_empty() {
-            self.set_aside(&zset, &aside).await?;
-        }
-        if !bad_elements.is_empty() {
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&self.unreadable);
-            for (at, text) in &bad_elements {
-                hset.arg(at).arg(text);
-            }
-            hset.exec_async(&mut self.conn.clone()).await?;
-        }
-        Ok(taken)
-    }
-
-    /// The digest of these jobs of `w` was sent or dead-lettered.
-    pub async fn window_done(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
-        let mut inv = self.group_done.prepare_invoke();
-        inv.key(self.window_zset(w))
-            .key(&self.jobs)
-            .key(self.windows_key())
-            .arg(w.member())
-            .arg(ids);
-        inv.invoke_async(&mut self.conn.clone()).await
-    }
-
-    /// The digest of these jobs of `w` failed: they come due again at `due_ms` with their
-    /// attempts counted, for whichever instance takes them; those no longer in the window
-    /// (another instance sent their digest after this one lost its lease) stay gone.
-    ///
-    /// `members` are the members the digest was made of (see [`WindowMember`]), each with its
-    /// notifications as they go back (their attempts counted): a member goes back whole, so a
-    /// bundle stays one.
-    pub async fn window_retry(
-        &self,
-        w: &Window,
-        members: &[(String, Vec<Job>)],
-        due_ms: i64,
-    ) -> redis::RedisResult<()> {
-        // A member left with nothing (all of it stood twice in this digest) is done.
-        let empty: Vec<String> = members
-            .iter()
-            .filter(|(_, jobs)| jobs.is_empty())
-            .map(|(id, _)| id.clone())
-            .collect();
-        if !empty.is_empty() {
-            self.window_done(w, &empty).await?;
-        }
-        let mut inv = self.reschedule.prepare_invoke();
-        inv.key(self.window_zset(w)).key(&self.jobs).arg(due_ms);
-        let mut any = false;
-        for (id, jobs) in members {
-            let payload = match jobs.as_slice() {
-                [] => continue,
-                [job] if bundle::size(id).is_none() => job.payload(),
-                _ => {
-                    let payloads: Vec<String> = jobs.iter().map(Job::payload).collect();
-                    bundle::payload(payloads.iter().map(String::as_str))
-                }
-            };
-            inv.arg(id).arg(payload);
-            any = true;
-        }
-        if any {
-            inv.invoke_async::<()>(&mut self.conn.clone()).await?;
-        }
-        Ok(())
-    }
-
-    /// Extends the leases of window jobs whose digest is being attempted.
-    pub async fn window_renew(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
-        self.set_due(
-            &self.window_zset(w),
-            ids,
-            now_ms() + LEASE.as_millis() as i64,
-        )
-        .await
-    }
-
-    /// Hands window jobs back at shutdown: due now.
-    pub async fn window_hand_back(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
-        self.set_due(&self.window_zset(w), ids, now_ms()).await
+        keys::windows(&self.prefix)
     }
 
     /// Jobs waiting, being attempted or waiting for a retry: the queue's, those waiting for
@@ -1207,7 +738,19 @@ mod tests {
     }
 
     fn job(key: &str, action: Action) -> Job {
-        Job::first(Arc::new(super::super::testkit::firing("r", key)), action)
+        let event = crate::event::KeyEvent {
+            kind: crate::event::EventKind::Expired,
+            db: 0,
+            key: key.as_bytes().to_vec(),
+            field: None,
+            observed_at: "2026-01-01T00:00:00Z".parse().unwrap(),
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: "127.0.0.1:1".into(),
+        };
+        let firing = crate::firing::Firing::new("r", &event, &[], vec![], None);
+        Job::first(Arc::new(firing), action)
     }
 
     /// Rule `r`'s digest window for channel `c`, and a notification to it.
@@ -1589,7 +1132,7 @@ mod tests {
         assert_eq!(taken.jobs, jobs[..2]);
         q.done(&jobs[0].id()).await.unwrap();
         let bundle = bundle::id(&jobs[0].id(), 2);
-        assert!(exists(&conn, &bundle::done_key("kw:", &bundle)).await);
+        assert!(exists(&conn, &keys::bundle_done("kw:", &bundle)).await);
         // The instance dies; its lease ends.
         redis::cmd("ZADD")
             .arg("kw:queue")
@@ -1607,7 +1150,7 @@ mod tests {
         other.done(&jobs[1].id()).await.unwrap();
         assert_eq!(score(&conn, "kw:queue", &bundle).await, None);
         assert_eq!(payload(&conn, &bundle).await, None);
-        assert!(!exists(&conn, &bundle::done_key("kw:", &bundle)).await);
+        assert!(!exists(&conn, &keys::bundle_done("kw:", &bundle)).await);
     }
 
     /// This instance lost a bundle's lease; another took it over and finished it. This one's
@@ -1631,7 +1174,7 @@ mod tests {
         other.done(&jobs[0].id()).await.unwrap();
         other.done(&jobs[1].id()).await.unwrap();
         q.done(&jobs[0].id()).await.unwrap();
-        assert!(!exists(&conn, &bundle::done_key("kw:", &bundle)).await);
+        assert!(!exists(&conn, &keys::bundle_done("kw:", &bundle)).await);
         let mut again = jobs[1].clone();
         again.attempt = 1;
         assert!(!q.reschedule(&again, 42).await.unwrap());
@@ -1731,7 +1274,7 @@ mod tests {
         assert_eq!(score(&conn, "kw:queue", broken).await, None);
         q.done(&good.id()).await.unwrap();
         assert_eq!(q.len().await.unwrap(), 0);
-        assert!(!exists(&conn, &bundle::done_key("kw:", &bundle)).await);
+        assert!(!exists(&conn, &keys::bundle_done("kw:", &bundle)).await);
     }
 
     /// The same in a digest window: one notification of a batch's member that this version

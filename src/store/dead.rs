@@ -1,5 +1,7 @@
 //! Dead letters: actions that failed for good (a permanent error, or 24 h of retries), kept in
-//! Redis so nothing is dropped silently. `keywatch dead list|retry|drop` inspects, re-drives and
+//! Redis so nothing is dropped silently: `{prefix}dead` (id → the dead letter's JSON),
+//! `{prefix}dead:index` (ids by when they died, the oldest dropped beyond [`KEEP`]) and
+//! `{prefix}dead:redrive` (a list of ids to run again). `keywatch dead list|retry|drop` inspects, re-drives and
 //! discards them; a running instance picks re-driven ones up within a second.
 
 use crate::keyspace::Conn;

@@ -134,8 +134,8 @@ impl Writer {
 
 async fn run(mut conn: Conn, prefix: String, mut rx: mpsc::UnboundedReceiver<Request>) {
     let names = Names {
-        zset: format!("{prefix}queue"),
-        jobs: format!("{prefix}queue:jobs"),
+        zset: super::keys::queue(&prefix),
+        jobs: super::keys::jobs(&prefix),
         prefix,
     };
     let mut batch = Vec::with_capacity(MAX_BATCH);
@@ -164,7 +164,7 @@ async fn run(mut conn: Conn, prefix: String, mut rx: mpsc::UnboundedReceiver<Req
                 .iter()
                 .zip(queued)
                 .filter(|(_, score)| score.is_none())
-                .map(|(bundle, _)| super::bundle::done_key(&names.prefix, bundle))
+                .map(|(bundle, _)| super::keys::bundle_done(&names.prefix, bundle))
                 .collect();
             if !late.is_empty()
                 && let Err(e) = redis::cmd("DEL").arg(late).exec_async(&mut conn).await
@@ -258,7 +258,7 @@ fn pipeline<'a>(
                 }
                 for (bundle, indexes) in by_bundle {
                     let mut hset = redis::cmd("HSET");
-                    hset.arg(super::bundle::done_key(&names.prefix, bundle));
+                    hset.arg(super::keys::bundle_done(&names.prefix, bundle));
                     for i in indexes {
                         hset.arg(i).arg("1");
                     }

@@ -32,11 +32,6 @@ pub fn size(member: &str) -> Option<usize> {
     n.parse().ok()
 }
 
-/// The key of a bundle's completion marks.
-pub fn done_key(prefix: &str, bundle: &str) -> String {
-    format!("{prefix}queue:done:{bundle}")
-}
-
 /// A bundle's payload: its jobs' payloads as one JSON array.
 pub fn payload<'a>(jobs: impl Iterator<Item = &'a str>) -> String {
     let mut out = String::from("[");

@@ -1,0 +1,287 @@
+//! The intake's records and the claims: what an instance took, until its jobs are stored.
+//!
+//! - `{prefix}intake`, a sorted set: the intake records, scored by the end of their lease (or
+//!   by when a record waiting for a retry comes due); `{prefix}intake:events`, a hash: each
+//!   record's events (the codec is the engine's, [`crate::engine`]).
+//! - `{prefix}claim:ID` (`SET NX PX 5000`): the claim of an event without a known deadline;
+//!   `{prefix}claims:MINUTE:DIGIT`, hashes (`HSETNX`): the claims of events with a deadline, one
+//!   per deadline minute and first hex digit of the claim, dropped ten minutes after it;
+//!   `{prefix}warned:DB:RULE:DEADLINE:KEY` (`SET NX PXAT`): a scanner warning's claim.
+//!
+//! The take is one script ([`TAKE`], after the handled memory's prelude): the ledger's
+//! bookkeeping, the claims and the record, atomic per event. What is taken how is the engine's
+//! to say (`src/engine/intake.rs`); see `docs/how-it-works.md#what-keywatch-keeps-in-redis`.
+
+use crate::keyspace::Conn;
+use crate::store::{fields, handled, lease_ms, ledger};
+
+/// The take of a batch (run after [`handled::RECALLED`]).
+const TAKE: &str = include_str!("intake/take.lua");
+/// Puts a record back, due later, if it is still there.
+const RETRY: &str = include_str!("intake/retry.lua");
+/// Takes over records whose lease ended.
+const TAKE_OVER: &str = include_str!("intake/take_over.lua");
+
+/// The claim of a scanner warning of `rule` for `key` in `db` due at `deadline_ms` (0: none).
+pub fn warned(prefix: &str, db: u32, rule: &str, deadline_ms: i64, key: &[u8]) -> Vec<u8> {
+    let mut claim = format!("{prefix}warned:{db}:{rule}:{deadline_ms}:").into_bytes();
+    claim.extend_from_slice(key);
+    claim
+}
+
+/// The intake's keys and scripts on the state server.
+#[derive(Clone)]
+pub struct Records {
+    conn: Conn,
+    prefix: String,
+    zset: String,
+    records: String,
+    take: redis::Script,
+    take_over: redis::Script,
+    retry: redis::Script,
+}
+
+/// One take's events, as the script reads them.
+pub struct Batch<'a> {
+    pub db: u32,
+    pub now_ms: i64,
+    /// The latest deadline taken as due.
+    pub due_limit_ms: i64,
+    /// This instance, written in its claims.
+    pub instance: &'a str,
+    /// The record's id.
+    pub id: &'a str,
+    /// Every event's record, a line each.
+    pub blob: &'a str,
+    /// One letter per event: how it is taken (see the script).
+    pub modes: &'a str,
+    /// The events' arguments, in the order of `modes`.
+    pub args: &'a [Vec<u8>],
+}
+
+impl Records {
+    pub fn new(conn: Conn, prefix: &str) -> Records {
+        Records {
+            conn,
+            prefix: prefix.to_string(),
+            zset: format!("{prefix}intake"),
+            records: format!("{prefix}intake:events"),
+            take: redis::Script::new(&format!("{}{TAKE}", handled::RECALLED)),
+            take_over: redis::Script::new(TAKE_OVER),
+            retry: redis::Script::new(RETRY),
+        }
+    }
+
+    /// Runs the take script on `batch`: returns the events won, `n:deadline` joined by commas
+    /// (`n` counts from 1; the deadline empty when none is known).
+    pub async fn take(&self, batch: &Batch<'_>) -> redis::RedisResult<String> {
+        let (p, db) = (self.prefix.as_str(), batch.db);
+        let mut inv = self.take.prepare_invoke();
+        inv.key(ledger::deadlines(p, db))
+            .key(ledger::poked(p, db))
+            .key(ledger::poked_deadlines(p, db))
+            .key(&self.zset)
+            .key(&self.records)
+            .key(fields::deadlines(p, db))
+            .arg(batch.now_ms)
+            .arg(batch.due_limit_ms)
+            .arg(handled::HANDLED_MINUTES)
+            .arg(batch.now_ms + lease_ms())
+            .arg(batch.instance)
+            .arg(handled::memory(p, db))
+            .arg(format!("{p}claim:"))
+            .arg(format!("{p}claims:"))
+            .arg(db)
+            .arg(batch.id)
+            .arg(batch.blob)
+            .arg(batch.modes);
+        for a in batch.args {
+            inv.arg(a);
+        }
+        inv.invoke_async(&mut self.conn.clone()).await
+    }
+
+    /// Takes over up to `max` records whose lease ended, leased anew: id, record pairs.
+    pub async fn take_over(&self, now_ms: i64, max: usize) -> redis::RedisResult<Vec<String>> {
+        self.take_over
+            .key(&self.zset)
+            .key(&self.records)
+            .arg(now_ms)
+            .arg(max)
+            .arg(now_ms + lease_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await
+    }
+
+    /// The command that rewrites record `id` to `stored`.
+    pub fn rewrite(&self, id: &str, stored: &str) -> redis::Cmd {
+        let mut c = redis::cmd("HSET");
+        c.arg(&self.records).arg(id).arg(stored);
+        c
+    }
+
+    /// The commands that clear records `ids`.
+    pub fn clearing(&self, ids: &[&str]) -> [redis::Cmd; 2] {
+        let mut z = redis::cmd("ZREM");
+        z.arg(&self.zset).arg(ids);
+        let mut h = redis::cmd("HDEL");
+        h.arg(&self.records).arg(ids);
+        [z, h]
+    }
+
+    /// The commands that store record `id` as `stored`, due at `due_ms`.
+    pub fn putting(&self, id: &str, stored: &str, due_ms: i64) -> [redis::Cmd; 2] {
+        let mut h = redis::cmd("HSET");
+        h.arg(&self.records).arg(id).arg(stored);
+        let mut z = redis::cmd("ZADD");
+        z.arg(&self.zset).arg(due_ms).arg(id);
+        [h, z]
+    }
+
+    /// Runs commands of the above in one transaction.
+    pub async fn apply(&self, cmds: Vec<redis::Cmd>) -> redis::RedisResult<()> {
+        if cmds.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for c in cmds {
+            pipe.add_command(c).ignore();
+        }
+        pipe.exec_async(&mut self.conn.clone()).await
+    }
+
+    /// Clears records `ids`.
+    pub async fn clear(&self, ids: &[String]) -> redis::RedisResult<()> {
+        redis::pipe()
+            .cmd("ZREM")
+            .arg(&self.zset)
+            .arg(ids)
+            .ignore()
+            .cmd("HDEL")
+            .arg(&self.records)
+            .arg(ids)
+            .ignore()
+            .exec_async(&mut self.conn.clone())
+            .await
+    }
+
+    /// Puts record `id` back as `stored`, due at `due_ms`, if it is still there.
+    pub async fn retry(&self, id: &str, due_ms: i64, stored: &str) -> redis::RedisResult<()> {
+        self.retry
+            .key(&self.zset)
+            .key(&self.records)
+            .arg(id)
+            .arg(due_ms)
+            .arg(stored)
+            .invoke_async::<()>(&mut self.conn.clone())
+            .await
+    }
+
+    /// Makes records `ids` due at `due_ms` (only those still there).
+    pub async fn set_due(&self, ids: &[String], due_ms: i64) -> redis::RedisResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&self.zset).arg("XX");
+        for id in ids {
+            zadd.arg(due_ms).arg(id);
+        }
+        zadd.exec_async(&mut self.conn.clone()).await
+    }
+
+    /// Records waiting or in hand.
+    pub async fn len(&self) -> redis::RedisResult<i64> {
+        redis::cmd("ZCARD")
+            .arg(&self.zset)
+            .query_async(&mut self.conn.clone())
+            .await
+    }
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands the intake sends, its scripts' included ([`crate::keyspace::commands`]).
+    const WHY = "intake: claims and taken events";
+    const SCRIPT = "intake: claims and taken events (script)";
+    [
+        Use::new(Conn::State, "script|load", WHY)
+            .access(Access::Write)
+            .args("return(1)"),
+        Use::new(Conn::State, "evalsha", WHY)
+            .on(Keys::State("intake"), Access::ReadWrite)
+            .args("{sha} 2 {prefix}intake {prefix}intake:events"),
+        // A detail read's retry moved into its own record when no job is stored with it.
+        Use::new(Conn::State, "multi", WHY),
+        Use::new(Conn::State, "exec", WHY),
+        Use::new(Conn::State, "zadd", WHY)
+            .on(Keys::State("intake"), Access::Write)
+            .args("{key} XX 0 id"),
+        Use::new(Conn::State, "zscore", WHY)
+            .on(Keys::State("intake"), Access::Read)
+            .args("{key} id"),
+        Use::new(Conn::State, "zrem", WHY)
+            .on(Keys::State("intake"), Access::Write)
+            .args("{key} id"),
+        Use::new(Conn::State, "zcard", WHY)
+            .on(Keys::State("intake"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "zrange", SCRIPT)
+            .on(Keys::State("intake"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
+        Use::new(Conn::State, "hset", WHY)
+            .on(Keys::State("intake:events"), Access::Write)
+            .args("{key} id r"),
+        Use::new(Conn::State, "hdel", WHY)
+            .on(Keys::State("intake:events"), Access::ReadWrite)
+            .args("{key} id"),
+        Use::new(Conn::State, "zscore", SCRIPT)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "zmscore", SCRIPT)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hget", SCRIPT)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hmget", SCRIPT)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hdel", SCRIPT)
+            .on(Keys::State("ledger:*:poked-deadline"), Access::ReadWrite)
+            .args("{key} k"),
+        Use::new(Conn::State, "hset", SCRIPT)
+            .on(Keys::State("ledger:*:handled:*"), Access::Write)
+            .args("{key} k 0"),
+        Use::new(Conn::State, "pexpireat", SCRIPT)
+            .on(Keys::State("ledger:*:handled:*"), Access::Write)
+            .args("{key} 1000"),
+        Use::new(Conn::State, "hget", SCRIPT)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "hsetnx", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Write)
+            .args("{key} id 1"),
+        Use::new(Conn::State, "pexpiretime", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Conn::State, "pexpireat", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Write)
+            .args("{key} 1000"),
+        Use::new(Conn::State, "set", SCRIPT)
+            .on(Keys::State("claim:*"), Access::Write)
+            .args("{key} 1 NX PX 1000"),
+        Use::new(Conn::State, "set", SCRIPT)
+            .on(Keys::State("warned:*"), Access::Write)
+            .args("{key} 1 NX PXAT 1"),
+        Use::new(Conn::State, "zscore", SCRIPT)
+            .on(Keys::State("fields:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Conn::State, "zrem", SCRIPT)
+            .on(Keys::State("fields:*"), Access::Write)
+            .args("{key} k"),
+        Use::new(Conn::State, "hdel", SCRIPT)
+            .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
+            .args("{key} f"),
+    ]
+}

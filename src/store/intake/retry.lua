@@ -1,0 +1,7 @@
+-- Puts record ARGV[1] back, due at ARGV[2] with its record now ARGV[3], if it is still there.
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+  return 1
+end
+return 0

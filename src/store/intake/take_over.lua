@@ -1,0 +1,15 @@
+-- Takes up to ARGV[2] records due at ARGV[1] by moving them to ARGV[3] (the end of the lease);
+-- returns id, record pairs (a record without payload is dropped).
+local ids = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
+local out = {}
+for _, id in ipairs(ids) do
+  local r = redis.call('HGET', KEYS[2], id)
+  if r then
+    redis.call('ZADD', KEYS[1], ARGV[3], id)
+    out[#out + 1] = id
+    out[#out + 1] = r
+  else
+    redis.call('ZREM', KEYS[1], id)
+  end
+end
+return out

@@ -1,0 +1,48 @@
+//! The job queue's key names, one function each (see
+//! `docs/how-it-works.md#what-keywatch-keeps-in-redis`).
+
+/// The queue: job ids scored by when they are due (or their lease ends), ms.
+pub fn queue(prefix: &str) -> String {
+    format!("{prefix}queue")
+}
+
+/// The jobs' payloads: id → payload (a job, or a bundle of them).
+pub fn jobs(prefix: &str) -> String {
+    format!("{prefix}queue:jobs")
+}
+
+/// Payloads this version cannot read, set aside for a person: id → payload.
+pub fn unreadable(prefix: &str) -> String {
+    format!("{prefix}queue:unreadable")
+}
+
+/// The waiting line of `target`: job ids scored by when they began to wait.
+pub fn waiting(prefix: &str, target: &str) -> String {
+    format!("{prefix}queue:wait:{target}")
+}
+
+/// The targets that have a waiting line.
+pub fn waits(prefix: &str) -> String {
+    format!("{prefix}queue:waits")
+}
+
+/// The completion marks of `bundle`: index of a job done → 1.
+pub fn bundle_done(prefix: &str, bundle: &str) -> String {
+    format!("{prefix}queue:done:{bundle}")
+}
+
+/// The digest window of `rule` and `channel`: job ids scored by when the window ends (or their lease ends),
+/// beside `…:window`, which holds that end and expires with it.
+pub fn window(prefix: &str, rule: &str, channel: &str) -> String {
+    format!("{prefix}group:{rule}:{channel}")
+}
+
+/// When the digest window named `window` ends (ms), expiring then.
+pub fn window_end(window: &str) -> String {
+    format!("{window}:window")
+}
+
+/// The windows that hold jobs.
+pub fn windows(prefix: &str) -> String {
+    format!("{prefix}groups")
+}

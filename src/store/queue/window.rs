@@ -1,0 +1,200 @@
+//! Digest windows: notifications of a rule with `group` wait in a sorted set per (rule,
+//! channel), `{prefix}group:RULE:CHANNEL`, due when the window ends (`…:window` holds that end),
+//! listed in `{prefix}groups`; whichever instance sees a window due first takes its jobs,
+//! leased, and sends them as one digest.
+
+use super::*;
+
+impl Queue {
+    /// Puts notification jobs into the open window of `w`, opening one of `length` if none is
+    /// open (the first event of a window starts it, for every instance alike); returns when
+    /// the window ends (unix ms).
+    pub async fn window_put(
+        &self,
+        w: &Window,
+        length: Duration,
+        jobs: &[Job],
+    ) -> redis::RedisResult<i64> {
+        let zset = self.window_zset(w);
+        let mut inv = self.group_put.prepare_invoke();
+        inv.key(keys::window_end(&zset))
+            .key(&zset)
+            .key(&self.jobs)
+            .key(self.windows_key())
+            .arg(now_ms())
+            .arg(u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg(w.member());
+        // A batch's notifications go in as one member: one payload and one place in the
+        // window, not one per notification (a digest needs no job of its own per event).
+        for chunk in jobs.chunks(WINDOW_BUNDLE_MAX) {
+            match chunk {
+                [job] => inv.arg(job.id()).arg(job.payload()),
+                _ => {
+                    let payloads: Vec<String> = chunk.iter().map(Job::payload).collect();
+                    inv.arg(bundle::id(&chunk[0].id(), chunk.len()))
+                        .arg(bundle::payload(payloads.iter().map(String::as_str)))
+                }
+            };
+        }
+        inv.invoke_async(&mut self.conn.clone()).await
+    }
+
+    /// The windows that hold jobs.
+    pub async fn windows(&self) -> redis::RedisResult<Vec<Window>> {
+        let members: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.windows_key())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(members
+            .iter()
+            .filter_map(|m| serde_json::from_str::<(String, String)>(m).ok())
+            .map(|(rule, channel)| Window { rule, channel })
+            .collect())
+    }
+
+    /// Takes about `max` notifications of `w` whose window has ended (or whose retry is due),
+    /// leased: whole members until `max` is reached, so the last may bring it past `max` by
+    /// less than one bundle (a digest of 5,000 or of 5,900 reads the same; splitting a bundle
+    /// would cost a rewrite of it).
+    pub async fn window_take(&self, w: &Window, max: usize) -> redis::RedisResult<WindowTaken> {
+        let zset = self.window_zset(w);
+        let now = now_ms();
+        let pairs: Vec<Option<String>> = self
+            .window_take
+            .key(&zset)
+            .key(&self.jobs)
+            .arg(now)
+            .arg(max)
+            .arg(now + lease_ms())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut taken = WindowTaken::default();
+        let mut seen = std::collections::HashSet::new();
+        let mut aside: Vec<(String, String)> = Vec::new();
+        let mut bad_elements = Vec::new();
+        for pair in pairs.chunks(2) {
+            let [Some(id), payload] = pair else { continue };
+            let Some(payload) = payload else {
+                taken.unreadable.push(Unreadable::new(
+                    id,
+                    "",
+                    "its payload is missing".to_string(),
+                ));
+                aside.push((id.clone(), String::new()));
+                continue;
+            };
+            let mut jobs = Vec::new();
+            let read = if bundle::size(id).is_some() {
+                bundle::elements(payload).map(|elements| {
+                    for (index, element) in elements.iter().enumerate() {
+                        match serde_json::from_str::<Job>(element.get()) {
+                            Ok(job) => jobs.push(job),
+                            Err(e) => {
+                                // Kept for a person; the rest of the bundle goes on.
+                                let at = format!("{id}@{index}");
+                                taken.unreadable.push(Unreadable::new(
+                                    &at,
+                                    element.get(),
+                                    e.to_string(),
+                                ));
+                                bad_elements.push((at, element.get().to_string()));
+                            }
+                        }
+                    }
+                })
+            } else {
+                serde_json::from_str::<Job>(payload).map(|job| jobs.push(job))
+            };
+            if let Err(e) = read {
+                taken
+                    .unreadable
+                    .push(Unreadable::new(id, payload, e.to_string()));
+                aside.push((id.clone(), payload.clone()));
+                continue;
+            }
+            // A notification already in an earlier member of this take is left out here.
+            jobs.retain(|j| seen.insert(j.id()));
+            taken.members.push(WindowMember {
+                id: id.clone(),
+                jobs,
+            });
+        }
+        if !aside.is_empty() {
+            self.set_aside(&zset, &aside).await?;
+        }
+        if !bad_elements.is_empty() {
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&self.unreadable);
+            for (at, text) in &bad_elements {
+                hset.arg(at).arg(text);
+            }
+            hset.exec_async(&mut self.conn.clone()).await?;
+        }
+        Ok(taken)
+    }
+
+    /// The digest of these jobs of `w` was sent or dead-lettered.
+    pub async fn window_done(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
+        let mut inv = self.group_done.prepare_invoke();
+        inv.key(self.window_zset(w))
+            .key(&self.jobs)
+            .key(self.windows_key())
+            .arg(w.member())
+            .arg(ids);
+        inv.invoke_async(&mut self.conn.clone()).await
+    }
+
+    /// The digest of these jobs of `w` failed: they come due again at `due_ms` with their
+    /// attempts counted, for whichever instance takes them; those no longer in the window
+    /// (another instance sent their digest after this one lost its lease) stay gone.
+    ///
+    /// `members` are the members the digest was made of (see [`WindowMember`]), each with its
+    /// notifications as they go back (their attempts counted): a member goes back whole, so a
+    /// bundle stays one.
+    pub async fn window_retry(
+        &self,
+        w: &Window,
+        members: &[(String, Vec<Job>)],
+        due_ms: i64,
+    ) -> redis::RedisResult<()> {
+        // A member left with nothing (all of it stood twice in this digest) is done.
+        let empty: Vec<String> = members
+            .iter()
+            .filter(|(_, jobs)| jobs.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect();
+        if !empty.is_empty() {
+            self.window_done(w, &empty).await?;
+        }
+        let mut inv = self.reschedule.prepare_invoke();
+        inv.key(self.window_zset(w)).key(&self.jobs).arg(due_ms);
+        let mut any = false;
+        for (id, jobs) in members {
+            let payload = match jobs.as_slice() {
+                [] => continue,
+                [job] if bundle::size(id).is_none() => job.payload(),
+                _ => {
+                    let payloads: Vec<String> = jobs.iter().map(Job::payload).collect();
+                    bundle::payload(payloads.iter().map(String::as_str))
+                }
+            };
+            inv.arg(id).arg(payload);
+            any = true;
+        }
+        if any {
+            inv.invoke_async::<()>(&mut self.conn.clone()).await?;
+        }
+        Ok(())
+    }
+
+    /// Extends the leases of window jobs whose digest is being attempted.
+    pub async fn window_renew(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
+        self.set_due(&self.window_zset(w), ids, now_ms() + lease_ms())
+            .await
+    }
+
+    /// Hands window jobs back at shutdown: due now.
+    pub async fn window_hand_back(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
+        self.set_due(&self.window_zset(w), ids, now_ms()).await
+    }
+}
