@@ -54,6 +54,9 @@ pub struct ActionRecord {
     pub action: String,
     /// The channel of a notification.
     pub channel: Option<String>,
+    /// Of an alertmanager channel's alert: which of its `urls` (from 0), each its own target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<u32>,
     /// `sent`, `retrying`, `dead` or `skipped`.
     pub outcome: String,
     pub attempts: u32,
@@ -124,6 +127,9 @@ fn index_key(prefix: &str) -> String {
 
 /// The hash field of an action: `a:reload`, `a:notify:oncall`.
 fn action_field(action: &Action) -> String {
+    if let (Some(channel), Some(target)) = (action.channel(), action.target()) {
+        return format!("a:{}:{channel}:{target}", action.name());
+    }
     match action.channel() {
         Some(channel) => format!("a:{}:{channel}", action.name()),
         None => format!("a:{}", action.name()),
@@ -210,7 +216,7 @@ impl Recorder {
         let (label, error) = match outcome {
             // A follow-up that had nothing to do (see `action::followup`).
             Outcome::Sent(t) if t.starts_with(CANCELLED) => ("skipped", Some(t.clone())),
-            Outcome::Sent(_) => ("sent", None),
+            Outcome::Sent(_) | Outcome::Again { .. } => ("sent", None),
             Outcome::Retry { reason, .. } => ("retrying", Some(reason.clone())),
             Outcome::Failed(reason) => ("dead", Some(reason.clone())),
         };
@@ -247,6 +253,7 @@ impl Recorder {
             record: ActionRecord {
                 action: action.name().to_string(),
                 channel: channel_of(action),
+                target: action.target(),
                 outcome: outcome.to_string(),
                 attempts,
                 last_error: error,
@@ -718,6 +725,7 @@ mod tests {
             record: ActionRecord {
                 action: field.trim_start_matches("a:").into(),
                 channel: None,
+                target: None,
                 outcome: outcome.into(),
                 attempts,
                 last_error: None,
@@ -874,6 +882,7 @@ mod tests {
             serde_json::to_string(&ActionRecord {
                 action: action.into(),
                 channel: channel.map(Into::into),
+                target: None,
                 outcome: "sent".into(),
                 attempts: 1,
                 last_error: None,

@@ -27,7 +27,7 @@ pub use fields::{Fields, check_http_url};
 pub use integration::{
     Channel, DEFAULT_CONCURRENCY, Dispatch, Integration, Kind, MAX_CONCURRENCY, Rate,
 };
-pub use message::{Item, Message};
+pub use message::{Followup, Item, Message};
 
 /// Registers integrations: each one's module, and its [`Kind`] in [`KINDS`], so that adding a
 /// service is its file and its name here.
@@ -40,7 +40,7 @@ macro_rules! integrations {
     };
 }
 
-integrations![dingtalk, slack, feishu, wecom, webhook, log];
+integrations![dingtalk, slack, feishu, wecom, webhook, alertmanager, log];
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {

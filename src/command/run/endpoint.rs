@@ -44,6 +44,7 @@ pub fn router(shared: Shared) -> Router {
 }
 
 async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
+    s.metrics.ready.set(i64::from(s.status.ready()));
     (
         [(
             header::CONTENT_TYPE,
