@@ -98,6 +98,8 @@ pub struct Filter {
     /// Only keys this pattern (SPEC §3) matches.
     pub key: Option<Pattern>,
     pub rule: Option<String>,
+    /// Only the firing with this event id (an Alertmanager alert's `generatorURL`).
+    pub id: Option<String>,
     /// Only firings observed this long ago or later.
     pub since: Option<Duration>,
     pub limit: usize,
@@ -479,17 +481,31 @@ pub async fn list(
 ) -> redis::RedisResult<Vec<Record>> {
     const PAGE: usize = 256;
     let index = index_key(prefix);
-    let min = match filter.since {
+    let mut min = match filter.since {
         Some(d) => (clock::now_ms() - d.as_millis() as i64).to_string(),
         None => "-inf".to_string(),
     };
+    let mut max = "+inf".to_string();
+    // One firing: only the firings observed in its millisecond are read.
+    if let Some(id) = &filter.id {
+        let at: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&index)
+            .arg(id)
+            .query_async(conn)
+            .await?;
+        let Some(at) = at else {
+            return Ok(Vec::new());
+        };
+        min = at.to_string();
+        max = at.to_string();
+    }
     let mut out = Vec::new();
     let mut offset = 0;
     while out.len() < filter.limit {
         let mut range = redis::cmd("ZRANGE");
         range
             .arg(&index)
-            .arg("+inf")
+            .arg(&max)
             .arg(&min)
             .arg("BYSCORE")
             .arg("REV")
@@ -575,6 +591,10 @@ pub async fn list(
                 .rule
                 .as_deref()
                 .is_some_and(|rule| r.str_field("rule") != rule)
+                || filter
+                    .id
+                    .as_deref()
+                    .is_some_and(|id| r.str_field("id") != id)
             {
                 continue;
             }
@@ -674,6 +694,9 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "zrange", WHY)
             .on(Keys::State("history"), Access::Read)
             .args("{key} 0 0 WITHSCORES"),
+        Use::new(Conn::State, "zscore", WHY)
+            .on(Keys::State("history"), Access::Read)
+            .args("{key} id"),
         Use::new(Conn::State, "hdel", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} id id:a:reload"),

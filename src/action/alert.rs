@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::channel::alertmanager::{Alert, Alertmanager, RESOLVED_RESEND};
+use crate::channel::alert::{Alert, Alertmanager, RESOLVED_RESEND};
 use crate::channel::{Channel, http};
 use crate::config::{Config, Rule};
 use crate::firing::{Action, Firing};
@@ -231,8 +231,12 @@ pub async fn end(a: &Actions, f: &Firing, ch: &Channel, am: &Alertmanager) -> Ou
         .arg("PX")
         .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX))
         .ignore();
-    p.add_command(super::followup::due_now_cmd(prefix, &ids, now))
-        .ignore();
+    // Due now if still queued (`XX`: a job already finished stays gone).
+    let due = p.cmd("ZADD").arg(format!("{prefix}queue")).arg("XX");
+    for id in &ids {
+        due.arg(now).arg(id);
+    }
+    due.ignore();
     match p.query_async::<()>(&mut state.clone()).await {
         Ok(()) => Outcome::Sent(format!(
             "the alert ends now: its {} Alertmanager URL(s) are sent `endsAt` now",
@@ -255,6 +259,9 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "set", WHY)
             .on(Keys::State("alert-end:*"), Access::Write)
             .args("{key} 1 NX PX 1000"),
+        Use::new(Conn::State, "zadd", WHY)
+            .on(Keys::State("queue"), Access::Write)
+            .args("{key} XX 0 id"),
     ]
 }
 

@@ -64,7 +64,7 @@ pub trait Integration: fmt::Debug + Send + Sync {
 
     /// The channel as an Alertmanager, whose alerts are jobs of their own (one per URL,
     /// posted again while they fire: `action::alert`); `None` for every other integration.
-    fn alertmanager(&self) -> Option<&super::alertmanager::Alertmanager> {
+    fn alertmanager(&self) -> Option<&super::alert::Alertmanager> {
         None
     }
 }

@@ -7,6 +7,7 @@
 //! and its integration behind the trait, as Alertmanager's notifiers are. Adding a service is
 //! one new file and one line in [`KINDS`].
 
+pub mod alert;
 pub mod chat;
 mod fields;
 pub mod http;

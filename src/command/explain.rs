@@ -350,11 +350,11 @@ fn explain_alert(
     rule: &Rule,
     n: &crate::config::NotifyStep,
     firing: &crate::firing::Firing,
-    am: &crate::channel::alertmanager::Alertmanager,
+    am: &crate::channel::alert::Alertmanager,
     text: &dyn Fn(TemplateId) -> String,
     out: &mut String,
 ) {
-    use crate::channel::alertmanager::Alert;
+    use crate::channel::alert::Alert;
     let render = |id: Option<TemplateId>| id.map(text).unwrap_or_default();
     let title = render(n.title.get(crate::template::Escape::Raw));
     let message = render(n.message.get(crate::template::Escape::Raw));
@@ -381,7 +381,7 @@ fn explain_alert(
             out,
             "     POST {}{}",
             am.shown_url(i),
-            crate::channel::alertmanager::ALERTS_PATH
+            crate::channel::alert::ALERTS_PATH
         );
     }
     let _ = writeln!(out, "     header Content-Type: application/json");

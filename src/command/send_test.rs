@@ -73,10 +73,10 @@ fn say(channel: &str, kind: &str, target: &str, outcome: Outcome) -> Result<Stri
 async fn alertmanager(
     config: &Config,
     ch: &channel::Channel,
-    am: &channel::alertmanager::Alertmanager,
+    am: &channel::alert::Alertmanager,
     msg: &Message,
 ) -> Result<String, String> {
-    let alert = channel::alertmanager::test_alert(am, msg, Utc::now());
+    let alert = channel::alert::test_alert(am, msg, Utc::now());
     let client = http::client();
     let mut lines = Vec::new();
     let mut failed = false;

@@ -756,7 +756,7 @@ impl RuleTemplates<'_, '_, '_> {
                 );
                 self.d.warning(&pairs[0].0.loc, w);
             }
-            ok &= crate::channel::alertmanager::check_names(self.d, pairs, &what, labels);
+            ok &= crate::channel::alert::check_names(self.d, pairs, &what, labels);
             for (k, v) in pairs {
                 match self.compile(v, Escape::Raw, &format!("notify.{field}.{}", k.value)) {
                     Some(id) if labels => out.0.push((k.value.clone(), id)),
@@ -969,6 +969,62 @@ rules:
       message: \"{message}\"
 "
         )
+    }
+
+    /// An alertmanager channel is one job per URL; the rule's `resolved` reaches it from
+    /// `notify.to` (its own `to` may be left out), and `escalate.to` may not name it.
+    #[test]
+    fn an_alertmanager_channel_is_a_job_per_url_and_resolved_reaches_it() {
+        use crate::firing::Action;
+        let yaml = r#"
+channels:
+  am: { type: alertmanager, urls: ["http://a:9093", "http://b:9093/"] }
+  log: { type: log }
+rules:
+  - name: r
+    match: "a:{id}"
+    notify: { to: [am, log], labels: { sev: "{{ id }}" } }
+    resolved: { within: 1h }
+"#;
+        let loaded = check(yaml).unwrap_or_else(|d| panic!("{d:#?}"));
+        let rule = loaded.config.rule("r").unwrap();
+        let alert = |target| Action::Alert {
+            channel: "am".into(),
+            target,
+        };
+        assert_eq!(
+            crate::action::actions_of(rule),
+            [
+                alert(0),
+                alert(1),
+                Action::Notify {
+                    channel: "log".into()
+                }
+            ]
+        );
+        assert_eq!(rule.resolved.as_ref().unwrap().to, ["am"]);
+
+        let refused = yaml.replace(
+            "    resolved: { within: 1h }",
+            "    escalate: { after: 5m, to: [am] }",
+        );
+        let diags = check(&refused)
+            .err()
+            .expect("escalate.to: [am] must be refused");
+        assert!(
+            diags[0].starts_with(
+                "rules.yaml:9:33: rule `r` `escalate.to`: channel `am` is an alertmanager channel"
+            ),
+            "{diags:#?}"
+        );
+        let nothing = "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: \"a:{id}\"\n    notify: { to: [log] }\n    resolved: { within: 1h }\n";
+        let diags = check(nothing)
+            .err()
+            .expect("a resolved with no channel must be refused");
+        assert!(
+            diags[0].starts_with("rules.yaml:7:15: rule `r` `resolved` names no channel"),
+            "{diags:#?}"
+        );
     }
 
     #[test]

@@ -155,7 +155,7 @@ async fn link_act(
     }
 }
 
-/// `GET /api/history?key=PATTERN&rule=NAME&since=DUR&limit=N`: the JSON of `keywatch history`,
+/// `GET /api/history?key=PATTERN&rule=NAME&id=ID&since=DUR&limit=N`: the JSON of `keywatch history`,
 /// as one array.
 async fn api_history(
     State(s): State<Shared>,
@@ -176,6 +176,7 @@ async fn api_history(
                 Err(e) => return bad(format!("`key`: `{value}` is not a pattern: {e}")),
             },
             "rule" => filter.rule = Some(value.into_owned()),
+            "id" => filter.id = Some(value.into_owned()),
             "since" => match crate::yaml::decode::parse_duration(&value) {
                 Some(d) => filter.since = Some(d),
                 None => return bad(format!("`since`: `{value}` is not a duration, e.g. `2h`")),
@@ -190,7 +191,7 @@ async fn api_history(
             },
             other => {
                 return bad(format!(
-                    "unknown parameter `{other}`; use key, rule, since, limit"
+                    "unknown parameter `{other}`; use key, rule, id, since, limit"
                 ));
             }
         }
