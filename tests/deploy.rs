@@ -28,6 +28,7 @@ fn exported_samples() -> BTreeSet<String> {
     m.action("r", "notify", "sent", 0.01);
     m.subscriber("127.0.0.1:6379", true);
     m.notify_flags("127.0.0.1:6379", true);
+    m.recovery_skipped_for("r");
     m.recovered_for("r");
     m.silenced_for("r");
     m.encode()
