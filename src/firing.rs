@@ -339,6 +339,14 @@ pub enum Action {
     Notify {
         channel: String,
     },
+    /// `notify` through an Alertmanager channel, to one of its `urls` (`target`, from 0): the
+    /// alert is posted, posted again every `resend` while it fires, and ended by the rule's
+    /// `resolved` (`action::alert`). Each URL is a job of its own, with its own retries and
+    /// outcome, as Prometheus sends to each Alertmanager.
+    Alert {
+        channel: String,
+        target: u32,
+    },
     /// `escalate`: due `after` the alert; sends to `channel` unless the alert was handled.
     Escalate {
         channel: String,
@@ -356,7 +364,7 @@ impl Action {
             Action::Reload => "reload",
             Action::Exec => "exec",
             Action::Cleanup => "cleanup",
-            Action::Notify { .. } => "notify",
+            Action::Notify { .. } | Action::Alert { .. } => "notify",
             Action::Escalate { .. } => "escalate",
             Action::Resolved { .. } => "resolved",
         }
@@ -366,10 +374,25 @@ impl Action {
     pub fn channel(&self) -> Option<&str> {
         match self {
             Action::Notify { channel }
+            | Action::Alert { channel, .. }
             | Action::Escalate { channel }
             | Action::Resolved { channel } => Some(channel),
             _ => None,
         }
+    }
+
+    /// The URL of an Alertmanager channel an alert job posts to (its place in `urls`).
+    pub fn target(&self) -> Option<u32> {
+        match self {
+            Action::Alert { target, .. } => Some(*target),
+            _ => None,
+        }
+    }
+
+    /// A notification of the rule's `notify` (to a chat channel or an Alertmanager): each is
+    /// independent of the others, and none waits for another.
+    pub fn is_notification(&self) -> bool {
+        matches!(self, Action::Notify { .. } | Action::Alert { .. })
     }
 
     /// Where the action comes among a firing's first attempts (SPEC §2: reload → exec →
@@ -379,7 +402,7 @@ impl Action {
             Action::Reload => 0,
             Action::Exec => 1,
             Action::Cleanup => 2,
-            Action::Notify { .. } => 3,
+            Action::Notify { .. } | Action::Alert { .. } => 3,
             Action::Escalate { .. } | Action::Resolved { .. } => 4,
         }
     }
@@ -390,6 +413,7 @@ impl Action {
             Action::Notify { channel }
             | Action::Escalate { channel }
             | Action::Resolved { channel } => format!("{firing_id}:{}:{channel}", self.name()),
+            Action::Alert { channel, target } => format!("{firing_id}:notify:{channel}:{target}"),
             other => format!("{firing_id}:{}", other.name()),
         }
     }

@@ -42,6 +42,11 @@ pub struct Metrics {
     /// Detail reads that failed (an error, not an absent detail): their events wait for a retry.
     pub detail_read_failures: Counter<u64, AtomicU64>,
     pub subscriber_up: Family<Labels, Gauge<i64, AtomicI64>>,
+    /// Per watched node: 1 when its `notify-keyspace-events` had every flag the rules need
+    /// when last checked (at each subscription), 0 when one was missing.
+    pub notify_flags_ok: Family<Labels, Gauge<i64, AtomicI64>>,
+    /// What `/readyz` says, as of the last scrape: 1 ready, 0 not.
+    pub ready: Gauge<i64, AtomicI64>,
     pub reconnects: Counter<u64, AtomicU64>,
     pub rules_loaded: Gauge<i64, AtomicI64>,
     pub reload_failures: Counter<u64, AtomicU64>,
@@ -85,6 +90,8 @@ impl Metrics {
             resolved: Family::default(),
             detail_read_failures: Counter::default(),
             subscriber_up: Family::default(),
+            notify_flags_ok: Family::default(),
+            ready: Gauge::default(),
             reconnects: Counter::default(),
             rules_loaded: Gauge::default(),
             reload_failures: Counter::default(),
@@ -173,6 +180,16 @@ impl Metrics {
             m.subscriber_up.clone(),
         );
         r.register(
+            "keywatch_notify_flags_ok",
+            "1 when the node's notify-keyspace-events had every flag the rules need at the last check",
+            m.notify_flags_ok.clone(),
+        );
+        r.register(
+            "keywatch_ready",
+            "1 while /readyz answers 200 (rules loaded, every watched node subscribed)",
+            m.ready.clone(),
+        );
+        r.register(
             "keywatch_reconnects",
             "Subscriber connections lost and re-established",
             m.reconnects.clone(),
@@ -254,9 +271,16 @@ impl Metrics {
             .set(i64::from(up));
     }
 
+    pub fn notify_flags(&self, node: &str, ok: bool) {
+        self.notify_flags_ok
+            .get_or_create(&l(&[("node", node)]))
+            .set(i64::from(ok));
+    }
+
     /// A node no longer watched leaves the gauge, so dashboards do not show it as down.
     pub fn forget_subscriber(&self, node: &str) {
         self.subscriber_up.remove(&l(&[("node", node)]));
+        self.notify_flags_ok.remove(&l(&[("node", node)]));
     }
 
     pub fn recovered_for(&self, rule: &str) {

@@ -19,6 +19,10 @@ pub enum Outcome {
     },
     /// Will never work as configured (bad signature, unknown webhook): dead-letter it now.
     Failed(String),
+    /// Done for now, and due again after `after`: an alert handed to Alertmanager, posted again
+    /// while it fires. The same job comes back from the queue (on whichever instance takes it),
+    /// its attempts counted from one again.
+    Again { answer: String, after: Duration },
 }
 
 impl Outcome {
@@ -32,13 +36,17 @@ impl Outcome {
                 after,
             },
             Outcome::Failed(s) => Outcome::Failed(f(&s)),
+            Outcome::Again { answer, after } => Outcome::Again {
+                answer: f(&answer),
+                after,
+            },
         }
     }
 
     /// The `outcome` label of `keywatch_actions_total`.
     pub fn label(&self) -> &'static str {
         match self {
-            Outcome::Sent(_) => "sent",
+            Outcome::Sent(_) | Outcome::Again { .. } => "sent",
             Outcome::Retry { .. } => "retry",
             Outcome::Failed(_) => "failed",
         }

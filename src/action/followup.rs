@@ -192,6 +192,12 @@ async fn send(
             "channel `{channel}` is no longer defined"
         )));
     };
+    // An Alertmanager's alert is its own jobs (one per URL): ending it is their work.
+    if which == "resolved"
+        && let Some(am) = ch.integration.alertmanager()
+    {
+        return Ok(super::alert::end(a, f, ch, am).await);
+    }
     match compose(a, f, rule, step, ch, which) {
         Ok(msg) => Ok(channel::send(&a.http, ch, &msg).await),
         Err(e) => Ok(Outcome::Failed(e)),
@@ -250,6 +256,11 @@ pub fn compose(
         idempotency_key: action.idempotency_key(&f.id),
         custom_body: None,
         mention: Default::default(),
+        followup: Some(if which == "escalation" {
+            channel::Followup::Escalation
+        } else {
+            channel::Followup::Resolved
+        }),
     })
 }
 

@@ -8,6 +8,7 @@
 mod context;
 pub use context::Actions;
 
+pub mod alert;
 pub mod cleanup;
 pub mod exec;
 pub mod followup;
@@ -44,6 +45,9 @@ impl Actions {
             Action::Escalate { .. } | Action::Resolved { .. } => {
                 followup::run(self, firing, rule, action).await
             }
+            Action::Alert { channel, target } => {
+                alert::run(self, firing, rule, channel, *target).await
+            }
             Action::Notify { channel } => match self.config.channel(channel) {
                 Some(ch) => notify::send_one(self, firing, rule, ch).await,
                 None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
@@ -65,7 +69,15 @@ pub fn actions_of(rule: &crate::config::Rule) -> Vec<Action> {
         out.push(Action::Cleanup);
     }
     if let Some(n) = &rule.notify {
-        out.extend(n.to.iter().map(|c| Action::Notify { channel: c.clone() }));
+        for c in &n.to {
+            match n.alert_targets(c) {
+                Some(urls) => out.extend((0..urls).map(|target| Action::Alert {
+                    channel: c.clone(),
+                    target,
+                })),
+                None => out.push(Action::Notify { channel: c.clone() }),
+            }
+        }
     }
     out
 }

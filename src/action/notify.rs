@@ -55,6 +55,7 @@ pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Mes
         .idempotency_key(&f.id),
         custom_body,
         mention: super::mention::render(t, &n.mention, &rule.name, &ctx),
+        followup: None,
     })
 }
 
@@ -125,6 +126,7 @@ pub fn compose_digest(
         idempotency_key: digest_key(&first.id, &ch.name, firings.len()),
         custom_body: None,
         mention,
+        followup: None,
     })
 }
 

@@ -929,6 +929,7 @@ mod tests {
             idempotency_key: format!("{ID}:notify:mail"),
             custom_body: None,
             mention: Default::default(),
+            followup: None,
         }
     }
 

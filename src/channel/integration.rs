@@ -53,6 +53,21 @@ pub trait Integration: fmt::Debug + Send + Sync {
     fn judge(&self, _ch: &Channel, answer: &Answer) -> Outcome {
         http::judge_status(answer)
     }
+
+    /// Whether the alerts sent through this channel stay open at the receiver until they are
+    /// closed (Alertmanager, PagerDuty). A rule's `resolved` then reaches this channel from
+    /// `notify.to` whether or not `resolved.to` lists it, and its resolved notice
+    /// ([`Message::followup`]) closes the alert instead of telling people
+    /// (docs/rules.md#follow-ups).
+    fn closes_on_resolved(&self) -> bool {
+        false
+    }
+
+    /// The channel as an Alertmanager, whose alerts are jobs of their own (one per URL,
+    /// posted again while they fire: `action::alert`); `None` for every other integration.
+    fn alertmanager(&self) -> Option<&super::alert::Alertmanager> {
+        None
+    }
 }
 
 /// What delivering one message takes.

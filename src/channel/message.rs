@@ -26,6 +26,16 @@ pub struct Message {
     pub custom_body: Option<Vec<u8>>,
     /// Who the rule mentions (`notify.mention`, rendered and checked), on top of the channel's.
     pub mention: Mention,
+    /// Set on an `escalate` or `resolved` notice: a channel that keeps alerts open
+    /// ([`super::Integration::closes_on_resolved`]) closes the alert on a resolved one.
+    pub followup: Option<Followup>,
+}
+
+/// Which follow-up of an alert a message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Followup {
+    Escalation,
+    Resolved,
 }
 
 impl Message {
@@ -43,6 +53,7 @@ impl Message {
             idempotency_key: digest_key(first_id, channel, count),
             custom_body: None,
             mention: Default::default(),
+            followup: None,
         }
     }
 

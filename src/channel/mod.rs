@@ -7,6 +7,7 @@
 //! and its integration behind the trait, as Alertmanager's notifiers are. Adding a service is
 //! one new file and one line in [`KINDS`].
 
+pub mod alert;
 pub mod chat;
 mod fields;
 pub mod http;
@@ -27,7 +28,7 @@ pub use fields::{Fields, check_http_url};
 pub use integration::{
     Channel, DEFAULT_CONCURRENCY, Dispatch, Exchange, Integration, Kind, MAX_CONCURRENCY, Rate,
 };
-pub use message::{Item, Message};
+pub use message::{Followup, Item, Message};
 
 /// Registers integrations: each one's module, and its [`Kind`] in [`KINDS`], so that adding a
 /// service is its file and its name here.
@@ -40,7 +41,7 @@ macro_rules! integrations {
     };
 }
 
-integrations![dingtalk, slack, feishu, wecom, webhook, email, log];
+integrations![dingtalk, slack, feishu, wecom, webhook, alertmanager, email, log];
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {

@@ -176,6 +176,9 @@ pub async fn dead_list(
     for d in list {
         let action = match &d.action {
             crate::firing::Action::Notify { channel } => format!("notify:{channel}"),
+            crate::firing::Action::Alert { channel, target } => {
+                format!("notify:{channel}:{target}")
+            }
             a => a.name().to_string(),
         };
         out.push_str(&format!(

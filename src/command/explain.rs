@@ -287,6 +287,17 @@ fn explain_rule(
                 "  5. notify {name} ({} → {target}{rate})",
                 ch.kind.name
             );
+            if let Some(am) = ch.integration.alertmanager() {
+                let firing = crate::firing::Firing::new(
+                    &rule.name,
+                    &event,
+                    rule.capture_names(),
+                    captures.to_vec(),
+                    None,
+                );
+                explain_alert(config, rule, n, &firing, am, &text, out);
+                continue;
+            }
             let escape = ch.escape();
             if let Some(id) = n.title.get(escape) {
                 let _ = writeln!(out, "     title: {}", text(id));
@@ -333,6 +344,69 @@ fn explain_rule(
             }
         }
     }
+}
+
+/// The exact request an alertmanager channel would post for this event, per URL (headers'
+/// values masked: they carry tokens), and when it would post again.
+fn explain_alert(
+    config: &Config,
+    rule: &Rule,
+    n: &crate::config::NotifyStep,
+    firing: &crate::firing::Firing,
+    am: &crate::channel::alert::Alertmanager,
+    text: &dyn Fn(TemplateId) -> String,
+    out: &mut String,
+) {
+    use crate::channel::alert::Alert;
+    let render = |id: Option<TemplateId>| id.map(text).unwrap_or_default();
+    let title = render(n.title.get(crate::template::Escape::Raw));
+    let message = render(n.message.get(crate::template::Escape::Raw));
+    let pairs = |p: &[(String, TemplateId)]| -> Vec<(String, String)> {
+        p.iter().map(|(k, id)| (k.clone(), text(*id))).collect()
+    };
+    let alert = Alert::of_event(
+        &rule.name,
+        &firing.to_json(),
+        &title,
+        &message,
+        crate::action::alert::starts_at(firing),
+        crate::action::alert::held_until(firing, am),
+    )
+    .with_labels(am.labels.iter().cloned())
+    .with_labels(pairs(&n.labels))
+    .with_annotations(pairs(&n.annotations));
+    let alert = Alert {
+        generator_url: crate::action::alert::generator_url(config, &firing.id),
+        ..alert
+    };
+    for i in 0..am.urls.len() {
+        let _ = writeln!(
+            out,
+            "     POST {}{}",
+            am.shown_url(i),
+            crate::channel::alert::ALERTS_PATH
+        );
+    }
+    let _ = writeln!(out, "     header Content-Type: application/json");
+    for (name, _) in &am.headers {
+        let _ = writeln!(out, "     header {name}: <secret>");
+    }
+    let _ = writeln!(
+        out,
+        "     body: {}",
+        serde_json::to_string(&alert.body()).unwrap_or_default()
+    );
+    let ends = if rule.resolved.is_some() {
+        ", or the rule's `resolved` ends it sooner (posted then with `endsAt` that moment)"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "     posted again every {} until `endsAt` ({} after `startsAt`){ends}",
+        humantime::format_duration(am.resend),
+        humantime::format_duration(am.hold)
+    );
 }
 
 #[cfg(test)]

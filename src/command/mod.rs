@@ -489,6 +489,7 @@ pub fn run(cli: Cli) -> ExitCode {
             let filter = crate::store::history::Filter {
                 key: key.map(|k| *k),
                 rule,
+                id: None,
                 since,
                 limit,
             };

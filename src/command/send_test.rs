@@ -39,24 +39,60 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
         idempotency_key: format!("send-test:{}", now.timestamp_millis()),
         custom_body: None,
         mention: Default::default(),
+        followup: None,
     };
+    if let Some(am) = ch.integration.alertmanager() {
+        return alertmanager(config, ch, am, &msg).await;
+    }
     let target = ch.integration.target();
     // A target's answer may quote what it was sent (a token in the URL, a signed header).
     let outcome = channel::send(&http::client(), ch, &msg)
         .await
         .map_text(|t| config.secrets.mask(t));
+    say(channel, ch.kind.name, &target, outcome)
+}
+
+fn say(channel: &str, kind: &str, target: &str, outcome: Outcome) -> Result<String, String> {
     match outcome {
-        Outcome::Sent(answer) => Ok(format!(
-            "sent to {channel} ({} → {target}): {answer}",
-            ch.kind.name
-        )),
+        Outcome::Sent(answer) | Outcome::Again { answer, .. } => {
+            Ok(format!("sent to {channel} ({} → {target}): {answer}", kind))
+        }
         Outcome::Retry { reason, .. } => Err(format!(
             "not sent to {channel} ({} → {target}): {reason} (keywatch would retry this)",
-            ch.kind.name
+            kind
         )),
         Outcome::Failed(reason) => Err(format!(
             "not sent to {channel} ({} → {target}): {reason} (keywatch would not retry this: fix the channel)",
-            ch.kind.name
+            kind
         )),
     }
+}
+
+/// A test alert (`alertname="keywatch-send-test"`, firing for 5 minutes) posted to each URL of
+/// an alertmanager channel, each answer on its own line; an error when any URL did not take it.
+async fn alertmanager(
+    config: &Config,
+    ch: &channel::Channel,
+    am: &channel::alert::Alertmanager,
+    msg: &Message,
+) -> Result<String, String> {
+    let alert = channel::alert::test_alert(am, msg, Utc::now());
+    let client = http::client();
+    let mut lines = Vec::new();
+    let mut failed = false;
+    for target in 0..am.urls.len() {
+        let Some(req) = am.request(target, &alert) else {
+            continue;
+        };
+        let outcome = match http::send(&client, &req, ch.timeout).await {
+            Ok(answer) => ch.integration.judge(ch, &answer),
+            Err(o) => o,
+        }
+        .map_text(|t| config.secrets.mask(t));
+        let said = say(&ch.name, ch.kind.name, &am.shown_url(target), outcome);
+        failed |= said.is_err();
+        lines.push(said.unwrap_or_else(|e| e));
+    }
+    let out = lines.join("\n");
+    if failed { Err(out) } else { Ok(out) }
 }

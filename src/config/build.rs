@@ -338,11 +338,20 @@ fn build_rule(
     let escalate = r
         .escalate
         .as_ref()
-        .map(|fd| t.followup(fd, channels, channel_names, &r.on, "escalate"));
+        .map(|fd| t.followup(fd, channels, channel_names, &r.on, "escalate", &[]));
+    // Alerts kept open at the receiver (Alertmanager, PagerDuty) are closed by `resolved`.
+    let closing: Vec<String> = r
+        .notify
+        .iter()
+        .flat_map(|n| &n.to)
+        .filter_map(|name| channels.iter().find(|c| c.name == name.value))
+        .filter(|c| c.integration.closes_on_resolved())
+        .map(|c| c.name.clone())
+        .collect();
     let resolved = r
         .resolved
         .as_ref()
-        .map(|fd| t.followup(fd, channels, channel_names, &r.on, "resolved"));
+        .map(|fd| t.followup(fd, channels, channel_names, &r.on, "resolved", &closing));
     check_has_action(t.d, &r, &t.what);
 
     Some(Rule {
@@ -703,20 +712,79 @@ impl RuleTemplates<'_, '_, '_> {
             Some(md) => self.mention(md, channels, &to)?,
             None => RuleMention::default(),
         };
+        let alerts: Vec<(String, u32)> = to
+            .iter()
+            .filter_map(|name| channels.iter().find(|c| c.name == *name))
+            .filter_map(|c| {
+                let am = c.integration.alertmanager()?;
+                Some((
+                    c.name.clone(),
+                    u32::try_from(am.urls.len()).unwrap_or(u32::MAX),
+                ))
+            })
+            .collect();
+        if let (Some(loc), Some((am, _))) = (&nd.group_loc, alerts.first()) {
+            self.d.error(
+                loc,
+                format!(
+                    "{what} `notify.group`: channel `{am}` is an alertmanager channel, and Alertmanager groups alerts itself (its route's `group_by`, `group_wait`, `group_interval`): remove `group`, or send digests to another channel in a rule of their own"
+                ),
+            );
+        }
+        let (labels, annotations) = self.alert_fields(nd, &alerts)?;
         Some(NotifyStep {
             to,
             title: PerEscape(title),
             message: PerEscape(message),
             group: nd.group,
             mention,
+            labels,
+            annotations,
+            alerts,
         })
     }
 }
 
 impl RuleTemplates<'_, '_, '_> {
+    /// `notify.labels` and `notify.annotations`: names every Alertmanager accepts, values
+    /// templates rendered as text. Without an alertmanager channel in `to` they do nothing,
+    /// which is worth a warning.
+    #[allow(clippy::type_complexity)]
+    fn alert_fields(
+        &mut self,
+        nd: &NotifyDraft,
+        alerts: &[(String, u32)],
+    ) -> Option<(Vec<(String, TemplateId)>, Vec<(String, TemplateId)>)> {
+        let mut out = (Vec::new(), Vec::new());
+        let mut ok = true;
+        for (field, pairs, labels) in [
+            ("labels", &nd.labels, true),
+            ("annotations", &nd.annotations, false),
+        ] {
+            let what = format!("{} `notify.{field}`", self.what);
+            if !pairs.is_empty() && alerts.is_empty() {
+                let w = format!(
+                    "{what} has no effect: they are for alertmanager channels, and `notify.to` names none"
+                );
+                self.d.warning(&pairs[0].0.loc, w);
+            }
+            ok &= crate::channel::alert::check_names(self.d, pairs, &what, labels);
+            for (k, v) in pairs {
+                match self.compile(v, Escape::Raw, &format!("notify.{field}.{}", k.value)) {
+                    Some(id) if labels => out.0.push((k.value.clone(), id)),
+                    Some(id) => out.1.push((k.value.clone(), id)),
+                    None => ok = false,
+                }
+            }
+        }
+        ok.then_some(out)
+    }
+
     /// `escalate` or `resolved`: channels and templates as for `notify`, with `gap` defined;
     /// only after an alert of a key (or hash field) that is gone (`expired`, `evicted`,
-    /// `hexpired`).
+    /// `hexpired`). `also`: channels of `notify.to` that keep alerts open
+    /// ([`crate::channel::Integration::closes_on_resolved`]), which a `resolved` reaches
+    /// whether or not its `to` lists them.
     fn followup(
         &mut self,
         fd: &super::followups::FollowupDraft,
@@ -724,6 +792,7 @@ impl RuleTemplates<'_, '_, '_> {
         channel_names: &[String],
         on: &[EventKind],
         name: &str,
+        also: &[String],
     ) -> Option<FollowupStep> {
         if !on.iter().any(|k| FOLLOWED.contains(k)) {
             let w = format!(
@@ -737,9 +806,40 @@ impl RuleTemplates<'_, '_, '_> {
             "escalate" => "{{ rule }}: {{ key }} is still {{ event }} after {{ gap }} (escalation)",
             _ => "{{ rule }}: {{ key }} exists again after {{ gap }}",
         };
+        if name == "escalate" {
+            for t in &fd.to {
+                if let Some(c) = channels.iter().find(|c| c.name == t.value)
+                    && c.integration.alertmanager().is_some()
+                {
+                    let w = format!(
+                        "{} `escalate.to`: channel `{}` is an alertmanager channel, where the alert already is: escalate with Alertmanager's own routes (e.g. a route with a longer `repeat_interval` or another receiver), or name a chat channel here",
+                        self.what, c.name
+                    );
+                    self.d.error(&t.loc, w);
+                    return None;
+                }
+            }
+        }
+        let mut to = fd.to.clone();
+        for name in also {
+            if !to.iter().any(|t| t.value == *name) {
+                to.push(crate::yaml::decode::Spanned {
+                    value: name.clone(),
+                    loc: fd.loc.clone(),
+                });
+            }
+        }
+        if to.is_empty() {
+            let w = format!(
+                "{} `{name}` names no channel: add `to`, e.g. `to: [oncall]` (a `resolved` without `to` only closes the alerts of channels in `notify.to` that keep them open, such as alertmanager channels)",
+                self.what
+            );
+            self.d.error(&fd.loc, w);
+            return None;
+        }
         let nd = NotifyDraft {
             loc: fd.loc.clone(),
-            to: fd.to.clone(),
+            to,
             title: fd.title.clone(),
             message: Some(fd.message.clone().unwrap_or(Text {
                 value: default_message.into(),
@@ -748,7 +848,10 @@ impl RuleTemplates<'_, '_, '_> {
                 quoted: false,
             })),
             group: None,
+            group_loc: None,
             mention: None,
+            labels: Vec::new(),
+            annotations: Vec::new(),
         };
         let saved = self.check;
         self.check.followup = true;
@@ -878,6 +981,62 @@ rules:
       message: \"{message}\"
 "
         )
+    }
+
+    /// An alertmanager channel is one job per URL; the rule's `resolved` reaches it from
+    /// `notify.to` (its own `to` may be left out), and `escalate.to` may not name it.
+    #[test]
+    fn an_alertmanager_channel_is_a_job_per_url_and_resolved_reaches_it() {
+        use crate::firing::Action;
+        let yaml = r#"
+channels:
+  am: { type: alertmanager, urls: ["http://a:9093", "http://b:9093/"] }
+  log: { type: log }
+rules:
+  - name: r
+    match: "a:{id}"
+    notify: { to: [am, log], labels: { sev: "{{ id }}" } }
+    resolved: { within: 1h }
+"#;
+        let loaded = check(yaml).unwrap_or_else(|d| panic!("{d:#?}"));
+        let rule = loaded.config.rule("r").unwrap();
+        let alert = |target| Action::Alert {
+            channel: "am".into(),
+            target,
+        };
+        assert_eq!(
+            crate::action::actions_of(rule),
+            [
+                alert(0),
+                alert(1),
+                Action::Notify {
+                    channel: "log".into()
+                }
+            ]
+        );
+        assert_eq!(rule.resolved.as_ref().unwrap().to, ["am"]);
+
+        let refused = yaml.replace(
+            "    resolved: { within: 1h }",
+            "    escalate: { after: 5m, to: [am] }",
+        );
+        let diags = check(&refused)
+            .err()
+            .expect("escalate.to: [am] must be refused");
+        assert!(
+            diags[0].starts_with(
+                "rules.yaml:9:33: rule `r` `escalate.to`: channel `am` is an alertmanager channel"
+            ),
+            "{diags:#?}"
+        );
+        let nothing = "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: \"a:{id}\"\n    notify: { to: [log] }\n    resolved: { within: 1h }\n";
+        let diags = check(nothing)
+            .err()
+            .expect("a resolved with no channel must be refused");
+        assert!(
+            diags[0].starts_with("rules.yaml:7:15: rule `r` `resolved` names no channel"),
+            "{diags:#?}"
+        );
     }
 
     #[test]

@@ -123,7 +123,9 @@ pub fn decode_followup(
             ),
         }
     }
-    let (to, title, message) = to_title_message(d, &mut m, &what);
+    // A `resolved` may name no channel of its own: it still closes the alerts of channels that
+    // keep them open (Alertmanager, PagerDuty), which `check` finds in `notify.to`.
+    let (to, title, message) = to_title_message(d, &mut m, &what, which == Which::Escalate);
     let known: &[&str] = match which {
         Which::Escalate => &["after", "unless", "to", "title", "message"],
         Which::Resolved => &["within", "to", "title", "message"],
@@ -195,9 +197,15 @@ pub fn to_title_message(
     d: &mut Decoder<'_>,
     m: &mut crate::yaml::decode::MapReader<'_>,
     what: &str,
+    required: bool,
 ) -> (Vec<Spanned<String>>, Option<Text>, Option<Text>) {
     let mut to = Vec::new();
-    if let Some(n) = m.require(d, "to") {
+    let node = if required {
+        m.require(d, "to")
+    } else {
+        m.get("to")
+    };
+    if let Some(n) = node {
         for item in d.one_or_many(n, &format!("{what} `to`")) {
             if let Some(t) = d.text(item, &format!("{what} `to`")) {
                 if to.iter().any(|x: &Spanned<String>| x.value == t.value) {

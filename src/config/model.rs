@@ -341,6 +341,22 @@ pub struct NotifyStep {
     pub group: Option<Group>,
     /// `notify.mention`: rendered per event and added to each channel's mentions.
     pub mention: RuleMention,
+    /// `notify.labels` and `notify.annotations`: rendered per event for alertmanager channels.
+    pub labels: Vec<(String, TemplateId)>,
+    pub annotations: Vec<(String, TemplateId)>,
+    /// The alertmanager channels of `to`, each with how many URLs it posts to: their
+    /// notifications are one job per URL (`Action::Alert`).
+    pub alerts: Vec<(String, u32)>,
+}
+
+impl NotifyStep {
+    /// How many URLs `channel` posts each alert to, when it is an alertmanager channel.
+    pub fn alert_targets(&self, channel: &str) -> Option<u32> {
+        self.alerts
+            .iter()
+            .find(|(c, _)| c == channel)
+            .map(|(_, n)| *n)
+    }
 }
 
 /// A rule's own mentions: templates (`{{ detail.mobile }}`), each rendered value checked before

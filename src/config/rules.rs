@@ -54,7 +54,12 @@ pub struct NotifyDraft {
     pub title: Option<Text>,
     pub message: Option<Text>,
     pub group: Option<Group>,
+    /// Where `group` was written, for refusing it on an alertmanager channel.
+    pub group_loc: Option<Loc>,
     pub mention: Option<MentionDraft>,
+    /// `notify.labels` and `notify.annotations`: templates, for alertmanager channels.
+    pub labels: Vec<(Spanned<String>, Text)>,
+    pub annotations: Vec<(Spanned<String>, Text)>,
 }
 
 /// `notify.mention`: templates, rendered per event, added to each channel's own mentions.
@@ -572,7 +577,7 @@ fn decode_cleanup(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<Cleanu
 fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyDraft> {
     let what = format!("{what} `notify`");
     let mut m = d.map(node, &what)?;
-    let (to, title, message) = super::followups::to_title_message(d, &mut m, &what);
+    let (to, title, message) = super::followups::to_title_message(d, &mut m, &what, true);
     let group = m.get("group").and_then(|n| {
         let gw = format!("{what} `group`");
         let mut g = d.map(n, &gw)?;
@@ -594,17 +599,38 @@ fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyD
             max_items,
         })
     });
+    let group_loc = m.key_loc("group");
     let mention = m.get("mention").and_then(|n| decode_mention(d, n, &what));
-    m.finish(d, &["to", "title", "message", "group", "mention"], &|_| {
-        None
-    });
+    let mut pairs = |d: &mut Decoder<'_>, field: &str| {
+        m.get(field)
+            .map(|n| d.string_map(n, &format!("{what} `{field}`")))
+            .unwrap_or_default()
+    };
+    let labels = pairs(d, "labels");
+    let annotations = pairs(d, "annotations");
+    m.finish(
+        d,
+        &[
+            "to",
+            "title",
+            "message",
+            "group",
+            "mention",
+            "labels",
+            "annotations",
+        ],
+        &|_| None,
+    );
     Some(NotifyDraft {
         loc: node.loc.clone(),
         to,
         title,
         message,
         group,
+        group_loc,
         mention,
+        labels,
+        annotations,
     })
 }
 

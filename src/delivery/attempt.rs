@@ -67,7 +67,7 @@ pub(super) async fn attempt(
         .action(work.rule(), work.action_name(), outcome.label(), secs);
     if let Some(s) = inner.status.get() {
         let detail = match &outcome {
-            Outcome::Sent(what) => what,
+            Outcome::Sent(what) | Outcome::Again { answer: what, .. } => what,
             Outcome::Retry { reason, .. } | Outcome::Failed(reason) => reason,
         };
         s.record_outcome(
@@ -102,6 +102,9 @@ pub(super) async fn attempt(
     match &outcome {
         Outcome::Sent(what) => {
             tracing::info!(%rule, %key, action, channel, outcome = "sent", attempt = n + 1, answer = %what, "Action done.")
+        }
+        Outcome::Again { answer, after } => {
+            tracing::info!(%rule, %key, action, channel, outcome = "sent", attempt = n + 1, %answer, again_in = %humantime::format_duration(*after), "Action done; it runs again later.")
         }
         Outcome::Retry { reason, .. } => {
             tracing::warn!(%rule, %key, action, channel, outcome = "retry", attempt = n + 1, %reason, "Action failed; will retry.")
@@ -232,6 +235,32 @@ pub(super) async fn deliver_held(
                 acknowledge(&inner, window.as_ref(), &jobs).await;
                 finish(&inner);
                 return;
+            }
+            Outcome::Again { after, .. } => {
+                crate::drill::pass(crate::drill::Step::Sent);
+                let now = inner.clock.now_ms();
+                let at = now + i64::try_from(after.as_millis()).unwrap_or(i64::MAX / 2);
+                n = 0;
+                failing_since = None;
+                if let (Some(q), Work::Job { firing, action }) = (&durable, &work) {
+                    let job = Job::first(firing.clone(), action.clone());
+                    finish(&inner);
+                    match q.reschedule(&job, at).await {
+                        Ok(true) => return,
+                        Ok(false) => {
+                            tracing::info!(id = %id, "The job left the queue while this instance lost its lease: another instance finished it.");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, id = %id, "Cannot requeue the job; running it again from memory.")
+                        }
+                    }
+                }
+                tokio::select! {
+                    biased;
+                    _ = inner.shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(after) => {}
+                }
             }
             Outcome::Retry { .. } => {
                 let now = inner.clock.now_ms();

@@ -651,7 +651,7 @@ fn wait_targets(
             continue;
         }
         let full = count_room(inner, config, job, counted).err();
-        if full.is_some() && !matches!(job.action, Action::Notify { .. }) {
+        if full.is_some() && !job.action.is_notification() {
             after.clone_from(&full);
         }
         out.push(full);
@@ -710,7 +710,7 @@ fn count_in_line(
 /// notification when there is nothing before them.
 fn starting(jobs: &[Job]) -> usize {
     match jobs.first() {
-        Some(j) if !matches!(j.action, Action::Notify { .. }) => 1,
+        Some(j) if !j.action.is_notification() => 1,
         _ => jobs.len(),
     }
 }
@@ -762,7 +762,7 @@ fn admit_firing(
         match admit(inner, config, &job, lanes) {
             Ok(t) => out.push((job, t)),
             Err(target) => {
-                if !matches!(job.action, Action::Notify { .. }) {
+                if !job.action.is_notification() {
                     after = Some(target.clone());
                 }
                 later.push((target, job.id()));
@@ -832,7 +832,7 @@ async fn run_jobs(inner: Arc<Inner>, jobs: Vec<(Job, Held)>) {
         if inner.shutdown.is_cancelled() {
             break;
         }
-        let notify = matches!(job.action, Action::Notify { .. });
+        let notify = job.action.is_notification();
         if let Some(target) = &after {
             later.push((target.clone(), job.id()));
             continue;

@@ -33,6 +33,7 @@ impl SlotKey {
     pub(super) fn of(rule: &str, action: &Action) -> Option<SlotKey> {
         match action {
             Action::Notify { channel }
+            | Action::Alert { channel, .. }
             | Action::Escalate { channel }
             | Action::Resolved { channel } => Some(SlotKey::Channel(channel.clone())),
             Action::Reload => Some(SlotKey::Reload(rule.to_string())),

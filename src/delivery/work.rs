@@ -53,7 +53,7 @@ impl Work {
     pub(super) fn channel(&self) -> Option<&str> {
         match self {
             Work::Job {
-                action: Action::Notify { channel },
+                action: Action::Notify { channel } | Action::Alert { channel, .. },
                 ..
             } => Some(channel),
             Work::Job { .. } => None,

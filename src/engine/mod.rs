@@ -502,7 +502,9 @@ impl Engine {
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
             }
         }
-        if let Err(msg) = crate::source::flags::ensure(&mut c, &self.config, node).await {
+        let checked = crate::source::flags::ensure(&mut c, &self.config, node).await;
+        self.metrics.notify_flags(node, checked.is_ok());
+        if let Err(msg) = checked {
             tracing::error!("{msg}");
         }
     }

@@ -54,6 +54,9 @@ pub struct ActionRecord {
     pub action: String,
     /// The channel of a notification.
     pub channel: Option<String>,
+    /// Of an alertmanager channel's alert: which of its `urls` (from 0), each its own target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<u32>,
     /// `sent`, `retrying`, `dead` or `skipped`.
     pub outcome: String,
     pub attempts: u32,
@@ -95,6 +98,8 @@ pub struct Filter {
     /// Only keys this pattern (SPEC §3) matches.
     pub key: Option<Pattern>,
     pub rule: Option<String>,
+    /// Only the firing with this event id (an Alertmanager alert's `generatorURL`).
+    pub id: Option<String>,
     /// Only firings observed this long ago or later.
     pub since: Option<Duration>,
     pub limit: usize,
@@ -124,6 +129,9 @@ fn index_key(prefix: &str) -> String {
 
 /// The hash field of an action: `a:reload`, `a:notify:oncall`.
 fn action_field(action: &Action) -> String {
+    if let (Some(channel), Some(target)) = (action.channel(), action.target()) {
+        return format!("a:{}:{channel}:{target}", action.name());
+    }
     match action.channel() {
         Some(channel) => format!("a:{}:{channel}", action.name()),
         None => format!("a:{}", action.name()),
@@ -210,7 +218,7 @@ impl Recorder {
         let (label, error) = match outcome {
             // A follow-up that had nothing to do (see `action::followup`).
             Outcome::Sent(t) if t.starts_with(CANCELLED) => ("skipped", Some(t.clone())),
-            Outcome::Sent(_) => ("sent", None),
+            Outcome::Sent(_) | Outcome::Again { .. } => ("sent", None),
             Outcome::Retry { reason, .. } => ("retrying", Some(reason.clone())),
             Outcome::Failed(reason) => ("dead", Some(reason.clone())),
         };
@@ -247,6 +255,7 @@ impl Recorder {
             record: ActionRecord {
                 action: action.name().to_string(),
                 channel: channel_of(action),
+                target: action.target(),
                 outcome: outcome.to_string(),
                 attempts,
                 last_error: error,
@@ -472,17 +481,31 @@ pub async fn list(
 ) -> redis::RedisResult<Vec<Record>> {
     const PAGE: usize = 256;
     let index = index_key(prefix);
-    let min = match filter.since {
+    let mut min = match filter.since {
         Some(d) => (clock::now_ms() - d.as_millis() as i64).to_string(),
         None => "-inf".to_string(),
     };
+    let mut max = "+inf".to_string();
+    // One firing: only the firings observed in its millisecond are read.
+    if let Some(id) = &filter.id {
+        let at: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&index)
+            .arg(id)
+            .query_async(conn)
+            .await?;
+        let Some(at) = at else {
+            return Ok(Vec::new());
+        };
+        min = at.to_string();
+        max = at.to_string();
+    }
     let mut out = Vec::new();
     let mut offset = 0;
     while out.len() < filter.limit {
         let mut range = redis::cmd("ZRANGE");
         range
             .arg(&index)
-            .arg("+inf")
+            .arg(&max)
             .arg(&min)
             .arg("BYSCORE")
             .arg("REV")
@@ -568,6 +591,10 @@ pub async fn list(
                 .rule
                 .as_deref()
                 .is_some_and(|rule| r.str_field("rule") != rule)
+                || filter
+                    .id
+                    .as_deref()
+                    .is_some_and(|id| r.str_field("id") != id)
             {
                 continue;
             }
@@ -667,6 +694,9 @@ crate::keyspace::commands::declare! {
         Use::new(Conn::State, "zrange", WHY)
             .on(Keys::State("history"), Access::Read)
             .args("{key} 0 0 WITHSCORES"),
+        Use::new(Conn::State, "zscore", WHY)
+            .on(Keys::State("history"), Access::Read)
+            .args("{key} id"),
         Use::new(Conn::State, "hdel", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} id id:a:reload"),
@@ -718,6 +748,7 @@ mod tests {
             record: ActionRecord {
                 action: field.trim_start_matches("a:").into(),
                 channel: None,
+                target: None,
                 outcome: outcome.into(),
                 attempts,
                 last_error: None,
@@ -874,6 +905,7 @@ mod tests {
             serde_json::to_string(&ActionRecord {
                 action: action.into(),
                 channel: channel.map(Into::into),
+                target: None,
                 outcome: "sent".into(),
                 attempts: 1,
                 last_error: None,

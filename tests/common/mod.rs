@@ -26,8 +26,11 @@
 //! - [`tls`]: a test CA with server and client certificates, made in the test ([`TestPki`]), for
 //!   servers started with [`RedisServerBuilder::tls`].
 //! - [`wait`]: [`PATIENCE`], the upper bound of every wait, and polling ([`wait_until`]).
+//! - [`alertmanager`]: a real Prometheus Alertmanager per test, routing to an [`HttpReceiver`]
+//!   ([`alertmanager::Alertmanager`]).
 #![allow(dead_code, unused_imports)]
 
+pub mod alertmanager;
 pub mod commands;
 pub mod daemon;
 pub mod endpoint;

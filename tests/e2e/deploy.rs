@@ -27,6 +27,8 @@ fn exported_samples() -> BTreeSet<String> {
     m.matched("r", "expired");
     m.action("r", "notify", "sent", 0.01);
     m.subscriber("127.0.0.1:6379", true);
+    m.notify_flags("127.0.0.1:6379", true);
+    m.recovery_skipped_for("r");
     m.recovered_for("r");
     m.silenced_for("r");
     m.encode()
@@ -209,4 +211,127 @@ fn completions_are_printed_for_bash_zsh_and_fish() {
     }
     let out = run_keywatch(["completions", "tcsh"], &[]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+/// `promtool` from Debian's `prometheus` package; fails with the fix when it is missing.
+fn promtool() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("promtool"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "`promtool` was not found on PATH: the alert rules in deploy/prometheus are \
+                 checked with it. Install it (`apt-get install prometheus`; `.ci/run` does)."
+            )
+        })
+}
+
+/// The anchors GitHub gives the `##` headings of a Markdown file.
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    markdown
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| {
+            h.to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The alert rules for keywatch itself (docs/operations.md#alerts-on-keywatch-itself): valid
+/// for promtool, each alert unit-tested firing and not firing, every metric they read one
+/// keywatch exports, every runbook a section of docs/troubleshooting.md.
+#[test]
+fn the_prometheus_alert_rules_pass_promtool_and_point_at_what_exists() {
+    let dir = repo().join("deploy/prometheus");
+    for args in [
+        vec!["check", "rules", "keywatch.rules.yaml"],
+        vec!["test", "rules", "keywatch.rules.test.yaml"],
+    ] {
+        let out = Command::new(promtool())
+            .args(&args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let exported = exported_samples();
+    let troubleshooting = anchors(&read(&repo().join("docs/troubleshooting.md")));
+    let tests = read(&dir.join("keywatch.rules.test.yaml"));
+    let mut alerts = Vec::new();
+    for rule in alert_rules(&read(&dir.join("keywatch.rules.yaml"))) {
+        let alert = &rule["alert"];
+        for name in metric_names(&rule["expr"]) {
+            assert!(
+                exported.contains(&name),
+                "{alert} reads `{name}`, which keywatch does not export"
+            );
+        }
+        for field in ["summary", "description", "runbook_url"] {
+            assert!(rule.contains_key(field), "{alert} has no `{field}`");
+        }
+        let runbook = &rule["runbook_url"];
+        let anchor = runbook
+            .strip_prefix("docs/troubleshooting.md#")
+            .unwrap_or_else(|| panic!("{alert}: runbook {runbook}"));
+        assert!(
+            troubleshooting.contains(anchor),
+            "{alert}: docs/troubleshooting.md has no section `#{anchor}`"
+        );
+        // Shown not firing (`exp_alerts: []`) and firing (`exp_labels`) in the unit tests.
+        assert!(
+            tests.matches(&format!("alertname: {alert}\n")).count() >= 2
+                && tests.contains(&format!("alertname: {alert}\n    exp_alerts:\n")),
+            "{alert} is not tested firing and not firing"
+        );
+        alerts.push(alert.clone());
+    }
+    for spec in [
+        "KeywatchDown",
+        "KeywatchNotReady",
+        "KeywatchNotSubscribed",
+        "KeywatchNotificationFlagsMissing",
+        "KeywatchReloadFailed",
+        "KeywatchDeadLetters",
+        "KeywatchQueueBacklog",
+        "KeywatchLateExpiries",
+        "KeywatchRecoverySkipping",
+    ] {
+        assert!(alerts.iter().any(|a| a == spec), "no alert {spec}");
+    }
+}
+
+/// Each alerting rule of a rules file written as deploy/prometheus/keywatch.rules.yaml is
+/// (one `key: value` per line): its `alert`, `expr` and annotations.
+fn alert_rules(yaml: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+    let mut out: Vec<std::collections::BTreeMap<String, String>> = Vec::new();
+    for line in yaml.lines().map(str::trim) {
+        let line = line.strip_prefix("- ").unwrap_or(line);
+        let Some((k, v)) = line.split_once(": ") else {
+            continue;
+        };
+        let v = v.trim().trim_matches('"').to_string();
+        if k == "alert" {
+            out.push(Default::default());
+        }
+        if let Some(rule) = out.last_mut()
+            && ["alert", "expr", "summary", "description", "runbook_url"].contains(&k)
+        {
+            rule.insert(k.to_string(), v);
+        }
+    }
+    out
 }

@@ -19,6 +19,7 @@ mod common;
 
 mod acl;
 mod admin;
+mod alertmanager;
 mod backlog;
 mod channels;
 mod check_fixtures;

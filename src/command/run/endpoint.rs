@@ -55,6 +55,7 @@ pub fn router(shared: Shared) -> Router {
 }
 
 async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
+    s.metrics.ready.set(i64::from(s.status.ready()));
     (
         [(
             header::CONTENT_TYPE,
@@ -168,7 +169,7 @@ async fn link_act(
     }
 }
 
-/// `GET /api/history?key=PATTERN&rule=NAME&since=DUR&limit=N`: the JSON of `keywatch history`,
+/// `GET /api/history?key=PATTERN&rule=NAME&id=ID&since=DUR&limit=N`: the JSON of `keywatch history`,
 /// as one array.
 async fn api_history(
     State(s): State<Shared>,
@@ -189,6 +190,7 @@ async fn api_history(
                 Err(e) => return bad(format!("`key`: `{value}` is not a pattern: {e}")),
             },
             "rule" => filter.rule = Some(value.into_owned()),
+            "id" => filter.id = Some(value.into_owned()),
             "since" => match crate::yaml::decode::parse_duration(&value) {
                 Some(d) => filter.since = Some(d),
                 None => return bad(format!("`since`: `{value}` is not a duration, e.g. `2h`")),
@@ -203,7 +205,7 @@ async fn api_history(
             },
             other => {
                 return bad(format!(
-                    "unknown parameter `{other}`; use key, rule, since, limit"
+                    "unknown parameter `{other}`; use key, rule, id, since, limit"
                 ));
             }
         }

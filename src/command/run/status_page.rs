@@ -273,7 +273,12 @@ fn rules(h: &mut String, status: &Status, config: Option<&Config>) {
         let mut channels: Vec<String> = Vec::new();
         for a in actions_of(rule) {
             match a {
-                crate::firing::Action::Notify { channel } => channels.push(channel),
+                crate::firing::Action::Notify { channel }
+                | crate::firing::Action::Alert { channel, .. } => {
+                    if !channels.contains(&channel) {
+                        channels.push(channel)
+                    }
+                }
                 other => actions.push(other.name().to_string()),
             }
         }

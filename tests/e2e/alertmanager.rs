@@ -1,0 +1,361 @@
+//! The alertmanager channel end to end, against a real Prometheus Alertmanager: keys that
+//! really expire, keywatch posting to Alertmanager's API v2, and Alertmanager's own
+//! notifications arriving at a local webhook receiver (docs/rules.md#channels).
+
+use crate::common;
+
+use common::alertmanager::{Alertmanager, keys_of, notifications, wait_for_notification};
+use common::{Daemon, HttpReceiver, PATIENCE, endpoint, get, poll, run_keywatch, wait_until};
+use serde_json::{Value, json};
+
+/// A rule on `order_lock:{order_id}` notifying the alertmanager channel `am` of `urls`.
+fn rules(urls: &[String], channel_extra: &str, rule_extra: &str) -> String {
+    let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        r#"
+channels:
+  am:
+    type: alertmanager
+    urls: [{urls}]
+    labels: {{ team: payments }}
+{channel_extra}
+rules:
+  - name: order-lock-timeout
+    match: "order_lock:{{order_id}}"
+    notify:
+      to: [am]
+      title: "Order lock expired"
+      message: "Lock of order {{{{ order_id }}}} expired."
+      labels: {{ severity: "{{% if order_id == '1' %}}page{{% else %}}ticket{{% endif %}}" }}
+      annotations: {{ runbook_url: "https://wiki.example/locks#{{{{ order_id }}}}" }}
+{rule_extra}
+"#,
+        urls = urls.join(", ")
+    )
+}
+
+fn history(daemon: &Daemon) -> Vec<Value> {
+    let url = daemon.redis.url();
+    let rules = daemon.rules.path.to_string_lossy().into_owned();
+    let out = run_keywatch(["history", "--json", "--redis", &url, "-r", &rules], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_expiry_reaches_the_receiver_through_alertmanager_with_its_labels() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let yaml = rules(&[am.url()], "", "")
+        + "links: { base_url: \"https://kw.example\", secret: \"0123456789abcdef0123\" }\n";
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("order_lock:1");
+
+    let n = wait_for_notification(&hook, "the expiry", |n| keys_of(n) == ["order_lock:1"]);
+    assert_eq!(n["status"], "firing");
+    assert_eq!(n["groupLabels"], json!({"alertname": "order-lock-timeout"}));
+    let alert = &n["alerts"][0];
+    assert_eq!(
+        alert["labels"],
+        json!({
+            "alertname": "order-lock-timeout", "key": "order_lock:1", "db": "0",
+            "event": "expired", "order_id": "1", "team": "payments", "severity": "page",
+        })
+    );
+    let id = alert["annotations"]["keywatch_id"].as_str().unwrap();
+    assert_eq!(id.len(), 32, "{alert}");
+    assert_eq!(
+        alert["annotations"],
+        json!({
+            "summary": "Order lock expired", "description": "Lock of order 1 expired.",
+            "keywatch_id": id, "runbook_url": "https://wiki.example/locks#1",
+        })
+    );
+    // `generatorURL`: the event's history on keywatch's endpoint.
+    let generator = format!("https://kw.example/api/history?id={id}");
+    assert_eq!(alert["generatorURL"], generator.as_str());
+    let (status, body) = get(
+        &endpoint(&daemon.process),
+        generator.strip_prefix("https://kw.example").unwrap(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let listed: Vec<Value> = serde_json::from_str(&body).unwrap();
+    assert_eq!(listed.len(), 1, "{body}");
+    assert_eq!(listed[0]["id"], id);
+
+    // What Alertmanager holds: the alert keywatch posted, ending `hold` (1h) after it started.
+    let held = am.wait_for_alert("order_lock:1");
+    let starts: chrono::DateTime<chrono::Utc> = held["startsAt"].as_str().unwrap().parse().unwrap();
+    let ends: chrono::DateTime<chrono::Utc> = held["endsAt"].as_str().unwrap().parse().unwrap();
+    assert_eq!(ends - starts, chrono::Duration::hours(1), "{held}");
+
+    // History: one outcome per URL, sent.
+    let h = history(&daemon);
+    assert_eq!(h.len(), 1, "{h:#?}");
+    assert_eq!(
+        h[0]["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| (
+                a["action"].clone(),
+                a["channel"].clone(),
+                a["target"].clone(),
+                a["outcome"].clone()
+            ))
+            .collect::<Vec<_>>(),
+        [(json!("notify"), json!("am"), json!(0), json!("sent"))]
+    );
+}
+
+#[test]
+fn several_expiries_of_one_rule_arrive_grouped() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let daemon = Daemon::start(&rules(&[am.url()], "", ""));
+    daemon.expire_all(&["order_lock:1", "order_lock:2", "order_lock:3"]);
+
+    let n = wait_for_notification(&hook, "the three expiries", |n| keys_of(n).len() == 3);
+    assert_eq!(
+        keys_of(&n),
+        ["order_lock:1", "order_lock:2", "order_lock:3"]
+    );
+    assert_eq!(n["commonLabels"]["alertname"], "order-lock-timeout");
+    // One group, one notification: none came before it with fewer alerts.
+    assert_eq!(notifications(&hook).len(), 1, "{:#?}", notifications(&hook));
+    drop(am);
+}
+
+#[test]
+fn an_alertmanager_silence_on_key_mutes_one_expiry() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    am.silence("key", "order_lock:2");
+    let daemon = Daemon::start(&rules(&[am.url()], "", ""));
+    daemon.expire_all(&["order_lock:1", "order_lock:2"]);
+
+    // Both reach Alertmanager; the silenced one is held as suppressed.
+    let muted = am.wait_for_alert("order_lock:2");
+    let muted = poll(
+        "Alertmanager marks order_lock:2 suppressed",
+        PATIENCE,
+        || {
+            let a = am.wait_for_alert("order_lock:2");
+            (a["status"]["state"] == "suppressed").then_some(a)
+        },
+        || format!("{muted:#}"),
+    );
+    assert_eq!(muted["status"]["silencedBy"].as_array().unwrap().len(), 1);
+    let n = wait_for_notification(&hook, "the unsilenced expiry", |n| {
+        keys_of(n).contains(&"order_lock:1".to_string())
+    });
+    assert_eq!(keys_of(&n), ["order_lock:1"]);
+    assert!(
+        notifications(&hook)
+            .iter()
+            .all(|n| !keys_of(n).contains(&"order_lock:2".to_string())),
+        "{:#?}",
+        notifications(&hook)
+    );
+}
+
+#[test]
+fn the_rules_resolved_produces_alertmanagers_resolved_notification() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let yaml = rules(&[am.url()], "", "    resolved: { within: 1h }\n");
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("order_lock:1");
+    wait_for_notification(&hook, "the alert firing", |n| n["status"] == "firing");
+
+    // The lock is taken again (with a TTL: keywatch hears its `expire` event).
+    let _: () = redis::cmd("SET")
+        .arg("order_lock:1")
+        .arg("worker-2")
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut daemon.conn())
+        .unwrap();
+
+    let n = wait_for_notification(&hook, "the alert resolved", |n| n["status"] == "resolved");
+    assert_eq!(keys_of(&n), ["order_lock:1"]);
+    let ended: chrono::DateTime<chrono::Utc> =
+        n["alerts"][0]["endsAt"].as_str().unwrap().parse().unwrap();
+    let started: chrono::DateTime<chrono::Utc> = n["alerts"][0]["startsAt"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        ended > started && ended - started < chrono::Duration::minutes(5),
+        "{n:#}"
+    );
+    // Alertmanager no longer holds it as active.
+    wait_until("Alertmanager drops the resolved alert", PATIENCE, || {
+        am.alerts()
+            .iter()
+            .all(|a| a["labels"]["key"] != "order_lock:1")
+    });
+    let h = history(&daemon);
+    let resolved: Vec<&Value> = h[0]["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"] == "resolved")
+        .collect();
+    assert_eq!(resolved.len(), 1, "{h:#?}");
+    assert_eq!(resolved[0]["channel"], "am");
+    assert_eq!(resolved[0]["outcome"], "sent");
+}
+
+#[test]
+fn a_restarted_alertmanager_has_the_firing_alert_again_within_resend() {
+    let hook = HttpReceiver::start();
+    let mut am = Alertmanager::start(&hook);
+    let daemon = Daemon::start(&rules(&[am.url()], "    resend: 2s\n", ""));
+    daemon.expire("order_lock:1");
+    let before = am.wait_for_alert("order_lock:1");
+
+    // Killed and started again with an empty storage folder: it holds nothing until keywatch's
+    // next round (`resend: 2s`) posts the alert again.
+    am.restart_afresh();
+    let after = am.wait_for_alert("order_lock:1");
+    assert_eq!(after["startsAt"], before["startsAt"]);
+    assert_eq!(after["endsAt"], before["endsAt"]);
+    assert_eq!(after["labels"], before["labels"]);
+}
+
+#[test]
+fn one_of_two_urls_down_changes_nothing_for_the_other() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    // Nothing listens there.
+    let down = format!("http://127.0.0.1:{}", common::ports::free_port());
+    let daemon = Daemon::start(&rules(&[down.clone(), am.url()], "", ""));
+    daemon.expire("order_lock:1");
+
+    let n = wait_for_notification(&hook, "the expiry", |n| keys_of(n) == ["order_lock:1"]);
+    assert_eq!(n["status"], "firing");
+    poll(
+        "history shows each URL's own outcome",
+        PATIENCE,
+        || {
+            let h = history(&daemon);
+            let actions = h.first()?["actions"].as_array()?.clone();
+            let of = |t: u32| {
+                actions
+                    .iter()
+                    .find(|a| a["target"] == t)
+                    .map(|a| a["outcome"].clone())
+            };
+            (of(0) == Some(json!("retrying")) && of(1) == Some(json!("sent"))).then_some(())
+        },
+        || format!("{:#?}", history(&daemon)),
+    );
+    let retrying = daemon.wait_for_log("saying the down URL is retried", |l| {
+        l["outcome"] == "retry" && l["channel"] == "am"
+    });
+    assert!(
+        retrying["reason"]
+            .as_str()
+            .unwrap()
+            .contains("cannot connect"),
+        "{retrying}"
+    );
+}
+
+#[test]
+fn send_test_posts_a_test_alert_to_every_url_and_explain_shows_the_exact_json() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let yaml = rules(
+        &[am.url()],
+        "    headers: { Authorization: \"Bearer ${AM_TOKEN}\" }\n",
+        "",
+    );
+    let daemon_rules = common::Rules::new(&yaml);
+    let envs = [("AM_TOKEN", "s3cr3t-token")];
+    let out = daemon_rules.run(&["send-test", "am"], &envs);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.trim(),
+        format!("sent to am (alertmanager → {}): HTTP 200", am.url())
+    );
+    let test = am.wait_for_alert("keywatch:send-test");
+    assert_eq!(test["labels"]["alertname"], "keywatch-send-test");
+    assert_eq!(test["labels"]["team"], "payments");
+
+    let out = daemon_rules.run(&["explain", "order_lock:7"], &envs);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("s3cr3t"), "{text}");
+    assert!(
+        text.contains(&format!("POST {}/api/v2/alerts", am.url())),
+        "{text}"
+    );
+    assert!(text.contains("header Authorization: <secret>"), "{text}");
+    let body = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("body: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(
+        body[0]["labels"],
+        json!({
+            "alertname": "order-lock-timeout", "key": "order_lock:7", "db": "0",
+            "event": "expired", "order_id": "7", "team": "payments", "severity": "ticket",
+        })
+    );
+    assert_eq!(
+        body[0]["annotations"]["runbook_url"],
+        "https://wiki.example/locks#7"
+    );
+}
+
+#[test]
+fn check_refuses_group_and_bad_label_names_on_alertmanager_channels_with_their_places() {
+    let yaml = r#"channels:
+  am:
+    type: alertmanager
+    urls: ["http://127.0.0.1:9093"]
+    labels: { "1bad": x }
+rules:
+  - name: r
+    match: "a:{id}"
+    notify:
+      to: [am]
+      group: { window: 30s }
+      labels: { "a-b": "{{ id }}" }
+      anotations: { x: y }
+"#;
+    let rules = common::Rules::new(yaml);
+    let out = rules.run(&["check"], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let file = rules.path.display().to_string();
+    for expected in [
+        format!("{file}:5:15: channel `am` `labels`: `1bad` is not a valid Prometheus label name"),
+        format!(
+            "{file}:11:7: rule `r` `notify.group`: channel `am` is an alertmanager channel, and Alertmanager groups alerts itself"
+        ),
+        format!(
+            "{file}:12:17: rule `r` `notify.labels`: `a-b` is not a valid Prometheus label name"
+        ),
+        format!("{file}:13:7: unknown field `anotations` in rule `r` `notify`"),
+    ] {
+        assert!(err.contains(&expected), "missing {expected:?} in:\n{err}");
+    }
+    assert!(err.contains("did you mean `annotations`?"), "{err}");
+}
