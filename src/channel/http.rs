@@ -77,6 +77,21 @@ pub fn unsendable(req: &Request) -> Option<String> {
     None
 }
 
+/// The first path segment of `url` that the URL standard treats as `.` or `..`: the segment
+/// itself, `%2e`, or `%2e%2e`, `.%2e`, `%2e.` in any case. A backslash separates segments in
+/// http(s) URLs as `/` does.
+pub fn dot_segment(url: &str) -> Option<&str> {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[after_scheme..];
+    let path_start = rest.find(['/', '\\'])?;
+    let path = &rest[path_start..];
+    let path = &path[..path.find(['?', '#']).unwrap_or(path.len())];
+    path.split(['/', '\\']).find(|s| {
+        let s = s.to_ascii_lowercase().replace("%2e", ".");
+        s == "." || s == ".."
+    })
+}
+
 /// Sends `req`; a transport failure comes back as the outcome to report (retryable: a target
 /// that is down for an hour must still get its messages), a request that can never be sent as
 /// a failure ([`unsendable`]).

@@ -216,11 +216,20 @@ fn explain_rule(
         );
     }
     if let Some(r) = &rule.reload {
+        // The URL as reqwest will request it (its parser may rewrite what was rendered), or
+        // why it never is.
+        let url = match t.render(r.url, &ctx) {
+            Ok(b) => match crate::action::reload::url_to_request(&b) {
+                Ok(url) => url,
+                Err(why) => format!("<fails for good, never sent: {why}>"),
+            },
+            Err(e) => format!("<fails: {}>", e.message),
+        };
         let _ = writeln!(
             out,
             "  2. reload: {} {} (timeout {})",
             r.method,
-            text(r.url),
+            url,
             humantime::format_duration(r.timeout)
         );
         for (name, id) in &r.headers {
