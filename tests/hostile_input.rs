@@ -8,7 +8,9 @@
 mod common;
 
 use common::daemon::Logs;
-use common::{Daemon, HttpReceiver, PATIENCE, RedisServer, Rules, field_is, run_keywatch};
+use common::{
+    Daemon, HttpReceiver, PATIENCE, RedisServer, Response, Rules, field_is, run_keywatch,
+};
 use serde_json::Value;
 
 /// `keywatch ARGS -r RULES` (and `--redis` when given): exit code and stdout + stderr.
@@ -98,5 +100,104 @@ fn a_capture_cannot_climb_out_of_a_reload_path() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("never sent"), "{out}");
     assert!(!out.contains("/reload/../flushall"), "{out}");
+    daemon.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Secrets in answers, and redirects
+
+/// The `GET /api/history` body of `daemon`'s endpoint.
+fn api_history(daemon: &Daemon) -> String {
+    let (status, body) = common::get(&common::endpoint(&daemon.process), "/api/history");
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// An answer that echoes a credential is masked before it is cut: a token straddling the
+/// 300-byte edge left its first bytes in the log, history, `/api/history` and `dead list`; a
+/// 400 echoing `Authorization: Basic …` showed the base64 of the URL's `user:password`.
+#[test]
+fn a_secret_echoed_in_an_answer_never_shows_even_cut() {
+    use base64::Engine;
+    let token = "tk9Zq-Secret-0123456789abcdef";
+    let password = "pa55-W0rd-xyz\"q";
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("svc-user:{password}"));
+    let hook = HttpReceiver::with_default(
+        // 294 bytes, then the token across byte 300 of the answer.
+        Response::status(400).body(format!("{} token={token} rest", "e".repeat(287))),
+    );
+    let basic_hook = HttpReceiver::start();
+    basic_hook.set_handler(|r| {
+        let auth = r.header("authorization").unwrap_or("none").to_string();
+        Some(Response::status(401).body(format!(
+            "{{\"error\":\"bad credentials\",\"got\":\"{auth}\",\"url\":\"{}\"}}",
+            r.target
+        )))
+    });
+    let yaml = format!(
+        r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}/hook?token=${{HOOK_TOKEN}}"
+  basic:
+    type: webhook
+    url: "http://svc-user:{}@127.0.0.1:{}/basic"
+rules:
+  - name: echo
+    match: "echo:{{id}}"
+    notify: {{ to: [hook, basic] }}
+"#,
+        hook.url(),
+        password.replace('"', "%22"),
+        basic_hook.port()
+    );
+    let redis = RedisServer::with_events("Exg");
+    let daemon = Daemon::launch(
+        redis,
+        Rules::new(&yaml),
+        Logs::Json,
+        &[("HOOK_TOKEN", token)],
+    );
+    daemon.expire("echo:1");
+    for channel in ["hook", "basic"] {
+        daemon.wait_for_log(&format!("of the dead letter on {channel}"), |l| {
+            field_is(l, "channel", channel)
+                && l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("Dead letter"))
+        });
+    }
+    let sent = format!("Basic {basic}");
+    assert!(
+        basic_hook.requests()[0].header("authorization") == Some(sent.as_str()),
+        "the receiver got the credentials: {}",
+        basic_hook.requests()[0].summary()
+    );
+    let (code, dead, err) = cli(&daemon.rules, Some(&daemon.redis), &["dead", "list"]);
+    assert_eq!(code, 0, "{dead}{err}");
+    let (_, dead_json, _) = cli(
+        &daemon.rules,
+        Some(&daemon.redis),
+        &["dead", "list", "--json"],
+    );
+    let (_, history, _) = cli(&daemon.rules, Some(&daemon.redis), &["history"]);
+    let leaks = [
+        &token[..6],
+        token,
+        password,
+        "pa55-W0rd",
+        basic.as_str(),
+        &basic[..12],
+    ];
+    for (what, text) in [
+        ("the log", daemon.stderr()),
+        ("dead list", dead),
+        ("dead list --json", dead_json),
+        ("history", history),
+        ("/api/history", api_history(&daemon)),
+    ] {
+        common::assert_no_secret(what, &text, &leaks);
+    }
     daemon.stop();
 }

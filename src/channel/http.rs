@@ -27,15 +27,16 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// The answer as text for the outcome, trimmed and capped at [`ANSWER_KEPT`] bytes. Not
+    /// cut to what people are shown: that happens after secrets are masked
+    /// ([`crate::yaml::Secrets::mask_bounded`], [`crate::outcome::SHOWN`]), so that a cut
+    /// never leaves the start of an echoed token.
     pub fn body_text(&self) -> String {
-        let s = String::from_utf8_lossy(&self.body);
+        let kept = &self.body[..self.body.len().min(ANSWER_KEPT)];
+        let s = String::from_utf8_lossy(kept);
         let s = s.trim();
-        if s.len() > 300 {
-            let mut end = 300;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}…", &s[..end])
+        if kept.len() < self.body.len() {
+            format!("{s}…")
         } else {
             s.to_string()
         }
@@ -45,6 +46,10 @@ impl Answer {
         serde_json::from_slice(&self.body).ok()
     }
 }
+
+/// How much of an answer's body is kept for its outcome's text before masking (memory only:
+/// people see far less).
+pub const ANSWER_KEPT: usize = 16 * 1024;
 
 /// The shared client: rustls, connection reuse, no proxy surprises.
 pub fn client() -> reqwest::Client {

@@ -41,13 +41,18 @@ pub struct Webhook {
 fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
     let url = f.url();
     let what = f.what.clone();
-    let headers =
+    let headers: Vec<(String, Secret)> =
         f.m.get("headers")
             .map(|n| f.d.string_map(n, &format!("{what} `headers`")))
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k.value, Secret::new(v.value)))
             .collect();
+    // A header of a webhook is a credential more often than not (`X-Token`); masked wherever
+    // it shows.
+    for (_, v) in &headers {
+        f.d.note_secret(v.expose());
+    }
     let format = match f.text("format") {
         None if f.m.key_loc("format").is_some() => None,
         None => Some(WebhookFormat::Keywatch),

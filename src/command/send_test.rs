@@ -44,7 +44,7 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
     // A target's answer may quote what it was sent (a token in the URL, a signed header).
     let outcome = channel::send(&http::client(), ch, &msg)
         .await
-        .map_text(|t| config.secrets.mask(t));
+        .map_text(|t| config.secrets.mask_bounded(t, crate::outcome::SHOWN));
     match outcome {
         Outcome::Sent(answer) => Ok(format!(
             "sent to {channel} ({} → {target}): {answer}",

@@ -558,6 +558,10 @@ impl RuleTemplates<'_, '_, '_> {
 
     fn reload(&mut self, rd: &ReloadDraft) -> Option<ReloadStep> {
         let url = self.compile(&rd.url, Escape::Url, "reload.url");
+        // Its user info travels as `Authorization: Basic`: masked in that spelling too.
+        if let Some(info) = user_info(&rd.url.value) {
+            self.d.note_secret(&format!("http://{info}@host/"));
+        }
         // `on` is empty when every event listed was unknown (already an error): no sample then.
         if let Some(id) = url
             && let Some(&kind) = self.check.kinds.first()
@@ -850,6 +854,13 @@ fn literal_prefix(s: &str) -> String {
         .find(['{', '*', '?', '[', '\\', '(', '^', '.', '$'])
         .unwrap_or(s.len());
     s[..end].to_string()
+}
+
+/// The user info of a URL (template) `u`: `user:pw` of `https://user:pw@host/…`.
+fn user_info(u: &str) -> Option<&str> {
+    let rest = &u[u.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    Some(&authority[..authority.rfind('@')?])
 }
 
 #[cfg(test)]
