@@ -201,3 +201,74 @@ rules:
     }
     daemon.stop();
 }
+
+/// A 307 to another origin carried `X-Token` and the `?token=` query to it: a redirect is
+/// followed only within the origin the rules named; elsewhere it fails for good, saying where
+/// it pointed (its origin only).
+#[test]
+fn a_redirect_to_another_origin_is_not_followed() {
+    let token = "tok-0123456789-redirect";
+    let elsewhere = HttpReceiver::start();
+    let hook = HttpReceiver::with_default(Response::status(307).header(
+        "Location",
+        &elsewhere.url_for(&format!("/steal?token={token}")),
+    ));
+    let same = HttpReceiver::start();
+    same.set_handler(|r| {
+        Some(match r.path() {
+            "/start" => Response::status(307).header("Location", "/final?token=kept"),
+            _ => Response::ok_body("ok"),
+        })
+    });
+    let yaml = format!(
+        r#"
+channels:
+  away:
+    type: webhook
+    url: "{}/hook?token=${{HOOK_TOKEN}}"
+    headers: {{ X-Token: "${{HOOK_TOKEN}}" }}
+  near:
+    type: webhook
+    url: "{}/start"
+    headers: {{ X-Token: "${{HOOK_TOKEN}}" }}
+rules:
+  - name: moved
+    match: "moved:{{id}}"
+    notify: {{ to: [away, near] }}
+"#,
+        hook.url(),
+        same.url()
+    );
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        Rules::new(&yaml),
+        Logs::Json,
+        &[("HOOK_TOKEN", token)],
+    );
+    daemon.expire("moved:1");
+    let failed = daemon.wait_for_log("of the redirect's failure", |l| {
+        field_is(l, "channel", "away") && field_is(l, "outcome", "failed")
+    });
+    let reason = failed["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("redirect"), "{failed}");
+    assert!(reason.contains(&elsewhere.url()), "{failed}");
+    daemon.wait_for_log("of the same-origin redirect sent", |l| {
+        field_is(l, "channel", "near") && field_is(l, "outcome", "sent")
+    });
+    assert_eq!(
+        elsewhere.count(),
+        0,
+        "the other origin got {:#?}",
+        elsewhere
+            .requests()
+            .iter()
+            .map(|r| r.summary())
+            .collect::<Vec<_>>()
+    );
+    let got = same.requests();
+    let last = got.last().unwrap();
+    assert_eq!(last.target, "/final?token=kept", "{}", last.summary());
+    assert_eq!(last.header("x-token"), Some(token));
+    common::assert_no_secret("the log", &daemon.stderr(), &[token]);
+    daemon.stop();
+}

@@ -51,13 +51,38 @@ impl Answer {
 /// people see far less).
 pub const ANSWER_KEPT: usize = 16 * 1024;
 
-/// The shared client: rustls, connection reuse, no proxy surprises.
+/// Redirects followed within one origin, at most.
+const MAX_REDIRECTS: usize = 5;
+
+/// The shared client: rustls, connection reuse, no proxy surprises, and redirects followed
+/// only within the origin of the URL the rules named ([`redirect_policy`]).
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .user_agent(concat!("keywatch/", env!("CARGO_PKG_VERSION")))
         .pool_idle_timeout(Duration::from_secs(30))
+        .redirect(redirect_policy())
         .build()
         .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// A redirect is followed only to the same origin (scheme, host and port) as the URL the
+/// rules named: a request carries its credentials in its query and headers (`X-Token`,
+/// `?access_token=`), and reqwest keeps both on a redirect to anywhere, dropping only
+/// `Authorization` and cookies. A redirect elsewhere is not followed: its answer (the 3xx)
+/// fails the attempt for good, naming where it pointed ([`judge_status`]), so the rules can be
+/// pointed there on purpose (docs/how-it-works.md#redirects).
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if !same_origin || attempt.previous().len() > MAX_REDIRECTS {
+            attempt.stop()
+        } else {
+            attempt.follow()
+        }
+    })
 }
 
 /// What in `req` no request can carry, if anything: such a request fails the same way on every
@@ -162,8 +187,21 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(wait.to_std().unwrap_or(Duration::ZERO))
 }
 
-/// The generic meaning of a status: 2xx done; 429 (with `Retry-After`), 408 and 5xx retried;
-/// other 4xx given up (the request itself is wrong and will not get better).
+/// Where a redirect pointed, as its origin only (its path and query may hold a token):
+/// `http://other:8080`.
+fn redirect_origin(headers: &HeaderMap) -> String {
+    headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .and_then(|l| reqwest::Url::parse(l).ok())
+        .map_or_else(
+            || "another place".to_string(),
+            |u| u.origin().ascii_serialization(),
+        )
+}
+
+/// The generic meaning of a status: 2xx done; a 3xx is a redirect not followed, given up;
+/// 429 (with `Retry-After`), 408 and 5xx retried; other 4xx given up (the request itself is wrong and will not get better).
 pub fn judge_status(a: &Answer) -> Outcome {
     let s = a.status.as_u16();
     match s {
@@ -176,6 +214,10 @@ pub fn judge_status(a: &Answer) -> Outcome {
             reason: format!("HTTP {s}: {}", a.body_text()),
             after: retry_after(&a.headers),
         },
+        300..=399 => Outcome::Failed(format!(
+            "HTTP {s}: a redirect to {} was not followed (keywatch follows redirects only within the URL's own origin, so credentials never travel elsewhere; point the URL where it leads)",
+            redirect_origin(&a.headers)
+        )),
         _ => Outcome::Failed(format!("HTTP {s}: {}", a.body_text())),
     }
 }
