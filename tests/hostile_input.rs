@@ -272,3 +272,191 @@ rules:
     common::assert_no_secret("the log", &daemon.stderr(), &[token]);
     daemon.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Message size
+
+/// A key of `len` bytes after `prefix` that every escaping makes longer: Markdown
+/// metacharacters, mentions, quotes and backslashes (JSON doubles them), a line break.
+fn swollen_key(prefix: &str, len: usize) -> String {
+    let unit = "a*_[@\"\\\n<";
+    let mut k = String::from(prefix);
+    while k.len() < len {
+        k.push_str(unit);
+    }
+    k
+}
+
+/// A 1 MB key made a 4.19 MB DingTalk markdown title and Feishu card header (only the message
+/// text was cut), which DingTalk refuses (460101, not retried: the alert was lost), and a
+/// 14.7 MB Alertmanager-format body. Every part of every message is bounded now, the cut
+/// marked, and each alert is sent.
+#[test]
+fn a_one_megabyte_key_still_fits_every_chat_message() {
+    let robot = |limit: usize, refusal: serde_json::Value| {
+        let r = HttpReceiver::start();
+        r.set_handler(move |req| {
+            Some(if req.body.len() > limit {
+                Response::json(&refusal)
+            } else {
+                Response::json(&serde_json::json!({"errcode": 0, "errmsg": "ok", "code": 0}))
+            })
+        });
+        r
+    };
+    let refused_ding =
+        serde_json::json!({"errcode": 460101, "errmsg": "message too long, exceed 20000 bytes"});
+    let ding = robot(20_000, refused_ding.clone());
+    let ding_text = robot(20_000, refused_ding);
+    let feishu = robot(
+        20_000,
+        serde_json::json!({"code": 19036, "msg": "The message exceeds the size limit"}),
+    );
+    let wecom = HttpReceiver::start();
+    wecom.set_handler(|req| {
+        let j: Value = serde_json::from_slice(&req.body).unwrap_or_default();
+        let len = j["markdown"]["content"].as_str().map_or(0, str::len);
+        Some(Response::json(&if len > 4096 {
+            serde_json::json!({"errcode": 40058, "errmsg": "markdown.content exceed max length 4096"})
+        } else {
+            serde_json::json!({"errcode": 0, "errmsg": "ok"})
+        }))
+    });
+    let slack = HttpReceiver::with_default(Response::ok_body("ok"));
+    let am = HttpReceiver::start();
+    let yaml = format!(
+        r#"
+channels:
+  ding: {{ type: dingtalk, url: "{}/robot/send?access_token=x", rate: 100/s }}
+  ding_text: {{ type: dingtalk, url: "{}/robot/send?access_token=x", msgtype: text, rate: 100/s }}
+  feishu: {{ type: feishu, url: "{}/hook", msgtype: markdown, rate: 100/s }}
+  wecom: {{ type: wecom, url: "{}/send?key=x", msgtype: markdown, rate: 100/s }}
+  slack: {{ type: slack, url: "{}/services/x", rate: 100/s }}
+  am: {{ type: webhook, url: "{}/alerts", format: alertmanager }}
+rules:
+  - name: big
+    match: "big:{{id}}"
+    notify:
+      to: [ding]
+      title: "expired: {{{{ key }}}}"
+      message: "{{{{ key }}}} expired ({{{{ id }}}})"
+  - name: wide
+    match: "wide:{{id}}"
+    notify:
+      to: [ding_text, feishu, wecom, slack, am]
+      title: "expired: {{{{ key }}}}"
+      message: "{{{{ key }}}} expired ({{{{ id }}}})"
+"#,
+        ding.url(),
+        ding_text.url(),
+        feishu.url(),
+        wecom.url(),
+        slack.url(),
+        am.url(),
+    );
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        Rules::new(&yaml),
+        Logs::Json,
+        &[],
+    );
+    // The 1 MB key to DingTalk; a 64 KiB one, still over every limit, to the other channels (a
+    // debug build spends seconds composing each message of a 1 MB key).
+    daemon.expire(swollen_key("big:", 1 << 20));
+    daemon.expire(swollen_key("wide:", 64 << 10));
+    // A debug build takes seconds per message of a 1 MB key (rendering, escaping, the log
+    // line), and a busy machine may time a request out meanwhile: each channel is waited for
+    // until it is sent (a retry is fine), six times the usual patience.
+    for channel in ["ding", "ding_text", "feishu", "wecom", "slack", "am"] {
+        let outcomes = || {
+            daemon
+                .logs()
+                .into_iter()
+                .filter(|l| field_is(l, "channel", channel))
+                .map(|l| format!("{} {}", l["outcome"], l["reason"]))
+                .collect::<Vec<_>>()
+        };
+        common::poll(
+            &format!("the alert sent on {channel}"),
+            PATIENCE * 6,
+            || {
+                daemon
+                    .logs()
+                    .into_iter()
+                    .find(|l| field_is(l, "channel", channel) && field_is(l, "outcome", "sent"))
+            },
+            || format!("{channel}: {:?}", outcomes()),
+        );
+    }
+    let one = |r: &HttpReceiver| {
+        let got = r.wait_for(1, PATIENCE);
+        assert_eq!(
+            got.len(),
+            1,
+            "{:?}",
+            got.iter().map(|r| r.summary()).collect::<Vec<_>>()
+        );
+        got.into_iter().next().unwrap()
+    };
+    let d = one(&ding);
+    assert!(
+        d.body.len() <= 20_000,
+        "dingtalk markdown body: {} bytes",
+        d.body.len()
+    );
+    let j = d.json();
+    let title = j["markdown"]["title"].as_str().unwrap();
+    assert!(
+        title.starts_with("expired: big:") && title.ends_with('…'),
+        "{title:.80}"
+    );
+    assert!(j["markdown"]["text"].as_str().unwrap().contains('…'));
+    let d = one(&ding_text);
+    assert!(
+        d.body.len() <= 20_000,
+        "dingtalk text body: {} bytes",
+        d.body.len()
+    );
+    let f = one(&feishu);
+    assert!(
+        f.body.len() <= 20_000,
+        "feishu card: {} bytes",
+        f.body.len()
+    );
+    let header = f.json()["card"]["header"]["title"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(header.ends_with('…'), "{header:.80}");
+    let w = one(&wecom);
+    let content = w.json()["markdown"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        content.len() <= 4096,
+        "wecom markdown: {} bytes",
+        content.len()
+    );
+    let s = one(&slack);
+    let text = s.json()["text"].as_str().unwrap().to_string();
+    assert!(
+        text.chars().count() <= 40_000,
+        "slack: {} chars",
+        text.chars().count()
+    );
+    let a = one(&am);
+    assert!(
+        a.body.len() <= 20_000,
+        "alertmanager body: {} bytes",
+        a.body.len()
+    );
+    let alert = &a.json()["alerts"][0];
+    assert!(
+        alert["labels"]["redis_key"]
+            .as_str()
+            .unwrap()
+            .ends_with('…')
+    );
+    daemon.stop();
+}
