@@ -460,3 +460,81 @@ rules:
     );
     daemon.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Control and bidi characters shown to people
+
+/// A key holding ESC, BEL, CR/LF and U+202E: printed as-is by `upcoming`, `dead list`,
+/// `explain` and the text log, it repainted terminals and forged log lines. Shown escaped now;
+/// JSON output keeps the exact text.
+#[test]
+fn control_and_bidi_characters_in_a_key_are_shown_escaped() {
+    let hook = HttpReceiver::with_default(Response::status(400).body("no\x1b[2J\u{202e}"));
+    let key = "ctl:\x1b[31mred\x07\r\nFAKE level=ERROR forged\u{202e}txt.exe";
+    let yaml = format!(
+        r#"
+channels:
+  hook: {{ type: webhook, url: "{}/hook" }}
+rules:
+  - name: ctl
+    match: "ctl:{{id}}"
+    notify: {{ to: [hook] }}
+"#,
+        hook.url()
+    );
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        Rules::new(&yaml),
+        Logs::Text,
+        &[],
+    );
+    {
+        let mut c = daemon.conn();
+        redis::cmd("SET")
+            .arg("ctl:\x1b]0;title\x07soon\n")
+            .arg("v")
+            .arg("EX")
+            .arg(600)
+            .exec(&mut c)
+            .unwrap();
+    }
+    daemon.expire(key);
+    daemon.wait_for_log_count("Dead letter", 1);
+    let raw = ['\x1b', '\x07', '\r', '\u{202e}'];
+    let assert_escaped = |what: &str, text: &str| {
+        for c in raw {
+            assert!(!text.contains(c), "{what} shows {c:?} raw:\n{text:?}");
+        }
+        assert!(
+            !text.contains("\nFAKE"),
+            "{what} lets the key write a line:\n{text}"
+        );
+    };
+    assert_escaped("the text log", &daemon.stderr());
+    assert!(
+        daemon.stderr().contains("\\u{1b}[31mred"),
+        "{}",
+        daemon.stderr()
+    );
+    let redis = &daemon.redis;
+    for args in [
+        &["dead", "list"][..],
+        &["history"],
+        &["upcoming", "--within", "1h"],
+        &["explain", key],
+    ] {
+        let (code, out, err) = cli(
+            &daemon.rules,
+            Some(redis).filter(|_| args[0] != "explain"),
+            args,
+        );
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        assert_escaped(&format!("{args:?}"), &out);
+        assert!(out.contains("\\u{1b}"), "{args:?}: {out}");
+    }
+    // JSON output keeps the exact key.
+    let (_, out, _) = cli(&daemon.rules, Some(redis), &["dead", "list", "--json"]);
+    let letter: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(letter["key"], key);
+    daemon.stop();
+}

@@ -75,7 +75,7 @@ pub(super) async fn attempt(inner: &Inner, work: &Work, n: u32) -> Outcome {
     }
     let (rule, key, action, channel) = (
         work.rule(),
-        work.subject(),
+        crate::event::printable(work.subject().as_bytes()).into_owned(),
         work.action_name(),
         work.channel().unwrap_or(""),
     );
