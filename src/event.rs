@@ -97,22 +97,47 @@ pub struct KeyEvent {
 }
 
 /// Bytes as one line of text for people and logs: invalid UTF-8 replaced, control characters
-/// written out as Rust escapes.
+/// (C0, DEL, C1: ESC, BEL, CR, LF…) and the characters that reorder or break text (bidi
+/// overrides, embeddings, isolates and marks; line and paragraph separators) written out as
+/// Rust escapes (`\u{1b}`, `\u{202e}`). Key text is anyone's: raw, it repaints a terminal,
+/// writes a log line of its own, or turns the sentence around it backwards.
 pub fn printable(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     let text = String::from_utf8_lossy(bytes);
-    if !text.chars().any(char::is_control) {
+    if !text.chars().any(hidden) {
         return text;
     }
     std::borrow::Cow::Owned(
         text.chars()
             .map(|c| {
-                if c.is_control() {
+                if hidden(c) {
                     c.escape_default().to_string()
                 } else {
                     c.to_string()
                 }
             })
             .collect(),
+    )
+}
+
+/// A character shown escaped to people ([`printable`]): a control character, or one that
+/// changes the direction or the lines of the text around it.
+pub fn hidden(c: char) -> bool {
+    c.is_control() || reorders(c)
+}
+
+/// Unicode's bidirectional formatting characters (LRE, RLE, PDF, LRO, RLO; LRI, RLI, FSI, PDI;
+/// LRM, RLM, ALM) and the line and paragraph separators: invisible, they reorder or break
+/// what is shown after them (U+202E makes `txt.exe` read `exe.txt`).
+pub fn reorders(c: char) -> bool {
+    matches!(
+        c,
+        '\u{202A}'..='\u{202E}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{200E}'
+            | '\u{200F}'
+            | '\u{061C}'
+            | '\u{2028}'
+            | '\u{2029}'
     )
 }
 
@@ -139,5 +164,9 @@ mod tests {
         assert_eq!(super::printable(b"k:\x1b[31m"), "k:\\u{1b}[31m");
         assert_eq!(super::printable("订单:42".as_bytes()), "订单:42");
         assert_eq!(super::printable(b"\xff"), "\u{fffd}");
+        assert_eq!(
+            super::printable("a\u{202e}txt.exe\u{2066}b\u{85}".as_bytes()),
+            "a\\u{202e}txt.exe\\u{2066}b\\u{85}"
+        );
     }
 }

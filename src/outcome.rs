@@ -7,6 +7,11 @@ use std::time::Duration;
 /// handled): done for the queue, `skipped` for history, not counted as sent.
 pub const CANCELLED: &str = "cancelled: ";
 
+/// How much of an outcome's text is kept for people (logs, history, dead letters, the status
+/// page): an answer's first few hundred bytes and the words around them. Cut only after secrets
+/// are masked ([`crate::yaml::Secrets::mask_bounded`]).
+pub const SHOWN: usize = 400;
+
 /// How one attempt went.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {

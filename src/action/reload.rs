@@ -1,5 +1,6 @@
 //! `reload`: an HTTP call that re-warms a cache or starts a job, with templated URL, headers and
-//! body. Captures are percent-encoded inside the URL, so key text cannot change its path or query.
+//! body. Captures are percent-encoded inside the URL, so key text cannot change its path or query,
+//! and a URL whose path would hold a `.` or `..` segment is never sent (see [`url_to_request`]).
 
 use crate::config::{ReloadStep, Rule};
 use crate::firing::{Action, Firing};
@@ -25,8 +26,8 @@ pub fn request(a: &Actions, f: &Firing, step: &ReloadStep) -> Result<Request, Ou
     let fail = |what: &str, e: crate::template::TemplateError| {
         Outcome::Failed(format!("reload {what}: {}", e.message))
     };
-    let url = String::from_utf8_lossy(&t.render(step.url, &ctx).map_err(|e| fail("url", e))?)
-        .into_owned();
+    let url = url_to_request(&t.render(step.url, &ctx).map_err(|e| fail("url", e))?)
+        .map_err(Outcome::Failed)?;
     let method =
         reqwest::Method::from_bytes(step.method.as_bytes()).unwrap_or(reqwest::Method::POST);
     let mut headers = Vec::with_capacity(step.headers.len() + 2);
@@ -65,4 +66,67 @@ pub fn request(a: &Actions, f: &Firing, step: &ReloadStep) -> Result<Request, Ou
         headers,
         body,
     })
+}
+
+/// The URL a reload requests, as the receiver will read it, from the rendered template; or why
+/// it is never sent.
+///
+/// The URL standard resolves `.` and `..` path segments however they are spelled (`%2E%2E` and
+/// `.%2e` too), and reqwest parses every URL by it: a capture `..` in `/reload/{{ kind }}/…`
+/// would make the request climb out of `/reload/`. No spelling of such a segment reaches the
+/// receiver as written, so the request is refused (`check` rejects one in the template's own
+/// text, so only key text or a detail can make one). Every other value stays in its segment:
+/// captures are percent-encoded, `/` as `%2F` (docs/rules.md#reload).
+pub fn url_to_request(rendered: &[u8]) -> Result<String, String> {
+    let url = String::from_utf8_lossy(rendered);
+    if let Some(segment) = http::dot_segment(&url) {
+        return Err(format!(
+            "reload url: the path would hold the segment `{segment}`, which URLs resolve to another path; not sent"
+        ));
+    }
+    // What reqwest sends is the parsed URL; one that does not parse is reported by the sender.
+    Ok(match reqwest::Url::parse(&url) {
+        Ok(u) => u.to_string(),
+        Err(_) => url.into_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_segments_are_found_however_they_are_spelled() {
+        for url in [
+            "http://h/reload/../flushall",
+            "http://h/reload/./x",
+            "http://h/reload/%2E%2E/x",
+            "http://h/reload/%2e./x",
+            "http://h/reload/.%2E",
+            "http://h/a\\..\\b",
+            "http://h/a/..?x=1",
+        ] {
+            assert!(http::dot_segment(url).is_some(), "{url}");
+            assert!(url_to_request(url.as_bytes()).is_err(), "{url}");
+        }
+        for url in [
+            "http://h/reload/.../x",
+            "http://h/reload/..%2Fx",
+            "http://h/reload/%252E%252E",
+            "http://h/a?x=..",
+            "http://h/a#..",
+            "http://h",
+        ] {
+            assert_eq!(http::dot_segment(url), None, "{url}");
+        }
+    }
+
+    #[test]
+    fn the_url_shown_is_the_url_requested() {
+        assert_eq!(
+            url_to_request(b"http://h:1/reload/x/a%2Fb").unwrap(),
+            "http://h:1/reload/x/a%2Fb"
+        );
+        assert_eq!(url_to_request(b"http://h").unwrap(), "http://h/");
+    }
 }

@@ -19,7 +19,7 @@ use super::chat::{
 use super::fields::Fields;
 use super::http::{Answer, Request};
 use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
-use super::message::Message;
+use super::message::{Message, TITLE_LIMIT, bounded, fit_body, too_big};
 
 pub const KIND: Kind = Kind {
     name: "dingtalk",
@@ -74,21 +74,30 @@ impl Integration for DingTalk {
     }
 
     fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch {
-        Dispatch::Request(request(ch, self, msg, now))
+        match request(ch, self, msg, now) {
+            Ok(req) => Dispatch::Request(req),
+            Err(outcome) => Dispatch::Done(outcome),
+        }
     }
 
     /// Success is HTTP 2xx *and* `errcode` 0: DingTalk reports its errors inside HTTP 200.
     fn judge(&self, ch: &Channel, a: &Answer) -> Outcome {
         // 130101: rate limited (the robot is throttled for a while); 310000: keyword, signature
         // or timestamp check failed; 101002/4601xx: message too long. The last two will not get
-        // better.
+        // better: dead-lettered on purpose (counted, logged, `keywatch dead list`), never lost.
+        // keywatch keeps every body within BODY_LIMIT, so a size refusal means DingTalk's
+        // limit changed.
         judge_errcode(ch, a, 130101, &|code| {
             matches!(code, 310000 | 101002 | 460000..=460199)
         })
     }
 }
 
-/// DingTalk rejects bodies over 20,000 bytes (errcode 460101); leave room for the JSON around.
+/// DingTalk rejects bodies over 20,000 bytes (errcode 460101): the whole request body, title,
+/// mentions and JSON escaping included.
+const BODY_LIMIT: usize = 20_000;
+
+/// The message text's first cut; [`fit_body`] cuts further when escaping makes the body longer.
 const TEXT_LIMIT: usize = 18_000;
 
 /// The signed URL: `timestamp` (ms) and `sign` = base64(HMAC-SHA256(secret, "ts\nsecret")),
@@ -107,7 +116,14 @@ pub fn signed_url(url: &str, secret: &str, now: DateTime<Utc>) -> String {
     }
 }
 
-pub fn request(ch: &Channel, d: &DingTalk, msg: &Message, now: DateTime<Utc>) -> Request {
+/// The request of `msg`, every part bounded so that the body stays within [`BODY_LIMIT`]; a
+/// failure when it cannot.
+pub fn request(
+    ch: &Channel,
+    d: &DingTalk,
+    msg: &Message,
+    now: DateTime<Utc>,
+) -> Result<Request, Outcome> {
     let url = match &d.secret {
         Some(s) => signed_url(d.url.expose(), s.expose(), now),
         None => d.url.expose().to_string(),
@@ -129,27 +145,36 @@ pub fn request(ch: &Channel, d: &DingTalk, msg: &Message, now: DateTime<Utc>) ->
         "atUserIds": mention.user_ids,
         "isAtAll": mention.all,
     });
-    let body = match d.msgtype {
-        ChatFormat::Text => {
-            let content = with_keyword(ch, &format!("{}\n{}", msg.title, msg.text));
-            json!({"msgtype": "text", "text": {"content": format!("{}{mentions}", fit(&content, TEXT_LIMIT))}, "at": at})
-        }
-        ChatFormat::Markdown => {
-            // The keyword goes into the heading: put before `####` it would stop the heading
-            // from being one.
-            let title = with_keyword(ch, &msg.title);
-            let text = format!("#### {title}\n\n{}", msg.text);
-            json!({
-                "msgtype": "markdown",
-                "markdown": {"title": title, "text": format!("{}{mentions}", fit(&text, TEXT_LIMIT))},
-                "at": at,
-            })
-        }
+    let build = |parts: &[String]| {
+        let (title, text) = (&parts[0], &parts[1]);
+        let body = match d.msgtype {
+            ChatFormat::Text => {
+                let content = with_keyword(ch, &format!("{title}\n{text}"));
+                json!({"msgtype": "text", "text": {"content": format!("{content}{mentions}")}, "at": at})
+            }
+            ChatFormat::Markdown => {
+                // The keyword goes into the heading: put before `####` it would stop the
+                // heading from being one.
+                let title = with_keyword(ch, title);
+                json!({
+                    "msgtype": "markdown",
+                    "markdown": {"title": title, "text": format!("#### {title}\n\n{text}{mentions}")},
+                    "at": at,
+                })
+            }
+        };
+        serde_json::to_vec(&body).unwrap_or_default()
     };
-    Request {
+    let parts = vec![
+        bounded(&msg.title, TITLE_LIMIT).into_owned(),
+        fit(&msg.text, TEXT_LIMIT),
+    ];
+    let body = fit_body(BODY_LIMIT, parts, build)
+        .map_err(|size| too_big("DingTalk", size, BODY_LIMIT))?;
+    Ok(Request {
         method: reqwest::Method::POST,
         url,
         headers: json_headers(),
-        body: serde_json::to_vec(&body).unwrap_or_default(),
-    }
+        body,
+    })
 }

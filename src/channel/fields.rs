@@ -25,7 +25,8 @@ pub struct Fields<'d, 'a> {
 }
 
 impl Fields<'_, '_> {
-    /// The required `url` (or `url_file`), checked to be http(s) without ever printing it.
+    /// The required `url` (or `url_file`), checked to be http(s) without ever printing it, and
+    /// masked wherever it or its credentials show ([`crate::yaml::Secrets`]).
     pub fn url(&mut self) -> Option<Secret> {
         let Some(t) = self
             .d
@@ -41,14 +42,18 @@ impl Fields<'_, '_> {
             let what = format!("{} `url`", self.what);
             check_http_url(self.d, &t.value, &t.loc, &what, self.example_url);
         }
+        self.d.note_secret(&t.value);
         Some(Secret::new(t.value))
     }
 
-    /// An optional credential written inline or in a file (`secret`, `secret_file`).
+    /// An optional credential written inline or in a file (`secret`, `secret_file`), masked
+    /// wherever it shows.
     pub fn secret(&mut self, field: &str) -> Option<Secret> {
-        self.d
-            .inline_or_file(&mut self.m, field, &self.what, self.base)
-            .map(|t| Secret::new(t.value))
+        let t = self
+            .d
+            .inline_or_file(&mut self.m, field, &self.what, self.base)?;
+        self.d.note_secret(&t.value);
+        Some(Secret::new(t.value))
     }
 
     /// Optional text.

@@ -27,15 +27,16 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// The answer as text for the outcome, trimmed and capped at [`ANSWER_KEPT`] bytes. Not
+    /// cut to what people are shown: that happens after secrets are masked
+    /// ([`crate::yaml::Secrets::mask_bounded`], [`crate::outcome::SHOWN`]), so that a cut
+    /// never leaves the start of an echoed token.
     pub fn body_text(&self) -> String {
-        let s = String::from_utf8_lossy(&self.body);
+        let kept = &self.body[..self.body.len().min(ANSWER_KEPT)];
+        let s = String::from_utf8_lossy(kept);
         let s = s.trim();
-        if s.len() > 300 {
-            let mut end = 300;
-            while !s.is_char_boundary(end) {
-                end -= 1;
-            }
-            format!("{}…", &s[..end])
+        if kept.len() < self.body.len() {
+            format!("{s}…")
         } else {
             s.to_string()
         }
@@ -46,13 +47,42 @@ impl Answer {
     }
 }
 
-/// The shared client: rustls, connection reuse, no proxy surprises.
+/// How much of an answer's body is kept for its outcome's text before masking (memory only:
+/// people see far less).
+pub const ANSWER_KEPT: usize = 16 * 1024;
+
+/// Redirects followed within one origin, at most.
+const MAX_REDIRECTS: usize = 5;
+
+/// The shared client: rustls, connection reuse, no proxy surprises, and redirects followed
+/// only within the origin of the URL the rules named ([`redirect_policy`]).
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .user_agent(concat!("keywatch/", env!("CARGO_PKG_VERSION")))
         .pool_idle_timeout(Duration::from_secs(30))
+        .redirect(redirect_policy())
         .build()
         .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+/// A redirect is followed only to the same origin (scheme, host and port) as the URL the
+/// rules named: a request carries its credentials in its query and headers (`X-Token`,
+/// `?access_token=`), and reqwest keeps both on a redirect to anywhere, dropping only
+/// `Authorization` and cookies. A redirect elsewhere is not followed: its answer (the 3xx)
+/// fails the attempt for good, naming where it pointed ([`judge_status`]), so the rules can be
+/// pointed there on purpose (docs/how-it-works.md#redirects).
+fn redirect_policy() -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(|attempt| {
+        let same_origin = attempt
+            .previous()
+            .first()
+            .is_some_and(|first| first.origin() == attempt.url().origin());
+        if !same_origin || attempt.previous().len() > MAX_REDIRECTS {
+            attempt.stop()
+        } else {
+            attempt.follow()
+        }
+    })
 }
 
 /// What in `req` no request can carry, if anything: such a request fails the same way on every
@@ -75,6 +105,21 @@ pub fn unsendable(req: &Request) -> Option<String> {
         }
     }
     None
+}
+
+/// The first path segment of `url` that the URL standard treats as `.` or `..`: the segment
+/// itself, `%2e`, or `%2e%2e`, `.%2e`, `%2e.` in any case. A backslash separates segments in
+/// http(s) URLs as `/` does.
+pub fn dot_segment(url: &str) -> Option<&str> {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[after_scheme..];
+    let path_start = rest.find(['/', '\\'])?;
+    let path = &rest[path_start..];
+    let path = &path[..path.find(['?', '#']).unwrap_or(path.len())];
+    path.split(['/', '\\']).find(|s| {
+        let s = s.to_ascii_lowercase().replace("%2e", ".");
+        s == "." || s == ".."
+    })
 }
 
 /// Sends `req`; a transport failure comes back as the outcome to report (retryable: a target
@@ -142,8 +187,21 @@ pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     Some(wait.to_std().unwrap_or(Duration::ZERO))
 }
 
-/// The generic meaning of a status: 2xx done; 429 (with `Retry-After`), 408 and 5xx retried;
-/// other 4xx given up (the request itself is wrong and will not get better).
+/// Where a redirect pointed, as its origin only (its path and query may hold a token):
+/// `http://other:8080`.
+fn redirect_origin(headers: &HeaderMap) -> String {
+    headers
+        .get(reqwest::header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .and_then(|l| reqwest::Url::parse(l).ok())
+        .map_or_else(
+            || "another place".to_string(),
+            |u| u.origin().ascii_serialization(),
+        )
+}
+
+/// The generic meaning of a status: 2xx done; a 3xx is a redirect not followed, given up;
+/// 429 (with `Retry-After`), 408 and 5xx retried; other 4xx given up (the request itself is wrong and will not get better).
 pub fn judge_status(a: &Answer) -> Outcome {
     let s = a.status.as_u16();
     match s {
@@ -156,6 +214,10 @@ pub fn judge_status(a: &Answer) -> Outcome {
             reason: format!("HTTP {s}: {}", a.body_text()),
             after: retry_after(&a.headers),
         },
+        300..=399 => Outcome::Failed(format!(
+            "HTTP {s}: a redirect to {} was not followed (keywatch follows redirects only within the URL's own origin, so credentials never travel elsewhere; point the URL where it leads)",
+            redirect_origin(&a.headers)
+        )),
         _ => Outcome::Failed(format!("HTTP {s}: {}", a.body_text())),
     }
 }

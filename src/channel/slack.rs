@@ -15,7 +15,7 @@ use super::chat::{fit, json_headers, with_keyword};
 use super::fields::Fields;
 use super::http::{self, Answer, Request};
 use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
-use super::message::Message;
+use super::message::{Message, TITLE_LIMIT, bounded};
 
 pub const KIND: Kind = Kind {
     name: "slack",
@@ -81,7 +81,10 @@ pub fn request(ch: &Channel, s: &Slack, msg: &Message) -> Request {
     if msg.mention.all {
         mentions.push("<!channel>".into());
     }
-    let mut text = with_keyword(ch, &format!("*{}*\n{}", msg.title, msg.text));
+    let mut text = with_keyword(
+        ch,
+        &format!("*{}*\n{}", bounded(&msg.title, TITLE_LIMIT), msg.text),
+    );
     if !mentions.is_empty() {
         text = format!("{}\n{}", fit(&text, TEXT_LIMIT - 2_000), mentions.join(" "));
     }

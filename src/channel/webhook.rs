@@ -13,7 +13,7 @@ use crate::yaml::Secret;
 use super::fields::Fields;
 use super::http::Request;
 use super::integration::{Channel, Dispatch, Integration, Kind};
-use super::message::Message;
+use super::message::{Message, TITLE_LIMIT, bounded};
 
 pub const KIND: Kind = Kind {
     name: "webhook",
@@ -41,13 +41,18 @@ pub struct Webhook {
 fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
     let url = f.url();
     let what = f.what.clone();
-    let headers =
+    let headers: Vec<(String, Secret)> =
         f.m.get("headers")
             .map(|n| f.d.string_map(n, &format!("{what} `headers`")))
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k.value, Secret::new(v.value)))
             .collect();
+    // A header of a webhook is a credential more often than not (`X-Token`); masked wherever
+    // it shows.
+    for (_, v) in &headers {
+        f.d.note_secret(v.expose());
+    }
     let format = match f.text("format") {
         None if f.m.key_loc("format").is_some() => None,
         None => Some(WebhookFormat::Keywatch),
@@ -137,8 +142,21 @@ pub fn keywatch_body(msg: &Message) -> Value {
     })
 }
 
+/// The most a label or an annotation of the Alertmanager format takes: bridges forward them
+/// to chat services with limits of their own (DingTalk's 20,000 bytes).
+const LABEL_LIMIT: usize = TITLE_LIMIT;
+
+/// A string `v` within [`LABEL_LIMIT`]; other JSON values as they are.
+fn label(v: &Value) -> Value {
+    match v.as_str() {
+        Some(s) => Value::from(bounded(s, LABEL_LIMIT).into_owned()),
+        None => v.clone(),
+    }
+}
+
 /// Alertmanager's webhook JSON, version 4: one alert per event, labels from the rule, the key
-/// and its captures.
+/// and its captures. Labels and annotations are bounded ([`LABEL_LIMIT`], the cut marked),
+/// unlike the `keywatch` format, whose event JSON is exact: a 1 MB key made a 14.7 MB body.
 pub fn alertmanager_body(ch: &Channel, msg: &Message) -> Value {
     let alerts: Vec<Value> = msg
         .items
@@ -148,18 +166,21 @@ pub fn alertmanager_body(ch: &Channel, msg: &Message) -> Value {
             let mut labels = serde_json::Map::new();
             labels.insert("alertname".into(), json!(msg.rule));
             labels.insert("event".into(), e["event"].clone());
-            labels.insert("redis_key".into(), e["key"].clone());
+            labels.insert("redis_key".into(), label(&e["key"]));
             labels.insert("db".into(), json!(e["db"].to_string()));
             if let Some(c) = e["captures"].as_object() {
                 for (k, v) in c {
-                    labels.entry(k.clone()).or_insert(v.clone());
+                    labels.entry(k.clone()).or_insert_with(|| label(v));
                 }
             }
             let id = e["id"].as_str().unwrap_or("");
             json!({
                 "status": "firing",
                 "labels": labels,
-                "annotations": {"summary": msg.title, "description": i.text},
+                "annotations": {
+                    "summary": bounded(&msg.title, LABEL_LIMIT),
+                    "description": bounded(&i.text, LABEL_LIMIT),
+                },
                 "startsAt": e["observed_at"],
                 "endsAt": "0001-01-01T00:00:00Z",
                 "generatorURL": "",
@@ -175,7 +196,7 @@ pub fn alertmanager_body(ch: &Channel, msg: &Message) -> Value {
         "receiver": ch.name,
         "groupLabels": {"alertname": msg.rule},
         "commonLabels": {"alertname": msg.rule, "event": msg.event},
-        "commonAnnotations": {"summary": msg.title},
+        "commonAnnotations": {"summary": bounded(&msg.title, LABEL_LIMIT)},
         "externalURL": "",
         "alerts": alerts,
     })

@@ -18,7 +18,7 @@ use super::chat::{
 use super::fields::Fields;
 use super::http::{Answer, Request};
 use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
-use super::message::Message;
+use super::message::{Message, TITLE_LIMIT, bounded};
 
 pub const KIND: Kind = Kind {
     name: "wecom",
@@ -74,6 +74,8 @@ impl Integration for WeCom {
     }
 
     fn judge(&self, ch: &Channel, a: &Answer) -> Outcome {
+        // 40058: too long; keywatch keeps content within the limits, so one means WeCom's
+        // limit changed: dead-lettered on purpose (counted, logged, `keywatch dead list`).
         judge_errcode(ch, a, 45009, &|code| matches!(code, 40058 | 93000))
     }
 }
@@ -90,7 +92,10 @@ pub fn request(ch: &Channel, w: &WeCom, msg: &Message) -> Request {
                 users.push("@all".into());
             }
             let content = fit(
-                &with_keyword(ch, &format!("{}\n{}", msg.title, msg.text)),
+                &with_keyword(
+                    ch,
+                    &format!("{}\n{}", bounded(&msg.title, TITLE_LIMIT), msg.text),
+                ),
                 TEXT_LIMIT,
             );
             json!({"msgtype": "text", "text": {"content": content, "mentioned_list": users, "mentioned_mobile_list": mention.mobiles}})
@@ -101,9 +106,14 @@ pub fn request(ch: &Channel, w: &WeCom, msg: &Message) -> Request {
                 .iter()
                 .map(|u| format!(" <@{u}>"))
                 .collect();
+            // A rule's mentions are rendered per event: never let them take the room the
+            // limit leaves (a subtraction that underflowed would have panicked).
             let content = fit(
-                &with_keyword(ch, &format!("**{}**\n{}", msg.title, msg.text)),
-                MARKDOWN_LIMIT - mentions.len(),
+                &with_keyword(
+                    ch,
+                    &format!("**{}**\n{}", bounded(&msg.title, TITLE_LIMIT), msg.text),
+                ),
+                MARKDOWN_LIMIT.saturating_sub(mentions.len()).max(MARKDOWN_LIMIT / 2),
             );
             json!({"msgtype": "markdown", "markdown": {"content": format!("{content}{mentions}")}})
         }

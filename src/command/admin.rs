@@ -130,11 +130,13 @@ pub async fn silence_list(config: &Config, conn: &mut Conn, json: bool) -> Resul
             ),
             None => s.comment.clone(),
         };
+        // A link's silence names its key; both may hold anyone's text.
+        let comment = crate::event::printable(comment.as_bytes());
         out.push_str(&format!(
             "{:<10} {:<28} {:<24} {:<26} {}\n",
             s.id,
             s.rule,
-            s.pattern.as_deref().unwrap_or("*"),
+            crate::event::printable(s.pattern.as_deref().unwrap_or("*").as_bytes()),
             rfc3339(s.until),
             comment
         ));
@@ -187,8 +189,8 @@ pub async fn dead_list(
             rfc3339(d.at),
             d.rule,
             action,
-            d.key,
-            d.reason
+            crate::event::printable(d.key.as_bytes()),
+            crate::event::printable(d.reason.as_bytes())
         ));
     }
     Ok(out)

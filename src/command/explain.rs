@@ -9,7 +9,7 @@ use std::fmt::Write;
 use chrono::Utc;
 
 use crate::config::{Config, DetailSource, Rule};
-use crate::event::{EventKind, KeyEvent};
+use crate::event::{EventKind, KeyEvent, printable};
 use crate::template::{Context, TemplateId};
 
 pub struct Explanation {
@@ -71,14 +71,14 @@ fn explain_unmasked(
     db: u32,
 ) -> Explanation {
     let mut out = String::new();
-    let shown = String::from_utf8_lossy(key);
+    let shown = printable(key);
     match field {
         None => {
-            let _ = writeln!(out, "key {:?} (db {db}, event {kind})", shown);
+            let _ = writeln!(out, "key \"{shown}\" (db {db}, event {kind})");
         }
         Some(f) => {
-            let f = String::from_utf8_lossy(f);
-            let _ = writeln!(out, "key {shown:?} field {f:?} (db {db}, event {kind})");
+            let f = printable(f);
+            let _ = writeln!(out, "key \"{shown}\" field \"{f}\" (db {db}, event {kind})");
         }
     }
     if key.starts_with(config.state.prefix.as_bytes()) {
@@ -138,11 +138,7 @@ fn explain_unmasked(
         };
         fired = true;
         for (name, value) in rule.capture_names().iter().zip(&captures) {
-            let _ = writeln!(
-                out,
-                "  capture {name} = {:?}",
-                String::from_utf8_lossy(value)
-            );
+            let _ = writeln!(out, "  capture {name} = \"{}\"", printable(value));
         }
         explain_rule(config, rule, (key, field), kind, db, &captures, &mut out);
     }
@@ -180,16 +176,19 @@ fn explain_rule(
     let t = &config.templates;
     let render = |id: TemplateId| -> String {
         match t.render(id, &ctx) {
-            Ok(b) => format!("{:?}", String::from_utf8_lossy(&b)),
+            Ok(b) => format!("\"{}\"", printable(&b)),
             Err(e) => format!("<fails: {}>", e.message),
         }
     };
-    let text = |id: TemplateId| -> String {
+    // Rendered text holds key text: its controls and bidi characters are written out, so
+    // the key cannot repaint the terminal or add lines of its own.
+    let raw_text = |id: TemplateId| -> String {
         match t.render_text(id, &ctx) {
             Ok(s) => s,
             Err(e) => format!("<fails: {}>", e.message),
         }
     };
+    let text = |id: TemplateId| -> String { printable(raw_text(id).as_bytes()).into_owned() };
 
     if let Some(d) = &rule.detail {
         let remove = if d.remove {
@@ -216,11 +215,20 @@ fn explain_rule(
         );
     }
     if let Some(r) = &rule.reload {
+        // The URL as reqwest will request it (its parser may rewrite what was rendered), or
+        // why it never is.
+        let url = match t.render(r.url, &ctx) {
+            Ok(b) => match crate::action::reload::url_to_request(&b) {
+                Ok(url) => url,
+                Err(why) => format!("<fails for good, never sent: {why}>"),
+            },
+            Err(e) => format!("<fails: {}>", e.message),
+        };
         let _ = writeln!(
             out,
             "  2. reload: {} {} (timeout {})",
             r.method,
-            text(r.url),
+            url,
             humantime::format_duration(r.timeout)
         );
         for (name, id) in &r.headers {
@@ -303,12 +311,21 @@ fn explain_rule(
                 let _ = writeln!(out, "     title: {}", text(id));
             }
             if let Some(id) = n.message.get(escape) {
-                let body = text(id);
+                let body = raw_text(id);
                 let body = match &ch.keyword {
                     Some(k) if !body.contains(k.as_str()) => format!("{k} {body}"),
                     _ => body,
                 };
-                for (i, line) in body.lines().enumerate() {
+                // A chat message's line breaks are its template's own (key text's are escaped
+                // as `\n`): shown as lines. Elsewhere they may be the key's: shown escaped.
+                let lines: Vec<String> = match escape.is_chat() {
+                    true => body
+                        .lines()
+                        .map(|l| printable(l.as_bytes()).into_owned())
+                        .collect(),
+                    false => vec![printable(body.as_bytes()).into_owned()],
+                };
+                for (i, line) in lines.iter().enumerate() {
                     let lead = if i == 0 {
                         "     message: "
                     } else {
@@ -340,7 +357,7 @@ fn explain_rule(
                 let body = t
                     .render_text(id, &ctx)
                     .unwrap_or_else(|e| format!("<fails: {}>", e.message));
-                let _ = writeln!(out, "     message: {body}");
+                let _ = writeln!(out, "     message: {}", printable(body.as_bytes()));
             }
         }
     }

@@ -48,7 +48,7 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
     // A target's answer may quote what it was sent (a token in the URL, a signed header).
     let outcome = channel::send(&http::client(), ch, &msg)
         .await
-        .map_text(|t| config.secrets.mask(t));
+        .map_text(|t| config.secrets.mask_bounded(t, crate::outcome::SHOWN));
     say(channel, ch.kind.name, &target, outcome)
 }
 
@@ -88,7 +88,7 @@ async fn alertmanager(
             Ok(answer) => ch.integration.judge(ch, &answer),
             Err(o) => o,
         }
-        .map_text(|t| config.secrets.mask(t));
+        .map_text(|t| config.secrets.mask_bounded(t, crate::outcome::SHOWN));
         let said = say(&ch.name, ch.kind.name, &am.shown_url(target), outcome);
         failed |= said.is_err();
         lines.push(said.unwrap_or_else(|e| e));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 use crate::config::Config;
-use crate::event::EventKind;
+use crate::event::{EventKind, printable};
 use crate::keyspace::Keyspace;
 use crate::keyspace::connect;
 use crate::metrics::Metrics;
@@ -316,12 +316,8 @@ pub fn write_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
                 rfc3339(r.deadline_ms),
                 r.db.to_string(),
                 match &r.field {
-                    None => String::from_utf8_lossy(&r.key).into_owned(),
-                    Some(f) => format!(
-                        "{} {}",
-                        String::from_utf8_lossy(&r.key),
-                        String::from_utf8_lossy(f)
-                    ),
+                    None => printable(&r.key).into_owned(),
+                    Some(f) => format!("{} {}", printable(&r.key), printable(f)),
                 },
                 if r.rules.is_empty() {
                     "-".into()

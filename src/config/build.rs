@@ -550,15 +550,39 @@ impl RuleTemplates<'_, '_, '_> {
         })
     }
 
+    /// A `.` or `..` segment in the reload URL's own text: such a URL is never sent as written
+    /// (docs/rules.md#reload), so it is an error here, not a failure per
+    /// event. Samples of captures hold no dots, so one found here is the author's.
+    fn dot_segment_in_url(&mut self, rendered: &[u8], loc: &crate::yaml::diagnostic::Loc) -> bool {
+        let url = String::from_utf8_lossy(rendered);
+        let Some(segment) = crate::channel::http::dot_segment(&url) else {
+            return false;
+        };
+        self.d.error(
+            loc,
+            format!(
+                "{} `reload.url` has the path segment `{segment}`; write the path it stands for (URLs resolve `.` and `..`, and keywatch never sends a reload whose path holds one)",
+                self.what
+            ),
+        );
+        true
+    }
+
     fn reload(&mut self, rd: &ReloadDraft) -> Option<ReloadStep> {
         let url = self.compile(&rd.url, Escape::Url, "reload.url");
+        // Its user info travels as `Authorization: Basic`: masked in that spelling too.
+        if let Some(info) = user_info(&rd.url.value) {
+            self.d.note_secret(&format!("http://{info}@host/"));
+        }
         // `on` is empty when every event listed was unknown (already an error): no sample then.
         if let Some(id) = url
             && let Some(&kind) = self.check.kinds.first()
             && !rd.url.unresolved
         {
             let sample = Context::sample(self.check.rule, kind, self.check.captures);
-            if let Ok(bytes) = self.templates.render(id, &sample) {
+            if let Ok(bytes) = self.templates.render(id, &sample)
+                && !self.dot_segment_in_url(&bytes, &rd.url.loc)
+            {
                 check_http_url(
                     self.d,
                     &String::from_utf8_lossy(&bytes),
@@ -947,6 +971,13 @@ fn literal_prefix(s: &str) -> String {
     s[..end].to_string()
 }
 
+/// The user info of a URL (template) `u`: `user:pw` of `https://user:pw@host/…`.
+fn user_info(u: &str) -> Option<&str> {
+    let rest = &u[u.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    Some(&authority[..authority.rfind('@')?])
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -1037,6 +1068,25 @@ rules:
             diags[0].starts_with("rules.yaml:7:15: rule `r` `resolved` names no channel"),
             "{diags:#?}"
         );
+    }
+
+    #[test]
+    fn a_dot_segment_in_a_reload_url_is_an_error() {
+        let rule = |url: &str| {
+            format!(
+                "rules:\n  - name: r\n    match: \"a:{{id}}\"\n    reload: {{ url: \"{url}\" }}\n"
+            )
+        };
+        let Err(diags) = check(&rule("http://127.0.0.1:1/reload/../{{ id }}")) else {
+            panic!("a `..` segment passed `check`");
+        };
+        assert!(
+            diags.iter().any(|d| d.contains("path segment `..`")),
+            "{diags:#?}"
+        );
+        if let Err(diags) = check(&rule("http://127.0.0.1:1/reload/.../{{ id }}")) {
+            panic!("{diags:#?}");
+        }
     }
 
     #[test]

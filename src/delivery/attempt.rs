@@ -42,8 +42,13 @@ pub(super) async fn attempt(
     };
     // The one place every attempt's text passes before it is logged, counted, kept in history
     // or dead-lettered: an error may quote a rendered URL, argument or answer with a secret.
+    // Masked before it is cut, so a cut never leaves the start of a secret; control and bidi
+    // characters of an answer written out, so it cannot forge a log line or repaint a terminal.
     let secrets = &inner.actions.live.current().secrets;
-    let outcome = outcome.map_text(|t| secrets.mask(t));
+    let outcome = outcome.map_text(|t| {
+        crate::event::printable(secrets.mask_bounded(t, crate::outcome::SHOWN).as_bytes())
+            .into_owned()
+    });
     let mut retry_at = None;
     let outcome = match outcome {
         Outcome::Retry { reason, after } => {
@@ -95,7 +100,7 @@ pub(super) async fn attempt(
     }
     let (rule, key, action, channel) = (
         work.rule(),
-        work.subject(),
+        crate::event::printable(work.subject().as_bytes()).into_owned(),
         work.action_name(),
         work.channel().unwrap_or(""),
     );

@@ -71,6 +71,12 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    /// Adds a credential written inline (a channel's URL, signing secret or header value), to
+    /// be masked like the values taken from the environment.
+    pub fn note_secret(&mut self, value: &str) {
+        self.secret_values.push(value.to_string());
+    }
+
     /// What every value taken from the environment or a file so far must be masked with.
     pub fn secrets(&self) -> super::Secrets {
         super::Secrets::new(self.secret_values.iter().cloned())

@@ -44,17 +44,24 @@ impl fmt::Display for Secret {
     }
 }
 
-/// Every value the rule files took from the environment (`${VAR}`, `${VAR:-default}`) or from a
-/// `*_file`: wherever one lands (a URL, a query, a header, a body, an argument) it is masked in
-/// what people see (`explain`, logs, errors, history). Masking goes by where a value came from,
-/// not by what a header is called: `X-Signature: ${SIG}` is as secret as `Authorization`.
+/// Every credential of the rule files: each value taken from the environment (`${VAR}`,
+/// `${VAR:-default}`) or from a `*_file`, and each channel's URL, signing secret and header
+/// value. Wherever one lands (a URL, a query, a header, a body, an argument, an answer that
+/// echoes it) it is masked in what people see (`explain`, logs, errors, history). Masking goes
+/// by where a value came from, not by what a header is called: `X-Signature: ${SIG}` is as
+/// secret as `Authorization`.
+///
+/// A value travels in more spellings than its own, and each is masked: JSON-escaped,
+/// percent-encoded (upper- or lowercase hex, unreserved characters kept or not, form encoding),
+/// and for a URL its user info as the `Authorization: Basic` header reqwest makes of it
+/// (base64 of `user:password`), its password and its query values.
 ///
 /// Values shorter than [`Secrets::MIN_LEN`] are not masked: masking every `0` of a
 /// `${DB:-0}` would garble all output, and a value that short protects nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Secrets {
-    /// The values and the forms they take once encoded (JSON string, percent-encoding), longest
-    /// first so that a secret containing another is masked whole.
+    /// The values and the forms they take once encoded, longest first so that a secret
+    /// containing another is masked whole.
     needles: Vec<String>,
 }
 
@@ -64,15 +71,11 @@ impl Secrets {
     pub fn new(values: impl IntoIterator<Item = String>) -> Secrets {
         let mut needles = Vec::new();
         for v in values {
-            if v.chars().count() < Secrets::MIN_LEN {
-                continue;
+            for part in url_credentials(&v).into_iter().chain([v]) {
+                if part.chars().count() >= Secrets::MIN_LEN {
+                    needles.extend(spellings(&part));
+                }
             }
-            // Always `"…"`: the string's escaped form is what lies between the quotes.
-            let quoted = serde_json::to_string(&v).unwrap_or_default();
-            let json = quoted[1..quoted.len() - 1].to_string();
-            let url = percent_encoding::utf8_percent_encode(&v, percent_encoding::NON_ALPHANUMERIC)
-                .to_string();
-            needles.extend([v, json, url]);
         }
         needles.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         needles.dedup();
@@ -90,6 +93,145 @@ impl Secrets {
         }
         mask_user_info(&out)
     }
+
+    /// `text` masked, then cut to at most `limit` bytes (on a char boundary, the cut marked
+    /// with `…`). Masking comes first, so a cut never leaves part of a secret; and a secret's
+    /// start left where someone else cut the text (an answer that was already cut, a service
+    /// that echoes only the start of a request) is masked too: the bytes before a `…`, a `...`
+    /// or the end that begin a secret.
+    pub fn mask_bounded(&self, text: &str, limit: usize) -> String {
+        let masked = self.mask(text);
+        let mut out = if masked.len() > limit {
+            let mut end = limit.saturating_sub('…'.len_utf8());
+            while !masked.is_char_boundary(end) {
+                end -= 1;
+            }
+            masked[..end].to_string()
+        } else {
+            masked.clone()
+        };
+        let cut = out.len() < masked.len();
+        self.mask_edges(&mut out);
+        if cut {
+            out.push('…');
+        }
+        out
+    }
+
+    /// Masks the start of a secret that ends where `text` does or right before a cut mark.
+    fn mask_edges(&self, text: &mut String) {
+        let mut edges: Vec<usize> = text
+            .match_indices("…")
+            .chain(text.match_indices("..."))
+            .map(|(i, _)| i)
+            .collect();
+        edges.push(text.len());
+        edges.sort_unstable();
+        edges.dedup();
+        // From the last edge back, so that earlier positions stay valid.
+        for &edge in edges.iter().rev() {
+            let before = &text[..edge];
+            let longest = self
+                .needles
+                .iter()
+                .filter_map(|n| {
+                    (Secrets::MIN_LEN..n.len())
+                        .rev()
+                        .filter(|&k| n.is_char_boundary(k))
+                        .find(|&k| before.ends_with(&n[..k]))
+                })
+                .max();
+            if let Some(k) = longest {
+                text.replace_range(edge - k..edge, "<secret>");
+            }
+        }
+    }
+}
+
+/// The spellings a value takes on its way out: as is, inside a JSON string, percent-encoded
+/// the ways URL libraries do it, and form-encoded.
+fn spellings(v: &str) -> Vec<String> {
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+    /// RFC 3986 unreserved characters kept: reqwest's and keywatch's own URL encoding.
+    const KEEP_UNRESERVED: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    // Always `"…"`: the string's escaped form is what lies between the quotes.
+    let quoted = serde_json::to_string(v).unwrap_or_default();
+    let json = quoted[1..quoted.len() - 1].to_string();
+    let all = utf8_percent_encode(v, NON_ALPHANUMERIC).to_string();
+    let unreserved = utf8_percent_encode(v, KEEP_UNRESERVED).to_string();
+    let form: String = url::form_urlencoded::byte_serialize(v.as_bytes()).collect();
+    vec![
+        lowercase_hex(&all),
+        lowercase_hex(&unreserved),
+        lowercase_hex(&form),
+        all,
+        unreserved,
+        form,
+        json,
+        v.to_string(),
+    ]
+}
+
+/// `%2F` → `%2f`: some encoders write lowercase hex.
+fn lowercase_hex(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut after_percent = 0;
+    for c in s.chars() {
+        if after_percent > 0 {
+            out.push(c.to_ascii_lowercase());
+            after_percent -= 1;
+        } else {
+            out.push(c);
+        }
+        if c == '%' {
+            after_percent = 2;
+        }
+    }
+    out
+}
+
+/// What a URL carries besides itself that is as secret: the `Authorization: Basic` value
+/// reqwest makes of its user info (base64 of the percent-decoded `user:password`), the
+/// password, and each query value long enough to be a token (16 characters: DingTalk's
+/// `access_token`, WeCom's `key`; not `?format=json`, whose masking would garble every
+/// message). Empty for text that is not a URL with either. Works on a
+/// template's text too (`https://u:${PW}@host/{{ id }}`): only the user info and query are
+/// read.
+fn url_credentials(v: &str) -> Vec<String> {
+    use base64::Engine;
+    let mut out = Vec::new();
+    let Some(i) = v.find("://") else {
+        return out;
+    };
+    let rest = &v[i + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    if let Some(at) = authority.rfind('@') {
+        let (user, password) = match authority[..at].split_once(':') {
+            Some((u, p)) => (decode(u), decode(p)),
+            None => (decode(&authority[..at]), String::new()),
+        };
+        out.push(base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}")));
+        out.push(password);
+    }
+    if let Some(q) = rest.find('?') {
+        let query = &rest[q + 1..];
+        let query = &query[..query.find('#').unwrap_or(query.len())];
+        out.extend(
+            url::form_urlencoded::parse(query.as_bytes())
+                .map(|(_, v)| v.into_owned())
+                .filter(|v| v.chars().count() >= 16),
+        );
+    }
+    out
 }
 
 /// `scheme://user:password@host` → `scheme://<secret>@host`, for every URL in `text`: a URL's
@@ -134,6 +276,45 @@ mod tests {
             s.mask("u=p@ss w\"rd j=\"p@ss w\\\"rd\" q=p%40ss%20w%22rd t=tok-123 db 0"),
             "u=<secret> j=\"<secret>\" q=<secret> t=<secret> db 0"
         );
+    }
+
+    #[test]
+    fn every_spelling_of_a_credential_is_masked() {
+        use base64::Engine;
+        let s = Secrets::new([
+            "https://svc:pa%22ss-1@h/x?access_token=tok+en/42-0123456789&format=json".to_string(),
+        ]);
+        let basic = base64::engine::general_purpose::STANDARD.encode("svc:pa\"ss-1");
+        for (text, gone) in [
+            (format!("Authorization: Basic {basic}"), basic.as_str()),
+            ("{\"password\":\"pa\\\"ss-1\"}".to_string(), "ss-1"),
+            ("token=tok%20en%2F42-0123456789".to_string(), "en%2F42"),
+            ("token=tok%20en%2f42-0123456789".to_string(), "en%2f42"),
+            ("token=tok+en%2F42-0123456789".to_string(), "en%2F42"),
+            ("token=tok en/42-0123456789".to_string(), "en/42"),
+        ] {
+            let masked = s.mask(&text);
+            assert!(!masked.contains(gone), "{text} -> {masked}");
+            assert!(masked.contains("<secret>"), "{text} -> {masked}");
+        }
+        assert_eq!(s.mask("format json"), "format json");
+    }
+
+    #[test]
+    fn masking_comes_before_the_cut_and_a_cut_secret_is_masked_too() {
+        let s = Secrets::new(["tk9Zq-Secret-0123456789".to_string()]);
+        let answer = format!("{} token=tk9Zq-Secret-0123456789 rest", "e".repeat(287));
+        let shown = s.mask_bounded(&answer, 300);
+        assert!(shown.len() <= 300, "{}", shown.len());
+        assert!(shown.ends_with('…'), "{shown}");
+        assert!(!shown.contains("tk9Z"), "{shown}");
+        // Cut by someone else: the start of the secret before `…`, `...` or the end.
+        for text in ["got tk9Zq-Sec…", "got tk9Zq-Sec... more", "got tk9Zq-Se"] {
+            let shown = s.mask_bounded(text, 300);
+            assert!(!shown.contains("tk9Z"), "{text} -> {shown}");
+        }
+        assert_eq!(s.mask_bounded("short", 300), "short");
+        assert_eq!(s.mask_bounded("tk9Z is not it", 300), "tk9Z is not it");
     }
 
     #[test]

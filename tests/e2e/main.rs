@@ -37,6 +37,7 @@ mod guarantees;
 mod harness;
 mod hash_fields;
 mod history;
+mod hostile_input;
 mod instances;
 mod intake;
 mod ledger;

@@ -95,6 +95,10 @@ pub fn esc(text: &str) -> String {
             c if c.is_control() => {
                 let _ = write!(out, "\\x{:02x}", c as u32);
             }
+            // Would reverse the rest of the line, keywatch's own words included.
+            c if crate::event::reorders(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
             c => out.push(c),
         }
     }
@@ -511,6 +515,7 @@ mod tests {
         );
         assert_eq!(esc("a\u{1b}[31mb\n"), "a\\x1b[31mb\\x0a");
         assert_eq!(esc("订单锁:42"), "订单锁:42");
+        assert_eq!(esc("a\u{202e}b\u{2067}"), "a\\u{202e}b\\u{2067}");
     }
 
     #[test]
