@@ -262,7 +262,7 @@ pub fn compose(
     let title = render(step.title.get(escape), &format!("{field}.title"))?
         .unwrap_or_else(|| format!("{} ({which})", rule.name));
     let text = render(step.message.get(escape), &format!("{field}.message"))?.unwrap_or_default();
-    let text = super::notify::with_links(a, f, rule, escape, text);
+    let (text, links) = super::notify::with_links(a, f, rule, ch, text);
     let mut event = f.to_json();
     event["followup"] = which.into();
     let action = if which == "escalation" {
@@ -285,6 +285,7 @@ pub fn compose(
         idempotency_key: action.idempotency_key(&f.id),
         custom_body: None,
         mention: Default::default(),
+        links,
     })
 }
 

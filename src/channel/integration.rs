@@ -48,6 +48,12 @@ pub trait Integration: fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether its messages carry the acknowledge and silence links as buttons
+    /// ([`Message::links`]) rather than at the end of the text.
+    fn links_as_buttons(&self) -> bool {
+        false
+    }
+
     /// What the answer to a request means: sent, worth retrying, or never going to work.
     fn judge(&self, _ch: &Channel, answer: &Answer) -> Outcome {
         http::judge_status(answer)

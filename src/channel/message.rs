@@ -26,6 +26,10 @@ pub struct Message {
     pub custom_body: Option<Vec<u8>>,
     /// Who the rule mentions (`notify.mention`, rendered and checked), on top of the channel's.
     pub mention: Mention,
+    /// The acknowledge and silence links (label, URL) of a rule with `escalate` when the files
+    /// configure `links`: chat formats with link syntax have them at the end of `text` too,
+    /// channels with buttons ([`super::Integration::links_as_buttons`]) only here.
+    pub links: Vec<(String, String)>,
 }
 
 impl Message {
@@ -43,6 +47,7 @@ impl Message {
             idempotency_key: digest_key(first_id, channel, count),
             custom_body: None,
             mention: Default::default(),
+            links: Vec::new(),
         }
     }
 

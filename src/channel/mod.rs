@@ -40,7 +40,7 @@ macro_rules! integrations {
     };
 }
 
-integrations![dingtalk, slack, feishu, wecom, webhook, log];
+integrations![dingtalk, slack, feishu, wecom, webhook, teams, log];
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {

@@ -39,6 +39,7 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
         idempotency_key: format!("send-test:{}", now.timestamp_millis()),
         custom_body: None,
         mention: Default::default(),
+        links: Vec::new(),
     };
     let target = ch.integration.target();
     // A target's answer may quote what it was sent (a token in the URL, a signed header).

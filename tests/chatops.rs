@@ -1,0 +1,223 @@
+//! Microsoft Teams, Telegram and PagerDuty end to end: the real binary on a real `redis-server`,
+//! keys that really expire, and local HTTP receivers that check the method, path, headers and
+//! exact body of each request and play the services' answers (429s included).
+//!
+//! Each test has its own Redis, receivers and daemon, so the tests run in parallel.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    Daemon, HttpReceiver, PATIENCE, Request, Response, Rules, assert_no_secret, field_is,
+};
+use serde_json::{Value, json};
+
+/// The one request of a receiver that must get exactly one so far.
+fn one_request(receiver: &HttpReceiver) -> Request {
+    let requests = receiver.wait_for(1, PATIENCE);
+    assert_eq!(
+        requests.len(),
+        1,
+        "expected one request, got {:#?}",
+        requests.iter().map(Request::summary).collect::<Vec<_>>()
+    );
+    requests.into_iter().next().unwrap()
+}
+
+/// A JSON POST to `path`, as every one of these services takes it.
+fn assert_json_post(r: &Request, path: &str) {
+    assert_eq!(r.method, "POST", "{}", r.summary());
+    assert_eq!(r.target, path, "{}", r.summary());
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/json; charset=utf-8"),
+        "{}",
+        String::from_utf8_lossy(&r.raw_head)
+    );
+    assert_eq!(
+        r.header("content-length"),
+        Some(r.body.len().to_string().as_str())
+    );
+}
+
+/// The log line of an attempt that ended with `outcome` on `channel`.
+fn attempt_logged(daemon: &Daemon, channel: &str, outcome: &str) -> Value {
+    daemon.wait_for_log(&format!("of outcome {outcome} on {channel}"), |l| {
+        field_is(l, "channel", channel) && field_is(l, "outcome", outcome)
+    })
+}
+
+/// The dead-letter line of `channel`.
+fn dead_letter_logged(daemon: &Daemon, channel: &str) -> Value {
+    daemon.wait_for_log(&format!("of a dead letter on {channel}"), |l| {
+        field_is(l, "channel", channel)
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Dead letter"))
+    })
+}
+
+/// How long after the first request the second came.
+fn waited(requests: &[Request]) -> Duration {
+    requests[1]
+        .received_instant
+        .duration_since(requests[0].received_instant)
+}
+
+/// `keywatch send-test CHANNEL` on `rules`: its exit code, stdout and stderr.
+fn send_test(rules: &Rules, channel: &str) -> (Option<i32>, String, String) {
+    let out = rules.run(&["send-test", channel], &[]);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Microsoft Teams
+
+#[test]
+fn teams_posts_an_adaptive_card_with_escaped_facts_and_link_buttons() {
+    let teams = HttpReceiver::with_default(Response::status(202));
+    let yaml = format!(
+        r#"
+links:
+  base_url: "https://kw.example"
+  secret: "0123456789abcdef0123"
+channels:
+  ops: {{ type: teams, url: "{url}" }}
+rules:
+  - name: pay-lock
+    match: "pay_lock:{{order_id}}"
+    notify:
+      to: [ops]
+      title: "Payment lock {{{{ order_id }}}}"
+      message: "Lock of **{{{{ order_id }}}}** expired.\nCheck the worker."
+    escalate: {{ after: 1h, to: [ops] }}
+"#,
+        url = teams
+            .url_for("/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret"),
+    );
+    let daemon = Daemon::start(&yaml);
+    let hostile = "[x](http://evil) <b>@channel</b>";
+    daemon.expire(format!("pay_lock:{hostile}"));
+    let r = one_request(&teams);
+    assert_json_post(
+        &r,
+        "/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret",
+    );
+    let body = r.json();
+    let card = &body["attachments"][0]["content"];
+    let actions = card["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 2, "{body}");
+    for (action, label) in actions.iter().zip(["Acknowledge", "Silence 1h"]) {
+        assert_eq!(action["type"], "Action.OpenUrl");
+        assert_eq!(action["title"], label);
+        assert!(
+            action["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("https://kw.example/l/"),
+            "{action}"
+        );
+    }
+    let escaped = "\\[x\\]\\(http:\u{200B}//evil\\) <\u{200B}b\\>@\u{200B}channel<\u{200B}/b\\>";
+    assert_eq!(
+        body,
+        json!({
+            "type": "message",
+            "attachments": [{
+                "contentType": "application/vnd.microsoft.card.adaptive",
+                "contentUrl": null,
+                "content": {
+                    "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                    "type": "AdaptiveCard",
+                    "version": "1.4",
+                    "msteams": {"width": "full"},
+                    "body": [
+                        {"type": "TextBlock", "text": format!("Payment lock {escaped}"), "weight": "Bolder", "size": "Medium", "wrap": true},
+                        {"type": "TextBlock", "text": format!("Lock of **{escaped}** expired.\n\nCheck the worker."), "wrap": true},
+                        {"type": "FactSet", "facts": [
+                            {"title": "Rule", "value": "pay-lock"},
+                            {"title": "Key", "value": format!("pay\\_lock:{escaped}")},
+                            {"title": "DB", "value": "0"},
+                            // Expired at once: keywatch never learnt a deadline.
+                            {"title": "Deadline", "value": "unknown"},
+                            {"title": "Late", "value": "unknown"},
+                        ]},
+                    ],
+                    "actions": actions,
+                },
+            }],
+        })
+    );
+    attempt_logged(&daemon, "ops", "sent");
+}
+
+#[test]
+fn teams_429_waits_for_retry_after_and_4xx_is_a_dead_letter() {
+    let teams = HttpReceiver::start();
+    teams.push(Response::status(429).header("Retry-After", "1"));
+    teams.push(Response::status(202));
+    let broken = HttpReceiver::with_default(
+        Response::status(400).body(r#"{"error":{"code":"InvalidRequestContent"}}"#),
+    );
+    let yaml = format!(
+        r#"
+channels:
+  ops: {{ type: teams, url: "{}" }}
+  broken: {{ type: teams, url: "{}" }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [ops, broken] }}
+"#,
+        teams.url_for("/invoke?sig=a"),
+        broken.url_for("/invoke?sig=b"),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("cache:1");
+    let requests = teams.wait_for(2, PATIENCE);
+    assert_eq!(requests[0].body, requests[1].body);
+    assert!(
+        waited(&requests) >= Duration::from_millis(900),
+        "retried {:?} after a 429 with `Retry-After: 1`",
+        waited(&requests)
+    );
+    attempt_logged(&daemon, "ops", "sent");
+    let dead = dead_letter_logged(&daemon, "broken");
+    assert!(dead.to_string().contains("InvalidRequestContent"), "{dead}");
+    assert_eq!(broken.count(), 1, "a 400 was retried");
+}
+
+#[test]
+fn teams_send_test_prints_the_answer_and_never_the_url() {
+    let teams = HttpReceiver::with_default(Response::status(202));
+    let rules = Rules::new(&format!(
+        r#"
+channels:
+  ops: {{ type: teams, url: "{}" }}
+"#,
+        teams.url_for("/workflows/w1/invoke?sig=SIGsendtest")
+    ));
+    let (code, stdout, stderr) = send_test(&rules, "ops");
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let r = one_request(&teams);
+    assert_json_post(&r, "/workflows/w1/invoke?sig=SIGsendtest");
+    assert_eq!(
+        r.json()["attachments"][0]["content"]["body"][0]["text"],
+        "keywatch test message"
+    );
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "sent to ops (teams → http://127.0.0.1:{}/<secret>): HTTP 202",
+            teams.port()
+        )
+    );
+    for text in [&stdout, &stderr] {
+        assert_no_secret("send-test output", text, &["SIGsendtest", "/workflows/w1"]);
+    }
+}
