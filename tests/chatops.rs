@@ -221,3 +221,204 @@ channels:
         assert_no_secret("send-test output", text, &["SIGsendtest", "/workflows/w1"]);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Telegram
+
+const TG_TOKEN: &str = "123456789:AAEsecret-token_XYZ";
+
+fn telegram_ok(id: i64) -> Response {
+    Response::json(&json!({"ok": true, "result": {"message_id": id, "chat": {"id": -100123}}}))
+}
+
+#[test]
+fn telegram_sends_escaped_html_with_link_buttons_to_send_message() {
+    let tg = HttpReceiver::with_default(telegram_ok(7));
+    let yaml = format!(
+        r#"
+links:
+  base_url: "https://kw.example"
+  secret: "0123456789abcdef0123"
+channels:
+  tg: {{ type: telegram, url: "{url}", token: "{TG_TOKEN}", chat_id: -1001234567890 }}
+rules:
+  - name: pay-lock
+    match: "pay_lock:{{order_id}}"
+    notify:
+      to: [tg]
+      title: "Payment lock <i>{{{{ order_id }}}}</i>"
+      message: "Lock of <code>{{{{ order_id }}}}</code> expired."
+    escalate: {{ after: 1h, to: [tg] }}
+"#,
+        url = tg.url(),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel \u{202E}");
+    let r = one_request(&tg);
+    assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
+    let body = r.json();
+    let buttons = body["reply_markup"]["inline_keyboard"][0]
+        .as_array()
+        .unwrap();
+    assert_eq!(buttons.len(), 2, "{body}");
+    for (b, label) in buttons.iter().zip(["Acknowledge", "Silence 1h"]) {
+        assert_eq!(b["text"], label);
+        assert!(
+            b["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("https://kw.example/l/"),
+            "{b}"
+        );
+    }
+    let escaped = "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http:\u{200B}//evil&quot;&gt;y&lt;/a&gt; &amp; @\u{200B}channel \\u202E";
+    assert_eq!(
+        body,
+        json!({
+            "chat_id": -1001234567890_i64,
+            "text": format!("<b>Payment lock <i>{escaped}</i></b>\nLock of <code>{escaped}</code> expired."),
+            "parse_mode": "HTML",
+            "link_preview_options": {"is_disabled": true},
+            "reply_markup": {"inline_keyboard": [buttons]},
+        })
+    );
+    let sent = attempt_logged(&daemon, "tg", "sent");
+    assert_no_secret("the log", &daemon.stderr(), &[TG_TOKEN, "AAEsecret"]);
+    assert!(sent.to_string().contains("message_id 7"), "{sent}");
+}
+
+#[test]
+fn telegram_429_obeys_retry_after_and_a_400_is_a_dead_letter() {
+    let tg = HttpReceiver::start();
+    tg.push(
+        Response::status(429)
+            .header("Content-Type", "application/json")
+            .body(r#"{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 2","parameters":{"retry_after":2}}"#),
+    );
+    tg.push(telegram_ok(8));
+    let gone = HttpReceiver::with_default(
+        Response::status(400)
+            .header("Content-Type", "application/json")
+            .body(r#"{"ok":false,"error_code":400,"description":"Bad Request: chat not found"}"#),
+    );
+    let yaml = format!(
+        r#"
+channels:
+  tg: {{ type: telegram, url: "{}", token: "{TG_TOKEN}", chat_id: "@keywatch_alerts" }}
+  gone: {{ type: telegram, url: "{}", token: "{TG_TOKEN}", chat_id: -42 }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [tg, gone], title: "Cache gone", message: "{{{{ key }}}}" }}
+"#,
+        tg.url(),
+        gone.url(),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("cache:1");
+    let requests = tg.wait_for(2, PATIENCE);
+    assert_eq!(requests[0].body, requests[1].body);
+    assert_eq!(requests[0].json()["chat_id"], "@keywatch_alerts");
+    assert!(
+        waited(&requests) >= Duration::from_millis(1_900),
+        "retried {:?} after `retry_after: 2`",
+        waited(&requests)
+    );
+    let retry = attempt_logged(&daemon, "tg", "retry");
+    assert!(retry.to_string().contains("retry after 2"), "{retry}");
+    attempt_logged(&daemon, "tg", "sent");
+    let dead = dead_letter_logged(&daemon, "gone");
+    assert!(dead.to_string().contains("chat not found"), "{dead}");
+    assert_eq!(gone.count(), 1, "a 400 was retried");
+    assert_no_secret("the log", &daemon.stderr(), &[TG_TOKEN, "AAEsecret"]);
+}
+
+#[test]
+fn telegram_token_stays_out_of_send_test_explain_and_errors() {
+    let tg = HttpReceiver::with_default(telegram_ok(9));
+    let rules = Rules::new(&format!(
+        r#"
+channels:
+  tg: {{ type: telegram, url: "{}/", token: "{TG_TOKEN}", chat_id: -100123 }}
+rules:
+  - name: lock
+    match: "lock:{{id}}"
+    notify: {{ to: [tg] }}
+"#,
+        tg.url()
+    ));
+    let (code, stdout, stderr) = send_test(&rules, "tg");
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "sent to tg (telegram → {}/bot<secret>/sendMessage, chat -100123): ok, message_id 9",
+            tg.url()
+        )
+    );
+    let r = one_request(&tg);
+    assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
+    assert_eq!(
+        r.json()["text"],
+        format!(
+            "<b>keywatch test message</b>\n{}",
+            r.json()["text"]
+                .as_str()
+                .unwrap()
+                .split_once('\n')
+                .unwrap()
+                .1
+        )
+    );
+
+    tg.set_default(
+        Response::status(401)
+            .header("Content-Type", "application/json")
+            .body(r#"{"ok":false,"error_code":401,"description":"Unauthorized"}"#),
+    );
+    let (code, stdout, stderr) = send_test(&rules, "tg");
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("HTTP 401: Unauthorized"), "{stderr}");
+    let explain = rules.run(&["explain", "lock:1"], &[]);
+    let explained = String::from_utf8_lossy(&explain.stdout).into_owned();
+    assert!(explained.contains("bot<secret>/sendMessage"), "{explained}");
+    for text in [&stdout, &stderr, &explained] {
+        assert_no_secret("send-test and explain", text, &[TG_TOKEN, "AAEsecret"]);
+    }
+    // A connection refused names no URL either.
+    let down = Rules::new(&format!(
+        r#"
+channels:
+  tg: {{ type: telegram, url: "http://127.0.0.1:{}", token: "{TG_TOKEN}", chat_id: -100123 }}
+"#,
+        common::ports::free_port()
+    ));
+    let (code, stdout, stderr) = send_test(&down, "tg");
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert_no_secret("a transport error", &stderr, &[TG_TOKEN, "AAEsecret"]);
+}
+
+#[test]
+fn telegram_check_locates_a_bad_token_and_chat_id() {
+    let rules = Rules::new(
+        r#"
+channels:
+  tg:
+    type: telegram
+    token: "not a token/AAEsecret"
+    chat_id: "somebody"
+"#,
+    );
+    let out = rules.run(&["check"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rules.yaml:5:12: channel `tg` `token` does not look like a bot token"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rules.yaml:6:14: channel `tg` `chat_id` must be a chat id (e.g. `-1001234567890`) or a channel's `@username`, found `somebody`"),
+        "{stderr}"
+    );
+    assert_no_secret("check", &stderr, &["AAEsecret"]);
+}

@@ -40,7 +40,9 @@ macro_rules! integrations {
     };
 }
 
-integrations![dingtalk, slack, feishu, wecom, webhook, teams, log];
+integrations![
+    dingtalk, slack, feishu, wecom, webhook, teams, telegram, log
+];
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {

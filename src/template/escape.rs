@@ -34,6 +34,9 @@ pub enum Escape {
     /// Microsoft Teams Adaptive Card Markdown: [`Escape::Markdown`], plus a zero-width space
     /// after `{` (a TextBlock formats `{{DATE(…)}}`), and control and bidi characters shown.
     Teams,
+    /// Telegram's HTML: `&` `<` `>` `"` as entities, plus [`Escape::Text`]'s zero-width space
+    /// after `@` (a `@username` would mention), and control and bidi characters shown.
+    Html,
 }
 
 /// Backslash-escaped in [`Escape::Markdown`]: emphasis, code, links/images, headings, quotes,
@@ -45,7 +48,7 @@ const MARKDOWN_SPECIALS: &[char] = &['\\', '`', '*', '_', '[', ']', '(', ')', '#
 const GLOB_SPECIALS: &[char] = &['*', '?', '[', ']', '\\'];
 
 impl Escape {
-    pub const ALL: [Escape; 8] = [
+    pub const ALL: [Escape; 9] = [
         Escape::Raw,
         Escape::RedisKey,
         Escape::Glob,
@@ -54,6 +57,7 @@ impl Escape {
         Escape::Markdown,
         Escape::Text,
         Escape::Teams,
+        Escape::Html,
     ];
 
     /// The minijinja auto-escape name; it is also the suffix of the template's name in the
@@ -68,6 +72,7 @@ impl Escape {
             Escape::Markdown => "markdown",
             Escape::Text => "text",
             Escape::Teams => "teams",
+            Escape::Html => "html",
         }
     }
 
@@ -79,7 +84,7 @@ impl Escape {
     pub fn is_chat(self) -> bool {
         matches!(
             self,
-            Escape::Slack | Escape::Markdown | Escape::Text | Escape::Teams
+            Escape::Slack | Escape::Markdown | Escape::Text | Escape::Teams | Escape::Html
         )
     }
 
@@ -137,6 +142,16 @@ impl Escape {
                 } else {
                     text_replacement(c)
                 }
+            }),
+            Escape::Html => write_replacing(out, s, |c| match c {
+                '&' => Some(Replacement::Str("&amp;")),
+                '<' => Some(Replacement::Str("&lt;")),
+                '>' => Some(Replacement::Str("&gt;")),
+                '"' => Some(Replacement::Str("&quot;")),
+                '@' => Some(Replacement::Str("@\u{200B}")),
+                _ => hidden_char_shown(c)
+                    .map(Replacement::Owned)
+                    .or_else(|| line_break_replacement(c)),
             }),
         }
     }
@@ -374,6 +389,25 @@ mod tests {
             "{\u{200B}{\u{200B}DATE\\(2017-02-14T06:08:39Z, SHORT\\)}}"
         );
         assert_eq!(esc(Escape::Teams, "a\u{202E}b\r\n"), "a\\\\u202Eb\\r\\n");
+    }
+
+    #[test]
+    fn html_escapes_markup_mentions_links_and_hidden_characters() {
+        assert_eq!(
+            esc(
+                Escape::Html,
+                "<b>x</b> <a href=\"http://evil\">y</a> & @channel"
+            ),
+            "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http:\u{200B}//evil&quot;&gt;y&lt;/a&gt; &amp; @\u{200B}channel"
+        );
+        assert_eq!(
+            esc(Escape::Html, "[x](http://evil) *b*"),
+            "[x](http:\u{200B}//evil) *b*"
+        );
+        assert_eq!(
+            esc(Escape::Html, "a\u{202E}b\u{2066}c\u{1b}[31m\u{0}\nd\te"),
+            "a\\u202Eb\\u2066c\\u001B[31m\\u0000\\nd\te"
+        );
     }
 
     #[test]
