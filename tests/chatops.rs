@@ -422,3 +422,202 @@ channels:
     );
     assert_no_secret("check", &stderr, &["AAEsecret"]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// PagerDuty
+
+const PD_KEY: &str = "R0UTINGkey0123456789abcdefABCDEF";
+
+fn pagerduty_ok(dedup_key: &str) -> Response {
+    Response::status(202)
+        .header("Content-Type", "application/json")
+        .body(
+            json!({"status": "success", "message": "Event processed", "dedup_key": dedup_key})
+                .to_string(),
+        )
+}
+
+#[test]
+fn pagerduty_triggers_then_resolves_with_the_same_dedup_key() {
+    let pd = HttpReceiver::with_default(pagerduty_ok("x"));
+    // The first trigger meets a 429, then PagerDuty's own answer.
+    pd.push(Response::status(429).header("Retry-After", "1"));
+    let yaml = format!(
+        r#"
+channels:
+  pager:
+    type: pagerduty
+    url: "{url}"
+    routing_key: "{PD_KEY}"
+    severity: "{{{{ 'warning' if recovered else 'critical' }}}}"
+rules:
+  - name: pay-lock
+    match: "pay_lock:{{order_id}}"
+    notify:
+      to: [pager]
+      title: "Payment lock {{{{ order_id }}}} expired"
+      message: "Check the payment worker."
+    resolved:
+      within: 1h
+      to: [pager]
+      message: "Re-acquired after {{{{ gap }}}}."
+"#,
+        url = pd.url_for("/v2/enqueue"),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("pay_lock:42");
+    let triggers = pd.wait_for(2, PATIENCE);
+    assert_eq!(
+        triggers[0].body, triggers[1].body,
+        "the retry is the same event"
+    );
+    assert!(
+        waited(&triggers) >= Duration::from_millis(900),
+        "retried {:?} after a 429 with `Retry-After: 1`",
+        waited(&triggers)
+    );
+    let trigger = &triggers[1];
+    assert_json_post(trigger, "/v2/enqueue");
+    let t = trigger.json();
+    let id = t["payload"]["custom_details"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let details = &t["payload"]["custom_details"];
+    assert_eq!(
+        t,
+        json!({
+            "routing_key": PD_KEY,
+            "event_action": "trigger",
+            "dedup_key": id,
+            "client": "keywatch",
+            "payload": {
+                "summary": "Payment lock 42 expired: Check the payment worker.",
+                "source": details["source"],
+                "severity": "critical",
+                "timestamp": details["deadline"],
+                "group": "pay-lock",
+                "class": "expired",
+                "custom_details": details,
+            },
+        })
+    );
+    assert_eq!(details["key"], "pay_lock:42");
+    assert_eq!(details["rule"], "pay-lock");
+    assert!(
+        details["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{details}"
+    );
+    attempt_logged(&daemon, "pager", "sent");
+
+    // The lock is taken again: the rule's `resolved` resolves the same incident.
+    common::set_px(&mut daemon.conn(), "pay_lock:42", 60_000);
+    let all = pd.wait_for(3, PATIENCE);
+    let resolve = &all[2];
+    assert_json_post(resolve, "/v2/enqueue");
+    assert_eq!(
+        resolve.json(),
+        json!({"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": id})
+    );
+    assert_no_secret("the log", &daemon.stderr(), &[PD_KEY]);
+}
+
+#[test]
+fn pagerduty_400_is_a_dead_letter_with_its_errors_and_5xx_is_retried() {
+    let pd = HttpReceiver::start();
+    pd.push(Response::status(503).body("Service Unavailable"));
+    pd.push(
+        Response::status(400)
+            .header("Content-Type", "application/json")
+            .body(r#"{"status":"invalid event","message":"Event object is invalid","errors":["'payload.summary' is missing or blank"]}"#),
+    );
+    let yaml = format!(
+        r#"
+channels:
+  pager: {{ type: pagerduty, url: "{}", routing_key: "{PD_KEY}" }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [pager] }}
+"#,
+        pd.url_for("/v2/enqueue"),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("cache:1");
+    let requests = pd.wait_for(2, PATIENCE);
+    assert_eq!(requests[0].body, requests[1].body);
+    assert_eq!(requests[0].json()["payload"]["severity"], "error");
+    attempt_logged(&daemon, "pager", "retry");
+    let dead = dead_letter_logged(&daemon, "pager");
+    assert!(
+        dead.to_string()
+            .contains("HTTP 400: Event object is invalid: 'payload.summary' is missing or blank"),
+        "{dead}"
+    );
+    common::wait_until("no job waits in the queue", PATIENCE, || {
+        redis::cmd("ZCARD")
+            .arg("keywatch:queue")
+            .query::<i64>(&mut daemon.conn())
+            .unwrap()
+            == 0
+    });
+    assert_eq!(pd.count(), 2, "the 400 was retried");
+}
+
+#[test]
+fn pagerduty_send_test_check_and_explain() {
+    let pd = HttpReceiver::with_default(pagerduty_ok("send-test"));
+    let rules = Rules::new(&format!(
+        r#"
+channels:
+  pager: {{ type: pagerduty, url: "{}", routing_key: "{PD_KEY}", severity: warning }}
+rules:
+  - name: lock
+    match: "lock:{{id}}"
+    notify: {{ to: [pager] }}
+"#,
+        pd.url_for("/v2/enqueue")
+    ));
+    let (code, stdout, stderr) = send_test(&rules, "pager");
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "sent to pager (pagerduty → {} (routing key <secret>)): 202 success: Event processed",
+            pd.url_for("/v2/enqueue")
+        )
+    );
+    let r = one_request(&pd);
+    assert_eq!(r.json()["payload"]["severity"], "warning");
+    let explain = rules.run(&["explain", "lock:1"], &[]);
+    let explained = String::from_utf8_lossy(&explain.stdout).into_owned();
+    assert!(explained.contains("(routing key <secret>)"), "{explained}");
+    for text in [&stdout, &stderr, &explained] {
+        assert_no_secret("send-test and explain", text, &[PD_KEY]);
+    }
+
+    let bad = Rules::new(
+        r#"
+channels:
+  pager: { type: pagerduty, routing_key: "shortSECRET", severity: high }
+rules:
+  - name: lock
+    match: "lock:{id}"
+    notify: { to: [pager], group: { window: 30s } }
+"#,
+    );
+    let out = bad.run(&["check"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for expected in [
+        "rules.yaml:3:44: channel `pager` `routing_key` must be the 32-character integration key of an Events API v2 integration (found 11 characters)",
+        "rules.yaml:3:67: channel `pager` `severity` must be one of critical, error, warning, info or a template, found `high`",
+        "takes no digests",
+    ] {
+        assert!(stderr.contains(expected), "{expected}\n{stderr}");
+    }
+    assert_no_secret("check", &stderr, &["shortSECRET"]);
+}

@@ -12,7 +12,7 @@
 //! A cancelled follow-up ends as "sent" for the queue (nothing to retry), with an answer that
 //! starts with [`CANCELLED`]: history shows it as `skipped`, and it is not counted as sent.
 
-use crate::channel::{self, Channel, Item, Message};
+use crate::channel::{self, Channel, Followup, FollowupKind, Item, Message};
 use crate::config::{FollowupStep, Rule, Unless};
 use crate::firing::{Action, Firing};
 use crate::keyspace::clock;
@@ -184,7 +184,7 @@ async fn escalate(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
             after: Some(early),
         });
     }
-    send(a, f, rule, step, channel, "escalation").await
+    send(a, f, rule, step, channel, FollowupKind::Escalation).await
 }
 
 /// How long before its wait is over a follow-up runs: it was brought forward by hearing its
@@ -211,7 +211,7 @@ async fn resolved(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
             humantime::format_duration(step.wait)
         )));
     }
-    send(a, f, rule, step, channel, "resolved").await
+    send(a, f, rule, step, channel, FollowupKind::Resolved).await
 }
 
 async fn send(
@@ -220,7 +220,7 @@ async fn send(
     rule: &Rule,
     step: &FollowupStep,
     channel: &str,
-    which: &str,
+    which: FollowupKind,
 ) -> Result<Outcome, String> {
     let Some(ch) = a.config.channel(channel) else {
         return Ok(Outcome::Failed(format!(
@@ -241,8 +241,9 @@ pub fn compose(
     rule: &Rule,
     step: &FollowupStep,
     ch: &Channel,
-    which: &str,
+    kind: FollowupKind,
 ) -> Result<Message, String> {
+    let which = kind.as_str();
     let escape = ch.escape();
     let t = &a.config.templates;
     let gap_ms = (clock::now() - f.observed_at).num_milliseconds().max(0);
@@ -254,7 +255,7 @@ pub fn compose(
             .map_err(|e| format!("{field}: {}", e.message)),
         None => Ok(None),
     };
-    let field = if which == "escalation" {
+    let field = if kind == FollowupKind::Escalation {
         "escalate"
     } else {
         "resolved"
@@ -265,7 +266,7 @@ pub fn compose(
     let (text, links) = super::notify::with_links(a, f, rule, ch, text);
     let mut event = f.to_json();
     event["followup"] = which.into();
-    let action = if which == "escalation" {
+    let action = if kind == FollowupKind::Escalation {
         Action::Escalate {
             channel: ch.name.clone(),
         }
@@ -286,6 +287,11 @@ pub fn compose(
         custom_body: None,
         mention: Default::default(),
         links,
+        channel_fields: super::notify::channel_fields(t, ch, &ctx)?,
+        followup: Some(Followup {
+            kind,
+            alert_id: f.id.clone(),
+        }),
     })
 }
 

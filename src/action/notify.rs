@@ -56,6 +56,8 @@ pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Mes
         custom_body,
         mention: super::mention::render(t, &n.mention, &rule.name, &ctx),
         links,
+        channel_fields: channel_fields(t, ch, &ctx)?,
+        followup: None,
     })
 }
 
@@ -127,7 +129,25 @@ pub fn compose_digest(
         custom_body: None,
         mention,
         links: Vec::new(),
+        channel_fields: channel_fields(t, ch, &ctx)?,
+        followup: None,
     })
+}
+
+/// The channel's own templates ([`Channel::templates`]) rendered in `ctx`, as plain values.
+pub fn channel_fields(
+    t: &crate::template::TemplateSet,
+    ch: &Channel,
+    ctx: &crate::template::Context,
+) -> Result<Vec<(&'static str, String)>, String> {
+    ch.templates
+        .iter()
+        .map(|(field, id)| {
+            t.render_text(*id, ctx)
+                .map(|v| (*field, v))
+                .map_err(|e| format!("channel `{field}`: {}", e.message))
+        })
+        .collect()
 }
 
 pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Outcome {

@@ -205,6 +205,7 @@ mod tests {
             concurrency: 16,
             keyword: None,
             body: None,
+            templates: Vec::new(),
         }
     }
 
@@ -230,6 +231,8 @@ mod tests {
             custom_body: None,
             mention: Default::default(),
             links: Vec::new(),
+            channel_fields: Vec::new(),
+            followup: None,
         }
     }
 

@@ -388,6 +388,7 @@ mod tests {
             concurrency: 16,
             keyword: None,
             body: None,
+            templates: Vec::new(),
         }
     }
 
@@ -407,6 +408,8 @@ mod tests {
             custom_body: None,
             mention: Default::default(),
             links: Vec::new(),
+            channel_fields: Vec::new(),
+            followup: None,
         }
     }
 

@@ -284,6 +284,9 @@ fn explain_rule(
                 "  5. notify {name} ({} → {target}{rate})",
                 ch.kind.name
             );
+            for (field, id) in &ch.templates {
+                let _ = writeln!(out, "     {field}: {}", text(*id));
+            }
             let escape = ch.escape();
             if let Some(id) = n.title.get(escape) {
                 let _ = writeln!(out, "     title: {}", text(id));

@@ -40,6 +40,13 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
         custom_body: None,
         mention: Default::default(),
         links: Vec::new(),
+        // The channel's own templates (PagerDuty's `severity`) as for any expiry.
+        channel_fields: crate::action::notify::channel_fields(
+            &config.templates,
+            ch,
+            &crate::template::Context::sample("send-test", crate::event::EventKind::Expired, &[]),
+        )?,
+        followup: None,
     };
     let target = ch.integration.target();
     // A target's answer may quote what it was sent (a token in the URL, a signed header).
