@@ -613,7 +613,7 @@ rules:
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     for expected in [
-        "rules.yaml:3:44: channel `pager` `routing_key` must be the 32-character integration key of an Events API v2 integration (found 11 characters)",
+        "rules.yaml:3:42: channel `pager` `routing_key` must be the 32-character integration key of an Events API v2 integration (found 11 characters)",
         "rules.yaml:3:67: channel `pager` `severity` must be one of critical, error, warning, info or a template, found `high`",
         "takes no digests",
     ] {
