@@ -12,7 +12,7 @@
 //! A cancelled follow-up ends as "sent" for the queue (nothing to retry), with an answer that
 //! starts with [`CANCELLED`]: history shows it as `skipped`, and it is not counted as sent.
 
-use crate::channel::{self, Channel, Item, Message};
+use crate::channel::{self, Channel, Followup, FollowupKind, Item, Message};
 use crate::config::{FollowupStep, Rule, Unless};
 use crate::firing::{Action, Firing};
 use crate::keyspace::clock;
@@ -149,7 +149,7 @@ async fn escalate(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
             after: Some(early),
         });
     }
-    send(a, f, rule, step, channel, "escalation").await
+    send(a, f, rule, step, channel, FollowupKind::Escalation).await
 }
 
 /// How long before its wait is over a follow-up runs: it was brought forward by hearing its
@@ -176,7 +176,7 @@ async fn resolved(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
             humantime::format_duration(step.wait)
         )));
     }
-    send(a, f, rule, step, channel, "resolved").await
+    send(a, f, rule, step, channel, FollowupKind::Resolved).await
 }
 
 async fn send(
@@ -185,7 +185,7 @@ async fn send(
     rule: &Rule,
     step: &FollowupStep,
     channel: &str,
-    which: &str,
+    which: FollowupKind,
 ) -> Result<Outcome, String> {
     let Some(ch) = a.config.channel(channel) else {
         return Ok(Outcome::Failed(format!(
@@ -193,7 +193,7 @@ async fn send(
         )));
     };
     // An Alertmanager's alert is its own jobs (one per URL): ending it is their work.
-    if which == "resolved"
+    if which == FollowupKind::Resolved
         && let Some(am) = ch.integration.alertmanager()
     {
         return Ok(super::alert::end(a, f, ch, am).await);
@@ -212,8 +212,9 @@ pub fn compose(
     rule: &Rule,
     step: &FollowupStep,
     ch: &Channel,
-    which: &str,
+    kind: FollowupKind,
 ) -> Result<Message, String> {
+    let which = kind.as_str();
     let escape = ch.escape();
     let t = &a.config.templates;
     let gap_ms = (clock::now() - f.observed_at).num_milliseconds().max(0);
@@ -225,7 +226,7 @@ pub fn compose(
             .map_err(|e| format!("{field}: {}", e.message)),
         None => Ok(None),
     };
-    let field = if which == "escalation" {
+    let field = if kind == FollowupKind::Escalation {
         "escalate"
     } else {
         "resolved"
@@ -233,10 +234,10 @@ pub fn compose(
     let title = render(step.title.get(escape), &format!("{field}.title"))?
         .unwrap_or_else(|| format!("{} ({which})", rule.name));
     let text = render(step.message.get(escape), &format!("{field}.message"))?.unwrap_or_default();
-    let text = super::notify::with_links(a, f, rule, escape, text);
+    let (text, links) = super::notify::with_links(a, f, rule, ch, text);
     let mut event = f.to_json();
     event["followup"] = which.into();
-    let action = if which == "escalation" {
+    let action = if kind == FollowupKind::Escalation {
         Action::Escalate {
             channel: ch.name.clone(),
         }
@@ -256,10 +257,11 @@ pub fn compose(
         idempotency_key: action.idempotency_key(&f.id),
         custom_body: None,
         mention: Default::default(),
-        followup: Some(if which == "escalation" {
-            channel::Followup::Escalation
-        } else {
-            channel::Followup::Resolved
+        links,
+        channel_fields: super::notify::channel_fields(t, ch, &ctx)?,
+        followup: Some(Followup {
+            kind,
+            alert_id: f.id.clone(),
         }),
     })
 }

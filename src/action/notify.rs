@@ -29,7 +29,7 @@ pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Mes
             .map_err(|e| format!("notify.message: {}", e.message))?,
         None => String::new(),
     };
-    let text = with_links(a, f, rule, escape, text);
+    let (text, links) = with_links(a, f, rule, ch, text);
     let custom_body = match ch.body {
         Some(id) => Some(
             t.render_text(id, &ctx)
@@ -55,6 +55,8 @@ pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Mes
         .idempotency_key(&f.id),
         custom_body,
         mention: super::mention::render(t, &n.mention, &rule.name, &ctx),
+        links,
+        channel_fields: channel_fields(t, ch, &ctx)?,
         followup: None,
     })
 }
@@ -126,8 +128,26 @@ pub fn compose_digest(
         idempotency_key: digest_key(&first.id, &ch.name, firings.len()),
         custom_body: None,
         mention,
+        links: Vec::new(),
+        channel_fields: channel_fields(t, ch, &ctx)?,
         followup: None,
     })
+}
+
+/// The channel's own templates ([`Channel::templates`]) rendered in `ctx`, as plain values.
+pub fn channel_fields(
+    t: &crate::template::TemplateSet,
+    ch: &Channel,
+    ctx: &crate::template::Context,
+) -> Result<Vec<(&'static str, String)>, String> {
+    ch.templates
+        .iter()
+        .map(|(field, id)| {
+            t.render_text(*id, ctx)
+                .map(|v| (*field, v))
+                .map_err(|e| format!("channel `{field}`: {}", e.message))
+        })
+        .collect()
 }
 
 pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Outcome {
@@ -137,21 +157,22 @@ pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Out
     }
 }
 
-/// `text` ending with the acknowledge and silence links, for a rule with `escalate` when the
-/// files configure `links` (SPEC §2); unchanged otherwise.
+/// The acknowledge and silence links of a rule with `escalate` when the files configure
+/// `links` (SPEC §2), and `text` ending with them unless `ch` shows them as buttons.
 pub fn with_links(
     a: &Actions,
     f: &Firing,
     rule: &Rule,
-    escape: crate::template::Escape,
+    ch: &Channel,
     text: String,
-) -> String {
-    match (&a.config.links, &rule.escalate) {
-        (Some(links), Some(step)) => crate::links::append(
-            &text,
-            escape,
-            &crate::links::for_firing(links, f, step.wait),
-        ),
-        _ => text,
+) -> (String, Vec<(String, String)>) {
+    let links = match (&a.config.links, &rule.escalate) {
+        (Some(links), Some(step)) => crate::links::for_firing(links, f, step.wait),
+        _ => return (text, Vec::new()),
+    };
+    if ch.integration.links_as_buttons() {
+        (text, links)
+    } else {
+        (crate::links::append(&text, ch.escape(), &links), links)
     }
 }

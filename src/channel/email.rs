@@ -911,6 +911,7 @@ mod tests {
             concurrency: 16,
             keyword: keyword.map(String::from),
             body: None,
+            templates: Vec::new(),
         }
     }
 
@@ -929,6 +930,8 @@ mod tests {
             idempotency_key: format!("{ID}:notify:mail"),
             custom_body: None,
             mention: Default::default(),
+            links: Vec::new(),
+            channel_fields: Vec::new(),
             followup: None,
         }
     }

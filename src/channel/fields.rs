@@ -22,6 +22,8 @@ pub struct Fields<'d, 'a> {
     pub(super) example_url: &'static str,
     /// A custom `body` template, for the integrations that take one.
     pub body: Option<Text>,
+    /// Fields that are templates, rendered per message ([`super::Channel::templates`]).
+    pub templates: Vec<(&'static str, Text)>,
 }
 
 impl Fields<'_, '_> {

@@ -49,6 +49,18 @@ pub trait Integration: fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether its messages carry the acknowledge and silence links as buttons
+    /// ([`Message::links`]) rather than at the end of the text.
+    fn links_as_buttons(&self) -> bool {
+        false
+    }
+
+    /// Whether it takes digests (a rule's `group`, a merged backlog); one that does not gets
+    /// each event on its own and `check` refuses `group` on it.
+    fn takes_digests(&self) -> bool {
+        true
+    }
+
     /// What the answer to a request means: sent, worth retrying, or never going to work.
     fn judge(&self, _ch: &Channel, answer: &Answer) -> Outcome {
         http::judge_status(answer)
@@ -123,6 +135,9 @@ pub struct Channel {
     /// A custom body template instead of the integration's own payload (webhooks only),
     /// compiled with the rules' templates after decoding.
     pub body: Option<TemplateId>,
+    /// Fields of the integration that are templates (PagerDuty's `severity`), by field name,
+    /// rendered per message into [`Message::channel_fields`].
+    pub templates: Vec<(&'static str, TemplateId)>,
 }
 
 impl fmt::Debug for Kind {

@@ -101,16 +101,44 @@ pub struct Message {
     pub custom_body: Option<Vec<u8>>,
     /// Who the rule mentions (`notify.mention`, rendered and checked), on top of the channel's.
     pub mention: Mention,
-    /// Set on an `escalate` or `resolved` notice: a channel that keeps alerts open
-    /// ([`super::Integration::closes_on_resolved`]) closes the alert on a resolved one.
+    /// The acknowledge and silence links (label, URL) of a rule with `escalate` when the files
+    /// configure `links`: chat formats with link syntax have them at the end of `text` too,
+    /// channels with buttons ([`super::Integration::links_as_buttons`]) only here.
+    pub links: Vec<(String, String)>,
+    /// The values of the channel's own templates ([`super::Channel::templates`]), rendered for
+    /// this message, by field name.
+    pub channel_fields: Vec<(&'static str, String)>,
+    /// Set on an escalation or a resolved notice: what kind, and which alert it follows (a
+    /// PagerDuty `resolve` needs that alert's id as its `dedup_key`; a channel that keeps alerts
+    /// open, [`super::Integration::closes_on_resolved`], closes the alert on a resolved one).
     pub followup: Option<Followup>,
 }
 
-/// Which follow-up of an alert a message is.
+/// Which follow-up of an alert a message is (SPEC §4's `"followup"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Followup {
+pub enum FollowupKind {
+    /// `escalate`: the alert was not handled in time.
     Escalation,
+    /// `resolved`: the key exists again.
     Resolved,
+}
+
+impl FollowupKind {
+    /// The value of `"followup"` in the event JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FollowupKind::Escalation => "escalation",
+            FollowupKind::Resolved => "resolved",
+        }
+    }
+}
+
+/// What a follow-up message follows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Followup {
+    pub kind: FollowupKind,
+    /// The id of the alert's event (SPEC §4), the same in the alert and its follow-ups.
+    pub alert_id: String,
 }
 
 impl Message {
@@ -128,8 +156,18 @@ impl Message {
             idempotency_key: digest_key(first_id, channel, count),
             custom_body: None,
             mention: Default::default(),
+            links: Vec::new(),
+            channel_fields: Vec::new(),
             followup: None,
         }
+    }
+
+    /// The rendered value of the channel's template `field`, if it has one.
+    pub fn channel_field(&self, field: &str) -> Option<&str> {
+        self.channel_fields
+            .iter()
+            .find(|(f, _)| *f == field)
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn omitted(&self) -> usize {

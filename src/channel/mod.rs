@@ -28,7 +28,7 @@ pub use fields::{Fields, check_http_url};
 pub use integration::{
     Channel, DEFAULT_CONCURRENCY, Dispatch, Exchange, Integration, Kind, MAX_CONCURRENCY, Rate,
 };
-pub use message::{Followup, Item, Message};
+pub use message::{Followup, FollowupKind, Item, Message};
 
 /// Registers integrations: each one's module, and its [`Kind`] in [`KINDS`], so that adding a
 /// service is its file and its name here.
@@ -41,7 +41,19 @@ macro_rules! integrations {
     };
 }
 
-integrations![dingtalk, slack, feishu, wecom, webhook, alertmanager, email, log];
+integrations![
+    dingtalk,
+    slack,
+    feishu,
+    wecom,
+    webhook,
+    alertmanager,
+    email,
+    teams,
+    telegram,
+    pagerduty,
+    log
+];
 
 /// The integration registered for `type: name`.
 pub fn kind(name: &str) -> Option<&'static Kind> {
@@ -65,6 +77,8 @@ pub async fn send(client: &reqwest::Client, ch: &Channel, msg: &Message) -> Outc
 pub struct ChannelDraft {
     pub channel: Channel,
     pub body: Option<Text>,
+    /// The integration's template fields, compiled with the rules' templates too.
+    pub templates: Vec<(&'static str, Text)>,
 }
 
 const COMMON: &[&str] = &["type", "rate", "timeout", "concurrency", "keyword"];
@@ -162,9 +176,16 @@ fn decode_channel(
         base,
         example_url: kind.example_url,
         body: None,
+        templates: Vec::new(),
     };
     let integration = (kind.decode)(&mut fields);
-    let Fields { d, m, body, .. } = fields;
+    let Fields {
+        d,
+        m,
+        body,
+        templates,
+        ..
+    } = fields;
 
     let mut known: Vec<&str> = COMMON.to_vec();
     known.extend_from_slice(kind.fields);
@@ -194,8 +215,10 @@ fn decode_channel(
             concurrency,
             keyword,
             body: None,
+            templates: Vec::new(),
         },
         body,
+        templates,
     })
 }
 

@@ -295,6 +295,9 @@ fn explain_rule(
                 "  5. notify {name} ({} → {target}{rate})",
                 ch.kind.name
             );
+            for (field, id) in &ch.templates {
+                let _ = writeln!(out, "     {field}: {}", text(*id));
+            }
             if let Some(am) = ch.integration.alertmanager() {
                 let firing = crate::firing::Firing::new(
                     &rule.name,

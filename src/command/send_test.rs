@@ -39,6 +39,13 @@ pub async fn run(config: &Config, channel: &str) -> Result<String, String> {
         idempotency_key: format!("send-test:{}", now.timestamp_millis()),
         custom_body: None,
         mention: Default::default(),
+        links: Vec::new(),
+        // The channel's own templates (PagerDuty's `severity`) as for any expiry.
+        channel_fields: crate::action::notify::channel_fields(
+            &config.templates,
+            ch,
+            &crate::template::Context::sample("send-test", crate::event::EventKind::Expired, &[]),
+        )?,
         followup: None,
     };
     if let Some(am) = ch.integration.alertmanager() {

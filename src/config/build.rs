@@ -61,7 +61,35 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
     let mut templates = TemplateSet::new();
 
     let mut channels = Vec::new();
-    for ChannelDraft { mut channel, body } in drafts.channels {
+    for ChannelDraft {
+        mut channel,
+        body,
+        templates: fields,
+    } in drafts.channels
+    {
+        for (field, text) in fields {
+            let check = TemplateCheck {
+                followup: false,
+                rule: "send-test",
+                captures: &[],
+                kinds: &[EventKind::Expired],
+                digest: false,
+                pattern: "",
+                has_detail: false,
+                has_group: false,
+            };
+            let id = compile(
+                d,
+                &mut templates,
+                &text,
+                Escape::Raw,
+                &format!("channel `{}` `{field}`", channel.name),
+                &check,
+            );
+            if let Some(id) = id {
+                channel.templates.push((field, id));
+            }
+        }
         if let Some(body) = body {
             let check = TemplateCheck {
                 followup: false,
@@ -679,6 +707,15 @@ impl RuleTemplates<'_, '_, '_> {
         for name in &nd.to {
             match channels.iter().find(|c| c.name == name.value) {
                 Some(c) => {
+                    if nd.group.is_some() && !c.integration.takes_digests() {
+                        self.d.error(
+                            &name.loc,
+                            format!(
+                                "{what} `notify.to`: channel `{}` ({}) takes no digests: each event is its own alert there; drop `notify.group` or send the digest to another channel",
+                                c.name, c.kind.name
+                            ),
+                        );
+                    }
                     if !escapes.contains(&c.escape()) {
                         escapes.push(c.escape());
                     }

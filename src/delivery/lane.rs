@@ -88,10 +88,15 @@ pub fn merge_threshold(rate: Rate) -> usize {
 }
 
 impl Lane {
-    pub fn new(limiter: Arc<Limiter>, rate: Rate) -> Lane {
+    /// `merges`: whether the channel takes digests (PagerDuty does not: one event, one alert).
+    pub fn new(limiter: Arc<Limiter>, rate: Rate, merges: bool) -> Lane {
         Lane {
             limiter,
-            merge_over: merge_threshold(rate),
+            merge_over: if merges {
+                merge_threshold(rate)
+            } else {
+                usize::MAX
+            },
             cap: line_cap(rate),
             line: Mutex::new(VecDeque::new()),
             arrived: Notify::new(),
@@ -219,7 +224,8 @@ pub(super) struct Limited {
 
 impl Limiters {
     pub(super) fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Limited> {
-        let rate = config.channel(channel)?.rate?;
+        let ch = config.channel(channel)?;
+        let rate = ch.rate?;
         let mut map = self.by_channel.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(l) = map.get(channel)
             && l.rate == rate
@@ -234,7 +240,11 @@ impl Limiters {
         });
         let limited = Limited {
             rate,
-            lane: Arc::new(Lane::new(limiter.clone(), rate)),
+            lane: Arc::new(Lane::new(
+                limiter.clone(),
+                rate,
+                ch.integration.takes_digests(),
+            )),
             limiter,
         };
         map.insert(channel.to_string(), limited.clone());

@@ -31,6 +31,12 @@ pub enum Escape {
     /// Chat plain text: `@` and `<` get a zero-width space after them, so `@all`, `@13800000000`,
     /// `<at user_id="all">` and `<@userid>` can no longer mention anyone.
     Text,
+    /// Microsoft Teams Adaptive Card Markdown: [`Escape::Markdown`], plus a zero-width space
+    /// after `{` (a TextBlock formats `{{DATE(…)}}`), and control and bidi characters shown.
+    Teams,
+    /// Telegram's HTML: `&` `<` `>` `"` as entities, plus [`Escape::Text`]'s zero-width space
+    /// after `@` (a `@username` would mention), and control and bidi characters shown.
+    Html,
 }
 
 /// Backslash-escaped in [`Escape::Markdown`]: emphasis, code, links/images, headings, quotes,
@@ -42,7 +48,7 @@ const MARKDOWN_SPECIALS: &[char] = &['\\', '`', '*', '_', '[', ']', '(', ')', '#
 const GLOB_SPECIALS: &[char] = &['*', '?', '[', ']', '\\'];
 
 impl Escape {
-    pub const ALL: [Escape; 7] = [
+    pub const ALL: [Escape; 9] = [
         Escape::Raw,
         Escape::RedisKey,
         Escape::Glob,
@@ -50,6 +56,8 @@ impl Escape {
         Escape::Slack,
         Escape::Markdown,
         Escape::Text,
+        Escape::Teams,
+        Escape::Html,
     ];
 
     /// The minijinja auto-escape name; it is also the suffix of the template's name in the
@@ -63,6 +71,8 @@ impl Escape {
             Escape::Slack => "slack",
             Escape::Markdown => "markdown",
             Escape::Text => "text",
+            Escape::Teams => "teams",
+            Escape::Html => "html",
         }
     }
 
@@ -72,7 +82,20 @@ impl Escape {
 
     /// A chat message, read by people: values may not start a line or a link of their own.
     pub fn is_chat(self) -> bool {
-        matches!(self, Escape::Slack | Escape::Markdown | Escape::Text)
+        matches!(
+            self,
+            Escape::Slack | Escape::Markdown | Escape::Text | Escape::Teams | Escape::Html
+        )
+    }
+
+    /// `s`, plain text an integration writes into a message itself (a card's facts: the key,
+    /// the rule), escaped as a value of this chat mode is, so it can no more widen the message
+    /// than a value in a template can.
+    pub fn escape_value(self, s: &str) -> String {
+        let mut out = String::with_capacity(s.len() + 8);
+        // Writing to a String cannot fail.
+        let _ = self.write_escaped(&mut out, s);
+        out
     }
 
     /// Writes `s` (an encoded string) escaped for this mode.
@@ -108,6 +131,28 @@ impl Escape {
                     text_replacement(c)
                 }
             }),
+            Escape::Teams => write_replacing(out, s, |c| {
+                if MARKDOWN_SPECIALS.contains(&c) {
+                    Some(Replacement::Prefix('\\'))
+                } else if c == '{' {
+                    Some(Replacement::Str("{\u{200B}"))
+                } else if let Some(shown) = hidden_char_shown(c) {
+                    // The backslash of `\u202E` escaped too, so Markdown shows it.
+                    Some(Replacement::Owned(format!("\\{shown}")))
+                } else {
+                    text_replacement(c)
+                }
+            }),
+            Escape::Html => write_replacing(out, s, |c| match c {
+                '&' => Some(Replacement::Str("&amp;")),
+                '<' => Some(Replacement::Str("&lt;")),
+                '>' => Some(Replacement::Str("&gt;")),
+                '"' => Some(Replacement::Str("&quot;")),
+                '@' => Some(Replacement::Str("@\u{200B}")),
+                _ => hidden_char_shown(c)
+                    .map(Replacement::Owned)
+                    .or_else(|| line_break_replacement(c)),
+            }),
         }
     }
 }
@@ -130,8 +175,24 @@ fn line_break_replacement(c: char) -> Option<Replacement> {
     }
 }
 
+/// A control character (other than a line break, which [`line_break_replacement`] shows, and
+/// tab) or a bidirectional formatting character in key text, written as `\u202E`: invisible,
+/// it could make text read in another order than it is (a key that shows as someone else's) or
+/// carry a terminal escape into a notification.
+fn hidden_char_shown(c: char) -> Option<String> {
+    let hidden = (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+        || matches!(
+            c,
+            '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{2028}' | '\u{2029}'
+        )
+        || ('\u{202A}'..='\u{202E}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c);
+    hidden.then(|| format!("\\u{:04X}", u32::from(c)))
+}
+
 enum Replacement {
     Str(&'static str),
+    Owned(String),
     Prefix(char),
 }
 
@@ -148,6 +209,7 @@ fn write_replacing<W: Write>(
             out.write_str(&s[start..i])?;
             match r {
                 Replacement::Str(rep) => out.write_str(rep)?,
+                Replacement::Owned(rep) => out.write_str(&rep)?,
                 Replacement::Prefix(p) => {
                     out.write_char(p)?;
                     out.write_char(c)?;
@@ -314,6 +376,38 @@ mod tests {
         for mode in [Escape::Raw, Escape::RedisKey] {
             assert_eq!(esc(mode, "a\nhttp://b"), "a\nhttp://b", "{mode:?}");
         }
+    }
+
+    #[test]
+    fn teams_escapes_markdown_card_functions_and_hidden_characters() {
+        assert_eq!(
+            esc(Escape::Teams, "[x](http://evil) **b** @channel <at>x</at>"),
+            "\\[x\\]\\(http:\u{200B}//evil\\) \\*\\*b\\*\\* @\u{200B}channel <\u{200B}at\\>x<\u{200B}/at\\>"
+        );
+        assert_eq!(
+            esc(Escape::Teams, "{{DATE(2017-02-14T06:08:39Z, SHORT)}}"),
+            "{\u{200B}{\u{200B}DATE\\(2017-02-14T06:08:39Z, SHORT\\)}}"
+        );
+        assert_eq!(esc(Escape::Teams, "a\u{202E}b\r\n"), "a\\\\u202Eb\\r\\n");
+    }
+
+    #[test]
+    fn html_escapes_markup_mentions_links_and_hidden_characters() {
+        assert_eq!(
+            esc(
+                Escape::Html,
+                "<b>x</b> <a href=\"http://evil\">y</a> & @channel"
+            ),
+            "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http:\u{200B}//evil&quot;&gt;y&lt;/a&gt; &amp; @\u{200B}channel"
+        );
+        assert_eq!(
+            esc(Escape::Html, "[x](http://evil) *b*"),
+            "[x](http:\u{200B}//evil) *b*"
+        );
+        assert_eq!(
+            esc(Escape::Html, "a\u{202E}b\u{2066}c\u{1b}[31m\u{0}\nd\te"),
+            "a\\u202Eb\\u2066c\\u001B[31m\\u0000\\nd\te"
+        );
     }
 
     #[test]

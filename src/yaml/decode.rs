@@ -82,6 +82,12 @@ impl<'a> Decoder<'a> {
         super::Secrets::new(self.secret_values.iter().cloned())
     }
 
+    /// Marks `value` as a secret wherever it came from (a token written in the file itself is
+    /// as secret as one from `${VAR}`), so it is masked in what people see.
+    pub fn add_secret(&mut self, value: &str) {
+        self.secret_values.push(value.to_string());
+    }
+
     pub fn error(&mut self, loc: &Loc, msg: impl Into<String>) {
         self.diags.error(loc, msg);
     }

@@ -22,6 +22,7 @@ mod admin;
 mod alertmanager;
 mod backlog;
 mod channels;
+mod chatops;
 mod check_fixtures;
 mod cluster;
 mod crash_drill;

@@ -1,0 +1,623 @@
+//! Microsoft Teams, Telegram and PagerDuty end to end: the real binary on a real `redis-server`,
+//! keys that really expire, and local HTTP receivers that check the method, path, headers and
+//! exact body of each request and play the services' answers (429s included).
+//!
+//! Each test has its own Redis, receivers and daemon, so the tests run in parallel.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{
+    Daemon, HttpReceiver, PATIENCE, Request, Response, Rules, assert_no_secret, field_is,
+};
+use serde_json::{Value, json};
+
+/// The one request of a receiver that must get exactly one so far.
+fn one_request(receiver: &HttpReceiver) -> Request {
+    let requests = receiver.wait_for(1, PATIENCE);
+    assert_eq!(
+        requests.len(),
+        1,
+        "expected one request, got {:#?}",
+        requests.iter().map(Request::summary).collect::<Vec<_>>()
+    );
+    requests.into_iter().next().unwrap()
+}
+
+/// A JSON POST to `path`, as every one of these services takes it.
+fn assert_json_post(r: &Request, path: &str) {
+    assert_eq!(r.method, "POST", "{}", r.summary());
+    assert_eq!(r.target, path, "{}", r.summary());
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/json; charset=utf-8"),
+        "{}",
+        String::from_utf8_lossy(&r.raw_head)
+    );
+    assert_eq!(
+        r.header("content-length"),
+        Some(r.body.len().to_string().as_str())
+    );
+}
+
+/// The log line of an attempt that ended with `outcome` on `channel`.
+fn attempt_logged(daemon: &Daemon, channel: &str, outcome: &str) -> Value {
+    daemon.wait_for_log(&format!("of outcome {outcome} on {channel}"), |l| {
+        field_is(l, "channel", channel) && field_is(l, "outcome", outcome)
+    })
+}
+
+/// The dead-letter line of `channel`.
+fn dead_letter_logged(daemon: &Daemon, channel: &str) -> Value {
+    daemon.wait_for_log(&format!("of a dead letter on {channel}"), |l| {
+        field_is(l, "channel", channel)
+            && l["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Dead letter"))
+    })
+}
+
+/// How long after the first request the second came.
+fn waited(requests: &[Request]) -> Duration {
+    requests[1]
+        .received_instant
+        .duration_since(requests[0].received_instant)
+}
+
+/// `keywatch send-test CHANNEL` on `rules`: its exit code, stdout and stderr.
+fn send_test(rules: &Rules, channel: &str) -> (Option<i32>, String, String) {
+    let out = rules.run(&["send-test", channel], &[]);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Microsoft Teams
+
+#[test]
+fn teams_posts_an_adaptive_card_with_escaped_facts_and_link_buttons() {
+    let teams = HttpReceiver::with_default(Response::status(202));
+    let yaml = format!(
+        r#"
+links:
+  base_url: "https://kw.example"
+  secret: "0123456789abcdef0123"
+channels:
+  ops: {{ type: teams, url: "{url}" }}
+rules:
+  - name: pay-lock
+    match: "pay_lock:{{order_id}}"
+    notify:
+      to: [ops]
+      title: "Payment lock {{{{ order_id }}}}"
+      message: "Lock of **{{{{ order_id }}}}** expired.\nCheck the worker."
+    escalate: {{ after: 1h, to: [ops] }}
+"#,
+        url = teams
+            .url_for("/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret"),
+    );
+    let daemon = Daemon::start(&yaml);
+    let hostile = "[x](http://evil) <b>@channel</b>";
+    daemon.expire(format!("pay_lock:{hostile}"));
+    let r = one_request(&teams);
+    assert_json_post(
+        &r,
+        "/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret",
+    );
+    let body = r.json();
+    let card = &body["attachments"][0]["content"];
+    let actions = card["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 2, "{body}");
+    for (action, label) in actions.iter().zip(["Acknowledge", "Silence 1h"]) {
+        assert_eq!(action["type"], "Action.OpenUrl");
+        assert_eq!(action["title"], label);
+        assert!(
+            action["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("https://kw.example/l/"),
+            "{action}"
+        );
+    }
+    let escaped = "\\[x\\]\\(http:\u{200B}//evil\\) <\u{200B}b\\>@\u{200B}channel<\u{200B}/b\\>";
+    assert_eq!(
+        body,
+        json!({
+            "type": "message",
+            "attachments": [{
+                "contentType": "application/vnd.microsoft.card.adaptive",
+                "contentUrl": null,
+                "content": {
+                    "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                    "type": "AdaptiveCard",
+                    "version": "1.4",
+                    "msteams": {"width": "full"},
+                    "body": [
+                        {"type": "TextBlock", "text": format!("Payment lock {escaped}"), "weight": "Bolder", "size": "Medium", "wrap": true},
+                        {"type": "TextBlock", "text": format!("Lock of **{escaped}** expired.\n\nCheck the worker."), "wrap": true},
+                        {"type": "FactSet", "facts": [
+                            {"title": "Rule", "value": "pay-lock"},
+                            {"title": "Key", "value": format!("pay\\_lock:{escaped}")},
+                            {"title": "DB", "value": "0"},
+                            // Expired at once: keywatch never learnt a deadline.
+                            {"title": "Deadline", "value": "unknown"},
+                            {"title": "Late", "value": "unknown"},
+                        ]},
+                    ],
+                    "actions": actions,
+                },
+            }],
+        })
+    );
+    attempt_logged(&daemon, "ops", "sent");
+}
+
+#[test]
+fn teams_429_waits_for_retry_after_and_4xx_is_a_dead_letter() {
+    let teams = HttpReceiver::start();
+    teams.push(Response::status(429).header("Retry-After", "1"));
+    teams.push(Response::status(202));
+    let broken = HttpReceiver::with_default(
+        Response::status(400).body(r#"{"error":{"code":"InvalidRequestContent"}}"#),
+    );
+    let yaml = format!(
+        r#"
+channels:
+  ops: {{ type: teams, url: "{}" }}
+  broken: {{ type: teams, url: "{}" }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [ops, broken] }}
+"#,
+        teams.url_for("/invoke?sig=a"),
+        broken.url_for("/invoke?sig=b"),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("cache:1");
+    let requests = teams.wait_for(2, PATIENCE);
+    assert_eq!(requests[0].body, requests[1].body);
+    assert!(
+        waited(&requests) >= Duration::from_millis(900),
+        "retried {:?} after a 429 with `Retry-After: 1`",
+        waited(&requests)
+    );
+    attempt_logged(&daemon, "ops", "sent");
+    let dead = dead_letter_logged(&daemon, "broken");
+    assert!(dead.to_string().contains("InvalidRequestContent"), "{dead}");
+    assert_eq!(broken.count(), 1, "a 400 was retried");
+}
+
+#[test]
+fn teams_send_test_prints_the_answer_and_never_the_url() {
+    let teams = HttpReceiver::with_default(Response::status(202));
+    let rules = Rules::new(&format!(
+        r#"
+channels:
+  ops: {{ type: teams, url: "{}" }}
+"#,
+        teams.url_for("/workflows/w1/invoke?sig=SIGsendtest")
+    ));
+    let (code, stdout, stderr) = send_test(&rules, "ops");
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    let r = one_request(&teams);
+    assert_json_post(&r, "/workflows/w1/invoke?sig=SIGsendtest");
+    assert_eq!(
+        r.json()["attachments"][0]["content"]["body"][0]["text"],
+        "keywatch test message"
+    );
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "sent to ops (teams → http://127.0.0.1:{}/<secret>): HTTP 202",
+            teams.port()
+        )
+    );
+    for text in [&stdout, &stderr] {
+        assert_no_secret("send-test output", text, &["SIGsendtest", "/workflows/w1"]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Telegram
+
+const TG_TOKEN: &str = "123456789:AAEsecret-token_XYZ";
+
+fn telegram_ok(id: i64) -> Response {
+    Response::json(&json!({"ok": true, "result": {"message_id": id, "chat": {"id": -100123}}}))
+}
+
+#[test]
+fn telegram_sends_escaped_html_with_link_buttons_to_send_message() {
+    let tg = HttpReceiver::with_default(telegram_ok(7));
+    let yaml = format!(
+        r#"
+links:
+  base_url: "https://kw.example"
+  secret: "0123456789abcdef0123"
+channels:
+  tg: {{ type: telegram, url: "{url}", token: "{TG_TOKEN}", chat_id: -1001234567890 }}
+rules:
+  - name: pay-lock
+    match: "pay_lock:{{order_id}}"
+    notify:
+      to: [tg]
+      title: "Payment lock <i>{{{{ order_id }}}}</i>"
+      message: "Lock of <code>{{{{ order_id }}}}</code> expired."
+    escalate: {{ after: 1h, to: [tg] }}
+"#,
+        url = tg.url(),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel \u{202E}");
+    let r = one_request(&tg);
+    assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
+    let body = r.json();
+    let buttons = body["reply_markup"]["inline_keyboard"][0]
+        .as_array()
+        .unwrap();
+    assert_eq!(buttons.len(), 2, "{body}");
+    for (b, label) in buttons.iter().zip(["Acknowledge", "Silence 1h"]) {
+        assert_eq!(b["text"], label);
+        assert!(
+            b["url"]
+                .as_str()
+                .unwrap()
+                .starts_with("https://kw.example/l/"),
+            "{b}"
+        );
+    }
+    let escaped = "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http:\u{200B}//evil&quot;&gt;y&lt;/a&gt; &amp; @\u{200B}channel \\u202E";
+    assert_eq!(
+        body,
+        json!({
+            "chat_id": -1001234567890_i64,
+            "text": format!("<b>Payment lock <i>{escaped}</i></b>\nLock of <code>{escaped}</code> expired."),
+            "parse_mode": "HTML",
+            "link_preview_options": {"is_disabled": true},
+            "reply_markup": {"inline_keyboard": [buttons]},
+        })
+    );
+    let sent = attempt_logged(&daemon, "tg", "sent");
+    assert_no_secret("the log", &daemon.stderr(), &[TG_TOKEN, "AAEsecret"]);
+    assert!(sent.to_string().contains("message_id 7"), "{sent}");
+}
+
+#[test]
+fn telegram_429_obeys_retry_after_and_a_400_is_a_dead_letter() {
+    let tg = HttpReceiver::start();
+    tg.push(
+        Response::status(429)
+            .header("Content-Type", "application/json")
+            .body(r#"{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 2","parameters":{"retry_after":2}}"#),
+    );
+    tg.push(telegram_ok(8));
+    let gone = HttpReceiver::with_default(
+        Response::status(400)
+            .header("Content-Type", "application/json")
+            .body(r#"{"ok":false,"error_code":400,"description":"Bad Request: chat not found"}"#),
+    );
+    let yaml = format!(
+        r#"
+channels:
+  tg: {{ type: telegram, url: "{}", token: "{TG_TOKEN}", chat_id: "@keywatch_alerts" }}
+  gone: {{ type: telegram, url: "{}", token: "{TG_TOKEN}", chat_id: -42 }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [tg, gone], title: "Cache gone", message: "{{{{ key }}}}" }}
+"#,
+        tg.url(),
+        gone.url(),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("cache:1");
+    let requests = tg.wait_for(2, PATIENCE);
+    assert_eq!(requests[0].body, requests[1].body);
+    assert_eq!(requests[0].json()["chat_id"], "@keywatch_alerts");
+    assert!(
+        waited(&requests) >= Duration::from_millis(1_900),
+        "retried {:?} after `retry_after: 2`",
+        waited(&requests)
+    );
+    let retry = attempt_logged(&daemon, "tg", "retry");
+    assert!(retry.to_string().contains("retry after 2"), "{retry}");
+    attempt_logged(&daemon, "tg", "sent");
+    let dead = dead_letter_logged(&daemon, "gone");
+    assert!(dead.to_string().contains("chat not found"), "{dead}");
+    assert_eq!(gone.count(), 1, "a 400 was retried");
+    assert_no_secret("the log", &daemon.stderr(), &[TG_TOKEN, "AAEsecret"]);
+}
+
+#[test]
+fn telegram_token_stays_out_of_send_test_explain_and_errors() {
+    let tg = HttpReceiver::with_default(telegram_ok(9));
+    let rules = Rules::new(&format!(
+        r#"
+channels:
+  tg: {{ type: telegram, url: "{}/", token: "{TG_TOKEN}", chat_id: -100123 }}
+rules:
+  - name: lock
+    match: "lock:{{id}}"
+    notify: {{ to: [tg] }}
+"#,
+        tg.url()
+    ));
+    let (code, stdout, stderr) = send_test(&rules, "tg");
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "sent to tg (telegram → {}/bot<secret>/sendMessage, chat -100123): ok, message_id 9",
+            tg.url()
+        )
+    );
+    let r = one_request(&tg);
+    assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
+    assert_eq!(
+        r.json()["text"],
+        format!(
+            "<b>keywatch test message</b>\n{}",
+            r.json()["text"]
+                .as_str()
+                .unwrap()
+                .split_once('\n')
+                .unwrap()
+                .1
+        )
+    );
+
+    tg.set_default(
+        Response::status(401)
+            .header("Content-Type", "application/json")
+            .body(r#"{"ok":false,"error_code":401,"description":"Unauthorized"}"#),
+    );
+    let (code, stdout, stderr) = send_test(&rules, "tg");
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("HTTP 401: Unauthorized"), "{stderr}");
+    let explain = rules.run(&["explain", "lock:1"], &[]);
+    let explained = String::from_utf8_lossy(&explain.stdout).into_owned();
+    assert!(explained.contains("bot<secret>/sendMessage"), "{explained}");
+    for text in [&stdout, &stderr, &explained] {
+        assert_no_secret("send-test and explain", text, &[TG_TOKEN, "AAEsecret"]);
+    }
+    // A connection refused names no URL either.
+    let down = Rules::new(&format!(
+        r#"
+channels:
+  tg: {{ type: telegram, url: "http://127.0.0.1:{}", token: "{TG_TOKEN}", chat_id: -100123 }}
+"#,
+        common::ports::free_port()
+    ));
+    let (code, stdout, stderr) = send_test(&down, "tg");
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert_no_secret("a transport error", &stderr, &[TG_TOKEN, "AAEsecret"]);
+}
+
+#[test]
+fn telegram_check_locates_a_bad_token_and_chat_id() {
+    let rules = Rules::new(
+        r#"
+channels:
+  tg:
+    type: telegram
+    token: "not a token/AAEsecret"
+    chat_id: "somebody"
+"#,
+    );
+    let out = rules.run(&["check"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("rules.yaml:5:12: channel `tg` `token` does not look like a bot token"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("rules.yaml:6:14: channel `tg` `chat_id` must be a chat id (e.g. `-1001234567890`) or a channel's `@username`, found `somebody`"),
+        "{stderr}"
+    );
+    assert_no_secret("check", &stderr, &["AAEsecret"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PagerDuty
+
+const PD_KEY: &str = "R0UTINGkey0123456789abcdefABCDEF";
+
+fn pagerduty_ok(dedup_key: &str) -> Response {
+    Response::status(202)
+        .header("Content-Type", "application/json")
+        .body(
+            json!({"status": "success", "message": "Event processed", "dedup_key": dedup_key})
+                .to_string(),
+        )
+}
+
+#[test]
+fn pagerduty_triggers_then_resolves_with_the_same_dedup_key() {
+    let pd = HttpReceiver::with_default(pagerduty_ok("x"));
+    // The first trigger meets a 429, then PagerDuty's own answer.
+    pd.push(Response::status(429).header("Retry-After", "1"));
+    let yaml = format!(
+        r#"
+channels:
+  pager:
+    type: pagerduty
+    url: "{url}"
+    routing_key: "{PD_KEY}"
+    severity: "{{{{ 'warning' if recovered else 'critical' }}}}"
+rules:
+  - name: pay-lock
+    match: "pay_lock:{{order_id}}"
+    notify:
+      to: [pager]
+      title: "Payment lock {{{{ order_id }}}} expired"
+      message: "Check the payment worker."
+    resolved:
+      within: 1h
+      to: [pager]
+      message: "Re-acquired after {{{{ gap }}}}."
+"#,
+        url = pd.url_for("/v2/enqueue"),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("pay_lock:42");
+    let triggers = pd.wait_for(2, PATIENCE);
+    assert_eq!(
+        triggers[0].body, triggers[1].body,
+        "the retry is the same event"
+    );
+    assert!(
+        waited(&triggers) >= Duration::from_millis(900),
+        "retried {:?} after a 429 with `Retry-After: 1`",
+        waited(&triggers)
+    );
+    let trigger = &triggers[1];
+    assert_json_post(trigger, "/v2/enqueue");
+    let t = trigger.json();
+    let id = t["payload"]["custom_details"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let details = &t["payload"]["custom_details"];
+    assert_eq!(
+        t,
+        json!({
+            "routing_key": PD_KEY,
+            "event_action": "trigger",
+            "dedup_key": id,
+            "client": "keywatch",
+            "payload": {
+                "summary": "Payment lock 42 expired: Check the payment worker.",
+                "source": details["source"],
+                "severity": "critical",
+                "timestamp": details["deadline"],
+                "group": "pay-lock",
+                "class": "expired",
+                "custom_details": details,
+            },
+        })
+    );
+    assert_eq!(details["key"], "pay_lock:42");
+    assert_eq!(details["rule"], "pay-lock");
+    assert!(
+        details["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("127.0.0.1:"),
+        "{details}"
+    );
+    attempt_logged(&daemon, "pager", "sent");
+
+    // The lock is taken again: the rule's `resolved` resolves the same incident.
+    common::set_px(&mut daemon.conn(), "pay_lock:42", 60_000);
+    let all = pd.wait_for(3, PATIENCE);
+    let resolve = &all[2];
+    assert_json_post(resolve, "/v2/enqueue");
+    assert_eq!(
+        resolve.json(),
+        json!({"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": id})
+    );
+    assert_no_secret("the log", &daemon.stderr(), &[PD_KEY]);
+}
+
+#[test]
+fn pagerduty_400_is_a_dead_letter_with_its_errors_and_5xx_is_retried() {
+    let pd = HttpReceiver::start();
+    pd.push(Response::status(503).body("Service Unavailable"));
+    pd.push(
+        Response::status(400)
+            .header("Content-Type", "application/json")
+            .body(r#"{"status":"invalid event","message":"Event object is invalid","errors":["'payload.summary' is missing or blank"]}"#),
+    );
+    let yaml = format!(
+        r#"
+channels:
+  pager: {{ type: pagerduty, url: "{}", routing_key: "{PD_KEY}" }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [pager] }}
+"#,
+        pd.url_for("/v2/enqueue"),
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("cache:1");
+    let requests = pd.wait_for(2, PATIENCE);
+    assert_eq!(requests[0].body, requests[1].body);
+    assert_eq!(requests[0].json()["payload"]["severity"], "error");
+    attempt_logged(&daemon, "pager", "retry");
+    let dead = dead_letter_logged(&daemon, "pager");
+    assert!(
+        dead.to_string()
+            .contains("HTTP 400: Event object is invalid: 'payload.summary' is missing or blank"),
+        "{dead}"
+    );
+    common::wait_until("no job waits in the queue", PATIENCE, || {
+        redis::cmd("ZCARD")
+            .arg("keywatch:queue")
+            .query::<i64>(&mut daemon.conn())
+            .unwrap()
+            == 0
+    });
+    assert_eq!(pd.count(), 2, "the 400 was retried");
+}
+
+#[test]
+fn pagerduty_send_test_check_and_explain() {
+    let pd = HttpReceiver::with_default(pagerduty_ok("send-test"));
+    let rules = Rules::new(&format!(
+        r#"
+channels:
+  pager: {{ type: pagerduty, url: "{}", routing_key: "{PD_KEY}", severity: warning }}
+rules:
+  - name: lock
+    match: "lock:{{id}}"
+    notify: {{ to: [pager] }}
+"#,
+        pd.url_for("/v2/enqueue")
+    ));
+    let (code, stdout, stderr) = send_test(&rules, "pager");
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.trim(),
+        format!(
+            "sent to pager (pagerduty → {} (routing key <secret>)): 202 success: Event processed",
+            pd.url_for("/v2/enqueue")
+        )
+    );
+    let r = one_request(&pd);
+    assert_eq!(r.json()["payload"]["severity"], "warning");
+    let explain = rules.run(&["explain", "lock:1"], &[]);
+    let explained = String::from_utf8_lossy(&explain.stdout).into_owned();
+    assert!(explained.contains("(routing key <secret>)"), "{explained}");
+    for text in [&stdout, &stderr, &explained] {
+        assert_no_secret("send-test and explain", text, &[PD_KEY]);
+    }
+
+    let bad = Rules::new(
+        r#"
+channels:
+  pager: { type: pagerduty, routing_key: "shortSECRET", severity: high }
+rules:
+  - name: lock
+    match: "lock:{id}"
+    notify: { to: [pager], group: { window: 30s } }
+"#,
+    );
+    let out = bad.run(&["check"], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for expected in [
+        "rules.yaml:3:42: channel `pager` `routing_key` must be the 32-character integration key of an Events API v2 integration (found 11 characters)",
+        "rules.yaml:3:67: channel `pager` `severity` must be one of critical, error, warning, info or a template, found `high`",
+        "takes no digests",
+    ] {
+        assert!(stderr.contains(expected), "{expected}\n{stderr}");
+    }
+    assert_no_secret("check", &stderr, &["shortSECRET"]);
+}
