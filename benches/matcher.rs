@@ -18,7 +18,7 @@ const RULES: usize = 1_000;
 const KEYS: usize = 1_000_000;
 const LOOP_KEYS: usize = 10_000;
 
-/// A rule as a user would write it, and the regex SPEC §3 says it means.
+/// A rule as a user would write it, and the regex docs/rules.md#patterns says it means.
 struct Rule {
     pattern: Pattern,
     regex: Regex,

@@ -225,7 +225,7 @@ struct Detail {
     order_id: usize,
 }
 
-/// A digest's body (SPEC §4): how many events it stands for.
+/// A digest's body (docs/rules.md#event-json): how many events it stands for.
 #[derive(Deserialize)]
 struct Digest {
     count: usize,

@@ -1,6 +1,6 @@
 //! Storm: N keys expiring at one instant on a notify-only rule whose webhook answers in 20 ms,
 //! on a throwaway redis-server, against `keywatch run` as a child process (production code path
-//! and logging). What SPEC §5 promises under any storm, measured:
+//! and logging). What docs/reliability.md#guarantees promises under any storm, measured:
 //!
 //! - the most requests the receiver held at once (must be ≤ the channel's `concurrency`);
 //! - keywatch's peak RSS (`VmHWM`) at the end, and its RSS sampled while it drained;

@@ -63,7 +63,7 @@ impl std::fmt::Debug for Written {
     }
 }
 
-/// A firing's detail: the JSON kept beside the key (SPEC §2), or its text when it is not JSON.
+/// A firing's detail: the JSON kept beside the key (docs/rules.md), or its text when it is not JSON.
 /// Read from Redis, it is kept as the JSON text it was stored as, checked but not parsed, and
 /// written into history and the jobs' payloads as it is: a mass expiry stores 100,000 details
 /// at once, and parsing each into a tree only to write it out again was a tenth of the intake's
@@ -254,7 +254,7 @@ impl Firing {
         self.captures.iter().map(|c| c.value.clone()).collect()
     }
 
-    /// The template context of this firing (SPEC §2), from the stored copy of everything.
+    /// The template context of this firing (docs/rules.md), from the stored copy of everything.
     pub fn context(&self) -> crate::template::Context {
         crate::template::Context::for_event(
             &self.rule,
@@ -270,7 +270,7 @@ impl Firing {
             .map(|d| (self.observed_at - d).num_milliseconds().max(0))
     }
 
-    /// The event JSON of SPEC §4 (with `"field"` for `hexpired` events).
+    /// The event JSON of docs/rules.md#event-json (with `"field"` for `hexpired` events).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::to_value(self.event_json()).unwrap_or_default()
     }
@@ -300,7 +300,7 @@ impl Firing {
     }
 }
 
-/// The event JSON of SPEC §4, borrowed from a firing. The fields are in the order a
+/// The event JSON of docs/rules.md#event-json, borrowed from a firing. The fields are in the order a
 /// `serde_json::Value` object keeps them (sorted by name), so the text is the same whichever
 /// way it is written; `captures` is a sorted map for the same reason (and, like an object, keeps
 /// the last of two captures with one name).
@@ -324,12 +324,12 @@ struct EventJson<'a> {
     version: u32,
 }
 
-/// RFC 3339 in UTC with milliseconds, as in SPEC §4: `2026-11-29T10:15:00.000Z`.
+/// RFC 3339 in UTC with milliseconds, as in docs/rules.md#event-json: `2026-11-29T10:15:00.000Z`.
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// What a job does; the order of the variants is the order of SPEC §2.
+/// What a job does; the order of the variants is the order of docs/rules.md.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "lowercase")]
 pub enum Action {
@@ -395,7 +395,7 @@ impl Action {
         matches!(self, Action::Notify { .. } | Action::Alert { .. })
     }
 
-    /// Where the action comes among a firing's first attempts (SPEC §2: reload → exec →
+    /// Where the action comes among a firing's first attempts (docs/rules.md: reload → exec →
     /// cleanup → notify).
     pub fn order(&self) -> u8 {
         match self {

@@ -2,7 +2,8 @@
 //! expire, matches each key against rules kept in YAML files, and runs what the rules say.
 //!
 //! Data flows one way: sources → matching → delivery → actions. The external contract (CLI,
-//! rule language, payloads, guarantees) is `SPEC.md`; this crate is one way to honour it.
+//! rule language, payloads, guarantees) is written down in `docs/` (commands.md, rules.md,
+//! reliability.md#guarantees, operations.md); this crate is one way to honour it.
 //!
 //! # Layout
 //!
@@ -14,7 +15,7 @@
 //! Shared vocabulary and rule files:
 //! - [`event`]: what happened to which key; the vocabulary every stage shares.
 //! - [`yaml`]: rule files as trees that know every value's line and column; located errors.
-//! - [`pattern`]: the key pattern language of SPEC §3, and [`pattern::matcher`], every rule's
+//! - [`pattern`]: the key pattern language of docs/rules.md#patterns, and [`pattern::matcher`], every rule's
 //!   pattern compiled into one matcher.
 //! - [`template`]: Jinja rendering with per-target escaping, so key text never widens an action.
 //! - [`outcome`]: how one attempt of an action went.
@@ -48,12 +49,12 @@
 //!   structures are listed in `docs/how-it-works.md` ("What keywatch keeps in Redis").
 //!
 //! Seen from outside:
-//! - [`metrics`]: every metric of SPEC §7, defined once.
+//! - [`metrics`]: every metric of docs/operations.md#metrics, defined once.
 //! - [`store::history`]: every firing and its actions' outcomes, kept in Redis for
 //!   `keywatch history`, `/api/history` and the status page.
 //! - [`links`]: signed acknowledge/silence links in messages, and their verification.
 //! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
-//! - [`command`]: the command line of SPEC §1 and each command: `run` (with its HTTP endpoint,
+//! - [`command`]: the command line of docs/commands.md and each command: `run` (with its HTTP endpoint,
 //!   status page and reloads), `check`, `explain`, `doctor`, `demo`, `send-test`, `upcoming`,
 //!   `silence`, `dead`.
 //! - [`proc_stats`]: peak RSS and CPU time from `/proc`, for the benchmark tools.

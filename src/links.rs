@@ -34,7 +34,7 @@ pub enum Act {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
     pub act: Act,
-    /// The event's id (SPEC §4).
+    /// The event's id (docs/rules.md#event-json).
     pub id: String,
     pub rule: String,
     /// The key, base64 (keys are bytes).

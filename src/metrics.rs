@@ -1,4 +1,4 @@
-//! Every metric of SPEC §7, defined once, with its labels.
+//! Every metric of docs/operations.md#metrics, defined once, with its labels.
 //!
 //! Stages get an `Arc<Metrics>` and count as they go; `/metrics` encodes the registry. Label sets
 //! are Vec<(String, String)> to keep one small type for all families.

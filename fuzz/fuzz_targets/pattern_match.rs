@@ -2,7 +2,7 @@
 //!
 //! Oracles, each cheap:
 //! - the matcher finds exactly the rules a naive loop over `Pattern::is_match` finds;
-//! - `is_match` (the regex-free shape walk) agrees with `captures` (the regex of SPEC §3), and
+//! - `is_match` (the regex-free shape walk) agrees with `captures` (the regex of docs/rules.md#patterns), and
 //!   captures come one per name;
 //! - every key a pattern accepts matches its `SCAN MATCH` glob under Redis's glob rules, and when
 //!   the glob is exact, every key the glob accepts is accepted by the pattern.

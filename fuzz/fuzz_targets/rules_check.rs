@@ -1,6 +1,6 @@
 //! Arbitrary bytes as a rule file, through the load + validate path of `keywatch check`.
 //!
-//! The contract (SPEC §1): a problem is a diagnostic with a location, never a panic; a load
+//! The contract (docs/commands.md): a problem is a diagnostic with a location, never a panic; a load
 //! that fails holds at least one error (else `check` would print "0 error(s) found" and exit 1),
 //! and a load that succeeds holds none.
 #![no_main]

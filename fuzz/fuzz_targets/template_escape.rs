@@ -1,7 +1,7 @@
 //! Hostile capture values and keys (arbitrary bytes) through every escaping mode, and arbitrary
 //! template sources through compile + render.
 //!
-//! The invariants are SPEC §2's "untrusted key text can never widen an action": a value comes
+//! The invariants are docs/rules.md's "untrusted key text can never widen an action": a value comes
 //! out byte-exact where it must, as a valid percent-encoded URL component, as a glob matching
 //! only itself, and in chat text with every mention and Slack control sequence defused (and
 //! Markdown metacharacters escaped), no line break and no `://` left whole, while the unescaped

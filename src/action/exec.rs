@@ -1,7 +1,7 @@
 //! `exec`: a local command, as an argv without a shell (a capture is always one argument, never
 //! shell syntax), with a timeout after which it is killed. Its output goes to the log.
 //!
-//! The command's environment is clean (docs/rules.md#exec): `PATH`, `HOME`, the event's
+//! The command's environment is clean (docs/rules.md#exec-environment): `PATH`, `HOME`, the event's
 //! `KEYWATCH_*` and what the rule's `env` names, nothing else of keywatch's own. keywatch's
 //! environment holds its secrets (`KEYWATCH_LINK_SECRET`, webhook tokens, passwords), and a
 //! child that inherited them could forge signed links or post as keywatch.

@@ -56,7 +56,7 @@ impl Actions {
     }
 }
 
-/// The actions of a rule, in the order of SPEC §2 (detail is read before any of them).
+/// The actions of a rule, in the order of docs/rules.md (detail is read before any of them).
 pub fn actions_of(rule: &crate::config::Rule) -> Vec<Action> {
     let mut out = Vec::new();
     if rule.reload.is_some() {

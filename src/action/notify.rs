@@ -158,7 +158,7 @@ pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Out
 }
 
 /// The acknowledge and silence links of a rule with `escalate` when the files configure
-/// `links` (SPEC §2), and `text` ending with them unless `ch` shows them as buttons.
+/// `links` (docs/rules.md), and `text` ending with them unless `ch` shows them as buttons.
 pub fn with_links(
     a: &Actions,
     f: &Firing,

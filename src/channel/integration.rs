@@ -23,7 +23,7 @@ pub struct Kind {
     /// `concurrency`, `keyword`);
     /// also used to explain a field written on a channel of another type.
     pub fields: &'static [&'static str],
-    /// The `rate` it gets when none is written (SPEC §2): what the service tolerates per robot.
+    /// The `rate` it gets when none is written (docs/rules.md): what the service tolerates per robot.
     pub default_rate: Option<Rate>,
     /// A URL of the right shape, for the error that rejects a malformed one.
     pub example_url: &'static str,
@@ -70,7 +70,7 @@ pub trait Integration: fmt::Debug + Send + Sync {
     /// closed (Alertmanager, PagerDuty). A rule's `resolved` then reaches this channel from
     /// `notify.to` whether or not `resolved.to` lists it, and its resolved notice
     /// ([`Message::followup`]) closes the alert instead of telling people
-    /// (docs/rules.md#follow-ups).
+    /// (README.md#follow-ups).
     fn closes_on_resolved(&self) -> bool {
         false
     }
@@ -97,7 +97,7 @@ pub enum Dispatch {
 pub type Exchange = futures_util::future::BoxFuture<'static, Outcome>;
 
 /// Requests in flight at once per channel, and per `reload` or `exec` rule, when the rule files
-/// do not say (SPEC §2).
+/// do not say (docs/rules.md).
 pub const DEFAULT_CONCURRENCY: usize = 16;
 
 /// The most `concurrency` may say: each request in flight holds a connection (or a process).
@@ -128,7 +128,7 @@ pub struct Channel {
     pub rate: Option<Rate>,
     pub timeout: Duration,
     /// Requests to this channel in flight at once on one instance; a storm's other notifications
-    /// wait in the queue (SPEC §5: bounded connections under any storm).
+    /// wait in the queue (docs/reliability.md#guarantees: bounded connections under any storm).
     pub concurrency: usize,
     /// Put in every message, for robots with keyword security.
     pub keyword: Option<String>,

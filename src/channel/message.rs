@@ -78,7 +78,7 @@ pub fn fit_body(
 /// One event of a message (a digest has several).
 #[derive(Clone, Debug)]
 pub struct Item {
-    /// The event JSON of SPEC §4.
+    /// The event JSON of docs/rules.md#event-json.
     pub event: serde_json::Value,
     /// Its rendered `notify.message`, escaped for the channel.
     pub text: String,
@@ -114,7 +114,7 @@ pub struct Message {
     pub followup: Option<Followup>,
 }
 
-/// Which follow-up of an alert a message is (SPEC §4's `"followup"`).
+/// Which follow-up of an alert a message is (docs/rules.md#event-json's `"followup"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FollowupKind {
     /// `escalate`: the alert was not handled in time.
@@ -137,7 +137,7 @@ impl FollowupKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Followup {
     pub kind: FollowupKind,
-    /// The id of the alert's event (SPEC §4), the same in the alert and its follow-ups.
+    /// The id of the alert's event (docs/rules.md#event-json), the same in the alert and its follow-ups.
     pub alert_id: String,
 }
 

@@ -1,4 +1,4 @@
-//! Generic webhooks: the event JSON of SPEC §4 (or a digest), Alertmanager's version-4 JSON
+//! Generic webhooks: the event JSON of docs/rules.md#event-json (or a digest), Alertmanager's version-4 JSON
 //! so existing bridges (prometheus-webhook-dingtalk, PrometheusAlert) work unchanged, or a
 //! custom `body`. Every request carries `Idempotency-Key`.
 
@@ -25,7 +25,7 @@ pub const KIND: Kind = Kind {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WebhookFormat {
-    /// The event JSON of SPEC §4.
+    /// The event JSON of docs/rules.md#event-json.
     Keywatch,
     /// Alertmanager's version-4 webhook JSON, so existing bridges work unchanged.
     Alertmanager,
@@ -127,7 +127,7 @@ pub fn request(ch: &Channel, w: &Webhook, msg: &Message) -> Request {
     }
 }
 
-/// SPEC §4: one event, or `{"version", "rule", "event", "count", "events", "omitted"}`.
+/// docs/rules.md#event-json: one event, or `{"version", "rule", "event", "count", "events", "omitted"}`.
 pub fn keywatch_body(msg: &Message) -> Value {
     if !msg.digest && msg.items.len() == 1 {
         return msg.items[0].event.clone();

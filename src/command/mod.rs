@@ -1,4 +1,4 @@
-//! The command line of SPEC §1: parsed once into [`Command`], which dispatches.
+//! The command line of docs/commands.md: parsed once into [`Command`], which dispatches.
 //!
 //! Exit codes: 0 success; 1 the checked thing is bad (invalid rules, Redis not ready, no rule
 //! matches for `explain`); 2 usage error or unreadable input.
@@ -171,7 +171,7 @@ pub enum SilenceCommand {
     Add {
         #[arg(long)]
         rule: String,
-        /// Only keys matching this pattern (SPEC §3) are muted.
+        /// Only keys matching this pattern (docs/rules.md#patterns) are muted.
         #[arg(long = "match", value_name = "PATTERN")]
         pattern: Option<String>,
         /// How long, e.g. `2h`.

@@ -45,7 +45,7 @@ pub struct Row {
 }
 
 impl Row {
-    /// The JSON line of `--json` (SPEC §1).
+    /// The JSON line of `--json` (docs/commands.md).
     pub fn to_json(&self) -> serde_json::Value {
         let mut v = self.key_json();
         if let (Some(f), Some(o)) = (&self.field, v.as_object_mut()) {

@@ -38,7 +38,7 @@ pub struct Drafts {
     pub server: Option<super::server::ServerSettings>,
 }
 
-/// The default message of SPEC §2, with the TTL for `expiring`.
+/// The default message of docs/rules.md, with the TTL for `expiring`.
 pub const DEFAULT_MESSAGE: &str =
     "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}){% endif %}";
 pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";

@@ -80,7 +80,7 @@ impl Config {
         kinds
     }
 
-    /// The `notify-keyspace-events` letters the rules need (SPEC §2): `E` always, `x` for
+    /// The `notify-keyspace-events` letters the rules need (docs/rules.md): `E` always, `x` for
     /// expiries, `e` for evictions, `g` for deletions and for learning deadlines.
     pub fn needed_notify_flags(&self) -> String {
         let mut flags = String::from("E");

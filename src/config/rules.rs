@@ -36,7 +36,7 @@ pub struct ExecDraft {
     pub loc: Loc,
     pub command: Vec<Text>,
     /// `env`: variables given to the command besides `PATH`, `HOME` and the event's
-    /// `KEYWATCH_*`, each a template (docs/rules.md#exec).
+    /// `KEYWATCH_*`, each a template (docs/rules.md#exec-environment).
     pub env: Vec<(Spanned<String>, Text)>,
     pub timeout: Duration,
     pub concurrency: usize,
@@ -494,7 +494,7 @@ fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft
 }
 
 /// `exec.env`: a map of variable names to templates. The command gets nothing else of keywatch's
-/// environment (docs/rules.md#exec): a variable it needs is named here, e.g. `TZ: "${TZ}"`.
+/// environment (docs/rules.md#exec-environment): a variable it needs is named here, e.g. `TZ: "${TZ}"`.
 fn decode_exec_env(d: &mut Decoder<'_>, node: &Node, what: &str) -> Vec<(Spanned<String>, Text)> {
     let what = format!("{what} `env`");
     if !matches!(node.kind, crate::yaml::Kind::Map(_)) {

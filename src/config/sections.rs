@@ -281,7 +281,7 @@ pub fn decode_state(d: &mut Decoder<'_>, node: &Node, into: &mut StateDraft) {
     }
     if let Some(n) = m.get("url") {
         let t = d.text(n, "`state.url`");
-        // An empty url (the SPEC's example writes `url: ""`) means "the watched Redis".
+        // An empty url (docs/rules.md's example writes `url: ""`) means "the watched Redis".
         draft.url = field(t.filter(|t| !t.value.is_empty()), n);
     }
     m.finish(d, &["prefix", "url"], &|_| None);

@@ -1,5 +1,5 @@
 //! A rate-limited channel's waiting line, and what happens when it grows longer than the rate
-//! can serve: the waiting notifications of one rule merge into one digest (SPEC §4 digest form:
+//! can serve: the waiting notifications of one rule merge into one digest (docs/rules.md#event-json digest form:
 //! `count`, the first items, "… and N more") instead of trickling out for hours.
 //!
 //! Every notification for a channel with a `rate` waits here for a token. One task per channel

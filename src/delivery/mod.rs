@@ -2,7 +2,7 @@
 //! exponential backoff and full jitter (`Retry-After` obeyed), and dead-letters what failed for
 //! good or for too long.
 //!
-//! The first attempts of one firing run in the order of SPEC §2 (reload → exec → cleanup →
+//! The first attempts of one firing run in the order of docs/rules.md (reload → exec → cleanup →
 //! notify); a failing step is handed to its own retry loop and does not hold back the next.
 //! Notifications wait for their channel's token bucket in their own task, so one slow or
 //! throttled channel never delays another.
@@ -461,7 +461,7 @@ impl Delivery {
 const TAKE_MAX: usize = 512;
 
 /// Takes due jobs while there is room, and starts them: the jobs of one firing together, in
-/// the order of SPEC §2. A job whose slot (or rate-limited line) is full goes to wait for its
+/// the order of docs/rules.md. A job whose slot (or rate-limited line) is full goes to wait for its
 /// target in Redis ([`Queue::park`]), so that the jobs of other targets behind it are reached
 /// and a storm waits in Redis, not here.
 async fn take_due(inner: &Arc<Inner>, queue: &Queue) {
@@ -706,7 +706,7 @@ fn count_in_line(
     Some(Ok(()))
 }
 
-/// How many of a firing's jobs (in the order of SPEC §2) start at once: the first step, or every
+/// How many of a firing's jobs (in the order of docs/rules.md) start at once: the first step, or every
 /// notification when there is nothing before them.
 fn starting(jobs: &[Job]) -> usize {
     match jobs.first() {
@@ -738,7 +738,7 @@ fn admit(
 
 /// The jobs of one firing taken from the queue that start now, with their tickets; those whose
 /// target has no room are added to `later` with the target to wait for. A first step without
-/// room takes the firing's later steps with it (they run after it, SPEC §2); notifications are
+/// room takes the firing's later steps with it (they run after it, docs/rules.md); notifications are
 /// independent of one another.
 fn admit_firing(
     inner: &Inner,
@@ -815,7 +815,7 @@ fn start(inner: &Arc<Inner>, jobs: Vec<(Job, Ticket)>, permit: OwnedSemaphorePer
     inner.tracker.spawn(async move { run_jobs(i, jobs).await });
 }
 
-/// The attempts of one firing's jobs, in the order of SPEC §2. A failing job goes to the
+/// The attempts of one firing's jobs, in the order of docs/rules.md. A failing job goes to the
 /// queue for its retry and does not hold back the next; a notification runs in its own task
 /// (its channel's line, rate and slot are its own), so a throttled channel holds back nothing
 /// else. A step whose slot has no room when its turn comes goes back to the queue, and the

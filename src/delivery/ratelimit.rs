@@ -1,5 +1,5 @@
 //! Token buckets for channels: up to `burst` messages at once, refilled evenly over `per`
-//! (`20/min`: a burst of 20, then one every 3 s), as SPEC §2 defines `rate`.
+//! (`20/min`: a burst of 20, then one every 3 s), as docs/rules.md defines `rate`.
 //!
 //! The bucket lives in Redis ([`SharedBucket`], kept by [`crate::store::rate`]), so every instance draws from the same one:
 //! three instances together never exceed a DingTalk robot's 20 a minute. If Redis cannot be

@@ -1,5 +1,5 @@
 //! When a failed attempt is tried again: capped exponential backoff with full jitter,
-//! `Retry-After` obeyed, all within the 24 h retry window of SPEC §5.
+//! `Retry-After` obeyed, all within the 24 h retry window of docs/reliability.md#guarantees.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use std::time::Duration;
 pub struct RetryPolicy {
     pub min: Duration,
     pub max: Duration,
-    /// Retried for this long after the first failure, then dead-lettered (SPEC §5: 24 h).
+    /// Retried for this long after the first failure, then dead-lettered (docs/reliability.md#guarantees: 24 h).
     pub give_up_after: Duration,
 }
 

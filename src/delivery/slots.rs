@@ -1,4 +1,4 @@
-//! `concurrency` (SPEC §2, §5): how many requests one instance has in flight at once to each
+//! `concurrency` (docs/rules.md, §5): how many requests one instance has in flight at once to each
 //! channel, and for each rule's `reload` and `exec`.
 //!
 //! Each of them is a *slot*: a semaphore as wide as its `concurrency`, and a line of jobs

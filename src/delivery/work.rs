@@ -120,7 +120,7 @@ impl Work {
 }
 
 /// Jobs taken from the queue, gathered per firing (in the order first seen) and put in the
-/// order of SPEC §2 within each.
+/// order of docs/rules.md within each.
 pub(super) fn by_firing(jobs: Vec<Job>) -> Vec<Vec<Job>> {
     let mut out: Vec<Vec<Job>> = Vec::new();
     let mut at: HashMap<String, usize> = HashMap::new();

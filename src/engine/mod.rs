@@ -337,7 +337,7 @@ impl Engine {
     /// While the state server cannot be reached the batch is tried again, with backoff: dropping
     /// it would lose events whose deadline nobody knew. Meanwhile events wait in the channel,
     /// then in Redis's output buffer, until Redis cuts the subscriber off; what the ledger knew
-    /// is recovered after that, and the rest is what SPEC §5 counts as lost with the state.
+    /// is recovered after that, and the rest is what docs/reliability.md#guarantees counts as lost with the state.
     async fn take(&self, candidates: Vec<(KeyEvent, Mode, Vec<stage::RuleMatch>)>) -> Vec<Item> {
         let mut by_db: BTreeMap<u32, Vec<(KeyEvent, Mode, Vec<stage::RuleMatch>)>> =
             BTreeMap::new();

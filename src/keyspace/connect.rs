@@ -23,7 +23,7 @@ pub enum ConnectError {
     Tls(String),
 }
 
-/// SPEC §1: `--redis`, then `KEYWATCH_REDIS_URL`, then `redis.url` in the rules, then the default.
+/// docs/commands.md: `--redis`, then `KEYWATCH_REDIS_URL`, then `redis.url` in the rules, then the default.
 pub fn pick_url(flag: Option<&str>, env: Option<String>, settings: &RedisSettings) -> Secret {
     if let Some(u) = flag {
         return Secret::new(u);

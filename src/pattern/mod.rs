@@ -1,4 +1,4 @@
-//! The key pattern language of SPEC §3, on bytes: parse, match, capture, and the Redis
+//! The key pattern language of docs/rules.md#patterns, on bytes: parse, match, capture, and the Redis
 //! `SCAN MATCH` glob that over-approximates it.
 //!
 //! A pattern is defined by one regex (`{name}` is `(?P<name>.+?)`, `*` is `.*`, anchored, on
@@ -118,7 +118,7 @@ const MAX_REGEX_LITERALS: usize = 64;
 const MIN_REGEX_LITERAL: usize = 2;
 
 impl Pattern {
-    /// Compiles a `match:` pattern (SPEC §3).
+    /// Compiles a `match:` pattern (docs/rules.md#patterns).
     pub fn parse(src: &str) -> Result<Pattern, PatternError> {
         let (tokens, names) = tokenize(src)?;
         let shape = Shape::new(&tokens);
@@ -624,7 +624,7 @@ pub(crate) mod testkit {
         src
     }
 
-    /// SPEC §3 word for word, written apart from the implementation: `{name}` is
+    /// docs/rules.md#patterns word for word, written apart from the implementation: `{name}` is
     /// `(?P<name>.+?)`, `*` is `.*`, anchored, on bytes.
     pub(crate) fn reference_regex(toks: &[Tok]) -> regex::bytes::Regex {
         let mut re = String::from("(?s-u)^");

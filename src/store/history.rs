@@ -7,7 +7,7 @@
 //! observed, ms) and one hash per minute of observation, `history:@MINUTE` (the observed ms
 //! divided by 60,000), holding for each firing of that minute the field `ID`: a line naming its
 //! actions' fields (a JSON array: `a:reload`, `a:notify:oncall`, its follow-ups' `a:escalate:…`
-//! too), then the event JSON of SPEC §4; and one field `ID:a:…` per action, its latest outcome. One hash per minute rather than per firing, written with plain `HSET`s
+//! too), then the event JSON of docs/rules.md#event-json; and one field `ID:a:…` per action, its latest outcome. One hash per minute rather than per firing, written with plain `HSET`s
 //! of many fields: in a storm a key of its own, created and given a TTL per firing and again
 //! per outcome, was a quarter of what the state server spent. Memory is bounded twice: each
 //! minute's hash lasts `history.keep` after the latest firing in it, and the index is trimmed by
@@ -47,7 +47,7 @@ const BATCH: usize = 512;
 /// Longest the writer waits for more entries to store with the first one.
 const LINGER: Duration = Duration::from_millis(20);
 
-/// The outcome of one action of one firing, as `history --json` prints it (SPEC §1).
+/// The outcome of one action of one firing, as `history --json` prints it (docs/commands.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ActionRecord {
     /// `reload`, `exec`, `cleanup` or `notify`.
@@ -69,7 +69,7 @@ pub struct ActionRecord {
 /// One firing with its actions' outcomes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Record {
-    /// The event JSON of SPEC §4.
+    /// The event JSON of docs/rules.md#event-json.
     pub event: serde_json::Value,
     pub actions: Vec<ActionRecord>,
 }
@@ -95,7 +95,7 @@ impl Record {
 /// Which firings to list.
 #[derive(Clone, Debug, Default)]
 pub struct Filter {
-    /// Only keys this pattern (SPEC §3) matches.
+    /// Only keys this pattern (docs/rules.md#patterns) matches.
     pub key: Option<Pattern>,
     pub rule: Option<String>,
     /// Only the firing with this event id (an Alertmanager alert's `generatorURL`).
@@ -629,7 +629,7 @@ fn stored_fields(
     fields
 }
 
-/// The event JSON of SPEC §4 of a stored firing: kept as the firing's own JSON (what its jobs
+/// The event JSON of docs/rules.md#event-json of a stored firing: kept as the firing's own JSON (what its jobs
 /// embed, so that it is written once; since 2026-12-02), or as the event JSON by earlier
 /// versions. The event JSON has no `kind`, so it never reads as a firing.
 fn event_json(stored: &str) -> Option<serde_json::Value> {

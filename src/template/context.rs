@@ -1,4 +1,4 @@
-//! What a template can read (SPEC §2), built once per event and shared by all its templates.
+//! What a template can read (docs/rules.md), built once per event and shared by all its templates.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -10,7 +10,7 @@ use minijinja::value::{Enumerator, Object, ObjectRepr, Serde, Value};
 use super::bytestr;
 use crate::event::{EventKind, KeyEvent};
 
-/// Every name the context may define. Captures may not shadow them (SPEC §2); `count` and
+/// Every name the context may define. Captures may not shadow them (docs/rules.md); `count` and
 /// `events` exist only in digests.
 pub const CONTEXT_NAMES: &[&str] = &[
     "key",
@@ -255,13 +255,13 @@ struct Parts<'a> {
     field: Option<Value>,
 }
 
-/// The timestamp format of SPEC §4 (`2026-11-29T10:15:00.000Z`), also used in templates so that
+/// The timestamp format of docs/rules.md#event-json (`2026-11-29T10:15:00.000Z`), also used in templates so that
 /// messages and event JSON agree.
 fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
-/// A duration for people, as in SPEC's `6d 23h`: the two largest non-zero units of d/h/m/s,
+/// A duration for people, as in docs/rules.md's `6d 23h`: the two largest non-zero units of d/h/m/s,
 /// truncated (a TTL of 6d 23h 59m is not yet 7d). Below one second it shows milliseconds.
 pub fn human_duration(ms: i64) -> String {
     if ms <= 0 {

@@ -1,5 +1,5 @@
 //! How a value interpolated by `{{ … }}` is written for each target, so that key text can never
-//! widen an action (SPEC §2): no extra keys matched by a cleanup glob, no other URL path or query,
+//! widen an action (docs/rules.md): no extra keys matched by a cleanup glob, no other URL path or query,
 //! no mention or link in a chat message.
 //!
 //! Escaping works on the encoded strings of [`super::bytestr`]: every char that needs escaping is

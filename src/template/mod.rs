@@ -1,5 +1,5 @@
 //! Jinja templates (minijinja) rendered strictly, with every interpolated value escaped for the
-//! place the output goes, so untrusted key text can never widen an action (SPEC §2).
+//! place the output goes, so untrusted key text can never widen an action (docs/rules.md).
 //!
 //! # Layout
 //!

@@ -388,7 +388,7 @@ impl<'a> Decoder<'a> {
     }
 }
 
-/// Parses the durations of SPEC §1 (`500ms`, `30s`, `15m`, `2h`, `7d`).
+/// Parses the durations of docs/commands.md (`500ms`, `30s`, `15m`, `2h`, `7d`).
 pub fn parse_duration(s: &str) -> Option<Duration> {
     humantime::parse_duration(s.trim()).ok()
 }

@@ -614,7 +614,7 @@ rules:
     let before = chrono::Utc::now();
     daemon.expire("order_lock:42");
 
-    // format: keywatch — SPEC §4, every field.
+    // format: keywatch — docs/rules.md#event-json, every field.
     let r = one_request(&plain);
     let after = chrono::Utc::now();
     assert_eq!(r.method, "POST");

@@ -1,8 +1,8 @@
-//! The crash drill (SPEC §5, "no window loses an event"): an instance is killed (SIGKILL, from
+//! The crash drill (docs/reliability.md#guarantees, "no window loses an event"): an instance is killed (SIGKILL, from
 //! inside, at an exact step of an event's path: `KEYWATCH_DRILL_CRASH_AT`, see `src/drill.rs`)
 //! while a batch of delayed tasks falls due, and the tasks must all be delivered anyway — by the
 //! restarted instance, or by a second instance that kept running — each with its detail, and
-//! every detail removed afterwards. A duplicate is allowed only where SPEC allows one: for a task
+//! every detail removed afterwards. A duplicate is allowed only where docs/reliability.md#guarantees allows one: for a task
 //! whose request reached the receiver before the kill (sent, not yet recorded as sent).
 //!
 //! The steps: `taken` (claimed and recorded, no job yet), `stored` (jobs stored, details not yet

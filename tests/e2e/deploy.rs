@@ -1,5 +1,5 @@
 //! What ships beside the binary stays true to it: the Grafana dashboard queries only metrics that
-//! keywatch exports (and every metric of SPEC §7), the systemd unit and the container file name
+//! keywatch exports (and every metric of docs/operations.md#metrics), the systemd unit and the container file name
 //! what exists, and `keywatch completions` prints scripts the shells accept.
 
 use crate::common;
@@ -94,7 +94,7 @@ fn every_dashboard_query_names_an_exported_metric_and_every_spec_metric_is_shown
                 queried.insert(name);
             }
         }
-        // SPEC §7, as sample names.
+        // docs/operations.md#metrics, as sample names.
         for spec in [
             "keywatch_events_total",
             "keywatch_matches_total",
@@ -245,7 +245,7 @@ fn anchors(markdown: &str) -> BTreeSet<String> {
         .collect()
 }
 
-/// The alert rules for keywatch itself (docs/operations.md#alerts-on-keywatch-itself): valid
+/// The alert rules for keywatch itself (docs/operations.md#alertmanager-and-prometheus): valid
 /// for promtool, each alert unit-tested firing and not firing, every metric they read one
 /// keywatch exports, every runbook a section of docs/troubleshooting.md.
 #[test]

@@ -1,6 +1,6 @@
 //! Fault drills: Redis killed and restarted with and without persistence, and the subscriber cut
 //! off by Redis's pub/sub output-buffer limit in a storm of long keys. Each drill states what
-//! keywatch promises (SPEC §5) and checks it on real `redis-server` children.
+//! keywatch promises (docs/reliability.md#guarantees) and checks it on real `redis-server` children.
 //!
 //! The retry side of "a receiver down for an hour" is replayed in virtual time beside the code
 //! (`delivery::tests`); a real receiver failing for a while is in `tests/e2e/pipeline.rs`.

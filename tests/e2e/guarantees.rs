@@ -1,4 +1,4 @@
-//! SPEC §5 at its edges, each scenario as a new user met it: a task deleted while keywatch was
+//! docs/reliability.md#guarantees at its edges, each scenario as a new user met it: a task deleted while keywatch was
 //! down must not be acted on as expired (`recover`), one unreadable detail must not send its
 //! whole batch with `detail: null`, and a host clock that is off must neither double nor drop
 //! work. Real redis-server children, real HTTP receivers, the real binary.

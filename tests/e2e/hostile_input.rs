@@ -45,7 +45,7 @@ rules:
     reload: { url: "@RECEIVER@/reload/{{ kind }}/{{ user_id }}" }
 "#;
 
-/// SPEC §2: key text never widens an action. `cache:flushall:..` made keywatch POST to
+/// docs/rules.md: key text never widens an action. `cache:flushall:..` made keywatch POST to
 /// `/flushall`: a capture that would make a whole path segment `.` or `..` is refused (the URL
 /// standard resolves dot segments however they are spelled, `%2E%2E` included, so no spelling
 /// reaches the receiver as written), and every other capture arrives percent-encoded inside

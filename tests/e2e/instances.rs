@@ -441,7 +441,7 @@ fn a_window_open_at_shutdown_is_sent_after_restart() {
 /// A kill while a window's digest is in flight loses nothing and splits nothing: the window's
 /// members (one per batch: 3,000 expiries come in several) stay leased to the dead instance
 /// until the lease ends, then the next instance sends the same digest again, whole. Only the
-/// digest that had reached the receiver before the kill is sent twice (SPEC §5).
+/// digest that had reached the receiver before the kill is sent twice (docs/reliability.md#guarantees).
 #[test]
 fn a_digest_in_flight_at_a_kill_is_sent_again_whole() {
     const N: usize = 3000;

@@ -1,4 +1,4 @@
-//! Reloading the rules of a running keywatch (SPEC §5): a change in the files is picked up without
+//! Reloading the rules of a running keywatch (docs/reliability.md#guarantees): a change in the files is picked up without
 //! a signal, a broken edit leaves the old rules firing, and SIGHUP and `POST /-/reload` reload
 //! on demand. Real redis-server, real HTTP receiver, the real binary.
 

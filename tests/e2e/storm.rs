@@ -1,4 +1,4 @@
-//! Storms stay within fixed limits (SPEC §5): no more requests in flight than each channel's
+//! Storms stay within fixed limits (docs/reliability.md#guarantees): no more requests in flight than each channel's
 //! `concurrency`, what waits waits in the queue in Redis, and a slow channel does not hold back
 //! another.
 

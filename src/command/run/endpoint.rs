@@ -1,4 +1,4 @@
-//! The HTTP endpoint of SPEC §6: `/metrics`, `/healthz`, `/readyz`, `POST /-/reload`, and the
+//! The HTTP endpoint of docs/operations.md#endpoints: `/metrics`, `/healthz`, `/readyz`, `POST /-/reload`, and the
 //! status page `/`.
 
 use std::net::SocketAddr;

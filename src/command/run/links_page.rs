@@ -94,7 +94,7 @@ fn silence_id(token: &str) -> String {
     hex::encode(&sha2::Sha256::digest(token.as_bytes())[..4])
 }
 
-/// A pattern (SPEC §3) that matches exactly `key`: `\\ { } *` escaped. A key that is not UTF-8
+/// A pattern (docs/rules.md#patterns) that matches exactly `key`: `\\ { } *` escaped. A key that is not UTF-8
 /// cannot be written as one: this spells it for people, and the silence's `key` holds the bytes.
 fn literal_pattern(key: &[u8]) -> String {
     let mut out = String::new();

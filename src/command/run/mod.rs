@@ -68,7 +68,7 @@ pub struct RunOptions {
     pub rules: Vec<PathBuf>,
 }
 
-/// How long in-flight work may take after SIGTERM. SPEC §5 allows 10 s from the signal to the
+/// How long in-flight work may take after SIGTERM. docs/reliability.md#guarantees allows 10 s from the signal to the
 /// exit; the last second is left for stopping the HTTP endpoint and the runtime, so a webhook
 /// that hangs for the whole budget still does not push the exit past the 10 s.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(9);

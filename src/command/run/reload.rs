@@ -1,4 +1,4 @@
-//! Reloading the rules of a running keywatch (SPEC §5): on SIGHUP, on `POST /-/reload`, and when
+//! Reloading the rules of a running keywatch (docs/reliability.md#guarantees): on SIGHUP, on `POST /-/reload`, and when
 //! a rule file changes.
 //!
 //! A reload is all or nothing. The files are read and validated as `keywatch check` would, the
@@ -32,7 +32,7 @@ use crate::source::notifications;
 use crate::status::Status;
 
 /// File events closer together than this are one change: an editor's save is often several
-/// writes and renames. Well under the 2 s in which SPEC §5 wants a change picked up.
+/// writes and renames. Well under the 2 s in which docs/reliability.md#guarantees wants a change picked up.
 pub const DEBOUNCE: Duration = Duration::from_millis(400);
 
 /// Why a reload left the old rules in force.
