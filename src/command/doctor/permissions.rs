@@ -140,6 +140,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::dead::REDIS,
     &crate::store::history::REDIS,
     &crate::action::followup::REDIS,
+    &crate::action::alert::REDIS,
     &crate::store::followups::REDIS,
     &crate::store::silences::REDIS,
     &crate::store::rate::REDIS,
@@ -962,9 +963,14 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("ACL SETUSER keywatch "))
             .collect();
-        let env = |name: &str| match name.contains("REDIS") {
-            true => Some("redis://127.0.0.1:6379".to_string()),
-            false => Some("https://example.com/hook".to_string()),
+        // A value of the right shape for each variable the example rules use; one with a
+        // default in the file (the SMTP relay) keeps it.
+        let env = |name: &str| match name {
+            n if n.contains("REDIS") => Some("redis://127.0.0.1:6379".to_string()),
+            n if n.starts_with("SMTP_") => None,
+            "PAGERDUTY_ROUTING_KEY" => Some("0123456789abcdef0123456789abcdef".to_string()),
+            "TELEGRAM_BOT_TOKEN" => Some("123456789:AAE-example_token_0123456789".to_string()),
+            _ => Some("https://example.com/hook".to_string()),
         };
         let rules = crate::config::load(&[root.join("rules")], crate::config::Mode::Check, &env)
             .unwrap_or_else(|e| panic!("rules/: {e:?}"))
