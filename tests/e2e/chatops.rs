@@ -108,7 +108,29 @@ rules:
         &r,
         "/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret",
     );
-    let body = r.json();
+    let mut body = r.json();
+    // Whether keywatch learnt the deadline before the key expired is a race (it expires at
+    // once): a learnt one is shown as a time and a lateness, then compared as unknown.
+    for fact in body["attachments"][0]["content"]["body"][2]["facts"]
+        .as_array_mut()
+        .unwrap()
+    {
+        let value = fact["value"].as_str().unwrap_or_default().to_string();
+        match fact["title"].as_str() {
+            Some("Deadline") if value != "unknown" => {
+                assert!(
+                    chrono::DateTime::parse_from_rfc3339(&value).is_ok(),
+                    "{value}"
+                );
+                fact["value"] = json!("unknown");
+            }
+            Some("Late") if value != "unknown" => {
+                assert!(value.ends_with('s'), "{value}");
+                fact["value"] = json!("unknown");
+            }
+            _ => {}
+        }
+    }
     let card = &body["attachments"][0]["content"];
     let actions = card["actions"].as_array().unwrap();
     assert_eq!(actions.len(), 2, "{body}");
@@ -143,7 +165,7 @@ rules:
                             {"title": "Rule", "value": "pay-lock"},
                             {"title": "Key", "value": format!("pay\\_lock:{escaped}")},
                             {"title": "DB", "value": "0"},
-                            // Expired at once: keywatch never learnt a deadline.
+                            // Expired at once: normalised above when learnt.
                             {"title": "Deadline", "value": "unknown"},
                             {"title": "Late", "value": "unknown"},
                         ]},

@@ -336,7 +336,7 @@ pub(crate) async fn whoami(client: &redis::Client, conn: &mut MultiplexedConnect
     }
 }
 
-fn user_hint(client: &redis::Client) -> String {
+pub(crate) fn user_hint(client: &redis::Client) -> String {
     client
         .get_connection_info()
         .redis_settings()
@@ -351,7 +351,7 @@ async fn permissions(
     client: &redis::Client,
     conn: &mut MultiplexedConnection,
 ) {
-    let g = match permissions::grants(config, client, conn).await {
+    let g = match permissions::grants(config, client, conn, false).await {
         Ok(g) => g,
         Err(e) => {
             report.fail("state", e, None);

@@ -615,24 +615,39 @@ pub fn fixes(refused: &[&Refusal]) -> Option<String> {
 /// Checks whether the users keywatch connects as may send every command `run` sends with
 /// `config`: on the watched Redis (`client`, `conn`) and on the state Redis (`state.url`), each
 /// the best way its server allows ([`method`]). `Err`: the state Redis cannot be reached.
+///
+/// `quiet` (what `run` asks for) leaves out `ACL WHOAMI` and `ACL DRYRUN`: the least-privilege
+/// user may run neither, and each refusal would be an entry in the server's `ACL LOG`, which
+/// operators watch, every time `run` checks. The user is then the one the URL names, and the
+/// commands are checked queued in `MULTI`, where only a real refusal is logged.
 pub async fn grants(
     config: &Config,
     client: &redis::Client,
     conn: &mut MultiplexedConnection,
+    quiet: bool,
 ) -> Result<Grants, String> {
-    use crate::command::doctor::{open, short, whoami};
+    use crate::command::doctor::{open, short, user_hint, whoami};
     use crate::keyspace::connect;
     let needs = needs(config);
-    let user = whoami(client, conn).await;
-    let method = method(conn, &user).await;
+    let identify = async |c: &redis::Client, sc: &mut MultiplexedConnection| match quiet {
+        true => {
+            let u = user_hint(c);
+            (u, transaction_method(sc).await)
+        }
+        false => {
+            let u = whoami(c, sc).await;
+            let m = method(sc, &u).await;
+            (u, m)
+        }
+    };
+    let (user, method) = identify(client, conn).await;
     // keywatch's own state may live in another Redis (`state.url`), as another user.
     let state = match &config.state.url {
         None => None,
         Some(url) => match connect::client(url, &config.redis, 0) {
             Ok((c, n)) => match open(&c).await {
                 Ok(mut sc) => {
-                    let u = whoami(&c, &mut sc).await;
-                    let m = self::method(&mut sc, &u).await;
+                    let (u, m) = identify(&c, &mut sc).await;
                     Some((c, sc, u, m))
                 }
                 Err(e) => {
@@ -730,6 +745,11 @@ pub async fn method(conn: &mut MultiplexedConnection, user: &str) -> Method {
     if dry.is_ok() {
         return Method::DryRun(user.to_string());
     }
+    transaction_method(conn).await
+}
+
+/// The best method `conn` allows without `ACL DRYRUN`.
+async fn transaction_method(conn: &mut MultiplexedConnection) -> Method {
     // PING is what runs if MULTI is refused: harmless either way.
     let multi: redis::RedisResult<Vec<redis::RedisResult<Value>>> = redis::pipe()
         .cmd("MULTI")

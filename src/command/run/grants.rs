@@ -121,5 +121,5 @@ async fn check(config: &Config, keyspace: &Keyspace) -> Result<Grants, String> {
             crate::command::doctor::short(&e)
         )
     })?;
-    permissions::grants(config, &client, &mut conn).await
+    permissions::grants(config, &client, &mut conn, true).await
 }
