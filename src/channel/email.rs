@@ -879,7 +879,6 @@ fn html_escape(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::channel::message::Item;
-    use crate::yaml::diagnostic::Loc;
     use serde_json::json;
 
     const ID: &str = "0123456789abcdef0123456789abcdef";
@@ -902,16 +901,8 @@ mod tests {
 
     fn channel(keyword: Option<&str>) -> Channel {
         Channel {
-            name: "mail".into(),
-            loc: Loc::new(&Arc::from(Path::new("rules.yaml")), 1, 1),
-            kind: &KIND,
-            integration: Arc::new(email()),
-            rate: KIND.default_rate,
-            timeout: Duration::from_secs(10),
-            concurrency: 16,
             keyword: keyword.map(String::from),
-            body: None,
-            templates: Vec::new(),
+            ..Channel::for_test("mail", &KIND, Arc::new(email()))
         }
     }
 

@@ -146,6 +146,26 @@ impl fmt::Debug for Kind {
     }
 }
 
+#[cfg(test)]
+impl Channel {
+    /// A channel as the rule files would give it with only `type` written (its defaults), for
+    /// the integrations' unit tests.
+    pub fn for_test(name: &str, kind: &'static Kind, integration: Arc<dyn Integration>) -> Channel {
+        Channel {
+            name: name.into(),
+            loc: Loc::new(&Arc::from(std::path::Path::new("rules.yaml")), 1, 1),
+            kind,
+            integration,
+            rate: kind.default_rate,
+            timeout: Duration::from_secs(10),
+            concurrency: DEFAULT_CONCURRENCY,
+            keyword: None,
+            body: None,
+            templates: Vec::new(),
+        }
+    }
+}
+
 impl Channel {
     /// How values are escaped in this channel's messages.
     pub fn escape(&self) -> Escape {

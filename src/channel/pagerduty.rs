@@ -308,22 +308,7 @@ mod tests {
     }
 
     fn channel() -> Channel {
-        Channel {
-            name: "pager".into(),
-            loc: crate::yaml::diagnostic::Loc::new(
-                &std::sync::Arc::from(std::path::Path::new("rules.yaml")),
-                1,
-                1,
-            ),
-            kind: &KIND,
-            integration: Arc::new(pd()),
-            rate: KIND.default_rate,
-            timeout: Duration::from_secs(10),
-            concurrency: 16,
-            keyword: None,
-            body: None,
-            templates: Vec::new(),
-        }
+        Channel::for_test("pager", &KIND, Arc::new(pd()))
     }
 
     fn event() -> Value {

@@ -189,24 +189,9 @@ mod tests {
     use crate::channel::Item;
 
     fn channel() -> Channel {
-        Channel {
-            name: "ops".into(),
-            loc: crate::yaml::diagnostic::Loc::new(
-                &std::sync::Arc::from(std::path::Path::new("rules.yaml")),
-                1,
-                1,
-            ),
-            kind: &KIND,
-            integration: Arc::new(Teams {
+        Channel::for_test("ops", &KIND, Arc::new(Teams {
                 url: Secret::new("https://example.logic.azure.com/workflows/1?sig=SIG"),
-            }),
-            rate: KIND.default_rate,
-            timeout: Duration::from_secs(10),
-            concurrency: 16,
-            keyword: None,
-            body: None,
-            templates: Vec::new(),
-        }
+            }))
     }
 
     fn message(key: &str, text: &str) -> Message {

@@ -374,22 +374,7 @@ mod tests {
     }
 
     fn channel() -> Channel {
-        Channel {
-            name: "tg".into(),
-            loc: crate::yaml::diagnostic::Loc::new(
-                &std::sync::Arc::from(std::path::Path::new("rules.yaml")),
-                1,
-                1,
-            ),
-            kind: &KIND,
-            integration: Arc::new(telegram()),
-            rate: KIND.default_rate,
-            timeout: Duration::from_secs(10),
-            concurrency: 16,
-            keyword: None,
-            body: None,
-            templates: Vec::new(),
-        }
+        Channel::for_test("tg", &KIND, Arc::new(telegram()))
     }
 
     fn message(title: &str, text: &str) -> Message {
