@@ -6,15 +6,12 @@
 
 use std::time::Duration;
 
-use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
 use super::connections::Arrival;
-use super::endpoint::Shared;
 use super::throttled_log::Throttled;
 use crate::config::Config;
 use crate::config::server::host_name;
@@ -34,7 +31,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    fn response(&self) -> Response {
+    pub fn response(&self) -> Response {
         match self {
             Refusal::Host(_) => (
                 StatusCode::MISDIRECTED_REQUEST,
@@ -55,7 +52,7 @@ impl Refusal {
         }
     }
 
-    fn log(&self) {
+    pub fn log(&self) {
         if let Some(suppressed) = REFUSED.pass() {
             let reason = match self {
                 Refusal::Host(h) => format!(
@@ -69,25 +66,6 @@ impl Refusal {
                 ),
             };
             tracing::warn!(%reason, suppressed, "An HTTP request was refused.");
-        }
-    }
-}
-
-/// The middleware in front of the protected routes.
-pub async fn protect(State(s): State<Shared>, req: Request, next: Next) -> Response {
-    let config = s.status.config();
-    let arrival = req.extensions().get::<Arrival>().copied();
-    match check(
-        req.method(),
-        req.uri().path(),
-        req.headers(),
-        arrival,
-        config.as_deref(),
-    ) {
-        Ok(()) => next.run(req).await,
-        Err(refusal) => {
-            refusal.log();
-            refusal.response()
         }
     }
 }

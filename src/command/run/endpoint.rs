@@ -5,12 +5,14 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
-use axum::response::{Html, IntoResponse};
+use axum::middleware::Next;
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
+use super::connections::Arrival;
 use crate::command::run::reload::{Cause, ReloadHandle};
 use crate::metrics::Metrics;
 use crate::source::ledger::Ledger;
@@ -43,7 +45,7 @@ pub fn router(shared: Shared) -> Router {
         .route("/api/history", get(api_history))
         .route_layer(axum::middleware::from_fn_with_state(
             shared.clone(),
-            super::access::protect,
+            protect,
         ));
     Router::new()
         .merge(protected)
@@ -52,6 +54,25 @@ pub fn router(shared: Shared) -> Router {
         .route("/readyz", get(readyz))
         .route("/l/{token}", get(link_page).post(link_act))
         .with_state(shared)
+}
+
+/// The middleware in front of the protected routes.
+pub async fn protect(State(s): State<Shared>, req: Request, next: Next) -> Response {
+    let config = s.status.config();
+    let arrival = req.extensions().get::<Arrival>().copied();
+    match super::access::check(
+        req.method(),
+        req.uri().path(),
+        req.headers(),
+        arrival,
+        config.as_deref(),
+    ) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            refusal.log();
+            refusal.response()
+        }
+    }
 }
 
 async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
