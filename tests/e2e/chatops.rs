@@ -517,7 +517,10 @@ rules:
                 "summary": "Payment lock 42 expired: Check the payment worker.",
                 "source": details["source"],
                 "severity": "critical",
-                "timestamp": details["deadline"],
+                // The deadline where keywatch knew it; an expiry only observed (the key's TTL
+                // ran out before its deadline was learnt, on a loaded machine) is stamped when
+                // it was observed.
+                "timestamp": if details["deadline"].is_string() { &details["deadline"] } else { &details["observed_at"] },
                 "group": "pay-lock",
                 "class": "expired",
                 "custom_details": details,
