@@ -1,8 +1,8 @@
 //! The handled memory: which deadlines were taken, remembered by *when they were handled* in
 //! one hash per minute (`{prefix}ledger:DB:handled:MINUTE`, field: the key, value: its deadline,
 //! or `~T` for an expiry taken without a known deadline at `T`), which Redis drops
-//! [`HANDLED_MINUTES`] after that minute ends. The intake's take writes it; the ledger's record
-//! and the take read it through the Lua prelude [`RECALLED`]. See
+//! [`HANDLED_MINUTES`] after that minute ends. The intake's take writes it and reads it through the
+//! Lua prelude [`RECALLED`]; the ledger's record reads it a minute's hash at a time (`HMGET`). See
 //! `docs/how-it-works.md#what-keywatch-keeps-in-redis`.
 
 /// How long a handled deadline is remembered, from the minute it was handled.
@@ -17,7 +17,7 @@ pub fn memory(prefix: &str, db: u32) -> String {
 pub const RECALLED: &str = include_str!("handled/recalled.lua");
 
 crate::keyspace::commands::declare! {
-    /// The commands of [`RECALLED`], run within the ledger's and the intake's scripts
+    /// The commands that read the handled memory within the ledger's and the intake's scripts
     /// ([`crate::keyspace::commands`]).
     const SCRIPTS = "ledger: poked keys (script)";
     [
@@ -26,6 +26,10 @@ crate::keyspace::commands::declare! {
             .args("{key}")
             .when(When::Ledger),
         Use::new(Conn::State, "hget", SCRIPTS)
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Conn::State, "hmget", SCRIPTS)
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),

@@ -8,8 +8,7 @@
 use crate::keyspace::Conn;
 use crate::store::handled;
 
-/// Records read deadlines unless the handled memory says they were taken (after the prelude
-/// [`handled::RECALLED`]).
+/// Records read deadlines unless the handled memory says they were taken.
 const RECORD: &str = include_str!("ledger/record.lua");
 /// Moves touched-and-gone keys to the poked set.
 const MOVE_POKED: &str = include_str!("ledger/move_poked.lua");
@@ -31,7 +30,7 @@ impl Deadlines {
         Deadlines {
             conn,
             prefix: prefix.to_string(),
-            record: redis::Script::new(&format!("{}{RECORD}", handled::RECALLED)),
+            record: redis::Script::new(RECORD),
             move_poked: redis::Script::new(MOVE_POKED),
         }
     }
@@ -40,9 +39,10 @@ impl Deadlines {
         self.conn.clone()
     }
 
-    /// Records `deadlines` of `keys` (a deadline not above 0: the key has none, and leaves),
-    /// but not one the handled memory says was taken already; `now_ms` by this instance's
-    /// estimate of Redis's clock.
+    /// Records `deadlines` of `keys` as `PEXPIRETIME` answers them (-1: the key has no TTL, and
+    /// leaves; -2: it is gone, and its deadline stays for the poker to judge), but not one the
+    /// handled memory says was taken already; `now_ms` by this instance's estimate of Redis's
+    /// clock.
     pub async fn record(
         &self,
         db: u32,
@@ -57,7 +57,7 @@ impl Deadlines {
             .arg(now_ms.div_euclid(60_000))
             .arg(handled::HANDLED_MINUTES);
         for (k, d) in keys.iter().zip(deadlines) {
-            inv.arg(k).arg(*d);
+            inv.arg(*d).arg(k);
         }
         inv.invoke_async(&mut self.conn()).await
     }

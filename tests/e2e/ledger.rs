@@ -388,3 +388,39 @@ fn a_deadline_learnt_after_its_expiry_was_taken_does_not_fire_again() {
         assert_eq!(ledger_size(&redis), 1);
     });
 }
+
+/// A key found gone when its deadline is read (a fill or an `expire` note reading it just after
+/// it expired, while its `expired` was lost: the subscriber cut off) keeps its deadline in the
+/// ledger: the poker then finds it gone and it is recovered. Dropping it, as a key without a TTL
+/// is dropped, lost the expiry for good (CI caught it: a fill stopped between its SCAN and its
+/// read while the subscriber was cut off recovered none of ten).
+#[test]
+fn a_key_read_gone_keeps_its_deadline_for_the_poker() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let ledger = Ledger::new(state.clone(), keyspace, "keywatch:", metrics);
+        let keys = vec![b"k:1".to_vec(), b"k:2".to_vec()];
+        common::set_px(&mut redis.conn(), "k:1", 300);
+        common::set_px(&mut redis.conn(), "k:2", 60_000);
+        ledger.learn(0, &keys).await.unwrap();
+        assert_eq!(ledger_size(&redis), 2);
+        // k:1 expires unheard (nobody subscribes here); k:2 loses its TTL.
+        touch_until_gone(&mut redis.conn(), &["k:1"]);
+        let _: () = redis::cmd("PERSIST")
+            .arg("k:2")
+            .query(&mut redis.conn())
+            .unwrap();
+        ledger.learn(0, &keys).await.unwrap();
+        assert_eq!(
+            ledger_size(&redis),
+            1,
+            "k:1 (gone) stays for the poker, k:2 (no TTL) leaves"
+        );
+        assert_eq!(ledger.poke(0).await.unwrap(), 1);
+        let seq = ledger.mark(0).await.unwrap();
+        let missed = ledger.missed(0, seq, 100).await.unwrap();
+        assert_eq!(missed.len(), 1, "k:1 is recovered: {missed:?}");
+    });
+}
