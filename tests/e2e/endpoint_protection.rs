@@ -175,6 +175,82 @@ fn a_silent_client_and_an_idle_kept_alive_one_are_cut_off() {
     drop(kw);
 }
 
+/// keywatch's bound on an answer's write that the client does not read
+/// (docs/operations.md#exposing-the-endpoint).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Issue 36, left open after the header timeout: a client that sends its requests whole and
+/// never reads the answers held its connection, a slot of the bound, for ever (the answer's
+/// write waited on a full socket, and no timeout covered it).
+#[test]
+fn clients_that_never_read_their_answers_are_cut_off_and_healthz_still_answers() {
+    let redis = RedisServer::with_events("Exg");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n",
+    );
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let addr = common::endpoint(&kw);
+
+    // Pipelined requests for far more than the socket buffers of both ends hold (a few MB on
+    // loopback while the reader reads nothing), so keywatch's write cannot finish.
+    let one = common::get(&addr, "/metrics").1.len().max(1);
+    let requests = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat((64 << 20) / one + 1);
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let conn = TcpStream::connect(&addr).expect("connect");
+        let mut writer = conn.try_clone().unwrap();
+        let requests = requests.clone();
+        // Once keywatch stops reading the rest of the requests may not fit in the buffers
+        // either: written from a thread, which ends with the connection.
+        std::thread::spawn(move || {
+            let _ = writer.write_all(requests.as_bytes());
+        });
+        stalled.push(conn);
+    }
+
+    assert_eq!(
+        get_within(&addr, "/healthz", PATIENCE),
+        200,
+        "/healthz beside clients that read nothing\n{}",
+        kw.describe_output()
+    );
+    kw.wait_for_output("stopped reading its answer", WRITE_TIMEOUT + PATIENCE);
+    for (i, conn) in stalled.iter_mut().enumerate() {
+        // What was already in the buffers arrives first, then the end of the stream.
+        assert!(
+            read_to_close(conn, PATIENCE),
+            "connection {i} is still open\n{}",
+            kw.describe_output()
+        );
+    }
+    assert_eq!(get_within(&addr, "/healthz", PATIENCE), 200);
+}
+
+/// Whether the server closes `conn`, reading whatever it sent before; gives up when nothing
+/// arrives for `patience`.
+fn read_to_close(conn: &mut TcpStream, patience: Duration) -> bool {
+    conn.set_read_timeout(Some(patience)).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
 /// (status, head, body) of one request with `headers` (each `Name: value`), `Connection: close`.
 fn request(addr: &str, method: &str, path: &str, headers: &[&str]) -> (u16, String, String) {
     let mut conn = TcpStream::connect(addr).expect("connect to the HTTP endpoint");
