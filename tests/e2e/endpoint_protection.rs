@@ -630,6 +630,23 @@ rules:
     common::wait_until("the silence is in force", PATIENCE, || {
         request(&addr, "GET", "/", &[]).2.contains(&id)
     });
+    // Shown by its exact bytes, as keys are shown elsewhere, not by the spelling it does not mute.
+    let page = request(&addr, "GET", "/", &[]).2;
+    let listed = page
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_default()
+        .to_string();
+    assert!(listed.contains(r"lock:\xff"), "the status page: {listed}");
+    assert!(!listed.contains('\u{fffd}'), "the status page: {listed}");
+    let out = daemon.rules.run(
+        &["silence", "list", "--redis", &daemon.redis.url()],
+        &[("LINK_SECRET", LINK_SECRET)],
+    );
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let listed = out.lines().find(|l| l.contains(&id)).unwrap_or_default();
+    assert!(listed.contains(r"lock:\xff"), "silence list:\n{out}");
+    assert!(!listed.contains('\u{fffd}'), "silence list:\n{out}");
     let silenced = || {
         common::metric(
             &request(&addr, "GET", "/metrics", &[]).2,
@@ -640,6 +657,11 @@ rules:
     common::set_and_expire_now(&mut daemon.conn(), &[raw]);
     common::wait_until("the key's event is silenced or sent", PATIENCE, || {
         silenced() >= 1.0 || receiver.count() > 0
+    });
+    // The log names the key by its bytes too.
+    daemon.wait_for_log("the silenced event", |l| {
+        common::field_is(l, "message", "Silenced: counted, not sent.")
+            && common::field_is(l, "key", r"lock:\xff")
     });
     assert_eq!(
         receiver.count(),
