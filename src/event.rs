@@ -96,27 +96,33 @@ pub struct KeyEvent {
     pub source: String,
 }
 
-/// Bytes as one line of text for people and logs: invalid UTF-8 replaced, control characters
-/// (C0, DEL, C1: ESC, BEL, CR, LF…) and the characters that reorder or break text (bidi
-/// overrides, embeddings, isolates and marks; line and paragraph separators) written out as
-/// Rust escapes (`\u{1b}`, `\u{202e}`). Key text is anyone's: raw, it repaints a terminal,
-/// writes a log line of its own, or turns the sentence around it backwards.
+/// Bytes as one line of text for people and logs: control characters (C0, DEL, C1: ESC, BEL,
+/// CR, LF…) and the characters that reorder or break text (bidi overrides, embeddings, isolates
+/// and marks; line and paragraph separators) written out as Rust escapes (`\u{1b}`,
+/// `\u{202e}`), and each byte that is not UTF-8 as `\xNN`. Key text is anyone's: raw, it
+/// repaints a terminal, writes a log line of its own, or turns the sentence around it
+/// backwards; replaced by U+FFFD, two keys look the same, and a key shown cannot be typed back
+/// (`explain` takes `\xNN`, docs/commands.md).
 pub fn printable(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
-    let text = String::from_utf8_lossy(bytes);
-    if !text.chars().any(hidden) {
-        return text;
+    if let Ok(text) = std::str::from_utf8(bytes)
+        && !text.chars().any(hidden)
+    {
+        return std::borrow::Cow::Borrowed(text);
     }
-    std::borrow::Cow::Owned(
-        text.chars()
-            .map(|c| {
-                if hidden(c) {
-                    c.escape_default().to_string()
-                } else {
-                    c.to_string()
-                }
-            })
-            .collect(),
-    )
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if hidden(c) {
+                out.extend(c.escape_default());
+            } else {
+                out.push(c);
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// A character shown escaped to people ([`printable`]): a control character, or one that
@@ -148,9 +154,9 @@ impl KeyEvent {
             .map(|d| (self.observed_at - d).num_milliseconds().max(0))
     }
 
-    /// The key as text for people and logs: invalid UTF-8 bytes are replaced, and control
-    /// characters written out (`\n`, `\u{1b}`), so a key holding a line break cannot forge a
-    /// log line of its own.
+    /// The key as text for people and logs ([`printable`]): control characters written out
+    /// (`\n`, `\u{1b}`), so a key holding a line break cannot forge a log line of its own, and
+    /// bytes that are not UTF-8 as `\xNN`.
     pub fn key_lossy(&self) -> std::borrow::Cow<'_, str> {
         printable(&self.key)
     }
@@ -163,7 +169,9 @@ mod tests {
         assert_eq!(super::printable(b"a\r\nX-Evil: 1"), "a\\r\\nX-Evil: 1");
         assert_eq!(super::printable(b"k:\x1b[31m"), "k:\\u{1b}[31m");
         assert_eq!(super::printable("订单:42".as_bytes()), "订单:42");
-        assert_eq!(super::printable(b"\xff"), "\u{fffd}");
+        assert_eq!(super::printable(b"k:\xff\xfe:1"), "k:\\xff\\xfe:1");
+        assert_eq!(super::printable(b"\xe2\x80"), "\\xe2\\x80");
+        assert_eq!(super::printable(b"\xff\x1b"), "\\xff\\u{1b}");
         assert_eq!(
             super::printable("a\u{202e}txt.exe\u{2066}b\u{85}".as_bytes()),
             "a\\u{202e}txt.exe\\u{2066}b\\u{85}"

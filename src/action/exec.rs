@@ -139,13 +139,17 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outco
         }
     };
     group.disarm();
+    // A program may echo the arguments it was given, secrets among them; and what it writes
+    // (key text, or anything) must not forge a log line or repaint the terminal of whoever
+    // tails the log: control and bidi characters written out
+    // (docs/rules.md#exec-arguments-options-and-process-groups).
+    let for_log =
+        |t: &str| crate::event::printable(a.config.secrets.mask(t).as_bytes()).into_owned();
     if held {
-        tracing::warn!(rule = %rule.name, program = %a.config.secrets.mask(&shown), "exec: the command exited but processes it started kept its output open; they were killed with its process group.");
+        tracing::warn!(rule = %rule.name, program = %for_log(&shown), "exec: the command exited but processes it started kept its output open; they were killed with its process group.");
     }
     if !stdout.is_empty() || !stderr.is_empty() {
-        // A program may echo the arguments it was given, secrets among them.
-        let mask = |t: &str| a.config.secrets.mask(t);
-        tracing::info!(rule = %rule.name, program = %mask(&shown), stdout = %mask(&stdout), stderr = %mask(&stderr), "exec output.");
+        tracing::info!(rule = %rule.name, program = %for_log(&shown), stdout = %for_log(&stdout), stderr = %for_log(&stderr), "exec output.");
     }
     match status.code() {
         Some(0) => Outcome::Sent("exit 0".into()),
@@ -278,6 +282,87 @@ mod tests {
         assert_eq!(
             refused(&argv(&[b"/bin/rm", b"-v", b"--", b"-rf"]), &led, b"k"),
             None
+        );
+    }
+
+    /// The log lines written while `f` runs, as text logs show them.
+    async fn logged<F: std::future::Future>(f: F) -> (F::Output, String) {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines(Arc::default());
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let out = f.await;
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        (out, text)
+    }
+
+    /// Issue 36: a job's output reached the log as it was, so a job (or whatever it echoes of a
+    /// key) could write log lines of its own, repaint the terminal of whoever tails the log, or
+    /// turn keywatch's words around.
+    #[tokio::test]
+    async fn the_output_is_logged_with_control_and_bidi_characters_escaped() {
+        let config = crate::config::of_yaml(
+            r#"
+rules:
+  - name: job
+    match: 'job:*'
+    exec:
+      command: ["/bin/sh", "-c", 'printf "done\n2026-01-01T00:00:00Z  INFO forged\033[2J\342\200\256"; printf "oops\a\r" >&2']
+"#,
+            crate::config::Mode::Run,
+        );
+        let keyspace = crate::keyspace::Keyspace::new(
+            crate::yaml::Secret::new("redis://127.0.0.1:1"),
+            config.redis.clone(),
+        )
+        .unwrap();
+        let actions = Actions::new(
+            crate::config::LiveConfig::fixed(config),
+            crate::channel::http::client(),
+            keyspace,
+        );
+        let event = crate::event::KeyEvent {
+            kind: crate::event::EventKind::Expired,
+            db: 0,
+            key: b"job:1".to_vec(),
+            field: None,
+            observed_at: chrono::Utc::now(),
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: "127.0.0.1:1".into(),
+        };
+        let firing = Firing::new("job", &event, &[], vec![], None);
+        let (outcome, logs) = logged(actions.run(&firing, &crate::firing::Action::Exec)).await;
+        assert!(matches!(outcome, Outcome::Sent(_)), "{outcome:?}");
+        let line = logs
+            .lines()
+            .find(|l| l.contains("exec output."))
+            .unwrap_or_else(|| panic!("no output line in:\n{logs}"));
+        assert_eq!(logs.lines().count(), 1, "one line, none forged:\n{logs}");
+        assert!(
+            line.contains(r"done\n2026-01-01T00:00:00Z  INFO forged\u{1b}[2J\u{202e}"),
+            "{line}"
+        );
+        assert!(line.contains(r"oops\u{7}\r"), "{line}");
+        assert!(
+            !logs.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']),
+            "{logs:?}"
         );
     }
 }

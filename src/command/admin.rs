@@ -123,20 +123,32 @@ pub async fn silence_list(config: &Config, conn: &mut Conn, json: bool) -> Resul
         "ID", "RULE", "MATCH", "UNTIL", "COMMENT"
     );
     for s in list {
-        let comment = match s.invalid_pattern() {
-            Some(e) => format!(
+        let comment = match (s.exact_key(), s.invalid_pattern()) {
+            (Some(Err(_)), _) => format!(
+                "INVALID KEY (not base64): ignored, mutes nothing; {}",
+                s.comment
+            ),
+            (None, Some(e)) => format!(
                 "INVALID PATTERN ({e}): ignored, mutes nothing; {}",
                 s.comment
             ),
-            None => s.comment.clone(),
+            _ => s.comment.clone(),
         };
         // A link's silence names its key; both may hold anyone's text.
         let comment = crate::event::printable(comment.as_bytes());
+        // A link's silence mutes exactly its key: shown by its bytes, as keys are shown
+        // everywhere, not by its pattern (which cannot spell bytes that are not UTF-8).
+        let mutes = match s.exact_key() {
+            Some(Ok(key)) => crate::event::printable(&key).into_owned(),
+            _ => {
+                crate::event::printable(s.pattern.as_deref().unwrap_or("*").as_bytes()).into_owned()
+            }
+        };
         out.push_str(&format!(
             "{:<10} {:<28} {:<24} {:<26} {}\n",
             s.id,
             s.rule,
-            crate::event::printable(s.pattern.as_deref().unwrap_or("*").as_bytes()),
+            mutes,
             rfc3339(s.until),
             comment
         ));

@@ -100,7 +100,7 @@ pub(super) async fn attempt(
     }
     let (rule, key, action, channel) = (
         work.rule(),
-        crate::event::printable(work.subject().as_bytes()).into_owned(),
+        work.subject_shown(),
         work.action_name(),
         work.channel().unwrap_or(""),
     );
@@ -500,7 +500,7 @@ pub(super) fn compose_digest_now(
 
 /// Gives `work` up for good: a dead letter that says why.
 pub(super) fn dead_letter(inner: &Inner, work: &Work, reason: &str) {
-    tracing::error!(rule = %work.rule(), key = %crate::event::printable(work.subject().as_bytes()), action = work.action_name(), channel = work.channel().unwrap_or(""), id = %work.id(), %reason, "Dead letter: the action will not be retried.");
+    tracing::error!(rule = %work.rule(), key = %work.subject_shown(), action = work.action_name(), channel = work.channel().unwrap_or(""), id = %work.id(), %reason, "Dead letter: the action will not be retried.");
     let (action, firings, digest) = match work {
         Work::Job { firing, action } => (action.clone(), vec![(**firing).clone()], false),
         Work::Digest {

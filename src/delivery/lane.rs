@@ -339,6 +339,10 @@ mod tests {
     /// once, singly, and the third gets the next token 30 s later. Before, the first token's
     /// message found two waiting behind it (not fewer than the threshold of 2) and took them
     /// along: one digest of three, though two tokens were in hand.
+    ///
+    /// Four at once: three wait behind the first, more than the threshold even counted right,
+    /// yet two tokens are in hand; the first two still go singly, and by the time a token has to
+    /// be waited for only one waits behind the third (the threshold alone merged all four).
     #[tokio::test(start_paused = true)]
     async fn alerts_with_tokens_in_hand_are_sent_singly() {
         let (s, rec) = chat();
@@ -350,31 +354,47 @@ mod tests {
             &[(0, &["a:1"]), (0, &["a:2"]), (30, &["a:3"])],
         );
         assert_eq!(s.status.counts("a").sent, 3);
+
+        let (s, rec) = chat();
+        s.delivery
+            .accept(firings("a", &["a:1", "a:2", "a:3", "a:4"]))
+            .await;
+        assert_sent(
+            &rec.until(secs(300)).await,
+            &[(0, &["a:1"]), (0, &["a:2"]), (30, &["a:3"]), (60, &["a:4"])],
+        );
+        assert_eq!(s.status.counts("a").sent, 4);
     }
 
     /// DingTalk's `20/min`: 21 alerts at once are 20 messages at once and one 3 s later, not
-    /// one digest of 21.
+    /// one digest of 21; 22 are 20 at once and one each 3 s after (21 wait behind the first,
+    /// more than the threshold, but 20 tokens are in hand).
     #[tokio::test(start_paused = true)]
     async fn twenty_one_alerts_on_a_fresh_twenty_a_minute_channel_are_not_merged() {
-        let mut config = testkit::config(
-            "channels:\n  robot: { type: log, rate: 20/min }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [robot] }\n",
-        );
-        let rec = Recorder::answering(|_| crate::outcome::Outcome::Sent("ok".into()));
-        let r = rec.clone();
-        replace_integration(&mut config, "robot", move |_| r as Arc<dyn Integration>);
-        let s = stage(config, RetryPolicy::default());
-        let keys: Vec<String> = (1..=21).map(|i| format!("a:{i}")).collect();
-        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-        s.delivery.accept(firings("a", &keys)).await;
-        let got = rec.until(secs(300)).await;
-        assert_eq!(got.len(), 21, "{got:?}");
-        assert!(got.iter().all(|r| !r.digest), "{got:?}");
-        assert_eq!(
-            got.iter().filter(|r| r.at == secs(0)).count(),
-            20,
-            "{got:?}"
-        );
-        assert_eq!(got[20].at, secs(3), "{got:?}");
+        for n in [21, 22] {
+            let mut config = testkit::config(
+                "channels:\n  robot: { type: log, rate: 20/min }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [robot] }\n",
+            );
+            let rec = Recorder::answering(|_| crate::outcome::Outcome::Sent("ok".into()));
+            let r = rec.clone();
+            replace_integration(&mut config, "robot", move |_| r as Arc<dyn Integration>);
+            let s = stage(config, RetryPolicy::default());
+            let keys: Vec<String> = (1..=n).map(|i| format!("a:{i}")).collect();
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            s.delivery.accept(firings("a", &keys)).await;
+            let got = rec.until(secs(300)).await;
+            assert_eq!(got.len(), n, "{got:?}");
+            assert!(got.iter().all(|r| !r.digest), "{got:?}");
+            assert_eq!(
+                got.iter().filter(|r| r.at == secs(0)).count(),
+                20,
+                "{got:?}"
+            );
+            assert_eq!(got[20].at, secs(3), "{got:?}");
+            if n == 22 {
+                assert_eq!(got[21].at, secs(6), "{got:?}");
+            }
+        }
     }
 
     /// The threshold is "more waiting than the rate lets through in `MAX_WAIT`" (docs/rules.md):

@@ -147,4 +147,26 @@ mod tests {
             "{took:?}"
         );
     }
+
+    /// The lane merges nothing while tokens are in hand (docs/rules.md#channels), and with a
+    /// state every instance draws from the shared bucket: it must say which tokens came without
+    /// a wait, or a fresh channel's burst merges as if it were a backlog. 1 token per 2 s, so
+    /// the burst is taken well before a token comes back.
+    #[tokio::test]
+    async fn a_shared_bucket_says_whether_its_token_was_in_hand() {
+        let (_server, conn) = crate::keyspace::local_server::throwaway().await;
+        let b = SharedBucket::new(
+            conn,
+            "keywatch:",
+            "robot",
+            Rate {
+                burst: 3,
+                per: Duration::from_secs(6),
+            },
+        );
+        for i in 1..=3 {
+            assert!(b.take().await, "token {i} of the burst is in hand");
+        }
+        assert!(!b.take().await, "the fourth is waited for");
+    }
 }

@@ -69,6 +69,15 @@ impl Work {
         }
     }
 
+    /// [`Work::subject`] for log lines: a job's key by its bytes, escaped as keys are shown to
+    /// people ([`crate::event::printable`]), so a key that is not UTF-8 reads as the one it is.
+    pub(super) fn subject_shown(&self) -> String {
+        match self {
+            Work::Job { firing, .. } => crate::event::printable(&firing.key).into_owned(),
+            Work::Digest { .. } => self.subject(),
+        }
+    }
+
     /// The job's id in the queue and in-flight set.
     pub(super) fn job_id(&self) -> String {
         match self {
@@ -157,4 +166,22 @@ pub(super) fn window_jobs(
             failing_since,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key that is not UTF-8 read `k:\u{fffd}` in each attempt's log line: another key's
+    /// spelling, one `explain` cannot be given back.
+    #[test]
+    fn the_log_line_names_a_key_by_its_bytes() {
+        let mut firing = crate::delivery::testkit::firing("r", "k");
+        firing.key = b"k:\xff\x1b".to_vec();
+        let work = Work::Job {
+            firing: Arc::new(firing),
+            action: Action::Exec,
+        };
+        assert_eq!(work.subject_shown(), r"k:\xff\u{1b}");
+    }
 }

@@ -62,9 +62,8 @@ impl Active {
         let compiled = silences
             .into_iter()
             .map(|s| {
-                if let Some(key) = &s.key {
-                    use base64::Engine;
-                    let scope = match base64::engine::general_purpose::STANDARD.decode(key) {
+                if let Some(key) = s.exact_key() {
+                    let scope = match key {
                         Ok(k) => Scope::Key(k),
                         Err(_) => Scope::Invalid,
                     };

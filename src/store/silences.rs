@@ -30,6 +30,14 @@ impl Silence {
         now < self.until
     }
 
+    /// The exact key muted, when the silence names one (a link's); an error when the stored
+    /// field is not base64 (written by hand), and then the silence mutes nothing.
+    pub fn exact_key(&self) -> Option<Result<Vec<u8>, base64::DecodeError>> {
+        use base64::Engine;
+        let key = self.key.as_deref()?;
+        Some(base64::engine::general_purpose::STANDARD.decode(key))
+    }
+
     /// Why the stored pattern cannot be used, if it cannot: written by another version, or by
     /// hand, it no longer parses. Such a silence mutes nothing.
     pub fn invalid_pattern(&self) -> Option<String> {

@@ -175,6 +175,82 @@ fn a_silent_client_and_an_idle_kept_alive_one_are_cut_off() {
     drop(kw);
 }
 
+/// keywatch's bound on an answer's write that the client does not read
+/// (docs/operations.md#exposing-the-endpoint).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Issue 36, left open after the header timeout: a client that sends its requests whole and
+/// never reads the answers held its connection, a slot of the bound, for ever (the answer's
+/// write waited on a full socket, and no timeout covered it).
+#[test]
+fn clients_that_never_read_their_answers_are_cut_off_and_healthz_still_answers() {
+    let redis = RedisServer::with_events("Exg");
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n",
+    );
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let addr = common::endpoint(&kw);
+
+    // Pipelined requests for far more than the socket buffers of both ends hold (a few MB on
+    // loopback while the reader reads nothing), so keywatch's write cannot finish.
+    let one = common::get(&addr, "/metrics").1.len().max(1);
+    let requests = "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".repeat((64 << 20) / one + 1);
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let conn = TcpStream::connect(&addr).expect("connect");
+        let mut writer = conn.try_clone().unwrap();
+        let requests = requests.clone();
+        // Once keywatch stops reading the rest of the requests may not fit in the buffers
+        // either: written from a thread, which ends with the connection.
+        std::thread::spawn(move || {
+            let _ = writer.write_all(requests.as_bytes());
+        });
+        stalled.push(conn);
+    }
+
+    assert_eq!(
+        get_within(&addr, "/healthz", PATIENCE),
+        200,
+        "/healthz beside clients that read nothing\n{}",
+        kw.describe_output()
+    );
+    kw.wait_for_output("stopped reading its answer", WRITE_TIMEOUT + PATIENCE);
+    for (i, conn) in stalled.iter_mut().enumerate() {
+        // What was already in the buffers arrives first, then the end of the stream.
+        assert!(
+            read_to_close(conn, PATIENCE),
+            "connection {i} is still open\n{}",
+            kw.describe_output()
+        );
+    }
+    assert_eq!(get_within(&addr, "/healthz", PATIENCE), 200);
+}
+
+/// Whether the server closes `conn`, reading whatever it sent before; gives up when nothing
+/// arrives for `patience`.
+fn read_to_close(conn: &mut TcpStream, patience: Duration) -> bool {
+    conn.set_read_timeout(Some(patience)).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
 /// (status, head, body) of one request with `headers` (each `Name: value`), `Connection: close`.
 fn request(addr: &str, method: &str, path: &str, headers: &[&str]) -> (u16, String, String) {
     let mut conn = TcpStream::connect(addr).expect("connect to the HTTP endpoint");
@@ -554,6 +630,23 @@ rules:
     common::wait_until("the silence is in force", PATIENCE, || {
         request(&addr, "GET", "/", &[]).2.contains(&id)
     });
+    // Shown by its exact bytes, as keys are shown elsewhere, not by the spelling it does not mute.
+    let page = request(&addr, "GET", "/", &[]).2;
+    let listed = page
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_default()
+        .to_string();
+    assert!(listed.contains(r"lock:\xff"), "the status page: {listed}");
+    assert!(!listed.contains('\u{fffd}'), "the status page: {listed}");
+    let out = daemon.rules.run(
+        &["silence", "list", "--redis", &daemon.redis.url()],
+        &[("LINK_SECRET", LINK_SECRET)],
+    );
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    let listed = out.lines().find(|l| l.contains(&id)).unwrap_or_default();
+    assert!(listed.contains(r"lock:\xff"), "silence list:\n{out}");
+    assert!(!listed.contains('\u{fffd}'), "silence list:\n{out}");
     let silenced = || {
         common::metric(
             &request(&addr, "GET", "/metrics", &[]).2,
@@ -564,6 +657,11 @@ rules:
     common::set_and_expire_now(&mut daemon.conn(), &[raw]);
     common::wait_until("the key's event is silenced or sent", PATIENCE, || {
         silenced() >= 1.0 || receiver.count() > 0
+    });
+    // The log names the key by its bytes too.
+    daemon.wait_for_log("the silenced event", |l| {
+        common::field_is(l, "message", "Silenced: counted, not sent.")
+            && common::field_is(l, "key", r"lock:\xff")
     });
     assert_eq!(
         receiver.count(),

@@ -1,15 +1,20 @@
-//! The endpoint's connections: each is served by hyper with a header timeout, and their number is
-//! bounded well below the open-file limit, so that idle or slow clients can neither hold file
-//! descriptors forever nor starve `/healthz` and delivery (docs/operations.md#exposing-the-endpoint).
+//! The endpoint's connections: each is served by hyper with a header timeout and a bound on how
+//! long an answer's write may wait on its client, and their number is bounded well below the
+//! open-file limit, so that idle or slow clients can neither hold file descriptors forever nor
+//! starve `/healthz` and delivery (docs/operations.md#exposing-the-endpoint).
 //!
 //! At the bound a new connection takes the place of the oldest one that is not in the middle of
 //! a request (idle, or still sending its header): a slow client cannot lock out a probe. When
 //! every connection is busy the new one is closed at once rather than left queued.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +23,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -27,6 +33,17 @@ use super::throttled_log::Throttled;
 /// How long a client may take to send a request header, counted from when the connection opens
 /// or its previous answer ends: the idle timeout of kept-alive connections too.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a write of an answer may wait without the client taking a byte before the connection
+/// is closed. hyper has no such timeout, and a client that sends its request and never reads the
+/// answer would otherwise keep its connection, a slot of the bound, for as long as it likes.
+/// Counted per write, not per answer: a client that keeps reading is not cut off in the middle of
+/// a long answer. Prometheus gives up on a scrape after 10 s by default, so a scrape stalled this
+/// long has been abandoned already.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connections closed because their client stopped reading, logged once per period.
+static STALLED: Throttled = Throttled::new(Duration::from_secs(10));
 
 /// How long connections get to finish their answer at shutdown.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
@@ -171,7 +188,7 @@ pub async fn serve(listener: TcpListener, app: Router, bound: usize, shutdown: C
         let table = table.clone();
         let shutdown = shutdown.clone();
         tracker.spawn(async move {
-            serve_one(stream, local, app, busy, cut, shutdown).await;
+            serve_one(stream, peer, local, app, busy, cut, shutdown).await;
             table
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -185,6 +202,7 @@ pub async fn serve(listener: TcpListener, app: Router, bound: usize, shutdown: C
 
 async fn serve_one(
     stream: tokio::net::TcpStream,
+    peer: SocketAddr,
     local: Option<SocketAddr>,
     app: Router,
     busy: Arc<AtomicUsize>,
@@ -215,16 +233,131 @@ async fn serve_one(
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
         .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    let io = WriteBound::new(stream, WRITE_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     tokio::select! {
-        _ = conn.as_mut() => {}
+        served = conn.as_mut() => {
+            if let Err(e) = served
+                && stalled(&e)
+                && let Some(more) = STALLED.pass()
+            {
+                tracing::warn!(%peer, write_timeout_s = WRITE_TIMEOUT.as_secs(), suppressed = more, "HTTP connection closed: its client stopped reading its answer.");
+            }
+        }
         // Displaced to make room: dropping the connection closes it.
         _ = cut.cancelled() => {}
         _ = shutdown.cancelled() => {
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
         }
+    }
+}
+
+/// A write that waited [`WRITE_TIMEOUT`] for its client.
+#[derive(Debug, thiserror::Error)]
+#[error("the client took nothing of the answer for {0:?}")]
+struct Stalled(Duration);
+
+/// Whether hyper gave up on a connection because [`WriteBound`] cut it.
+fn stalled(e: &hyper::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| inner.is::<Stalled>())
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// A stream whose writes fail once one has waited `limit` without a byte taken. The timer runs
+/// only while a write (or flush) is pending and starts over at every byte the socket takes.
+struct WriteBound<S> {
+    inner: S,
+    limit: Duration,
+    waiting: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> WriteBound<S> {
+    fn new(inner: S, limit: Duration) -> WriteBound<S> {
+        WriteBound {
+            inner,
+            limit,
+            waiting: None,
+        }
+    }
+
+    fn bound<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.waiting = None;
+            return polled;
+        }
+        let limit = self.limit;
+        let timer = self
+            .waiting
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, Stalled(limit))))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteBound<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteBound<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.bound(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.bound(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_flush(cx);
+        this.bound(cx, polled)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.bound(cx, polled)
     }
 }
 
@@ -252,6 +385,41 @@ mod tests {
         let busy: Vec<_> = t.open.values().map(|o| o.busy.clone()).collect();
         let _all = busy.iter().map(InRequest::enter).collect::<Vec<_>>();
         assert!(matches!(t.admit(2), Admission::Full));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_no_one_reads_fails_after_the_limit() {
+        use tokio::io::AsyncWriteExt;
+        let (ours, _theirs) = tokio::io::duplex(64);
+        let mut w = WriteBound::new(ours, Duration::from_secs(10));
+        let started = tokio::time::Instant::now();
+        let e = w.write_all(&[b'x'; 1024]).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.get_ref().is_some_and(|inner| inner.is::<Stalled>()));
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_reader_is_never_cut_off_while_it_takes_bytes() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 64];
+            loop {
+                // Slower than the whole answer may take, faster than the limit per write.
+                tokio::time::sleep(Duration::from_secs(9)).await;
+                match theirs.read(&mut buf).await.unwrap() {
+                    0 => return got,
+                    n => got.extend_from_slice(&buf[..n]),
+                }
+            }
+        });
+        let mut w = WriteBound::new(ours, Duration::from_secs(10));
+        w.write_all(&[b'x'; 1024]).await.unwrap();
+        w.shutdown().await.unwrap();
+        drop(w);
+        assert_eq!(reader.await.unwrap().len(), 1024);
     }
 
     #[test]

@@ -156,6 +156,7 @@ pub async fn run(
         open_files,
         connections = bound,
         header_timeout_s = connections::HEADER_TIMEOUT.as_secs(),
+        write_timeout_s = connections::WRITE_TIMEOUT.as_secs(),
         "HTTP connections are bounded to half the limit on open files."
     );
 

@@ -105,6 +105,19 @@ pub fn esc(text: &str) -> String {
     out
 }
 
+/// A key's exact bytes for HTML: text as [`esc`] shows it, and each byte that is not UTF-8 as
+/// `\xNN` (replaced by U+FFFD, two keys would look the same; `explain` takes the `\xNN` back).
+pub fn esc_key(key: &[u8]) -> String {
+    let mut out = String::with_capacity(key.len());
+    for chunk in key.utf8_chunks() {
+        out.push_str(&esc(chunk.valid()));
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out
+}
+
 /// `4m 3s`, `2h 5m`, `3d 4h`: two units are enough to read at a glance.
 fn span(d: chrono::TimeDelta) -> String {
     let s = d.num_seconds().unsigned_abs();
@@ -224,14 +237,19 @@ pub fn render(
             h.push_str(&format!(
                 "<li><b>{}</b> {} until {} — {} <small>({})</small></li>",
                 esc(&s.rule),
-                match (s.pattern.as_deref(), s.invalid_pattern()) {
-                    (Some(p), Some(e)) => format!(
+                match (s.exact_key(), s.pattern.as_deref(), s.invalid_pattern()) {
+                    // A link's silence mutes exactly its key, whatever the pattern spells.
+                    (Some(Ok(key)), _, _) => format!("key {}", esc_key(&key)),
+                    (Some(Err(_)), _, _) => {
+                        "<b>invalid key</b> (not base64): ignored, mutes nothing".into()
+                    }
+                    (_, Some(p), Some(e)) => format!(
                         "<b>invalid pattern</b> {} ({}): ignored, mutes nothing",
                         esc(p),
                         esc(&e)
                     ),
-                    (Some(p), None) => format!("keys {}", esc(p)),
-                    (None, _) => "all keys".into(),
+                    (_, Some(p), None) => format!("keys {}", esc(p)),
+                    (_, None, _) => "all keys".into(),
                 },
                 esc(&crate::firing::rfc3339(s.until)),
                 esc(&s.comment),
@@ -344,7 +362,7 @@ fn upcoming_section(h: &mut String, upcoming: &Upcoming, now: DateTime<Utc>) {
                     h,
                     "<li class=\"card\"><div class=\"key\">{}</div>\
                      <div class=\"meta\">db {} · {} · {}</div><div class=\"meta\">{}</div></li>",
-                    esc(&String::from_utf8_lossy(&k.key)),
+                    esc_key(&k.key),
                     k.db,
                     esc(&when),
                     clock(at),
@@ -581,5 +599,41 @@ mod tests {
         assert!(!page.contains("<img"), "{page}");
         assert!(!page.contains("<b>"), "{page}");
         assert!(page.contains("&lt;img src=x onerror=alert(1)&gt;"));
+    }
+
+    /// Issue 36: a link's silence for a key that is not UTF-8 was listed by its pattern, the
+    /// spelling with U+FFFD, which is another key.
+    #[test]
+    fn keys_that_are_not_utf8_are_shown_by_their_bytes() {
+        use base64::Engine;
+        let status = Status::default();
+        let now = Utc::now();
+        let silence = Silence {
+            id: "0462bbcb".into(),
+            rule: "locks".into(),
+            pattern: Some("lock:\u{fffd}".into()),
+            key: Some(base64::engine::general_purpose::STANDARD.encode(b"lock:\xff<")),
+            until: now + chrono::TimeDelta::hours(1),
+            comment: "silenced from a signed link".into(),
+            created: now,
+            by: "link".into(),
+        };
+        let upcoming = Upcoming::Keys(vec![UpcomingKey {
+            db: 0,
+            key: b"cache:\xfe\x1b".to_vec(),
+            deadline_ms: now.timestamp_millis() + 60_000,
+            rules: vec![],
+        }]);
+        let page = render(
+            &status,
+            &Metrics::new(),
+            &upcoming,
+            &[silence],
+            &status.recent(),
+            now,
+        );
+        assert!(page.contains(r"key lock:\xff&lt;"), "{page}");
+        assert!(page.contains(r"cache:\xfe\x1b"), "{page}");
+        assert!(!page.contains('\u{fffd}'), "{page}");
     }
 }
