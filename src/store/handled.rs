@@ -17,7 +17,7 @@ pub fn memory(prefix: &str, db: u32) -> String {
 pub const RECALLED: &str = include_str!("handled/recalled.lua");
 
 crate::keyspace::commands::declare! {
-    /// The commands that read the handled memory within the ledger's and the intake's scripts
+    /// The commands of [`RECALLED`], run within the intake's take
     /// ([`crate::keyspace::commands`]).
     const SCRIPTS = "ledger: poked keys (script)";
     [
@@ -26,10 +26,6 @@ crate::keyspace::commands::declare! {
             .args("{key}")
             .when(When::Ledger),
         Use::new(Conn::State, "hget", SCRIPTS)
-            .on(Keys::State("ledger:*:handled:*"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Conn::State, "hmget", SCRIPTS)
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),

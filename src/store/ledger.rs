@@ -283,6 +283,14 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
             .args("{key} k 0")
             .when(When::Ledger),
+        Use::new(Conn::State, "exists", "ledger: the handled memory (record script)")
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Conn::State, "hmget", "ledger: the handled memory (record script)")
+            .on(Keys::State("ledger:*:handled:*"), Access::Read)
+            .args("{key} k")
+            .when(When::Ledger),
     ]
 }
 
