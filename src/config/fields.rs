@@ -1,10 +1,10 @@
-//! Rules on hash fields (`on: [hexpired]`, `field: PATTERN`): the field's pattern, the captures of
-//! key and field together, and which rules an event of one field fires.
+//! Rules on hash fields (`on: [hexpired]`, `field: PATTERN`): the field's pattern and the captures of
+//! key and field together (which rules an event of one field fires is [`super::matching`]'s).
 //!
 //! Kept apart from [`super::model`] so the key rules read as before: a rule without `field`
 //! behaves exactly as it did, and a `hexpired` rule without `field` matches every field.
 
-use crate::event::{EventKind, KeyEvent};
+use crate::event::EventKind;
 use crate::pattern::Pattern;
 
 use super::model::{Config, FieldPattern, Rule};
@@ -35,43 +35,10 @@ impl Rule {
 }
 
 impl Config {
-    /// The rules that fire for `e`, with their captures: [`Config::rules_for`] with the field's
-    /// pattern applied to `hexpired` events.
-    pub fn rules_for_event(&self, e: &KeyEvent) -> Vec<(usize, Vec<Vec<u8>>)> {
-        let mut idx = Vec::new();
-        self.matching_rules(&e.key, &mut idx);
-        idx.into_iter()
-            .filter(|&i| self.rules[i].fires_on(e.kind, e.db))
-            .filter_map(|i| {
-                self.rules[i]
-                    .captures_of(&e.key, e.field.as_deref())
-                    .map(|c| (i, c))
-            })
-            .collect()
-    }
-
     /// Whether some rule fires on expired hash fields: then keywatch learns field deadlines and
     /// the server must support hash-field expiry.
     pub fn watches_fields(&self) -> bool {
         self.rules.iter().any(Rule::watches_fields)
-    }
-
-    /// Whether the deadline of `field` of hash `key` in `db` is worth keeping.
-    pub fn wants_field(&self, db: u32, key: &[u8], field: &[u8]) -> bool {
-        let mut idx = Vec::new();
-        self.matching_rules(key, &mut idx);
-        idx.iter().any(|&i| {
-            let r = &self.rules[i];
-            r.fires_on(EventKind::Hexpired, db) && r.captures_of(key, Some(field)).is_some()
-        })
-    }
-
-    /// Whether some rule may want a field of hash `key` in `db` (its key pattern matches).
-    pub fn wants_hash(&self, db: u32, key: &[u8]) -> bool {
-        let mut idx = Vec::new();
-        self.matching_rules(key, &mut idx);
-        idx.iter()
-            .any(|&i| self.rules[i].fires_on(EventKind::Hexpired, db))
     }
 }
 

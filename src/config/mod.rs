@@ -9,6 +9,7 @@ pub mod build;
 pub mod fields;
 pub mod followups;
 pub mod live;
+pub mod matching;
 pub mod model;
 pub mod rules;
 pub mod sections;

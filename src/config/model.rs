@@ -48,26 +48,6 @@ impl Config {
         self.rules.iter().find(|r| r.name == name)
     }
 
-    /// Indices of the rules whose pattern matches `key`, in file order. keywatch's own keys
-    /// (under `state.prefix`) never match.
-    pub fn matching_rules(&self, key: &[u8], out: &mut Vec<usize>) {
-        if key.starts_with(self.state.prefix.as_bytes()) {
-            out.clear();
-            return;
-        }
-        self.matcher.matching(key, out);
-    }
-
-    /// The rules that fire for `kind` in database `db` on `key`, with their captures.
-    pub fn rules_for(&self, kind: EventKind, db: u32, key: &[u8]) -> Vec<(usize, Vec<Vec<u8>>)> {
-        let mut idx = Vec::new();
-        self.matching_rules(key, &mut idx);
-        idx.into_iter()
-            .filter(|&i| self.rules[i].fires_on(kind, db))
-            .filter_map(|i| self.rules[i].pattern.captures(key).map(|c| (i, c)))
-            .collect()
-    }
-
     /// The event kinds some rule reacts to.
     pub fn event_kinds(&self) -> Vec<EventKind> {
         let mut kinds: Vec<EventKind> = self
@@ -106,17 +86,6 @@ impl Config {
         self.rules
             .iter()
             .any(|r| r.on.contains(&EventKind::Expired) || r.on.contains(&EventKind::Expiring))
-    }
-
-    /// Whether a deadline of `key` in `db` is worth keeping: some rule fires on its expiry or
-    /// warns before it.
-    pub fn wants_deadline(&self, db: u32, key: &[u8]) -> bool {
-        let mut idx = Vec::new();
-        self.matching_rules(key, &mut idx);
-        idx.iter().any(|&i| {
-            let r = &self.rules[i];
-            r.fires_on(EventKind::Expired, db) || r.fires_on(EventKind::Expiring, db)
-        })
     }
 }
 
