@@ -20,8 +20,8 @@ use axum::routing::post;
 use futures_util::StreamExt;
 use keywatch::command::run::{self, RunOptions};
 use keywatch::config::{self, Mode};
-use keywatch::keyspace::local_server::LocalRedis;
-use keywatch::keyspace::server_fetch;
+use keywatch::local_redis::LocalRedis;
+use keywatch::local_redis::fetch;
 use tokio_util::sync::CancellationToken;
 
 mod lateness_stats;
@@ -83,7 +83,7 @@ async fn main() {
     let far = arg("--far", 200_000);
     let due = arg("--due", 1000);
     let spread_ms = arg("--spread", 10) as i64 * 1000;
-    let bin = server_fetch::valkey_binary().expect("the pinned valkey-server (hash-field expiry)");
+    let bin = fetch::valkey_binary().expect("the pinned valkey-server (hash-field expiry)");
     let server = LocalRedis::start_binary(bin, &["--notify-keyspace-events", "Exgh"]).unwrap();
     let client = redis::Client::open(server.url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();

@@ -18,7 +18,7 @@ use axum::routing::post;
 use futures_util::StreamExt;
 use keywatch::command::run::{self, RunOptions};
 use keywatch::config::{self, Mode};
-use keywatch::keyspace::local_server::LocalRedis;
+use keywatch::local_redis::LocalRedis;
 use tokio_util::sync::CancellationToken;
 
 mod lateness_stats;

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use keywatch::config::{self, Mode};
 use keywatch::keyspace::Keyspace;
-use keywatch::keyspace::local_server::LocalRedis;
+use keywatch::local_redis::LocalRedis;
 use keywatch::metrics::Metrics;
 use keywatch::source::ledger::{Ledger, fill_all};
 

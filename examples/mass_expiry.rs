@@ -46,7 +46,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
 use futures_util::StreamExt;
-use keywatch::keyspace::local_server::LocalRedis;
+use keywatch::local_redis::LocalRedis;
 use keywatch::proc_stats::{cpu_secs, peak_rss_mb};
 use serde::{Deserialize, Serialize};
 

@@ -16,7 +16,7 @@ use axum::body::Bytes;
 use axum::routing::post;
 use keywatch::command::run::{self, RunOptions};
 use keywatch::config::{self, Mode};
-use keywatch::keyspace::local_server::LocalRedis;
+use keywatch::local_redis::LocalRedis;
 use tokio_util::sync::CancellationToken;
 
 fn arg(name: &str, default: u64) -> u64 {

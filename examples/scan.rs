@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use keywatch::config::{self, Mode};
 use keywatch::keyspace::Keyspace;
-use keywatch::keyspace::local_server::LocalRedis;
+use keywatch::local_redis::LocalRedis;
 use keywatch::metrics::Metrics;
 use keywatch::source::Signal;
 use keywatch::source::scanner::Scanner;

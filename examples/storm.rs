@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Bytes;
 use axum::routing::post;
-use keywatch::keyspace::local_server::LocalRedis;
+use keywatch::local_redis::LocalRedis;
 use keywatch::proc_stats::peak_rss_mb;
 use serde::Serialize;
 

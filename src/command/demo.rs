@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::command::run::{self, RunOptions};
 use crate::config::{self, Mode};
-use crate::keyspace::local_server::{LocalRedis, LocalRedisError};
+use crate::local_redis::{LocalRedis, LocalRedisError};
 
 pub const RULES: &str = r#"
 redis:
@@ -53,7 +53,7 @@ pub enum DemoError {
 
 /// Runs the tour; returns when every demo key has fired (or after 20 s).
 pub async fn run() -> Result<(), DemoError> {
-    // Blocking: it may first download a valkey-server (see `server_fetch`).
+    // Blocking: it may first download a valkey-server (see `local_redis::fetch`).
     let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
         .await
         .map_err(|e| DemoError::Run(e.to_string()))??;

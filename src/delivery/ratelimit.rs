@@ -154,7 +154,7 @@ mod tests {
     /// the burst is taken well before a token comes back.
     #[tokio::test]
     async fn a_shared_bucket_says_whether_its_token_was_in_hand() {
-        let (_server, conn) = crate::keyspace::local_server::throwaway().await;
+        let (_server, conn) = crate::local_redis::throwaway().await;
         let b = SharedBucket::new(
             conn,
             "keywatch:",

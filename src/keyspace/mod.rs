@@ -11,10 +11,8 @@ pub mod clock;
 pub mod cluster;
 pub mod commands;
 pub mod connect;
-pub mod local_server;
 pub mod role;
 pub mod sentinel;
-pub mod server_fetch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

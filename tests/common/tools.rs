@@ -19,7 +19,7 @@ pub fn redis_server_bin() -> PathBuf {
 /// `KEYWATCH_VALKEY_SERVER`, else fetched once into the cache (`.ci/valkey-server` fetches the
 /// same pin). Panics saying how to fix it when it cannot be had.
 pub fn valkey_server_bin() -> PathBuf {
-    keywatch::keyspace::server_fetch::valkey_binary().unwrap_or_else(|e| {
+    keywatch::local_redis::fetch::valkey_binary().unwrap_or_else(|e| {
         panic!(
             "these tests need valkey-server 9.1.2 (hash-field expiry), and it could not be fetched: \
              {e}. Fetch it with `bash .ci/valkey-server` (needs the network once) and set \

@@ -22,7 +22,7 @@ const EXEMPT: &[&str] = &[
     // `keywatch demo` seeds the redis-server it starts.
     "src/command/demo.rs",
     // Waits for a local redis-server it started to answer.
-    "src/keyspace/local_server.rs",
+    "src/local_redis/mod.rs",
 ];
 
 /// Commands whose ACL name includes their first argument.
