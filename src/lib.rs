@@ -23,14 +23,15 @@
 //! - [`channel`]: where messages go: one [`channel::Integration`] per chat service or webhook,
 //!   each in one file (its fields, its request, its idea of success).
 //! - [`config`]: rule files → a validated, compiled [`config::Config`]; every problem reported as
-//!   `FILE:LINE:COLUMN: message`, all of them in one run.
+//!   `FILE:LINE:COLUMN: message`, all of them in one run. [`config::matching`] answers which
+//!   rules an event fires and which keys' deadlines are worth keeping.
 //! - [`firing`]: a matched event of one rule ([`firing::Firing`]) and its jobs
 //!   ([`firing::Job`]): the unit every later stage passes on, stores and retries.
 //!
 //! The pipeline:
 //! - [`keyspace`]: the watched Redis (one node or a cluster) and the one keeping keywatch's
 //!   state: connections, cluster discovery, the Redis commands each module declares
-//!   ([`keyspace::commands`]), and a throwaway server for the demo and benchmarks.
+//!   ([`keyspace::commands`]).
 //! - [`source`]: where events come from, as [`source::Signal`]s: keyspace notifications, the
 //!   flags they need, the deadline ledger and its poker, the hash-field ledger
 //!   ([`source::fields`]), the scanner that warns before deadlines, the subscribers that follow
@@ -47,7 +48,8 @@
 //! What every stage keeps in Redis:
 //! - [`store`]: one file per structure keywatch keeps in Redis (the deadline and field
 //!   ledgers' keys, the handled memory, intake records and claims, the job queue with targets'
-//!   waiting lines and digest windows, dead letters, silences, rate buckets, history), each
+//!   waiting lines and digest windows, dead letters, silences, rate buckets, history,
+//!   follow-ups' markers, Alertmanager alerts' ends, the scanner's runs), each
 //!   with its key names, leases, Lua (`.lua` files beside it) and Redis commands. The stages
 //!   decide and call it; it imports none of them (`tests/layout.rs` checks that too). The
 //!   structures are listed in `docs/how-it-works.md` ("What keywatch keeps in Redis").
@@ -62,6 +64,8 @@
 //!   status page and reloads), `check`, `explain`, `doctor`, `demo`, `send-test`, `upcoming`,
 //!   `silence`, `dead`.
 //! - [`proc_stats`]: peak RSS and CPU time from `/proc`, for the benchmark tools.
+//! - [`local_redis`]: a throwaway redis-server for `keywatch demo`, the benchmarks and unit tests,
+//!   fetched (a pinned, hash-checked build) where none is installed.
 //! - [`drill`]: the crash drill's hook (a kill at a chosen step of an event's path).
 
 /// A storm of expiries allocates and frees small buffers on every worker thread (firings,
@@ -82,6 +86,7 @@ pub mod event;
 pub mod firing;
 pub mod keyspace;
 pub mod links;
+pub mod local_redis;
 pub mod metrics;
 pub mod outcome;
 pub mod pattern;

@@ -9,7 +9,7 @@
 //! are what bring an alert back to an Alertmanager that restarted.
 //!
 //! The rule's `resolved` ends the alert: its job for the channel records when
-//! ([`end_key`]) and makes the alert's jobs due at once; each then posts the alert with
+//! ([`crate::store::alert_ends`]) and makes the alert's jobs due at once; each then posts the alert with
 //! `endsAt` that moment, and again every `resend` for [`RESOLVED_RESEND`] (a round that crossed
 //! the resolution on its way, posted as firing after it, is put right by the next one).
 
@@ -23,14 +23,9 @@ use crate::config::{Config, Rule};
 use crate::firing::{Action, Firing};
 use crate::keyspace::clock;
 use crate::outcome::{CANCELLED, Outcome};
+use crate::store::alert_ends;
 
 use super::context::Actions;
-
-/// Set by the rule's `resolved` when the alert `firing_id` sent through `channel` ended: the
-/// moment it ended (unix ms, Redis's clock).
-pub fn end_key(prefix: &str, firing_id: &str, channel: &str) -> String {
-    format!("{prefix}alert-end:{firing_id}:{channel}")
-}
 
 /// When the alert of `f` starts: its deadline, or when it was observed.
 pub fn starts_at(f: &Firing) -> DateTime<Utc> {
@@ -194,9 +189,7 @@ async fn ended_at(a: &Actions, f: &Firing, channel: &str) -> Result<Option<DateT
     let Some(state) = &a.state else {
         return Ok(None);
     };
-    let ms: Option<i64> = redis::cmd("GET")
-        .arg(end_key(&a.config.state.prefix, &f.id, channel))
-        .query_async(&mut state.clone())
+    let ms = alert_ends::ended_at(state, &a.config.state.prefix, &f.id, channel)
         .await
         .map_err(|e| format!("cannot read whether the alert was resolved: {e}"))?;
     Ok(ms.and_then(DateTime::from_timestamp_millis))
@@ -223,21 +216,7 @@ pub async fn end(a: &Actions, f: &Firing, ch: &Channel, am: &Alertmanager) -> Ou
         })
         .collect();
     let prefix = &a.config.state.prefix;
-    let mut p = redis::pipe();
-    p.cmd("SET")
-        .arg(end_key(prefix, &f.id, &ch.name))
-        .arg(now)
-        .arg("NX")
-        .arg("PX")
-        .arg(u64::try_from(keep.as_millis()).unwrap_or(u64::MAX))
-        .ignore();
-    // Due now if still queued (`XX`: a job already finished stays gone).
-    let due = p.cmd("ZADD").arg(format!("{prefix}queue")).arg("XX");
-    for id in &ids {
-        due.arg(now).arg(id);
-    }
-    due.ignore();
-    match p.query_async::<()>(&mut state.clone()).await {
+    match alert_ends::end(state, prefix, &f.id, &ch.name, now, keep, &ids).await {
         Ok(()) => Outcome::Sent(format!(
             "the alert ends now: its {} Alertmanager URL(s) are sent `endsAt` now",
             ids.len()
@@ -247,22 +226,6 @@ pub async fn end(a: &Actions, f: &Firing, ch: &Channel, am: &Alertmanager) -> Ou
             after: None,
         },
     }
-}
-
-crate::keyspace::commands::declare! {
-    /// The commands alertmanager alerts send ([`crate::keyspace::commands`]).
-    const WHY = "alertmanager alerts";
-    [
-        Use::new(Conn::State, "get", WHY)
-            .on(Keys::State("alert-end:*"), Access::Read)
-            .args("{key}"),
-        Use::new(Conn::State, "set", WHY)
-            .on(Keys::State("alert-end:*"), Access::Write)
-            .args("{key} 1 NX PX 1000"),
-        Use::new(Conn::State, "zadd", WHY)
-            .on(Keys::State("queue"), Access::Write)
-            .args("{key} XX 0 id"),
-    ]
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //!
 //! The stages import the store; the store imports none of them (`tests/layout.rs`).
 
+pub mod alert_ends;
 pub mod dead;
 pub mod fields;
 pub mod followups;
