@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-/// The start of the answer of an action that had nothing to do (a follow-up whose alert was
-/// handled): done for the queue, `skipped` for history, not counted as sent.
-pub const CANCELLED: &str = "cancelled: ";
+/// How a [`Outcome::Skipped`] reads in logs, history and dead letters: `cancelled: ` and why.
+const CANCELLED: &str = "cancelled: ";
 
 /// How much of an outcome's text is kept for people (logs, history, dead letters, the status
 /// page): an answer's first few hundred bytes and the words around them. Cut only after secrets
@@ -17,6 +16,10 @@ pub const SHOWN: usize = 400;
 pub enum Outcome {
     /// Done; the text says what the target answered (for logs and `send-test`).
     Sent(String),
+    /// Nothing to do, and done for the queue (a follow-up whose alert was handled, an alert whose
+    /// channel the rules no longer have): `skipped` in history, not counted as escalated or
+    /// resolved. The text says why.
+    Skipped(String),
     /// Worth trying again, after `after` when the target said so (`Retry-After`).
     Retry {
         reason: String,
@@ -36,6 +39,7 @@ impl Outcome {
     pub fn map_text(self, f: impl Fn(&str) -> String) -> Outcome {
         match self {
             Outcome::Sent(s) => Outcome::Sent(f(&s)),
+            Outcome::Skipped(s) => Outcome::Skipped(f(&s)),
             Outcome::Retry { reason, after } => Outcome::Retry {
                 reason: f(&reason),
                 after,
@@ -48,10 +52,22 @@ impl Outcome {
         }
     }
 
+    /// The text people see: what the target answered, or why the attempt was skipped, retried
+    /// or failed.
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Outcome::Sent(s) | Outcome::Failed(s) => s.into(),
+            Outcome::Skipped(why) => format!("{CANCELLED}{why}").into(),
+            Outcome::Retry { reason, .. } => reason.into(),
+            Outcome::Again { answer, .. } => answer.into(),
+        }
+    }
+
     /// The `outcome` label of `keywatch_actions_total`.
     pub fn label(&self) -> &'static str {
         match self {
-            Outcome::Sent(_) | Outcome::Again { .. } => "sent",
+            // As before skips had a variant of their own: the metric's labels are a contract.
+            Outcome::Sent(_) | Outcome::Skipped(_) | Outcome::Again { .. } => "sent",
             Outcome::Retry { .. } => "retry",
             Outcome::Failed(_) => "failed",
         }

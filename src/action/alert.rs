@@ -22,7 +22,7 @@ use crate::channel::{Channel, http};
 use crate::config::{Config, Rule};
 use crate::firing::{Action, Firing};
 use crate::keyspace::clock;
-use crate::outcome::{CANCELLED, Outcome};
+use crate::outcome::Outcome;
 use crate::store::alert_ends;
 
 use super::context::Actions;
@@ -105,8 +105,8 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, channel: &str, target: u3
     };
     let target = target as usize;
     if target >= am.urls.len() {
-        return Outcome::Sent(format!(
-            "{CANCELLED}channel `{channel}` no longer has a URL #{target} in `urls`"
+        return Outcome::Skipped(format!(
+            "channel `{channel}` no longer has a URL #{target} in `urls`"
         ));
     }
     if rule
@@ -114,9 +114,7 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, channel: &str, target: u3
         .as_ref()
         .is_none_or(|n| !n.to.iter().any(|c| c == channel))
     {
-        return Outcome::Sent(format!(
-            "{CANCELLED}the rule no longer notifies `{channel}`"
-        ));
+        return Outcome::Skipped(format!("the rule no longer notifies `{channel}`"));
     }
     let ended = match ended_at(a, f, channel).await {
         Ok(e) => e,

@@ -9,8 +9,8 @@
 //!   `unless: recreated` when the key exists again — which also brings the resolved notices due;
 //! - a resolved notice is sent when the key exists again within `within`, and dropped otherwise.
 //!
-//! A cancelled follow-up ends as "sent" for the queue (nothing to retry), with an answer that
-//! starts with [`CANCELLED`]: history shows it as `skipped`, and it is not counted as sent.
+//! A cancelled follow-up ends as [`Outcome::Skipped`]: done for the queue (nothing to retry),
+//! `skipped` in history, not counted as escalated or resolved.
 
 use crate::channel::{self, Channel, Followup, FollowupKind, Item, Message};
 use crate::config::{FollowupStep, Rule, Unless};
@@ -20,8 +20,6 @@ use crate::outcome::Outcome;
 use crate::store::followups;
 
 use super::context::Actions;
-
-pub use crate::outcome::CANCELLED;
 
 /// What stays due for the follow-ups of one alert beyond its longest wait: a resolved notice
 /// heard at the last moment still finds its jobs.
@@ -129,7 +127,7 @@ async fn escalate(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
         return Ok(Outcome::Failed("the rule no longer has `escalate`".into()));
     };
     if acknowledged(a, f).await? {
-        return Ok(Outcome::Sent(format!("{CANCELLED}acknowledged")));
+        return Ok(Outcome::Skipped("acknowledged".into()));
     }
     if step.unless == Unless::Recreated && exists(a, f).await? {
         // The resolved notices need not wait for the end of `within`.
@@ -140,7 +138,7 @@ async fn escalate(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
                     .query_async(&mut state.clone())
                     .await;
         }
-        return Ok(Outcome::Sent(format!("{CANCELLED}the key exists again")));
+        return Ok(Outcome::Skipped("the key exists again".into()));
     }
     if let Some(early) = not_yet(f, step) {
         // Brought forward by hearing the key, which is gone again: wait for `after`.
@@ -171,8 +169,8 @@ async fn resolved(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
                 after: Some(early),
             });
         }
-        return Ok(Outcome::Sent(format!(
-            "{CANCELLED}not re-created within {}",
+        return Ok(Outcome::Skipped(format!(
+            "not re-created within {}",
             humantime::format_duration(step.wait)
         )));
     }

@@ -64,6 +64,11 @@ fn say(channel: &str, kind: &str, target: &str, outcome: Outcome) -> Result<Stri
         Outcome::Sent(answer) | Outcome::Again { answer, .. } => {
             Ok(format!("sent to {channel} ({} → {target}): {answer}", kind))
         }
+        // A channel's send never skips; a skip is the follow-ups' and the alerts' own word.
+        Outcome::Skipped(why) => Ok(format!(
+            "nothing sent to {channel} ({} → {target}): {why}",
+            kind
+        )),
         Outcome::Retry { reason, .. } => Err(format!(
             "not sent to {channel} ({} → {target}): {reason} (keywatch would retry this)",
             kind

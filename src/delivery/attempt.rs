@@ -71,16 +71,13 @@ pub(super) async fn attempt(
         .metrics
         .action(work.rule(), work.action_name(), outcome.label(), secs);
     if let Some(s) = inner.status.get() {
-        let detail = match &outcome {
-            Outcome::Sent(what) | Outcome::Again { answer: what, .. } => what,
-            Outcome::Retry { reason, .. } | Outcome::Failed(reason) => reason,
-        };
+        let detail = outcome.text();
         s.record_outcome(
             work.rule(),
             work.firing_id(),
             &work.status_label(),
             outcome.label(),
-            detail,
+            &detail,
         );
         if let Some(h) = s.history() {
             let action = work.action();
@@ -89,9 +86,7 @@ pub(super) async fn attempt(
             }
         }
     }
-    if let (Outcome::Sent(answer), Work::Job { action, .. }) = (&outcome, work)
-        && !answer.starts_with(crate::outcome::CANCELLED)
-    {
+    if let (Outcome::Sent(_), Work::Job { action, .. }) = (&outcome, work) {
         match action {
             Action::Escalate { .. } => inner.metrics.escalated_for(work.rule()),
             Action::Resolved { .. } => inner.metrics.resolved_for(work.rule()),
@@ -105,8 +100,8 @@ pub(super) async fn attempt(
         work.channel().unwrap_or(""),
     );
     match &outcome {
-        Outcome::Sent(what) => {
-            tracing::info!(%rule, %key, action, channel, outcome = "sent", attempt = n + 1, answer = %what, "Action done.")
+        Outcome::Sent(_) | Outcome::Skipped(_) => {
+            tracing::info!(%rule, %key, action, channel, outcome = "sent", attempt = n + 1, answer = %outcome.text(), "Action done.")
         }
         Outcome::Again { answer, after } => {
             tracing::info!(%rule, %key, action, channel, outcome = "sent", attempt = n + 1, %answer, again_in = %humantime::format_duration(*after), "Action done; it runs again later.")
@@ -232,7 +227,7 @@ pub(super) async fn deliver_held(
         let (outcome, retry_at) = attempt(&inner, &work, n, &mut failing_since).await;
         drop(permit);
         match outcome {
-            Outcome::Sent(_) | Outcome::Failed(_) => {
+            Outcome::Sent(_) | Outcome::Skipped(_) | Outcome::Failed(_) => {
                 match &outcome {
                     Outcome::Failed(reason) => dead_letter(&inner, &work, reason),
                     _ => crate::drill::pass(crate::drill::Step::Sent),

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::firing::{Action, Firing, rfc3339};
 use crate::keyspace::{Conn, clock};
-use crate::outcome::{CANCELLED, Outcome};
+use crate::outcome::Outcome;
 use crate::pattern::Pattern;
 
 /// The most firings kept, whatever `keep` says: a storm of a million expiries must not keep a
@@ -217,7 +217,7 @@ impl Recorder {
     pub fn attempt(&self, f: &Firing, action: &Action, outcome: &Outcome, attempts: u32) {
         let (label, error) = match outcome {
             // A follow-up that had nothing to do (see `action::followup`).
-            Outcome::Sent(t) if t.starts_with(CANCELLED) => ("skipped", Some(t.clone())),
+            Outcome::Skipped(_) => ("skipped", Some(outcome.text().into_owned())),
             Outcome::Sent(_) | Outcome::Again { .. } => ("sent", None),
             Outcome::Retry { reason, .. } => ("retrying", Some(reason.clone())),
             Outcome::Failed(reason) => ("dead", Some(reason.clone())),
