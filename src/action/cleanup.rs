@@ -149,15 +149,15 @@ async fn scan_unlink_on(
 crate::keyspace::commands::declare! {
     /// The commands cleanups send ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "scan", "cleanup")
+        Use::new(Server::Watched, "scan", "cleanup")
             .on(Keys::CleanupDelete, Access::Read)
             .args("0 MATCH {glob} COUNT 10")
             .when(When::Cleanup),
-        Use::new(Conn::Watched, "unlink", "cleanup")
+        Use::new(Server::Watched, "unlink", "cleanup")
             .on(Keys::CleanupDelete, Access::Write)
             .args("{key}")
             .when(When::Cleanup),
-        Use::new(Conn::Watched, "hdel", "cleanup")
+        Use::new(Server::Watched, "hdel", "cleanup")
             .on(Keys::CleanupHash, Access::ReadWrite)
             .args("{key} {field}")
             .when(When::Cleanup),

@@ -303,10 +303,10 @@ crate::keyspace::commands::declare! {
     /// The commands follow-ups send ([`crate::keyspace::commands`]).
     const WHY = "escalate and resolved";
     [
-        Use::new(Conn::Watched, "exists", WHY)
+        Use::new(Server::Watched, "exists", WHY)
             .on(Keys::Watched, Access::Read)
             .args("{key}"),
-        Use::new(Conn::Watched, "hexists", WHY)
+        Use::new(Server::Watched, "hexists", WHY)
             .on(Keys::Watched, Access::Read)
             .args("{key} f"),
         // Its keys' commands are declared with them (`store::followups`).

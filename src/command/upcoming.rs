@@ -235,13 +235,13 @@ async fn field_rows(
     mut state: crate::keyspace::Conn,
     until: i64,
 ) -> redis::RedisResult<Vec<Row>> {
-    use crate::source::fields::Fields;
+    use crate::source::fields::FieldLedger;
     let mut out = Vec::new();
     for &db in &config.redis.databases {
         let known =
-            Fields::upcoming(&mut state, &config.state.prefix, db, until, opts.limit).await?;
+            FieldLedger::upcoming(&mut state, &config.state.prefix, db, until, opts.limit).await?;
         let conn = keyspace.conn(db).await?;
-        let now_deadlines = Fields::deadlines_of(&conn, &known).await?;
+        let now_deadlines = FieldLedger::deadlines_of(&conn, &known).await?;
         let now = Utc::now().timestamp_millis();
         for ((key, field, _), d) in known.into_iter().zip(now_deadlines) {
             let Some(deadline) = Some(d).filter(|d| *d > 0 && *d <= until) else {

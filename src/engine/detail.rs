@@ -214,18 +214,18 @@ impl Plan {
 crate::keyspace::commands::declare! {
     /// The commands reading (and removing) `detail` send ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "hmget", "detail")
+        Use::new(Server::Watched, "hmget", "detail")
             .on(Keys::DetailHash, Access::Read)
             .args("{key} {field}"),
-        Use::new(Conn::Watched, "get", "detail")
+        Use::new(Server::Watched, "get", "detail")
             .on(Keys::DetailKey, Access::Read)
             .args("{key}"),
         // HDEL reads as it writes: the ACL wants both.
-        Use::new(Conn::Watched, "hdel", "detail removal")
+        Use::new(Server::Watched, "hdel", "detail removal")
             .on(Keys::DetailHash, Access::ReadWrite)
             .args("{key} {field}")
             .when(When::DetailRemoved),
-        Use::new(Conn::Watched, "unlink", "detail removal")
+        Use::new(Server::Watched, "unlink", "detail removal")
             .on(Keys::DetailKey, Access::Write)
             .args("{key}")
             .when(When::DetailRemoved),

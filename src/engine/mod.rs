@@ -59,7 +59,7 @@ pub struct Engine {
     /// Silences in force, kept current from Redis.
     pub silenced: Arc<crate::engine::silences::Active>,
     /// The field ledger of `hexpired` rules; told of every keyevent about a watched hash.
-    pub fields: Option<crate::source::fields::Fields>,
+    pub fields: Option<crate::source::fields::FieldLedger>,
     /// The ledger's markers, heard on which nodes (see [`ledger::Markers`]).
     pub markers: std::sync::Mutex<ledger::Markers>,
     /// Per node: a reconcile and fill is running, and whether another was asked for meanwhile
@@ -513,6 +513,6 @@ impl Engine {
 crate::keyspace::commands::declare! {
     /// The commands the engine sends itself ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "ping", "health checks"),
+        Use::new(Server::Watched, "ping", "health checks"),
     ]
 }

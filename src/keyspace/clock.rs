@@ -74,6 +74,6 @@ pub async fn follow(mut conn: crate::keyspace::Conn, stop: CancellationToken) {
 crate::keyspace::commands::declare! {
     /// The commands reading Redis's clock send ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "time", "Redis's clock for deadlines and leases"),
+        Use::new(Server::Watched, "time", "Redis's clock for deadlines and leases"),
     ]
 }

@@ -125,7 +125,7 @@ pub async fn discover(clients: &[(String, redis::Client)]) -> Result<View, Disco
 crate::keyspace::commands::declare! {
     /// The commands cluster discovery sends ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "cluster|nodes", "finds the cluster's masters").when(When::Cluster),
+        Use::new(Server::Watched, "cluster|nodes", "finds the cluster's masters").when(When::Cluster),
     ]
 }
 

@@ -10,7 +10,7 @@
 /// Which connection a command goes to: the watched Redis, or the one keeping keywatch's state
 /// (`state.url`, else the watched one). With `state.url` they may be different users.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Conn {
+pub enum Server {
     Watched,
     State,
     /// A sentinel of `redis.sentinel`: its ACL is its own, documented apart.
@@ -58,7 +58,7 @@ pub enum Keys {
 
 /// A pub/sub channel a command names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Channel {
+pub enum PubSub {
     /// `__keyevent@{db}__:{event}`, for each database and event the rules need.
     Keyevent,
     /// The ledger's marker channel, `{prefix}poke`.
@@ -121,7 +121,7 @@ impl When {
 /// One command a module sends.
 #[derive(Clone, Copy, Debug)]
 pub struct Use {
-    pub conn: Conn,
+    pub server: Server,
     /// The ACL name: `zadd`, `config|get`. A `|` separates a subcommand, as the ACL writes it.
     pub command: &'static str,
     /// A sample invocation's arguments after the command's words, separated by spaces, in a
@@ -131,7 +131,7 @@ pub struct Use {
     pub args: &'static str,
     pub keys: Keys,
     pub access: Access,
-    pub channel: Option<Channel>,
+    pub channel: Option<PubSub>,
     pub when: When,
     /// Why keywatch sends it, for the operator reading a refusal.
     pub why: &'static str,
@@ -139,9 +139,9 @@ pub struct Use {
 
 impl Use {
     /// A read without keys or channel, sent in every run; the methods below say otherwise.
-    pub const fn new(conn: Conn, command: &'static str, why: &'static str) -> Use {
+    pub const fn new(server: Server, command: &'static str, why: &'static str) -> Use {
         Use {
-            conn,
+            server,
             command,
             args: "",
             keys: Keys::None,
@@ -168,7 +168,7 @@ impl Use {
         self
     }
 
-    pub const fn channel(mut self, channel: Channel) -> Use {
+    pub const fn channel(mut self, channel: PubSub) -> Use {
         self.channel = Some(channel);
         self
     }
@@ -203,7 +203,7 @@ macro_rules! declare {
         $(#[$m])*
         pub const REDIS: $crate::keyspace::commands::Uses = {
             #[allow(unused_imports)]
-            use $crate::keyspace::commands::{Access, Channel, Conn, Keys, Use, Uses, When};
+            use $crate::keyspace::commands::{Access, Keys, PubSub, Server, Use, Uses, When};
             $(const $name: &str = $text;)*
             Uses {
                 file: file!(),
@@ -220,8 +220,8 @@ mod tests {
 
     #[test]
     fn subcommands_are_sent_as_two_words() {
-        let u = Use::new(Conn::Watched, "config|get", "t");
+        let u = Use::new(Server::Watched, "config|get", "t");
         assert_eq!(u.words(), ["CONFIG", "GET"]);
-        assert_eq!(Use::new(Conn::State, "zadd", "t").words(), ["ZADD"]);
+        assert_eq!(Use::new(Server::State, "zadd", "t").words(), ["ZADD"]);
     }
 }

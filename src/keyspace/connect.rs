@@ -268,7 +268,7 @@ crate::keyspace::commands::declare! {
     /// `AUTH`, which every user may send).
     [
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "select",
             "connections to the watched databases other than 0",
         )
@@ -276,14 +276,14 @@ crate::keyspace::commands::declare! {
         .args("{db}")
         .when(When::OtherDatabase),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "cluster|slots",
             "cluster connection: who serves each slot",
         )
         .when(When::Cluster),
         // It changes how the connection's next command is served.
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "asking",
             "cluster connection: follows a slot being moved",
         )

@@ -503,7 +503,7 @@ pub(crate) fn command_text(c: &Cmd) -> String {
 crate::keyspace::commands::declare! {
     /// The commands this plumbing sends ([`commands`]).
     [
-        Use::new(Conn::Watched, "scan", "pages of SCAN (see the callers)")
+        Use::new(Server::Watched, "scan", "pages of SCAN (see the callers)")
             .args("0 MATCH keywatch-doctor COUNT 10")
             .when(When::ForCallers),
     ]

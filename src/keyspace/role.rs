@@ -88,7 +88,7 @@ pub fn refusal(node: &str, role: &Role) -> Option<String> {
 crate::keyspace::commands::declare! {
     /// The commands the role check sends ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "role", "never watch a replica as if it were the master"),
+        Use::new(Server::Watched, "role", "never watch a replica as if it were the master"),
     ]
 }
 

@@ -177,7 +177,7 @@ crate::keyspace::commands::declare! {
     /// The commands sent to the sentinels ([`crate::keyspace::commands`]); the sentinels' ACL
     /// is their own (README, Sentinel).
     [
-        Use::new(Conn::Sentinel, "sentinel|get-master-addr-by-name", "where the master is")
+        Use::new(Server::Sentinel, "sentinel|get-master-addr-by-name", "where the master is")
             .args("mymaster")
             .when(When::Sentinel),
     ]

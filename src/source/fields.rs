@@ -118,7 +118,7 @@ fn at_least(version: &str, want: (u32, u32)) -> bool {
 
 /// The field ledger of one keywatch instance.
 #[derive(Clone)]
-pub struct Fields {
+pub struct FieldLedger {
     inner: Arc<Inner>,
 }
 
@@ -138,9 +138,9 @@ struct Inner {
     sent: Mutex<HashMap<Vec<u8>, (i64, Instant)>>,
 }
 
-impl Fields {
-    pub fn new(state: Conn, keyspace: Keyspace, prefix: &str) -> Fields {
-        Fields {
+impl FieldLedger {
+    pub fn new(state: Conn, keyspace: Keyspace, prefix: &str) -> FieldLedger {
+        FieldLedger {
             inner: Arc::new(Inner {
                 state,
                 keyspace,
@@ -164,7 +164,7 @@ impl Fields {
         crate::store::fields::index(prefix, db, key)
     }
 
-    /// A keyevent about hash `key` (the engine calls this; the work happens in [`Fields::run`]).
+    /// A keyevent about hash `key` (the engine calls this; the work happens in [`FieldLedger::run`]).
     pub fn notice(&self, db: u32, key: Vec<u8>, change: Change) {
         let mut dirty = self.inner.dirty.lock().unwrap_or_else(|p| p.into_inner());
         let e = dirty.entry((db, key)).or_insert(change);
@@ -677,19 +677,19 @@ async fn timed(conn: &Conn, reads: Vec<redis::Cmd>) -> redis::RedisResult<(i64, 
 crate::keyspace::commands::declare! {
     /// The commands of the field ledger to the watched Redis ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "time", "field ledger: gone before or after the deadline, on the server's clock"),
-        Use::new(Conn::Watched, "info", "field ledger: does the server expire hash fields?")
+        Use::new(Server::Watched, "time", "field ledger: gone before or after the deadline, on the server's clock"),
+        Use::new(Server::Watched, "info", "field ledger: does the server expire hash fields?")
             .args("server")
             .when(When::Fields),
-        Use::new(Conn::Watched, "hscan", "field ledger: walks a hash for its fields")
+        Use::new(Server::Watched, "hscan", "field ledger: walks a hash for its fields")
             .on(Keys::Watched, Access::Read)
             .args("{key} 0 COUNT 10 NOVALUES")
             .when(When::Fields),
-        Use::new(Conn::Watched, "hpexpiretime", "field ledger: reads field deadlines")
+        Use::new(Server::Watched, "hpexpiretime", "field ledger: reads field deadlines")
             .on(Keys::Watched, Access::Read)
             .args("{key} FIELDS 1 f")
             .when(When::Fields),
-        Use::new(Conn::Watched, "scan", "field ledger: finds existing hashes")
+        Use::new(Server::Watched, "scan", "field ledger: finds existing hashes")
             .on(Keys::Watched, Access::Read)
             .args("0 MATCH {glob} COUNT 10 TYPE hash")
             .when(When::Fields),

@@ -157,20 +157,20 @@ crate::keyspace::commands::declare! {
     /// The commands the check of `notify-keyspace-events` sends ([`crate::keyspace::commands`]).
     [
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "config|get",
             "reads notify-keyspace-events at start and after reconnects",
         )
         .args("notify-keyspace-events"),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "config|get",
             "ledger: hears evictions under an evicting maxmemory-policy",
         )
         .args("maxmemory-policy")
         .when(When::Ledger),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "config|set",
             "adds missing flags (`notifications: enable`)",
         )

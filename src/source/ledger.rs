@@ -687,21 +687,21 @@ pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, V
 crate::keyspace::commands::declare! {
     /// The commands the ledger sends to the watched Redis ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "scan", "ledger: learns deadlines")
+        Use::new(Server::Watched, "scan", "ledger: learns deadlines")
             .on(Keys::Watched, Access::Read)
             .args("0 MATCH {glob} COUNT 10")
             .when(When::Ledger),
-        Use::new(Conn::Watched, "pexpiretime", "ledger: reads (and pokes) deadlines")
+        Use::new(Server::Watched, "pexpiretime", "ledger: reads (and pokes) deadlines")
             .on(Keys::Watched, Access::Read)
             .args("{key}")
             .when(When::Ledger),
-        Use::new(Conn::Watched, "exists", "ledger: drops deadlines of deleted keys")
+        Use::new(Server::Watched, "exists", "ledger: drops deadlines of deleted keys")
             .on(Keys::Watched, Access::Read)
             .args("{key}")
             .when(When::Ledger),
-        Use::new(Conn::Watched, "publish", "ledger: marker after a poke")
+        Use::new(Server::Watched, "publish", "ledger: marker after a poke")
             .access(Access::Write)
-            .channel(Channel::Marker)
+            .channel(PubSub::Marker)
             .args("{channel} keywatch-doctor")
             .when(When::Ledger),
         // Its keys' commands are declared with them (`store::ledger`, `store::handled`).

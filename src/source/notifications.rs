@@ -57,26 +57,26 @@ pub fn channels(dbs: &[u32], kinds: &[EventKind], ledger: Option<&str>) -> Vec<S
     out
 }
 
-/// What a keyevent channel carries.
+/// What a keyevent channel feeds the engine: events of rules, deadline notes, hash changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Channel {
+pub enum Feed {
     Event(EventKind),
     Deadline(Note),
     Hash(crate::source::Change),
 }
 
 /// `__keyevent@3__:expired` → (3, Event(Expired)); `__keyevent@0__:expire` → (0, Deadline(Expire)).
-pub fn parse_channel(channel: &str) -> Option<(u32, Channel)> {
+pub fn parse_channel(channel: &str) -> Option<(u32, Feed)> {
     let rest = channel.strip_prefix("__keyevent@")?;
     let (db, ev) = rest.split_once("__:")?;
     let what = match ev {
-        "expired" => Channel::Event(EventKind::Expired),
-        "evicted" => Channel::Event(EventKind::Evicted),
-        "del" => Channel::Event(EventKind::Deleted),
-        "expire" => Channel::Deadline(Note::Expire),
-        "rename_to" => Channel::Deadline(Note::RenameTo),
-        "persist" | "rename_from" => Channel::Deadline(Note::Forget),
-        other => Channel::Hash(crate::source::fields::change_of(other)?),
+        "expired" => Feed::Event(EventKind::Expired),
+        "evicted" => Feed::Event(EventKind::Evicted),
+        "del" => Feed::Event(EventKind::Deleted),
+        "expire" => Feed::Deadline(Note::Expire),
+        "rename_to" => Feed::Deadline(Note::RenameTo),
+        "persist" | "rename_from" => Feed::Deadline(Note::Forget),
+        other => Feed::Hash(crate::source::fields::change_of(other)?),
     };
     // As Redis writes it (`%d`): `u32::from_str` would also take `+0` and `007`.
     let canonical = db == "0" || (!db.starts_with('0') && !db.is_empty());
@@ -94,7 +94,7 @@ pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal
     let key = msg.get_payload_bytes().to_vec();
     let channel = msg.get_channel_name();
     Some(match parse_channel(channel) {
-        Some((db, Channel::Event(kind))) => Signal::Event(KeyEvent {
+        Some((db, Feed::Event(kind))) => Signal::Event(KeyEvent {
             kind,
             db,
             key,
@@ -105,8 +105,8 @@ pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal
             recovered: false,
             source: node.to_string(),
         }),
-        Some((db, Channel::Deadline(note))) => Signal::Deadline { db, key, note },
-        Some((db, Channel::Hash(change))) => Signal::Hash { db, key, change },
+        Some((db, Feed::Deadline(note))) => Signal::Deadline { db, key, note },
+        Some((db, Feed::Hash(change))) => Signal::Hash { db, key, change },
         None if !channel.starts_with("__keyevent@") => Signal::Marker {
             node: node.to_string(),
             payload: key,
@@ -481,22 +481,22 @@ crate::keyspace::commands::declare! {
     /// The commands the keyevent subscriber sends ([`crate::keyspace::commands`]). A reload that
     /// drops a rule leaves its channels: `UNSUBSCRIBE` is sent in an ordinary run too.
     [
-        Use::new(Conn::Watched, "subscribe", "keyevent subscription")
-            .channel(Channel::Keyevent)
+        Use::new(Server::Watched, "subscribe", "keyevent subscription")
+            .channel(PubSub::Keyevent)
             .args("{channel}"),
-        Use::new(Conn::Watched, "subscribe", "ledger: marker subscription")
-            .channel(Channel::Marker)
+        Use::new(Server::Watched, "subscribe", "ledger: marker subscription")
+            .channel(PubSub::Marker)
             .args("{channel}")
             .when(When::Ledger),
         // Redis checks no channel permission on leaving one.
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "unsubscribe",
             "reload: leaves channels the rules no longer need",
         )
         .access(Access::Write)
         .args("__keyevent@0__:keywatch-doctor"),
-        Use::new(Conn::Watched, "ping", "subscriber: health checks"),
+        Use::new(Server::Watched, "ping", "subscriber: health checks"),
 
     ]
 }
@@ -537,19 +537,19 @@ mod tests {
         );
         assert_eq!(
             parse_channel("__keyevent@3__:del"),
-            Some((3, Channel::Event(EventKind::Deleted)))
+            Some((3, Feed::Event(EventKind::Deleted)))
         );
         assert_eq!(
             parse_channel("__keyevent@0__:evicted"),
-            Some((0, Channel::Event(EventKind::Evicted)))
+            Some((0, Feed::Event(EventKind::Evicted)))
         );
         assert_eq!(
             parse_channel("__keyevent@0__:expire"),
-            Some((0, Channel::Deadline(Note::Expire)))
+            Some((0, Feed::Deadline(Note::Expire)))
         );
         assert_eq!(
             parse_channel("__keyevent@0__:rename_from"),
-            Some((0, Channel::Deadline(Note::Forget)))
+            Some((0, Feed::Deadline(Note::Forget)))
         );
         assert_eq!(parse_channel("__keyevent@0__:set"), None);
         // Found by `fuzz/fuzz_targets/event_decode.rs`: databases not written as Redis writes them.
@@ -562,7 +562,7 @@ mod tests {
         }
         assert_eq!(
             parse_channel("__keyevent@4294967295__:expired"),
-            Some((u32::MAX, Channel::Event(EventKind::Expired)))
+            Some((u32::MAX, Feed::Event(EventKind::Expired)))
         );
         assert_eq!(parse_channel("other"), None);
     }

@@ -579,11 +579,11 @@ impl Scanner {
 crate::keyspace::commands::declare! {
     /// The commands the scanner sends to the watched Redis ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "scan", "scanner: finds keys")
+        Use::new(Server::Watched, "scan", "scanner: finds keys")
             .on(Keys::Watched, Access::Read)
             .args("0 MATCH {glob} COUNT 10")
             .when(When::Expiring),
-        Use::new(Conn::Watched, "pexpiretime", "scanner: reads deadlines")
+        Use::new(Server::Watched, "pexpiretime", "scanner: reads deadlines")
             .on(Keys::Watched, Access::Read)
             .args("{key}")
             .when(When::Expiring),

@@ -288,10 +288,10 @@ async fn listen_once(sentinels: &Sentinels, addr: &str, switches: &mpsc::Sender<
 crate::keyspace::commands::declare! {
     /// The commands sent to the sentinels to hear of failovers ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Sentinel, "subscribe", "hears of failovers (`+selected-slave`, `+switch-master`)")
+        Use::new(Server::Sentinel, "subscribe", "hears of failovers (`+selected-slave`, `+switch-master`)")
             .args("+switch-master")
             .when(When::Sentinel),
-        Use::new(Conn::Sentinel, "ping", "health of the failover subscription")
+        Use::new(Server::Sentinel, "ping", "health of the failover subscription")
             .when(When::Sentinel),
     ]
 }

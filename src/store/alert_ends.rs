@@ -60,13 +60,13 @@ crate::keyspace::commands::declare! {
     /// The commands alertmanager alerts send ([`crate::keyspace::commands`]).
     const WHY = "alertmanager alerts";
     [
-        Use::new(Conn::State, "get", WHY)
+        Use::new(Server::State, "get", WHY)
             .on(Keys::State("alert-end:*"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "set", WHY)
+        Use::new(Server::State, "set", WHY)
             .on(Keys::State("alert-end:*"), Access::Write)
             .args("{key} 1 NX PX 1000"),
-        Use::new(Conn::State, "zadd", WHY)
+        Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("queue"), Access::Write)
             .args("{key} XX 0 id"),
     ]

@@ -182,34 +182,34 @@ crate::keyspace::commands::declare! {
     const WHY = "dead letters";
     const RETRY = "dead letters: retry";
     [
-        Use::new(Conn::State, "hset", WHY)
+        Use::new(Server::State, "hset", WHY)
             .on(Keys::State("dead"), Access::Write)
             .args("{key} id letter"),
-        Use::new(Conn::State, "zadd", WHY)
+        Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("dead:index"), Access::Write)
             .args("{key} 0 id"),
-        Use::new(Conn::State, "zcard", WHY)
+        Use::new(Server::State, "zcard", WHY)
             .on(Keys::State("dead:index"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "zpopmin", WHY)
+        Use::new(Server::State, "zpopmin", WHY)
             .on(Keys::State("dead:index"), Access::ReadWrite)
             .args("{key} 1"),
-        Use::new(Conn::State, "hdel", WHY)
+        Use::new(Server::State, "hdel", WHY)
             .on(Keys::State("dead"), Access::ReadWrite)
             .args("{key} id"),
-        Use::new(Conn::State, "zrange", WHY)
+        Use::new(Server::State, "zrange", WHY)
             .on(Keys::State("dead:index"), Access::Read)
             .args("{key} 0 0 REV"),
-        Use::new(Conn::State, "hmget", WHY)
+        Use::new(Server::State, "hmget", WHY)
             .on(Keys::State("dead"), Access::Read)
             .args("{key} id"),
-        Use::new(Conn::State, "zrem", WHY)
+        Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("dead:index"), Access::Write)
             .args("{key} id"),
-        Use::new(Conn::State, "lpush", RETRY)
+        Use::new(Server::State, "lpush", RETRY)
             .on(Keys::State("dead:redrive"), Access::Write)
             .args("{key} letter"),
-        Use::new(Conn::State, "rpop", RETRY)
+        Use::new(Server::State, "rpop", RETRY)
             .on(Keys::State("dead:redrive"), Access::ReadWrite)
             .args("{key} 1"),
 

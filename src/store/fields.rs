@@ -104,27 +104,27 @@ crate::keyspace::commands::declare! {
     /// The commands of the field ledger to its keys ([`crate::keyspace::commands`]).
     const WHY = "field ledger: deadlines of watched hash fields";
     [
-        Use::new(Conn::State, "zadd", WHY)
+        Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("fields:*"), Access::Write)
             .args("{key} 0 k")
             .when(When::Fields),
-        Use::new(Conn::State, "zrem", WHY)
+        Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("fields:*"), Access::Write)
             .args("{key} k")
             .when(When::Fields),
-        Use::new(Conn::State, "zrange", WHY)
+        Use::new(Server::State, "zrange", WHY)
             .on(Keys::State("fields:*"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
             .when(When::Fields),
-        Use::new(Conn::State, "hset", WHY)
+        Use::new(Server::State, "hset", WHY)
             .on(Keys::State("fields:*:h:*"), Access::Write)
             .args("{key} f 0")
             .when(When::Fields),
-        Use::new(Conn::State, "hdel", WHY)
+        Use::new(Server::State, "hdel", WHY)
             .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
             .args("{key} f")
             .when(When::Fields),
-        Use::new(Conn::State, "hgetall", WHY)
+        Use::new(Server::State, "hgetall", WHY)
             .on(Keys::State("fields:*:h:*"), Access::Read)
             .args("{key}")
             .when(When::Fields),

@@ -124,22 +124,22 @@ crate::keyspace::commands::declare! {
     /// ([`crate::keyspace::commands`]).
     const WHY = "escalate and resolved";
     [
-        Use::new(Conn::State, "exists", WHY)
+        Use::new(Server::State, "exists", WHY)
             .on(Keys::State("ack:*"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "zadd", WHY)
+        Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("queue"), Access::Write)
             .args("{key} XX 0 id"),
-        Use::new(Conn::State, "set", WHY)
+        Use::new(Server::State, "set", WHY)
             .on(Keys::State("followup:*"), Access::Write)
             .args("{key} id PX 1000"),
-        Use::new(Conn::State, "mget", WHY)
+        Use::new(Server::State, "mget", WHY)
             .on(Keys::State("followup:*"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "del", WHY)
+        Use::new(Server::State, "del", WHY)
             .on(Keys::State("followup:*"), Access::Write)
             .args("{key}"),
-        Use::new(Conn::State, "set", "signed links: acknowledge")
+        Use::new(Server::State, "set", "signed links: acknowledge")
             .on(Keys::State("ack:*"), Access::Write)
             .args("{key} at PX 1000"),
     ]

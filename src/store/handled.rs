@@ -21,11 +21,11 @@ crate::keyspace::commands::declare! {
     /// ([`crate::keyspace::commands`]).
     const SCRIPTS = "ledger: poked keys (script)";
     [
-        Use::new(Conn::State, "exists", SCRIPTS)
+        Use::new(Server::State, "exists", SCRIPTS)
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
-        Use::new(Conn::State, "hget", SCRIPTS)
+        Use::new(Server::State, "hget", SCRIPTS)
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),

@@ -673,43 +673,43 @@ crate::keyspace::commands::declare! {
     /// The commands history sends ([`crate::keyspace::commands`]).
     const WHY = "history of firings and outcomes";
     [
-        Use::new(Conn::State, "zadd", WHY)
+        Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("history"), Access::Write)
             .args("{key} 0 id"),
-        Use::new(Conn::State, "hset", WHY)
+        Use::new(Server::State, "hset", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} id json"),
-        Use::new(Conn::State, "hget", WHY)
+        Use::new(Server::State, "hget", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key} id"),
-        Use::new(Conn::State, "pexpireat", WHY)
+        Use::new(Server::State, "pexpireat", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} 1000 NX"),
-        Use::new(Conn::State, "zremrangebyscore", WHY)
+        Use::new(Server::State, "zremrangebyscore", WHY)
             .on(Keys::State("history"), Access::ReadWrite)
             .args("{key} -inf 0"),
-        Use::new(Conn::State, "zcard", WHY)
+        Use::new(Server::State, "zcard", WHY)
             .on(Keys::State("history"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "zrange", WHY)
+        Use::new(Server::State, "zrange", WHY)
             .on(Keys::State("history"), Access::Read)
             .args("{key} 0 0 WITHSCORES"),
-        Use::new(Conn::State, "zscore", WHY)
+        Use::new(Server::State, "zscore", WHY)
             .on(Keys::State("history"), Access::Read)
             .args("{key} id"),
-        Use::new(Conn::State, "hdel", WHY)
+        Use::new(Server::State, "hdel", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} id id:a:reload"),
-        Use::new(Conn::State, "unlink", WHY)
+        Use::new(Server::State, "unlink", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key}"),
-        Use::new(Conn::State, "zrem", WHY)
+        Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("history"), Access::Write)
             .args("{key} id"),
-        Use::new(Conn::State, "hmget", WHY)
+        Use::new(Server::State, "hmget", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key} id:a:reload"),
-        Use::new(Conn::State, "hgetall", WHY)
+        Use::new(Server::State, "hgetall", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key}"),
     ]

@@ -205,82 +205,82 @@ crate::keyspace::commands::declare! {
     const WHY = "intake: claims and taken events";
     const SCRIPT = "intake: claims and taken events (script)";
     [
-        Use::new(Conn::State, "script|load", WHY)
+        Use::new(Server::State, "script|load", WHY)
             .access(Access::Write)
             .args("return(1)"),
-        Use::new(Conn::State, "evalsha", WHY)
+        Use::new(Server::State, "evalsha", WHY)
             .on(Keys::State("intake"), Access::ReadWrite)
             .args("{sha} 2 {prefix}intake {prefix}intake:events"),
         // A detail read's retry moved into its own record when no job is stored with it.
-        Use::new(Conn::State, "multi", WHY),
-        Use::new(Conn::State, "exec", WHY),
-        Use::new(Conn::State, "zadd", WHY)
+        Use::new(Server::State, "multi", WHY),
+        Use::new(Server::State, "exec", WHY),
+        Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("intake"), Access::Write)
             .args("{key} XX 0 id"),
-        Use::new(Conn::State, "zscore", WHY)
+        Use::new(Server::State, "zscore", WHY)
             .on(Keys::State("intake"), Access::Read)
             .args("{key} id"),
-        Use::new(Conn::State, "zrem", WHY)
+        Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("intake"), Access::Write)
             .args("{key} id"),
-        Use::new(Conn::State, "zcard", WHY)
+        Use::new(Server::State, "zcard", WHY)
             .on(Keys::State("intake"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "zrange", SCRIPT)
+        Use::new(Server::State, "zrange", SCRIPT)
             .on(Keys::State("intake"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
-        Use::new(Conn::State, "hset", WHY)
+        Use::new(Server::State, "hset", WHY)
             .on(Keys::State("intake:events"), Access::Write)
             .args("{key} id r"),
-        Use::new(Conn::State, "hdel", WHY)
+        Use::new(Server::State, "hdel", WHY)
             .on(Keys::State("intake:events"), Access::ReadWrite)
             .args("{key} id"),
-        Use::new(Conn::State, "zscore", SCRIPT)
+        Use::new(Server::State, "zscore", SCRIPT)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k"),
-        Use::new(Conn::State, "zmscore", SCRIPT)
+        Use::new(Server::State, "zmscore", SCRIPT)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k"),
-        Use::new(Conn::State, "hget", SCRIPT)
+        Use::new(Server::State, "hget", SCRIPT)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
             .args("{key} k"),
-        Use::new(Conn::State, "hmget", SCRIPT)
+        Use::new(Server::State, "hmget", SCRIPT)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
             .args("{key} k"),
-        Use::new(Conn::State, "hdel", SCRIPT)
+        Use::new(Server::State, "hdel", SCRIPT)
             .on(Keys::State("ledger:*:poked-deadline"), Access::ReadWrite)
             .args("{key} k"),
-        Use::new(Conn::State, "hset", SCRIPT)
+        Use::new(Server::State, "hset", SCRIPT)
             .on(Keys::State("ledger:*:handled:*"), Access::Write)
             .args("{key} k 0"),
-        Use::new(Conn::State, "pexpireat", SCRIPT)
+        Use::new(Server::State, "pexpireat", SCRIPT)
             .on(Keys::State("ledger:*:handled:*"), Access::Write)
             .args("{key} 1000"),
-        Use::new(Conn::State, "hget", SCRIPT)
+        Use::new(Server::State, "hget", SCRIPT)
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k"),
-        Use::new(Conn::State, "hsetnx", SCRIPT)
+        Use::new(Server::State, "hsetnx", SCRIPT)
             .on(Keys::State("claims:*:*"), Access::Write)
             .args("{key} id 1"),
-        Use::new(Conn::State, "pexpiretime", SCRIPT)
+        Use::new(Server::State, "pexpiretime", SCRIPT)
             .on(Keys::State("claims:*:*"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "pexpireat", SCRIPT)
+        Use::new(Server::State, "pexpireat", SCRIPT)
             .on(Keys::State("claims:*:*"), Access::Write)
             .args("{key} 1000"),
-        Use::new(Conn::State, "set", SCRIPT)
+        Use::new(Server::State, "set", SCRIPT)
             .on(Keys::State("claim:*"), Access::Write)
             .args("{key} 1 NX PX 1000"),
-        Use::new(Conn::State, "set", SCRIPT)
+        Use::new(Server::State, "set", SCRIPT)
             .on(Keys::State("warned:*"), Access::Write)
             .args("{key} 1 NX PXAT 1"),
-        Use::new(Conn::State, "zscore", SCRIPT)
+        Use::new(Server::State, "zscore", SCRIPT)
             .on(Keys::State("fields:*"), Access::Read)
             .args("{key} k"),
-        Use::new(Conn::State, "zrem", SCRIPT)
+        Use::new(Server::State, "zrem", SCRIPT)
             .on(Keys::State("fields:*"), Access::Write)
             .args("{key} k"),
-        Use::new(Conn::State, "hdel", SCRIPT)
+        Use::new(Server::State, "hdel", SCRIPT)
             .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
             .args("{key} f"),
     ]

@@ -239,55 +239,55 @@ crate::keyspace::commands::declare! {
     const WHY = "ledger: deadlines of the watched keys";
     const SCRIPTS = "ledger: poked keys (script)";
     [
-        Use::new(Conn::State, "zadd", WHY)
+        Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("ledger:*"), Access::Write)
             .args("{key} 0 k")
             .when(When::Ledger),
-        Use::new(Conn::State, "zrem", WHY)
+        Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("ledger:*"), Access::Write)
             .args("{key} k")
             .when(When::Ledger),
-        Use::new(Conn::State, "zrange", WHY)
+        Use::new(Server::State, "zrange", WHY)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
             .when(When::Ledger),
-        Use::new(Conn::State, "zscore", WHY)
+        Use::new(Server::State, "zscore", WHY)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),
-        Use::new(Conn::State, "zmscore", WHY)
+        Use::new(Server::State, "zmscore", WHY)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),
-        Use::new(Conn::State, "zcard", WHY)
+        Use::new(Server::State, "zcard", WHY)
             .on(Keys::State("ledger:*"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
-        Use::new(Conn::State, "incr", "ledger: marker sequence")
+        Use::new(Server::State, "incr", "ledger: marker sequence")
             .on(Keys::State("ledger:*:seq"), Access::ReadWrite)
             .args("{key}")
             .when(When::Ledger),
-        Use::new(Conn::State, "script|load", "ledger: scripts")
+        Use::new(Server::State, "script|load", "ledger: scripts")
             .access(Access::Write)
             .args("return(1)")
             .when(When::Ledger),
-        Use::new(Conn::State, "evalsha", "ledger: scripts")
+        Use::new(Server::State, "evalsha", "ledger: scripts")
             .on(Keys::State("ledger:*"), Access::ReadWrite)
             .args("{sha} 4 {prefix}ledger:0 {prefix}ledger:0:poked {prefix}ledger:0:poked-deadline {prefix}ledger:0:seq")
             .when(When::Ledger),
-        Use::new(Conn::State, "hmget", "ledger: missed expiries")
+        Use::new(Server::State, "hmget", "ledger: missed expiries")
             .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),
-        Use::new(Conn::State, "hset", SCRIPTS)
+        Use::new(Server::State, "hset", SCRIPTS)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Write)
             .args("{key} k 0")
             .when(When::Ledger),
-        Use::new(Conn::State, "exists", "ledger: the handled memory (record script)")
+        Use::new(Server::State, "exists", "ledger: the handled memory (record script)")
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
-        Use::new(Conn::State, "hmget", "ledger: the handled memory (record script)")
+        Use::new(Server::State, "hmget", "ledger: the handled memory (record script)")
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),

@@ -631,93 +631,93 @@ crate::keyspace::commands::declare! {
     const WINDOWS = "digest windows";
     const SCRIPTS = "job queue and digest windows (scripts)";
     [
-        Use::new(Conn::State, "hset", QUEUE)
+        Use::new(Server::State, "hset", QUEUE)
             .on(Keys::State("queue:jobs"), Access::Write)
             .args("{key} id job"),
-        Use::new(Conn::State, "hsetnx", "job queue: follow-ups due later")
+        Use::new(Server::State, "hsetnx", "job queue: follow-ups due later")
             .on(Keys::State("queue:jobs"), Access::Write)
             .args("{key} id job"),
-        Use::new(Conn::State, "zadd", QUEUE)
+        Use::new(Server::State, "zadd", QUEUE)
             .on(Keys::State("queue"), Access::Write)
             .args("{key} XX 0 id"),
-        Use::new(Conn::State, "zrem", QUEUE)
+        Use::new(Server::State, "zrem", QUEUE)
             .on(Keys::State("queue"), Access::Write)
             .args("{key} id"),
-        Use::new(Conn::State, "hdel", QUEUE)
+        Use::new(Server::State, "hdel", QUEUE)
             .on(Keys::State("queue:jobs"), Access::ReadWrite)
             .args("{key} id"),
         // Storing jobs is one transaction with the intake records they move on.
-        Use::new(Conn::State, "multi", QUEUE),
-        Use::new(Conn::State, "exec", QUEUE),
-        Use::new(Conn::State, "zcard", QUEUE)
+        Use::new(Server::State, "multi", QUEUE),
+        Use::new(Server::State, "exec", QUEUE),
+        Use::new(Server::State, "zcard", QUEUE)
             .on(Keys::State("queue"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "smembers", WINDOWS)
+        Use::new(Server::State, "smembers", WINDOWS)
             .on(Keys::State("groups"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "script|load", SCRIPTS)
+        Use::new(Server::State, "script|load", SCRIPTS)
             .access(Access::Write)
             .args("return(1)"),
-        Use::new(Conn::State, "evalsha", "job queue: take")
+        Use::new(Server::State, "evalsha", "job queue: take")
             .on(Keys::State("queue"), Access::ReadWrite)
             .args("{sha} 2 {prefix}queue {prefix}queue:jobs"),
-        Use::new(Conn::State, "evalsha", WINDOWS)
+        Use::new(Server::State, "evalsha", WINDOWS)
             .on(Keys::State("group:*:*:window"), Access::ReadWrite)
             .args("{sha} 4 {key} {prefix}group:r:c {prefix}queue:jobs {prefix}groups"),
-        Use::new(Conn::State, "zrange", SCRIPTS)
+        Use::new(Server::State, "zrange", SCRIPTS)
             .on(Keys::State("queue"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
-        Use::new(Conn::State, "hmget", SCRIPTS)
+        Use::new(Server::State, "hmget", SCRIPTS)
             .on(Keys::State("queue:jobs"), Access::Read)
             .args("{key} id"),
-        Use::new(Conn::State, "get", SCRIPTS)
+        Use::new(Server::State, "get", SCRIPTS)
             .on(Keys::State("group:*:*:window"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "set", SCRIPTS)
+        Use::new(Server::State, "set", SCRIPTS)
             .on(Keys::State("group:*:*:window"), Access::Write)
             .args("{key} 0 PX 1000"),
-        Use::new(Conn::State, "zadd", SCRIPTS)
+        Use::new(Server::State, "zadd", SCRIPTS)
             .on(Keys::State("group:*:*"), Access::Write)
             .args("{key} NX 0 id"),
-        Use::new(Conn::State, "sadd", SCRIPTS)
+        Use::new(Server::State, "sadd", SCRIPTS)
             .on(Keys::State("groups"), Access::Write)
             .args("{key} w"),
-        Use::new(Conn::State, "srem", SCRIPTS)
+        Use::new(Server::State, "srem", SCRIPTS)
             .on(Keys::State("groups"), Access::Write)
             .args("{key} w"),
-        Use::new(Conn::State, "smembers", QUEUE)
+        Use::new(Server::State, "smembers", QUEUE)
             .on(Keys::State("queue:waits"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "zcard", QUEUE)
+        Use::new(Server::State, "zcard", QUEUE)
             .on(Keys::State("queue:wait:*"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "evalsha", "job queue: targets' waiting sets")
+        Use::new(Server::State, "evalsha", "job queue: targets' waiting sets")
             .on(Keys::State("queue:wait:*"), Access::ReadWrite)
             .args("{sha} 3 {prefix}queue {key} {prefix}queue:waits"),
-        Use::new(Conn::State, "zscore", SCRIPTS)
+        Use::new(Server::State, "zscore", SCRIPTS)
             .on(Keys::State("queue"), Access::Read)
             .args("{key} id"),
-        Use::new(Conn::State, "hset", SCRIPTS)
+        Use::new(Server::State, "hset", SCRIPTS)
             .on(Keys::State("queue:unreadable"), Access::Write)
             .args("{key} id job"),
         // Bundles (see `bundle`): their completion marks.
-        Use::new(Conn::State, "hset", "job queue: bundles' completion marks")
+        Use::new(Server::State, "hset", "job queue: bundles' completion marks")
             .on(Keys::State("queue:done:*"), Access::Write)
             .args("{key} 0 1"),
-        Use::new(Conn::State, "hgetall", "job queue: bundles' completion marks")
+        Use::new(Server::State, "hgetall", "job queue: bundles' completion marks")
             .on(Keys::State("queue:done:*"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "del", "job queue: bundles' completion marks")
+        Use::new(Server::State, "del", "job queue: bundles' completion marks")
             .on(Keys::State("queue:done:*"), Access::Write)
             .args("{key}"),
         // A mark is written beside a read of whether its bundle is still queued (`writer`).
-        Use::new(Conn::State, "zscore", "job queue: bundles' completion marks")
+        Use::new(Server::State, "zscore", "job queue: bundles' completion marks")
             .on(Keys::State("queue"), Access::Read)
             .args("{key} id"),
-        Use::new(Conn::State, "zrange", SCRIPTS)
+        Use::new(Server::State, "zrange", SCRIPTS)
             .on(Keys::State("queue:wait:*"), Access::Read)
             .args("{key} 0 -1"),
-        Use::new(Conn::State, "zcard", SCRIPTS)
+        Use::new(Server::State, "zcard", SCRIPTS)
             .on(Keys::State("queue:wait:*"), Access::Read)
             .args("{key}"),
 

@@ -53,24 +53,24 @@ crate::keyspace::commands::declare! {
     const WHY = "rate limits of channels";
     const SCRIPT = "rate limits of channels (script)";
     [
-        Use::new(Conn::State, "script|load", WHY)
+        Use::new(Server::State, "script|load", WHY)
             .access(Access::Write)
             .args("return(1)")
             .when(When::RateLimit),
-        Use::new(Conn::State, "evalsha", WHY)
+        Use::new(Server::State, "evalsha", WHY)
             .on(Keys::State("rate:*"), Access::ReadWrite)
             .args("{sha} 1 {key} 1 1000")
             .when(When::RateLimit),
-        Use::new(Conn::State, "time", SCRIPT).when(When::RateLimit),
-        Use::new(Conn::State, "hmget", SCRIPT)
+        Use::new(Server::State, "time", SCRIPT).when(When::RateLimit),
+        Use::new(Server::State, "hmget", SCRIPT)
             .on(Keys::State("rate:*"), Access::Read)
             .args("{key} tokens ts")
             .when(When::RateLimit),
-        Use::new(Conn::State, "hset", SCRIPT)
+        Use::new(Server::State, "hset", SCRIPT)
             .on(Keys::State("rate:*"), Access::Write)
             .args("{key} tokens 1 ts 0")
             .when(When::RateLimit),
-        Use::new(Conn::State, "pexpire", SCRIPT)
+        Use::new(Server::State, "pexpire", SCRIPT)
             .on(Keys::State("rate:*"), Access::Write)
             .args("{key} 1000")
             .when(When::RateLimit),

@@ -70,15 +70,15 @@ impl Runs {
 crate::keyspace::commands::declare! {
     /// The commands of the scanner's marks ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::State, "get", "scanner: when it last ran")
+        Use::new(Server::State, "get", "scanner: when it last ran")
             .on(Keys::State("scanner:last"), Access::Read)
             .args("{key}")
             .when(When::Expiring),
-        Use::new(Conn::State, "set", "scanner: when it last ran")
+        Use::new(Server::State, "set", "scanner: when it last ran")
             .on(Keys::State("scanner:last"), Access::Write)
             .args("{key} 0")
             .when(When::Expiring),
-        Use::new(Conn::State, "set", "scanner: one instance per run")
+        Use::new(Server::State, "set", "scanner: one instance per run")
             .on(Keys::State("scanner:run:*"), Access::Write)
             .args("{key} 1 NX PX 1000")
             .when(When::Expiring),

@@ -122,16 +122,16 @@ pub fn new_id() -> String {
 crate::keyspace::commands::declare! {
     /// The commands silences send, `keywatch silence`'s included ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::State, "hgetall", "silences")
+        Use::new(Server::State, "hgetall", "silences")
             .on(Keys::State("silences"), Access::Read)
             .args("{key}"),
-        Use::new(Conn::State, "hset", "silences")
+        Use::new(Server::State, "hset", "silences")
             .on(Keys::State("silences"), Access::Write)
             .args("{key} id silence"),
-        Use::new(Conn::State, "hsetnx", "silences: from a signed link")
+        Use::new(Server::State, "hsetnx", "silences: from a signed link")
             .on(Keys::State("silences"), Access::Write)
             .args("{key} id silence"),
-        Use::new(Conn::State, "hdel", "silences")
+        Use::new(Server::State, "hdel", "silences")
             .on(Keys::State("silences"), Access::ReadWrite)
             .args("{key} id"),
 

@@ -124,7 +124,7 @@ pub async fn check(
 crate::keyspace::commands::declare! {
     /// The commands the doctor's cluster check sends ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Watched, "cluster|nodes", "doctor: the cluster's masters")
+        Use::new(Server::Watched, "cluster|nodes", "doctor: the cluster's masters")
             .when(When::Cluster),
     ]
 }

@@ -526,19 +526,19 @@ crate::keyspace::commands::declare! {
     /// permission checks are in [`permissions::REDIS`].
     [
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "info",
             "doctor: version, role and expiry statistics",
         )
         .when(When::Doctor),
-        Use::new(Conn::Watched, "ping", "doctor: reachability").when(When::Doctor),
+        Use::new(Server::Watched, "ping", "doctor: reachability").when(When::Doctor),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "acl|whoami",
             "doctor: which user's permissions to check",
         )
         .when(When::DoctorOptional),
-        Use::new(Conn::Watched, "scan", "doctor: samples the rules' keys")
+        Use::new(Server::Watched, "scan", "doctor: samples the rules' keys")
             .on(Keys::Watched, Access::Read)
             .args("0 MATCH {glob} COUNT 10")
             .when(When::Doctor),

@@ -18,8 +18,8 @@ use redis::aio::MultiplexedConnection;
 
 use crate::config::{Config, DetailSource, Notifications, Rule};
 use crate::event::{EventKind, KeyEvent};
-pub use crate::keyspace::commands::{Access, Conn};
-use crate::keyspace::commands::{Channel, Keys, Use, Uses, When};
+pub use crate::keyspace::commands::{Access, Server};
+use crate::keyspace::commands::{Keys, PubSub, Use, Uses, When};
 use crate::source::flags;
 use crate::source::ledger::Ledger;
 use crate::source::notifications;
@@ -33,7 +33,7 @@ const SAMPLE: &str = "keywatch-doctor";
 pub struct Need {
     /// Why keywatch sends it, for the operator.
     pub purpose: String,
-    pub conn: Conn,
+    pub server: Server,
     /// The ACL name (`config|get`, `pexpiretime`), for the `+command` of a fix.
     pub command: String,
     /// The whole command as sent, name first.
@@ -183,7 +183,7 @@ pub fn needs(config: &Config) -> Vec<Need> {
         }
     }
     let mut seen = std::collections::HashSet::new();
-    out.retain(|n| seen.insert((n.conn, n.args.clone())));
+    out.retain(|n| seen.insert((n.server, n.args.clone())));
     out
 }
 
@@ -225,7 +225,7 @@ fn fills(config: &Config, u: &Use) -> Vec<Fill> {
     }
     let marker = Ledger::marker_channel(p);
     match u.channel {
-        Some(Channel::Keyevent) => {
+        Some(PubSub::Keyevent) => {
             let ledger = config.uses_ledger().then_some(marker.as_str());
             notifications::channels(&config.redis.databases, &config.event_kinds(), ledger)
                 .into_iter()
@@ -236,7 +236,7 @@ fn fills(config: &Config, u: &Use) -> Vec<Fill> {
                 })
                 .collect()
         }
-        Some(Channel::Marker) => vec![Fill {
+        Some(PubSub::Marker) => vec![Fill {
             channel: marker,
             ..fill
         }],
@@ -370,7 +370,7 @@ fn need(config: &Config, u: &Use, fill: &Fill) -> Need {
             Some(rule) => format!("{} of rule {rule}", u.why),
             None => u.why.to_string(),
         },
-        conn: u.conn,
+        server: u.server,
         command: u.command.to_string(),
         args,
         key: fill
@@ -422,11 +422,11 @@ pub fn base_acl_line(prefix: &str) -> String {
         words.push(format!("{}*", Access::Read.selector()));
     }
     words.push("resetchannels".into());
-    for ch in [Channel::Keyevent, Channel::Marker] {
+    for ch in [PubSub::Keyevent, PubSub::Marker] {
         if base.iter().any(|u| u.channel == Some(ch)) {
             words.push(match ch {
-                Channel::Keyevent => "&__keyevent@*__:*".to_string(),
-                Channel::Marker => format!("&{}", Ledger::marker_channel(prefix)),
+                PubSub::Keyevent => "&__keyevent@*__:*".to_string(),
+                PubSub::Marker => format!("&{}", Ledger::marker_channel(prefix)),
             });
         }
     }
@@ -437,7 +437,7 @@ pub fn base_acl_line(prefix: &str) -> String {
 }
 
 /// The sentinels' ACL line of the README (Sentinel): their default user, which keywatch logs in
-/// as, with the channels and commands declared for [`Conn::Sentinel`].
+/// as, with the channels and commands declared for [`Server::Sentinel`].
 pub fn sentinel_acl_line() -> String {
     let mut words = vec!["ACL SETUSER default on >PASSWORD resetchannels".to_string()];
     words.extend(
@@ -448,7 +448,7 @@ pub fn sentinel_acl_line() -> String {
     words.extend(["-@all".to_string(), "+auth".to_string()]);
     for u in REGISTRY.iter().flat_map(|d| d.uses) {
         let grant = format!("+{}", u.command);
-        if u.conn == Conn::Sentinel && !words.contains(&grant) {
+        if u.server == Server::Sentinel && !words.contains(&grant) {
             words.push(grant);
         }
     }
@@ -498,7 +498,7 @@ pub fn rules_acl_line(config: &Config) -> Option<String> {
         .filter(|n| !base.contains(&n.command.as_str()) && !fields.contains(&n.command.as_str()))
         .map(|n| format!("+{}", n.command));
     let keys = needs.iter().filter_map(|n| match &n.key {
-        Some((glob, access)) if n.conn == Conn::Watched && *access != Access::Read => {
+        Some((glob, access)) if n.server == Server::Watched && *access != Access::Read => {
             Some(format!("{}{glob}", access.selector()))
         }
         _ => None,
@@ -516,40 +516,40 @@ crate::keyspace::commands::declare! {
     /// The commands the permission check sends itself ([`crate::keyspace::commands`]).
     [
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "acl|dryrun",
             "doctor: checks without running anything",
         )
         .args("keywatch PING")
         .when(When::DoctorOptional),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "multi",
             "doctor: checks without running anything",
         )
         .when(When::Doctor),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "discard",
             "doctor: checks without running anything",
         )
         .when(When::Doctor),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "ping",
             "doctor: checks without running anything",
         )
         .when(When::Doctor),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "subscribe",
             "doctor: checks a subscription as keywatch subscribes",
         )
-        .channel(Channel::Keyevent)
+        .channel(PubSub::Keyevent)
         .args("{channel}")
         .when(When::Doctor),
         Use::new(
-            Conn::Watched,
+            Server::Watched,
             "unsubscribe",
             "doctor: checks leaving a channel as keywatch leaves",
         )
@@ -663,8 +663,8 @@ pub async fn grants(
     let mut refused: Vec<Refusal> = Vec::new();
     let mut unchecked = Vec::new();
     for need in &needs {
-        let (c, sc, u, m) = match (&need.conn, &state) {
-            (Conn::State, Some((c, sc, u, m))) => (c, sc.clone(), u, m),
+        let (c, sc, u, m) = match (&need.server, &state) {
+            (Server::State, Some((c, sc, u, m))) => (c, sc.clone(), u, m),
             _ => (client, conn.clone(), &user, &method),
         };
         let mut sc = sc;
@@ -933,7 +933,7 @@ mod tests {
     ) -> Need {
         Need {
             purpose: "t".into(),
-            conn: Conn::State,
+            server: Server::State,
             command: command.into(),
             args: args.iter().map(|a| a.as_bytes().to_vec()).collect(),
             key: key.map(|(g, a)| (g.to_string(), a)),

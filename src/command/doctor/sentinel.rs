@@ -92,7 +92,7 @@ crate::keyspace::commands::declare! {
     /// What the doctor asks the sentinels besides the master's address
     /// ([`crate::keyspace::commands`]).
     [
-        Use::new(Conn::Sentinel, "sentinel|ckquorum", "doctor: enough sentinels for a failover")
+        Use::new(Server::Sentinel, "sentinel|ckquorum", "doctor: enough sentinels for a failover")
             .args("mymaster")
             .when(When::Sentinel),
     ]

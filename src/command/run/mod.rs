@@ -192,8 +192,11 @@ pub async fn run(
     let intake = Intake::new(state.clone(), &config.state.prefix, &instance);
     let silenced = Arc::new(silences::Active::default());
     let (tx, rx) = mpsc::channel(crate::source::notifications::backlog().0);
-    let fields =
-        crate::source::fields::Fields::new(state.clone(), keyspace.clone(), &config.state.prefix);
+    let fields = crate::source::fields::FieldLedger::new(
+        state.clone(),
+        keyspace.clone(),
+        &config.state.prefix,
+    );
     tokio::spawn(
         fields
             .clone()
