@@ -290,6 +290,9 @@ impl KeptAlive {
     fn open(addr: &str) -> KeptAlive {
         let conn = TcpStream::connect(addr).expect("connect to the HTTP endpoint");
         conn.set_read_timeout(Some(PATIENCE)).unwrap();
+        // With Nagle's algorithm on, a request's second segment waited for the ACK of its
+        // first, which the server delays by 40 ms: 2,000 round trips took 90 s, not 2.
+        conn.set_nodelay(true).unwrap();
         KeptAlive {
             addr: addr.to_string(),
             reader: std::io::BufReader::new(conn.try_clone().unwrap()),
@@ -301,11 +304,10 @@ impl KeptAlive {
     fn round_trip(&mut self, method: &str, path: &str) -> u16 {
         use std::io::BufRead;
         let addr = &self.addr;
-        write!(
-            self.writer,
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n"
-        )
-        .unwrap();
+        // One write: `write!` on a socket sends each piece of the format as a segment.
+        let request =
+            format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+        self.writer.write_all(request.as_bytes()).unwrap();
         let mut line = String::new();
         self.reader.read_line(&mut line).unwrap();
         let status = line
