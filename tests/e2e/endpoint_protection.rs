@@ -54,12 +54,8 @@ fn get_within(addr: &str, path: &str, patience: Duration) -> u16 {
         return 0;
     };
     conn.set_read_timeout(Some(patience)).unwrap();
-    if write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .is_err()
-    {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if conn.write_all(request.as_bytes()).is_err() {
         return 0;
     }
     let mut raw = String::new();
