@@ -452,7 +452,9 @@ fn a_digest_in_flight_at_a_kill_is_sent_again_whole() {
     let dir = tempfile::tempdir().unwrap();
     // A window long enough for a loaded machine to store every expiry in it before it ends.
     let rules = grouped_rules(dir.path(), &receiver, "5s");
-    let mut a = common::run_on(&redis, &rules);
+    // A 5 s lease (`KEYWATCH_LEASE`): the take-over waits for it to end, not for 15 s.
+    let lease = [("KEYWATCH_LEASE", "5s")];
+    let mut a = common::run_subscribed(&redis.url(), &rules, common::Logs::Text, &lease);
     let mut c = redis.conn();
     expire_together(&mut c, N, 300);
     let first = receiver.wait_for(1, Duration::from_secs(60));
@@ -473,7 +475,7 @@ fn a_digest_in_flight_at_a_kill_is_sent_again_whole() {
         "the window holds its {N} notifications in several bundles: {members:?}"
     );
     a.sigkill();
-    let _b = common::run_on(&redis, &rules);
+    let _b = common::run_subscribed(&redis.url(), &rules, common::Logs::Text, &lease);
     let after = receiver.wait_for(2, Duration::from_secs(60));
     let again = &after[1];
     assert_eq!(
