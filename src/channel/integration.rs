@@ -67,7 +67,8 @@ pub trait Integration: fmt::Debug + Send + Sync {
     }
 
     /// Whether the alerts sent through this channel stay open at the receiver until they are
-    /// closed (Alertmanager, PagerDuty). A rule's `resolved` then reaches this channel from
+    /// closed (Alertmanager; PagerDuty resolves only where `resolved.to` names it, as
+    /// docs/rules.md#pagerduty says). A rule's `resolved` then reaches this channel from
     /// `notify.to` whether or not `resolved.to` lists it, and its resolved notice
     /// ([`Message::followup`]) closes the alert instead of telling people
     /// (README.md#follow-ups).
