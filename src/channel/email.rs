@@ -639,13 +639,11 @@ impl Email {
     /// The `Message-ID` of the alert a follow-up (escalation, resolved notice) belongs to, as it
     /// went out on this channel.
     fn alert_message_id(&self, ch: &Channel, msg: &Message) -> Option<String> {
-        let event = &msg.items.first()?.event;
-        event.get("followup")?;
-        let id = event.get("id")?.as_str()?;
+        let followup = msg.followup.as_ref()?;
         let key = Action::Notify {
             channel: ch.name.clone(),
         }
-        .idempotency_key(id);
+        .idempotency_key(&followup.alert_id);
         Some(self.message_id(&key))
     }
 
@@ -1046,6 +1044,10 @@ mod tests {
         // A follow-up replies to the alert's mail on the same channel.
         let mut msg = message("t", "x");
         msg.items[0].event["followup"] = json!("escalation");
+        msg.followup = Some(crate::channel::Followup {
+            kind: crate::channel::FollowupKind::Escalation,
+            alert_id: ID.to_string(),
+        });
         msg.idempotency_key = format!("{ID}:escalate:mail");
         let got = bytes(&channel(None), &msg);
         let alert = format!("<{ID}.notify.mail@example.com>");
