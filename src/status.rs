@@ -90,6 +90,9 @@ impl Status {
             .unwrap_or_else(|p| p.into_inner())
             .entry(node.to_string())
             .or_insert(false);
+        // Logged when it happens (a failover's `+selected-slave`), not when the node left
+        // behind is forgotten after the promotion.
+        self.note_readiness();
     }
 
     pub fn set_subscribed(&self, node: &str, up: bool) {

@@ -21,7 +21,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
-use tokio::sync::{Mutex, Notify, OnceCell};
+use tokio::sync::{Mutex, Notify, OnceCell, watch};
 
 use crate::config::{RedisSettings, Secret};
 use crate::keyspace::cluster::{DiscoverError, Master};
@@ -38,8 +38,9 @@ pub enum Conn {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
     /// Database `db` of whichever node the sentinels last named master: each command goes to
-    /// the connection in force when it is sent. A `ConnectionManager` alone would reconnect to
-    /// the old master, now a replica refusing every write.
+    /// the connection in force when it is sent, and waits while a replica is being promoted
+    /// ([`Keyspace::promoting`]). A `ConnectionManager` alone would reconnect to the old
+    /// master, now a replica refusing every write.
     Master(Keyspace, u32),
 }
 
@@ -169,6 +170,9 @@ struct Followed {
     master: RwLock<String>,
     /// A subscriber lost its node or found it no master: ask the sentinels again now.
     suspect: Notify,
+    /// Whether commands may go to `master`: false while it is a replica being promoted, from
+    /// [`Keyspace::promoting`] until [`Keyspace::promoted`] or [`Keyspace::move_to`].
+    open: watch::Sender<bool>,
 }
 
 /// What a keyspace on a cluster knows besides the URL.
@@ -219,6 +223,7 @@ impl Keyspace {
             sentinels: Sentinels::new(s, url.clone(), settings.clone()),
             master: RwLock::new(String::new()),
             suspect: Notify::new(),
+            open: watch::Sender::new(true),
         });
         Ok(Keyspace {
             inner: Arc::new(Inner {
@@ -258,19 +263,54 @@ impl Keyspace {
     }
 
     /// Takes `addr` as the master from now on (with Sentinel; nothing otherwise): connections
-    /// handed out ([`Conn::Master`]) go there from their next command on.
+    /// handed out ([`Conn::Master`]) go there from their next command on, and commands held
+    /// for a promotion ([`Keyspace::promoting`]) go.
     pub async fn move_to(&self, addr: &str) {
         let Some(f) = &self.inner.sentinel else {
             return;
         };
-        if *f.master.read().unwrap_or_else(|p| p.into_inner()) == addr {
+        if *f.master.read().unwrap_or_else(|p| p.into_inner()) == addr && *f.open.borrow() {
             return;
         }
         // Under the lock `db_conn` makes connections under: none to the old master is made
         // after this.
         let mut conns = self.inner.conns.lock().await;
-        *f.master.write().unwrap_or_else(|p| p.into_inner()) = addr.to_string();
-        conns.clear();
+        let mut master = f.master.write().unwrap_or_else(|p| p.into_inner());
+        if *master != addr {
+            *master = addr.to_string();
+            conns.clear();
+        }
+        f.open.send_replace(true);
+    }
+
+    /// A failover picked the replica at `addr` to be promoted (with Sentinel; nothing
+    /// otherwise): from now on commands go neither to the old master nor, until
+    /// [`Keyspace::promoted`], to `addr`: they wait. The old master takes writes until the
+    /// sentinels reconfigure it, but what is written there now may never reach the new one; the
+    /// replica refuses every write (`READONLY`) until it is promoted, and a refused write is
+    /// lost (a sent job's acknowledgement: the job ran again when its lease ended, see
+    /// docs/how-it-works.md#following-the-master). A promotion takes well under a second; the
+    /// follower gives up on one after 10 s.
+    pub async fn promoting(&self, addr: &str) {
+        let Some(f) = &self.inner.sentinel else {
+            return;
+        };
+        let mut conns = self.inner.conns.lock().await;
+        f.open.send_replace(false);
+        let mut master = f.master.write().unwrap_or_else(|p| p.into_inner());
+        if *master != addr {
+            *master = addr.to_string();
+            conns.clear();
+        }
+    }
+
+    /// The promotion [`Keyspace::promoting`] waited for is over (the replica is master, or
+    /// the follower gave up on it and asks the sentinels): held commands go to the master
+    /// named now.
+    pub fn promoted(&self) {
+        if let Some(f) = &self.inner.sentinel {
+            f.open.send_replace(true);
+        }
     }
 
     /// `host:port` of the node of the URL (the seed, on a cluster; the master last located,
@@ -323,16 +363,37 @@ impl Keyspace {
         self.db_conn(db).await.map(Conn::Node)
     }
 
-    /// The URL node's connection for database `db`.
+    /// The URL node's connection for database `db`; with Sentinel, once the master named is
+    /// no replica being promoted ([`Keyspace::promoting`]).
     async fn db_conn(&self, db: u32) -> RedisResult<ConnectionManager> {
-        let mut conns = self.inner.conns.lock().await;
-        if let Some(c) = conns.get(&db) {
-            return Ok(c.clone());
+        loop {
+            self.until_open().await;
+            let mut conns = self.inner.conns.lock().await;
+            // Closed again between the wait and the lock (a second promotion): wait again.
+            if self
+                .inner
+                .sentinel
+                .as_ref()
+                .is_some_and(|f| !*f.open.borrow())
+            {
+                continue;
+            }
+            if let Some(c) = conns.get(&db) {
+                return Ok(c.clone());
+            }
+            let client = self.client(db).map_err(settings_error)?;
+            let c = connect::manager(&client).await?;
+            conns.insert(db, c.clone());
+            return Ok(c);
         }
-        let client = self.client(db).map_err(settings_error)?;
-        let c = connect::manager(&client).await?;
-        conns.insert(db, c.clone());
-        Ok(c)
+    }
+
+    /// Resolves at once, or once the promotion under way is over ([`Keyspace::promoting`]).
+    async fn until_open(&self) {
+        if let Some(f) = &self.inner.sentinel {
+            // The sender lives as long as `self`: this ends when the gate opens.
+            let _ = f.open.subscribe().wait_for(|open| *open).await;
+        }
     }
 
     /// A connection to the one node `addr`, for what concerns that node alone (its
@@ -507,4 +568,67 @@ crate::keyspace::commands::declare! {
             .args("0 MATCH keywatch-doctor COUNT 10")
             .when(When::ForCallers),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+    use crate::config::{Notifications, SentinelSettings};
+
+    fn settings(sentinel: bool) -> RedisSettings {
+        RedisSettings {
+            url: None,
+            cluster: false,
+            databases: vec![0],
+            notifications: Notifications::Check,
+            tls: None,
+            username: None,
+            password: None,
+            sentinel: sentinel.then(|| SentinelSettings {
+                master: "mymaster".into(),
+                nodes: vec!["127.0.0.1:26379".into()],
+                password: None,
+            }),
+        }
+    }
+
+    fn keyspace(sentinel: bool) -> Keyspace {
+        Keyspace::new(Secret::new("redis://127.0.0.1:6379"), settings(sentinel)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn commands_wait_while_the_replica_is_promoted_then_go_there() {
+        let k = keyspace(true);
+        k.move_to("127.0.0.1:6379").await;
+        assert!(k.until_open().now_or_never().is_some());
+        k.promoting("127.0.0.1:6380").await;
+        assert_eq!(k.node(), "127.0.0.1:6380");
+        let mut waiting = Box::pin(k.until_open());
+        assert!((&mut waiting).now_or_never().is_none());
+        k.promoted();
+        assert!(waiting.now_or_never().is_some());
+        assert_eq!(k.node(), "127.0.0.1:6380");
+    }
+
+    #[tokio::test]
+    async fn a_promotion_given_up_on_ends_where_the_sentinels_say() {
+        let k = keyspace(true);
+        k.move_to("127.0.0.1:6379").await;
+        k.promoting("127.0.0.1:6380").await;
+        assert!(k.until_open().now_or_never().is_none());
+        // The sentinels still name the old master: commands go back there.
+        k.move_to("127.0.0.1:6379").await;
+        assert!(k.until_open().now_or_never().is_some());
+        assert_eq!(k.node(), "127.0.0.1:6379");
+    }
+
+    #[tokio::test]
+    async fn without_sentinel_nothing_waits() {
+        let k = keyspace(false);
+        k.promoting("127.0.0.1:6380").await;
+        assert!(k.until_open().now_or_never().is_some());
+        assert_eq!(k.node(), "127.0.0.1:6379");
+    }
 }

@@ -261,7 +261,14 @@ pub async fn subscribe(
                 }
             }
         };
-        if tx.send(signal).await.is_err() {
+        // Cancellable: a follower ending this subscriber (a failover) must not wait for an
+        // engine that may itself wait for the promotion (`Keyspace::promoting`).
+        let sent = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            sent = tx.send(signal) => sent,
+        };
+        if sent.is_err() {
             return;
         }
         if started.elapsed() >= backoff.healthy_after {

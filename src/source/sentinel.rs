@@ -7,7 +7,10 @@
 //! as master (or `+switch-master` names it). Stopping early matters: the old master goes on
 //! taking writes until the sentinels reconfigure it, and what keywatch wrote there after the
 //! promotion (a claim, a deadline taken out of the ledger) never reaches the new master; an
-//! expiry acted on there would be recovered a second time on the new one.
+//! expiry acted on there would be recovered a second time on the new one. Meanwhile keywatch's
+//! own commands wait ([`Keyspace::promoting`]): the replica refuses writes until it is
+//! promoted, and a refused one was lost (a sent job's acknowledgement, so the job ran again when
+//! its lease ended).
 //!
 //! Besides, the sentinels are asked again ([`Keyspace::locate`], checked with `ROLE`) on a
 //! `+switch-master` heard from any sentinel (each is subscribed to, so one that is down does
@@ -97,6 +100,8 @@ pub async fn follow(
     let first = keyspace.node();
     expect(&first);
     let mut current = start(&first);
+    // Nodes left behind whose `Gone` is not told yet (see `Heard::Selected` below).
+    let mut left: Vec<String> = Vec::new();
     // A failover under way: the replica being promoted, since when.
     let mut promoting: Option<(String, Instant)> = None;
     let mut tick = tokio::time::interval_at(Instant::now() + REASK_EVERY, REASK_EVERY);
@@ -128,15 +133,19 @@ pub async fn follow(
             // one (replication is asynchronous, and the old master takes writes until the
             // sentinels reconfigure it): stop acting on its events now. What expires meanwhile
             // stays in the ledger, which the new master has, and is recovered there once.
-            tracing::info!(master = %sentinels.name(), selected = %to, "Sentinel: a failover is under way; no longer acting on the old master.");
+            // keywatch's own commands (a job's acknowledgement, a take) wait for the promotion:
+            // the replica would refuse them (`Keyspace::promoting`).
+            tracing::info!(master = %sentinels.name(), selected = %to, "Sentinel: a failover is under way; no longer acting on the old master, and keywatch's commands wait until the selected replica is master.");
             let old = current.take();
-            keyspace.move_to(to).await;
+            keyspace.promoting(to).await;
             expect(to);
             promoting = Some((to.clone(), Instant::now()));
-            if let Some(w) = old
-                && !end(w, &tx).await
-            {
-                break;
+            // Its `Gone` is told once the commands go again: the engine may be waiting for
+            // one of them, and would not take the signal meanwhile.
+            if let Some(w) = old {
+                metrics.subscriber(&w.node, false);
+                left.push(w.node.clone());
+                w.end().await;
             }
             continue;
         }
@@ -145,6 +154,10 @@ pub async fn follow(
             if announced || sentinels.is_master(&to).await {
                 tracing::info!(master = %sentinels.name(), to = %to, took_ms = since.elapsed().as_millis() as u64, "Sentinel: the selected replica is master; watching it.");
                 promoting = None;
+                keyspace.promoted();
+                if !tell_gone(&mut left, &tx).await {
+                    break;
+                }
                 current = start(&to);
                 continue;
             }
@@ -152,11 +165,23 @@ pub async fn follow(
             if !elsewhere && since.elapsed() < PROMOTION_WAIT {
                 continue;
             }
-            // Promoted elsewhere, aborted or taking too long: ask the sentinels.
+            // Promoted elsewhere, aborted or taking too long: ask the sentinels. Held commands
+            // wait for their answer, which moves them to the master they name. The replica is
+            // no longer expected (readiness waited for it), unless they name it.
             tracing::warn!(selected = %to, "Sentinel: the selected replica did not become master; asking the sentinels.");
             promoting = None;
+            left.push(to);
         }
-        let found = match keyspace.locate().await {
+        let located = keyspace.locate().await;
+        if located.is_err() {
+            // Held commands go to the node named last rather than wait on sentinels that
+            // may not answer.
+            keyspace.promoted();
+        }
+        if !tell_gone(&mut left, &tx).await {
+            break;
+        }
+        let found = match located {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(error = %e, "Sentinel: cannot locate the master; keeping the subscriber.");
@@ -189,9 +214,21 @@ pub async fn follow(
             break;
         }
     }
+    // Whatever waits for a promotion goes now (shutdown hands work back).
+    keyspace.promoted();
     if let Some(w) = current {
         w.end().await;
     }
+}
+
+/// Tells the engine of the nodes `left` behind; false when the engine is gone.
+async fn tell_gone(left: &mut Vec<String>, tx: &mpsc::Sender<Signal>) -> bool {
+    for node in left.drain(..) {
+        if tx.send(Signal::Gone { node }).await.is_err() {
+            return false;
+        }
+    }
+    true
 }
 
 /// Stops watching `w`'s node and reports it [`Signal::Gone`]; false when the engine is gone.
