@@ -25,7 +25,7 @@ use crate::keyspace::clock;
 use crate::outcome::Outcome;
 use crate::store::alert_ends;
 
-use super::context::Actions;
+use super::context::ActionContext;
 
 /// When the alert of `f` starts: its deadline, or when it was observed.
 pub fn starts_at(f: &Firing) -> DateTime<Utc> {
@@ -44,7 +44,7 @@ pub fn held_until(f: &Firing, am: &Alertmanager) -> DateTime<Utc> {
 /// `notify.labels` and `notify.annotations`, and `generatorURL` to the event's history when
 /// the files configure `links`.
 pub fn compose(
-    a: &Actions,
+    a: &ActionContext,
     f: &Firing,
     rule: &Rule,
     ch: &Channel,
@@ -94,7 +94,13 @@ pub fn generator_url(config: &Config, firing_id: &str) -> Option<String> {
 }
 
 /// One round of the alert job for `urls[target]` of `channel`.
-pub async fn run(a: &Actions, f: &Firing, rule: &Rule, channel: &str, target: u32) -> Outcome {
+pub async fn run(
+    a: &ActionContext,
+    f: &Firing,
+    rule: &Rule,
+    channel: &str,
+    target: u32,
+) -> Outcome {
     let Some(ch) = a.config.channel(channel) else {
         return Outcome::Failed(format!("channel `{channel}` is no longer defined"));
     };
@@ -183,7 +189,11 @@ fn next_round(
 }
 
 /// When the rule's `resolved` ended the alert, if it did.
-async fn ended_at(a: &Actions, f: &Firing, channel: &str) -> Result<Option<DateTime<Utc>>, String> {
+async fn ended_at(
+    a: &ActionContext,
+    f: &Firing,
+    channel: &str,
+) -> Result<Option<DateTime<Utc>>, String> {
     let Some(state) = &a.state else {
         return Ok(None);
     };
@@ -196,7 +206,7 @@ async fn ended_at(a: &Actions, f: &Firing, channel: &str) -> Result<Option<DateT
 /// The rule's `resolved` for the alertmanager channel `ch`: the alert of `f` ends now. The
 /// moment is recorded (the first one stays: a resolved notice retried later does not move it)
 /// and the alert's jobs, one per URL, become due at once to post it.
-pub async fn end(a: &Actions, f: &Firing, ch: &Channel, am: &Alertmanager) -> Outcome {
+pub async fn end(a: &ActionContext, f: &Firing, ch: &Channel, am: &Alertmanager) -> Outcome {
     let Some(state) = &a.state else {
         return Outcome::Failed(
             "ending an Alertmanager alert needs keywatch's state in Redis".into(),

@@ -6,7 +6,7 @@
 use crate::config::{CleanupStep, Rule};
 use crate::firing::Firing;
 
-use super::context::Actions;
+use super::context::ActionContext;
 use crate::keyspace::Conn;
 use crate::outcome::Outcome;
 
@@ -14,7 +14,7 @@ use crate::outcome::Outcome;
 /// enough to keep each call short for other clients.
 const SCAN_COUNT: usize = 1000;
 
-pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &CleanupStep) -> Outcome {
+pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep) -> Outcome {
     let t = &a.config.templates;
     let ctx = f.context();
     let mut conn = match a.keyspace.conn(f.db).await {
@@ -109,7 +109,7 @@ pub fn literal(glob: &[u8]) -> Option<Vec<u8>> {
 /// SCAN + UNLINK of `glob`'s keys, on the one node or on every master of a cluster; UNLINK
 /// goes through `conn`, which routes each key to its node.
 async fn scan_unlink(
-    a: &Actions,
+    a: &ActionContext,
     conn: &mut Conn,
     db: u32,
     glob: &[u8],

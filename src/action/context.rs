@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 /// What every action needs: the rules, an HTTP client, and the watched Redis.
 #[derive(Clone)]
-pub struct Actions {
+pub struct ActionContext {
     /// One snapshot of the rules: a rule, its channel and the templates they point at must come
-    /// from the same reload, so an attempt works on [`Actions::refreshed`] throughout.
+    /// from the same reload, so an attempt works on [`ActionContext::refreshed`] throughout.
     pub config: Arc<Config>,
     pub live: LiveConfig,
     pub http: reqwest::Client,
@@ -17,9 +17,9 @@ pub struct Actions {
     pub state: Option<crate::keyspace::Conn>,
 }
 
-impl Actions {
-    pub fn new(live: LiveConfig, http: reqwest::Client, keyspace: Keyspace) -> Actions {
-        Actions {
+impl ActionContext {
+    pub fn new(live: LiveConfig, http: reqwest::Client, keyspace: Keyspace) -> ActionContext {
+        ActionContext {
             config: live.current(),
             live,
             http,
@@ -29,14 +29,14 @@ impl Actions {
     }
 
     /// These actions with keywatch's state at hand (follow-ups read acknowledgements there).
-    pub fn with_state(mut self, state: crate::keyspace::Conn) -> Actions {
+    pub fn with_state(mut self, state: crate::keyspace::Conn) -> ActionContext {
         self.state = Some(state);
         self
     }
 
     /// These actions with the rules in force now; take it once per attempt or digest.
-    pub fn refreshed(&self) -> Actions {
-        Actions {
+    pub fn refreshed(&self) -> ActionContext {
+        ActionContext {
             config: self.live.current(),
             ..self.clone()
         }

@@ -21,7 +21,7 @@ use tokio::io::AsyncReadExt;
 use crate::config::{ExecStep, Rule};
 use crate::firing::Firing;
 
-use super::context::Actions;
+use super::context::ActionContext;
 use crate::outcome::Outcome;
 
 /// `PATH` for a command when keywatch itself has none (a bare container): the usual system
@@ -35,7 +35,7 @@ const KEEP: usize = 4096;
 /// processes still write in that time is kept, then the group is killed.
 const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 
-pub async fn run(a: &Actions, f: &Firing, rule: &Rule, step: &ExecStep) -> Outcome {
+pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) -> Outcome {
     let ctx = f.context();
     let mut argv = Vec::with_capacity(step.command.len());
     for id in &step.command {
@@ -331,7 +331,7 @@ rules:
             config.redis.clone(),
         )
         .unwrap();
-        let actions = Actions::new(
+        let actions = ActionContext::new(
             crate::config::LiveConfig::fixed(config),
             crate::channel::http::client(),
             keyspace,

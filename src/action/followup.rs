@@ -19,7 +19,7 @@ use crate::keyspace::clock;
 use crate::outcome::Outcome;
 use crate::store::followups;
 
-use super::context::Actions;
+use super::context::ActionContext;
 
 /// What stays due for the follow-ups of one alert beyond its longest wait: a resolved notice
 /// heard at the last moment still finds its jobs.
@@ -110,7 +110,7 @@ pub async fn bring_forward(
 }
 
 /// One attempt of a follow-up job.
-pub async fn run(a: &Actions, f: &Firing, rule: &Rule, action: &Action) -> Outcome {
+pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, action: &Action) -> Outcome {
     let result = match action {
         Action::Escalate { channel } => escalate(a, f, rule, channel).await,
         Action::Resolved { channel } => resolved(a, f, rule, channel).await,
@@ -122,7 +122,12 @@ pub async fn run(a: &Actions, f: &Firing, rule: &Rule, action: &Action) -> Outco
     })
 }
 
-async fn escalate(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result<Outcome, String> {
+async fn escalate(
+    a: &ActionContext,
+    f: &Firing,
+    rule: &Rule,
+    channel: &str,
+) -> Result<Outcome, String> {
     let Some(step) = &rule.escalate else {
         return Ok(Outcome::Failed("the rule no longer has `escalate`".into()));
     };
@@ -158,7 +163,12 @@ fn not_yet(f: &Firing, step: &FollowupStep) -> Option<std::time::Duration> {
     (left > std::time::Duration::from_millis(100)).then_some(left)
 }
 
-async fn resolved(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result<Outcome, String> {
+async fn resolved(
+    a: &ActionContext,
+    f: &Firing,
+    rule: &Rule,
+    channel: &str,
+) -> Result<Outcome, String> {
     let Some(step) = &rule.resolved else {
         return Ok(Outcome::Failed("the rule no longer has `resolved`".into()));
     };
@@ -178,7 +188,7 @@ async fn resolved(a: &Actions, f: &Firing, rule: &Rule, channel: &str) -> Result
 }
 
 async fn send(
-    a: &Actions,
+    a: &ActionContext,
     f: &Firing,
     rule: &Rule,
     step: &FollowupStep,
@@ -205,7 +215,7 @@ async fn send(
 /// The follow-up's message for `ch`: its templates with `gap`, and the alert's event JSON with
 /// `"followup"` (the alert's `id`, so a receiver ties the two together).
 pub fn compose(
-    a: &Actions,
+    a: &ActionContext,
     f: &Firing,
     rule: &Rule,
     step: &FollowupStep,
@@ -264,7 +274,7 @@ pub fn compose(
     })
 }
 
-async fn exists(a: &Actions, f: &Firing) -> Result<bool, String> {
+async fn exists(a: &ActionContext, f: &Firing) -> Result<bool, String> {
     let mut conn = a
         .keyspace
         .conn(f.db)
@@ -290,7 +300,7 @@ async fn exists(a: &Actions, f: &Firing) -> Result<bool, String> {
     Ok(n > 0)
 }
 
-async fn acknowledged(a: &Actions, f: &Firing) -> Result<bool, String> {
+async fn acknowledged(a: &ActionContext, f: &Firing) -> Result<bool, String> {
     let Some(state) = &a.state else {
         return Ok(false);
     };

@@ -1,12 +1,12 @@
 //! What rules do: `reload`, `exec`, `cleanup` and `notify`, each attempt ending in an [`Outcome`].
 //!
-//! One small module per action behind one entry point, [`Actions::run`]; `notify` sends through
+//! One small module per action behind one entry point, [`ActionContext::run`]; `notify` sends through
 //! the channel integrations of [`crate::channel`]. Whether to retry is decided by the action or
 //! integration (it knows that DingTalk's HTTP 200 with `errcode` 130101 is a rate limit), when to
 //! retry by the delivery stage.
 
 mod context;
-pub use context::Actions;
+pub use context::ActionContext;
 
 pub mod alert;
 pub mod cleanup;
@@ -19,7 +19,7 @@ pub mod reload;
 use crate::firing::{Action, Firing};
 use crate::outcome::Outcome;
 
-impl Actions {
+impl ActionContext {
     /// One attempt of `action` for `firing`, under the rules in force now.
     pub async fn run(&self, firing: &Firing, action: &Action) -> Outcome {
         self.refreshed().run_snapshot(firing, action).await

@@ -9,10 +9,15 @@ use crate::config::Rule;
 use crate::firing::{Action, Firing};
 use crate::outcome::Outcome;
 
-use super::context::Actions;
+use super::context::ActionContext;
 
 /// The message of one firing for one channel.
-pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Message, String> {
+pub fn compose(
+    a: &ActionContext,
+    f: &Firing,
+    rule: &Rule,
+    ch: &Channel,
+) -> Result<Message, String> {
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
     let escape = ch.escape();
     let t = &a.config.templates;
@@ -64,7 +69,7 @@ pub fn compose(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Result<Mes
 /// One digest message for `firings` (all of one rule, for one channel): the title rendered with
 /// `count` and `events`, then one line per event up to `max_items`, then "… and N more".
 pub fn compose_digest(
-    a: &Actions,
+    a: &ActionContext,
     firings: &[Arc<Firing>],
     rule: &Rule,
     ch: &Channel,
@@ -150,7 +155,7 @@ pub fn channel_fields(
         .collect()
 }
 
-pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Outcome {
+pub async fn send_one(a: &ActionContext, f: &Firing, rule: &Rule, ch: &Channel) -> Outcome {
     match compose(a, f, rule, ch) {
         Ok(msg) => channel::send(&a.http, ch, &msg).await,
         Err(e) => Outcome::Failed(e),
@@ -160,7 +165,7 @@ pub async fn send_one(a: &Actions, f: &Firing, rule: &Rule, ch: &Channel) -> Out
 /// The acknowledge and silence links of a rule with `escalate` when the files configure
 /// `links` (docs/rules.md), and `text` ending with them unless `ch` shows them as buttons.
 pub fn with_links(
-    a: &Actions,
+    a: &ActionContext,
     f: &Firing,
     rule: &Rule,
     ch: &Channel,

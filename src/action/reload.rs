@@ -5,11 +5,11 @@
 use crate::config::{ReloadStep, Rule};
 use crate::firing::{Action, Firing};
 
-use super::context::Actions;
+use super::context::ActionContext;
 use crate::channel::http::{self, Request};
 use crate::outcome::Outcome;
 
-pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &ReloadStep) -> Outcome {
+pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &ReloadStep) -> Outcome {
     match request(a, f, step) {
         Ok(req) => match http::send(&a.http, &req, step.timeout).await {
             Ok(answer) => http::judge_status(&answer),
@@ -20,7 +20,7 @@ pub async fn run(a: &Actions, f: &Firing, _rule: &Rule, step: &ReloadStep) -> Ou
 }
 
 /// The request of one attempt; a template that fails on this firing's data fails for good.
-pub fn request(a: &Actions, f: &Firing, step: &ReloadStep) -> Result<Request, Outcome> {
+pub fn request(a: &ActionContext, f: &Firing, step: &ReloadStep) -> Result<Request, Outcome> {
     let t = &a.config.templates;
     let ctx = f.context();
     let fail = |what: &str, e: crate::template::TemplateError| {

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::action::{Actions, actions_of, followup};
+use crate::action::{ActionContext, actions_of, followup};
 use crate::config::Group;
 use crate::event::EventKind;
 use crate::firing::{Action, Firing, Job};
@@ -53,7 +53,7 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn new(
-        actions: Actions,
+        actions: ActionContext,
         metrics: Arc<Metrics>,
         policy: RetryPolicy,
         state: Option<crate::keyspace::Conn>,
@@ -64,7 +64,7 @@ impl Delivery {
 
     /// [`Delivery::new`] reading the retry window from `clock` (tests: tokio's paused clock).
     fn with_clock(
-        actions: Actions,
+        actions: ActionContext,
         metrics: Arc<Metrics>,
         policy: RetryPolicy,
         state: Option<crate::keyspace::Conn>,

@@ -10,7 +10,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::action::Actions;
+use crate::action::ActionContext;
 use crate::firing::Firing;
 use crate::metrics::Metrics;
 use crate::status::Status;
@@ -23,7 +23,7 @@ use crate::store::dead::DeadStore;
 use crate::store::queue::{Queue, Window};
 
 pub(super) struct Inner {
-    pub(super) actions: Actions,
+    pub(super) actions: ActionContext,
     pub(super) metrics: Arc<Metrics>,
     /// Rate limits and waiting lines (where a backlog merges into digests) per channel.
     pub(super) limiters: Limiters,

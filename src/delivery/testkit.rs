@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::action::Actions;
+use crate::action::ActionContext;
 use crate::channel::{Channel, Dispatch, Integration, Message};
 use crate::config::{Config, LiveConfig};
 use crate::event::{EventKind, KeyEvent};
@@ -61,7 +61,7 @@ pub(super) struct Stage {
 pub(super) fn stage(config: Config, policy: RetryPolicy) -> Stage {
     let keyspace = Keyspace::new(Secret::new("redis://127.0.0.1:1"), config.redis.clone())
         .expect("a Redis URL that is never connected");
-    let actions = Actions::new(
+    let actions = ActionContext::new(
         LiveConfig::fixed(config),
         crate::channel::http::client(),
         keyspace,

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::action::Actions;
+use crate::action::ActionContext;
 use crate::config::{self, Config, LiveConfig, Mode};
 use crate::delivery::{Delivery, RetryPolicy};
 use crate::engine::Engine;
@@ -235,7 +235,7 @@ pub async fn run(
         ))
     };
 
-    let actions = Actions::new(
+    let actions = ActionContext::new(
         live.clone(),
         crate::channel::http::client(),
         keyspace.clone(),
