@@ -14,9 +14,14 @@
 //! subscriber holds `BYTES` beyond it before it lets go of its connection
 //! ([`crate::source::notifications::BACKLOG_LIMIT`]), so a drill can make keywatch fall behind
 //! with hundreds of events instead of a hundred thousand.
+//!
+//! `KEYWATCH_DRILL_ACK_DELAY=DURATION` (`1s`): the queue's writer holds every batch that records
+//! jobs finished this long before sending it, as a state Redis too loaded to answer would, so a
+//! drill can show what a kill sends twice when acknowledgements lag far behind the requests.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// The boundaries of an event's path a crash can fall between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,4 +110,16 @@ pub fn backlog(defaults: (usize, usize)) -> (usize, usize) {
         Some((signals.parse().ok()?, bytes.parse().ok()?))
     })
     .unwrap_or(defaults)
+}
+
+/// How long the queue's writer holds a batch of acknowledgements before sending it: `None`
+/// unless `KEYWATCH_DRILL_ACK_DELAY` says.
+pub fn ack_delay() -> Option<Duration> {
+    static AT: OnceLock<Option<Duration>> = OnceLock::new();
+    *AT.get_or_init(|| {
+        let v = std::env::var("KEYWATCH_DRILL_ACK_DELAY").ok()?;
+        humantime::parse_duration(v.trim())
+            .ok()
+            .filter(|d| !d.is_zero())
+    })
 }
