@@ -18,7 +18,7 @@ use super::slots::{Slot, SlotKey, Ticket};
 use super::state::{DIGEST_ITEMS, Held, Inner, Room, inflight, windows_inflight};
 use super::work::{Work, window_jobs};
 use crate::store::dead::DeadLetter;
-use crate::store::queue::{Unreadable, Window};
+use crate::store::queue::{Queue, Unreadable, Window};
 
 /// One attempt, logged and counted: one line per action sent or failed. `n` attempts came before
 /// it, failing since `failing_since`. A failure that may be retried is decided here, before it is
@@ -224,8 +224,16 @@ pub(super) async fn deliver_held(
             // Left in flight: shutdown hands it back.
             Err(()) => return,
         };
+        // Acknowledged through the queue's writer, which waits for it while it is under way.
+        let attempting = (window.is_none() && !jobs.is_empty())
+            .then(|| inner.queue.as_ref().map(Queue::attempting))
+            .flatten();
         let (outcome, retry_at) = attempt(&inner, &work, n, &mut failing_since).await;
-        drop(permit);
+        drop(attempting);
+        // The permit is held until the outcome is recorded in Redis, not just until the answer
+        // came: a kill can send again only what holds one, so it doubles at most the slot's
+        // width however far acknowledgements lag (docs/reliability.md#guarantees). Given back
+        // on return, or before a wait in memory.
         match outcome {
             Outcome::Sent(_) | Outcome::Skipped(_) | Outcome::Failed(_) => {
                 match &outcome {
@@ -234,6 +242,7 @@ pub(super) async fn deliver_held(
                 }
                 acknowledge(&inner, window.as_ref(), &jobs).await;
                 finish(&inner);
+                drop(permit);
                 return;
             }
             Outcome::Again { after, .. } => {
@@ -256,6 +265,7 @@ pub(super) async fn deliver_held(
                         }
                     }
                 }
+                drop(permit);
                 tokio::select! {
                     biased;
                     _ = inner.shutdown.cancelled() => return,
@@ -311,6 +321,7 @@ pub(super) async fn deliver_held(
                         }
                     }
                 }
+                drop(permit);
                 tokio::select! {
                     biased;
                     _ = inner.shutdown.cancelled() => return,

@@ -188,7 +188,8 @@ impl Slot {
     }
 }
 
-/// The right to make one request, for its duration.
+/// The right to make one request, for its duration and until its outcome is recorded in Redis
+/// (`attempt::deliver_held`): what a kill can send twice is what holds one.
 pub(super) struct SlotPermit {
     slot: Arc<Slot>,
     permit: Option<OwnedSemaphorePermit>,

@@ -31,8 +31,8 @@ mod waiting;
 mod window;
 mod writer;
 use bundle::Settled;
-pub use writer::WriteError;
 use writer::Writer;
+pub use writer::{Attempting, WriteError};
 
 /// The queue's scripts, one `.lua` file each beside this one.
 const TAKE: &str = include_str!("queue/take.lua");
@@ -281,6 +281,12 @@ impl Queue {
         let mut zadd = redis::cmd("ZADD");
         zadd.arg(&self.zset).arg("NX").arg(due_ms).arg(job.id());
         [hset, zadd]
+    }
+
+    /// An attempt starts that will acknowledge its jobs with [`Queue::done`]; drop it when the
+    /// attempt is over, just before acknowledging (see [`Writer::attempting`]).
+    pub fn attempting(&self) -> Attempting {
+        self.writer.attempting()
     }
 
     /// The job is finished (sent, or dead-lettered); group-committed like [`Queue::store`]. A

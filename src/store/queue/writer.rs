@@ -11,19 +11,21 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::Conn;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 /// Callers served by one pipeline at most, so one batch never becomes a huge command.
 const MAX_BATCH: usize = 2048;
 
-/// How long a batch of acknowledgements alone waits for more before it goes. In a storm's
-/// delivery requests finish a few at a time, and sending each few at once made a transaction
-/// per handful of jobs: half of the state server's calls. Nothing waits to start on an
-/// acknowledgement, and a job whose acknowledgement is late by this is all a crash in it could
-/// send twice beyond the requests in flight.
+/// How long a batch of acknowledgements alone waits for more before it goes, while attempts
+/// that will bring more are under way ([`Writer::attempting`]). In a storm's delivery requests
+/// finish a few at a time, and sending each few at once made a transaction per handful of jobs:
+/// half of the state server's calls. A request holds its target's permit until its
+/// acknowledgement is in Redis (docs/reliability.md#guarantees), so the wait ends as soon as
+/// nothing more is under way: lingering then would only hold the target's next requests back.
 const ACK_LINGER: Duration = Duration::from_millis(2);
 
 /// Why a write did not reach Redis.
@@ -83,14 +85,49 @@ impl Request {
 #[derive(Clone)]
 pub struct Writer {
     tx: mpsc::UnboundedSender<Request>,
+    under_way: Arc<UnderWay>,
+}
+
+/// How many attempts are under way whose acknowledgements will come to this writer.
+#[derive(Default)]
+struct UnderWay {
+    n: AtomicUsize,
+    /// Told when the last of them ends.
+    none: Notify,
+}
+
+impl UnderWay {
+    fn start(self: &Arc<Self>) -> Attempting {
+        self.n.fetch_add(1, Ordering::AcqRel);
+        Attempting(self.clone())
+    }
+}
+
+/// One attempt under way whose acknowledgement will come to the writer: drop it when the
+/// attempt is over, just before acknowledging.
+pub struct Attempting(Arc<UnderWay>);
+
+impl Drop for Attempting {
+    fn drop(&mut self) {
+        if self.0.n.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.none.notify_one();
+        }
+    }
 }
 
 impl Writer {
     /// Starts the writing task; it ends when the last clone of the writer is dropped.
     pub fn start(conn: Conn, prefix: &str) -> Writer {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(conn, prefix.to_string(), rx));
-        Writer { tx }
+        let under_way = Arc::new(UnderWay::default());
+        tokio::spawn(run(conn, prefix.to_string(), rx, under_way.clone()));
+        Writer { tx, under_way }
+    }
+
+    /// An attempt starts that will acknowledge its jobs here: while it is under way, a batch of
+    /// acknowledgements waits for it (up to [`ACK_LINGER`]).
+    pub fn attempting(&self) -> Attempting {
+        self.under_way.start()
     }
 
     /// Stores jobs (id, payload, due) and runs `also` in the same transaction: the commands
@@ -139,7 +176,12 @@ impl Writer {
     }
 }
 
-async fn run(mut conn: Conn, prefix: String, mut rx: mpsc::UnboundedReceiver<Request>) {
+async fn run(
+    mut conn: Conn,
+    prefix: String,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    under_way: Arc<UnderWay>,
+) {
     let names = Names {
         zset: super::keys::queue(&prefix),
         jobs: super::keys::jobs(&prefix),
@@ -148,18 +190,7 @@ async fn run(mut conn: Conn, prefix: String, mut rx: mpsc::UnboundedReceiver<Req
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
         if batch.iter().all(Request::acknowledges) {
-            // Acknowledgements only: whatever else finishes within ACK_LINGER goes with them.
-            let until = tokio::time::Instant::now() + ACK_LINGER;
-            while batch.len() < MAX_BATCH {
-                let room = MAX_BATCH - batch.len();
-                let more = tokio::select! {
-                    n = rx.recv_many(&mut batch, room) => n,
-                    _ = tokio::time::sleep_until(until) => 0,
-                };
-                if more == 0 {
-                    break;
-                }
-            }
+            linger(&mut rx, &mut batch, &under_way).await;
         }
         // A drill's state Redis too loaded to take acknowledgements, see
         // docs/development.md#drills-killing-keywatch-at-an-exact-step-and-a-host-clock-that-is-off
@@ -191,6 +222,40 @@ async fn run(mut conn: Conn, prefix: String, mut rx: mpsc::UnboundedReceiver<Req
             .map_err(|e| WriteError::Redis(e.to_string()));
         for r in batch.drain(..) {
             let _ = r.reply.send(result.clone());
+        }
+    }
+}
+
+/// Adds to a batch of acknowledgements whatever else finishes within [`ACK_LINGER`], as long as
+/// attempts that will acknowledge are under way: once none is, no more is coming soon.
+async fn linger(
+    rx: &mut mpsc::UnboundedReceiver<Request>,
+    batch: &mut Vec<Request>,
+    under_way: &UnderWay,
+) {
+    let until = tokio::time::Instant::now() + ACK_LINGER;
+    while batch.len() < MAX_BATCH {
+        // What came meanwhile goes with the batch, whether or not more is coming.
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(r) => batch.push(r),
+                Err(_) => break,
+            }
+        }
+        if batch.len() >= MAX_BATCH || under_way.n.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let room = MAX_BATCH - batch.len();
+        tokio::select! {
+            n = rx.recv_many(batch, room) => {
+                if n == 0 {
+                    return;
+                }
+            }
+            // `notify_one` keeps the wake-up when no one waits yet: the last attempt ending
+            // after the count was read is not missed.
+            _ = under_way.none.notified() => {}
+            _ = tokio::time::sleep_until(until) => return,
         }
     }
 }
@@ -320,6 +385,81 @@ mod tests {
             zset: "kw:queue".into(),
             jobs: "kw:queue:jobs".into(),
         }
+    }
+
+    /// An acknowledgement as a caller hands it to the writer.
+    fn ack(id: &str) -> Request {
+        let (reply, _) = oneshot::channel();
+        Request {
+            ops: vec![done(id)],
+            reply,
+        }
+    }
+
+    fn ids(batch: &[Request]) -> Vec<String> {
+        batch
+            .iter()
+            .flat_map(|r| &r.ops)
+            .map(|o| match o {
+                Op::Done { id } => id.clone(),
+                _ => unreachable!("acknowledgements only"),
+            })
+            .collect()
+    }
+
+    /// Lingers over a batch of `first` in a task of its own: the batch, and how long it took.
+    fn lingering(
+        mut rx: mpsc::UnboundedReceiver<Request>,
+        first: &str,
+        under_way: Arc<UnderWay>,
+    ) -> tokio::task::JoinHandle<(Vec<String>, Duration)> {
+        let mut batch = vec![ack(first)];
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            linger(&mut rx, &mut batch, &under_way).await;
+            (ids(&batch), started.elapsed())
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acknowledgements_go_at_once_when_no_attempt_is_under_way() {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tx.send(ack("b")).unwrap();
+        let (batch, took) = lingering(rx, "a", Arc::default()).await.unwrap();
+        assert_eq!(batch, ["a", "b"], "what had come already goes with them");
+        assert_eq!(took, Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acknowledgements_wait_for_the_attempts_under_way_and_go_when_the_last_ends() {
+        let under_way = Arc::new(UnderWay::default());
+        let (first, second) = (under_way.start(), under_way.start());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let lingered = lingering(rx, "a", under_way.clone());
+        // Tokio's timer counts whole milliseconds: half the linger is one tick.
+        let step = ACK_LINGER / 2;
+        tokio::time::sleep(step).await;
+        drop(first);
+        tx.send(ack("b")).unwrap();
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!lingered.is_finished(), "one attempt is still under way");
+        drop(second);
+        tx.send(ack("c")).unwrap();
+        let (batch, took) = lingered.await.unwrap();
+        assert_eq!(batch, ["a", "b", "c"]);
+        assert_eq!(took, step, "gone when the last attempt ended");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_that_does_not_end_holds_acknowledgements_back_for_the_linger_at_most() {
+        let under_way = Arc::new(UnderWay::default());
+        let _hung = under_way.start();
+        let (_tx, rx) = mpsc::unbounded_channel();
+        let (batch, took) = lingering(rx, "a", under_way).await.unwrap();
+        assert_eq!(batch, ["a"]);
+        assert_eq!(took, ACK_LINGER);
     }
 
     #[test]
