@@ -24,7 +24,8 @@ use common::{HttpReceiver, KeywatchProcess, Logs, RedisServer, Response, wait_un
 
 /// Tasks per drill: several batches' worth of work in flight at the kill.
 const TASKS: usize = 300;
-/// Leases (15 s) must end before another instance takes over; then delivery is quick.
+/// Leases (5 s here, see [`spawn_with`]) must end before another instance takes over; then
+/// delivery is quick.
 const AFTER_CRASH: Duration = Duration::from_secs(120);
 
 fn rules(dir: &Path, receiver: &HttpReceiver) -> PathBuf {
@@ -51,9 +52,11 @@ fn spawn_with(
     crash_at: Option<&str>,
     also: &[(&str, &str)],
 ) -> KeywatchProcess {
-    let mut envs: Vec<(&str, &str)> = crash_at
-        .map(|s| vec![("KEYWATCH_DRILL_CRASH_AT", s)])
-        .unwrap_or_default();
+    // A 5 s lease: what a kill leaves is taken over 5 s later, not 15 (the drills wait for it).
+    let mut envs: Vec<(&str, &str)> = vec![("KEYWATCH_LEASE", "5s")];
+    if let Some(step) = crash_at {
+        envs.push(("KEYWATCH_DRILL_CRASH_AT", step));
+    }
     envs.extend_from_slice(also);
     common::run_subscribed(&redis.url(), rules, Logs::Text, &envs)
 }
