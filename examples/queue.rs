@@ -1,11 +1,12 @@
 //! Queue throughput: jobs per second through claim → durable enqueue → deliver to a local
 //! receiver → ack, with 1 and with 3 keywatch instances on one Redis, in one run.
 //!
-//! `cargo run --release --example queue [-- --jobs 20000]`
+//! `cargo run --release --example queue [-- --jobs 20000] [--response-ms 0]`
 //!
 //! Each instance runs in this process (the library's `command::run::run`), each with its own
 //! connections; `--jobs` keys expire at one instant on a webhook rule, and the time from that
-//! instant to the last webhook received gives the rate.
+//! instant to the last webhook received gives the rate. The receiver answers at once, or after
+//! `--response-ms` as a real target would: the channel's 16 requests at once then bound the rate.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -32,7 +33,7 @@ fn arg(name: &str, default: u64) -> u64 {
 type Seen = Arc<Mutex<(HashSet<String>, usize, Option<Instant>)>>;
 
 /// Seconds from the common deadline until every key was received, and how many requests came.
-async fn run(instances: usize, jobs: u64) -> (f64, usize, usize) {
+async fn run(instances: usize, jobs: u64, response: Duration) -> (f64, usize, usize) {
     let server = LocalRedis::start(&["--notify-keyspace-events", "Exg"]).unwrap();
     let seen: Seen = Arc::default();
     let s = seen.clone();
@@ -41,6 +42,9 @@ async fn run(instances: usize, jobs: u64) -> (f64, usize, usize) {
         post(move |body: Bytes| {
             let s = s.clone();
             async move {
+                if !response.is_zero() {
+                    tokio::time::sleep(response).await;
+                }
                 let j: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let mut g = s.lock().unwrap();
                 g.1 += 1;
@@ -117,11 +121,14 @@ async fn run(instances: usize, jobs: u64) -> (f64, usize, usize) {
 async fn main() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let jobs = arg("--jobs", 20_000);
-    println!("queue throughput: {jobs} keys expiring at one instant, one webhook job each\n");
+    let response = Duration::from_millis(arg("--response-ms", 0));
+    println!(
+        "queue throughput: {jobs} keys expiring at one instant, one webhook job each, answered in {response:?}\n"
+    );
     println!("| instances | delivered | requests | seconds | jobs/s |");
     println!("|-----------|-----------|----------|---------|--------|");
     for n in [1, 3] {
-        let (secs, keys, requests) = run(n, jobs).await;
+        let (secs, keys, requests) = run(n, jobs, response).await;
         println!(
             "| {n:>9} | {keys:>9} | {requests:>8} | {secs:>7.2} | {:>6.0} |",
             keys as f64 / secs
