@@ -84,6 +84,24 @@ fn a_replica_given_as_redis_is_not_watched() {
     kw.stop();
 }
 
+/// The rule `lock:{id}` → webhook `hook` at `receiver`, on the master `set`'s sentinels name, with
+/// missing notification flags added (`notifications: enable`).
+fn lock_rules_through(
+    set: &RedisSentinels,
+    dir: &std::path::Path,
+    receiver: &HttpReceiver,
+) -> std::path::PathBuf {
+    common::hook_rules(
+        dir,
+        receiver,
+        &format!(
+            "redis:\n  notifications: enable\n  sentinel:\n    master: {}\n    nodes: {}\nrules:\n  - name: lock-expired\n    match: \"lock:{{id}}\"\n    notify: {{ to: [hook] }}\n",
+            common::redis_sentinel::MASTER_NAME,
+            set.nodes_yaml()
+        ),
+    )
+}
+
 /// With `redis.sentinel`, keywatch follows the master through `SENTINEL FAILOVER`: keys that
 /// expire before, during and after the switch are each alerted once (those due while no node
 /// was watched are recovered by the ledger), the promoted replica gets the notification flags
@@ -94,15 +112,7 @@ fn keywatch_follows_the_master_through_a_failover() {
     let set = RedisSentinels::start("Exg");
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
-    let rules = common::hook_rules(
-        dir.path(),
-        &receiver,
-        &format!(
-            "redis:\n  notifications: enable\n  sentinel:\n    master: {}\n    nodes: {}\nrules:\n  - name: lock-expired\n    match: \"lock:{{id}}\"\n    notify: {{ to: [hook] }}\n",
-            common::redis_sentinel::MASTER_NAME,
-            set.nodes_yaml()
-        ),
-    );
+    let rules = lock_rules_through(&set, dir.path(), &receiver);
     let first = set.data[0].addr();
     // The URL gives credentials (none here); the node is the sentinels' to name.
     let mut kw = common::run_subscribed(&set.data[0].url(), &rules, common::Logs::Text, &[]);
@@ -227,15 +237,7 @@ fn a_job_sent_while_a_replica_is_being_promoted_runs_once() {
         });
     }
     let dir = tempfile::tempdir().unwrap();
-    let rules = common::hook_rules(
-        dir.path(),
-        &receiver,
-        &format!(
-            "redis:\n  notifications: enable\n  sentinel:\n    master: {}\n    nodes: {}\nrules:\n  - name: lock-expired\n    match: \"lock:{{id}}\"\n    notify: {{ to: [hook] }}\n",
-            common::redis_sentinel::MASTER_NAME,
-            set.nodes_yaml()
-        ),
-    );
+    let rules = lock_rules_through(&set, dir.path(), &receiver);
     let first = set.data[0].addr();
     let mut kw = common::run_subscribed(&set.data[0].url(), &rules, common::Logs::Text, &[]);
     let addr = endpoint(&kw);
