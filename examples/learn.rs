@@ -112,7 +112,7 @@ async fn main() {
     fill_all(&ledger, &config, None).await;
     let took = t.elapsed().as_secs_f64();
     let redis_cpu = keywatch::proc_stats::cpu_secs(redis.pid()) - cpu_before;
-    let learnt = ledger.size(&[0]).await.unwrap();
+    let learnt = ledger.indexed();
     let after = used_memory(&mut c).await;
     println!(
         "learnt {learnt} deadlines in {took:.1} s: {:.0} keys/s (max_keys_per_second {pace}); redis-server CPU {:.2} µs per key",

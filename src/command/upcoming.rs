@@ -137,28 +137,30 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
     let mut found: Vec<(u32, Vec<u8>, i64)> = Vec::new();
     for &db in &config.redis.databases {
         let from_ledger = match &ledger {
-            Some(l) => l.size(&[db]).await.map_err(cannot)? > 0,
+            Some(l) => l.any(db).await.map_err(cannot)?,
             None => false,
         };
         let conn = keyspace.conn(db).await.map_err(cannot)?;
         if let (true, Some(l)) = (from_ledger, &ledger) {
             tracing::debug!(db, "Reading deadlines from the ledger.");
-            let mut offset = 0;
+            let mut after = None;
             let start = found.len();
             loop {
                 let rows = l
-                    .between(db, now, until, offset, 1000)
+                    .between(db, now, until, &mut after, 1000)
                     .await
                     .map_err(cannot)?;
                 let n = rows.len();
+                if n == 0 {
+                    break;
+                }
                 let keys: Vec<Vec<u8>> = rows.into_iter().map(|(k, _)| k).collect();
                 let deadlines = pexpiretime(&conn, &keys).await.map_err(cannot)?;
                 found.extend(keys.into_iter().zip(deadlines).map(|(k, d)| (db, k, d)));
                 // Soonest first: past twice the limit (some may be gone) the rest cannot make it.
-                if n < 1000 || found.len() - start >= opts.limit * 2 {
+                if found.len() - start >= opts.limit * 2 {
                     break;
                 }
-                offset += n;
             }
         } else {
             tracing::debug!(db, "No ledger covers this; scanning.");

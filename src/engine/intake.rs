@@ -52,14 +52,17 @@ use crate::store::intake::{Batch, Records};
 
 /// A clock skew allowance: an `expired` for a key whose recorded deadline is further in the
 /// future than this belongs to an older incarnation of the key.
-const SKEW_MS: i64 = 2000;
+pub const SKEW_MS: i64 = 2000;
 
 /// How the take script treats one event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// An `expired` of a key the ledger watches: its deadline leaves the ledger; it fires when
     /// `fire` (some rule reacts to it; a key watched only for warnings just leaves the ledger).
-    Live { fire: bool },
+    /// `at`: the second the ledger's index says its deadline is in
+    /// ([`crate::source::ledger::Ledger::taking`]); without it the take looks in the last
+    /// minute's.
+    Live { fire: bool, at: Option<i64> },
     /// An expiry the ledger found missed: taken only if still missed (a late `expired` or
     /// another instance may have taken it meanwhile).
     Recovered { fire: bool },
@@ -363,9 +366,10 @@ impl Intake {
             blob.push_str(&json);
             jsons.push(json.into());
         };
-        // Per event: its mode's letter, and its arguments: an expiry's key alone (the letters
-        // `L`, `l`, `R`, `r`: its kind is `expired`), any other event's kind, key, given deadline
-        // and extra. In a storm every event is an expiry: one argument each, not five.
+        // Per event: its mode's letter, and its arguments: a live expiry's key and second (the
+        // letters `L`, `l`: its kind is `expired`), a recovery's key (`R`, `r`), any other
+        // event's kind, key, given deadline and extra. In a storm every event is a live expiry:
+        // two arguments each, not five.
         let mut modes = String::with_capacity(events.len());
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(events.len());
         for (e, mode) in events {
@@ -382,9 +386,17 @@ impl Intake {
                 records.push(r);
                 continue;
             }
+            if let Mode::Live { fire, at } = mode {
+                let r = Record::of(e, None);
+                line(&r);
+                modes.push(if *fire { 'L' } else { 'l' });
+                args.push(e.key.clone());
+                args.push(at.map(|s| s.to_string().into_bytes()).unwrap_or_default());
+                records.push(r);
+                continue;
+            }
             let (code, given, extra, rule) = match mode {
-                Mode::Live { fire: true } => ('L', None, None, None),
-                Mode::Live { fire: false } => ('l', None, None, None),
+                Mode::Live { .. } => unreachable!("taken above"),
                 Mode::Recovered { fire: true } => ('R', None, None, None),
                 Mode::Recovered { fire: false } => ('r', None, None, None),
                 Mode::Plain | Mode::Field { .. } => ('P', e.deadline, Some(Vec::new()), None),

@@ -308,6 +308,13 @@ impl Engine {
                 // only for warnings), or the poker would take it for missed.
                 Mode::Live {
                     fire: !rules.is_empty(),
+                    at: self.ledger().and_then(|l| {
+                        l.taking(
+                            e.db,
+                            &e.key,
+                            crate::keyspace::clock::now_ms() + intake::SKEW_MS,
+                        )
+                    }),
                 }
             } else if rules.is_empty() {
                 continue;

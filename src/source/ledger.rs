@@ -4,8 +4,10 @@
 //! Redis publishes `expired` only when it deletes a key — on access, or when its background
 //! cycle reaches it, which with many TTL keys is seconds to minutes late — and pub/sub loses
 //! whatever is published while keywatch is down or disconnected. So keywatch keeps, in Redis
-//! (shared by instances, surviving restarts), a sorted set per database of the deadlines of the
-//! keys its rules watch, learnt from `expire` keyevents and scans:
+//! (shared by instances, surviving restarts), the deadlines of the keys its rules watch, learnt
+//! from `expire` keyevents and scans: per database, a small hash per second of deadlines
+//! (`store::ledger`), and in this process an index of which second each key is in
+//! ([`crate::source::ledger_index`]):
 //!
 //! - **On time**: when a deadline comes, the poker touches the key (`PEXPIRETIME`, pipelined,
 //!   every few ms); Redis then deletes it and publishes `expired` at once.
@@ -21,13 +23,14 @@
 //! PUBLISH. With a counter per instance, one instance's marker could cover another's entry
 //! moved after it was published, and recover a key whose `expired` it had yet to read.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
-use crate::store::ledger::{self as store, Deadlines};
+use crate::source::ledger_index::LedgerIndex;
+use crate::store::ledger::{self as store, Deadlines, Entry, second_of};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -147,7 +150,17 @@ struct Inner {
     filled: AtomicBool,
     /// Fills running now (one per cluster master that came up).
     filling: AtomicUsize,
+    /// Which second each key's deadline is in, as this instance knows it.
+    index: LedgerIndex,
+    /// Keys deleted while the index did not know them (before a reconcile walk read their
+    /// second), per database: a walk or the poker that finds them gone drops them, as the
+    /// `del` would have, rather than recovering them as missed. Cleared by a completed walk.
+    forgotten: std::sync::Mutex<HashSet<(u32, Vec<u8>)>>,
 }
+
+/// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
+/// deleted key's deadline may be recovered as missed, as before a walk had read it.
+const FORGOTTEN_MAX: usize = 100_000;
 
 use crate::keyspace::clock::now_ms;
 
@@ -162,6 +175,8 @@ impl Ledger {
                 metrics,
                 filled: AtomicBool::new(false),
                 filling: AtomicUsize::new(0),
+                index: LedgerIndex::default(),
+                forgotten: std::sync::Mutex::new(HashSet::new()),
             }),
         }
     }
@@ -215,14 +230,87 @@ impl Ledger {
         if keys.is_empty() {
             return Ok(());
         }
-        self.inner.store.record(db, keys, deadlines, now_ms()).await
+        let index = &self.inner.index;
+        // A key given twice keeps its last deadline, as if each were written in turn: the
+        // script must not leave one in each of two seconds.
+        let mut last: HashMap<&[u8], usize> = HashMap::with_capacity(keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            last.insert(k.as_slice(), i);
+        }
+        let entries: Vec<Entry> = keys
+            .iter()
+            .zip(deadlines)
+            .enumerate()
+            .filter(|(i, (k, _))| last.get(k.as_slice()) == Some(i))
+            .map(|(_, (k, d))| Entry {
+                key: k,
+                deadline: *d,
+                was: index.get(db, k),
+            })
+            .collect();
+        self.inner.store.record(db, &entries, now_ms()).await?;
+        for e in &entries {
+            match e.deadline {
+                -1 => {
+                    index.remove(db, e.key);
+                }
+                d if d > 0 => index.set(db, e.key, second_of(d)),
+                _ => {}
+            }
+        }
+        let mut forgotten = self.forgotten();
+        if !forgotten.is_empty() {
+            // Set again after a delete: its new deadline is not the deleted one's.
+            for e in entries.iter().filter(|e| e.deadline > 0) {
+                forgotten.remove(&(db, e.key.to_vec()));
+            }
+        }
+        Ok(())
     }
 
+    /// Drops the deadlines of `keys` (deleted, persisted, renamed away).
     pub async fn forget(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<()> {
-        if keys.is_empty() {
+        let mut known = Vec::with_capacity(keys.len());
+        let mut unknown = Vec::new();
+        for k in keys {
+            match self.inner.index.remove(db, k) {
+                Some(s) => known.push((k.as_slice(), s)),
+                None => unknown.push(k),
+            }
+        }
+        if !unknown.is_empty() {
+            let mut forgotten = self.forgotten();
+            for k in unknown {
+                if forgotten.len() < FORGOTTEN_MAX {
+                    forgotten.insert((db, k.clone()));
+                }
+            }
+        }
+        if known.is_empty() {
             return Ok(());
         }
-        self.inner.store.forget(db, keys).await
+        self.inner.store.forget(db, &known).await
+    }
+
+    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, Vec<u8>)>> {
+        self.inner
+            .forgotten
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The second the index holds `key`'s deadline in, for the take of its `expired`; forgotten
+    /// here if that deadline is due (the take removes it from the ledger), kept if it is later
+    /// (the `expired` was of an earlier incarnation of the key).
+    pub fn taking(&self, db: u32, key: &[u8], due_limit_ms: i64) -> Option<i64> {
+        self.inner
+            .index
+            .remove_due(db, key, second_of(due_limit_ms))
+    }
+
+    /// How many keys this instance's index holds (the `keywatch_ledger_keys` gauge).
+    pub fn indexed(&self) -> usize {
+        self.inner.index.len()
     }
 
     /// Up to `limit` expiries missed up to marker `seq` of `db`, soonest first. Only read: taking
@@ -287,9 +375,9 @@ impl Ledger {
             let Some(g) = grace.as_deref_mut() else {
                 break page;
             };
-            let open: Vec<(Vec<u8>, f64)> = page
+            let open: Vec<(Vec<u8>, i64)> = page
                 .into_iter()
-                .filter(|(k, score)| !g.waiting(db, k, *score as i64))
+                .filter(|(k, deadline)| !g.waiting(db, k, *deadline))
                 .collect();
             // A page of keys all within their grace: the due keys behind them must not wait.
             if open.is_empty() && len == POKE_BATCH && offset < GRACE_PAGES * POKE_BATCH {
@@ -306,31 +394,58 @@ impl Ledger {
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
         let now: Vec<i64> = conn.each(per_key("PEXPIRETIME", &keys)).await?;
         let mut gone = Vec::new();
+        // Corrections, recorded as a read would: the deadline now (-1: none), from the second
+        // the poker found it in.
         let mut fixes = Vec::new();
-        for ((k, score), t) in due.iter().zip(now) {
-            match t {
-                -2 if record_gone => {
-                    if grace
-                        .as_deref_mut()
-                        .is_some_and(|g| g.begin(db, k, *score as i64))
-                    {
-                        continue;
+        {
+            let forgotten = self.forgotten();
+            for ((k, deadline), t) in due.iter().zip(now) {
+                let fix = |t| Entry {
+                    key: k,
+                    deadline: t,
+                    was: Some(second_of(*deadline)),
+                };
+                match t {
+                    // Deleted while the index did not know it: dropped, as the `del` would have.
+                    -2 if !forgotten.is_empty() && forgotten.contains(&(db, k.clone())) => {
+                        fixes.push(fix(-1))
                     }
-                    gone.push((k.as_slice(), *score as i64));
+                    -2 if record_gone => {
+                        if grace
+                            .as_deref_mut()
+                            .is_some_and(|g| g.begin(db, k, *deadline))
+                        {
+                            continue;
+                        }
+                        gone.push((k.as_slice(), *deadline));
+                    }
+                    -2 => {}
+                    // A plain SET dropped the TTL (Redis says nothing about that): no expiry
+                    // will come.
+                    -1 => fixes.push(fix(-1)),
+                    // The deadline moved without us hearing of it.
+                    t if t != *deadline => fixes.push(fix(t)),
+                    _ => {}
                 }
-                -2 => {}
-                // A plain SET dropped the TTL (Redis says nothing about that): no expiry will come.
-                -1 => fixes.push((k.as_slice(), None)),
-                // The deadline moved without us hearing of it.
-                t if t != *score as i64 => fixes.push((k.as_slice(), Some(t))),
-                _ => {}
             }
         }
         if !fixes.is_empty() {
-            store.fix(db, &fixes).await?;
+            store.record(db, &fixes, now_ms()).await?;
+            for f in &fixes {
+                match f.deadline {
+                    -1 => self.inner.index.remove(db, f.key),
+                    t => {
+                        self.inner.index.set(db, f.key, second_of(t));
+                        None
+                    }
+                };
+            }
         }
         if !gone.is_empty() {
             let seq = store.move_poked(db, &gone).await?;
+            for (k, _) in &gone {
+                self.inner.index.remove(db, k);
+            }
             // After the move, so the marker follows every `expired` the touches caused.
             redis::cmd("PUBLISH")
                 .arg(Self::marker_channel(&self.inner.prefix))
@@ -342,43 +457,72 @@ impl Ledger {
     }
 
     /// Drops deadlines still in the future whose key is gone: deleted while keywatch was not
-    /// listening. Run at start-up and after every reconnect, before those deadlines come.
+    /// listening. Run at start-up and after every reconnect, before those deadlines come. The
+    /// same walk rebuilds this instance's index, and first converts an earlier keywatch's
+    /// ledger (docs/operations.md#upgrading).
     pub async fn reconcile(&self, db: u32) -> redis::RedisResult<usize> {
         let store = &self.inner.store;
-        let mut start = 0isize;
+        let mut converted = false;
+        while store.convert(db).await? > 0 {
+            converted = true;
+        }
+        if converted {
+            tracing::info!(
+                db,
+                "Ledger: converted an earlier keywatch's ledger to the compact form."
+            );
+        }
+        let mut from = i64::MIN / 60_000;
         let mut dropped = 0;
         loop {
-            let keys = store.page(db, start, 1000).await?;
-            if keys.is_empty() {
-                return Ok(dropped);
-            }
-            let conn = self.inner.keyspace.conn(db).await?;
-            let exists: Vec<i64> = conn.each(per_key("EXISTS", &keys)).await?;
-            let gone: Vec<&Vec<u8>> = keys
-                .iter()
-                .zip(&exists)
-                .filter(|(_, e)| **e == 0)
-                .map(|(k, _)| k)
-                .collect();
-            let mut kept = keys.len();
-            if !gone.is_empty() {
-                // Only entries still in the future: due ones are the poker's to judge.
-                let now = now_ms();
-                let scores = store.scores(db, &gone).await?;
-                let stale: Vec<Vec<u8>> = gone
-                    .iter()
-                    .zip(scores)
-                    .filter(|(_, s)| s.is_some_and(|s| s as i64 > now))
-                    .map(|(k, _)| (*k).clone())
-                    .collect();
-                if !stale.is_empty() {
-                    store.forget(db, &stale).await?;
-                    dropped += stale.len();
-                    kept -= stale.len();
+            let minutes = store.minutes(db, from, i64::MAX, 16).await?;
+            let Some(&last) = minutes.last() else {
+                break;
+            };
+            for minute in minutes {
+                let rows = store.in_minute(db, minute).await?;
+                for (k, d) in &rows {
+                    self.inner.index.learn(db, k, second_of(*d));
+                }
+                for page in rows.chunks(1000) {
+                    dropped += self.drop_deleted(db, page).await?;
                 }
             }
-            start += kept as isize;
+            from = last + 1;
         }
+        self.forgotten().retain(|(d, _)| *d != db);
+        Ok(dropped)
+    }
+
+    /// Drops the deadlines of `rows` whose key is gone: those still in the future (due ones are
+    /// the poker's to judge), and those of keys deleted while the index did not know them.
+    async fn drop_deleted(&self, db: u32, rows: &[(Vec<u8>, i64)]) -> redis::RedisResult<usize> {
+        let keys: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
+        let conn = self.inner.keyspace.conn(db).await?;
+        let exists: Vec<i64> = conn.each(per_key("EXISTS", &keys)).await?;
+        let now = now_ms();
+        let stale: Vec<Entry> = {
+            let forgotten = self.forgotten();
+            rows.iter()
+                .zip(&exists)
+                .filter(|((k, d), e)| {
+                    **e == 0 && (*d > now || forgotten.contains(&(db, k.clone())))
+                })
+                .map(|((k, d), _)| Entry {
+                    key: k,
+                    deadline: -1,
+                    was: Some(second_of(*d)),
+                })
+                .collect()
+        };
+        if stale.is_empty() {
+            return Ok(0);
+        }
+        self.inner.store.record(db, &stale, now).await?;
+        for e in &stale {
+            self.inner.index.remove(db, e.key);
+        }
+        Ok(stale.len())
     }
 
     /// Fills the ledger from a SCAN of `db` (of the cluster node `only`, when given): every key
@@ -458,9 +602,9 @@ impl Ledger {
         Ok(learnt)
     }
 
-    /// The number of deadlines known, per database.
-    pub async fn size(&self, dbs: &[u32]) -> redis::RedisResult<i64> {
-        self.inner.store.size(dbs).await
+    /// Whether `db`'s ledger holds any deadline.
+    pub async fn any(&self, db: u32) -> redis::RedisResult<bool> {
+        self.inner.store.any(db).await
     }
 
     /// Whether a fill has completed since the last (re)subscription (see [`fill_all`]).
@@ -468,20 +612,36 @@ impl Ledger {
         self.inner.filled.load(Ordering::SeqCst)
     }
 
-    /// Deadlines of `db` in `(from_ms, until_ms]`, soonest first, `limit` from `offset` (the
-    /// scanner's range query, paged so no reply is large).
+    /// Deadlines of `db` in `(from_ms, until_ms]`, soonest first, a page at a time: at least
+    /// `at_least` (whole minutes of them) unless none are left, from the minute after `after`
+    /// (`None`: the first), which is moved on. An empty page is the end.
     pub async fn between(
         &self,
         db: u32,
         from_ms: i64,
         until_ms: i64,
-        offset: usize,
-        limit: usize,
+        after: &mut Option<i64>,
+        at_least: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        self.inner
-            .store
-            .between(db, from_ms, until_ms, offset, limit)
-            .await
+        let store = &self.inner.store;
+        let mut out = Vec::new();
+        loop {
+            let from = after.map_or(from_ms.div_euclid(60_000), |m| m + 1);
+            let minutes = store.minutes(db, from, until_ms, 16).await?;
+            if minutes.is_empty() {
+                return Ok(out);
+            }
+            for minute in minutes {
+                let mut rows = store.in_minute(db, minute).await?;
+                rows.retain(|(_, d)| *d > from_ms && *d <= until_ms);
+                rows.sort_unstable_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+                out.extend(rows);
+                *after = Some(minute);
+                if out.len() >= at_least {
+                    return Ok(out);
+                }
+            }
+        }
     }
 
     /// The next `limit` deadlines of `db` up to `until_ms`, soonest first (for `upcoming`).
@@ -491,7 +651,11 @@ impl Ledger {
         until_ms: i64,
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        self.inner.store.upcoming(db, until_ms, limit).await
+        let mut rows = self
+            .between(db, i64::MIN, until_ms, &mut None, limit)
+            .await?;
+        rows.truncate(limit);
+        Ok(rows)
     }
 }
 
@@ -578,9 +742,7 @@ pub async fn run_poker(
             biased;
             _ = shutdown.cancelled() => return,
             _ = housekeeping.tick() => {
-                if let Ok(n) = ledger.size(&dbs).await {
-                    ledger.inner.metrics.ledger_keys.set(n);
-                }
+                ledger.inner.metrics.ledger_keys.set(ledger.indexed() as i64);
                 // A marker now and then recovers entries whose marker was lost (published while
                 // the subscriber was reconnecting).
                 for &db in &dbs {

@@ -454,29 +454,26 @@ impl Scanner {
     ) -> redis::RedisResult<()> {
         let now = now_ms();
         let conn = self.keyspace.conn(db).await?;
-        let mut offset = 0;
+        let mut after = None;
         loop {
             let rows = ledger
-                .between(db, now, now + horizon, offset, LEDGER_PAGE)
+                .between(db, now, now + horizon, &mut after, LEDGER_PAGE)
                 .await?;
             let n = rows.len();
-            stats.keys += n as u64;
-            self.metrics.scan_keys.inc_by(n as u64);
-            if n > 0 {
-                // The ledger may lag (a plain SET drops a TTL silently): Redis has the last word.
-                let keys: Vec<Vec<u8>> = rows.into_iter().map(|(k, _)| k).collect();
-                let deadlines = pexpiretime(&conn, &keys).await?;
-                let found = keys
-                    .into_iter()
-                    .zip(deadlines)
-                    .filter(|(_, d)| *d > 0)
-                    .collect();
-                stats.warned += self.warn(db, found).await?;
-            }
-            if n < LEDGER_PAGE {
+            if n == 0 {
                 return Ok(());
             }
-            offset += n;
+            stats.keys += n as u64;
+            self.metrics.scan_keys.inc_by(n as u64);
+            // The ledger may lag (a plain SET drops a TTL silently): Redis has the last word.
+            let keys: Vec<Vec<u8>> = rows.into_iter().map(|(k, _)| k).collect();
+            let deadlines = pexpiretime(&conn, &keys).await?;
+            let found = keys
+                .into_iter()
+                .zip(deadlines)
+                .filter(|(_, d)| *d > 0)
+                .collect();
+            stats.warned += self.warn(db, found).await?;
         }
     }
 

@@ -17,6 +17,14 @@ use crate::store::{fields, handled, lease_ms, ledger};
 
 /// The take of a batch (run after [`handled::RECALLED`]).
 const TAKE: &str = include_str!("intake/take.lua");
+/// How far back a live expiry whose deadline the instance's index does not know is looked for in
+/// the ledger (see `intake/take.lua`).
+pub const WINDOW_MS: i64 = 60_000;
+/// How old a deadline a live expiry takes from the ledger must be for the take to ask the
+/// handled memory whether an instance that did not know it claimed it already: past
+/// [`WINDOW_MS`], less a margin for the instances' clock estimates.
+const LATE_MS: i64 = WINDOW_MS - 5_000;
+
 /// Puts a record back, due later, if it is still there.
 const RETRY: &str = include_str!("intake/retry.lua");
 /// Takes over records whose lease ended.
@@ -66,7 +74,7 @@ impl Records {
             prefix: prefix.to_string(),
             zset: format!("{prefix}intake"),
             records: format!("{prefix}intake:events"),
-            take: redis::Script::new(&format!("{}{TAKE}", handled::RECALLED)),
+            take: redis::Script::new(&format!("{}{}{TAKE}", handled::RECALLED, ledger::BUCKET)),
             take_over: redis::Script::new(TAKE_OVER),
             retry: redis::Script::new(RETRY),
         }
@@ -77,7 +85,7 @@ impl Records {
     pub async fn take(&self, batch: &Batch<'_>) -> redis::RedisResult<String> {
         let (p, db) = (self.prefix.as_str(), batch.db);
         let mut inv = self.take.prepare_invoke();
-        inv.key(ledger::deadlines(p, db))
+        inv.key(ledger::minutes(p, db))
             .key(ledger::poked(p, db))
             .key(ledger::poked_deadlines(p, db))
             .key(&self.zset)
@@ -94,7 +102,11 @@ impl Records {
             .arg(db)
             .arg(batch.id)
             .arg(batch.blob)
-            .arg(batch.modes);
+            .arg(batch.modes)
+            .arg(ledger::seconds(p, db))
+            .arg(WINDOW_MS)
+            .arg(LATE_MS)
+            .arg(ledger::TAKEN_SLACK_MS);
         for a in batch.args {
             inv.arg(a);
         }
@@ -235,11 +247,20 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "hdel", WHY)
             .on(Keys::State("intake:events"), Access::ReadWrite)
             .args("{key} id"),
-        Use::new(Server::State, "zscore", SCRIPT)
-            .on(Keys::State("ledger:*"), Access::Read)
+        Use::new(Server::State, "hmget", SCRIPT)
+            .on(Keys::State("ledger:*:at:*"), Access::Read)
             .args("{key} k"),
-        Use::new(Server::State, "zmscore", SCRIPT)
-            .on(Keys::State("ledger:*"), Access::Read)
+        Use::new(Server::State, "hget", SCRIPT)
+            .on(Keys::State("ledger:*:at:*"), Access::Read)
+            .args("{key} k"),
+        Use::new(Server::State, "exists", SCRIPT)
+            .on(Keys::State("ledger:*:at:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Server::State, "hdel", SCRIPT)
+            .on(Keys::State("ledger:*:at:*"), Access::ReadWrite)
+            .args("{key} k"),
+        Use::new(Server::State, "zrem", SCRIPT)
+            .on(Keys::State("ledger:*:poked"), Access::Write)
             .args("{key} k"),
         Use::new(Server::State, "hget", SCRIPT)
             .on(Keys::State("ledger:*:poked-deadline"), Access::Read)

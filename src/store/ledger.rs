@@ -8,13 +8,32 @@
 use crate::keyspace::Conn;
 use crate::store::handled;
 
+/// Names a deadline's hash (see the file) and chunks lists: put in front of every script here.
+pub const BUCKET: &str = include_str!("ledger/bucket.lua");
 /// Records read deadlines unless the handled memory says they were taken.
 const RECORD: &str = include_str!("ledger/record.lua");
+/// Reads the due deadlines for the poker.
+const DUE: &str = include_str!("ledger/due.lua");
 /// Moves touched-and-gone keys to the poked set.
 const MOVE_POKED: &str = include_str!("ledger/move_poked.lua");
+/// Converts an earlier keywatch's ledger (one sorted set) to this form.
+const CONVERT: &str = include_str!("ledger/convert.lua");
 
 /// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
-const TAKEN_SLACK_MS: i64 = 100;
+pub const TAKEN_SLACK_MS: i64 = 100;
+
+/// Keys longer than this go to a second's `:long` hash: one such field would turn the whole
+/// second's hash from a listpack into a hashtable (`hash-max-listpack-value`, 64 by default).
+/// The same in `ledger/bucket.lua`: every instance must name the same hash for a key.
+pub const LONG_KEY: usize = 64;
+
+/// Entries converted from an earlier ledger per script call.
+const CONVERT_BATCH: usize = 1000;
+
+/// The second a deadline falls in: the hash that holds it.
+pub fn second_of(deadline_ms: i64) -> i64 {
+    deadline_ms.div_euclid(1000)
+}
 
 /// The ledger's keys and scripts on the state server.
 #[derive(Clone)]
@@ -22,16 +41,29 @@ pub struct Deadlines {
     conn: Conn,
     prefix: String,
     record: redis::Script,
+    due: redis::Script,
     move_poked: redis::Script,
+    convert: redis::Script,
+}
+
+/// One deadline to record: the key, its deadline as `PEXPIRETIME` answered (-1: no TTL, -2:
+/// gone), and the second the instance last knew it in, if any.
+pub struct Entry<'a> {
+    pub key: &'a [u8],
+    pub deadline: i64,
+    pub was: Option<i64>,
 }
 
 impl Deadlines {
     pub fn new(conn: Conn, prefix: &str) -> Deadlines {
+        let with_bucket = |lua: &str| redis::Script::new(&format!("{BUCKET}{lua}"));
         Deadlines {
             conn,
             prefix: prefix.to_string(),
-            record: redis::Script::new(RECORD),
-            move_poked: redis::Script::new(MOVE_POKED),
+            record: with_bucket(RECORD),
+            due: with_bucket(DUE),
+            move_poked: with_bucket(MOVE_POKED),
+            convert: with_bucket(CONVERT),
         }
     }
 
@@ -39,36 +71,42 @@ impl Deadlines {
         self.conn.clone()
     }
 
-    /// Records `deadlines` of `keys` as `PEXPIRETIME` answers them (-1: the key has no TTL, and
-    /// leaves; -2: it is gone, and its deadline stays for the poker to judge), but not one the
-    /// handled memory says was taken already; `now_ms` by this instance's estimate of Redis's
-    /// clock.
+    /// Records `entries` (see [`Entry`]; -1: the key has no TTL, and leaves; -2: it is gone, and
+    /// its deadline stays for the poker to judge), but not a deadline the handled memory says
+    /// was taken already; `now_ms` by this instance's estimate of Redis's clock.
     pub async fn record(
         &self,
         db: u32,
-        keys: &[Vec<u8>],
-        deadlines: &[i64],
+        entries: &[Entry<'_>],
         now_ms: i64,
     ) -> redis::RedisResult<()> {
         let mut inv = self.record.prepare_invoke();
-        inv.key(deadlines_key(&self.prefix, db))
+        inv.key(minutes(&self.prefix, db))
             .arg(TAKEN_SLACK_MS)
             .arg(handled::memory(&self.prefix, db))
             .arg(now_ms.div_euclid(60_000))
-            .arg(handled::HANDLED_MINUTES);
-        for (k, d) in keys.iter().zip(deadlines) {
-            inv.arg(*d).arg(k);
+            .arg(handled::HANDLED_MINUTES)
+            .arg(seconds(&self.prefix, db));
+        for e in entries {
+            inv.arg(e.deadline).arg(e.key);
+            match e.was {
+                Some(s) => inv.arg(s),
+                None => inv.arg(""),
+            };
         }
         inv.invoke_async(&mut self.conn()).await
     }
 
-    /// Drops the deadlines of `keys`.
-    pub async fn forget(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<()> {
-        redis::cmd("ZREM")
-            .arg(deadlines_key(&self.prefix, db))
-            .arg(keys)
-            .exec_async(&mut self.conn())
-            .await
+    /// Drops the deadlines of `keys`, each from the second given.
+    pub async fn forget(&self, db: u32, keys: &[(&[u8], i64)]) -> redis::RedisResult<()> {
+        let mut pipe = redis::pipe();
+        for (key, second) in keys {
+            pipe.cmd("HDEL")
+                .arg(bucket(&self.prefix, db, *second, key))
+                .arg(*key)
+                .ignore();
+        }
+        pipe.exec_async(&mut self.conn()).await
     }
 
     /// Up to `limit` poked keys numbered at most `seq`, lowest first, with their deadlines.
@@ -114,39 +152,23 @@ impl Deadlines {
             .await
     }
 
-    /// Deadlines of `db` up to `until_ms`, soonest first, `limit` from `offset`.
+    /// Deadlines of `db` up to `until_ms`, `limit` after skipping `offset` of them, earliest
+    /// minute first (see `ledger/due.lua`).
     pub async fn due(
         &self,
         db: u32,
         until_ms: i64,
         offset: usize,
         limit: usize,
-    ) -> redis::RedisResult<Vec<(Vec<u8>, f64)>> {
-        redis::cmd("ZRANGE")
-            .arg(deadlines_key(&self.prefix, db))
-            .arg("-inf")
+    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+        self.due
+            .key(minutes(&self.prefix, db))
+            .arg(seconds(&self.prefix, db))
             .arg(until_ms)
-            .arg("BYSCORE")
-            .arg("LIMIT")
             .arg(offset)
             .arg(limit)
-            .arg("WITHSCORES")
-            .query_async(&mut self.conn())
+            .invoke_async(&mut self.conn())
             .await
-    }
-
-    /// Corrects deadlines in one round trip, in order: `None` drops the key's, `Some(t)` moves it
-    /// to `t`.
-    pub async fn fix(&self, db: u32, fixes: &[(&[u8], Option<i64>)]) -> redis::RedisResult<()> {
-        let zset = deadlines_key(&self.prefix, db);
-        let mut fix = redis::pipe();
-        for (k, t) in fixes {
-            match t {
-                None => fix.cmd("ZREM").arg(&zset).arg(*k).ignore(),
-                Some(t) => fix.cmd("ZADD").arg(&zset).arg(*t).arg(*k).ignore(),
-            };
-        }
-        fix.exec_async(&mut self.conn()).await
     }
 
     /// Moves keys found gone (`gone`: key, deadline as seen) to the poked set, only those whose
@@ -154,82 +176,72 @@ impl Deadlines {
     pub async fn move_poked(&self, db: u32, gone: &[(&[u8], i64)]) -> redis::RedisResult<u64> {
         let p = &self.prefix;
         let mut inv = self.move_poked.prepare_invoke();
-        inv.key(deadlines_key(p, db))
-            .key(poked(p, db))
+        inv.key(poked(p, db))
             .key(poked_deadlines(p, db))
-            .key(seq(p, db));
+            .key(seq(p, db))
+            .arg(seconds(p, db));
         for (k, d) in gone {
             inv.arg(*k).arg(*d);
         }
         inv.invoke_async(&mut self.conn()).await
     }
 
-    /// The keys of `db`'s ledger from index `start`, at most `n`.
-    pub async fn page(&self, db: u32, start: isize, n: isize) -> redis::RedisResult<Vec<Vec<u8>>> {
+    /// Up to `limit` minutes of `db` holding deadlines, from minute `from` on and no later than
+    /// `until_ms`, in order.
+    pub async fn minutes(
+        &self,
+        db: u32,
+        from: i64,
+        until_ms: i64,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<i64>> {
         redis::cmd("ZRANGE")
-            .arg(deadlines_key(&self.prefix, db))
-            .arg(start)
-            .arg(start + n - 1)
+            .arg(minutes(&self.prefix, db))
+            .arg(from.saturating_mul(60_000))
+            .arg(until_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
             .query_async(&mut self.conn())
             .await
     }
 
-    /// The deadlines of `keys`, in one round trip.
-    pub async fn scores(&self, db: u32, keys: &[&Vec<u8>]) -> redis::RedisResult<Vec<Option<f64>>> {
-        let zset = deadlines_key(&self.prefix, db);
+    /// Every deadline of `db` in `minute`, in one round trip (unordered).
+    pub async fn in_minute(&self, db: u32, minute: i64) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
         let mut pipe = redis::pipe();
-        for k in keys {
-            pipe.cmd("ZSCORE").arg(&zset).arg(*k);
+        let pre = seconds(&self.prefix, db);
+        for s in minute * 60..minute * 60 + 60 {
+            pipe.cmd("HGETALL").arg(format!("{pre}{s}"));
+            pipe.cmd("HGETALL").arg(format!("{pre}{s}:long"));
         }
-        pipe.query_async(&mut self.conn()).await
+        let hashes: Vec<Vec<(Vec<u8>, i64)>> = pipe.query_async(&mut self.conn()).await?;
+        let mut out = Vec::new();
+        for (i, fields) in hashes.into_iter().enumerate() {
+            let second = minute * 60 + (i / 2) as i64;
+            out.extend(fields.into_iter().map(|(k, ms)| (k, second * 1000 + ms)));
+        }
+        Ok(out)
     }
 
-    /// The number of deadlines known in `dbs`.
-    pub async fn size(&self, dbs: &[u32]) -> redis::RedisResult<i64> {
-        let mut pipe = redis::pipe();
-        for db in dbs {
-            pipe.cmd("ZCARD").arg(deadlines_key(&self.prefix, *db));
-        }
-        let sizes: Vec<i64> = pipe.query_async(&mut self.conn()).await?;
-        Ok(sizes.iter().sum())
-    }
-
-    /// Deadlines of `db` in `(from_ms, until_ms]`, soonest first, `limit` from `offset`.
-    pub async fn between(
-        &self,
-        db: u32,
-        from_ms: i64,
-        until_ms: i64,
-        offset: usize,
-        limit: usize,
-    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
-            .arg(deadlines_key(&self.prefix, db))
-            .arg(format!("({from_ms}"))
-            .arg(until_ms)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(offset)
-            .arg(limit)
-            .arg("WITHSCORES")
+    /// Whether `db` holds any deadline.
+    pub async fn any(&self, db: u32) -> redis::RedisResult<bool> {
+        redis::cmd("EXISTS")
+            .arg(minutes(&self.prefix, db))
             .query_async(&mut self.conn())
-            .await?;
-        Ok(rows.into_iter().map(|(k, s)| (k, s as i64)).collect())
+            .await
     }
 
-    /// The next `limit` deadlines of `db` up to `until_ms`, soonest first.
-    pub async fn upcoming(
-        &self,
-        db: u32,
-        until_ms: i64,
-        limit: usize,
-    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        Ok(self
-            .due(db, until_ms, 0, limit)
-            .await?
-            .into_iter()
-            .map(|(k, s)| (k, s as i64))
-            .collect())
+    /// Converts up to a batch of an earlier keywatch's ledger of `db` (one sorted set); returns
+    /// how many entries it still holds.
+    pub async fn convert(&self, db: u32) -> redis::RedisResult<usize> {
+        self.convert
+            .key(old_ledger(&self.prefix, db))
+            .key(minutes(&self.prefix, db))
+            .arg(seconds(&self.prefix, db))
+            .arg(CONVERT_BATCH)
+            .invoke_async(&mut self.conn())
+            .await
     }
 }
 
@@ -237,30 +249,42 @@ crate::keyspace::commands::declare! {
     /// The commands the ledger sends to its keys, its scripts' included
     /// ([`crate::keyspace::commands`]).
     const WHY = "ledger: deadlines of the watched keys";
-    const SCRIPTS = "ledger: poked keys (script)";
+    const SCRIPTS = "ledger: deadlines of the watched keys (script)";
     [
-        Use::new(Server::State, "zadd", WHY)
-            .on(Keys::State("ledger:*"), Access::Write)
-            .args("{key} 0 k")
+        Use::new(Server::State, "hset", SCRIPTS)
+            .on(Keys::State("ledger:*:at:*"), Access::Write)
+            .args("{key} k 0")
             .when(When::Ledger),
-        Use::new(Server::State, "zrem", WHY)
-            .on(Keys::State("ledger:*"), Access::Write)
+        Use::new(Server::State, "hdel", WHY)
+            .on(Keys::State("ledger:*:at:*"), Access::ReadWrite)
             .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Server::State, "hmget", SCRIPTS)
+            .on(Keys::State("ledger:*:at:*"), Access::Read)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Server::State, "hscan", SCRIPTS)
+            .on(Keys::State("ledger:*:at:*"), Access::Read)
+            .args("{key} 0 COUNT 1000")
+            .when(When::Ledger),
+        Use::new(Server::State, "hgetall", WHY)
+            .on(Keys::State("ledger:*:at:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Server::State, "zadd", SCRIPTS)
+            .on(Keys::State("ledger:*:minutes"), Access::Write)
+            .args("{key} LT 0 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "zrem", SCRIPTS)
+            .on(Keys::State("ledger:*:minutes"), Access::Write)
+            .args("{key} 0")
             .when(When::Ledger),
         Use::new(Server::State, "zrange", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
+            .on(Keys::State("ledger:*:minutes"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
             .when(When::Ledger),
-        Use::new(Server::State, "zscore", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Server::State, "zmscore", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
-            .args("{key} k")
-            .when(When::Ledger),
-        Use::new(Server::State, "zcard", WHY)
-            .on(Keys::State("ledger:*"), Access::Read)
+        Use::new(Server::State, "exists", WHY)
+            .on(Keys::State("ledger:*:minutes"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
         Use::new(Server::State, "incr", "ledger: marker sequence")
@@ -273,7 +297,15 @@ crate::keyspace::commands::declare! {
             .when(When::Ledger),
         Use::new(Server::State, "evalsha", "ledger: scripts")
             .on(Keys::State("ledger:*"), Access::ReadWrite)
-            .args("{sha} 4 {prefix}ledger:0 {prefix}ledger:0:poked {prefix}ledger:0:poked-deadline {prefix}ledger:0:seq")
+            .args("{sha} 3 {prefix}ledger:0:poked {prefix}ledger:0:poked-deadline {prefix}ledger:0:seq")
+            .when(When::Ledger),
+        Use::new(Server::State, "zadd", SCRIPTS)
+            .on(Keys::State("ledger:*:poked"), Access::Write)
+            .args("{key} 0 k")
+            .when(When::Ledger),
+        Use::new(Server::State, "zrange", "ledger: missed expiries")
+            .on(Keys::State("ledger:*:poked"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1")
             .when(When::Ledger),
         Use::new(Server::State, "hmget", "ledger: missed expiries")
             .on(Keys::State("ledger:*:poked-deadline"), Access::Read)
@@ -291,15 +323,48 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),
+        // The conversion of an earlier keywatch's ledger (docs/operations.md#upgrading).
+        Use::new(Server::State, "type", SCRIPTS)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Server::State, "zrange", SCRIPTS)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key} 0 1 WITHSCORES")
+            .when(When::Ledger),
+        Use::new(Server::State, "zrem", SCRIPTS)
+            .on(Keys::State("ledger:*"), Access::Write)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Server::State, "zcard", SCRIPTS)
+            .on(Keys::State("ledger:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
     ]
 }
 
-/// The sorted set of deadlines of `db`: `{prefix}ledger:DB`.
-pub fn deadlines(prefix: &str, db: u32) -> String {
-    deadlines_key(prefix, db)
+/// The minutes of `db` that hold deadlines, each scored no later than the earliest it holds:
+/// `{prefix}ledger:DB:minutes`.
+pub fn minutes(prefix: &str, db: u32) -> String {
+    format!("{prefix}ledger:{db}:minutes")
 }
 
-fn deadlines_key(prefix: &str, db: u32) -> String {
+/// The name of `db`'s per-second hashes without the second: `{prefix}ledger:DB:at:`.
+pub fn seconds(prefix: &str, db: u32) -> String {
+    format!("{prefix}ledger:{db}:at:")
+}
+
+/// The hash holding `key`'s deadline if it falls in `second` (as `ledger/bucket.lua` names it).
+pub fn bucket(prefix: &str, db: u32, second: i64, key: &[u8]) -> String {
+    if key.len() > LONG_KEY {
+        format!("{prefix}ledger:{db}:at:{second}:long")
+    } else {
+        format!("{prefix}ledger:{db}:at:{second}")
+    }
+}
+
+/// An earlier keywatch's ledger of `db`, one sorted set (converted at start-up).
+pub fn old_ledger(prefix: &str, db: u32) -> String {
     format!("{prefix}ledger:{db}")
 }
 
@@ -321,4 +386,20 @@ pub fn seq(prefix: &str, db: u32) -> String {
 /// The pub/sub channel markers go on (subscribed by the keyevent subscriber).
 pub fn marker_channel(prefix: &str) -> String {
     format!("{prefix}poke")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_and_lua_name_the_same_hash() {
+        assert!(BUCKET.contains(&format!("local LONG_KEY = {LONG_KEY}\n")));
+        let long = vec![b'k'; LONG_KEY + 1];
+        assert_eq!(bucket("kw:", 0, 17, b"k"), "kw:ledger:0:at:17");
+        assert_eq!(bucket("kw:", 0, 17, &long), "kw:ledger:0:at:17:long");
+        assert_eq!(bucket("kw:", 0, 17, &long[1..]), "kw:ledger:0:at:17");
+        assert_eq!(second_of(1_999), 1);
+        assert_eq!(second_of(-1), -1);
+    }
 }

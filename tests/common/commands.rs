@@ -119,21 +119,19 @@ pub fn jobs_in(members: &[String]) -> usize {
 /// every deadline it learnt has been decided and every job it stored has ended, so nothing more
 /// can arrive from them; the signal to wait for instead of "a while".
 pub fn work_left(conn: &mut impl ConnectionLike) -> Vec<(&'static str, i64)> {
-    [
-        "keywatch:ledger:0",
-        "keywatch:fields:0",
-        "keywatch:intake",
-        "keywatch:queue",
-    ]
-    .into_iter()
-    .map(|key| {
-        let n: i64 = redis::cmd("ZCARD")
-            .arg(key)
-            .query(conn)
-            .unwrap_or_else(|e| panic!("ZCARD {key}: {e}"));
-        (key, n)
-    })
-    .collect()
+    let mut left = vec![("keywatch:ledger:0", super::ledger::len(conn, "keywatch:"))];
+    left.extend(
+        ["keywatch:fields:0", "keywatch:intake", "keywatch:queue"]
+            .into_iter()
+            .map(|key| {
+                let n: i64 = redis::cmd("ZCARD")
+                    .arg(key)
+                    .query(conn)
+                    .unwrap_or_else(|e| panic!("ZCARD {key}: {e}"));
+                (key, n)
+            }),
+    );
+    left
 }
 
 /// Waits until [`work_left`] is all zero. Panics after [`PATIENCE`] with what is left.

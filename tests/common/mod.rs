@@ -35,6 +35,7 @@ pub mod commands;
 pub mod daemon;
 pub mod endpoint;
 pub mod http_receiver;
+pub mod ledger;
 pub mod ports;
 pub mod redis_cluster;
 pub mod redis_sentinel;

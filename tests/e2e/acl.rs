@@ -74,12 +74,7 @@ rules:
     // The ledger learns the deadline from the `expire` event, then the expiry is delivered.
     set_px(&mut conn, "order_lock:42", 3000);
     wait_until("the ledger knows order_lock:42", PATIENCE, || {
-        redis::cmd("ZSCORE")
-            .arg("keywatch:ledger:0")
-            .arg("order_lock:42")
-            .query::<Option<f64>>(&mut conn)
-            .unwrap()
-            .is_some()
+        common::ledger::deadline(&mut conn, "keywatch:", "order_lock:42").is_some()
     });
     let got = receiver.wait_for(1, PATIENCE);
     let event = got[0].json();

@@ -160,10 +160,7 @@ fn keys_on_every_shard_alert_once_and_every_master_is_ready() {
     let want: BTreeMap<String, usize> = keys.iter().map(|k| (k.clone(), 1)).collect();
     assert_eq!(d, want, "{}", kw.describe_output());
     // The state lives in the cluster under one hash tag.
-    let size: i64 = redis::cmd("ZCARD")
-        .arg("{keywatch}:ledger:0")
-        .query(&mut c)
-        .unwrap();
+    let size = common::ledger::len(&mut c, "{keywatch}:");
     assert_eq!(size, 0, "every deadline was handled");
 }
 
@@ -184,10 +181,7 @@ fn alerts_continue_after_a_master_fails_over() {
     let before = cluster.key_on(old_master, "lock:before");
     set_px(&mut c, &before, 8000);
     wait_until("the ledger knows the deadline", PATIENCE, || {
-        let n: i64 = redis::cmd("ZCARD")
-            .arg("{keywatch}:ledger:0")
-            .query(&mut conn(&cluster))
-            .unwrap_or(0);
+        let n = common::ledger::len(&mut conn(&cluster), "{keywatch}:");
         n == 1
     });
 
@@ -404,10 +398,7 @@ fn expiries_on_every_shard_while_keywatch_is_down_are_recovered_once() {
         }
     }
     wait_until("the ledger knows every deadline", PATIENCE, || {
-        let n: i64 = redis::cmd("ZCARD")
-            .arg("{keywatch}:ledger:0")
-            .query(&mut conn(&cluster))
-            .unwrap_or(0);
+        let n = common::ledger::len(&mut conn(&cluster), "{keywatch}:");
         n == keys.len() as i64
     });
     kw.sigkill();

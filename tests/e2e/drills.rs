@@ -67,12 +67,7 @@ fn webhook_rules(dir: &Path, receiver: &HttpReceiver, top: &str) -> PathBuf {
 }
 
 fn in_ledger(redis: &RedisServer, key: &str) -> bool {
-    let score: Option<f64> = redis::cmd("ZSCORE")
-        .arg("keywatch:ledger:0")
-        .arg(key)
-        .query(&mut redis.conn())
-        .expect("ZSCORE");
-    score.is_some()
+    common::ledger::deadline(&mut redis.conn(), "keywatch:", key).is_some()
 }
 
 fn info_field(redis: &RedisServer, section: &str, field: &str) -> Option<String> {
@@ -182,7 +177,7 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     wait_until(
         "the ledger knows the 10 deadlines",
         common::PATIENCE,
-        || zcard(&redis, "keywatch:ledger:0") == 10,
+        || common::ledger::len(&mut redis.conn(), "keywatch:") == 10,
     );
     drop(c);
 
@@ -271,7 +266,7 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
         let () = pipe.query(&mut c).unwrap();
     }
     wait_until("the ledger knows every deadline", common::PATIENCE, || {
-        zcard(&redis, "keywatch:ledger:0") == KEYS as i64
+        common::ledger::len(&mut redis.conn(), "keywatch:") == KEYS as i64
     });
     let before = cut_offs(&redis);
     // 64 kB at most, 32 kB for a second: one poke of the due keys is far more than that.

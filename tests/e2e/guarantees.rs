@@ -73,11 +73,7 @@ fn a_task_deleted_while_keywatch_was_down_is_not_acted_on_as_expired() {
         common::set_px(&mut c, format!("delay:task:{i}"), 3000);
     }
     wait_until("the ledger knows the ten deadlines", PATIENCE, || {
-        redis::cmd("ZCARD")
-            .arg("keywatch:ledger:0")
-            .query::<i64>(&mut redis.conn())
-            .unwrap()
-            == 10
+        common::ledger::len(&mut redis.conn(), "keywatch:") == 10
     });
     kw.sigkill();
     for i in 0..5 {
@@ -164,11 +160,7 @@ fn recover_never_and_always_do_what_they_say() {
     common::set_px(&mut c, "quiet:1", 2000);
     common::set_px(&mut c, "loud:1", 2000);
     wait_until("the ledger knows both deadlines", PATIENCE, || {
-        redis::cmd("ZCARD")
-            .arg("keywatch:ledger:0")
-            .query::<i64>(&mut redis.conn())
-            .unwrap()
-            == 2
+        common::ledger::len(&mut redis.conn(), "keywatch:") == 2
     });
     kw.sigkill();
     wait_until("both deadlines have passed", PATIENCE, || {
@@ -446,11 +438,7 @@ fn an_expiry_found_later_than_max_late_is_skipped_and_one_within_it_fires() {
             .unwrap();
     }
     wait_until("the ledger knows both deadlines", PATIENCE, || {
-        redis::cmd("ZCARD")
-            .arg("keywatch:ledger:0")
-            .query::<i64>(&mut redis.conn())
-            .unwrap()
-            == 2
+        common::ledger::len(&mut redis.conn(), "keywatch:") == 2
     });
     kw.sigkill();
     // Down until well past `max_late` of `stale`: 2 s after the deadline, and a margin.

@@ -8,7 +8,7 @@ use crate::common;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use common::RedisServer;
+use common::{RedisServer, ledger};
 use keywatch::engine::intake::{Intake, Mode};
 use keywatch::event::{EventKind, KeyEvent};
 use keywatch::keyspace::Keyspace;
@@ -177,27 +177,74 @@ fn an_expiry_handled_minutes_late_still_finds_its_first_handling() {
     runtime().block_on(async {
         let (a, b) = (intake(&redis, "a").await, intake(&redis, "b").await);
         let deadline = Utc::now().timestamp_millis() - 120_000;
-        let _: () = redis::cmd("ZADD")
-            .arg("kw:ledger:0")
-            .arg(deadline)
-            .arg("k")
-            .query(&mut redis.conn())
-            .unwrap();
+        ledger::put(&mut redis.conn(), "kw:", "k", deadline);
         let heard = expired("k", None);
+        let at = Some(deadline.div_euclid(1000));
         let first = a
-            .take(0, &[(&heard, Mode::Live { fire: true })])
+            .take(0, &[(&heard, Mode::Live { fire: true, at })])
             .await
             .unwrap();
         let first = first[0].as_ref().expect("the first instance takes it");
         assert_eq!(first.record.deadline_ms, Some(deadline));
-        let late = b
-            .take(0, &[(&heard, Mode::Live { fire: true })])
-            .await
-            .unwrap();
-        assert!(
-            late[0].is_none(),
-            "the late instance fired it a second time"
-        );
+        // Late with the deadline in its index, or without (past the window it looks in).
+        for at in [at, None] {
+            let late = b
+                .take(0, &[(&heard, Mode::Live { fire: true, at })])
+                .await
+                .unwrap();
+            assert!(
+                late[0].is_none(),
+                "the late instance fired it a second time (at: {at:?})"
+            );
+        }
+    });
+}
+
+/// The ledger's index lives in each instance's memory and may miss (an instance just started,
+/// another instance's fill recorded the key). An instance that misses claims the expiry without
+/// its deadline, or finds it where every instance looks (the last minute's hashes); one that
+/// knows the deadline removes it from its hash. Both orders, on time and minutes late: the
+/// expiry fires once.
+#[test]
+fn an_instance_that_misses_a_deadline_and_one_that_knows_it_fire_once() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (a, b) = (intake(&redis, "a").await, intake(&redis, "b").await);
+        let now = Utc::now().timestamp_millis();
+        for (i, ago) in [5_000, 120_000].into_iter().enumerate() {
+            for knows_first in [true, false] {
+                let key = format!("k:{i}:{knows_first}");
+                let deadline = now - ago;
+                ledger::put(&mut redis.conn(), "kw:", &key, deadline);
+                let heard = expired(&key, None);
+                let knows = Mode::Live {
+                    fire: true,
+                    at: Some(deadline.div_euclid(1000)),
+                };
+                let misses = Mode::Live {
+                    fire: true,
+                    at: None,
+                };
+                let (first, second) = if knows_first {
+                    ((&a, knows), (&b, misses))
+                } else {
+                    ((&a, misses), (&b, knows))
+                };
+                let one = first.0.take(0, &[(&heard, first.1)]).await.unwrap();
+                let two = second.0.take(0, &[(&heard, second.1)]).await.unwrap();
+                let fired = one.iter().chain(&two).filter(|t| t.is_some()).count();
+                assert_eq!(
+                    fired, 1,
+                    "{key}: deadline {ago} ms ago, the instance that knows it first: {knows_first}"
+                );
+                // Whoever knew it, or found it, removed it.
+                assert_eq!(
+                    ledger::deadline(&mut redis.conn(), "kw:", &key),
+                    None,
+                    "{key}: left in the ledger"
+                );
+            }
+        }
     });
 }
 
@@ -237,16 +284,10 @@ fn a_mixed_batch_is_won_once_with_each_events_deadline() {
         let now = Utc::now().timestamp_millis();
         let due = now - 5_000;
         let mut conn = redis.conn();
+        ledger::put(&mut conn, "kw:", "k:ledger", due);
+        ledger::put(&mut conn, "kw:", "k:quiet", due + 1);
+        ledger::put(&mut conn, "kw:", "k:later", now + 3_600_000);
         let () = redis::pipe()
-            .cmd("ZADD")
-            .arg("kw:ledger:0")
-            .arg(due)
-            .arg("k:ledger")
-            .arg(due + 1)
-            .arg("k:quiet")
-            .arg(now + 3_600_000)
-            .arg("k:later")
-            .ignore()
             .cmd("ZADD")
             .arg("kw:ledger:0:poked")
             .arg(1)
@@ -265,12 +306,36 @@ fn a_mixed_batch_is_won_once_with_each_events_deadline() {
         };
         let warned = expired("k:warned", Some(now + 60_000));
         let events = [
-            (expired("k:ledger", None), Mode::Live { fire: true }),
-            (expired("k:ledger", None), Mode::Live { fire: true }),
-            (expired("k:quiet", None), Mode::Live { fire: false }),
+            (
+                expired("k:ledger", None),
+                Mode::Live {
+                    fire: true,
+                    at: Some(due.div_euclid(1000)),
+                },
+            ),
+            (
+                expired("k:ledger", None),
+                Mode::Live {
+                    fire: true,
+                    at: None,
+                },
+            ),
+            (
+                expired("k:quiet", None),
+                Mode::Live {
+                    fire: false,
+                    at: None,
+                },
+            ),
             (deleted("k:dated", Some(due + 3)), Mode::Plain),
             (deleted("k:undated", None), Mode::Plain),
-            (expired("k:unknown", None), Mode::Live { fire: true }),
+            (
+                expired("k:unknown", None),
+                Mode::Live {
+                    fire: true,
+                    at: None,
+                },
+            ),
             (expired("k:poked", None), Mode::Recovered { fire: true }),
             (
                 warned,
@@ -278,7 +343,13 @@ fn a_mixed_batch_is_won_once_with_each_events_deadline() {
                     rule: "r".to_string(),
                 },
             ),
-            (expired("k:later", None), Mode::Live { fire: true }),
+            (
+                expired("k:later", None),
+                Mode::Live {
+                    fire: true,
+                    at: Some((now + 3_600_000).div_euclid(1000)),
+                },
+            ),
         ];
         let with: Vec<(&KeyEvent, Mode)> = events.iter().map(|(e, m)| (e, m.clone())).collect();
         let first: Vec<Option<Option<i64>>> = a
@@ -305,13 +376,8 @@ fn a_mixed_batch_is_won_once_with_each_events_deadline() {
         );
         let second = b.take(0, &with).await.unwrap();
         assert!(second.iter().all(Option::is_none), "{second:?}");
-        let ledger: Vec<String> = redis::cmd("ZRANGE")
-            .arg("kw:ledger:0")
-            .arg(0)
-            .arg(-1)
-            .query(&mut conn)
-            .unwrap();
-        assert_eq!(ledger, ["k:later"]);
+        let left: Vec<String> = ledger::entries(&mut conn, "kw:").into_keys().collect();
+        assert_eq!(left, ["k:later"]);
         let poked: i64 = redis::cmd("ZCARD")
             .arg("kw:ledger:0:poked")
             .query(&mut conn)

@@ -21,10 +21,7 @@ fn lock_keys(count: usize) -> Vec<String> {
 }
 
 fn ledger_size(redis: &RedisServer) -> i64 {
-    redis::cmd("ZCARD")
-        .arg("keywatch:ledger:0")
-        .query(&mut redis.conn())
-        .unwrap()
+    common::ledger::len(&mut redis.conn(), "keywatch:")
 }
 
 /// A current-thread runtime for the tests that drive the ledger through the library.
@@ -131,6 +128,81 @@ fn expiries_while_keywatch_is_down_are_recovered_once() {
         assert_eq!(*n, 1, "{key} delivered {n} times");
         assert!(recovered, "{key} not marked recovered");
     }
+}
+
+/// Upgrading from a keywatch whose ledger was one sorted set: the new instance converts it in
+/// place and loses no deadline. Keys that expired while no instance ran are recovered from the
+/// converted entries (the fill cannot learn them: they are gone), the live ones fire on time, and
+/// far ones (more than one conversion batch) stay in the new form.
+#[test]
+fn an_earlier_sorted_set_ledger_is_converted_without_losing_a_deadline() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut c = redis.conn();
+    let now = chrono::Utc::now().timestamp_millis();
+    // What the earlier keywatch left: ten keys that expired while it was down, two that fall due
+    // soon, 2,500 an hour away.
+    let mut old = redis::pipe();
+    for i in 0..10 {
+        old.cmd("ZADD")
+            .arg("keywatch:ledger:0")
+            .arg(now - 2_000 - i)
+            .arg(format!("lock:{i}"))
+            .ignore();
+    }
+    for i in 10..12 {
+        let key = format!("lock:{i}");
+        old.cmd("SET")
+            .arg(&key)
+            .arg("1")
+            .arg("PXAT")
+            .arg(now + 4_000)
+            .ignore();
+        old.cmd("ZADD")
+            .arg("keywatch:ledger:0")
+            .arg(now + 4_000)
+            .arg(&key)
+            .ignore();
+    }
+    for i in 0..2_500 {
+        let key = format!("far:{i}");
+        old.cmd("SET")
+            .arg(&key)
+            .arg("1")
+            .arg("PXAT")
+            .arg(now + 3_600_000 + i)
+            .ignore();
+        old.cmd("ZADD")
+            .arg("keywatch:ledger:0")
+            .arg(now + 3_600_000 + i)
+            .arg(&key)
+            .ignore();
+    }
+    let () = old.query(&mut c).unwrap();
+
+    let _kw = common::run_on(&redis, &rules);
+    receiver.wait_for(12, PATIENCE);
+    set_and_expire_now(&mut c, &[SENTINEL]);
+    let d = delivered(&receiver.wait_past(&[SENTINEL], PATIENCE));
+    for i in 0..12 {
+        let key = format!("lock:{i}");
+        assert_eq!(d.get(&key).map(|(n, _)| *n), Some(1), "{key}: {d:?}");
+        assert_eq!(d[&key].1, i < 10, "{key}: recovered or not");
+    }
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("keywatch:ledger:0")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(exists, 0, "the old sorted set is gone");
+    let entries = common::ledger::entries(&mut c, "keywatch:");
+    assert_eq!(
+        entries.len(),
+        2_500,
+        "the far deadlines are in the new form"
+    );
+    assert_eq!(entries["far:7"], now + 3_600_007);
 }
 
 #[test]
@@ -339,7 +411,16 @@ fn markers_cover_only_earlier_pokes_of_any_instance() {
         assert!(a.missed(0, late, 100).await.unwrap().is_empty());
         let heard = event(false);
         let lost = ib
-            .take(0, &[(&heard, Mode::Live { fire: true })])
+            .take(
+                0,
+                &[(
+                    &heard,
+                    Mode::Live {
+                        fire: true,
+                        at: None,
+                    },
+                )],
+            )
             .await
             .unwrap();
         assert!(lost[0].is_none(), "B fired the recovered expiry again");
@@ -370,7 +451,16 @@ fn a_deadline_learnt_after_its_expiry_was_taken_does_not_fire_again() {
         let heard = expired("k:1", None, false);
         let intake = Intake::new(state, "keywatch:", "a");
         let took = intake
-            .take(0, &[(&heard, Mode::Live { fire: true })])
+            .take(
+                0,
+                &[(
+                    &heard,
+                    Mode::Live {
+                        fire: true,
+                        at: None,
+                    },
+                )],
+            )
             .await
             .unwrap();
         assert!(took[0].is_some(), "the live expiry fires");

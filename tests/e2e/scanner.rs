@@ -292,11 +292,7 @@ fn upcoming_reads_the_ledger_when_keywatch_keeps_one() {
     set_upcoming_keys(&redis);
     let daemon = Daemon::start_with(redis, UPCOMING_RULES, &[]);
     wait_until("the ledger knows the deadlines", PATIENCE, || {
-        let n: i64 = redis::cmd("ZCARD")
-            .arg("keywatch:ledger:0")
-            .query(&mut daemon.conn())
-            .unwrap();
-        n == 4
+        common::ledger::len(&mut daemon.conn(), "keywatch:") == 4
     });
     assert_upcoming(&daemon.redis, &daemon.rules);
     let out = upcoming(&daemon.redis, &daemon.rules, &["--log-level", "debug"]);

@@ -197,11 +197,7 @@ fn a_subscriber_that_falls_behind_lets_go_and_nothing_is_lost() {
         deadline,
     );
     common::wait_until("the ledger has learnt every deadline", PATIENCE, || {
-        redis::cmd("ZCARD")
-            .arg("keywatch:ledger:0")
-            .query::<usize>(&mut state.conn())
-            .unwrap_or(0)
-            >= KEYS
+        common::ledger::len(&mut state.conn(), "keywatch:") as usize >= KEYS
     });
     let pause_at = deadline.saturating_sub(300);
     std::thread::sleep(Duration::from_millis(pause_at.saturating_sub(unix_ms())));

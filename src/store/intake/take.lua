@@ -1,10 +1,10 @@
 -- Takes a batch of events of one database (see `src/engine/intake.rs` for what is taken how, and
--- `docs/how-it-works.md#what-keywatch-keeps-in-redis` for the keys). Run after the prelude
--- `store/handled/recalled.lua`.
+-- `docs/how-it-works.md#what-keywatch-keeps-in-redis` for the keys). Run after the preludes
+-- `store/handled/recalled.lua` and `store/ledger/bucket.lua`.
 --
--- KEYS: the ledger, its poked set, the poked deadlines, the intake's sorted set, its records,
--- the field ledger. ARGV: now, the latest deadline taken as due, the handled memory's minutes,
--- the lease's end, this instance, then as below.
+-- KEYS: the ledger's minutes, its poked set, the poked deadlines, the intake's sorted set, its
+-- records, the field ledger. ARGV: now, the latest deadline taken as due, the handled memory's
+-- minutes, the lease's end, this instance, then as below.
 local now = tonumber(ARGV[1])
 local due_limit = tonumber(ARGV[2])
 local minutes = tonumber(ARGV[3])
@@ -20,69 +20,100 @@ local batch = ARGV[10]
 -- The events' records, a line each in the order of the events: stored as they are, with a line
 -- naming those won, so the script neither copies nor joins them one by one.
 local blob = ARGV[11]
--- One letter per event, its mode. An expiry (`L`, `l`, `R`, `r`) has one argument, its key;
--- any other event four: its kind, key, given deadline and extra (a claim key, a field).
+-- One letter per event, its mode. A live expiry (`L`, `l`) has two arguments, its key and the
+-- second its deadline falls in as the instance's index knows it (empty: not known); a recovery
+-- (`R`, `r`) one, its key; any other event four: its kind, key, given deadline and extra (a
+-- claim key, a field).
 local modes = ARGV[12]
-local first = 13
+-- The ledger's hashes (without their second), how far back a live expiry of a key the index
+-- did not know is looked for, and how old a deadline taken by a live expiry must be for the take
+-- to ask the handled memory whether it was taken without one (see below), and the clock slack.
+local pre = ARGV[13]
+local window = tonumber(ARGV[14])
+local late = tonumber(ARGV[15])
+local slack = tonumber(ARGV[16])
+local first = 17
 local n = #modes
 local minute = math.floor(now / 60000)
 local B_L, B_l, B_R, B_r, B_F, B_f, B_W = string.byte('LlRrFfW', 1, 7)
--- Calls f with the elements of list from i to j, at most step at a time (Lua's stack bounds
--- unpack).
-local function chunked(list, i, j, step, f)
-  for k = i, j, step do
-    f(unpack(list, k, math.min(k + step - 1, j)))
-  end
-end
--- Where each event's arguments start (with live expiries only, in a storm, event i's key is
--- ARGV[first + i - 1]), and the keys of the live expiries.
-local live_only = not string.find(modes, '[^Ll]')
+-- Where each event's arguments start, and the live expiries: their event, key and second.
 local at = {}
-local live = {}
-if not live_only then
+local live, live_at, live_second = {}, {}, {}
+do
   local a = first
   for i = 1, n do
     at[i] = a
     local m = string.byte(modes, i)
-    if m == B_L or m == B_l or m == B_R or m == B_r then
-      if m == B_L or m == B_l then live[#live + 1] = ARGV[a] end
+    if m == B_L or m == B_l then
+      live[#live + 1] = ARGV[a]
+      live_at[#live] = i
+      live_second[#live] = ARGV[a + 1]
+      a = a + 2
+    elseif m == B_R or m == B_r then
       a = a + 1
     else
       a = a + 4
     end
   end
 end
--- The ledger's scores of every live expiry, read in one command (a command per thousand), in
--- the order of the live expiries.
-local scores = {}
-local function read_scores(...)
-  local got = redis.call('ZMSCORE', KEYS[1], ...)
-  for j = 1, select('#', ...) do scores[#scores + 1] = got[j] end
+-- Whether the handled memory says the expiry of `key` due at `d` was taken already: as `~T`,
+-- without a known deadline, at or after it (plus clock slack), or with that deadline or a later
+-- one.
+local function handled_before(key, d)
+  local h = recalled(memory, minute, minutes, key)
+  if not h then return false end
+  if string.sub(h, 1, 1) == '~' then return d <= tonumber(string.sub(h, 2)) + slack end
+  return d <= tonumber(h)
 end
-if live_only then
-  chunked(ARGV, first, first + n - 1, 1000, read_scores)
-else
-  chunked(live, 1, #live, 1000, read_scores)
+-- The due deadline of each live expiry whose hash holds it (by its place among them), and the
+-- hash it is removed from. Read with one HMGET per hash and thousand keys: in a storm the keys
+-- of a batch share a second.
+local due, due_in = {}, {}
+do
+  local groups, order = {}, {}
+  for li = 1, #live do
+    local s = live_second[li]
+    if s ~= '' then
+      local b = bucket(pre, s, live[li])
+      local g = groups[b]
+      if not g then
+        g = {}
+        groups[b] = g
+        order[#order + 1] = b
+      end
+      g[#g + 1] = li
+    end
+  end
+  for _, b in ipairs(order) do
+    local g = groups[b]
+    for j = 1, #g, 1000 do
+      local last = math.min(j + 999, #g)
+      local keys = {}
+      for x = j, last do keys[#keys + 1] = live[g[x]] end
+      local got = redis.call('HMGET', b, unpack(keys))
+      for x = j, last do
+        local off = got[x - j + 1]
+        if off then
+          local li = g[x]
+          local d = tonumber(live_second[li]) * 1000 + tonumber(off)
+          if d <= due_limit then
+            due[li] = d
+            due_in[li] = b
+          end
+        end
+      end
+    end
+  end
 end
 -- The poked set's deadlines of every key that may be taken from it (a live expiry the ledger
 -- has no due deadline for, a recovery), read in one command too.
 local maybe_poked = {}
--- The due deadline of each live expiry that has one (by its place among them).
-local due = {}
-local li = 0
+for li = 1, #live do
+  if not due[li] then maybe_poked[#maybe_poked + 1] = live[li] end
+end
 for i = 1, n do
   local m = string.byte(modes, i)
-  if m == B_L or m == B_l then
-    li = li + 1
-    local s = scores[li]
-    if s and tonumber(s) <= due_limit then
-      due[li] = s
-    else
-      maybe_poked[#maybe_poked + 1] = ARGV[at[i] or first + i - 1]
-    end
-  elseif m == B_R or m == B_r then
-    maybe_poked[#maybe_poked + 1] = ARGV[at[i]]
-  end
+  if m == B_R or m == B_r then maybe_poked[#maybe_poked + 1] = ARGV[at[i]] end
 end
 local poked = {}
 chunked(maybe_poked, 1, #maybe_poked, 1000, function(...)
@@ -91,6 +122,43 @@ chunked(maybe_poked, 1, #maybe_poked, 1000, function(...)
     if got[j] then poked[select(j, ...)] = got[j] end
   end
 end)
+-- A live expiry found neither where the index said nor in the poked set is looked for in the
+-- hashes of the last `window` ms, where every instance looks: an instance that just started
+-- (its index not rebuilt yet), or whose index missed a deadline another instance recorded,
+-- then claims the same hash field as the instance that knew it, and only one of them wins.
+-- The hashes that exist are listed once, and only when some expiry needs them.
+local recent_hashes = nil
+for li = 1, #live do
+  local key = live[li]
+  if not due[li] and not poked[key] then
+    if not recent_hashes then
+      recent_hashes = {}
+      for s = math.floor(due_limit / 1000), math.floor((now - window) / 1000), -1 do
+        if redis.call('EXISTS', pre .. s) == 1 then
+          recent_hashes[#recent_hashes + 1] = { pre .. s, s, false }
+        end
+        if redis.call('EXISTS', pre .. s .. ':long') == 1 then
+          recent_hashes[#recent_hashes + 1] = { pre .. s .. ':long', s, true }
+        end
+      end
+    end
+    local long = long_key(key)
+    for _, bs in ipairs(recent_hashes) do
+      local b, s, of_long = bs[1], bs[2], bs[3]
+      if of_long == long then
+        local off = redis.call('HGET', b, key)
+        if off then
+          local d = s * 1000 + tonumber(off)
+          if d <= due_limit then
+            due[li] = d
+            due_in[li] = b
+            break
+          end
+        end
+      end
+    end
+  end
+end
 -- Takes key's deadline out of the poked set (the removal written once for the batch).
 local unpoked = {}
 local function take_poked(key)
@@ -102,8 +170,8 @@ local function take_poked(key)
   return p
 end
 -- Writes of the hot path, sent once for the whole batch: the deadlines taken out of the
--- ledger, the handled memory, the record of every event won.
-local unledgered = {}
+-- ledger (by hash), the handled memory, the record of every event won.
+local unledgered, unledgered_order = {}, {}
 local handled = {}
 -- What this script remembered as handled, per key: a later event of the same key in the batch
 -- must find it as if it had been written already.
@@ -121,21 +189,42 @@ local function won(i, d)
   won_parts[#won_parts + 1] = ':'
   won_parts[#won_parts + 1] = d or ''
 end
-li = 0
+local li = 0
 for i = 1, n do
   local m = string.byte(modes, i)
-  local p = at[i] or first + i - 1
+  local p = at[i]
   if m == B_L or m == B_l then
     li = li + 1
     local key = ARGV[p]
     local s = due[li]
     local d = false
+    -- Taken before by an instance that did not know the deadline (see below): removed, not won.
+    local taken = false
     -- `here`: the same key earlier in the batch took its deadline already.
     if s and not here[key] then
-      unledgered[#unledgered + 1] = key
-      d = s
+      local b = due_in[li]
+      local g = unledgered[b]
+      if not g then
+        g = {}
+        unledgered[b] = g
+        unledgered_order[#unledgered_order + 1] = b
+      end
+      g[#g + 1] = key
+      -- An instance whose index missed the key looks for it only `window` ms back: past that
+      -- it claimed the expiry without a deadline (`~T`), which only the handled memory shows.
+      -- Not asked on time: the storm's path.
+      if s < now - late and handled_before(key, s) then
+        taken = true
+      else
+        d = s
+      end
     else
       d = take_poked(key) or false
+      -- The poked set is past the window as well.
+      if d and handled_before(key, tonumber(d)) then
+        d = false
+        taken = true
+      end
     end
     if d then
       -- `remember` and `won` written out: this is a storm's path, once per expiry, and a Lua
@@ -154,7 +243,7 @@ for i = 1, n do
         won_parts[wn + 2] = ':'
         won_parts[wn + 3] = d
       end
-    else
+    elseif not taken then
       local h = here[key] or recalled(memory, minute, minutes, key)
       if not (h and string.sub(h, 1, 1) ~= '~') then
         -- Taken without a known deadline: a deadline of this key learnt late (a fill or
@@ -172,7 +261,7 @@ for i = 1, n do
   elseif m == B_R or m == B_r then
     local key = ARGV[p]
     local d = take_poked(key)
-    if d then
+    if d and not handled_before(key, tonumber(d)) then
       remember(key, d)
       if m == B_R then won(i, d) end
     end
@@ -209,13 +298,10 @@ for i = 1, n do
     end
   end
 end
-if live_only and #unledgered == n then
-  chunked(ARGV, first, first + n - 1, 1000, function(...)
-    redis.call('ZREM', KEYS[1], ...)
-  end)
-else
-  chunked(unledgered, 1, #unledgered, 1000, function(...)
-    redis.call('ZREM', KEYS[1], ...)
+for _, b in ipairs(unledgered_order) do
+  local g = unledgered[b]
+  chunked(g, 1, #g, 1000, function(...)
+    redis.call('HDEL', b, ...)
   end)
 end
 chunked(unpoked, 1, #unpoked, 1000, function(...)

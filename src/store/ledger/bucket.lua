@@ -1,0 +1,24 @@
+-- The ledger's compact form (docs/how-it-works.md#the-ledgers-compact-form): a key's deadline
+-- lives in the hash of the second it falls in, `PRE .. SECOND` (field: the key, value: the
+-- milliseconds within that second), or `PRE .. SECOND .. ':long'` for a key longer than
+-- `LONG_KEY` bytes, which would turn a whole second's hash from Redis's compact listpack into
+-- a hashtable. Every instance derives the same name from a key and its deadline alone, so a
+-- hash's field is the one place the deadline can be, and removing it (`HDEL`) answers one
+-- caller only.
+local LONG_KEY = 64
+local function long_key(key)
+  return #key > LONG_KEY
+end
+local function bucket(pre, second, key)
+  if long_key(key) then
+    return pre .. second .. ':long'
+  end
+  return pre .. second
+end
+-- Calls f with the elements of list from i to j, at most step at a time (Lua's stack bounds
+-- unpack).
+local function chunked(list, i, j, step, f)
+  for k = i, j, step do
+    f(unpack(list, k, math.min(k + step - 1, j)))
+  end
+end
