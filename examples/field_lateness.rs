@@ -130,11 +130,14 @@ async fn main() {
     let run = tokio::spawn(run::run(loaded.config, opts, stop.clone()));
     let learnt = std::time::Instant::now();
     loop {
-        let n: u64 = redis::cmd("ZCARD")
-            .arg("keywatch:fields:0")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        // Each far hash's index in the field ledger (field → deadline).
+        let mut p = redis::pipe();
+        for h in 0..far.div_ceil(1000) {
+            p.cmd("HLEN")
+                .arg(format!("keywatch:fields:0:h:holds:far{h}"));
+        }
+        let lens: Vec<u64> = p.query_async(&mut c).await.unwrap();
+        let n: u64 = lens.iter().sum();
         if n >= far {
             break;
         }

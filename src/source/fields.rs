@@ -6,9 +6,12 @@
 //! like the key ledger ([`super::ledger`]), keywatch keeps the deadlines of the fields its rules
 //! watch in Redis (shared by instances, surviving restarts):
 //!
-//! - `{prefix}fields:{db}`: a sorted set of `LEN:KEYFIELD` members (the key's length, a colon,
-//!   the key's bytes, the field's bytes) scored by deadline, for the poker;
-//! - `{prefix}fields:{db}:h:KEY`: per watched hash, field → deadline, to find a hash's fields.
+//! - `{prefix}fields:{db}:at:SECOND` (and `…:long`): per second of deadlines, `LEN:KEYFIELD`
+//!   members (the key's length, a colon, the key's bytes, the field's bytes) → ms within the
+//!   second, with `{prefix}fields:{db}:minutes` listing the minutes that hold some, for the
+//!   poker: the key ledger's compact form (docs/how-it-works.md#the-ledgers-compact-form);
+//! - `{prefix}fields:{db}:h:KEY`: per watched hash, field → deadline, to find a hash's fields
+//!   and where each field's deadline is.
 //!
 //! Deadlines are learnt when a hash changes (`hexpire`: the hash is walked with `HSCAN … NOVALUES`
 //! and its fields' deadlines read with `HPEXPIRETIME`, paced; one walk covers every `hexpire` heard
@@ -152,11 +155,6 @@ impl FieldLedger {
                 sent: Mutex::default(),
             }),
         }
-    }
-
-    /// The sorted set of field deadlines of `db`.
-    pub fn zset(prefix: &str, db: u32) -> String {
-        crate::store::fields::deadlines(prefix, db)
     }
 
     /// The per-hash index of `key` in `db`: field → deadline.
@@ -395,11 +393,11 @@ impl FieldLedger {
         {
             let sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
             for (m, d) in due {
-                if was_sent(sent.get(&m), d as i64) {
+                if was_sent(sent.get(&m), d) {
                     continue;
                 }
                 if let Some((k, f)) = split(&m) {
-                    by_key.entry(k).or_default().push((f, d as i64));
+                    by_key.entry(k).or_default().push((f, d));
                 }
             }
         }
@@ -469,6 +467,9 @@ impl FieldLedger {
         globs.dedup();
         let mut hashes = 0;
         for &db in &config.redis.databases {
+            // An earlier keywatch's field ledger (one sorted set) first: its deadlines of fields
+            // that expired while no instance ran are found only there (docs/operations.md#upgrading).
+            while store::convert(&mut self.state(), &self.inner.prefix, db).await? > 0 {}
             for node in self.inner.keyspace.scan_conns(db).await? {
                 for glob in &globs {
                     let mut conn = node.clone();
@@ -640,10 +641,13 @@ impl FieldLedger {
         until_ms: i64,
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, Vec<u8>, i64)>> {
-        let rows = store::due(state, prefix, db, until_ms, limit).await?;
+        let mut rows = store::names(prefix, db)
+            .between(state, i64::MIN, until_ms, &mut None, limit)
+            .await?;
+        rows.truncate(limit);
         Ok(rows
             .into_iter()
-            .filter_map(|(m, d)| split(&m).map(|(k, f)| (k, f, d as i64)))
+            .filter_map(|(m, d)| split(&m).map(|(k, f)| (k, f, d)))
             .collect())
     }
 }

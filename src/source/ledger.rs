@@ -475,7 +475,7 @@ impl Ledger {
         let mut from = i64::MIN / 60_000;
         let mut dropped = 0;
         loop {
-            let minutes = store.minutes(db, from, i64::MAX, 16).await?;
+            let minutes = store.minutes(db, from, 16).await?;
             let Some(&last) = minutes.last() else {
                 break;
             };
@@ -623,25 +623,10 @@ impl Ledger {
         after: &mut Option<i64>,
         at_least: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        let store = &self.inner.store;
-        let mut out = Vec::new();
-        loop {
-            let from = after.map_or(from_ms.div_euclid(60_000), |m| m + 1);
-            let minutes = store.minutes(db, from, until_ms, 16).await?;
-            if minutes.is_empty() {
-                return Ok(out);
-            }
-            for minute in minutes {
-                let mut rows = store.in_minute(db, minute).await?;
-                rows.retain(|(_, d)| *d > from_ms && *d <= until_ms);
-                rows.sort_unstable_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
-                out.extend(rows);
-                *after = Some(minute);
-                if out.len() >= at_least {
-                    return Ok(out);
-                }
-            }
-        }
+        self.inner
+            .store
+            .between(db, from_ms, until_ms, after, at_least)
+            .await
     }
 
     /// The next `limit` deadlines of `db` up to `until_ms`, soonest first (for `upcoming`).

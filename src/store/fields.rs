@@ -1,14 +1,27 @@
-//! The field ledger's keys: per watched database, a sorted set of the deadlines of the hash
-//! fields the rules watch (member: [`member`] of key and field, score: the deadline in ms), and
-//! per hash an index of its fields' deadlines (field → deadline). What the field ledger does
-//! with them is [`crate::source`]'s; see `docs/how-it-works.md#what-keywatch-keeps-in-redis`.
+//! The field ledger's keys: per watched database, the deadlines of the hash fields the rules
+//! watch in the key ledger's compact form ([`crate::store::ledger::Names`]: a hash per second of
+//! deadlines, member [`member`] of key and field → ms within the second, and the minutes that
+//! hold some), and per hash an index of its fields' deadlines (field → deadline), which is where
+//! a field's second is found. What the field ledger does with them is [`crate::source`]'s; see
+//! `docs/how-it-works.md#what-keywatch-keeps-in-redis`.
 
 use std::collections::HashMap;
 
 use crate::keyspace::Conn;
+use crate::store::ledger::{BUCKET, Names};
 
-/// The sorted set of field deadlines of `db`: `{prefix}fields:DB`.
-pub fn deadlines(prefix: &str, db: u32) -> String {
+/// Writes deadlines of one hash's fields, moving them between seconds.
+static WRITE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+    redis::Script::new(&format!("{BUCKET}{}", include_str!("fields/write.lua")))
+});
+
+/// The field ledger's names in `db`: `{prefix}fields:DB:minutes`, `{prefix}fields:DB:at:SECOND`.
+pub fn names(prefix: &str, db: u32) -> Names {
+    Names::under(&old_ledger(prefix, db))
+}
+
+/// An earlier keywatch's field ledger of `db`, one sorted set (converted at start-up).
+pub fn old_ledger(prefix: &str, db: u32) -> String {
     format!("{prefix}fields:{db}")
 }
 
@@ -57,76 +70,67 @@ pub async fn write(
     key: &[u8],
     changes: &[(Vec<u8>, Option<i64>)],
 ) -> redis::RedisResult<()> {
-    let zset = deadlines(prefix, db);
-    let index = index(prefix, db, key);
-    let mut pipe = redis::pipe();
+    let mut inv = WRITE.prepare_invoke();
+    inv.key(index(prefix, db, key))
+        .key(names(prefix, db).minutes)
+        .arg(names(prefix, db).seconds);
     for (f, d) in changes {
-        match d {
-            Some(d) => {
-                pipe.cmd("ZADD")
-                    .arg(&zset)
-                    .arg(d)
-                    .arg(member(key, f))
-                    .ignore();
-                pipe.cmd("HSET").arg(&index).arg(f).arg(d).ignore();
-            }
-            None => {
-                pipe.cmd("ZREM").arg(&zset).arg(member(key, f)).ignore();
-                pipe.cmd("HDEL").arg(&index).arg(f).ignore();
-            }
-        }
+        inv.arg(f).arg(member(key, f)).arg(d.unwrap_or(-1));
     }
-    pipe.exec_async(state).await
+    inv.invoke_async(state).await
 }
 
-/// Up to `limit` members of `db` due by `until_ms`, soonest first, with their deadlines.
+/// Up to `limit` members of `db` due by `until_ms`, earliest minute first, with their deadlines.
 pub async fn due(
     state: &mut Conn,
     prefix: &str,
     db: u32,
     until_ms: i64,
     limit: usize,
-) -> redis::RedisResult<Vec<(Vec<u8>, f64)>> {
-    redis::cmd("ZRANGE")
-        .arg(deadlines(prefix, db))
-        .arg("-inf")
-        .arg(until_ms)
-        .arg("BYSCORE")
-        .arg("LIMIT")
-        .arg(0)
-        .arg(limit)
-        .arg("WITHSCORES")
-        .query_async(state)
+) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+    names(prefix, db).due(state, until_ms, 0, limit).await
+}
+
+/// Converts up to a batch of an earlier keywatch's field ledger of `db`; returns how many
+/// entries it still holds.
+pub async fn convert(state: &mut Conn, prefix: &str, db: u32) -> redis::RedisResult<usize> {
+    names(prefix, db)
+        .convert(state, &old_ledger(prefix, db))
         .await
 }
 
 crate::keyspace::commands::declare! {
     /// The commands of the field ledger to its keys ([`crate::keyspace::commands`]).
     const WHY = "field ledger: deadlines of watched hash fields";
+    const SCRIPTS = "field ledger: deadlines of watched hash fields (script)";
     [
-        Use::new(Server::State, "zadd", WHY)
+        Use::new(Server::State, "script|load", WHY)
+            .access(Access::Write)
+            .args("return(1)")
+            .when(When::Fields),
+        Use::new(Server::State, "evalsha", WHY)
+            .on(Keys::State("fields:*"), Access::ReadWrite)
+            .args("{sha} 2 {prefix}fields:0:h:k {prefix}fields:0:minutes")
+            .when(When::Fields),
+        Use::new(Server::State, "hset", SCRIPTS)
             .on(Keys::State("fields:*"), Access::Write)
-            .args("{key} 0 k")
-            .when(When::Fields),
-        Use::new(Server::State, "zrem", WHY)
-            .on(Keys::State("fields:*"), Access::Write)
-            .args("{key} k")
-            .when(When::Fields),
-        Use::new(Server::State, "zrange", WHY)
-            .on(Keys::State("fields:*"), Access::Read)
-            .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
-            .when(When::Fields),
-        Use::new(Server::State, "hset", WHY)
-            .on(Keys::State("fields:*:h:*"), Access::Write)
             .args("{key} f 0")
             .when(When::Fields),
-        Use::new(Server::State, "hdel", WHY)
-            .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
+        Use::new(Server::State, "hget", SCRIPTS)
+            .on(Keys::State("fields:*:h:*"), Access::Read)
+            .args("{key} f")
+            .when(When::Fields),
+        Use::new(Server::State, "hdel", SCRIPTS)
+            .on(Keys::State("fields:*"), Access::ReadWrite)
             .args("{key} f")
             .when(When::Fields),
         Use::new(Server::State, "hgetall", WHY)
-            .on(Keys::State("fields:*:h:*"), Access::Read)
+            .on(Keys::State("fields:*"), Access::Read)
             .args("{key}")
+            .when(When::Fields),
+        Use::new(Server::State, "zadd", SCRIPTS)
+            .on(Keys::State("fields:*:minutes"), Access::Write)
+            .args("{key} LT 0 0")
             .when(When::Fields),
     ]
 }

@@ -90,7 +90,7 @@ impl Records {
             .key(ledger::poked_deadlines(p, db))
             .key(&self.zset)
             .key(&self.records)
-            .key(fields::deadlines(p, db))
+            .key(fields::names(p, db).minutes)
             .arg(batch.now_ms)
             .arg(batch.due_limit_ms)
             .arg(handled::HANDLED_MINUTES)
@@ -106,7 +106,8 @@ impl Records {
             .arg(ledger::seconds(p, db))
             .arg(WINDOW_MS)
             .arg(LATE_MS)
-            .arg(ledger::TAKEN_SLACK_MS);
+            .arg(ledger::TAKEN_SLACK_MS)
+            .arg(fields::names(p, db).seconds);
         for a in batch.args {
             inv.arg(a);
         }
@@ -295,14 +296,11 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "set", SCRIPT)
             .on(Keys::State("warned:*"), Access::Write)
             .args("{key} 1 NX PXAT 1"),
-        Use::new(Server::State, "zscore", SCRIPT)
-            .on(Keys::State("fields:*"), Access::Read)
-            .args("{key} k"),
-        Use::new(Server::State, "zrem", SCRIPT)
-            .on(Keys::State("fields:*"), Access::Write)
-            .args("{key} k"),
+        Use::new(Server::State, "hget", SCRIPT)
+            .on(Keys::State("fields:*:h:*"), Access::Read)
+            .args("{key} f"),
         Use::new(Server::State, "hdel", SCRIPT)
-            .on(Keys::State("fields:*:h:*"), Access::ReadWrite)
+            .on(Keys::State("fields:*"), Access::ReadWrite)
             .args("{key} f"),
     ]
 }

@@ -19,6 +19,139 @@ const MOVE_POKED: &str = include_str!("ledger/move_poked.lua");
 /// Converts an earlier keywatch's ledger (one sorted set) to this form.
 const CONVERT: &str = include_str!("ledger/convert.lua");
 
+/// A script with [`BUCKET`] in front.
+fn with_bucket(lua: &str) -> redis::Script {
+    redis::Script::new(&format!("{BUCKET}{lua}"))
+}
+
+/// The scripts the key and the field ledger share: the poker's read and the conversion.
+static DUE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| with_bucket(DUE));
+static CONVERT_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| with_bucket(CONVERT));
+
+/// A ledger's names in one database: the minutes' sorted set and its hashes' prefix. The key
+/// ledger's are `{prefix}ledger:DB:…`, the field ledger's `{prefix}fields:DB:…`; both keep
+/// deadlines the same way.
+pub struct Names {
+    pub minutes: String,
+    pub seconds: String,
+}
+
+impl Names {
+    /// The names under `base` (`{prefix}ledger:DB`).
+    pub fn under(base: &str) -> Names {
+        Names {
+            minutes: format!("{base}:minutes"),
+            seconds: format!("{base}:at:"),
+        }
+    }
+
+    /// Deadlines up to `until_ms`, `limit` after skipping `offset` of them, earliest minute
+    /// first (see `ledger/due.lua`).
+    pub async fn due(
+        &self,
+        conn: &mut Conn,
+        until_ms: i64,
+        offset: usize,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+        DUE_SCRIPT
+            .key(&self.minutes)
+            .arg(&self.seconds)
+            .arg(until_ms)
+            .arg(offset)
+            .arg(limit)
+            .invoke_async(conn)
+            .await
+    }
+
+    /// Up to `limit` minutes holding deadlines, from minute `from` on and no later than
+    /// `until_ms`, in order.
+    pub async fn minutes(
+        &self,
+        conn: &mut Conn,
+        from: i64,
+        until_ms: i64,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<i64>> {
+        redis::cmd("ZRANGE")
+            .arg(&self.minutes)
+            .arg(from.saturating_mul(60_000))
+            .arg(until_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(conn)
+            .await
+    }
+
+    /// Every deadline in `minute`, in one round trip (unordered).
+    pub async fn in_minute(
+        &self,
+        conn: &mut Conn,
+        minute: i64,
+    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+        let mut pipe = redis::pipe();
+        let pre = &self.seconds;
+        for s in minute * 60..minute * 60 + 60 {
+            pipe.cmd("HGETALL").arg(format!("{pre}{s}"));
+            pipe.cmd("HGETALL").arg(format!("{pre}{s}:long"));
+        }
+        let hashes: Vec<Vec<(Vec<u8>, i64)>> = pipe.query_async(conn).await?;
+        let mut out = Vec::new();
+        for (i, fields) in hashes.into_iter().enumerate() {
+            let second = minute * 60 + (i / 2) as i64;
+            out.extend(fields.into_iter().map(|(k, ms)| (k, second * 1000 + ms)));
+        }
+        Ok(out)
+    }
+
+    /// Deadlines in `(from_ms, until_ms]`, soonest first, a page at a time: at least
+    /// `at_least` (whole minutes of them) unless none are left, from the minute after `after`
+    /// (`None`: the first), which is moved on. An empty page is the end.
+    pub async fn between(
+        &self,
+        conn: &mut Conn,
+        from_ms: i64,
+        until_ms: i64,
+        after: &mut Option<i64>,
+        at_least: usize,
+    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+        let mut out = Vec::new();
+        loop {
+            let from = after.map_or(from_ms.div_euclid(60_000), |m| m + 1);
+            let minutes = self.minutes(conn, from, until_ms, 16).await?;
+            if minutes.is_empty() {
+                return Ok(out);
+            }
+            for minute in minutes {
+                let mut rows = self.in_minute(conn, minute).await?;
+                rows.retain(|(_, d)| *d > from_ms && *d <= until_ms);
+                rows.sort_unstable_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+                out.extend(rows);
+                *after = Some(minute);
+                if out.len() >= at_least {
+                    return Ok(out);
+                }
+            }
+        }
+    }
+
+    /// Converts up to a batch of an earlier keywatch's sorted set `old`; returns how many
+    /// entries it still holds.
+    pub async fn convert(&self, conn: &mut Conn, old: &str) -> redis::RedisResult<usize> {
+        CONVERT_SCRIPT
+            .key(old)
+            .key(&self.minutes)
+            .arg(&self.seconds)
+            .arg(CONVERT_BATCH)
+            .invoke_async(conn)
+            .await
+    }
+}
+
 /// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
 pub const TAKEN_SLACK_MS: i64 = 100;
 
@@ -41,9 +174,7 @@ pub struct Deadlines {
     conn: Conn,
     prefix: String,
     record: redis::Script,
-    due: redis::Script,
     move_poked: redis::Script,
-    convert: redis::Script,
 }
 
 /// One deadline to record: the key, its deadline as `PEXPIRETIME` answered (-1: no TTL, -2:
@@ -56,15 +187,16 @@ pub struct Entry<'a> {
 
 impl Deadlines {
     pub fn new(conn: Conn, prefix: &str) -> Deadlines {
-        let with_bucket = |lua: &str| redis::Script::new(&format!("{BUCKET}{lua}"));
         Deadlines {
             conn,
             prefix: prefix.to_string(),
             record: with_bucket(RECORD),
-            due: with_bucket(DUE),
             move_poked: with_bucket(MOVE_POKED),
-            convert: with_bucket(CONVERT),
         }
+    }
+
+    fn names(&self, db: u32) -> Names {
+        Names::under(&old_ledger(&self.prefix, db))
     }
 
     fn conn(&self) -> Conn {
@@ -161,13 +293,8 @@ impl Deadlines {
         offset: usize,
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        self.due
-            .key(minutes(&self.prefix, db))
-            .arg(seconds(&self.prefix, db))
-            .arg(until_ms)
-            .arg(offset)
-            .arg(limit)
-            .invoke_async(&mut self.conn())
+        self.names(db)
+            .due(&mut self.conn(), until_ms, offset, limit)
             .await
     }
 
@@ -186,42 +313,31 @@ impl Deadlines {
         inv.invoke_async(&mut self.conn()).await
     }
 
-    /// Up to `limit` minutes of `db` holding deadlines, from minute `from` on and no later than
-    /// `until_ms`, in order.
-    pub async fn minutes(
+    /// Deadlines of `db` in `(from_ms, until_ms]`, soonest first, a page at a time (see
+    /// [`Names::between`]).
+    pub async fn between(
         &self,
         db: u32,
-        from: i64,
+        from_ms: i64,
         until_ms: i64,
-        limit: usize,
-    ) -> redis::RedisResult<Vec<i64>> {
-        redis::cmd("ZRANGE")
-            .arg(minutes(&self.prefix, db))
-            .arg(from.saturating_mul(60_000))
-            .arg(until_ms)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut self.conn())
+        after: &mut Option<i64>,
+        at_least: usize,
+    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+        self.names(db)
+            .between(&mut self.conn(), from_ms, until_ms, after, at_least)
+            .await
+    }
+
+    /// Up to `limit` minutes of `db` holding deadlines, from minute `from` on, in order.
+    pub async fn minutes(&self, db: u32, from: i64, limit: usize) -> redis::RedisResult<Vec<i64>> {
+        self.names(db)
+            .minutes(&mut self.conn(), from, i64::MAX, limit)
             .await
     }
 
     /// Every deadline of `db` in `minute`, in one round trip (unordered).
     pub async fn in_minute(&self, db: u32, minute: i64) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        let mut pipe = redis::pipe();
-        let pre = seconds(&self.prefix, db);
-        for s in minute * 60..minute * 60 + 60 {
-            pipe.cmd("HGETALL").arg(format!("{pre}{s}"));
-            pipe.cmd("HGETALL").arg(format!("{pre}{s}:long"));
-        }
-        let hashes: Vec<Vec<(Vec<u8>, i64)>> = pipe.query_async(&mut self.conn()).await?;
-        let mut out = Vec::new();
-        for (i, fields) in hashes.into_iter().enumerate() {
-            let second = minute * 60 + (i / 2) as i64;
-            out.extend(fields.into_iter().map(|(k, ms)| (k, second * 1000 + ms)));
-        }
-        Ok(out)
+        self.names(db).in_minute(&mut self.conn(), minute).await
     }
 
     /// Whether `db` holds any deadline.
@@ -235,12 +351,8 @@ impl Deadlines {
     /// Converts up to a batch of an earlier keywatch's ledger of `db` (one sorted set); returns
     /// how many entries it still holds.
     pub async fn convert(&self, db: u32) -> redis::RedisResult<usize> {
-        self.convert
-            .key(old_ledger(&self.prefix, db))
-            .key(minutes(&self.prefix, db))
-            .arg(seconds(&self.prefix, db))
-            .arg(CONVERT_BATCH)
-            .invoke_async(&mut self.conn())
+        self.names(db)
+            .convert(&mut self.conn(), &old_ledger(&self.prefix, db))
             .await
     }
 }
@@ -250,6 +362,7 @@ crate::keyspace::commands::declare! {
     /// ([`crate::keyspace::commands`]).
     const WHY = "ledger: deadlines of the watched keys";
     const SCRIPTS = "ledger: deadlines of the watched keys (script)";
+    const FIELDS = "field ledger: deadlines of watched hash fields (script)";
     [
         Use::new(Server::State, "hset", SCRIPTS)
             .on(Keys::State("ledger:*:at:*"), Access::Write)
@@ -323,6 +436,37 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:handled:*"), Access::Read)
             .args("{key} k")
             .when(When::Ledger),
+        // The field ledger keeps its deadlines in the same form, through the same scripts
+        // (`store::fields`).
+        Use::new(Server::State, "hscan", FIELDS)
+            .on(Keys::State("fields:*:at:*"), Access::Read)
+            .args("{key} 0 COUNT 1000")
+            .when(When::Fields),
+        Use::new(Server::State, "zrem", FIELDS)
+            .on(Keys::State("fields:*:minutes"), Access::Write)
+            .args("{key} 0")
+            .when(When::Fields),
+        Use::new(Server::State, "zrange", FIELDS)
+            .on(Keys::State("fields:*:minutes"), Access::Read)
+            .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
+            .when(When::Fields),
+        // The conversion of an earlier keywatch's field ledger (docs/operations.md#upgrading).
+        Use::new(Server::State, "type", FIELDS)
+            .on(Keys::State("fields:*"), Access::Read)
+            .args("{key}")
+            .when(When::Fields),
+        Use::new(Server::State, "zrange", FIELDS)
+            .on(Keys::State("fields:*"), Access::Read)
+            .args("{key} 0 1 WITHSCORES")
+            .when(When::Fields),
+        Use::new(Server::State, "zrem", FIELDS)
+            .on(Keys::State("fields:*"), Access::Write)
+            .args("{key} k")
+            .when(When::Fields),
+        Use::new(Server::State, "zcard", FIELDS)
+            .on(Keys::State("fields:*"), Access::Read)
+            .args("{key}")
+            .when(When::Fields),
         // The conversion of an earlier keywatch's ledger (docs/operations.md#upgrading).
         Use::new(Server::State, "type", SCRIPTS)
             .on(Keys::State("ledger:*"), Access::Read)

@@ -119,9 +119,15 @@ pub fn jobs_in(members: &[String]) -> usize {
 /// every deadline it learnt has been decided and every job it stored has ended, so nothing more
 /// can arrive from them; the signal to wait for instead of "a while".
 pub fn work_left(conn: &mut impl ConnectionLike) -> Vec<(&'static str, i64)> {
-    let mut left = vec![("keywatch:ledger:0", super::ledger::len(conn, "keywatch:"))];
+    let mut left = vec![
+        ("keywatch:ledger:0", super::ledger::len(conn, "keywatch:")),
+        (
+            "keywatch:fields:0",
+            super::ledger::fields(conn, "keywatch:").len() as i64,
+        ),
+    ];
     left.extend(
-        ["keywatch:fields:0", "keywatch:intake", "keywatch:queue"]
+        ["keywatch:intake", "keywatch:queue"]
             .into_iter()
             .map(|key| {
                 let n: i64 = redis::cmd("ZCARD")

@@ -10,8 +10,19 @@ use redis::ConnectionLike;
 /// Every deadline in database 0 of the ledger under `prefix`, by key: the hashes of every
 /// second of every minute the ledger lists (one hash tag, so a cluster connection finds them).
 pub fn entries(conn: &mut impl ConnectionLike, prefix: &str) -> BTreeMap<String, i64> {
+    entries_under(conn, &format!("{prefix}ledger:0"))
+}
+
+/// Every field deadline in database 0 of the field ledger under `prefix`, by member (the key's
+/// length, a colon, the key, the field).
+pub fn fields(conn: &mut impl ConnectionLike, prefix: &str) -> BTreeMap<String, i64> {
+    entries_under(conn, &format!("{prefix}fields:0"))
+}
+
+/// The deadlines kept under `base` (`{prefix}ledger:0`, `{prefix}fields:0`).
+fn entries_under(conn: &mut impl ConnectionLike, base: &str) -> BTreeMap<String, i64> {
     let minutes: Vec<i64> = redis::cmd("ZRANGE")
-        .arg(format!("{prefix}ledger:0:minutes"))
+        .arg(format!("{base}:minutes"))
         .arg(0)
         .arg(-1)
         .query(conn)
@@ -20,8 +31,8 @@ pub fn entries(conn: &mut impl ConnectionLike, prefix: &str) -> BTreeMap<String,
     for minute in minutes {
         for second in minute * 60..minute * 60 + 60 {
             for hash in [
-                format!("{prefix}ledger:0:at:{second}"),
-                format!("{prefix}ledger:0:at:{second}:long"),
+                format!("{base}:at:{second}"),
+                format!("{base}:at:{second}:long"),
             ] {
                 let fields: Vec<(String, i64)> = redis::cmd("HGETALL")
                     .arg(&hash)

@@ -102,10 +102,7 @@ fn doctor_hash_fields(rules: &Rules, redis: &RedisServer) -> (Option<i32>, serde
 
 /// The field ledger's size in db 0.
 fn known_fields(conn: &mut redis::Connection) -> usize {
-    redis::cmd("ZCARD")
-        .arg("keywatch:fields:0")
-        .query(conn)
-        .unwrap()
+    common::ledger::fields(conn, "keywatch:").len()
 }
 
 #[test]
@@ -265,6 +262,61 @@ fn fields_due_while_keywatch_was_killed_are_recovered_once_after_a_restart() {
         assert_eq!(j["recovered"], !late, "{j}");
     }
     assert_eq!(requests.len(), 61, "nothing else was sent");
+    kw.stop();
+}
+
+/// Upgrading from a keywatch whose field ledger was one sorted set: the new instance converts it
+/// in place. Fields that went while no instance ran are recovered from the converted entries
+/// (nothing else knows their deadlines), and a field still to come fires on time.
+#[test]
+fn an_earlier_sorted_set_field_ledger_is_converted_without_losing_a_deadline() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let mut conn = redis.conn();
+    let now = server_ms(&mut conn);
+    // What the earlier keywatch left: the sorted set of `LEN:KEYFIELD` members and each hash's
+    // index, for five fields already gone with their hash (no walk of the keyspace finds them)
+    // and one due in 3 s.
+    let mut old = redis::pipe();
+    for i in 0..6 {
+        let key = if i < 5 { "holds:wh1" } else { "holds:wh0" };
+        let field = format!("sku-{i}:order-{i}");
+        let deadline = if i < 5 { now - 2_000 - i } else { now + 3_000 };
+        old.cmd("ZADD")
+            .arg("keywatch:fields:0")
+            .arg(deadline)
+            .arg(format!("{}:{key}{field}", key.len()))
+            .ignore();
+        old.cmd("HSET")
+            .arg(format!("keywatch:fields:0:h:{key}"))
+            .arg(&field)
+            .arg(deadline)
+            .ignore();
+    }
+    let () = old.query(&mut conn).unwrap();
+    hold(&mut conn, "holds:wh0", "sku-5:order-5", now + 3_000);
+
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    receiver.wait_for(6, PATIENCE);
+    common::wait_no_work_left(&mut conn);
+    let alerts = field_alerts(&receiver.requests());
+    assert_eq!(
+        alerts.len(),
+        6,
+        "{:?}\n{}",
+        alerts.keys(),
+        kw.describe_output()
+    );
+    for ((_, field), (n, j)) in &alerts {
+        assert_eq!(*n, 1, "{field} alerted {n} times");
+        assert_eq!(j["recovered"], field != "sku-5:order-5", "{j}");
+    }
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg("keywatch:fields:0")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(exists, 0, "the old sorted set is gone");
     kw.stop();
 }
 

@@ -3,7 +3,7 @@
 -- `store/handled/recalled.lua` and `store/ledger/bucket.lua`.
 --
 -- KEYS: the ledger's minutes, its poked set, the poked deadlines, the intake's sorted set, its
--- records, the field ledger. ARGV: now, the latest deadline taken as due, the handled memory's
+-- records, the field ledger's minutes. ARGV: now, the latest deadline taken as due, the handled memory's
 -- minutes, the lease's end, this instance, then as below.
 local now = tonumber(ARGV[1])
 local due_limit = tonumber(ARGV[2])
@@ -32,7 +32,9 @@ local pre = ARGV[13]
 local window = tonumber(ARGV[14])
 local late = tonumber(ARGV[15])
 local slack = tonumber(ARGV[16])
-local first = 17
+-- The field ledger's hashes (without their second).
+local field_pre = ARGV[17]
+local first = 18
 local n = #modes
 local minute = math.floor(now / 60000)
 local B_L, B_l, B_R, B_r, B_F, B_f, B_W = string.byte('LlRrFfW', 1, 7)
@@ -268,10 +270,12 @@ for i = 1, n do
   else
     local kind, key, given, extra = ARGV[p], ARGV[p + 1], ARGV[p + 2], ARGV[p + 3]
     if m == B_F or m == B_f then
-      local s = redis.call('ZSCORE', KEYS[6], key)
+      -- The field's deadline is in its hash's index (`extra`); removing it there is the claim,
+      -- and the member leaves its second's hash with it.
+      local s = redis.call('HGET', extra, given)
       if s and tonumber(s) <= due_limit then
-        redis.call('ZREM', KEYS[6], key)
         redis.call('HDEL', extra, given)
+        redis.call('HDEL', bucket(field_pre, math.floor(tonumber(s) / 1000), key), key)
         if m == B_F then won(i, s) end
       end
     elseif m == B_W then
