@@ -14,11 +14,11 @@ use crate::outcome::Outcome;
 
 use super::lane::{Lane, Turn, Waiting};
 use super::retry::Next;
-use super::slots::{Slot, SlotKey, Ticket};
+use super::slots::{Slot, SlotKey};
 use super::state::{DIGEST_ITEMS, Held, Inner, Room, inflight, windows_inflight};
 use super::work::{Work, window_jobs};
 use crate::store::dead::DeadLetter;
-use crate::store::queue::{Queue, Unreadable, Window};
+use crate::store::queue::{Unreadable, Window, now_ms};
 
 /// One attempt, logged and counted: one line per action sent or failed. `n` attempts came before
 /// it, failing since `failing_since`. A failure that may be retried is decided here, before it is
@@ -52,7 +52,7 @@ pub(super) async fn attempt(
     let mut retry_at = None;
     let outcome = match outcome {
         Outcome::Retry { reason, after } => {
-            let now = inner.clock.now_ms();
+            let now = now_ms();
             let since = *failing_since.get_or_insert(now);
             match inner.policy.after_failure(n + 1, since, now, after) {
                 Next::RetryAt(at) => {
@@ -122,11 +122,12 @@ pub(super) async fn deliver(inner: Arc<Inner>, work: Work, n: u32, failing_since
     deliver_held(inner, work, n, failing_since, Held::default()).await
 }
 
-/// Attempts `work` until it is sent or fails for good. A job in the durable queue leaves for
-/// the queue between attempts (any instance may take the next one); a digest (held only in
-/// memory) waits here. `failing_since` is when the first attempt failed, unix ms. `held` is
-/// the job's room in this instance, given back when it finishes, leaves for the queue or waits
-/// for a rate token, and its ticket for its slot: each attempt holds one of the slot's permits.
+/// Attempts `work` until it is sent or fails for good. A job leaves for the queue between
+/// attempts, and a window's digest for its window (any instance may take the next one); a
+/// merged backlog's digest, or work the queue would not take back, waits here. `failing_since`
+/// is when the first attempt failed, unix ms. `held` is the job's room in this instance, given
+/// back when it finishes, leaves for the queue or waits for a rate token, and its ticket for
+/// its slot: each attempt holds one of the slot's permits.
 pub(super) async fn deliver_held(
     inner: Arc<Inner>,
     work: Work,
@@ -135,8 +136,6 @@ pub(super) async fn deliver_held(
     held: Held,
 ) {
     let Held { mut room, ticket } = held;
-    // A job the queue could not store has nowhere else to wait.
-    let can_park = !matches!(ticket, Ticket::Memory) && inner.queue.is_some();
     let mut ticket = Some(ticket);
     let id = work.job_id();
     inflight(&inner).insert(id.clone());
@@ -158,7 +157,7 @@ pub(super) async fn deliver_held(
     // it carrying the channel's backlog as a digest.
     let channel = work.channel().unwrap_or_default().to_string();
     let (work, mut token) = match lane_of(&inner, &work) {
-        Some(lane) => match take_turn(&inner, &lane, work, &id, &mut room, can_park).await {
+        Some(lane) => match take_turn(&inner, &lane, work, &id, &mut room).await {
             Turned::Go(w) => (w, true),
             // Left in flight: shutdown hands it back, or the digest it joined acknowledges it.
             Turned::Gone => return,
@@ -171,15 +170,11 @@ pub(super) async fn deliver_held(
         None => (work, false),
     };
     // The queued jobs this work acknowledges when it is finished.
-    let jobs: Vec<String> = match (&work, &inner.queue) {
-        (_, None) => Vec::new(),
-        (Work::Job { .. }, Some(_)) => vec![id.clone()],
-        (Work::Digest { jobs, .. }, Some(_)) => jobs.clone(),
+    let jobs: Vec<String> = match &work {
+        Work::Job { .. } => vec![id.clone()],
+        Work::Digest { jobs, .. } => jobs.clone(),
     };
-    let durable = match (&work, &inner.queue) {
-        (Work::Job { .. }, Some(q)) => Some(q.clone()),
-        _ => None,
-    };
+    let q = &inner.queue;
     let finish = |inner: &Inner| {
         let mut set = inflight(inner);
         set.remove(&id);
@@ -225,9 +220,7 @@ pub(super) async fn deliver_held(
             Err(()) => return,
         };
         // Acknowledged through the queue's writer, which waits for it while it is under way.
-        let attempting = (window.is_none() && !jobs.is_empty())
-            .then(|| inner.queue.as_ref().map(Queue::attempting))
-            .flatten();
+        let attempting = (window.is_none() && !jobs.is_empty()).then(|| q.attempting());
         let (outcome, retry_at) = attempt(&inner, &work, n, &mut failing_since).await;
         drop(attempting);
         // The permit is held until the outcome is recorded in Redis, not just until the answer
@@ -247,11 +240,11 @@ pub(super) async fn deliver_held(
             }
             Outcome::Again { after, .. } => {
                 crate::drill::pass(crate::drill::Step::Sent);
-                let now = inner.clock.now_ms();
+                let now = now_ms();
                 let at = now + i64::try_from(after.as_millis()).unwrap_or(i64::MAX / 2);
                 n = 0;
                 failing_since = None;
-                if let (Some(q), Work::Job { firing, action }) = (&durable, &work) {
+                if let Work::Job { firing, action } = &work {
                     let job = Job::first(firing.clone(), action.clone());
                     finish(&inner);
                     match q.reschedule(&job, at).await {
@@ -273,12 +266,12 @@ pub(super) async fn deliver_held(
                 }
             }
             Outcome::Retry { .. } => {
-                let now = inner.clock.now_ms();
+                let now = now_ms();
                 n += 1;
                 // `attempt` decided: a retry always comes with its time.
                 let at = retry_at.unwrap_or(now);
                 let wait = Duration::from_millis(u64::try_from(at - now).unwrap_or(0));
-                if let (Some(q), Work::Job { firing, action }) = (&durable, &work) {
+                if let Work::Job { firing, action } = &work {
                     let job = Job {
                         firing: firing.clone(),
                         action: action.clone(),
@@ -300,7 +293,6 @@ pub(super) async fn deliver_held(
                 }
                 // A window's digest leaves for its window: any instance attempts it next.
                 if let (
-                    Some(q),
                     Some(w),
                     Work::Digest {
                         firings,
@@ -309,7 +301,7 @@ pub(super) async fn deliver_held(
                         sizes,
                         ..
                     },
-                ) = (&inner.queue, &window, &work)
+                ) = (&window, &work)
                 {
                     let again =
                         by_member(jobs, sizes, window_jobs(firings, channel, n, failing_since));
@@ -367,7 +359,7 @@ pub(super) async fn park(inner: &Inner, jobs: Vec<(String, String)>) {
             by_target.entry(target).or_default().push(id);
         }
     }
-    let Some(q) = &inner.queue else { return };
+    let q = &inner.queue;
     let config = inner.actions.live.current();
     for (target, ids) in by_target {
         if let Some(slot) = SlotKey::from_target(&target).and_then(|k| inner.slots.get(&config, &k))
@@ -382,7 +374,7 @@ pub(super) async fn park(inner: &Inner, jobs: Vec<(String, String)>) {
 
 /// Removes finished jobs from the queue, or from their window (one round trip for all).
 pub(super) async fn acknowledge(inner: &Inner, window: Option<&Window>, jobs: &[String]) {
-    let Some(q) = &inner.queue else { return };
+    let q = &inner.queue;
     if let Some(w) = window {
         if let Err(e) = q.window_done(w, jobs).await {
             tracing::warn!(error = %e, jobs = jobs.len(), rule = %w.rule, "Cannot mark a digest window done; it may be sent again when its lease ends.");
@@ -426,12 +418,11 @@ pub(super) async fn take_turn(
     work: Work,
     id: &str,
     room: &mut Option<Room>,
-    can_park: bool,
 ) -> Turned {
     let Work::Job { firing, action } = &work else {
         return Turned::Go(work);
     };
-    if can_park && !lane.has_room(0) {
+    if !lane.has_room(0) {
         return Turned::Wait;
     }
     drop(room.take());
@@ -467,9 +458,7 @@ pub(super) async fn take_turn(
             // Sent alone, then; the others go back to the queue for their own turns.
             tracing::error!(rule = %firing.rule, %channel, reason = %e, "Cannot merge the channel's backlog into a digest; sending one by one.");
             let back = jobs.split_off(1);
-            if let Some(q) = &inner.queue
-                && let Err(e) = q.hand_back(&back).await
-            {
+            if let Err(e) = inner.queue.hand_back(&back).await {
                 tracing::warn!(error = %e, "Cannot hand jobs back; they come due again when their lease ends.");
             }
             let mut set = inflight(inner);
@@ -584,13 +573,12 @@ pub(super) fn keep_dead_letter(inner: &Inner, letter: DeadLetter) {
     if let Some(s) = inner.status.get() {
         s.record_dead_letter(&letter);
     }
-    if let Some(store) = inner.dead.clone() {
-        tokio::spawn(async move {
-            if let Err(e) = store.store(&letter).await {
-                tracing::error!(id = %letter.id, error = %e, "Cannot store the dead letter in Redis; it is only in this log.");
-            }
-        });
-    }
+    let store = inner.dead.clone();
+    tokio::spawn(async move {
+        if let Err(e) = store.store(&letter).await {
+            tracing::error!(id = %letter.id, error = %e, "Cannot store the dead letter in Redis; it is only in this log.");
+        }
+    });
 }
 
 #[cfg(test)]
@@ -604,20 +592,22 @@ mod tests {
 
     use super::super::RetryPolicy;
     use super::super::testkit::{
-        self, Receiver, Recorder, firing, ms, replace_integration, response, secs, stage,
+        self, EARLY, LATE, Receiver, Recorder, assert_about, firing, ms, replace_integration,
+        response, secs, stage, wait_until,
     };
 
     /// A target that never recovers, ten notifications failing together: each one's first
     /// attempt at once, each next one a backoff later (full jitter: within [min/2, min(max, min·2ⁿ)]
-    /// after the n-th failure), its last one exactly when its retry window ends; then one dead
-    /// letter each, counted and shown, and no attempt more. Ten schedules of up to 20 jittered
-    /// waits each: a wait outside the bounds cannot go unnoticed for long.
-    #[tokio::test(start_paused = true)]
+    /// after the n-th failure), its last one when its retry window ends; then one dead letter
+    /// each, counted and shown, not before the window ended, and no attempt more. Ten schedules
+    /// of up to 20 jittered waits each: a wait outside the bounds cannot go unnoticed for long.
+    /// (The policy is scaled down tenfold from seconds, so the schedule runs in real time.)
+    #[tokio::test]
     async fn retries_back_off_and_give_up_when_the_retry_window_ends() {
         let policy = RetryPolicy {
-            min: secs(1),
-            max: secs(4),
-            give_up_after: secs(10),
+            min: ms(100),
+            max: ms(400),
+            give_up_after: secs(1),
         };
         let mut config = testkit::config(
             "channels:\n  hook: { type: log }\nrules:\n  - name: flaky\n    match: 'k:*'\n    notify: { to: [hook] }\n",
@@ -628,19 +618,18 @@ mod tests {
         });
         let r = rec.clone();
         replace_integration(&mut config, "hook", move |_| r as Arc<dyn Integration>);
-        let s = stage(config, policy.clone());
+        let s = stage(config, policy.clone()).await;
         let keys: Vec<String> = (0..10).map(|i| format!("k:{i}")).collect();
+        let started = chrono::Utc::now();
+        rec.count_from_now();
         s.delivery
             .accept(keys.iter().map(|k| firing("flaky", k)).collect())
             .await;
 
-        rec.until(policy.give_up_after - ms(1)).await;
-        assert_eq!(
-            s.metrics.dead_letters.get(),
-            0,
-            "dead-lettered before the window ended"
-        );
-        let received = rec.until(policy.give_up_after + ms(1)).await;
+        // Given up means given up: once nothing of them is left in the queue or in flight, no
+        // attempt more can come.
+        s.settled().await;
+        let received = rec.received();
         assert_eq!(s.metrics.dead_letters.get(), 10);
         for key in &keys {
             let attempts: Vec<Duration> = received
@@ -648,30 +637,30 @@ mod tests {
                 .filter(|r| r.keys == [key.clone()])
                 .map(|r| r.at)
                 .collect();
-            assert_eq!(
-                attempts.first(),
-                Some(&Duration::ZERO),
-                "{key}: {attempts:?}"
+            assert!(
+                attempts.first().is_some_and(|a| *a <= LATE),
+                "{key}: the first attempt comes at once: {attempts:?}"
             );
-            assert_eq!(
-                attempts.last(),
-                Some(&policy.give_up_after),
-                "{key}: the last attempt comes when the window ends: {attempts:?}"
+            let last = *attempts.last().unwrap();
+            assert_about(
+                last,
+                policy.give_up_after,
+                &format!("{key}: the last attempt comes when the window ends: {attempts:?}"),
             );
-            // Waits of 0.5 s to 2 s, then of 0.5 s to 4 s: 4 to 21 attempts in 10 s.
+            // Waits of 50 ms to 200 ms, then of 50 ms to 400 ms: 4 to 21 attempts in 1 s.
             assert!((4..=21).contains(&attempts.len()), "{key}: {attempts:?}");
             for (i, pair) in attempts.windows(2).enumerate() {
                 let failure = u32::try_from(i + 1).unwrap();
                 let gap = pair[1] - pair[0];
                 let cap = policy.min.saturating_mul(1 << failure).min(policy.max);
                 assert!(
-                    gap <= cap,
+                    gap <= cap + LATE,
                     "{key}: wait {i} of {gap:?} over {cap:?}: {attempts:?}"
                 );
                 // Only the last wait is cut short, by the window's end.
                 if i + 2 < attempts.len() {
                     assert!(
-                        gap >= policy.min / 2,
+                        gap + EARLY >= policy.min / 2,
                         "{key}: wait {i} of {gap:?}: {attempts:?}"
                     );
                 }
@@ -694,31 +683,42 @@ mod tests {
             dead.iter().all(|d| d.reason.contains("retry window")),
             "{dead:?}"
         );
-
-        // Given up means given up: a minute later, still nothing more.
-        assert_eq!(rec.until(secs(70)).await.len(), received.len());
-        assert_eq!(s.metrics.dead_letters.get(), 10);
+        // Never before the window ended: it opened at the first failure, after `started`.
+        let window = chrono::Duration::from_std(policy.give_up_after - EARLY).unwrap();
+        assert!(
+            dead.iter().all(|d| d.at >= started + window),
+            "dead-lettered before the window ended: {dead:?} (started {started})"
+        );
     }
 
-    /// HTTP 429 with `Retry-After: 30` from a real webhook receiver: the next attempt comes 30
-    /// virtual seconds later (not the policy's 0.5–2 s backoff), and then the notification is sent.
-    #[tokio::test(start_paused = true)]
+    /// HTTP 429 with `Retry-After: 1` from a real webhook receiver: the next attempt comes a
+    /// second later (not the policy's backoff of 5–20 ms), and then the notification is sent.
+    #[tokio::test]
     async fn a_429_with_retry_after_is_attempted_again_after_that_long() {
         let receiver = Receiver::start(|n| match n {
-            0 => response("429 Too Many Requests", "Retry-After: 30\r\n"),
+            0 => response("429 Too Many Requests", "Retry-After: 1\r\n"),
             _ => response("200 OK", ""),
         })
         .await;
-        // A long `timeout`: under paused time, a request that is not answered at once would let
-        // virtual time run to it, and the test would fail rather than pass by chance.
         let config = testkit::config(&format!(
-            "channels:\n  hook:\n    type: webhook\n    url: \"{}\"\n    timeout: 1h\nrules:\n  - name: throttled\n    match: 'k:*'\n    notify: {{ to: [hook] }}\n",
+            "channels:\n  hook:\n    type: webhook\n    url: \"{}\"\n    timeout: 10s\nrules:\n  - name: throttled\n    match: 'k:*'\n    notify: {{ to: [hook] }}\n",
             receiver.url
         ));
-        let s = stage(config, RetryPolicy::default());
+        // A backoff far shorter than the answer's wait: a retry a second later is the answer's.
+        let policy = RetryPolicy {
+            min: ms(10),
+            max: ms(40),
+            give_up_after: secs(60),
+        };
+        let s = stage(config, policy).await;
+        receiver.count_from_now();
         s.delivery.accept(vec![firing("throttled", "k:1")]).await;
 
-        assert_eq!(receiver.until(secs(30) - ms(1)).await, vec![Duration::ZERO]);
+        wait_until("the first attempt counted", || {
+            s.status.counts("throttled").retried == 1
+        })
+        .await;
+        assert_eq!(receiver.arrived().len(), 1);
         assert_eq!(
             s.status.counts("throttled"),
             RuleCounts {
@@ -726,10 +726,14 @@ mod tests {
                 ..RuleCounts::default()
             }
         );
-        assert_eq!(
-            receiver.until(secs(30) + ms(1)).await,
-            vec![Duration::ZERO, secs(30)]
+        let arrived = receiver.wait_for(2).await;
+        assert!(arrived[0] <= LATE, "{arrived:?}");
+        assert_about(
+            arrived[1] - arrived[0],
+            secs(1),
+            &format!("the attempt after `Retry-After: 1`: {arrived:?}"),
         );
+        s.settled().await;
         assert_eq!(
             s.status.counts("throttled"),
             RuleCounts {
@@ -739,7 +743,7 @@ mod tests {
             }
         );
         // Sent means done: no attempt more.
-        assert_eq!(receiver.until(secs(600)).await.len(), 2);
+        assert_eq!(receiver.arrived().len(), 2);
         assert_eq!(s.metrics.dead_letters.get(), 0);
     }
 }

@@ -20,20 +20,18 @@ use crate::store::queue::{Queue, Window};
 pub(super) const WINDOW_TAKE_MAX: usize = 5000;
 
 /// Stores the firings' notifications in their shared window (before the caller removes their
-/// details); held in this instance's memory only when there is no queue or Redis refused.
+/// details); held in this instance's memory only when Redis refused.
 pub(super) async fn put_in_window(
     inner: &Arc<Inner>,
     w: Window,
     group: Group,
     firings: Vec<Arc<Firing>>,
 ) {
-    if let Some(q) = &inner.queue {
-        let jobs = window_jobs(&firings, &w.channel, 0, None);
-        match q.window_put(&w, group.window, &jobs).await {
-            Ok(_) => return,
-            Err(e) => {
-                tracing::warn!(error = %e, rule = %w.rule, channel = %w.channel, "Cannot store notifications in their digest window; collecting them in this instance's memory.");
-            }
+    let jobs = window_jobs(&firings, &w.channel, 0, None);
+    match inner.queue.window_put(&w, group.window, &jobs).await {
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, rule = %w.rule, channel = %w.channel, "Cannot store notifications in their digest window; collecting them in this instance's memory.");
         }
     }
     for f in &firings {
@@ -178,16 +176,17 @@ mod tests {
 
     use super::super::RetryPolicy;
     use super::super::testkit::{
-        self, Received, Recorder, firings, ms, replace_integration, secs, stage,
+        self, Received, Recorder, assert_about, firings, ms, replace_integration, stage,
     };
 
-    /// Without Redis, a `group` window is held in memory: it opens with its first notification,
-    /// takes every one that comes while it is open, and at its end (60 s after it opened, however
-    /// many came later) goes out as one digest; the next notification opens a new window.
-    #[tokio::test(start_paused = true)]
-    async fn a_window_held_in_memory_goes_out_as_one_digest_when_it_ends() {
+    /// A `group` window opens with its first notification, takes every one that comes while it
+    /// is open, and at its end (half a second after it opened, however many came later) goes
+    /// out as one digest; the next notification opens a new window. In Redis, or in this
+    /// instance's memory when Redis refuses to store the notifications (`refused`).
+    async fn a_window_goes_out_as_one_digest_when_it_ends(refused: bool) {
+        let window = ms(500);
         let mut config = testkit::config(
-            "channels:\n  log: { type: log }\nrules:\n  - name: batch\n    match: 'job:*'\n    notify:\n      to: [log]\n      group: { window: 60s, max_items: 10 }\n",
+            "channels:\n  log: { type: log }\nrules:\n  - name: batch\n    match: 'job:*'\n    notify:\n      to: [log]\n      group: { window: 500ms, max_items: 10 }\n",
         );
         let mut rec = None;
         replace_integration(&mut config, "log", |log| {
@@ -196,27 +195,43 @@ mod tests {
             r as Arc<dyn Integration>
         });
         let rec = rec.unwrap();
-        let s = stage(config, RetryPolicy::default());
+        let s = stage(config, RetryPolicy::default()).await;
+        if refused {
+            // Out of memory, Redis refuses every write: what it does when it is full.
+            set_maxmemory(&s, 1).await;
+        }
 
+        rec.count_from_now();
         s.delivery
             .accept(firings("batch", &["job:1", "job:2", "job:3"]))
             .await;
-        assert_eq!(rec.until(secs(10)).await, vec![]);
+        // Part of the scenario, not a wait for something: later, while the window is open.
+        tokio::time::sleep(ms(100)).await;
         s.delivery
             .accept(firings("batch", &["job:4", "job:5"]))
             .await;
-        assert_eq!(rec.until(secs(60) - ms(1)).await, vec![]);
+        assert_eq!(rec.received(), vec![]);
         assert_eq!(s.status.counts("batch"), RuleCounts::default());
+        let in_memory = s
+            .delivery
+            .inner
+            .digests
+            .lock()
+            .unwrap()
+            .values()
+            .map(Vec::len)
+            .sum::<usize>();
+        let in_redis = s.delivery.inner.queue.len().await.unwrap();
+        if refused {
+            assert_eq!((in_memory, in_redis), (5, 0));
+        } else {
+            assert_eq!((in_memory, in_redis), (0, 5));
+        }
 
-        let digest = Received {
-            at: secs(60),
-            rule: "batch".into(),
-            keys: ["job:1", "job:2", "job:3", "job:4", "job:5"]
-                .map(String::from)
-                .to_vec(),
-            digest: true,
-        };
-        assert_eq!(rec.until(secs(60) + ms(1)).await, vec![digest.clone()]);
+        let got = rec.wait_for(1).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_about(got[0].at, window, &format!("the digest: {got:?}"));
+        assert_digest(&got[0], &["job:1", "job:2", "job:3", "job:4", "job:5"]);
         assert_eq!(
             s.status.counts("batch"),
             RuleCounts {
@@ -225,18 +240,75 @@ mod tests {
             }
         );
 
-        // The window is closed: the next notification (at 61 s) opens one of its own, 60 s long.
-        assert_eq!(rec.until(secs(61)).await.len(), 1);
+        // The window is closed (in Redis: its end has expired): the next notification opens
+        // one of its own, as long.
+        window_closed(&s).await;
+        let opened = rec.elapsed();
         s.delivery.accept(firings("batch", &["job:6"])).await;
-        assert_eq!(rec.until(secs(121) - ms(1)).await, vec![digest.clone()]);
-        let next = Received {
-            at: secs(121),
-            rule: "batch".into(),
-            keys: vec!["job:6".into()],
-            digest: true,
-        };
-        assert_eq!(rec.until(secs(121) + ms(1)).await, vec![digest, next]);
+        let got = rec.wait_for(2).await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert_about(got[1].at - opened, window, &format!("{got:?}"));
+        assert_digest(&got[1], &["job:6"]);
+        if refused {
+            set_maxmemory(&s, 0).await;
+        }
+        s.settled().await;
+        assert_eq!(rec.received().len(), 2);
         assert_eq!(s.status.counts("batch").sent, 2);
         assert_eq!(s.metrics.dead_letters.get(), 0);
+    }
+
+    /// A digest of rule `batch` listing `keys` (in any order: a shared window lists its members
+    /// by their names, not by when they came).
+    #[track_caller]
+    fn assert_digest(got: &Received, keys: &[&str]) {
+        let mut listed = got.keys.clone();
+        listed.sort();
+        assert_eq!(listed, keys, "{got:?}");
+        assert_eq!(got.rule, "batch");
+        assert!(got.digest, "{got:?}");
+    }
+
+    /// Waits until Redis holds no open window of `batch` for `log` (it never held one when it
+    /// refused them).
+    async fn window_closed(s: &testkit::Stage) {
+        use crate::store::queue::keys;
+        let prefix = &s.delivery.inner.actions.config.state.prefix;
+        let end = keys::window_end(&keys::window(prefix, "batch", "log"));
+        tokio::time::timeout(testkit::PATIENCE, async {
+            loop {
+                let open: bool = redis::cmd("EXISTS")
+                    .arg(&end)
+                    .query_async(&mut s.state.clone())
+                    .await
+                    .unwrap();
+                if !open {
+                    return;
+                }
+                tokio::time::sleep(ms(2)).await;
+            }
+        })
+        .await
+        .expect("the window's end expires");
+    }
+
+    async fn set_maxmemory(s: &testkit::Stage, bytes: u64) {
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(bytes)
+            .query_async::<()>(&mut s.state.clone())
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_window_in_redis_goes_out_as_one_digest_when_it_ends() {
+        a_window_goes_out_as_one_digest_when_it_ends(false).await;
+    }
+
+    #[tokio::test]
+    async fn a_window_redis_refused_is_held_in_memory_and_goes_out_as_one_digest_when_it_ends() {
+        a_window_goes_out_as_one_digest_when_it_ends(true).await;
     }
 }

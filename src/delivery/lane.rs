@@ -28,7 +28,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Rate;
 use std::collections::HashMap;
 
-use crate::delivery::ratelimit::{Limiter, SharedBucket, TokenBucket};
+use crate::delivery::ratelimit::SharedBucket;
 use crate::firing::Firing;
 
 /// The longest a notification should wait for its channel's rate before it is merged.
@@ -38,10 +38,13 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 /// token's digest can take at once when the channel is far behind.
 pub const LINE_MIN: usize = 1000;
 
-/// How many notifications a channel of `rate` keeps waiting in memory: twice what merges, and at
-/// least [`LINE_MIN`], so that a backlog still merges into few digests.
-pub fn line_cap(rate: Rate) -> usize {
-    merge_threshold(rate).saturating_mul(2).max(LINE_MIN)
+/// How many notifications a channel of `rate` keeps waiting in memory: twice what merges within
+/// `max_wait` ([`MAX_WAIT`]), and at least [`LINE_MIN`], so that a backlog still merges into few
+/// digests.
+pub fn line_cap(rate: Rate, max_wait: Duration) -> usize {
+    merge_threshold(rate, max_wait)
+        .saturating_mul(2)
+        .max(LINE_MIN)
 }
 
 /// What a waiting notification is told when its channel's turn comes.
@@ -71,7 +74,7 @@ struct Entry {
 
 /// One rate-limited channel's line.
 pub struct Lane {
-    limiter: Arc<Limiter>,
+    limiter: Arc<SharedBucket>,
     /// Messages waiting beyond this many merge.
     merge_over: usize,
     /// Messages waiting beyond this many wait in the queue instead.
@@ -81,23 +84,24 @@ pub struct Lane {
     started: AtomicBool,
 }
 
-/// How many messages `rate` lets through in [`MAX_WAIT`] (at least one).
-pub fn merge_threshold(rate: Rate) -> usize {
+/// How many messages `rate` lets through in `max_wait` ([`MAX_WAIT`]; at least one).
+pub fn merge_threshold(rate: Rate, max_wait: Duration) -> usize {
     let per_message = rate.per.as_secs_f64() / f64::from(rate.burst.max(1));
-    ((MAX_WAIT.as_secs_f64() / per_message).floor() as usize).max(1)
+    ((max_wait.as_secs_f64() / per_message).floor() as usize).max(1)
 }
 
 impl Lane {
     /// `merges`: whether the channel takes digests (PagerDuty does not: one event, one alert).
-    pub fn new(limiter: Arc<Limiter>, rate: Rate, merges: bool) -> Lane {
+    /// `max_wait`: [`MAX_WAIT`] (shorter in the tests of the delivery stage).
+    pub fn new(limiter: Arc<SharedBucket>, rate: Rate, merges: bool, max_wait: Duration) -> Lane {
         Lane {
             limiter,
             merge_over: if merges {
-                merge_threshold(rate)
+                merge_threshold(rate, max_wait)
             } else {
                 usize::MAX
             },
-            cap: line_cap(rate),
+            cap: line_cap(rate, max_wait),
             line: Mutex::new(VecDeque::new()),
             arrived: Notify::new(),
             started: AtomicBool::new(false),
@@ -207,10 +211,10 @@ impl Lane {
 /// The limiter and waiting line of each channel in force: made on first use, and made anew when a
 /// reload changes a channel's rate.
 pub(super) struct Limiters {
-    /// `None` when the delivery stage has no Redis (the tests of this module; `keywatch run`
-    /// always has one): each limiter is then this instance's own [`TokenBucket`].
-    pub(super) state: Option<crate::keyspace::Conn>,
+    pub(super) state: crate::keyspace::Conn,
     pub(super) prefix: String,
+    /// The `max_wait` of each lane ([`MAX_WAIT`]; see `state::Pace`).
+    pub(super) max_wait: Duration,
     pub(super) by_channel: Mutex<HashMap<String, Limited>>,
 }
 
@@ -218,7 +222,7 @@ pub(super) struct Limiters {
 #[derive(Clone)]
 pub(super) struct Limited {
     pub(super) rate: Rate,
-    pub(super) limiter: Arc<Limiter>,
+    pub(super) limiter: Arc<SharedBucket>,
     pub(super) lane: Arc<Lane>,
 }
 
@@ -232,18 +236,19 @@ impl Limiters {
         {
             return Some(l.clone());
         }
-        let limiter = Arc::new(match &self.state {
-            Some(conn) => {
-                Limiter::Shared(SharedBucket::new(conn.clone(), &self.prefix, channel, rate))
-            }
-            None => Limiter::Local(TokenBucket::new(rate)),
-        });
+        let limiter = Arc::new(SharedBucket::new(
+            self.state.clone(),
+            &self.prefix,
+            channel,
+            rate,
+        ));
         let limited = Limited {
             rate,
             lane: Arc::new(Lane::new(
                 limiter.clone(),
                 rate,
                 ch.integration.takes_digests(),
+                self.max_wait,
             )),
             limiter,
         };
@@ -262,12 +267,12 @@ mod tests {
             burst,
             per: Duration::from_secs(secs),
         };
-        assert_eq!(merge_threshold(rate(20, 60)), 20);
-        assert_eq!(merge_threshold(rate(1, 1)), 60);
-        assert_eq!(merge_threshold(rate(5, 1)), 300);
-        assert_eq!(merge_threshold(rate(1, 3600)), 1);
-        assert_eq!(line_cap(rate(20, 60)), LINE_MIN);
-        assert_eq!(line_cap(rate(50, 1)), 6000);
+        assert_eq!(merge_threshold(rate(20, 60), MAX_WAIT), 20);
+        assert_eq!(merge_threshold(rate(1, 1), MAX_WAIT), 60);
+        assert_eq!(merge_threshold(rate(5, 1), MAX_WAIT), 300);
+        assert_eq!(merge_threshold(rate(1, 3600), MAX_WAIT), 1);
+        assert_eq!(line_cap(rate(20, 60), MAX_WAIT), LINE_MIN);
+        assert_eq!(line_cap(rate(50, 1), MAX_WAIT), 6000);
     }
 
     use crate::channel::Integration;
@@ -275,55 +280,65 @@ mod tests {
 
     use super::super::RetryPolicy;
     use super::super::testkit::{
-        self, Received, Recorder, Stage, firings, ms, replace_integration, secs, stage,
+        self, LATE, Received, Recorder, Stage, assert_about, firings, replace_integration,
+        stage_merging_within,
     };
 
-    /// Two rules notifying `chat`, a channel of 2 a minute: a burst of 2, then one every 30 s.
-    fn chat() -> (Stage, Arc<Recorder>) {
+    /// `MAX_WAIT` and the rates of these tests, scaled down from a minute so that they run in
+    /// real time: `2/800ms` merging within 800 ms is `2/min` merging within a minute (a merge
+    /// threshold of 2), a token every 400 ms instead of every 30 s.
+    const PERIOD: Duration = Duration::from_millis(800);
+    const TOKEN: Duration = Duration::from_millis(400);
+
+    /// Two rules notifying `chat`, a channel of `2/800ms`: a burst of 2, then one every 400 ms.
+    async fn chat() -> (Stage, Arc<Recorder>) {
         let mut config = testkit::config(
-            "channels:\n  chat: { type: log, rate: 2/min }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [chat] }\n  - name: b\n    match: 'b:*'\n    notify: { to: [chat] }\n",
+            "channels:\n  chat: { type: log, rate: 2/800ms }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [chat] }\n  - name: b\n    match: 'b:*'\n    notify: { to: [chat] }\n",
         );
         let rec = Recorder::answering(|_| crate::outcome::Outcome::Sent("ok".into()));
         let r = rec.clone();
         replace_integration(&mut config, "chat", move |_| r as Arc<dyn Integration>);
-        (stage(config, RetryPolicy::default()), rec)
+        let s = stage_merging_within(config, RetryPolicy::default(), PERIOD).await;
+        rec.count_from_now();
+        (s, rec)
     }
 
     /// The messages `got`, checked against `want`: the same keys (several for a digest) in the
-    /// same order, each at exactly its virtual second.
-    fn assert_sent(got: &[Received], want: &[(u64, &[&str])]) {
+    /// same order, each when its token came (the `n`-th token after the burst).
+    #[track_caller]
+    fn assert_sent(got: &[Received], want: &[(u32, &[&str])]) {
         let keys: Vec<Vec<String>> = got.iter().map(|r| r.keys.clone()).collect();
         let want_keys: Vec<Vec<String>> = want
             .iter()
             .map(|(_, k)| k.iter().map(|k| k.to_string()).collect())
             .collect();
         assert_eq!(keys, want_keys, "{got:?}");
-        for (r, (at, keys)) in got.iter().zip(want) {
-            assert_eq!(r.at, secs(*at), "{keys:?}: {got:?}");
+        for (r, (token, keys)) in got.iter().zip(want) {
+            assert_about(r.at, TOKEN * *token, &format!("{keys:?}: {got:?}"));
             assert_eq!(r.digest, keys.len() > 1, "{got:?}");
         }
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_rate_lane_sends_a_burst_then_one_per_period_in_order() {
-        let (s, rec) = chat();
+        let (s, rec) = chat().await;
         s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
-        assert_sent(&rec.until(secs(1)).await, &[(0, &["a:1"]), (0, &["a:2"])]);
+        assert_sent(&rec.wait_for(2).await, &[(0, &["a:1"]), (0, &["a:2"])]);
         // Never more than one waiting behind the next to go: nothing merges.
         s.delivery.accept(firings("a", &["a:3", "a:4"])).await;
-        assert_eq!(rec.until(secs(30) - ms(1)).await.len(), 2);
-        assert_eq!(rec.until(secs(60) - ms(1)).await.len(), 3);
-        rec.until(secs(61)).await;
+        rec.wait_for(4).await;
+        // The token that came was a:4's: a:5 waits for the next.
         s.delivery.accept(firings("a", &["a:5"])).await;
-        assert_eq!(rec.until(secs(90) - ms(1)).await.len(), 4);
+        rec.wait_for(5).await;
+        s.settled().await;
         assert_sent(
-            &rec.until(secs(300)).await,
+            &rec.received(),
             &[
                 (0, &["a:1"]),
                 (0, &["a:2"]),
-                (30, &["a:3"]),
-                (60, &["a:4"]),
-                (90, &["a:5"]),
+                (1, &["a:3"]),
+                (2, &["a:4"]),
+                (3, &["a:5"]),
             ],
         );
         assert_eq!(
@@ -343,93 +358,103 @@ mod tests {
     /// Four at once: three wait behind the first, more than the threshold even counted right,
     /// yet two tokens are in hand; the first two still go singly, and by the time a token has to
     /// be waited for only one waits behind the third (the threshold alone merged all four).
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn alerts_with_tokens_in_hand_are_sent_singly() {
-        let (s, rec) = chat();
+        let (s, rec) = chat().await;
         s.delivery
             .accept(firings("a", &["a:1", "a:2", "a:3"]))
             .await;
+        rec.wait_for(3).await;
+        s.settled().await;
         assert_sent(
-            &rec.until(secs(300)).await,
-            &[(0, &["a:1"]), (0, &["a:2"]), (30, &["a:3"])],
+            &rec.received(),
+            &[(0, &["a:1"]), (0, &["a:2"]), (1, &["a:3"])],
         );
         assert_eq!(s.status.counts("a").sent, 3);
 
-        let (s, rec) = chat();
+        let (s, rec) = chat().await;
         s.delivery
             .accept(firings("a", &["a:1", "a:2", "a:3", "a:4"]))
             .await;
+        rec.wait_for(4).await;
+        s.settled().await;
         assert_sent(
-            &rec.until(secs(300)).await,
-            &[(0, &["a:1"]), (0, &["a:2"]), (30, &["a:3"]), (60, &["a:4"])],
+            &rec.received(),
+            &[(0, &["a:1"]), (0, &["a:2"]), (1, &["a:3"]), (2, &["a:4"])],
         );
         assert_eq!(s.status.counts("a").sent, 4);
     }
 
-    /// DingTalk's `20/min`: 21 alerts at once are 20 messages at once and one 3 s later, not
-    /// one digest of 21; 22 are 20 at once and one each 3 s after (21 wait behind the first,
-    /// more than the threshold, but 20 tokens are in hand).
-    #[tokio::test(start_paused = true)]
+    /// DingTalk's `20/min`: 21 alerts at once are 20 messages at once and one a token later, not
+    /// one digest of 21; 22 are 20 at once and one each token after (21 wait behind the first,
+    /// more than the threshold, but 20 tokens are in hand). Scaled as `chat`'s: `20/4s` merging
+    /// within 4 s, a token every 200 ms.
+    #[tokio::test]
     async fn twenty_one_alerts_on_a_fresh_twenty_a_minute_channel_are_not_merged() {
+        let token = Duration::from_millis(200);
         for n in [21, 22] {
             let mut config = testkit::config(
-                "channels:\n  robot: { type: log, rate: 20/min }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [robot] }\n",
+                "channels:\n  robot: { type: log, rate: 20/4s }\nrules:\n  - name: a\n    match: 'a:*'\n    notify: { to: [robot] }\n",
             );
             let rec = Recorder::answering(|_| crate::outcome::Outcome::Sent("ok".into()));
             let r = rec.clone();
             replace_integration(&mut config, "robot", move |_| r as Arc<dyn Integration>);
-            let s = stage(config, RetryPolicy::default());
+            let s =
+                stage_merging_within(config, RetryPolicy::default(), Duration::from_secs(4)).await;
             let keys: Vec<String> = (1..=n).map(|i| format!("a:{i}")).collect();
             let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            rec.count_from_now();
             s.delivery.accept(firings("a", &keys)).await;
-            let got = rec.until(secs(300)).await;
+            rec.wait_for(n).await;
+            s.settled().await;
+            let got = rec.received();
             assert_eq!(got.len(), n, "{got:?}");
             assert!(got.iter().all(|r| !r.digest), "{got:?}");
-            assert_eq!(
-                got.iter().filter(|r| r.at == secs(0)).count(),
-                20,
-                "{got:?}"
-            );
-            assert_eq!(got[20].at, secs(3), "{got:?}");
+            assert_eq!(got.iter().filter(|r| r.at <= LATE).count(), 20, "{got:?}");
+            assert_about(got[20].at, token, &format!("{got:?}"));
             if n == 22 {
-                assert_eq!(got[21].at, secs(6), "{got:?}");
+                assert_about(got[21].at, token * 2, &format!("{got:?}"));
             }
         }
     }
 
     /// The threshold is "more waiting than the rate lets through in `MAX_WAIT`" (docs/rules.md):
     /// with the burst spent, a token's message with exactly 2 waiting behind it on a `2/min`
-    /// channel sends singly (they go at 60 s and 90 s); a third behind it merges.
-    #[tokio::test(start_paused = true)]
+    /// channel sends singly (they go at the next tokens); a third behind it merges.
+    #[tokio::test]
     async fn exactly_the_threshold_waiting_does_not_merge() {
-        let (s, rec) = chat();
+        let (s, rec) = chat().await;
         s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
-        rec.until(secs(1)).await;
+        rec.wait_for(2).await;
         s.delivery
             .accept(firings("a", &["a:3", "a:4", "a:5"]))
             .await;
+        rec.wait_for(5).await;
+        s.settled().await;
         assert_sent(
-            &rec.until(secs(300)).await,
+            &rec.received(),
             &[
                 (0, &["a:1"]),
                 (0, &["a:2"]),
-                (30, &["a:3"]),
-                (60, &["a:4"]),
-                (90, &["a:5"]),
+                (1, &["a:3"]),
+                (2, &["a:4"]),
+                (3, &["a:5"]),
             ],
         );
-        let (s, rec) = chat();
+        let (s, rec) = chat().await;
         s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
-        rec.until(secs(1)).await;
+        rec.wait_for(2).await;
         s.delivery
             .accept(firings("a", &["a:3", "a:4", "a:5", "a:6"]))
             .await;
+        rec.wait_for(3).await;
+        s.settled().await;
         assert_sent(
-            &rec.until(secs(300)).await,
+            &rec.received(),
             &[
                 (0, &["a:1"]),
                 (0, &["a:2"]),
-                (30, &["a:3", "a:4", "a:5", "a:6"]),
+                (1, &["a:3", "a:4", "a:5", "a:6"]),
             ],
         );
     }
@@ -437,24 +462,35 @@ mod tests {
     /// When a token comes and more of a rule wait than the rate sends in `MAX_WAIT` (2/min: more
     /// than 2), the oldest takes the others of its rule along as one digest; another rule's
     /// message keeps its own place and turn.
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_backlog_longer_than_the_rate_serves_in_max_wait_merges_into_a_digest() {
         assert_eq!(MAX_WAIT, Duration::from_secs(60));
-        let (s, rec) = chat();
+        assert_eq!(
+            merge_threshold(
+                Rate {
+                    burst: 2,
+                    per: PERIOD
+                },
+                PERIOD
+            ),
+            2
+        );
+        let (s, rec) = chat().await;
         s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
-        rec.until(secs(1)).await;
+        rec.wait_for(2).await;
         s.delivery
             .accept(firings("a", &["a:3", "a:4", "a:5", "a:6"]))
             .await;
         s.delivery.accept(firings("b", &["b:1"])).await;
-        assert_eq!(rec.until(secs(30) - ms(1)).await.len(), 2);
+        rec.wait_for(4).await;
+        s.settled().await;
         assert_sent(
-            &rec.until(secs(300)).await,
+            &rec.received(),
             &[
                 (0, &["a:1"]),
                 (0, &["a:2"]),
-                (30, &["a:3", "a:4", "a:5", "a:6"]),
-                (60, &["b:1"]),
+                (1, &["a:3", "a:4", "a:5", "a:6"]),
+                (2, &["b:1"]),
             ],
         );
         assert_eq!(s.status.counts("a").sent, 3);

@@ -43,7 +43,7 @@ use digest::{put_in_window, take_windows};
 use lane::Limiters;
 pub use retry::{Next, RetryPolicy};
 use slots::{SlotKey, Slots, Ticket};
-use state::{CONCURRENT, Clock, Held, Inner, inflight, windows_inflight};
+use state::{CONCURRENT, Held, Inner, Pace, inflight, windows_inflight};
 use work::{Work, by_firing};
 
 #[derive(Clone)]
@@ -56,29 +56,30 @@ impl Delivery {
         actions: ActionContext,
         metrics: Arc<Metrics>,
         policy: RetryPolicy,
-        state: Option<crate::keyspace::Conn>,
+        state: crate::keyspace::Conn,
         shutdown: CancellationToken,
     ) -> Delivery {
-        Delivery::with_clock(actions, metrics, policy, state, shutdown, Clock::Wall)
+        Delivery::with_pace(actions, metrics, policy, state, shutdown, Pace::RUN)
     }
 
-    /// [`Delivery::new`] reading the retry window from `clock` (tests: tokio's paused clock).
-    fn with_clock(
+    /// [`Delivery::new`] with its timers at `pace` (tests: short ones).
+    fn with_pace(
         actions: ActionContext,
         metrics: Arc<Metrics>,
         policy: RetryPolicy,
-        state: Option<crate::keyspace::Conn>,
+        state: crate::keyspace::Conn,
         shutdown: CancellationToken,
-        clock: Clock,
+        pace: Pace,
     ) -> Delivery {
         let prefix = actions.config.state.prefix.clone();
         let limiters = Limiters {
             state: state.clone(),
             prefix: prefix.clone(),
+            max_wait: pace.max_wait,
             by_channel: Mutex::new(HashMap::new()),
         };
-        let dead = state.clone().map(|conn| DeadStore::new(conn, &prefix));
-        let queue = state.map(|conn| Queue::new(conn, &prefix));
+        let dead = DeadStore::new(state.clone(), &prefix);
+        let queue = Queue::new(state, &prefix);
         let wake = Arc::new(Notify::new());
         Delivery {
             inner: Arc::new(Inner {
@@ -101,16 +102,14 @@ impl Delivery {
                 inflight: Mutex::new(Default::default()),
                 windows_inflight: Mutex::new(HashMap::new()),
                 status: OnceLock::new(),
-                clock,
+                pace,
             }),
         }
     }
 
     /// Picks up dead letters re-driven with `keywatch dead retry`, every second, until shutdown.
     pub fn start_redrive(&self) {
-        let Some(store) = self.inner.dead.clone() else {
-            return;
-        };
+        let store = self.inner.dead.clone();
         let inner = self.inner.clone();
         self.inner.tracker.spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -163,9 +162,7 @@ impl Delivery {
         let inner = &self.inner;
         let actions = inner.actions.refreshed();
         let mut also = also;
-        if let Some(q) = &inner.queue {
-            followups_due_later(q, &actions.config, &firings, &mut also);
-        }
+        followups_due_later(&inner.queue, &actions.config, &firings, &mut also);
         let mut now = Vec::new();
         let mut later = Vec::new();
         // Per later firing, where each of its jobs waits (see `wait_targets`).
@@ -200,12 +197,7 @@ impl Delivery {
             if jobs.is_empty() {
                 continue;
             }
-            // Without a queue there is nowhere else to wait: everything starts here, in turn.
-            let waits = if inner.queue.is_some() {
-                wait_targets(inner, &actions.config, &jobs, &mut counted)
-            } else {
-                vec![None; jobs.len()]
-            };
+            let waits = wait_targets(inner, &actions.config, &jobs, &mut counted);
             let permit = if waits.iter().all(Option::is_none) {
                 inner
                     .concurrent
@@ -230,58 +222,43 @@ impl Delivery {
         for (w, (group, firings)) in windows {
             put_in_window(inner, w, group, firings).await;
         }
-        // Jobs the queue did not take can wait only here (see `Ticket::Memory`).
-        let in_memory = inner.queue.is_none();
-        if let Some(q) = &inner.queue {
-            let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
-            let mut pending = Vec::new();
-            let mut waiting = Vec::new();
-            for (jobs, waits) in later.iter().zip(later_waits) {
-                for (job, target) in jobs.iter().zip(waits) {
-                    match target {
-                        Some(t) => waiting.push((t, job.clone())),
-                        None => pending.push(job.clone()),
-                    }
+        let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
+        let mut pending = Vec::new();
+        let mut waiting = Vec::new();
+        for (jobs, waits) in later.iter().zip(later_waits) {
+            for (job, target) in jobs.iter().zip(waits) {
+                match target {
+                    Some(t) => waiting.push((t, job.clone())),
+                    None => pending.push(job.clone()),
                 }
             }
-            let sizes = bundle_sizes(inner, &actions.config, &waiting);
-            if let Err(e) = q.store(&leased, &pending, &waiting, &sizes, also).await {
-                tracing::warn!(error = %e, jobs = leased.len() + pending.len() + waiting.len(), "Cannot store jobs in the queue; their events stay taken and are tried again.");
-                return Err(e);
+        }
+        let sizes = bundle_sizes(inner, &actions.config, &waiting);
+        if let Err(e) = inner
+            .queue
+            .store(&leased, &pending, &waiting, &sizes, also)
+            .await
+        {
+            tracing::warn!(error = %e, jobs = leased.len() + pending.len() + waiting.len(), "Cannot store jobs in the queue; their events stay taken and are tried again.");
+            return Err(e);
+        }
+        for (target, _) in &waiting {
+            if let Some(slot) =
+                SlotKey::from_target(target).and_then(|k| inner.slots.get(&actions.config, &k))
+            {
+                slot.set_parked(true);
             }
-            for (target, _) in &waiting {
-                if let Some(slot) =
-                    SlotKey::from_target(target).and_then(|k| inner.slots.get(&actions.config, &k))
-                {
-                    slot.set_parked(true);
-                }
+        }
+        if !later.is_empty() {
+            if !pending.is_empty() {
+                inner.backlogged.store(true, Ordering::Relaxed);
             }
-            if !later.is_empty() {
-                later.clear();
-                if !pending.is_empty() {
-                    inner.backlogged.store(true, Ordering::Relaxed);
-                }
-                inner.wake.notify_one();
-            }
+            inner.wake.notify_one();
         }
         for (jobs, permit) in now {
             let i = inner.clone();
-            inner
-                .tracker
-                .spawn(async move { run_jobs(i.clone(), held(&i, jobs, permit, in_memory)).await });
-        }
-        // Only without a queue (tests): in memory, in turn.
-        for jobs in later {
-            let i = inner.clone();
             inner.tracker.spawn(async move {
-                if let Ok(permit) = i
-                    .concurrent
-                    .clone()
-                    .acquire_many_owned(permits(&jobs))
-                    .await
-                {
-                    run_jobs(i.clone(), held(&i, jobs, permit, true)).await;
-                }
+                run_jobs(i.clone(), with_rooms(&i, asking(jobs), permit)).await
             });
         }
         Ok(())
@@ -292,9 +269,7 @@ impl Delivery {
     /// does not wait for the end of `within`. Costs a round trip only for keys of rules with
     /// follow-ups.
     pub fn heard_again(&self, config: &crate::config::Config, db: u32, key: &[u8]) {
-        let Some(q) = self.inner.queue.clone() else {
-            return;
-        };
+        let q = self.inner.queue.clone();
         let rules: Vec<crate::config::Rule> = config
             .rules_for(EventKind::Expired, db, key)
             .into_iter()
@@ -378,14 +353,13 @@ impl Delivery {
             .drain()
             .map(|(w, ids)| (w, ids.into_iter().collect()))
             .collect();
-        if let Some(q) = &self.inner.queue {
-            for (w, ids) in &windows {
-                if let Err(e) = q.window_hand_back(w, ids).await {
-                    tracing::warn!(error = %e, rule = %w.rule, "Cannot hand a digest window back; it comes due again when its lease ends.");
-                }
+        let q = &self.inner.queue;
+        for (w, ids) in &windows {
+            if let Err(e) = q.window_hand_back(w, ids).await {
+                tracing::warn!(error = %e, rule = %w.rule, "Cannot hand a digest window back; it comes due again when its lease ends.");
             }
         }
-        if let (Some(q), false) = (&self.inner.queue, left.is_empty()) {
+        if !left.is_empty() {
             match q.hand_back(&left).await {
                 Ok(()) => tracing::info!(
                     jobs = left.len(),
@@ -403,12 +377,10 @@ impl Delivery {
     /// and the backlog of a storm — as far as this instance has room: every 200 ms, and at once
     /// when a firing finishes while a backlog waits. Stops at shutdown.
     pub fn start_queue(&self) {
-        let Some(queue) = self.inner.queue.clone() else {
-            return;
-        };
+        let queue = self.inner.queue.clone();
         let inner = self.inner.clone();
         self.inner.tracker.spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            let mut tick = tokio::time::interval(inner.pace.tick);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut last_gauge = Instant::now();
             let mut last_renew = Instant::now();
@@ -772,26 +744,9 @@ fn admit_firing(
     out
 }
 
-/// `jobs` with the room `permit` holds for them and no ticket yet (`in_memory`: they are not in
-/// Redis, so they cannot wait there).
-fn held(
-    inner: &Arc<Inner>,
-    jobs: Vec<Job>,
-    permit: OwnedSemaphorePermit,
-    in_memory: bool,
-) -> Vec<(Job, Held)> {
-    let ticket = || {
-        if in_memory {
-            Ticket::Memory
-        } else {
-            Ticket::Ask
-        }
-    };
-    with_rooms(
-        inner,
-        jobs.into_iter().map(|j| (j, ticket())).collect(),
-        permit,
-    )
+/// `jobs` with no ticket yet: each asks for its slot when its turn comes.
+fn asking(jobs: Vec<Job>) -> Vec<(Job, Ticket)> {
+    jobs.into_iter().map(|j| (j, Ticket::Ask)).collect()
 }
 
 fn with_rooms(
@@ -837,7 +792,7 @@ async fn run_jobs(inner: Arc<Inner>, jobs: Vec<(Job, Held)>) {
             later.push((target.clone(), job.id()));
             continue;
         }
-        if matches!(held.ticket, Ticket::Ask) && inner.queue.is_some() {
+        if matches!(held.ticket, Ticket::Ask) {
             match admit(&inner, &config, &job, &mut HashMap::new()) {
                 Ok(t) => held.ticket = t,
                 Err(target) => {
@@ -945,21 +900,21 @@ fn followups_due_later(
 #[cfg(test)]
 mod tests {
     use super::RetryPolicy;
-    use super::testkit::{self, firing, secs, stage};
+    use super::testkit::{self, firing, stage};
 
     /// A firing matched under the rules before a reload reaches delivery after the reload
     /// removed its rule: a dead letter that says so (the README promises nothing is dropped
     /// silently), and the other firings of the batch go on.
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_firing_of_a_rule_a_reload_removed_is_dead_lettered() {
         let config = testkit::config(
             "channels:\n  log: { type: log }\nrules:\n  - name: kept\n    match: 'k:*'\n    notify: { to: [log] }\n",
         );
-        let s = stage(config, RetryPolicy::default());
+        let s = stage(config, RetryPolicy::default()).await;
         s.delivery
             .accept(vec![firing("removed", "r:1"), firing("kept", "k:1")])
             .await;
-        tokio::time::sleep(secs(1)).await;
+        s.settled().await;
         assert_eq!(s.metrics.dead_letters.get(), 1);
         let dead = s.status.dead_letters();
         assert_eq!(dead.len(), 1, "{dead:?}");

@@ -13,22 +13,6 @@ use tokio::time::Instant;
 use crate::config::Rate;
 use crate::store::rate::Bucket;
 
-/// A channel's rate limit: shared by every instance through Redis, or this instance's own.
-pub enum Limiter {
-    Shared(SharedBucket),
-    Local(TokenBucket),
-}
-
-impl Limiter {
-    /// Waits for a token; true when one was in hand (no wait was needed).
-    pub async fn take(&self) -> bool {
-        match self {
-            Limiter::Shared(b) => b.take().await,
-            Limiter::Local(b) => b.take().await,
-        }
-    }
-}
-
 pub struct TokenBucket {
     rate: Rate,
     state: Mutex<State>,

@@ -175,7 +175,7 @@ impl Slot {
     }
 
     /// A permit, however long the line: for work that is already bounded elsewhere (a digest,
-    /// a retry held in memory when there is no queue).
+    /// a retry held in memory because the queue would not take it back).
     pub(super) async fn acquire(
         self: &Arc<Self>,
         shutdown: &CancellationToken,
@@ -242,9 +242,6 @@ pub(super) enum Ticket {
     /// long the line).
     #[default]
     Ask,
-    /// As `Ask`, for a job that is not in Redis (the queue could not store it): it can only
-    /// wait here, never for its target in Redis.
-    Memory,
 }
 
 impl Ticket {
@@ -258,10 +255,8 @@ impl Ticket {
         match (self, slot) {
             (Ticket::Now(p), _) => Ok(Some(p)),
             (Ticket::Line(place), _) => place.wait(shutdown).await.map(Some).ok_or(()),
-            (Ticket::Ask | Ticket::Memory, Some(slot)) => {
-                slot.acquire(shutdown).await.map(Some).ok_or(())
-            }
-            (Ticket::Ask | Ticket::Memory, None) => Ok(None),
+            (Ticket::Ask, Some(slot)) => slot.acquire(shutdown).await.map(Some).ok_or(()),
+            (Ticket::Ask, None) => Ok(None),
         }
     }
 }
@@ -309,9 +304,8 @@ mod tests {
 
     /// A storm of 200 notifications and 40 reloads and execs against targets that take 20 ms:
     /// never more requests at once than each `concurrency` (a channel's, a rule's reload's), and
-    /// every one made. (Without Redis the others wait in memory; with it, in the queue:
-    /// `tests/e2e/storm.rs`.)
-    #[tokio::test(start_paused = true)]
+    /// every one made; the jobs beyond a slot's width and line wait for their target in Redis.
+    #[tokio::test]
     async fn requests_in_flight_stay_within_each_concurrency() {
         let hook = SlowTarget::start(ms(20)).await;
         let reload = SlowTarget::start(ms(20)).await;
@@ -319,7 +313,7 @@ mod tests {
             "channels:\n  hook: {{ type: webhook, url: \"{}\", timeout: 1h, concurrency: 4 }}\n  other: {{ type: webhook, url: \"{}\", timeout: 1h }}\nrules:\n  - name: storm\n    match: 's:*'\n    notify: {{ to: [hook] }}\n  - name: warm\n    match: 'w:*'\n    reload: {{ url: \"{}\", timeout: 1h, concurrency: 2 }}\n    exec: {{ command: [\"true\"], concurrency: 3 }}\n",
             hook.url, hook.url, reload.url
         ));
-        let s = stage(config, RetryPolicy::default());
+        let s = stage(config, RetryPolicy::default()).await;
         let keys: Vec<String> = (0..200).map(|i| format!("s:{i}")).collect();
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         s.delivery.accept(firings("storm", &keys)).await;
@@ -327,8 +321,9 @@ mod tests {
         let warm: Vec<&str> = warm.iter().map(String::as_str).collect();
         s.delivery.accept(firings("warm", &warm)).await;
 
-        assert_eq!(hook.served(200, secs(600)).await, 200);
-        assert_eq!(reload.served(40, secs(600)).await, 40);
+        assert_eq!(hook.served(200, secs(30)).await, 200);
+        assert_eq!(reload.served(40, secs(30)).await, 40);
+        s.settled().await;
         assert_eq!(hook.most(), 4, "the channel's requests at once");
         assert_eq!(reload.most(), 2, "the rule's reloads at once");
         assert_eq!(hook.holding() + reload.holding(), 0);

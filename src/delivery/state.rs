@@ -43,16 +43,13 @@ pub(super) struct Inner {
     pub(super) wake: Arc<Notify>,
     /// The targets with jobs waiting in Redis, as last read (see `take_waiting`).
     pub(super) waiting_targets: WaitingTargets,
-    /// Digest windows held in memory, by (rule, channel): only when there is no queue, or Redis
-    /// refused to store the notifications in their shared window.
+    /// Digest windows held in memory, by (rule, channel): only when Redis refused to store the
+    /// notifications in their shared window.
     pub(super) digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
-    /// Where dead letters are kept (Redis). `None` when [`super::Delivery::new`] is given no
-    /// Redis: `keywatch run` always gives one; the tests of this module (`testkit.rs`) give none,
-    /// and dead letters are then only counted, logged and shown on the status page.
-    pub(super) dead: Option<DeadStore>,
-    /// The durable queue of action jobs (Redis). `None` when there is no Redis (the tests of this
-    /// module): jobs are then retried from memory and `group` windows are held in memory.
-    pub(super) queue: Option<Queue>,
+    /// Where dead letters are kept (Redis).
+    pub(super) dead: DeadStore,
+    /// The durable queue of action jobs and digest windows (Redis).
+    pub(super) queue: Queue,
     /// Jobs this instance is attempting now, handed back at shutdown.
     pub(super) inflight: Mutex<std::collections::HashSet<String>>,
     /// Jobs of digest windows whose digest this instance is attempting now (leases renewed,
@@ -65,8 +62,27 @@ pub(super) struct Inner {
     /// back for it (see [`Inner::deferring`]).
     pub(super) intake_behind: OnceLock<Box<dyn Fn() -> bool + Send + Sync>>,
     pub(super) deferral: Deferral,
-    /// The clock that retry decisions (`failing_since`, the retry window) are read from.
-    pub(super) clock: Clock,
+    pub(super) pace: Pace,
+}
+
+/// The stage's own timers. `keywatch run` runs at [`Pace::RUN`]; the tests of this module
+/// shorten them, so that waits of minutes pass in a fraction of a second against a real Redis
+/// in real time (the queue's due times and a shared rate's tokens follow Redis's clock, which no
+/// paused tokio clock moves).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pace {
+    /// How often the queue loop reads the queue and the digest windows when nothing wakes it.
+    pub(super) tick: std::time::Duration,
+    /// The longest a notification should wait for its channel's rate before it is merged
+    /// ([`super::lane::MAX_WAIT`]).
+    pub(super) max_wait: std::time::Duration,
+}
+
+impl Pace {
+    pub(super) const RUN: Pace = Pace {
+        tick: std::time::Duration::from_millis(200),
+        max_wait: super::lane::MAX_WAIT,
+    };
 }
 
 /// The longest the queue loop holds back jobs waiting in Redis for an intake that is behind,
@@ -135,32 +151,6 @@ impl WaitingTargets {
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Vec<String>, tokio::time::Instant)>> {
         // A std Mutex: the guard never lives across an await.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Unix ms as the retry decisions read them.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Clock {
-    /// The wall clock: the times the queue stores (`failing_since`, due times) are shared by
-    /// every instance.
-    Wall,
-    /// The wall clock at `start`, moved on by tokio's clock since: under paused time the retry
-    /// window passes in virtual time, as the waits between attempts do (tests only).
-    #[cfg(test)]
-    Tokio {
-        start_ms: i64,
-        start: tokio::time::Instant,
-    },
-}
-
-impl Clock {
-    pub(super) fn now_ms(self) -> i64 {
-        match self {
-            Clock::Wall => crate::store::queue::now_ms(),
-            #[cfg(test)]
-            Clock::Tokio { start_ms, start } => start_ms
-                .saturating_add(i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX)),
-        }
     }
 }
 

@@ -1,10 +1,15 @@
-//! What the delivery stage's tests share: a real [`Delivery`] without Redis (`state: None`: local
-//! token buckets, retries and `group` windows held in memory) built from rule text, run in tokio's
-//! paused time, and a channel integration that records when each message reached it.
+//! What the delivery stage's tests share: a real [`Delivery`] on a throwaway `redis-server` of
+//! its own (the queue, digest windows, shared rate buckets and dead letters all in it, as under
+//! `keywatch run`) built from rule text, and a channel integration that records when each message
+//! reached it.
 //!
-//! Tests run under `#[tokio::test(start_paused = true)]`: every wait of the stage (backoff,
-//! `Retry-After`, a window's close, a rate lane's next token) passes in virtual time, and a test
-//! looks at what was sent by sleeping until a virtual instant (`Recorder::at`), never for real.
+//! Tests run in real time: the queue's due times and a rate bucket's tokens follow Redis's clock,
+//! which tokio's paused clock does not move. So the stage runs at a short [`Pace`] (the queue read
+//! every few ms; a test of a rate lane shortens its `MAX_WAIT` with the rate), tests scale their
+//! timers down (a retry policy of 100 ms, a `group` window of half a second), and a time is
+//! checked as "not before it is due, and at most [`LATE`] after". A test waits for what it looks
+//! for ([`Recorder::wait_for`], [`Stage::settled`]), never for a fixed time to let "nothing more"
+//! happen.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -19,15 +24,30 @@ use crate::channel::{Channel, Dispatch, Integration, Message};
 use crate::config::{Config, LiveConfig};
 use crate::event::{EventKind, KeyEvent};
 use crate::firing::Firing;
-use crate::keyspace::Keyspace;
+use crate::keyspace::{Conn, Keyspace};
+use crate::local_redis::LocalRedis;
 use crate::metrics::Metrics;
 use crate::outcome::Outcome;
 use crate::status::Status;
 use crate::template::Escape;
 use crate::yaml::Secret;
 
-use super::state::Clock;
+use super::lane::MAX_WAIT;
+use super::state::{Pace, inflight, windows_inflight};
 use super::{Delivery, RetryPolicy};
+
+/// The longest any wait of a test may take before it fails: far beyond what a passing test
+/// needs, so that a loaded machine does not fail it.
+pub(super) const PATIENCE: Duration = Duration::from_secs(30);
+
+/// How late a message may reach its channel after it was due: the queue loop's tick, a few
+/// Redis round trips and a loaded machine's scheduling. Only the upper side of a time has it: a
+/// message never comes before it is due ([`EARLY`] aside).
+pub(super) const LATE: Duration = Duration::from_millis(100);
+
+/// Redis's clock counts whole milliseconds: a token or a due time may look this much early to
+/// tokio's clock.
+pub(super) const EARLY: Duration = Duration::from_millis(5);
 
 /// The rules of `yaml`, validated as `keywatch run` validates them.
 pub(super) fn config(yaml: &str) -> Config {
@@ -48,44 +68,108 @@ pub(super) fn replace_integration(
     ch.integration = with(ch.integration.clone());
 }
 
-/// A delivery stage without Redis, its counters, and its status page.
+/// A delivery stage on a Redis of its own, its counters, and its status page.
 pub(super) struct Stage {
     pub(super) delivery: Delivery,
     pub(super) metrics: Arc<Metrics>,
     pub(super) status: Arc<Status>,
+    /// A connection to the stage's Redis.
+    pub(super) state: Conn,
+    /// Stopped (and its folder removed) when the stage is dropped.
+    _redis: LocalRedis,
 }
 
-/// The delivery stage of `config` with no Redis at all. The watched Redis is a client for a port
-/// nothing listens on, never connected: the rules of these tests read no detail and clean up
-/// nothing. The retry window is read from tokio's clock, so it passes in virtual time.
-pub(super) fn stage(config: Config, policy: RetryPolicy) -> Stage {
-    let keyspace = Keyspace::new(Secret::new("redis://127.0.0.1:1"), config.redis.clone())
-        .expect("a Redis URL that is never connected");
+/// The delivery stage of `config` on a throwaway Redis, its queue loop started, as `keywatch
+/// run` starts it. The rules of these tests read no detail and clean up nothing.
+pub(super) async fn stage(config: Config, policy: RetryPolicy) -> Stage {
+    stage_merging_within(config, policy, MAX_WAIT).await
+}
+
+/// [`stage`] whose rate lanes merge what their channel's rate cannot send within `max_wait`
+/// (instead of [`MAX_WAIT`]), so that a test of a lane runs in a second rather than minutes.
+pub(super) async fn stage_merging_within(
+    config: Config,
+    policy: RetryPolicy,
+    max_wait: Duration,
+) -> Stage {
+    let (redis, state) = crate::local_redis::throwaway().await;
+    let keyspace = Keyspace::new(Secret::new(redis.url()), config.redis.clone())
+        .expect("the throwaway Redis's URL");
     let actions = ActionContext::new(
         LiveConfig::fixed(config),
         crate::channel::http::client(),
         keyspace,
-    );
+    )
+    .with_state(state.clone());
     let metrics = Arc::new(Metrics::new());
-    let clock = Clock::Tokio {
-        start_ms: super::queue::now_ms(),
-        start: Instant::now(),
+    let pace = Pace {
+        tick: Duration::from_millis(10),
+        max_wait,
     };
-    let delivery = Delivery::with_clock(
+    let delivery = Delivery::with_pace(
         actions,
         metrics.clone(),
         policy,
-        None,
+        state.clone(),
         CancellationToken::new(),
-        clock,
+        pace,
     );
     let status = Arc::new(Status::default());
     delivery.report_to(status.clone());
+    delivery.start_queue();
     Stage {
         delivery,
         metrics,
         status,
+        state,
+        _redis: redis,
     }
+}
+
+impl Stage {
+    /// Waits until the stage has nothing left to do: no job in the queue, waiting for a target
+    /// or in a digest window (each waits there until it is sent or dead-lettered), nothing in
+    /// flight, no digest held in memory. Nothing more is attempted after that.
+    pub(super) async fn settled(&self) {
+        let inner = &self.delivery.inner;
+        let until = Instant::now() + PATIENCE;
+        loop {
+            let queued = inner.queue.len().await.expect("the queue's length");
+            let busy = !inflight(inner).is_empty()
+                || !windows_inflight(inner).is_empty()
+                || !inner
+                    .digests
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_empty();
+            if queued == 0 && !busy {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "still {queued} jobs in the queue (in flight here: {busy}) after {PATIENCE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Waits until `done` says so; fails after [`PATIENCE`] with `what`.
+pub(super) async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < until, "not after {PATIENCE:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Asserts that `at` is `want`: not before (but for [`EARLY`]), and at most [`LATE`] after.
+#[track_caller]
+pub(super) fn assert_about(at: Duration, want: Duration, what: &str) {
+    assert!(
+        at + EARLY >= want && at <= want + LATE,
+        "{what}: at {at:?}, due at {want:?}"
+    );
 }
 
 /// An expiry of `key` matched by `rule` (no captures, no detail).
@@ -112,7 +196,7 @@ pub(super) fn firings(rule: &str, keys: &[&str]) -> Vec<Firing> {
 /// One message as it reached the channel.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Received {
-    /// Virtual time since the recorder was made.
+    /// Since the recorder's zero.
     pub(super) at: Duration,
     pub(super) rule: String,
     /// The keys the message is about (several for a digest).
@@ -126,10 +210,10 @@ const MOST_ATTEMPTS: usize = 1000;
 /// What an attempt answers: by attempt number (0 for the first message that reaches the channel).
 type Answer = Box<dyn Fn(usize) -> Outcome + Send + Sync>;
 
-/// A channel integration that records every message it is given, at the virtual time it is given
-/// it, and answers as told (or as the integration it wraps does).
+/// A channel integration that records every message it is given, and when, and answers as told
+/// (or as the integration it wraps does).
 pub(super) struct Recorder {
-    start: Instant,
+    zero: Mutex<Instant>,
     wrapped: Option<Arc<dyn Integration>>,
     answer: Option<Answer>,
     received: Mutex<Vec<Received>>,
@@ -142,12 +226,12 @@ impl fmt::Debug for Recorder {
 }
 
 impl Recorder {
-    /// Answers each attempt with `answer(n)`; its zero is now.
+    /// Answers each attempt with `answer(n)`.
     pub(super) fn answering(
         answer: impl Fn(usize) -> Outcome + Send + Sync + 'static,
     ) -> Arc<Self> {
         Arc::new(Recorder {
-            start: Instant::now(),
+            zero: Mutex::new(Instant::now()),
             wrapped: None,
             answer: Some(Box::new(answer)),
             received: Mutex::new(Vec::new()),
@@ -157,23 +241,42 @@ impl Recorder {
     /// Hands every message on to `wrapped` (the channel's own integration) and answers as it does.
     pub(super) fn wrapping(wrapped: Arc<dyn Integration>) -> Arc<Self> {
         Arc::new(Recorder {
-            start: Instant::now(),
+            zero: Mutex::new(Instant::now()),
             wrapped: Some(wrapped),
             answer: None,
             received: Mutex::new(Vec::new()),
         })
     }
 
-    /// The virtual instant `after` the recorder's zero.
-    pub(super) fn at(&self, after: Duration) -> Instant {
-        self.start + after
+    /// Times are counted from now on: call it right before the first `accept` (the recorder is
+    /// made before its stage, whose Redis takes a moment to start).
+    pub(super) fn count_from_now(&self) {
+        *self.zero.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
     }
 
-    /// Lets virtual time run to `after` the recorder's zero (every task due before it has run),
-    /// then says what has reached the channel so far.
-    pub(super) async fn until(&self, after: Duration) -> Vec<Received> {
-        tokio::time::sleep_until(self.at(after)).await;
-        self.received()
+    /// How long since the recorder's zero.
+    pub(super) fn elapsed(&self) -> Duration {
+        self.zero
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+    }
+
+    /// Waits until `n` messages have reached the channel; all of them so far.
+    pub(super) async fn wait_for(&self, n: usize) -> Vec<Received> {
+        let until = Instant::now() + PATIENCE;
+        loop {
+            let got = self.received();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < until,
+                "{} of {n} messages after {PATIENCE:?}: {got:?}",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     pub(super) fn received(&self) -> Vec<Received> {
@@ -196,8 +299,9 @@ impl Integration for Recorder {
     fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch {
         let n = {
             let mut received = self.received.lock().unwrap_or_else(|p| p.into_inner());
+            let zero = *self.zero.lock().unwrap_or_else(|p| p.into_inner());
             received.push(Received {
-                at: self.start.elapsed(),
+                at: zero.elapsed(),
                 rule: msg.rule.clone(),
                 keys: msg
                     .items
@@ -206,8 +310,7 @@ impl Integration for Recorder {
                     .collect(),
                 digest: msg.digest,
             });
-            // A loop that attempts again without waiting would hold virtual time still and hang
-            // the test: fail it instead.
+            // A loop that attempts again without waiting would flood the channel: fail it.
             assert!(
                 received.len() <= MOST_ATTEMPTS,
                 "more than {MOST_ATTEMPTS} messages: something attempts again without waiting"
@@ -223,18 +326,12 @@ impl Integration for Recorder {
 }
 
 /// A local HTTP server on 127.0.0.1 in the test's runtime: answers the `n`-th request (from 0)
-/// with `answers(n)` (a whole HTTP/1.1 response, sent with `Connection: close`, so no pooled
-/// connection keeps an idle timer) and records the virtual time each request arrived, from its
-/// zero (now).
-///
-/// Paused time moves on whenever the runtime waits with nothing ready, also while a request is
-/// in flight. On loopback the other end's bytes are ready by the time the runtime looks, so no
-/// virtual time passes during an exchange; a test gives its channel a long `timeout`, so that if
-/// one ever did wait, the request would time out and the test fail instead of passing by chance.
+/// with `answers(n)` (a whole HTTP/1.1 response, sent with `Connection: close`) and records when
+/// each request arrived.
 pub(super) struct Receiver {
     pub(super) url: String,
-    start: Instant,
-    times: Arc<Mutex<Vec<Duration>>>,
+    zero: Mutex<Instant>,
+    times: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl Receiver {
@@ -244,8 +341,7 @@ impl Receiver {
         use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let start = Instant::now();
-        let times: Arc<Mutex<Vec<Duration>>> = Arc::default();
+        let times: Arc<Mutex<Vec<Instant>>> = Arc::default();
         let recorded = times.clone();
         tokio::spawn(async move {
             let mut n = 0;
@@ -257,25 +353,56 @@ impl Receiver {
                 recorded
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .push(start.elapsed());
+                    .push(Instant::now());
                 let _ = sock.write_all(answers(n).as_bytes()).await;
                 let _ = sock.shutdown().await;
                 n += 1;
             }
         });
-        Receiver { url, start, times }
+        Receiver {
+            url,
+            zero: Mutex::new(Instant::now()),
+            times,
+        }
     }
 
-    /// Lets virtual time run to `after` the receiver's zero, then says when requests arrived.
-    pub(super) async fn until(&self, after: Duration) -> Vec<Duration> {
-        tokio::time::sleep_until(self.start + after).await;
-        self.times.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    /// Times are counted from now on (see [`Recorder::count_from_now`]).
+    pub(super) fn count_from_now(&self) {
+        *self.zero.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// When requests arrived so far, from the receiver's zero.
+    pub(super) fn arrived(&self) -> Vec<Duration> {
+        let zero = *self.zero.lock().unwrap_or_else(|p| p.into_inner());
+        self.times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|t| t.saturating_duration_since(zero))
+            .collect()
+    }
+
+    /// Waits until `n` requests have arrived; when all of them so far did.
+    pub(super) async fn wait_for(&self, n: usize) -> Vec<Duration> {
+        let until = Instant::now() + PATIENCE;
+        loop {
+            let got = self.arrived();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < until,
+                "{} of {n} requests after {PATIENCE:?}: {got:?}",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
     }
 }
 
-/// A local HTTP target that answers every request `200 OK` after `delay` of virtual time, any
-/// number at once (a task per connection), and counts the requests it holds at once: what a
-/// storm looks like from the receiving end.
+/// A local HTTP target that answers every request `200 OK` after `delay`, any number at once (a
+/// task per connection), and counts the requests it holds at once: what a storm looks like from
+/// the receiving end.
 pub(super) struct SlowTarget {
     pub(super) url: String,
     holding: Arc<std::sync::atomic::AtomicUsize>,
@@ -328,8 +455,7 @@ impl SlowTarget {
         self.most.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Lets virtual time run until it has answered `n` requests (at most `within`); how many it
-    /// answered.
+    /// Waits until it has answered `n` requests (at most `within`); how many it answered.
     pub(super) async fn served(&self, n: usize, within: Duration) -> usize {
         let until = Instant::now() + within;
         loop {

@@ -23,7 +23,7 @@ pub(super) enum Work {
         message: Arc<Message>,
         firings: Vec<Arc<Firing>>,
         /// Queued jobs the digest stands for, acknowledged when it is sent or dead-lettered;
-        /// empty for a digest held only in memory (no queue, or the queue was unreachable). For
+        /// empty for a digest held only in memory (Redis refused its window) or re-driven. For
         /// a window's digest, the window's members (a notification, or a batch's bundle).
         jobs: Vec<String>,
         /// For a window's digest: how many of `firings`, in order, each of `jobs` holds (a

@@ -245,7 +245,7 @@ pub async fn run(
         actions,
         metrics.clone(),
         RetryPolicy::default(),
-        Some(state.clone()),
+        state.clone(),
         delivery_stop.clone(),
     );
     delivery.report_to(status.clone());
