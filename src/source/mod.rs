@@ -9,7 +9,7 @@ pub mod cluster;
 pub mod fields;
 pub mod flags;
 pub mod ledger;
-pub mod ledger_index;
+
 pub mod notifications;
 pub mod scanner;
 pub mod sentinel;

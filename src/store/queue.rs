@@ -681,7 +681,7 @@ crate::keyspace::commands::declare! {
             .args("{key}"),
         Use::new(Server::State, "set", SCRIPTS)
             .on(Keys::State("group:*:*:window"), Access::Write)
-            .args("{key} 0 PX 1000"),
+            .args("{key} 0 PXAT 1000"),
         Use::new(Server::State, "zadd", SCRIPTS)
             .on(Keys::State("group:*:*"), Access::Write)
             .args("{key} NX 0 id"),

@@ -4,7 +4,10 @@
 local e = redis.call('GET', KEYS[1])
 if not e then
   e = tonumber(ARGV[1]) + tonumber(ARGV[2])
-  redis.call('SET', KEYS[1], e, 'PX', ARGV[2])
+  -- Gone exactly at the end its jobs are due at (`PXAT`): a relative `PX` counted from this
+  -- script's own clock, and a notification put in between joined a window already taken and
+  -- went out alone.
+  redis.call('SET', KEYS[1], e, 'PXAT', e)
 end
 for i = 4, #ARGV, 2 do
   redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])

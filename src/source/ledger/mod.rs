@@ -7,7 +7,7 @@
 //! (shared by instances, surviving restarts), the deadlines of the keys its rules watch, learnt
 //! from `expire` keyevents and scans: per database, a small hash per second of deadlines
 //! (`store::ledger`), and in this process an index of which second each key is in
-//! ([`crate::source::ledger_index`]):
+//! ([`index`]):
 //!
 //! - **On time**: when a deadline comes, the poker touches the key (`PEXPIRETIME`, pipelined,
 //!   every few ms); Redis then deletes it and publishes `expired` at once.
@@ -23,14 +23,20 @@
 //! PUBLISH. With a counter per instance, one instance's marker could cover another's entry
 //! moved after it was published, and recover a key whose `expired` it had yet to read.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
-use crate::source::ledger_index::LedgerIndex;
+pub mod grace;
+pub mod index;
+pub mod markers;
+
 use crate::store::ledger::{self as store, Deadlines, Entry, second_of};
+pub use grace::{GRACE, Grace};
+use index::LedgerIndex;
+pub use markers::Markers;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -52,67 +58,10 @@ const HOLD_AT_MOST: Duration = Duration::from_secs(1);
 /// a subscriber that never catches up.
 const RECORD_AT_MOST: Duration = Duration::from_secs(10);
 
-/// How long the poker waits, after finding a due key gone, before it records that key as
-/// poked (see [`Ledger::poke_round`]): time for the take of its `expired` to reach the ledger.
-/// A key whose event really was lost is recovered this much later.
-pub const GRACE: Duration = Duration::from_millis(100);
-/// Most keys the poker holds in their grace; beyond, gone keys are recorded at once (the
-/// memory stays bounded in a storm).
-const GRACE_MAX: usize = 20_000;
 /// Keys walked per `SCAN` of a fill.
 const FILL_COUNT: usize = 1000;
 /// Pages of due keys all within their grace that one round looks past.
 const GRACE_PAGES: usize = 4;
-
-/// The due keys the poker found gone and has not recorded yet, with when it found them.
-#[derive(Default)]
-pub struct Grace {
-    found: HashMap<(u32, Vec<u8>), (i64, std::time::Instant)>,
-    last_sweep: Option<std::time::Instant>,
-}
-
-impl Grace {
-    /// Whether `key`, due at `deadline`, is within its grace: it is then neither touched nor
-    /// recorded this round.
-    fn waiting(&mut self, db: u32, key: &[u8], deadline: i64) -> bool {
-        self.sweep();
-        self.found
-            .get(&(db, key.to_vec()))
-            .is_some_and(|(d, at)| *d == deadline && at.elapsed() < GRACE)
-    }
-
-    /// `key` was found gone: `true` if that begins its grace (not recorded now), `false` if
-    /// it is to be recorded (its grace is over, or no room is left for it).
-    fn begin(&mut self, db: u32, key: &[u8], deadline: i64) -> bool {
-        let entry = (db, key.to_vec());
-        match self.found.get(&entry) {
-            Some((d, _)) if *d == deadline => {
-                self.found.remove(&entry);
-                false
-            }
-            _ if self.found.len() >= GRACE_MAX => false,
-            _ => {
-                self.found
-                    .insert(entry, (deadline, std::time::Instant::now()));
-                true
-            }
-        }
-    }
-
-    /// Forgets the keys found long enough ago that their take (or their record) happened.
-    fn sweep(&mut self) {
-        let now = std::time::Instant::now();
-        if self
-            .last_sweep
-            .is_some_and(|t| now.duration_since(t) < GRACE)
-        {
-            return;
-        }
-        self.last_sweep = Some(now);
-        self.found
-            .retain(|_, found| now.duration_since(found.1) < 4 * GRACE);
-    }
-}
 
 /// What a keyevent says about a deadline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -768,60 +717,6 @@ pub async fn run_poker(
     }
 }
 
-/// Markers waiting to be heard on every subscribed node.
-///
-/// On a cluster a PUBLISH reaches every node over the cluster bus, and each node hands it to
-/// its subscribers after the `expired` events it published before (those the poker's touches
-/// caused on that node, which were answered before the marker was sent). So a marker proves
-/// the `expired` of one node only: recovery waits until it was heard on every node subscribed
-/// now (a node that is down lost its events anyway). On a single node that is the first copy.
-#[derive(Debug, Default)]
-pub struct Markers {
-    up: BTreeSet<String>,
-    heard: BTreeMap<(u32, u64), BTreeSet<String>>,
-}
-
-/// Markers kept waiting at most; beyond that the oldest go (a later one recovers as much).
-const MARKERS_WAITING: usize = 4096;
-
-impl Markers {
-    pub fn up(&mut self, node: &str) {
-        self.up.insert(node.to_string());
-    }
-
-    /// `node` is down or gone: markers that waited only for it are complete now.
-    pub fn down(&mut self, node: &str) -> Vec<(u32, u64)> {
-        self.up.remove(node);
-        self.complete()
-    }
-
-    /// Marker `seq` of `db` was heard on `node`; returns the markers now complete.
-    pub fn heard(&mut self, node: &str, db: u32, seq: u64) -> Vec<(u32, u64)> {
-        self.heard
-            .entry((db, seq))
-            .or_default()
-            .insert(node.to_string());
-        while self.heard.len() > MARKERS_WAITING {
-            self.heard.pop_first();
-        }
-        self.complete()
-    }
-
-    /// The latest complete marker per database; earlier ones are covered by it and dropped.
-    fn complete(&mut self) -> Vec<(u32, u64)> {
-        let mut done: BTreeMap<u32, u64> = BTreeMap::new();
-        for ((db, seq), nodes) in &self.heard {
-            if self.up.iter().all(|n| nodes.contains(n)) {
-                let best = done.entry(*db).or_insert(*seq);
-                *best = (*best).max(*seq);
-            }
-        }
-        self.heard
-            .retain(|(db, seq), _| done.get(db).is_none_or(|d| seq > d));
-        done.into_iter().collect()
-    }
-}
-
 /// Groups keys by database, in arrival order.
 pub fn by_db(items: impl IntoIterator<Item = (u32, Vec<u8>)>) -> BTreeMap<u32, Vec<Vec<u8>>> {
     let mut out: BTreeMap<u32, Vec<Vec<u8>>> = BTreeMap::new();
@@ -853,56 +748,4 @@ crate::keyspace::commands::declare! {
             .when(When::Ledger),
         // Its keys' commands are declared with them (`store::ledger`, `store::handled`).
     ]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_gone_key_is_recorded_only_when_found_gone_again_after_its_grace() {
-        let mut g = Grace::default();
-        // Found gone: its grace begins, it is neither recorded nor touched meanwhile.
-        assert!(g.begin(0, b"k", 10));
-        assert!(g.waiting(0, b"k", 10));
-        // Another database, or a new deadline of the same key, is another expiry.
-        assert!(!g.waiting(1, b"k", 10));
-        assert!(!g.waiting(0, b"k", 11));
-        std::thread::sleep(GRACE);
-        assert!(!g.waiting(0, b"k", 10));
-        // Still in the ledger after its grace, and gone: recorded now, and forgotten.
-        assert!(!g.begin(0, b"k", 10));
-        assert!(g.found.is_empty());
-    }
-
-    #[test]
-    fn a_full_grace_records_gone_keys_at_once() {
-        let mut g = Grace::default();
-        for i in 0..GRACE_MAX {
-            assert!(g.begin(0, i.to_string().as_bytes(), 1));
-        }
-        assert!(!g.begin(0, b"one more", 1));
-        // Entries are dropped some time after their grace, taken or recorded.
-        std::thread::sleep(4 * GRACE);
-        g.last_sweep = None;
-        assert!(!g.waiting(0, b"0", 1));
-        assert!(g.found.is_empty());
-    }
-
-    #[test]
-    fn a_marker_is_complete_once_every_subscribed_node_heard_it() {
-        let mut m = Markers::default();
-        m.up("a");
-        m.up("b");
-        assert_eq!(m.heard("a", 0, 1), []);
-        assert_eq!(m.heard("a", 0, 2), []);
-        // b's copy of 2 covers 1 as well (recovery takes everything up to the marker).
-        assert_eq!(m.heard("b", 0, 2), [(0, 2)]);
-        assert_eq!(m.heard("b", 0, 1), []);
-        // A node that goes down is not waited for.
-        assert_eq!(m.heard("a", 0, 3), []);
-        assert_eq!(m.down("b"), [(0, 3)]);
-        // One node: the first copy completes.
-        assert_eq!(m.heard("a", 0, 4), [(0, 4)]);
-    }
 }
