@@ -1,6 +1,11 @@
 //! How late are expiry alerts? keywatch's deadline ledger beside a plain keyevent subscriber.
 //!
 //! `cargo run --release --example lateness [-- --far 200000 --due 1000 --spread 10]`
+//! `[--far-over 86400] [--far-first] [--no-plain]`
+//!
+//! `--far-over S` spreads the far keys' TTLs from an hour to S seconds; `--far-first` loads them
+//! before keywatch starts and waits until its start-up fill has learnt them (the far keys of an
+//! existing keyspace); `--no-plain` skips the plain subscriber's phase.
 //!
 //! Two phases on two fresh throwaway redis-servers set up the same way: `--far` keys with TTLs
 //! an hour away, and `--due` keys whose deadlines fall evenly over `--spread` seconds, which
@@ -24,22 +29,36 @@ use tokio_util::sync::CancellationToken;
 mod lateness_stats;
 use lateness_stats::{Stats, arg, now_ms, stats};
 
-/// Loads the far keys and the due keys; returns each due key's deadline.
-async fn load(url: &str, far: u64, due: u64, spread_ms: i64) -> HashMap<String, i64> {
+/// The far keys: `far:N` with a TTL of an hour, or with `--far-over S` (seconds) TTLs spread
+/// evenly from an hour to `S` seconds away, none due during the run.
+async fn load_far(url: &str, far: u64) {
+    let over = arg("--far-over", 0) as i64;
     let client = redis::Client::open(url).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     for chunk in (0..far).collect::<Vec<_>>().chunks(10_000) {
         let mut p = redis::pipe();
         for i in chunk {
+            let ttl = if over > 3600 {
+                3600 + (*i as i64 * (over - 3600)) / far as i64
+            } else {
+                3600
+            };
             p.cmd("SET")
                 .arg(format!("far:{i}"))
                 .arg("x")
                 .arg("EX")
-                .arg(3600)
+                .arg(ttl)
                 .ignore();
         }
         let _: () = p.query_async(&mut c).await.unwrap();
     }
+}
+
+/// The due keys, untouched, deadlines evenly over `spread_ms` from 3 s on; returns each one's
+/// deadline.
+async fn load_due(url: &str, due: u64, spread_ms: i64) -> HashMap<String, i64> {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let start = now_ms() + 3000;
     let mut deadlines = HashMap::new();
     let mut p = redis::pipe();
@@ -51,6 +70,29 @@ async fn load(url: &str, far: u64, due: u64, spread_ms: i64) -> HashMap<String, 
     }
     let _: () = p.query_async(&mut c).await.unwrap();
     deadlines
+}
+
+/// Loads the far keys and the due keys; returns each due key's deadline.
+async fn load(url: &str, far: u64, due: u64, spread_ms: i64) -> HashMap<String, i64> {
+    load_far(url, far).await;
+    load_due(url, due, spread_ms).await
+}
+
+/// `keywatch_ledger_keys` on keywatch's `/metrics` at `port`.
+async fn ledger_keys(port: u16) -> u64 {
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return 0;
+    };
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = s
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await;
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body).await;
+    body.lines()
+        .find_map(|l| l.strip_prefix("keywatch_ledger_keys "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 async fn plain(far: u64, due: u64, spread_ms: i64) -> Stats {
@@ -103,15 +145,38 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
     let loaded =
         config::load_texts(vec!["lateness.yaml".into()], &[rules], Mode::Run, &|_| None).unwrap();
     let stop = CancellationToken::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let opts = RunOptions {
         redis: Some(server.url()),
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen: format!("127.0.0.1:{port}").parse().unwrap(),
         stop_after: None,
         rules: Vec::new(),
     };
+    // `--far-first`: the far keys exist before keywatch starts, and its start-up fill learns
+    // them (as with an existing keyspace), not 10 million `expire` events.
+    let far_first = std::env::args().any(|a| a == "--far-first");
+    if far_first {
+        load_far(&server.url(), far).await;
+    }
     let run = tokio::spawn(run::run(loaded.config, opts, stop.clone()));
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let deadlines = load(&server.url(), far, due, spread_ms).await;
+    let deadlines = if far_first {
+        let t = std::time::Instant::now();
+        while ledger_keys(port).await < far {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        println!(
+            "keywatch learnt the {far} far deadlines {:.1} s after it started",
+            t.elapsed().as_secs_f64() + 1.0
+        );
+        load_due(&server.url(), due, spread_ms).await
+    } else {
+        load(&server.url(), far, due, spread_ms).await
+    };
     let give_up =
         tokio::time::Instant::now() + Duration::from_millis(spread_ms as u64 + 3000 + 20_000);
     while received.lock().unwrap().len() < deadlines.len() && tokio::time::Instant::now() < give_up
@@ -142,7 +207,11 @@ async fn main() {
         "lateness: {far} keys with TTLs an hour away, {due} untouched keys due over {} s",
         spread_ms / 1000
     );
-    let plain = plain(far, due, spread_ms).await;
+    let plain = if std::env::args().any(|a| a == "--no-plain") {
+        stats(Vec::new())
+    } else {
+        plain(far, due, spread_ms).await
+    };
     let (late, receipt) = with_keywatch(far, due, spread_ms).await;
     println!();
     println!(
