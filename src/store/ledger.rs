@@ -155,6 +155,11 @@ impl Names {
 /// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
 pub const TAKEN_SLACK_MS: i64 = 100;
 
+/// Deadlines nearer than this are recorded through the script that asks the handled memory;
+/// later ones cannot have been taken yet (see [`Deadlines::record`]). A minute: far more than
+/// the clock estimate's error and a write's delay.
+const NEAR_MS: i64 = 60_000;
+
 /// Keys longer than this go to a second's `:long` hash: one such field would turn the whole
 /// second's hash from a listpack into a hashtable (`hash-max-listpack-value`, 64 by default).
 /// The same in `ledger/bucket.lua`: every instance must name the same hash for a key.
@@ -166,6 +171,11 @@ const CONVERT_BATCH: usize = 1000;
 /// The second a deadline falls in: the hash that holds it.
 pub fn second_of(deadline_ms: i64) -> i64 {
     deadline_ms.div_euclid(1000)
+}
+
+/// Which hash of a database a deadline of `key` goes to: its second, and whether it is long.
+fn bucket_of(deadline_ms: i64, key: &[u8]) -> (i64, bool) {
+    (second_of(deadline_ms), key.len() > LONG_KEY)
 }
 
 /// The ledger's keys and scripts on the state server.
@@ -205,28 +215,112 @@ impl Deadlines {
 
     /// Records `entries` (see [`Entry`]; -1: the key has no TTL, and leaves; -2: it is gone, and
     /// its deadline stays for the poker to judge), but not a deadline the handled memory says
-    /// was taken already; `now_ms` by this instance's estimate of Redis's clock.
+    /// was taken already; `now_ms` by this instance's estimate of Redis's clock. A deadline that
+    /// left the second it was known in leaves that second's hash.
     pub async fn record(
         &self,
         db: u32,
         entries: &[Entry<'_>],
         now_ms: i64,
     ) -> redis::RedisResult<()> {
-        let mut inv = self.record.prepare_invoke();
-        inv.key(minutes(&self.prefix, db))
-            .arg(TAKEN_SLACK_MS)
-            .arg(handled::memory(&self.prefix, db))
-            .arg(now_ms.div_euclid(60_000))
-            .arg(handled::HANDLED_MINUTES)
-            .arg(seconds(&self.prefix, db));
-        for e in entries {
-            inv.arg(e.deadline).arg(e.key);
-            match e.was {
-                Some(s) => inv.arg(s),
-                None => inv.arg(""),
-            };
+        let removals: Vec<(i64, &[u8])> = entries
+            .iter()
+            .filter_map(|e| {
+                let was = e.was?;
+                let moved = match e.deadline {
+                    -1 => true,
+                    d if d > 0 => second_of(d) != was,
+                    _ => false,
+                };
+                moved.then_some((was, e.key))
+            })
+            .collect();
+        // Sorted by the hash they go to, so each hash is written once, in one command.
+        let mut writes: Vec<(i64, &[u8])> = entries
+            .iter()
+            .filter(|e| e.deadline > 0)
+            .map(|e| (e.deadline, e.key))
+            .collect();
+        writes.sort_by_key(|(d, k)| bucket_of(*d, k));
+        // A deadline further ahead than NEAR_MS cannot have been taken yet: the handled memory
+        // has nothing to say about it, and it is written without the script (a fill's page is
+        // nearly all such; the script's Lua cost more than the writes themselves,
+        // docs/performance.md#the-ledgers-compact-form).
+        let (near, far): (Vec<_>, Vec<_>) = writes
+            .into_iter()
+            .partition(|(d, _)| *d <= now_ms + NEAR_MS);
+        let plain = async {
+            if removals.is_empty() && far.is_empty() {
+                return Ok(());
+            }
+            self.plain_writes(db, &removals, &far)
+                .exec_async(&mut self.conn())
+                .await
+        };
+        let checked = async {
+            if near.is_empty() {
+                return Ok(());
+            }
+            let mut inv = self.record.prepare_invoke();
+            inv.key(minutes(&self.prefix, db))
+                .arg(TAKEN_SLACK_MS)
+                .arg(handled::memory(&self.prefix, db))
+                .arg(now_ms.div_euclid(60_000))
+                .arg(handled::HANDLED_MINUTES)
+                .arg(seconds(&self.prefix, db));
+            for (deadline, key) in &near {
+                inv.arg(*deadline).arg(*key);
+            }
+            inv.invoke_async::<()>(&mut self.conn()).await
+        };
+        let (plain, checked) = tokio::join!(plain, checked);
+        plain.and(checked)
+    }
+
+    /// One transaction that removes `removals` (second, key) and writes `far` (deadline, key,
+    /// sorted by hash): an `HDEL` per removal, an `HSET` per hash, one `ZADD LT` of the minutes.
+    fn plain_writes(
+        &self,
+        db: u32,
+        removals: &[(i64, &[u8])],
+        far: &[(i64, &[u8])],
+    ) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        for (second, key) in removals {
+            pipe.cmd("HDEL")
+                .arg(bucket(&self.prefix, db, *second, key))
+                .arg(*key)
+                .ignore();
         }
-        inv.invoke_async(&mut self.conn()).await
+        let mut lows: Vec<(i64, i64)> = Vec::new();
+        let mut i = 0;
+        while i < far.len() {
+            let (d, k) = far[i];
+            let name = bucket(&self.prefix, db, second_of(d), k);
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&name);
+            while i < far.len() && bucket_of(far[i].0, far[i].1) == bucket_of(d, k) {
+                let (d, k) = far[i];
+                hset.arg(k).arg(d - second_of(d) * 1000);
+                let minute = d.div_euclid(60_000);
+                match lows.last_mut() {
+                    Some((m, low)) if *m == minute => *low = (*low).min(d),
+                    _ => lows.push((minute, d)),
+                }
+                i += 1;
+            }
+            pipe.add_command(hset).ignore();
+        }
+        if !lows.is_empty() {
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(minutes(&self.prefix, db)).arg("LT");
+            for (m, low) in &lows {
+                zadd.arg(*low).arg(*m);
+            }
+            pipe.add_command(zadd).ignore();
+        }
+        pipe
     }
 
     /// Drops the deadlines of `keys`, each from the second given.
@@ -400,6 +494,9 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:minutes"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
+        // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).
+        Use::new(Server::State, "multi", WHY).when(When::Ledger),
+        Use::new(Server::State, "exec", WHY).when(When::Ledger),
         Use::new(Server::State, "incr", "ledger: marker sequence")
             .on(Keys::State("ledger:*:seq"), Access::ReadWrite)
             .args("{key}")
