@@ -4,8 +4,9 @@
 //! `[--far-over 86400] [--far-first] [--no-plain]`
 //!
 //! `--far-over S` spreads the far keys' TTLs from an hour to S seconds; `--far-first` loads them
-//! before keywatch starts and waits until its start-up fill has learnt them (the far keys of an
-//! existing keyspace); `--no-plain` skips the plain subscriber's phase.
+//! before keywatch starts, watches them with a rule of their own and waits until its start-up
+//! fill has learnt them (the tracked keys of an existing keyspace); `--no-plain` skips the plain
+//! subscriber's phase.
 //!
 //! Two phases on two fresh throwaway redis-servers set up the same way: `--far` keys with TTLs
 //! an hour away, and `--due` keys whose deadlines fall evenly over `--spread` seconds, which
@@ -139,9 +140,15 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let hook = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let rules = format!(
+    let far_first = std::env::args().any(|a| a == "--far-first");
+    let mut rules = format!(
         "channels:\n  hook:\n    type: webhook\n    url: \"{hook}\"\nrules:\n  - name: task-due\n    match: \"task:{{id}}\"\n    notify: {{ to: [hook] }}\n"
     );
+    if far_first {
+        // The far keys are watched too (none falls due during the run): the ledger holds
+        // every one of them, as a session store's would.
+        rules.push_str("  - name: far-due\n    match: \"far:{id}\"\n    notify: { to: [hook] }\n");
+    }
     let loaded =
         config::load_texts(vec!["lateness.yaml".into()], &[rules], Mode::Run, &|_| None).unwrap();
     let stop = CancellationToken::new();
@@ -158,7 +165,6 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
     };
     // `--far-first`: the far keys exist before keywatch starts, and its start-up fill learns
     // them (as with an existing keyspace), not 10 million `expire` events.
-    let far_first = std::env::args().any(|a| a == "--far-first");
     if far_first {
         load_far(&server.url(), far).await;
     }

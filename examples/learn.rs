@@ -1,9 +1,9 @@
 //! How fast does keywatch learn the deadlines of a big keyspace, and what does its ledger cost?
 //!
-//! `cargo run --release --example learn [-- --keys 1000000 --pace 1000000]`
+//! `cargo run --release --example learn [-- --keys 1000000 --pace 1000000 --over 86400]`
 //!
 //! On a throwaway redis-server: `--keys` keys `session:NNNNNNNN` (one value byte, deadlines spread
-//! evenly over a day from an hour on, so none expires during the run), one rule `session:{id}` on
+//! over a day from an hour on, or over `--over` seconds, so none expires during the run), one rule `session:{id}` on
 //! `expired`. Then one fill of the ledger, as at start-up (SCAN + `PEXPIRETIME` + the ledger's
 //! record, paced to `scanner.max_keys_per_second` from `--pace`). Prints the bytes per key of the
 //! keys themselves and of the ledger (`used_memory` before and after), the keys learnt per
@@ -39,14 +39,14 @@ async fn used_memory(c: &mut redis::aio::MultiplexedConnection) -> i64 {
         .unwrap()
 }
 
-/// `keys` session keys, deadlines random over a day from an hour on (so SCAN meets them in no
-/// order of deadline).
-async fn load(c: &mut redis::aio::MultiplexedConnection, keys: u64) {
+/// `keys` session keys, deadlines random over `over_s` seconds from an hour on (so SCAN meets
+/// them in no order of deadline).
+async fn load(c: &mut redis::aio::MultiplexedConnection, keys: u64, over_s: u64) {
     let now: u64 = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64;
-    let day = 86_400_000u64;
+    let day = over_s * 1000;
     let all: Vec<u64> = (0..keys).collect();
     for chunk in all.chunks(10_000) {
         let mut p = redis::pipe();
@@ -64,6 +64,7 @@ async fn main() {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let keys = arg("--keys").unwrap_or(1_000_000);
     let pace = arg("--pace").unwrap_or(1_000_000);
+    let over = arg("--over").unwrap_or(86_400);
     let redis = LocalRedis::start(&[]).expect("a throwaway redis-server");
     let url = redis.url();
     let mut c = redis::Client::open(url.as_str())
@@ -74,7 +75,7 @@ async fn main() {
 
     let empty = used_memory(&mut c).await;
     let t = Instant::now();
-    load(&mut c, keys).await;
+    load(&mut c, keys, over).await;
     let loaded = used_memory(&mut c).await;
     println!(
         "loaded {keys} keys in {:.1} s: {:.1} bytes per key",
