@@ -514,3 +514,38 @@ fn a_key_read_gone_keeps_its_deadline_for_the_poker() {
         assert_eq!(missed.len(), 1, "k:1 is recovered: {missed:?}");
     });
 }
+
+/// The ledger's index lives in each instance's memory: an instance that just started (its
+/// reconcile walk has not read the key's second yet) cannot find the entry of a key deleted now.
+/// That key must not come back as a missed expiry when its deadline passes: the instance
+/// remembers the delete, and its poker drops the entry it finds gone instead of recovering it.
+#[test]
+fn a_delete_the_index_missed_is_not_recovered_as_an_expiry() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        let b = Ledger::new(state, keyspace, "kw:", metrics);
+        let keys = vec![b"k:1".to_vec()];
+        common::set_px(&mut redis.conn(), "k:1", 300);
+        a.learn(0, &keys).await.unwrap();
+        assert_eq!(common::ledger::len(&mut redis.conn(), "kw:"), 1);
+        // Deleted; B, whose index is empty, hears the `del`.
+        let _: () = redis::cmd("DEL")
+            .arg("k:1")
+            .query(&mut redis.conn())
+            .unwrap();
+        b.forget(0, &keys).await.unwrap();
+        // Scenario, not synchronisation: the deleted key's deadline passes.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(b.poke(0).await.unwrap(), 1);
+        let seq = b.mark(0).await.unwrap();
+        let missed = b.missed(0, seq, 100).await.unwrap();
+        assert!(
+            missed.is_empty(),
+            "a deleted key recovered as missed: {missed:?}"
+        );
+        assert_eq!(common::ledger::len(&mut redis.conn(), "kw:"), 0);
+    });
+}
