@@ -145,40 +145,30 @@ fn an_earlier_sorted_set_ledger_is_converted_without_losing_a_deadline() {
     // What the earlier keywatch left: ten keys that expired while it was down, two that fall due
     // soon, 2,500 an hour away.
     let mut old = redis::pipe();
-    for i in 0..10 {
+    // An entry of the old ledger, and its key unless it is gone.
+    let mut entry = |key: String, deadline: i64, exists: bool| {
+        if exists {
+            old.cmd("SET")
+                .arg(&key)
+                .arg("1")
+                .arg("PXAT")
+                .arg(deadline)
+                .ignore();
+        }
         old.cmd("ZADD")
             .arg("keywatch:ledger:0")
-            .arg(now - 2_000 - i)
-            .arg(format!("lock:{i}"))
+            .arg(deadline)
+            .arg(&key)
             .ignore();
+    };
+    for i in 0..10 {
+        entry(format!("lock:{i}"), now - 2_000 - i, false);
     }
     for i in 10..12 {
-        let key = format!("lock:{i}");
-        old.cmd("SET")
-            .arg(&key)
-            .arg("1")
-            .arg("PXAT")
-            .arg(now + 4_000)
-            .ignore();
-        old.cmd("ZADD")
-            .arg("keywatch:ledger:0")
-            .arg(now + 4_000)
-            .arg(&key)
-            .ignore();
+        entry(format!("lock:{i}"), now + 4_000, true);
     }
     for i in 0..2_500 {
-        let key = format!("far:{i}");
-        old.cmd("SET")
-            .arg(&key)
-            .arg("1")
-            .arg("PXAT")
-            .arg(now + 3_600_000 + i)
-            .ignore();
-        old.cmd("ZADD")
-            .arg("keywatch:ledger:0")
-            .arg(now + 3_600_000 + i)
-            .arg(&key)
-            .ignore();
+        entry(format!("far:{i}"), now + 3_600_000 + i, true);
     }
     let () = old.query(&mut c).unwrap();
 

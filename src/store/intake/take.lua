@@ -75,16 +75,7 @@ do
   local groups, order = {}, {}
   for li = 1, #live do
     local s = live_second[li]
-    if s ~= '' then
-      local b = bucket(pre, s, live[li])
-      local g = groups[b]
-      if not g then
-        g = {}
-        groups[b] = g
-        order[#order + 1] = b
-      end
-      g[#g + 1] = li
-    end
+    if s ~= '' then group_add(groups, order, bucket(pre, s, live[li]), li) end
   end
   for _, b in ipairs(order) do
     local g = groups[b]
@@ -204,14 +195,7 @@ for i = 1, n do
     local taken = false
     -- `here`: the same key earlier in the batch took its deadline already.
     if s and not here[key] then
-      local b = due_in[li]
-      local g = unledgered[b]
-      if not g then
-        g = {}
-        unledgered[b] = g
-        unledgered_order[#unledgered_order + 1] = b
-      end
-      g[#g + 1] = key
+      group_add(unledgered, unledgered_order, due_in[li], key)
       -- An instance whose index missed the key looks for it only `window` ms back: past that
       -- it claimed the expiry without a deadline (`~T`), which only the handled memory shows.
       -- Not asked on time: the storm's path.

@@ -22,3 +22,14 @@ local function chunked(list, i, j, step, f)
     f(unpack(list, k, math.min(k + step - 1, j)))
   end
 end
+-- Appends v to the list of name in groups, noting name in order the first time: writes grouped
+-- by hash, in the order the hashes were first met.
+local function group_add(groups, order, name, v)
+  local g = groups[name]
+  if not g then
+    g = {}
+    groups[name] = g
+    order[#order + 1] = name
+  end
+  g[#g + 1] = v
+end
