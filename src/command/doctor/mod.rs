@@ -13,6 +13,7 @@
 //! - [`cluster`]: the masters of a Redis Cluster, from `CLUSTER NODES`.
 //! - [`sentinel`]: the sentinels of `redis.sentinel` and the master they name.
 
+pub mod acl;
 pub mod cluster;
 #[cfg(test)]
 mod guard;
