@@ -384,6 +384,11 @@ fn with_a_token_the_status_page_history_and_reload_need_it_and_the_probes_stay_o
         let (status, _, body) = request(&addr, method, path, &[&bearer]);
         assert_eq!(status, 200, "{method} {path} with the token: {body}");
     }
+    // Ready once the grants the rules need are checked, which under load can come after the
+    // subscription the daemon was waited for (CI saw 503 here); a 401 would never become 200.
+    common::wait_until("ready after the reload", PATIENCE, || {
+        request(&addr, "GET", "/readyz", &[]).0 == 200
+    });
     for path in ["/metrics", "/healthz", "/readyz"] {
         assert_eq!(request(&addr, "GET", path, &[]).0, 200, "{path} stays open");
         // Whatever the Host: Prometheus scrapes by pod address, probes by any name.
