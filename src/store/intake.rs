@@ -85,7 +85,7 @@ impl Records {
     pub async fn take(&self, batch: &Batch<'_>) -> redis::RedisResult<String> {
         let (p, db) = (self.prefix.as_str(), batch.db);
         let mut inv = self.take.prepare_invoke();
-        inv.key(ledger::minutes(p, db))
+        inv.key(ledger::names(p, db).minutes)
             .key(ledger::poked(p, db))
             .key(ledger::poked_deadlines(p, db))
             .key(&self.zset)
@@ -103,7 +103,7 @@ impl Records {
             .arg(batch.id)
             .arg(batch.blob)
             .arg(batch.modes)
-            .arg(ledger::seconds(p, db))
+            .arg(ledger::names(p, db).seconds)
             .arg(WINDOW_MS)
             .arg(LATE_MS)
             .arg(ledger::TAKEN_SLACK_MS)

@@ -1,6 +1,7 @@
-//! The deadline ledger's keys: per watched database, a sorted set of the deadlines of the keys
-//! the rules watch (member: the key, score: its deadline in ms), the keys touched at their
-//! deadline and found gone ("poked", tagged with a marker sequence number, their deadlines in a
+//! The deadline ledger's keys: per watched database, the deadlines of the keys the rules watch,
+//! each in the hash of the second it falls in, with the minutes that hold some ([`Names`],
+//! docs/how-it-works.md#the-ledgers-compact-form), the keys touched at their deadline and found
+//! gone ("poked", tagged with a marker sequence number, their deadlines in a
 //! hash beside), the marker sequence shared by every instance, and the pub/sub channel markers
 //! go on. What the ledger does with them is [`crate::source`]'s (the poker, reconcile, fill);
 //! see `docs/how-it-works.md#what-keywatch-keeps-in-redis`.
@@ -44,6 +45,16 @@ impl Names {
         Names {
             minutes: format!("{base}:minutes"),
             seconds: format!("{base}:at:"),
+        }
+    }
+
+    /// The hash holding `key`'s deadline if it falls in `second` (as `ledger/bucket.lua` names
+    /// it).
+    pub fn bucket(&self, second: i64, key: &[u8]) -> String {
+        if key.len() > LONG_KEY {
+            format!("{}{second}:long", self.seconds)
+        } else {
+            format!("{}{second}", self.seconds)
         }
     }
 
@@ -206,7 +217,7 @@ impl Deadlines {
     }
 
     fn names(&self, db: u32) -> Names {
-        Names::under(&old_ledger(&self.prefix, db))
+        names(&self.prefix, db)
     }
 
     fn conn(&self) -> Conn {
@@ -261,13 +272,14 @@ impl Deadlines {
             if near.is_empty() {
                 return Ok(());
             }
+            let names = self.names(db);
             let mut inv = self.record.prepare_invoke();
-            inv.key(minutes(&self.prefix, db))
+            inv.key(&names.minutes)
                 .arg(TAKEN_SLACK_MS)
                 .arg(handled::memory(&self.prefix, db))
                 .arg(now_ms.div_euclid(60_000))
                 .arg(handled::HANDLED_MINUTES)
-                .arg(seconds(&self.prefix, db));
+                .arg(&names.seconds);
             for (deadline, key) in &near {
                 inv.arg(*deadline).arg(*key);
             }
@@ -285,36 +297,33 @@ impl Deadlines {
         removals: &[(i64, &[u8])],
         far: &[(i64, &[u8])],
     ) -> redis::Pipeline {
+        let names = self.names(db);
         let mut pipe = redis::pipe();
         pipe.atomic();
         for (second, key) in removals {
             pipe.cmd("HDEL")
-                .arg(bucket(&self.prefix, db, *second, key))
+                .arg(names.bucket(*second, key))
                 .arg(*key)
                 .ignore();
         }
         let mut lows: Vec<(i64, i64)> = Vec::new();
-        let mut i = 0;
-        while i < far.len() {
-            let (d, k) = far[i];
-            let name = bucket(&self.prefix, db, second_of(d), k);
+        for run in far.chunk_by(|a, b| bucket_of(a.0, a.1) == bucket_of(b.0, b.1)) {
+            let (d, k) = run[0];
             let mut hset = redis::cmd("HSET");
-            hset.arg(&name);
-            while i < far.len() && bucket_of(far[i].0, far[i].1) == bucket_of(d, k) {
-                let (d, k) = far[i];
+            hset.arg(names.bucket(second_of(d), k));
+            for &(d, k) in run {
                 hset.arg(k).arg(d - second_of(d) * 1000);
                 let minute = d.div_euclid(60_000);
                 match lows.last_mut() {
                     Some((m, low)) if *m == minute => *low = (*low).min(d),
                     _ => lows.push((minute, d)),
                 }
-                i += 1;
             }
             pipe.add_command(hset).ignore();
         }
         if !lows.is_empty() {
             let mut zadd = redis::cmd("ZADD");
-            zadd.arg(minutes(&self.prefix, db)).arg("LT");
+            zadd.arg(&names.minutes).arg("LT");
             for (m, low) in &lows {
                 zadd.arg(*low).arg(*m);
             }
@@ -325,10 +334,11 @@ impl Deadlines {
 
     /// Drops the deadlines of `keys`, each from the second given.
     pub async fn forget(&self, db: u32, keys: &[(&[u8], i64)]) -> redis::RedisResult<()> {
+        let names = self.names(db);
         let mut pipe = redis::pipe();
         for (key, second) in keys {
             pipe.cmd("HDEL")
-                .arg(bucket(&self.prefix, db, *second, key))
+                .arg(names.bucket(*second, key))
                 .arg(*key)
                 .ignore();
         }
@@ -400,7 +410,7 @@ impl Deadlines {
         inv.key(poked(p, db))
             .key(poked_deadlines(p, db))
             .key(seq(p, db))
-            .arg(seconds(p, db));
+            .arg(names(p, db).seconds);
         for (k, d) in gone {
             inv.arg(*k).arg(*d);
         }
@@ -422,22 +432,10 @@ impl Deadlines {
             .await
     }
 
-    /// Up to `limit` minutes of `db` holding deadlines, from minute `from` on, in order.
-    pub async fn minutes(&self, db: u32, from: i64, limit: usize) -> redis::RedisResult<Vec<i64>> {
-        self.names(db)
-            .minutes(&mut self.conn(), from, i64::MAX, limit)
-            .await
-    }
-
-    /// Every deadline of `db` in `minute`, in one round trip (unordered).
-    pub async fn in_minute(&self, db: u32, minute: i64) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        self.names(db).in_minute(&mut self.conn(), minute).await
-    }
-
     /// Whether `db` holds any deadline.
     pub async fn any(&self, db: u32) -> redis::RedisResult<bool> {
         redis::cmd("EXISTS")
-            .arg(minutes(&self.prefix, db))
+            .arg(self.names(db).minutes)
             .query_async(&mut self.conn())
             .await
     }
@@ -584,24 +582,11 @@ crate::keyspace::commands::declare! {
     ]
 }
 
-/// The minutes of `db` that hold deadlines, each scored no later than the earliest it holds:
-/// `{prefix}ledger:DB:minutes`.
-pub fn minutes(prefix: &str, db: u32) -> String {
-    format!("{prefix}ledger:{db}:minutes")
-}
-
-/// The name of `db`'s per-second hashes without the second: `{prefix}ledger:DB:at:`.
-pub fn seconds(prefix: &str, db: u32) -> String {
-    format!("{prefix}ledger:{db}:at:")
-}
-
-/// The hash holding `key`'s deadline if it falls in `second` (as `ledger/bucket.lua` names it).
-pub fn bucket(prefix: &str, db: u32, second: i64, key: &[u8]) -> String {
-    if key.len() > LONG_KEY {
-        format!("{prefix}ledger:{db}:at:{second}:long")
-    } else {
-        format!("{prefix}ledger:{db}:at:{second}")
-    }
+/// The key ledger's names in `db`: `{prefix}ledger:DB:minutes` (the minutes that hold deadlines,
+/// each scored no later than the earliest it holds), `{prefix}ledger:DB:at:SECOND` (a second's
+/// deadlines).
+pub fn names(prefix: &str, db: u32) -> Names {
+    Names::under(&old_ledger(prefix, db))
 }
 
 /// An earlier keywatch's ledger of `db`, one sorted set (converted at start-up).
@@ -637,9 +622,11 @@ mod tests {
     fn rust_and_lua_name_the_same_hash() {
         assert!(BUCKET.contains(&format!("local LONG_KEY = {LONG_KEY}\n")));
         let long = vec![b'k'; LONG_KEY + 1];
-        assert_eq!(bucket("kw:", 0, 17, b"k"), "kw:ledger:0:at:17");
-        assert_eq!(bucket("kw:", 0, 17, &long), "kw:ledger:0:at:17:long");
-        assert_eq!(bucket("kw:", 0, 17, &long[1..]), "kw:ledger:0:at:17");
+        let names = names("kw:", 0);
+        assert_eq!(names.minutes, "kw:ledger:0:minutes");
+        assert_eq!(names.bucket(17, b"k"), "kw:ledger:0:at:17");
+        assert_eq!(names.bucket(17, &long), "kw:ledger:0:at:17:long");
+        assert_eq!(names.bucket(17, &long[1..]), "kw:ledger:0:at:17");
         assert_eq!(second_of(1_999), 1);
         assert_eq!(second_of(-1), -1);
     }

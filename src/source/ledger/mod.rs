@@ -197,8 +197,15 @@ impl Ledger {
                 was: index.get(db, k),
             })
             .collect();
-        self.inner.store.record(db, &entries, now_ms()).await?;
-        for e in &entries {
+        self.write(db, &entries).await
+    }
+
+    /// Writes `entries` to the ledger and keeps this instance's index with them: a key without
+    /// a TTL (-1) leaves it, a deadline moves it to its second, a gone key (-2) stays.
+    async fn write(&self, db: u32, entries: &[Entry<'_>]) -> redis::RedisResult<()> {
+        let index = &self.inner.index;
+        self.inner.store.record(db, entries, now_ms()).await?;
+        for e in entries {
             match e.deadline {
                 -1 => {
                     index.remove(db, e.key);
@@ -379,16 +386,7 @@ impl Ledger {
             }
         }
         if !fixes.is_empty() {
-            store.record(db, &fixes, now_ms()).await?;
-            for f in &fixes {
-                match f.deadline {
-                    -1 => self.inner.index.remove(db, f.key),
-                    t => {
-                        self.inner.index.set(db, f.key, second_of(t));
-                        None
-                    }
-                };
-            }
+            self.write(db, &fixes).await?;
         }
         if !gone.is_empty() {
             let seq = store.move_poked(db, &gone).await?;
@@ -421,23 +419,21 @@ impl Ledger {
                 "Ledger: converted an earlier keywatch's ledger to the compact form."
             );
         }
-        let mut from = i64::MIN / 60_000;
+        let mut after = None;
         let mut dropped = 0;
         loop {
-            let minutes = store.minutes(db, from, 16).await?;
-            let Some(&last) = minutes.last() else {
+            let rows = self
+                .between(db, i64::MIN, i64::MAX, &mut after, 1000)
+                .await?;
+            if rows.is_empty() {
                 break;
-            };
-            for minute in minutes {
-                let rows = store.in_minute(db, minute).await?;
-                for (k, d) in &rows {
-                    self.inner.index.learn(db, k, second_of(*d));
-                }
-                for page in rows.chunks(1000) {
-                    dropped += self.drop_deleted(db, page).await?;
-                }
             }
-            from = last + 1;
+            for (k, d) in &rows {
+                self.inner.index.learn(db, k, second_of(*d));
+            }
+            for page in rows.chunks(1000) {
+                dropped += self.drop_deleted(db, page).await?;
+            }
         }
         self.forgotten().retain(|(d, _)| *d != db);
         Ok(dropped)
@@ -467,10 +463,7 @@ impl Ledger {
         if stale.is_empty() {
             return Ok(0);
         }
-        self.inner.store.record(db, &stale, now).await?;
-        for e in &stale {
-            self.inner.index.remove(db, e.key);
-        }
+        self.write(db, &stale).await?;
         Ok(stale.len())
     }
 

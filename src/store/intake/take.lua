@@ -71,6 +71,14 @@ end
 -- hash it is removed from. Read with one HMGET per hash and thousand keys: in a storm the keys
 -- of a batch share a second.
 local due, due_in = {}, {}
+-- Notes live expiry li's deadline, `off` ms into second s of hash b, if it is due.
+local function found(li, b, s, off)
+  local d = tonumber(s) * 1000 + tonumber(off)
+  if d > due_limit then return false end
+  due[li] = d
+  due_in[li] = b
+  return true
+end
 do
   local groups, order = {}, {}
   for li = 1, #live do
@@ -86,14 +94,7 @@ do
       local got = redis.call('HMGET', b, unpack(keys))
       for x = j, last do
         local off = got[x - j + 1]
-        if off then
-          local li = g[x]
-          local d = tonumber(live_second[li]) * 1000 + tonumber(off)
-          if d <= due_limit then
-            due[li] = d
-            due_in[li] = b
-          end
-        end
+        if off then found(g[x], b, live_second[g[x]], off) end
       end
     end
   end
@@ -140,14 +141,7 @@ for li = 1, #live do
       local b, s, of_long = bs[1], bs[2], bs[3]
       if of_long == long then
         local off = redis.call('HGET', b, key)
-        if off then
-          local d = s * 1000 + tonumber(off)
-          if d <= due_limit then
-            due[li] = d
-            due_in[li] = b
-            break
-          end
-        end
+        if off and found(li, b, s, off) then break end
       end
     end
   end
