@@ -76,7 +76,12 @@ pub fn compose_digest(
     max_items: usize,
 ) -> Result<Message, String> {
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
-    let first = firings.first().ok_or("an empty digest")?;
+    // Listed in the order they were observed: a window hands its notifications over by member
+    // name, and a digest cut at `max_items` lists the oldest. Stable: those observed at the same
+    // moment keep the order they came in (a channel's backlog, its arrival order).
+    let mut firings: Vec<&Arc<Firing>> = firings.iter().collect();
+    firings.sort_by_key(|f| f.observed_at);
+    let first = *firings.first().ok_or("an empty digest")?;
     let escape = ch.escape();
     let t = &a.config.templates;
     let mut items = Vec::new();
@@ -179,5 +184,60 @@ pub fn with_links(
         (text, links)
     } else {
         (crate::links::append(&text, ch.escape(), &links), links)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn firing(key: &str, observed_at: &str) -> Arc<Firing> {
+        Arc::new(crate::firing::expiry("burst", key, observed_at))
+    }
+
+    /// A window hands its notifications over by member name; the digest lists the oldest
+    /// first, and cuts the newest.
+    #[test]
+    fn a_digest_lists_its_events_in_the_order_they_were_observed() {
+        let config = crate::config::of_yaml(
+            r#"
+channels:
+  log: { type: log }
+rules:
+  - name: burst
+    match: 'burst:*'
+    notify: { to: [log], group: { window: 1s, max_items: 2 }, message: "{{ key }}" }
+"#,
+            crate::config::Mode::Check,
+        );
+        let keyspace = crate::keyspace::Keyspace::new(
+            crate::yaml::Secret::new("redis://127.0.0.1:1"),
+            config.redis.clone(),
+        )
+        .unwrap();
+        let a = ActionContext::new(
+            crate::config::LiveConfig::fixed(config),
+            crate::channel::http::client(),
+            keyspace,
+        );
+        let firings = [
+            firing("burst:c", "2026-01-01T00:00:03Z"),
+            firing("burst:a", "2026-01-01T00:00:01Z"),
+            firing("burst:b", "2026-01-01T00:00:02Z"),
+        ];
+        let rule = a.config.rule("burst").unwrap();
+        let ch = a.config.channel("log").unwrap();
+        let m = compose_digest(&a, &firings, rule, ch, 2).unwrap();
+        let keys: Vec<&str> = m
+            .items
+            .iter()
+            .map(|i| i.event["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(keys, ["burst:a", "burst:b"]);
+        assert_eq!(
+            m.text,
+            "3 expired events:\n- burst:a\n- burst:b\n… and 1 more"
+        );
+        assert_eq!(m.count, 3);
     }
 }

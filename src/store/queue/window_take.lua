@@ -1,4 +1,5 @@
--- Takes members of the window KEYS[1] due at ARGV[1], oldest first, until the jobs they hold
+-- Takes members of the window KEYS[1] due at ARGV[1], in score order (a window's members share
+-- its end, so by member name among them: a digest orders its events itself), until the jobs they hold
 -- (a bundle counts as the jobs it holds) reach ARGV[2], leased until ARGV[3]; returns member,
 -- payload pairs (KEYS[2] holds the payloads).
 local max = tonumber(ARGV[2])
