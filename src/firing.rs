@@ -572,6 +572,24 @@ pub(crate) mod b64_opt {
     }
 }
 
+/// An expiry of `key` matched by `rule`, observed at `observed_at` (no captures, no detail):
+/// what the unit tests of the parts after matching start from.
+#[cfg(test)]
+pub(crate) fn expiry(rule: &str, key: &str, observed_at: &str) -> Firing {
+    let event = KeyEvent {
+        kind: EventKind::Expired,
+        db: 0,
+        key: key.as_bytes().to_vec(),
+        field: None,
+        observed_at: observed_at.parse().unwrap(),
+        deadline: None,
+        ttl_ms: None,
+        recovered: false,
+        source: "127.0.0.1:1".into(),
+    };
+    Firing::new(rule, &event, &[], vec![], None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -209,13 +209,22 @@ pub async fn dead_list(
 }
 
 pub async fn dead_retry(config: &Config, conn: &Conn, ids: &[String]) -> Result<String, String> {
-    let n = DeadStore::new(conn.clone(), &config.state.prefix)
+    let r = DeadStore::new(conn.clone(), &config.state.prefix)
         .retry(ids)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(format!(
-        "{n} dead letter(s) handed back to the running instances"
-    ))
+    let mut out = format!(
+        "{} dead letter(s) put back in the queue: a running instance sends them now, or the next one to start",
+        r.moved
+    );
+    if !r.kept.is_empty() {
+        out.push_str(&format!(
+            "\n{} kept: they hold no event to send again (a stored job this version could not read; see `dead list`): {}",
+            r.kept.len(),
+            r.kept.join(", ")
+        ));
+    }
+    Ok(out)
 }
 
 pub async fn dead_drop(config: &Config, conn: &Conn, ids: &[String]) -> Result<String, String> {

@@ -38,7 +38,7 @@ use crate::status::Status;
 
 use crate::store::dead::{DeadLetter, DeadStore};
 use crate::store::queue::{self, Queue, Window};
-use attempt::{compose_digest_now, dead_letter_unreadable, deliver, deliver_held};
+use attempt::{dead_letter_unreadable, deliver_held};
 use digest::{put_in_window, take_windows};
 use lane::Limiters;
 pub use retry::{Next, RetryPolicy};
@@ -107,7 +107,9 @@ impl Delivery {
         }
     }
 
-    /// Picks up dead letters re-driven with `keywatch dead retry`, every second, until shutdown.
+    /// Moves dead letters an instance of an earlier version was handed back (`keywatch dead
+    /// retry` put them in a list then, see `store::dead`) into the queue, every second, until
+    /// shutdown. This version's `dead retry` puts them in the queue itself.
     pub fn start_redrive(&self) {
         let store = self.inner.dead.clone();
         let inner = self.inner.clone();
@@ -119,16 +121,16 @@ impl Delivery {
                     _ = inner.shutdown.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                let letters = match store.take_redriven(100).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Cannot read re-driven dead letters.");
-                        continue;
+                match store.move_handed_back(100).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(letters = n, "Moved re-driven dead letters an earlier version handed back out of its list (into the queue, or dropped where they hold nothing to send)."),
+                    // A user still under the ACL of 0.1.0 (`+lpush +rpop`) is told once, not
+                    // every second (docs/redis.md#least-privilege-acl).
+                    Err(e) if e.code() == Some("NOPERM") => {
+                        tracing::warn!(error = %e, "Cannot read the list of dead letters an earlier version handed back (the ACL lacks LRANGE or LREM): letters left there are not re-driven.");
+                        return;
                     }
-                };
-                for d in letters {
-                    tracing::info!(id = %d.id, rule = %d.rule, action = d.action.name(), "Re-driving a dead letter.");
-                    redrive(&inner, d);
+                    Err(e) => tracing::warn!(error = %e, "Cannot move re-driven dead letters into the queue; retrying."),
                 }
             }
         });
@@ -819,44 +821,6 @@ async fn run_jobs(inner: Arc<Inner>, jobs: Vec<(Job, Held)>) {
         }
     }
     attempt::park(&inner, later).await;
-}
-
-/// Gives a dead letter a second life: the same firings, the same action, from attempt one.
-fn redrive(inner: &Arc<Inner>, d: DeadLetter) {
-    let firings: Vec<Arc<Firing>> = d.firings.into_iter().map(Arc::new).collect();
-    let i = inner.clone();
-    if d.digest {
-        let Action::Notify { channel } = d.action else {
-            return;
-        };
-        inner.tracker.spawn(async move {
-            match compose_digest_now(&i, &d.rule, &channel, &firings) {
-                Ok(message) => {
-                    let work = Work::Digest {
-                        rule: d.rule,
-                        channel,
-                        message: Arc::new(message),
-                        firings,
-                        jobs: Vec::new(),
-                        sizes: Vec::new(),
-                        window: None,
-                    };
-                    deliver(i.clone(), work, 0, None).await
-                }
-                Err(e) => {
-                    tracing::error!(rule = %d.rule, reason = %e, "Cannot re-drive the digest.");
-                }
-            }
-        });
-    } else if let Some(firing) = firings.into_iter().next() {
-        let work = Work::Job {
-            firing,
-            action: d.action,
-        };
-        inner
-            .tracker
-            .spawn(async move { deliver(i, work, 0, None).await });
-    }
 }
 
 /// Keys heard again being looked up for follow-ups at once (see [`Delivery::heard_again`]).

@@ -22,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 use crate::action::ActionContext;
 use crate::channel::{Channel, Dispatch, Integration, Message};
 use crate::config::{Config, LiveConfig};
-use crate::event::{EventKind, KeyEvent};
 use crate::firing::Firing;
 use crate::keyspace::{Conn, Keyspace};
 use crate::local_redis::LocalRedis;
@@ -174,18 +173,7 @@ pub(super) fn assert_about(at: Duration, want: Duration, what: &str) {
 
 /// An expiry of `key` matched by `rule` (no captures, no detail).
 pub(super) fn firing(rule: &str, key: &str) -> Firing {
-    let event = KeyEvent {
-        kind: EventKind::Expired,
-        db: 0,
-        key: key.as_bytes().to_vec(),
-        field: None,
-        observed_at: "2026-01-01T00:00:00Z".parse().unwrap(),
-        deadline: None,
-        ttl_ms: None,
-        recovered: false,
-        source: "127.0.0.1:1".into(),
-    };
-    Firing::new(rule, &event, &[], vec![], None)
+    crate::firing::expiry(rule, key, "2026-01-01T00:00:00Z")
 }
 
 /// Firings of `rule` for each of `keys`.

@@ -1,15 +1,42 @@
 //! Dead letters: actions that failed for good (a permanent error, or 24 h of retries), kept in
-//! Redis so nothing is dropped silently: `{prefix}dead` (id → the dead letter's JSON),
-//! `{prefix}dead:index` (ids by when they died, the oldest dropped beyond [`KEEP`]) and
-//! `{prefix}dead:redrive` (a list of ids to run again). `keywatch dead list|retry|drop` inspects, re-drives and
-//! discards them; a running instance picks re-driven ones up within a second.
+//! Redis so nothing is dropped silently: `{prefix}dead` (id → the dead letter's JSON) and
+//! `{prefix}dead:index` (ids by when they died, the oldest dropped beyond [`KEEP`]).
+//! `keywatch dead list|retry|drop` inspects, re-drives and discards them.
+//!
+//! A re-driven letter goes back into the durable queue (`store::queue`) in the same script
+//! that takes it out of the store: its job due at once, or a digest's notifications in their
+//! window, so it is retried, rate-limited and taken over after a crash like any other job, and
+//! waits there when no instance runs. Earlier versions handed letters back in a list,
+//! `{prefix}dead:redrive`, which a running instance emptied into memory; letters left there by
+//! an upgrade are moved into the queue the same way (docs/operations.md#silences-and-dead-letters).
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::firing::{Action, Job};
 use crate::keyspace::Conn;
+use crate::store::queue::{Entry, Window, keys as queue_keys};
 
 pub use crate::firing::DeadLetter;
 
 /// How many dead letters are kept; beyond that the oldest go (and the log still has them).
 pub const KEEP: usize = 10_000;
+
+/// Moves letters into the queue, each by whoever removes it (see the script).
+const REDRIVE: &str = include_str!("dead/redrive.lua");
+
+/// Letters moved per script call: a digest's letter can hold thousands of events.
+const REDRIVE_BATCH: usize = 50;
+
+/// What `dead retry` did.
+#[derive(Debug, Default, PartialEq)]
+pub struct Retried {
+    /// Letters put back in the queue.
+    pub moved: usize,
+    /// Letters kept because they hold nothing to send again (a stored job this version could
+    /// not read), by id.
+    pub kept: Vec<String>,
+}
 
 #[derive(Clone)]
 pub struct DeadStore {
@@ -33,7 +60,8 @@ impl DeadStore {
         format!("{}dead:index", self.prefix)
     }
 
-    fn redrive_list(&self) -> String {
+    /// The list earlier versions handed re-driven letters back in.
+    fn handed_back(&self) -> String {
         format!("{}dead:redrive", self.prefix)
     }
 
@@ -139,41 +167,125 @@ impl DeadStore {
         Ok(letters)
     }
 
-    /// Hands the letters to the running instances to try again; returns how many.
-    pub async fn retry(&self, ids: &[String]) -> redis::RedisResult<usize> {
-        let letters = self.take(ids).await?;
+    /// Puts the letters back in the queue (all when `ids` is empty), each in the script that
+    /// takes it out of the store, so two `dead retry` at once send it once.
+    pub async fn retry(&self, ids: &[String]) -> redis::RedisResult<Retried> {
+        let ids = self.select(ids).await?;
+        let mut out = Retried::default();
+        for chunk in ids.chunks(REDRIVE_BATCH) {
+            let letters = self.read(chunk).await?;
+            let mut batch = Vec::new();
+            for d in letters {
+                let entries = entries(&self.prefix, &d);
+                if entries.is_empty() {
+                    out.kept.push(d.id);
+                } else {
+                    batch.push((d.id, entries));
+                }
+            }
+            out.moved += self.move_to_queue("letter", batch).await?;
+        }
+        Ok(out)
+    }
+
+    /// Moves letters an earlier version handed back (`{prefix}dead:redrive`) into the queue,
+    /// up to `max`; returns how many. One this version cannot read is logged and dropped from
+    /// the list: nothing would ever read it.
+    pub async fn move_handed_back(&self, max: usize) -> redis::RedisResult<usize> {
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(self.handed_back())
+            .arg(-(max.max(1) as i64))
+            .arg(-1)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let mut batch = Vec::new();
+        for json in raw {
+            match serde_json::from_str::<DeadLetter>(&json) {
+                Ok(d) => {
+                    let entries = entries(&self.prefix, &d);
+                    if entries.is_empty() {
+                        tracing::error!(id = %d.id, rule = %d.rule, "A re-driven dead letter holds nothing to send again; dropped.");
+                    }
+                    batch.push((json, entries));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, letter = %crate::event::printable(json.as_bytes()), "A re-driven dead letter cannot be read by this version; dropped.");
+                    batch.push((json, Vec::new()));
+                }
+            }
+        }
+        let mut moved = 0;
+        while !batch.is_empty() {
+            let rest = batch.split_off(batch.len().min(REDRIVE_BATCH));
+            moved += self.move_to_queue("listed", batch).await?;
+            batch = rest;
+        }
+        Ok(moved)
+    }
+
+    /// Runs the script for `letters` (its id or JSON, per `mode`, with its entries).
+    async fn move_to_queue(
+        &self,
+        mode: &str,
+        letters: Vec<(String, Vec<Entry>)>,
+    ) -> redis::RedisResult<usize> {
         if letters.is_empty() {
             return Ok(0);
         }
-        let jsons: Vec<String> = letters
-            .iter()
-            .map(|d| serde_json::to_string(d).unwrap_or_default())
-            .collect();
-        redis::cmd("LPUSH")
-            .arg(self.redrive_list())
-            .arg(&jsons)
-            .exec_async(&mut self.conn.clone())
-            .await?;
-        Ok(letters.len())
+        let source = match mode {
+            "listed" => self.handed_back(),
+            _ => self.hash(),
+        };
+        let script = redis::Script::new(REDRIVE);
+        let mut inv = script.prepare_invoke();
+        inv.key(source)
+            .key(self.index())
+            .key(queue_keys::jobs(&self.prefix))
+            .key(queue_keys::windows(&self.prefix));
+        // Each sorted set once among the keys, after the four above.
+        let mut zsets: HashMap<String, usize> = HashMap::new();
+        inv.arg(mode);
+        for (letter, entries) in &letters {
+            inv.arg(letter).arg(entries.len());
+            for e in entries {
+                let next = 5 + zsets.len();
+                let index = *zsets.entry(e.zset.clone()).or_insert_with(|| {
+                    inv.key(&e.zset);
+                    next
+                });
+                inv.arg(index)
+                    .arg(&e.id)
+                    .arg(&e.payload)
+                    .arg(e.window.as_deref().unwrap_or(""));
+            }
+        }
+        inv.invoke_async(&mut self.conn.clone()).await
     }
 
     /// Discards the letters; returns how many.
     pub async fn drop_letters(&self, ids: &[String]) -> redis::RedisResult<usize> {
         Ok(self.take(ids).await?.len())
     }
+}
 
-    /// Letters waiting to be re-driven, up to `max`.
-    pub async fn take_redriven(&self, max: usize) -> redis::RedisResult<Vec<DeadLetter>> {
-        let raw: Option<Vec<String>> = redis::cmd("RPOP")
-            .arg(self.redrive_list())
-            .arg(max)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(raw
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|j| serde_json::from_str(&j).ok())
-            .collect())
+/// What puts `d`'s work back: its job in the queue; for a digest, its notifications in their
+/// window, sent as one digest again. Nothing for a letter that kept no event.
+fn entries(prefix: &str, d: &DeadLetter) -> Vec<Entry> {
+    let jobs: Vec<Job> = d
+        .firings
+        .iter()
+        .map(|f| Job::first(Arc::new(f.clone()), d.action.clone()))
+        .collect();
+    match (&d.action, d.digest) {
+        (Action::Notify { channel }, true) => {
+            let w = Window {
+                rule: d.rule.clone(),
+                channel: channel.clone(),
+            };
+            Entry::window(prefix, &w, &jobs)
+        }
+        // One job's letter keeps its one firing.
+        _ => jobs.iter().take(1).map(|j| Entry::job(prefix, j)).collect(),
     }
 }
 
@@ -206,12 +318,134 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("dead:index"), Access::Write)
             .args("{key} id"),
-        Use::new(Server::State, "lpush", RETRY)
-            .on(Keys::State("dead:redrive"), Access::Write)
-            .args("{key} letter"),
-        Use::new(Server::State, "rpop", RETRY)
+        // `dead retry` moves letters into the queue in one script per batch, and an instance
+        // moves those an earlier version handed back in `dead:redrive`.
+        Use::new(Server::State, "script|load", RETRY)
+            .access(Access::Write)
+            .args("return(1)"),
+        Use::new(Server::State, "evalsha", RETRY)
+            .on(Keys::State("dead"), Access::ReadWrite)
+            .args("{sha} 5 {key} {prefix}dead:index {prefix}queue:jobs {prefix}groups {prefix}queue"),
+        Use::new(Server::State, "evalsha", RETRY)
             .on(Keys::State("dead:redrive"), Access::ReadWrite)
-            .args("{key} 1"),
+            .args("{sha} 5 {key} {prefix}dead:index {prefix}queue:jobs {prefix}groups {prefix}queue"),
+        Use::new(Server::State, "lrange", RETRY)
+            .on(Keys::State("dead:redrive"), Access::Read)
+            .args("{key} -100 -1"),
+        Use::new(Server::State, "lrem", RETRY)
+            .on(Keys::State("dead:redrive"), Access::Write)
+            .args("{key} 1 letter"),
+        Use::new(Server::State, "hsetnx", RETRY)
+            .on(Keys::State("queue:jobs"), Access::Write)
+            .args("{key} id job"),
+        Use::new(Server::State, "zadd", RETRY)
+            .on(Keys::State("queue"), Access::Write)
+            .args("{key} NX 0 id"),
+        Use::new(Server::State, "zadd", RETRY)
+            .on(Keys::State("group:*:*"), Access::Write)
+            .args("{key} NX 0 id"),
+        Use::new(Server::State, "sadd", RETRY)
+            .on(Keys::State("groups"), Access::Write)
+            .args("{key} w"),
 
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::queue::keys;
+
+    fn letter(key: &str, digest: bool, n: usize) -> DeadLetter {
+        let firings = (0..n)
+            .map(|i| crate::firing::expiry("r", &format!("{key}{i}"), "2026-01-01T00:00:00Z"))
+            .collect();
+        let action = Action::Notify {
+            channel: "hook".into(),
+        };
+        DeadLetter::new("r", key.into(), action, "HTTP 404", firings, digest)
+    }
+
+    async fn zcard(conn: &Conn, key: &str) -> i64 {
+        redis::cmd("ZCARD")
+            .arg(key)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap()
+    }
+
+    /// Two `dead retry` at once: each letter is moved by one of them, and queued once.
+    #[tokio::test]
+    async fn a_letter_retried_twice_at_once_is_queued_once() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let store = DeadStore::new(conn.clone(), "kw:");
+        for i in 0..20 {
+            store
+                .store(&letter(&format!("k{i}:"), false, 1))
+                .await
+                .unwrap();
+        }
+        let (a, b) = tokio::join!(store.retry(&[]), store.retry(&[]));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.moved + b.moved, 20, "{a:?} {b:?}");
+        assert_eq!(zcard(&conn, &keys::queue("kw:")).await, 20);
+        assert!(store.list(100).await.unwrap().is_empty());
+        // Due at once, whatever the clock of whoever retried says.
+        let due: i64 = redis::cmd("ZCOUNT")
+            .arg(keys::queue("kw:"))
+            .arg("-inf")
+            .arg(0)
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(due, 20);
+    }
+
+    /// A digest's letter goes into its window, one member per bundle, and the window is listed;
+    /// a letter that kept no event stays a dead letter.
+    #[tokio::test]
+    async fn a_digest_goes_into_its_window_and_an_empty_letter_is_kept() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let store = DeadStore::new(conn.clone(), "kw:");
+        store.store(&letter("burst:", true, 1500)).await.unwrap();
+        let empty = letter("job 1", false, 0);
+        store.store(&empty).await.unwrap();
+        let r = store.retry(&[]).await.unwrap();
+        assert_eq!(r.moved, 1);
+        assert_eq!(r.kept, std::slice::from_ref(&empty.id));
+        assert_eq!(zcard(&conn, &keys::window("kw:", "r", "hook")).await, 2);
+        let windows: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(keys::windows("kw:"))
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(windows, [r#"["r","hook"]"#]);
+        let left = store.list(10).await.unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].id, empty.id);
+    }
+
+    /// Letters an earlier version handed back: each moved once by two instances at once, and
+    /// one this version cannot read leaves the list.
+    #[tokio::test]
+    async fn letters_an_earlier_version_handed_back_are_moved_once() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let store = DeadStore::new(conn.clone(), "kw:");
+        let mut push = redis::cmd("LPUSH");
+        push.arg("kw:dead:redrive");
+        for i in 0..10 {
+            push.arg(serde_json::to_string(&letter(&format!("k{i}:"), false, 1)).unwrap());
+        }
+        push.arg("{not a letter");
+        push.exec_async(&mut conn.clone()).await.unwrap();
+        let (a, b) = tokio::join!(store.move_handed_back(100), store.move_handed_back(100));
+        assert_eq!(a.unwrap() + b.unwrap(), 11);
+        assert_eq!(zcard(&conn, &keys::queue("kw:")).await, 10);
+        let left: i64 = redis::cmd("LLEN")
+            .arg("kw:dead:redrive")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(left, 0);
+    }
 }

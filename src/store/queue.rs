@@ -64,6 +64,57 @@ impl Window {
     }
 }
 
+/// A member put into the queue, or into a digest window, by something other than the delivery
+/// (a dead letter re-driven, see `store::dead`), due at once: written by the caller's script,
+/// beside its own writes, with `HSETNX` and `ZADD NX` (putting the same job twice does not
+/// move it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// The sorted set it goes in: the queue's, or its window's.
+    pub zset: String,
+    pub id: String,
+    pub payload: String,
+    /// Its window's name in the list of windows (`{prefix}groups`), for a window's member.
+    pub window: Option<String>,
+}
+
+impl Entry {
+    /// `job`, in the queue.
+    pub fn job(prefix: &str, job: &Job) -> Entry {
+        Entry {
+            zset: keys::queue(prefix),
+            id: job.id(),
+            payload: job.payload(),
+            window: None,
+        }
+    }
+
+    /// `jobs`, in the window of `w`, as the members `window_put` would make of them: the
+    /// instance that takes them sends them as one digest.
+    pub fn window(prefix: &str, w: &Window, jobs: &[Job]) -> Vec<Entry> {
+        jobs.chunks(WINDOW_BUNDLE_MAX)
+            .map(|chunk| {
+                let (id, payload) = match chunk {
+                    [job] => (job.id(), job.payload()),
+                    _ => {
+                        let payloads: Vec<String> = chunk.iter().map(Job::payload).collect();
+                        (
+                            bundle::id(&chunk[0].id(), chunk.len()),
+                            bundle::payload(payloads.iter().map(String::as_str)),
+                        )
+                    }
+                };
+                Entry {
+                    zset: keys::window(prefix, &w.rule, &w.channel),
+                    id,
+                    payload,
+                    window: Some(w.member()),
+                }
+            })
+            .collect()
+    }
+}
+
 /// What one take brought: the jobs to attempt, and those this version cannot read (set aside
 /// already, to be dead-lettered by the caller).
 #[derive(Debug, Default)]
@@ -744,18 +795,7 @@ mod tests {
     }
 
     fn job(key: &str, action: Action) -> Job {
-        let event = crate::event::KeyEvent {
-            kind: crate::event::EventKind::Expired,
-            db: 0,
-            key: key.as_bytes().to_vec(),
-            field: None,
-            observed_at: "2026-01-01T00:00:00Z".parse().unwrap(),
-            deadline: None,
-            ttl_ms: None,
-            recovered: false,
-            source: "127.0.0.1:1".into(),
-        };
-        let firing = crate::firing::Firing::new("r", &event, &[], vec![], None);
+        let firing = crate::firing::expiry("r", key, "2026-01-01T00:00:00Z");
         Job::first(Arc::new(firing), action)
     }
 

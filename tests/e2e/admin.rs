@@ -24,6 +24,25 @@ fn expire(redis: &RedisServer, key: &str) {
     common::set_px(&mut c, key, 50);
 }
 
+/// Expires `key` and waits for its notification's dead letter (the receiver refuses it).
+fn dead_letter_of(redis: &RedisServer, rules: &std::path::Path, key: &str) {
+    expire(redis, key);
+    wait_until("the dead letter is stored", Duration::from_secs(10), || {
+        cli(redis, rules, &["dead", "list"]).1.contains(key)
+    });
+}
+
+/// Waits until no job is left in the queue.
+fn queue_drained(redis: &RedisServer) {
+    wait_until("the queue is empty", Duration::from_secs(10), || {
+        redis::cmd("ZCARD")
+            .arg("keywatch:queue")
+            .query::<i64>(&mut redis.conn())
+            .unwrap()
+            == 0
+    });
+}
+
 #[test]
 fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
@@ -119,11 +138,7 @@ fn dead_letters_are_kept_listed_redriven_and_dropped() {
     let rules = common::lock_rules(dir.path(), &receiver, "");
     let _kw = common::run_on(&redis, &rules);
 
-    expire(&redis, "lock:1");
-    receiver.wait_for(1, Duration::from_secs(10));
-    wait_until("the dead letter is stored", Duration::from_secs(10), || {
-        cli(&redis, &rules, &["dead", "list"]).1.contains("lock:1")
-    });
+    dead_letter_of(&redis, &rules, "lock:1");
     let (code, out) = cli(&redis, &rules, &["dead", "list", "--json"]);
     assert_eq!(code, 0, "{out}");
     let letter: serde_json::Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
@@ -159,4 +174,128 @@ fn dead_letters_are_kept_listed_redriven_and_dropped() {
             .1
             .contains("no dead letters")
     );
+}
+
+/// A dead letter is re-driven through the durable queue: an attempt that fails again with a
+/// retryable answer is retried, not dropped (docs/operations.md#silences-and-dead-letters).
+#[test]
+fn a_redriven_dead_letter_that_fails_again_is_retried_not_dropped() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let _kw = common::run_on(&redis, &rules);
+
+    dead_letter_of(&redis, &rules, "lock:1");
+    // The hook comes back busy once, then well.
+    receiver.push(Response::status(503).body("busy"));
+    receiver.set_default(Response::ok_body("ok"));
+    let (code, out) = cli(&redis, &rules, &["dead", "retry", "--all"]);
+    assert_eq!(code, 0, "{out}");
+    let got = receiver.wait_for(3, Duration::from_secs(15));
+    assert_eq!(got[1].json()["key"], "lock:1");
+    assert_eq!(got[2].json()["key"], "lock:1", "the 503 was not retried");
+    queue_drained(&redis);
+    assert!(
+        cli(&redis, &rules, &["dead", "list"])
+            .1
+            .contains("no dead letters")
+    );
+}
+
+/// `dead retry` while no instance runs: the letter waits in the queue, not in memory, and the
+/// next instance sends it; a digest's letter goes out as one digest again.
+#[test]
+fn a_digest_retried_while_no_instance_runs_is_sent_as_one_digest_by_the_next() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        &format!(
+            "channels:\n  hook: {{ type: webhook, url: \"{}\" }}\nrules:\n  - name: burst\n    match: \"burst:{{n}}\"\n    notify: {{ to: [hook], group: {{ window: 1s }} }}\n",
+            receiver.url_for("/hook")
+        ),
+    );
+    let mut kw = common::run_on(&redis, &rules);
+    {
+        let mut c = redis.conn();
+        for i in 0..5 {
+            common::set_px(&mut c, format!("burst:{i}"), 50);
+        }
+    }
+    wait_until("the digest is dead", Duration::from_secs(15), || {
+        cli(&redis, &rules, &["dead", "list"]).1.contains("burst")
+    });
+    let sent = receiver.count();
+    assert_eq!(
+        receiver
+            .requests()
+            .iter()
+            .map(|r| r.json()["count"].as_u64().unwrap())
+            .sum::<u64>(),
+        5
+    );
+    kw.stop();
+
+    receiver.set_default(Response::ok_body("ok"));
+    let (code, out) = cli(&redis, &rules, &["dead", "retry", "--all"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        cli(&redis, &rules, &["dead", "list"])
+            .1
+            .contains("no dead letters")
+    );
+    let _kw = common::run_on(&redis, &rules);
+    let got = receiver.wait_for(sent + 1, Duration::from_secs(15));
+    let digest = got[sent].json();
+    assert_eq!(digest["count"], 5, "{digest}");
+    let mut keys: Vec<&str> = digest["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        ["burst:0", "burst:1", "burst:2", "burst:3", "burst:4"]
+    );
+}
+
+/// An instance of an earlier version handed re-driven letters over in a list
+/// (`{prefix}dead:redrive`); one left there when the instances were upgraded is still sent.
+#[test]
+fn a_letter_an_earlier_version_handed_back_is_still_sent_after_the_upgrade() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
+    dead_letter_of(&redis, &rules, "lock:7");
+    kw.stop();
+    let (code, out) = cli(&redis, &rules, &["dead", "list", "--json"]);
+    assert_eq!(code, 0, "{out}");
+    let letter = out.lines().next().unwrap().to_string();
+    // What `dead retry` of the earlier version did: the letter out of the store, into the list.
+    let (code, out) = cli(&redis, &rules, &["dead", "drop", "--all"]);
+    assert_eq!(code, 0, "{out}");
+    redis::cmd("LPUSH")
+        .arg("keywatch:dead:redrive")
+        .arg(&letter)
+        .query::<i64>(&mut redis.conn())
+        .unwrap();
+
+    receiver.set_default(Response::ok_body("ok"));
+    let _kw = common::run_on(&redis, &rules);
+    let got = receiver.wait_for(2, Duration::from_secs(15));
+    assert_eq!(got[1].json()["key"], "lock:7");
+    wait_until("the list is drained", Duration::from_secs(10), || {
+        redis::cmd("LLEN")
+            .arg("keywatch:dead:redrive")
+            .query::<i64>(&mut redis.conn())
+            .unwrap()
+            == 0
+    });
 }
