@@ -64,6 +64,39 @@ pub fn bad_label_name(name: &str) -> Option<String> {
     None
 }
 
+/// The labels every alert has from its event, each with what it says: a capture of the same
+/// name would make key text pass for the rule or the key.
+pub const FIXED_LABELS: &[(&str, &str)] = &[
+    ("alertname", "the rule's name"),
+    ("key", "the key"),
+    ("db", "the database"),
+    ("event", "the event"),
+    ("field", "the hash field"),
+];
+
+/// Why a capture named `name` cannot be a label of the alerts of alertmanager channel
+/// `channel`, if it cannot: it would replace a label of [`FIXED_LABELS`], or Alertmanager
+/// refuses or Prometheus reserves the name.
+pub fn bad_capture_label(name: &str, channel: &str) -> Option<String> {
+    if let Some((_, says)) = FIXED_LABELS.iter().find(|(l, _)| *l == name) {
+        return Some(format!(
+            "the capture `{name}` would replace the label `{name}` ({says}) of the alerts of alertmanager channel `{channel}`; rename it (e.g. `{name}_id`)"
+        ));
+    }
+    let why = if name.starts_with("__") {
+        "names starting with `__` are reserved for Prometheus's internal use"
+    } else if !is_label_name(name) {
+        "it is not a valid Prometheus label name (letters, digits and `_`, not starting with a digit)"
+    } else {
+        return None;
+    };
+    let plain = name.trim_start_matches('_');
+    let instead = if is_label_name(plain) { plain } else { "id" };
+    Some(format!(
+        "the capture `{name}` cannot be a label of the alerts of alertmanager channel `{channel}`: {why}; rename it (e.g. `{instead}`)"
+    ))
+}
+
 /// One alert as Alertmanager's API takes it, before it is put in its one-element array.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alert {
@@ -104,7 +137,10 @@ impl Alert {
             labels.push(("field".into(), text(field)));
         }
         if let Some(c) = event["captures"].as_object() {
-            for (k, v) in c {
+            // `check` refuses these on alertmanager channels; left out here all the same, so
+            // key text can never stand in for the rule or the key (docs/rules.md#alertmanager).
+            let usable = |k: &str| bad_capture_label(k, "").is_none();
+            for (k, v) in c.iter().filter(|(k, _)| usable(k)) {
                 labels.push((k.clone(), text(v)));
             }
         }
@@ -362,6 +398,23 @@ mod tests {
         );
         let body = a.body();
         assert!(body[0].get("generatorURL").is_none(), "{body}");
+    }
+
+    /// `check` refuses such captures on alertmanager channels; an alert built anyway (rules
+    /// that predate the check, `send-test`) still names the rule and the real key.
+    #[test]
+    fn a_capture_never_replaces_a_fixed_label_nor_brings_an_invalid_one() {
+        let mut e = event();
+        e["field"] = json!("sku-1");
+        e["captures"] = json!({"alertname": "key text", "key": "k", "db": "9", "event": "x",
+            "field": "f", "__meta": "m", "order_id": "42"});
+        let t: DateTime<Utc> = "2026-11-29T10:15:00.000Z".parse().unwrap();
+        let a = Alert::of_event("order-lock-timeout", &e, "t", "m", t, t);
+        assert_eq!(
+            a.body()[0]["labels"],
+            json!({"alertname": "order-lock-timeout", "key": "order_lock:\u{fffd}42", "db": "0",
+                "event": "expired", "field": "sku-1", "order_id": "42"})
+        );
     }
 
     #[test]
