@@ -5,7 +5,10 @@
 use crate::common;
 
 use common::alertmanager::{Alertmanager, keys_of, notifications, wait_for_notification};
-use common::{Daemon, HttpReceiver, PATIENCE, endpoint, get, poll, run_keywatch, wait_until};
+use common::{
+    Daemon, HttpReceiver, PATIENCE, Response, assert_no_secret, endpoint, get, poll, run_keywatch,
+    wait_until,
+};
 use serde_json::{Value, json};
 
 /// A rule on `order_lock:{order_id}` notifying the alertmanager channel `am` of `urls`.
@@ -365,4 +368,95 @@ rules:
         assert!(err.contains(&expected), "missing {expected:?} in:\n{err}");
     }
     assert!(err.contains("did you mean `annotations`?"), "{err}");
+}
+
+/// What people see of a channel whose Alertmanager sits behind a proxy that quotes the
+/// credentials it refused: a bearer token written in the file itself and the user info of a URL
+/// are masked in `send-test`, `explain`, the log and history, as values from `${…}` are.
+#[test]
+fn inline_header_tokens_and_url_user_info_never_show() {
+    use base64::Engine;
+    const TOKEN: &str = "inl1ne-bearer-t0ken";
+    const PASSWORD: &str = "us3r-pa55word";
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("kwuser:{PASSWORD}"));
+    let secrets = [TOKEN, PASSWORD, basic.as_str()];
+    let proxy = HttpReceiver::start();
+    proxy.set_handler(|r| {
+        let said = format!(
+            "refused Authorization: {}",
+            r.header("authorization").unwrap_or("none")
+        );
+        Some(
+            Response::status(400)
+                .header("Content-Type", "application/json")
+                .body(json!({"code": 400, "message": said}).to_string()),
+        )
+    });
+    let port = proxy.port();
+    let yaml = format!(
+        r#"
+channels:
+  bearer:
+    type: alertmanager
+    urls: ["http://127.0.0.1:{port}"]
+    headers: {{ Authorization: "Bearer {TOKEN}" }}
+  userinfo:
+    type: alertmanager
+    urls: ["http://kwuser:{PASSWORD}@127.0.0.1:{port}"]
+rules:
+  - name: order-lock-timeout
+    match: "order_lock:{{order_id}}"
+    notify: {{ to: [bearer, userinfo] }}
+"#
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("order_lock:1");
+    // Both refused (a 400 is given up): each answer quoted the credentials it was sent.
+    for channel in ["bearer", "userinfo"] {
+        let dead = daemon.wait_for_log(&format!("of a dead letter on {channel}"), |l| {
+            l["channel"] == channel
+                && l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("Dead letter"))
+        });
+        let reason = dead["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.starts_with("HTTP 400: refused Authorization: ") && reason.contains("<secret>"),
+            "{dead}"
+        );
+    }
+    let sent: Vec<String> = proxy
+        .requests()
+        .iter()
+        .filter_map(|r| r.header("authorization").map(str::to_string))
+        .collect();
+    assert!(sent.contains(&format!("Bearer {TOKEN}")), "{sent:?}");
+    assert!(sent.contains(&format!("Basic {basic}")), "{sent:?}");
+    assert_no_secret("the log", &daemon.stderr(), &secrets);
+
+    let url = daemon.redis.url();
+    let rules = daemon.rules.path.to_string_lossy().into_owned();
+    for args in [
+        vec!["history", "--json", "--redis", &url, "-r", &rules],
+        vec!["history", "--redis", &url, "-r", &rules],
+    ] {
+        let out = run_keywatch(&args, &[]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("refused Authorization"), "{args:?}: {text}");
+        assert_no_secret(&format!("{args:?}"), &text, &secrets);
+    }
+    for args in [
+        vec!["send-test", "bearer"],
+        vec!["send-test", "userinfo"],
+        vec!["explain", "order_lock:7"],
+    ] {
+        let out = daemon.rules.run(&args, &[]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_no_secret(&format!("{args:?}"), &text, &secrets);
+    }
 }
