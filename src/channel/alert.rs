@@ -181,9 +181,14 @@ impl Alert {
             }
             Value::Object(m)
         };
+        let annotations: Vec<(String, String)> = self
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), hidden_shown(v)))
+            .collect();
         let mut alert = json!({
             "labels": map(&self.labels),
-            "annotations": map(&self.annotations),
+            "annotations": map(&annotations),
             "startsAt": rfc3339(self.starts_at),
             "endsAt": rfc3339(self.ends_at),
         });
@@ -192,6 +197,22 @@ impl Alert {
         }
         Value::Array(vec![alert])
     }
+}
+
+/// `s` with each control character (but line breaks and tabs, which are the template's own: a
+/// value's were shown as `\n` when it was rendered) and each bidirectional formatting character
+/// written as `\u202E`: invisible in a receiver's message, they would reorder what people read
+/// (`txt.exe` as `exe.txt`) or carry a terminal escape (docs/rules.md#alertmanager).
+fn hidden_shown(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if crate::event::hidden(c) && !matches!(c, '\n' | '\r' | '\t') {
+            out.push_str(&format!("\\u{:04X}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn put_all(into: &mut Vec<(String, String)>, pairs: impl IntoIterator<Item = (String, String)>) {
@@ -414,6 +435,20 @@ mod tests {
             a.body()[0]["labels"],
             json!({"alertname": "order-lock-timeout", "key": "order_lock:\u{fffd}42", "db": "0",
                 "event": "expired", "field": "sku-1", "order_id": "42"})
+        );
+    }
+
+    #[test]
+    fn annotations_show_invisible_characters_and_labels_keep_them() {
+        let mut e = event();
+        e["key"] = json!("k\u{202E}exe.txt\u{1b}[2J");
+        let t: DateTime<Utc> = "2026-11-29T10:15:00.000Z".parse().unwrap();
+        let body = Alert::of_event("r", &e, "t\u{202E}", "line one\nline two\tend", t, t).body();
+        assert_eq!(body[0]["labels"]["key"], "k\u{202E}exe.txt\u{1b}[2J");
+        assert_eq!(body[0]["annotations"]["summary"], "t\\u202E");
+        assert_eq!(
+            body[0]["annotations"]["description"],
+            "line one\nline two\tend"
         );
     }
 

@@ -182,8 +182,17 @@ fn duration(f: &mut Fields<'_, '_>, field: &str, default: Duration) -> Option<Se
 }
 
 impl Integration for Alertmanager {
+    /// Alertmanager hands annotations to Slack, Telegram, email and chat receivers as they
+    /// are: the title and message (`summary`, `description`) are chat text, so key text in them
+    /// mentions nobody and links nowhere. Labels are rendered exact (docs/rules.md#alertmanager).
     fn escape(&self) -> Escape {
-        Escape::Raw
+        Escape::Text
+    }
+
+    /// The acknowledge and silence links stay out of `description`: an alert links the
+    /// event's history (`generatorURL`), and Alertmanager's own silences are the ones it obeys.
+    fn links_as_buttons(&self) -> bool {
+        true
     }
 
     fn target(&self) -> String {

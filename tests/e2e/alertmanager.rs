@@ -460,3 +460,57 @@ rules:
         assert_no_secret(&format!("{args:?}"), &text, &secrets);
     }
 }
+
+/// Alertmanager hands annotations to Slack, Telegram, email and chat receivers as they are, so a
+/// key's text in `summary`, `description` and `notify.annotations` is escaped as chat text: no
+/// mention (`<!channel>`, `@all`), no tag, no bare link, no invisible reordering. Labels stay the
+/// exact key text: a silence or a route on `key` must match the real key.
+#[test]
+fn a_hostile_key_is_exact_in_labels_and_escaped_in_annotations() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let yaml = format!(
+        r#"
+channels:
+  am:
+    type: alertmanager
+    urls: ["{}"]
+rules:
+  - name: order-lock-timeout
+    match: "order_lock:{{order_id}}"
+    notify:
+      to: [am]
+      title: "Lock {{{{ order_id }}}}"
+      message: "Lock of order {{{{ order_id }}}} expired.\nCheck the worker."
+      labels: {{ shard: "{{{{ order_id }}}}" }}
+      annotations: {{ runbook_url: "https://wiki.example/locks#{{{{ order_id }}}}" }}
+"#,
+        am.url()
+    );
+    let daemon = Daemon::start(&yaml);
+    let hostile = "<!channel> @all <b>x</b> http://evil \u{202E}gpj.exe\x1b[2J\n# forged";
+    let key = format!("order_lock:{hostile}");
+    daemon.expire(key.as_str());
+
+    let alert = am.wait_for_alert(&key);
+    assert_eq!(alert["labels"]["key"], key.as_str(), "{alert:#}");
+    assert_eq!(alert["labels"]["order_id"], hostile, "{alert:#}");
+    assert_eq!(alert["labels"]["shard"], hostile, "{alert:#}");
+    let escaped = "<\u{200B}!channel> @\u{200B}all <\u{200B}b>x<\u{200B}/b> http:\u{200B}//evil \\u202Egpj.exe\\u001B[2J\\n# forged";
+    let annotations = &alert["annotations"];
+    assert_eq!(
+        annotations["summary"],
+        format!("Lock {escaped}"),
+        "{alert:#}"
+    );
+    assert_eq!(
+        annotations["description"],
+        format!("Lock of order {escaped} expired.\nCheck the worker."),
+        "{alert:#}"
+    );
+    assert_eq!(
+        annotations["runbook_url"],
+        format!("https://wiki.example/locks#{escaped}"),
+        "{alert:#}"
+    );
+}
