@@ -234,6 +234,15 @@ impl Alertmanager {
         }
     }
 
+    /// What [`Alertmanager::request`] posts to for `urls[target]`, shown as
+    /// [`Alertmanager::shown_url`] is: `explain`'s line.
+    pub fn shown_alerts_url(&self, target: usize) -> String {
+        match self.urls.get(target) {
+            Some(u) => shown(&Secret::new(alerts_url(u.expose()))),
+            None => "<no such URL>".into(),
+        }
+    }
+
     /// The request that posts `alert` to `urls[target]`.
     pub fn request(&self, target: usize, alert: &Alert) -> Option<Request> {
         let url = self.urls.get(target)?;
@@ -244,10 +253,24 @@ impl Alertmanager {
         }
         Some(Request {
             method: reqwest::Method::POST,
-            url: format!("{}{ALERTS_PATH}", url.expose()),
+            url: alerts_url(url.expose()),
             headers,
             body: serde_json::to_vec(&alert.body()).unwrap_or_default(),
         })
+    }
+}
+
+/// `url` with [`ALERTS_PATH`] joined to its path: its query kept after it (a proxy's
+/// `?tenant=…`), its fragment, which is never sent, left out.
+pub fn alerts_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            let path = format!("{}{ALERTS_PATH}", u.path().trim_end_matches('/'));
+            u.set_path(&path);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => format!("{}{ALERTS_PATH}", url.trim_end_matches('/')),
     }
 }
 
@@ -469,6 +492,34 @@ mod tests {
             ]
         );
         assert!(a.request(2, &alert).is_none());
+    }
+
+    /// An Alertmanager behind a proxy that wants a query (`?tenant=…`): the path is joined
+    /// before it, not appended to the query.
+    #[test]
+    fn a_url_with_a_query_keeps_it_after_the_alerts_path() {
+        let a = Alertmanager {
+            urls: vec![
+                Secret::new("http://am-2:9093/prefix/?tenant=a&x=1#frag"),
+                Secret::new("https://am-3?tenant=b"),
+            ],
+            ..am()
+        };
+        let t: DateTime<Utc> = "2026-11-29T10:15:00.000Z".parse().unwrap();
+        let alert = Alert::of_event("r", &event(), "t", "m", t, t);
+        assert_eq!(
+            a.request(0, &alert).unwrap().url,
+            "http://am-2:9093/prefix/api/v2/alerts?tenant=a&x=1"
+        );
+        assert_eq!(
+            a.request(1, &alert).unwrap().url,
+            "https://am-3/api/v2/alerts?tenant=b"
+        );
+        assert_eq!(a.shown_url(0), "http://am-2:9093/prefix (<secret>)");
+        assert_eq!(
+            a.shown_alerts_url(0),
+            "http://am-2:9093/prefix/api/v2/alerts (<secret>)"
+        );
     }
 
     #[test]

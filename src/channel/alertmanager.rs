@@ -69,8 +69,12 @@ fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
                 if let Some(creds) = url_credentials(&t.value) {
                     f.d.note_secret(&creds);
                 }
-                let value = t.value.trim_end_matches('/').to_string();
-                if urls.iter().any(|u: &Secret| u.expose() == value) {
+                let value = t.value;
+                let posted = super::alert::alerts_url(&value);
+                if urls
+                    .iter()
+                    .any(|u: &Secret| super::alert::alerts_url(u.expose()) == posted)
+                {
                     f.d.warning(&t.loc, format!("{what}: this URL is listed twice in `urls`"));
                     continue;
                 }

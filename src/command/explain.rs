@@ -403,12 +403,7 @@ fn explain_alert(
         ..alert
     };
     for i in 0..am.urls.len() {
-        let _ = writeln!(
-            out,
-            "     POST {}{}",
-            am.shown_url(i),
-            crate::channel::alert::ALERTS_PATH
-        );
+        let _ = writeln!(out, "     POST {}", am.shown_alerts_url(i));
     }
     let _ = writeln!(out, "     header Content-Type: application/json");
     for (name, _) in &am.headers {
