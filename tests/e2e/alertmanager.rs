@@ -514,3 +514,56 @@ rules:
         "{alert:#}"
     );
 }
+
+/// The attempts of an alertmanager channel count in `/metrics` and history as any channel's:
+/// each round is an attempt sent, a URL that is down retries. An alert's job between rounds is
+/// queued (`keywatch_queue_pending`) but not due (`keywatch_queue_due`): it is no backlog
+/// (docs/operations.md#metrics).
+#[test]
+fn rounds_and_retries_count_in_metrics_and_an_alert_between_rounds_is_not_due() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let down = format!("http://127.0.0.1:{}", common::ports::free_port());
+    let daemon = Daemon::start(&rules(&[am.url(), down], "    resend: 1s\n", ""));
+    daemon.expire("order_lock:1");
+    am.wait_for_alert("order_lock:1");
+    let addr = endpoint(&daemon.process);
+    let sent =
+        "keywatch_actions_total{rule=\"order-lock-timeout\",action=\"notify\",outcome=\"sent\"}";
+    let retried =
+        "keywatch_actions_total{rule=\"order-lock-timeout\",action=\"notify\",outcome=\"retry\"}";
+    // Two rounds posted to the Alertmanager that is up, one retry of the one that is down.
+    wait_until("two rounds sent and a retry counted", PATIENCE, || {
+        let (_, body) = get(&addr, "/metrics");
+        common::metric(&body, sent) >= 2.0 && common::metric(&body, retried) >= 1.0
+    });
+    let h = history(&daemon);
+    let actions = h[0]["actions"].as_array().unwrap();
+    let of = |t: u32| actions.iter().find(|a| a["target"] == t).unwrap();
+    assert_eq!(of(0)["outcome"], "sent", "{h:#?}");
+    assert_eq!(of(1)["outcome"], "retrying", "{h:#?}");
+
+    // Stop the down URL's retries from being due now and then: a channel of one URL.
+    drop(daemon);
+    let daemon = Daemon::start(&rules(&[am.url()], "    resend: 10m\n", ""));
+    daemon.expire("order_lock:2");
+    am.wait_for_alert("order_lock:2");
+    let addr = endpoint(&daemon.process);
+    // The gauges are refreshed every second: wait for the job to be seen between rounds.
+    let due = poll(
+        "the queue gauges show the alert's job waiting for its next round",
+        PATIENCE,
+        || {
+            let (_, body) = get(&addr, "/metrics");
+            (common::metric(&body, "keywatch_queue_pending ") == 1.0)
+                .then(|| {
+                    body.lines()
+                        .find(|l| l.starts_with("keywatch_queue_due "))
+                        .map(str::to_string)
+                })
+                .flatten()
+        },
+        || get(&addr, "/metrics").1,
+    );
+    assert_eq!(due, "keywatch_queue_due 0");
+}
