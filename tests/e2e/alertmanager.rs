@@ -6,10 +6,11 @@ use crate::common;
 
 use common::alertmanager::{Alertmanager, keys_of, notifications, wait_for_notification};
 use common::{
-    Daemon, HttpReceiver, PATIENCE, Response, assert_no_secret, endpoint, get, poll, run_keywatch,
-    wait_until,
+    Daemon, HttpReceiver, Logs, PATIENCE, RedisServer, Response, assert_no_secret, endpoint, get,
+    poll, run_keywatch, run_subscribed, wait_until,
 };
 use serde_json::{Value, json};
+use std::time::Duration;
 
 /// A rule on `order_lock:{order_id}` notifying the alertmanager channel `am` of `urls`.
 fn rules(urls: &[String], channel_extra: &str, rule_extra: &str) -> String {
@@ -230,17 +231,56 @@ fn the_rules_resolved_produces_alertmanagers_resolved_notification() {
 fn a_restarted_alertmanager_has_the_firing_alert_again_within_resend() {
     let hook = HttpReceiver::start();
     let mut am = Alertmanager::start(&hook);
+    let resend = Duration::from_secs(2);
     let daemon = Daemon::start(&rules(&[am.url()], "    resend: 2s\n", ""));
     daemon.expire("order_lock:1");
     let before = am.wait_for_alert("order_lock:1");
 
     // Killed and started again with an empty storage folder: it holds nothing until keywatch's
-    // next round (`resend: 2s`) posts the alert again.
+    // next round posts the alert again, at most `resend` later. Five rounds' time is the bound:
+    // generous for a loaded machine, yet a fraction of the default `resend` (1m) that a channel
+    // ignoring its own would fall back to.
+    am.restart_afresh();
+    let after = am.wait_for_alert_within("order_lock:1", resend * 5);
+    assert_eq!(after["startsAt"], before["startsAt"]);
+    assert_eq!(after["endsAt"], before["endsAt"]);
+    assert_eq!(after["labels"], before["labels"]);
+}
+
+/// The rounds' timers are in Redis: a keywatch killed (SIGKILL) while an alert fires leaves its
+/// alert's job there, and the keywatch started after it posts it on. An Alertmanager started
+/// afresh after the kill, which only the new keywatch can have posted to, has the alert again.
+#[test]
+fn a_restarted_keywatch_keeps_re_sending_the_firing_alert() {
+    let hook = HttpReceiver::start();
+    let mut am = Alertmanager::start(&hook);
+    // A short lease: a job the killed instance had taken is taken over soon.
+    let envs = [("KEYWATCH_LEASE", "5s")];
+    let yaml = rules(&[am.url()], "    resend: 2s\n", "");
+    let mut daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &envs);
+    daemon.expire("order_lock:1");
+    let before = am.wait_for_alert("order_lock:1");
+
+    daemon.process.sigkill();
+    daemon.process = run_subscribed(
+        &daemon.redis.auth_url(),
+        &daemon.rules.path,
+        Logs::Json,
+        &envs,
+    );
     am.restart_afresh();
     let after = am.wait_for_alert("order_lock:1");
     assert_eq!(after["startsAt"], before["startsAt"]);
     assert_eq!(after["endsAt"], before["endsAt"]);
     assert_eq!(after["labels"], before["labels"]);
+    // The new keywatch posted it: a round of its own, sent and to be posted again.
+    let round = daemon.wait_for_log("of a round sent by the new keywatch", |l| {
+        l["channel"] == "am" && l["outcome"] == "sent" && l.get("again_in").is_some()
+    });
+    assert_eq!(round["key"], "order_lock:1", "{round}");
+    // Still the one event: history holds one firing, its one URL sent.
+    let h = history(&daemon);
+    assert_eq!(h.len(), 1, "{h:#?}");
 }
 
 #[test]
