@@ -27,6 +27,9 @@ pub struct Metrics {
     pub action_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     pub expiry_lateness: Histogram,
     pub queue_pending: Gauge<i64, AtomicI64>,
+    /// Of those, the jobs due and not taken: the backlog, without the jobs that wait by design
+    /// (an Alertmanager alert's next `resend`, retries, follow-ups, digest windows).
+    pub queue_due: Gauge<i64, AtomicI64>,
     pub dead_letters: Counter<u64, AtomicU64>,
     pub ledger_keys: Gauge<i64, AtomicI64>,
     /// Keyspace events received and not yet matched: how far behind Redis keywatch is. The
@@ -81,6 +84,7 @@ impl Metrics {
             action_seconds: Family::new_with_constructor(histogram_latency as fn() -> Histogram),
             expiry_lateness: histogram_latency(),
             queue_pending: Gauge::default(),
+            queue_due: Gauge::default(),
             dead_letters: Counter::default(),
             ledger_keys: Gauge::default(),
             events_waiting: Gauge::default(),
@@ -133,6 +137,11 @@ impl Metrics {
             "keywatch_queue_pending",
             "Jobs waiting or being retried",
             m.queue_pending.clone(),
+        );
+        r.register(
+            "keywatch_queue_due",
+            "Jobs due and not taken: in the queue and due, or waiting for their target's room",
+            m.queue_due.clone(),
         );
         r.register(
             "keywatch_dead_letters",
@@ -326,6 +335,7 @@ mod tests {
             "keywatch_action_seconds_bucket",
             "keywatch_expiry_lateness_seconds_bucket",
             "keywatch_queue_pending ",
+            "keywatch_queue_due ",
             "keywatch_dead_letters_total ",
             "keywatch_ledger_keys ",
             "keywatch_events_waiting ",

@@ -64,6 +64,39 @@ pub fn bad_label_name(name: &str) -> Option<String> {
     None
 }
 
+/// The labels every alert has from its event, each with what it says: a capture of the same
+/// name would make key text pass for the rule or the key.
+pub const FIXED_LABELS: &[(&str, &str)] = &[
+    ("alertname", "the rule's name"),
+    ("key", "the key"),
+    ("db", "the database"),
+    ("event", "the event"),
+    ("field", "the hash field"),
+];
+
+/// Why a capture named `name` cannot be a label of the alerts of alertmanager channel
+/// `channel`, if it cannot: it would replace a label of [`FIXED_LABELS`], or Alertmanager
+/// refuses or Prometheus reserves the name.
+pub fn bad_capture_label(name: &str, channel: &str) -> Option<String> {
+    if let Some((_, says)) = FIXED_LABELS.iter().find(|(l, _)| *l == name) {
+        return Some(format!(
+            "the capture `{name}` would replace the label `{name}` ({says}) of the alerts of alertmanager channel `{channel}`; rename it (e.g. `{name}_id`)"
+        ));
+    }
+    let why = if name.starts_with("__") {
+        "names starting with `__` are reserved for Prometheus's internal use"
+    } else if !is_label_name(name) {
+        "it is not a valid Prometheus label name (letters, digits and `_`, not starting with a digit)"
+    } else {
+        return None;
+    };
+    let plain = name.trim_start_matches('_');
+    let instead = if is_label_name(plain) { plain } else { "id" };
+    Some(format!(
+        "the capture `{name}` cannot be a label of the alerts of alertmanager channel `{channel}`: {why}; rename it (e.g. `{instead}`)"
+    ))
+}
+
 /// One alert as Alertmanager's API takes it, before it is put in its one-element array.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Alert {
@@ -104,7 +137,10 @@ impl Alert {
             labels.push(("field".into(), text(field)));
         }
         if let Some(c) = event["captures"].as_object() {
-            for (k, v) in c {
+            // `check` refuses these on alertmanager channels; left out here all the same, so
+            // key text can never stand in for the rule or the key (docs/rules.md#alertmanager).
+            let usable = |k: &str| bad_capture_label(k, "").is_none();
+            for (k, v) in c.iter().filter(|(k, _)| usable(k)) {
                 labels.push((k.clone(), text(v)));
             }
         }
@@ -145,9 +181,14 @@ impl Alert {
             }
             Value::Object(m)
         };
+        let annotations: Vec<(String, String)> = self
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), hidden_shown(v)))
+            .collect();
         let mut alert = json!({
             "labels": map(&self.labels),
-            "annotations": map(&self.annotations),
+            "annotations": map(&annotations),
             "startsAt": rfc3339(self.starts_at),
             "endsAt": rfc3339(self.ends_at),
         });
@@ -156,6 +197,22 @@ impl Alert {
         }
         Value::Array(vec![alert])
     }
+}
+
+/// `s` with each control character (but line breaks and tabs, which are the template's own: a
+/// value's were shown as `\n` when it was rendered) and each bidirectional formatting character
+/// written as `\u202E`: invisible in a receiver's message, they would reorder what people read
+/// (`txt.exe` as `exe.txt`) or carry a terminal escape (docs/rules.md#alertmanager).
+fn hidden_shown(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if crate::event::hidden(c) && !matches!(c, '\n' | '\r' | '\t') {
+            out.push_str(&format!("\\u{:04X}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn put_all(into: &mut Vec<(String, String)>, pairs: impl IntoIterator<Item = (String, String)>) {
@@ -177,6 +234,15 @@ impl Alertmanager {
         }
     }
 
+    /// What [`Alertmanager::request`] posts to for `urls[target]`, shown as
+    /// [`Alertmanager::shown_url`] is: `explain`'s line.
+    pub fn shown_alerts_url(&self, target: usize) -> String {
+        match self.urls.get(target) {
+            Some(u) => shown(&Secret::new(alerts_url(u.expose()))),
+            None => "<no such URL>".into(),
+        }
+    }
+
     /// The request that posts `alert` to `urls[target]`.
     pub fn request(&self, target: usize, alert: &Alert) -> Option<Request> {
         let url = self.urls.get(target)?;
@@ -187,10 +253,24 @@ impl Alertmanager {
         }
         Some(Request {
             method: reqwest::Method::POST,
-            url: format!("{}{ALERTS_PATH}", url.expose()),
+            url: alerts_url(url.expose()),
             headers,
             body: serde_json::to_vec(&alert.body()).unwrap_or_default(),
         })
+    }
+}
+
+/// `url` with [`ALERTS_PATH`] joined to its path: its query kept after it (a proxy's
+/// `?tenant=…`), its fragment, which is never sent, left out.
+pub fn alerts_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            let path = format!("{}{ALERTS_PATH}", u.path().trim_end_matches('/'));
+            u.set_path(&path);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => format!("{}{ALERTS_PATH}", url.trim_end_matches('/')),
     }
 }
 
@@ -364,6 +444,37 @@ mod tests {
         assert!(body[0].get("generatorURL").is_none(), "{body}");
     }
 
+    /// `check` refuses such captures on alertmanager channels; an alert built anyway (rules
+    /// that predate the check, `send-test`) still names the rule and the real key.
+    #[test]
+    fn a_capture_never_replaces_a_fixed_label_nor_brings_an_invalid_one() {
+        let mut e = event();
+        e["field"] = json!("sku-1");
+        e["captures"] = json!({"alertname": "key text", "key": "k", "db": "9", "event": "x",
+            "field": "f", "__meta": "m", "order_id": "42"});
+        let t: DateTime<Utc> = "2026-11-29T10:15:00.000Z".parse().unwrap();
+        let a = Alert::of_event("order-lock-timeout", &e, "t", "m", t, t);
+        assert_eq!(
+            a.body()[0]["labels"],
+            json!({"alertname": "order-lock-timeout", "key": "order_lock:\u{fffd}42", "db": "0",
+                "event": "expired", "field": "sku-1", "order_id": "42"})
+        );
+    }
+
+    #[test]
+    fn annotations_show_invisible_characters_and_labels_keep_them() {
+        let mut e = event();
+        e["key"] = json!("k\u{202E}exe.txt\u{1b}[2J");
+        let t: DateTime<Utc> = "2026-11-29T10:15:00.000Z".parse().unwrap();
+        let body = Alert::of_event("r", &e, "t\u{202E}", "line one\nline two\tend", t, t).body();
+        assert_eq!(body[0]["labels"]["key"], "k\u{202E}exe.txt\u{1b}[2J");
+        assert_eq!(body[0]["annotations"]["summary"], "t\\u202E");
+        assert_eq!(
+            body[0]["annotations"]["description"],
+            "line one\nline two\tend"
+        );
+    }
+
     #[test]
     fn each_url_gets_the_alerts_path_and_the_headers() {
         let a = am();
@@ -381,6 +492,34 @@ mod tests {
             ]
         );
         assert!(a.request(2, &alert).is_none());
+    }
+
+    /// An Alertmanager behind a proxy that wants a query (`?tenant=…`): the path is joined
+    /// before it, not appended to the query.
+    #[test]
+    fn a_url_with_a_query_keeps_it_after_the_alerts_path() {
+        let a = Alertmanager {
+            urls: vec![
+                Secret::new("http://am-2:9093/prefix/?tenant=a&x=1#frag"),
+                Secret::new("https://am-3?tenant=b"),
+            ],
+            ..am()
+        };
+        let t: DateTime<Utc> = "2026-11-29T10:15:00.000Z".parse().unwrap();
+        let alert = Alert::of_event("r", &event(), "t", "m", t, t);
+        assert_eq!(
+            a.request(0, &alert).unwrap().url,
+            "http://am-2:9093/prefix/api/v2/alerts?tenant=a&x=1"
+        );
+        assert_eq!(
+            a.request(1, &alert).unwrap().url,
+            "https://am-3/api/v2/alerts?tenant=b"
+        );
+        assert_eq!(a.shown_url(0), "http://am-2:9093/prefix (<secret>)");
+        assert_eq!(
+            a.shown_alerts_url(0),
+            "http://am-2:9093/prefix/api/v2/alerts (<secret>)"
+        );
     }
 
     #[test]

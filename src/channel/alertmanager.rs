@@ -64,8 +64,17 @@ fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
                         KIND.example_url,
                     );
                 }
-                let value = t.value.trim_end_matches('/').to_string();
-                if urls.iter().any(|u: &Secret| u.expose() == value) {
+                // Where a URL carries credentials: masked wherever they show, whether or not
+                // they came from `${…}` (docs/rules.md#alertmanager).
+                if let Some(creds) = url_credentials(&t.value) {
+                    f.d.note_secret(&creds);
+                }
+                let value = t.value;
+                let posted = super::alert::alerts_url(&value);
+                if urls
+                    .iter()
+                    .any(|u: &Secret| super::alert::alerts_url(u.expose()) == posted)
+                {
                     f.d.warning(&t.loc, format!("{what}: this URL is listed twice in `urls`"));
                     continue;
                 }
@@ -109,7 +118,16 @@ fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k.value, Secret::new(v.value)))
-            .collect();
+            .collect::<Vec<_>>();
+    // A header is a credential more often than not (`Authorization: Bearer …`): masked
+    // wherever it shows, and so is the credential of `SCHEME CREDENTIAL` alone, since an
+    // answer may quote only that.
+    for (_, v) in &headers {
+        f.d.note_secret(v.expose());
+        if let Some((_, credential)) = v.expose().split_once(' ') {
+            f.d.note_secret(credential.trim());
+        }
+    }
     if urls.is_empty() {
         return None;
     }
@@ -120,6 +138,21 @@ fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
         resend: resend?.value,
         headers,
     }))
+}
+
+/// The user info and query of `url` on a stand-in host, when it has either: the form
+/// [`crate::yaml::Secrets`] takes a URL's credentials from (its password, the `Basic` header
+/// made of its user info, its query values), without masking the Alertmanager's address.
+fn url_credentials(url: &str) -> Option<String> {
+    let u = url::Url::parse(url).ok()?;
+    if u.username().is_empty() && u.password().is_none() && u.query().is_none() {
+        return None;
+    }
+    let mut bare = url::Url::parse("http://host/").ok()?;
+    bare.set_username(u.username()).ok()?;
+    bare.set_password(u.password()).ok()?;
+    bare.set_query(u.query());
+    Some(bare.to_string())
 }
 
 struct Setting {
@@ -153,8 +186,17 @@ fn duration(f: &mut Fields<'_, '_>, field: &str, default: Duration) -> Option<Se
 }
 
 impl Integration for Alertmanager {
+    /// Alertmanager hands annotations to Slack, Telegram, email and chat receivers as they
+    /// are: the title and message (`summary`, `description`) are chat text, so key text in them
+    /// mentions nobody and links nowhere. Labels are rendered exact (docs/rules.md#alertmanager).
     fn escape(&self) -> Escape {
-        Escape::Raw
+        Escape::Text
+    }
+
+    /// The acknowledge and silence links stay out of `description`: an alert links the
+    /// event's history (`generatorURL`), and Alertmanager's own silences are the ones it obeys.
+    fn links_as_buttons(&self) -> bool {
+        true
     }
 
     fn target(&self) -> String {
@@ -184,3 +226,17 @@ impl Integration for Alertmanager {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_credentials_keep_user_info_and_query_but_not_the_address() {
+        assert_eq!(
+            url_credentials("http://kw:p%40ss@am-0:9093/prefix?token=t0ken#x").as_deref(),
+            Some("http://kw:p%40ss@host/?token=t0ken")
+        );
+        assert_eq!(url_credentials("http://am-0:9093/prefix"), None);
+    }
+}

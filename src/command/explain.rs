@@ -298,7 +298,7 @@ fn explain_rule(
             for (field, id) in &ch.templates {
                 let _ = writeln!(out, "     {field}: {}", text(*id));
             }
-            if let Some(am) = ch.integration.alertmanager() {
+            if ch.integration.alertmanager().is_some() {
                 let firing = crate::firing::Firing::new(
                     &rule.name,
                     &event,
@@ -306,7 +306,7 @@ fn explain_rule(
                     captures.to_vec(),
                     None,
                 );
-                explain_alert(config, rule, n, &firing, am, &text, out);
+                explain_alert(config, rule, n, &firing, ch, &text, out);
                 continue;
             }
             let escape = ch.escape();
@@ -373,14 +373,17 @@ fn explain_alert(
     rule: &Rule,
     n: &crate::config::NotifyStep,
     firing: &crate::firing::Firing,
-    am: &crate::channel::alert::Alertmanager,
+    ch: &crate::channel::Channel,
     text: &dyn Fn(TemplateId) -> String,
     out: &mut String,
 ) {
     use crate::channel::alert::Alert;
+    let Some(am) = ch.integration.alertmanager() else {
+        return;
+    };
     let render = |id: Option<TemplateId>| id.map(text).unwrap_or_default();
-    let title = render(n.title.get(crate::template::Escape::Raw));
-    let message = render(n.message.get(crate::template::Escape::Raw));
+    let title = render(n.title.get(ch.escape()));
+    let message = render(n.message.get(ch.escape()));
     let pairs = |p: &[(String, TemplateId)]| -> Vec<(String, String)> {
         p.iter().map(|(k, id)| (k.clone(), text(*id))).collect()
     };
@@ -400,12 +403,7 @@ fn explain_alert(
         ..alert
     };
     for i in 0..am.urls.len() {
-        let _ = writeln!(
-            out,
-            "     POST {}{}",
-            am.shown_url(i),
-            crate::channel::alert::ALERTS_PATH
-        );
+        let _ = writeln!(out, "     POST {}", am.shown_alerts_url(i));
     }
     let _ = writeln!(out, "     header Content-Type: application/json");
     for (name, _) in &am.headers {

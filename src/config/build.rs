@@ -219,7 +219,9 @@ fn build_rule(
         .map(|p| p.capture_names().to_vec())
         .unwrap_or_default();
     check_captures(d, src, &captures, &what);
+    let key_captures = captures.clone();
     let (captures, field) = super::fields::build_field(d, &r, &captures, &what);
+    check_alert_captures(d, &r, src, &key_captures, &captures, channels, &what);
     check_events(d, &r, redis, &what);
 
     let mut t = RuleTemplates {
@@ -336,6 +338,48 @@ fn check_captures(d: &mut Decoder<'_>, src: &Text, captures: &[String], what: &s
                 format!("{what}: the capture `{name}` shadows the context name `{name}`; rename it (e.g. `{name}_id`)"),
             );
         }
+    }
+}
+
+/// Each capture is a label of the alerts of an alertmanager channel the rule notifies: it may
+/// not replace one of the event's own labels (key text passing for the rule's name) nor take a
+/// name Alertmanager refuses or Prometheus reserves (docs/rules.md#alertmanager). Names that
+/// shadow a context name are reported by [`check_captures`] and `build_field` already.
+fn check_alert_captures(
+    d: &mut Decoder<'_>,
+    r: &RuleDraft,
+    src: &Text,
+    key_captures: &[String],
+    captures: &[String],
+    channels: &[Channel],
+    what: &str,
+) {
+    let Some(am) = r
+        .notify
+        .iter()
+        .flat_map(|n| &n.to)
+        .filter_map(|t| channels.iter().find(|c| c.name == t.value))
+        .find(|c| c.integration.alertmanager().is_some())
+    else {
+        return;
+    };
+    for name in captures {
+        if CONTEXT_NAMES.contains(&name.as_str()) {
+            continue;
+        }
+        let Some(why) = crate::channel::alert::bad_capture_label(name, &am.name) else {
+            continue;
+        };
+        let (text, part) = match &r.field {
+            Some(f) if !key_captures.contains(name) => (f, " `field`"),
+            _ => (src, ""),
+        };
+        let at = text
+            .value
+            .find(&format!("{{{name}}}"))
+            .or_else(|| text.value.find(&format!("<{name}>")))
+            .unwrap_or(0);
+        d.error(&text.at(at), format!("{what}{part}: {why}"));
     }
 }
 

@@ -395,8 +395,9 @@ impl Delivery {
                 };
                 if last_gauge.elapsed() >= Duration::from_secs(1) {
                     last_gauge = Instant::now();
-                    if let Ok(n) = queue.len().await {
-                        inner.metrics.queue_pending.set(n);
+                    if let Ok(c) = queue.counts().await {
+                        inner.metrics.queue_pending.set(c.pending);
+                        inner.metrics.queue_due.set(c.due);
                     }
                 }
                 if last_renew.elapsed() >= crate::store::renew_every() {

@@ -210,6 +210,15 @@ pub struct Queue {
 
 pub use crate::keyspace::clock::now_ms;
 
+/// What [`Queue::counts`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Every job: due, taken, waiting for a later round or retry, or in a digest window.
+    pub pending: i64,
+    /// Those due and not taken: in the queue and due, or waiting for their target's room.
+    pub due: i64,
+}
+
 impl Queue {
     pub fn new(conn: Conn, prefix: &str) -> Queue {
         Queue {
@@ -665,6 +674,13 @@ impl Queue {
     /// windows (each notification waiting in a window is a job too, and a window holding
     /// thousands is a backlog as real as the queue's).
     pub async fn len(&self) -> redis::RedisResult<i64> {
+        Ok(self.counts().await?.pending)
+    }
+
+    /// [`Queue::len`], and how many of those jobs are due and not taken: a backlog. The rest
+    /// wait by design — an Alertmanager alert's job for its next `resend`, a retry, a
+    /// follow-up, a digest window — or are being attempted (docs/operations.md#metrics).
+    pub async fn counts(&self) -> redis::RedisResult<Counts> {
         let windows = self.windows().await?;
         let targets = self.waiting_targets().await?;
         // Bundles live in the queue (leased), the waiting sets and the windows: counted by
@@ -677,7 +693,9 @@ impl Queue {
         for w in &windows {
             inv.key(self.window_zset(w));
         }
-        inv.invoke_async(&mut self.conn.clone()).await
+        inv.arg(now_ms()).arg(targets.len());
+        let (pending, due) = inv.invoke_async(&mut self.conn.clone()).await?;
+        Ok(Counts { pending, due })
     }
 }
 
@@ -876,6 +894,34 @@ mod tests {
         assert_eq!(score(&conn, "kw:queue", &j.id()).await, None);
         assert_eq!(payload(&conn, &j.id()).await, None);
         assert_eq!(q.len().await.unwrap(), 0);
+    }
+
+    /// `keywatch_queue_due` counts what waits to be taken now: jobs due in the queue and jobs
+    /// waiting for their target's room; not a job being attempted, one waiting for its next
+    /// round or retry (an Alertmanager alert's `resend`), nor a notification in a digest window.
+    #[tokio::test]
+    async fn due_counts_only_jobs_due_and_not_taken() {
+        let (_server, q, _conn) = queue().await;
+        let jobs: Vec<Job> = (1..=4)
+            .map(|i| job(&format!("k:{i}"), Action::Reload))
+            .collect();
+        q.store(&[], &jobs, &[], &HashMap::new(), Vec::new())
+            .await
+            .unwrap();
+        let taken = q.take_due(3).await.unwrap().jobs;
+        assert_eq!(taken.len(), 3);
+        // One is being attempted (leased), one waits for its next round, one for room.
+        q.reschedule(&taken[1], now_ms() + 3_600_000).await.unwrap();
+        q.park("reload:r", &[taken[2].id()]).await.unwrap();
+        q.window_put(
+            &window_rc(),
+            Duration::from_secs(3600),
+            &[job("k:5", notify_c())],
+        )
+        .await
+        .unwrap();
+        assert_eq!(q.counts().await.unwrap(), Counts { pending: 5, due: 2 });
+        assert_eq!(q.len().await.unwrap(), 5);
     }
 
     /// The same for a digest window's members: a digest sent by another instance stays sent.

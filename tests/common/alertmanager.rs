@@ -162,9 +162,15 @@ impl Alertmanager {
 
     /// Waits until it holds an alert with label `key` = `key`; returns it.
     pub fn wait_for_alert(&self, key: &str) -> Value {
+        self.wait_for_alert_within(key, PATIENCE)
+    }
+
+    /// [`Alertmanager::wait_for_alert`], panicking after `timeout`: for a bound that is part of
+    /// what a test shows (an alert back within a few `resend`s).
+    pub fn wait_for_alert_within(&self, key: &str, timeout: Duration) -> Value {
         poll(
-            &format!("Alertmanager holds an alert of {key}"),
-            PATIENCE,
+            &format!("Alertmanager holds an alert of {key} (within {timeout:?})"),
+            timeout,
             || {
                 self.alerts()
                     .into_iter()

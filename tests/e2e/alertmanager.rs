@@ -5,8 +5,12 @@
 use crate::common;
 
 use common::alertmanager::{Alertmanager, keys_of, notifications, wait_for_notification};
-use common::{Daemon, HttpReceiver, PATIENCE, endpoint, get, poll, run_keywatch, wait_until};
+use common::{
+    Daemon, HttpReceiver, Logs, PATIENCE, RedisServer, Response, assert_no_secret, endpoint, get,
+    poll, run_keywatch, run_subscribed, wait_until,
+};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 /// A rule on `order_lock:{order_id}` notifying the alertmanager channel `am` of `urls`.
 fn rules(urls: &[String], channel_extra: &str, rule_extra: &str) -> String {
@@ -227,17 +231,56 @@ fn the_rules_resolved_produces_alertmanagers_resolved_notification() {
 fn a_restarted_alertmanager_has_the_firing_alert_again_within_resend() {
     let hook = HttpReceiver::start();
     let mut am = Alertmanager::start(&hook);
+    let resend = Duration::from_secs(2);
     let daemon = Daemon::start(&rules(&[am.url()], "    resend: 2s\n", ""));
     daemon.expire("order_lock:1");
     let before = am.wait_for_alert("order_lock:1");
 
     // Killed and started again with an empty storage folder: it holds nothing until keywatch's
-    // next round (`resend: 2s`) posts the alert again.
+    // next round posts the alert again, at most `resend` later. Five rounds' time is the bound:
+    // generous for a loaded machine, yet a fraction of the default `resend` (1m) that a channel
+    // ignoring its own would fall back to.
+    am.restart_afresh();
+    let after = am.wait_for_alert_within("order_lock:1", resend * 5);
+    assert_eq!(after["startsAt"], before["startsAt"]);
+    assert_eq!(after["endsAt"], before["endsAt"]);
+    assert_eq!(after["labels"], before["labels"]);
+}
+
+/// The rounds' timers are in Redis: a keywatch killed (SIGKILL) while an alert fires leaves its
+/// alert's job there, and the keywatch started after it posts it on. An Alertmanager started
+/// afresh after the kill, which only the new keywatch can have posted to, has the alert again.
+#[test]
+fn a_restarted_keywatch_keeps_re_sending_the_firing_alert() {
+    let hook = HttpReceiver::start();
+    let mut am = Alertmanager::start(&hook);
+    // A short lease: a job the killed instance had taken is taken over soon.
+    let envs = [("KEYWATCH_LEASE", "5s")];
+    let yaml = rules(&[am.url()], "    resend: 2s\n", "");
+    let mut daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &envs);
+    daemon.expire("order_lock:1");
+    let before = am.wait_for_alert("order_lock:1");
+
+    daemon.process.sigkill();
+    daemon.process = run_subscribed(
+        &daemon.redis.auth_url(),
+        &daemon.rules.path,
+        Logs::Json,
+        &envs,
+    );
     am.restart_afresh();
     let after = am.wait_for_alert("order_lock:1");
     assert_eq!(after["startsAt"], before["startsAt"]);
     assert_eq!(after["endsAt"], before["endsAt"]);
     assert_eq!(after["labels"], before["labels"]);
+    // The new keywatch posted it: a round of its own, sent and to be posted again.
+    let round = daemon.wait_for_log("of a round sent by the new keywatch", |l| {
+        l["channel"] == "am" && l["outcome"] == "sent" && l.get("again_in").is_some()
+    });
+    assert_eq!(round["key"], "order_lock:1", "{round}");
+    // Still the one event: history holds one firing, its one URL sent.
+    let h = history(&daemon);
+    assert_eq!(h.len(), 1, "{h:#?}");
 }
 
 #[test]
@@ -365,4 +408,202 @@ rules:
         assert!(err.contains(&expected), "missing {expected:?} in:\n{err}");
     }
     assert!(err.contains("did you mean `annotations`?"), "{err}");
+}
+
+/// What people see of a channel whose Alertmanager sits behind a proxy that quotes the
+/// credentials it refused: a bearer token written in the file itself and the user info of a URL
+/// are masked in `send-test`, `explain`, the log and history, as values from `${…}` are.
+#[test]
+fn inline_header_tokens_and_url_user_info_never_show() {
+    use base64::Engine;
+    const TOKEN: &str = "inl1ne-bearer-t0ken";
+    const PASSWORD: &str = "us3r-pa55word";
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("kwuser:{PASSWORD}"));
+    let secrets = [TOKEN, PASSWORD, basic.as_str()];
+    let proxy = HttpReceiver::start();
+    proxy.set_handler(|r| {
+        let said = format!(
+            "refused Authorization: {}",
+            r.header("authorization").unwrap_or("none")
+        );
+        Some(
+            Response::status(400)
+                .header("Content-Type", "application/json")
+                .body(json!({"code": 400, "message": said}).to_string()),
+        )
+    });
+    let port = proxy.port();
+    let yaml = format!(
+        r#"
+channels:
+  bearer:
+    type: alertmanager
+    urls: ["http://127.0.0.1:{port}"]
+    headers: {{ Authorization: "Bearer {TOKEN}" }}
+  userinfo:
+    type: alertmanager
+    urls: ["http://kwuser:{PASSWORD}@127.0.0.1:{port}"]
+rules:
+  - name: order-lock-timeout
+    match: "order_lock:{{order_id}}"
+    notify: {{ to: [bearer, userinfo] }}
+"#
+    );
+    let daemon = Daemon::start(&yaml);
+    daemon.expire("order_lock:1");
+    // Both refused (a 400 is given up): each answer quoted the credentials it was sent.
+    for channel in ["bearer", "userinfo"] {
+        let dead = daemon.wait_for_log(&format!("of a dead letter on {channel}"), |l| {
+            l["channel"] == channel
+                && l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("Dead letter"))
+        });
+        let reason = dead["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.starts_with("HTTP 400: refused Authorization: ") && reason.contains("<secret>"),
+            "{dead}"
+        );
+    }
+    let sent: Vec<String> = proxy
+        .requests()
+        .iter()
+        .filter_map(|r| r.header("authorization").map(str::to_string))
+        .collect();
+    assert!(sent.contains(&format!("Bearer {TOKEN}")), "{sent:?}");
+    assert!(sent.contains(&format!("Basic {basic}")), "{sent:?}");
+    assert_no_secret("the log", &daemon.stderr(), &secrets);
+
+    let url = daemon.redis.url();
+    let rules = daemon.rules.path.to_string_lossy().into_owned();
+    for args in [
+        vec!["history", "--json", "--redis", &url, "-r", &rules],
+        vec!["history", "--redis", &url, "-r", &rules],
+    ] {
+        let out = run_keywatch(&args, &[]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("refused Authorization"), "{args:?}: {text}");
+        assert_no_secret(&format!("{args:?}"), &text, &secrets);
+    }
+    for args in [
+        vec!["send-test", "bearer"],
+        vec!["send-test", "userinfo"],
+        vec!["explain", "order_lock:7"],
+    ] {
+        let out = daemon.rules.run(&args, &[]);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_no_secret(&format!("{args:?}"), &text, &secrets);
+    }
+}
+
+/// Alertmanager hands annotations to Slack, Telegram, email and chat receivers as they are, so a
+/// key's text in `summary`, `description` and `notify.annotations` is escaped as chat text: no
+/// mention (`<!channel>`, `@all`), no tag, no bare link, no invisible reordering. Labels stay the
+/// exact key text: a silence or a route on `key` must match the real key.
+#[test]
+fn a_hostile_key_is_exact_in_labels_and_escaped_in_annotations() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let yaml = format!(
+        r#"
+channels:
+  am:
+    type: alertmanager
+    urls: ["{}"]
+rules:
+  - name: order-lock-timeout
+    match: "order_lock:{{order_id}}"
+    notify:
+      to: [am]
+      title: "Lock {{{{ order_id }}}}"
+      message: "Lock of order {{{{ order_id }}}} expired.\nCheck the worker."
+      labels: {{ shard: "{{{{ order_id }}}}" }}
+      annotations: {{ runbook_url: "https://wiki.example/locks#{{{{ order_id }}}}" }}
+"#,
+        am.url()
+    );
+    let daemon = Daemon::start(&yaml);
+    let hostile = "<!channel> @all <b>x</b> http://evil \u{202E}gpj.exe\x1b[2J\n# forged";
+    let key = format!("order_lock:{hostile}");
+    daemon.expire(key.as_str());
+
+    let alert = am.wait_for_alert(&key);
+    assert_eq!(alert["labels"]["key"], key.as_str(), "{alert:#}");
+    assert_eq!(alert["labels"]["order_id"], hostile, "{alert:#}");
+    assert_eq!(alert["labels"]["shard"], hostile, "{alert:#}");
+    let escaped = "<\u{200B}!channel> @\u{200B}all <\u{200B}b>x<\u{200B}/b> http:\u{200B}//evil \\u202Egpj.exe\\u001B[2J\\n# forged";
+    let annotations = &alert["annotations"];
+    assert_eq!(
+        annotations["summary"],
+        format!("Lock {escaped}"),
+        "{alert:#}"
+    );
+    assert_eq!(
+        annotations["description"],
+        format!("Lock of order {escaped} expired.\nCheck the worker."),
+        "{alert:#}"
+    );
+    assert_eq!(
+        annotations["runbook_url"],
+        format!("https://wiki.example/locks#{escaped}"),
+        "{alert:#}"
+    );
+}
+
+/// The attempts of an alertmanager channel count in `/metrics` and history as any channel's:
+/// each round is an attempt sent, a URL that is down retries. An alert's job between rounds is
+/// queued (`keywatch_queue_pending`) but not due (`keywatch_queue_due`): it is no backlog
+/// (docs/operations.md#metrics).
+#[test]
+fn rounds_and_retries_count_in_metrics_and_an_alert_between_rounds_is_not_due() {
+    let hook = HttpReceiver::start();
+    let am = Alertmanager::start(&hook);
+    let down = format!("http://127.0.0.1:{}", common::ports::free_port());
+    let daemon = Daemon::start(&rules(&[am.url(), down], "    resend: 1s\n", ""));
+    daemon.expire("order_lock:1");
+    am.wait_for_alert("order_lock:1");
+    let addr = endpoint(&daemon.process);
+    let sent =
+        "keywatch_actions_total{rule=\"order-lock-timeout\",action=\"notify\",outcome=\"sent\"}";
+    let retried =
+        "keywatch_actions_total{rule=\"order-lock-timeout\",action=\"notify\",outcome=\"retry\"}";
+    // Two rounds posted to the Alertmanager that is up, one retry of the one that is down.
+    wait_until("two rounds sent and a retry counted", PATIENCE, || {
+        let (_, body) = get(&addr, "/metrics");
+        common::metric(&body, sent) >= 2.0 && common::metric(&body, retried) >= 1.0
+    });
+    let h = history(&daemon);
+    let actions = h[0]["actions"].as_array().unwrap();
+    let of = |t: u32| actions.iter().find(|a| a["target"] == t).unwrap();
+    assert_eq!(of(0)["outcome"], "sent", "{h:#?}");
+    assert_eq!(of(1)["outcome"], "retrying", "{h:#?}");
+
+    // Stop the down URL's retries from being due now and then: a channel of one URL.
+    drop(daemon);
+    let daemon = Daemon::start(&rules(&[am.url()], "    resend: 10m\n", ""));
+    daemon.expire("order_lock:2");
+    am.wait_for_alert("order_lock:2");
+    let addr = endpoint(&daemon.process);
+    // The gauges are refreshed every second: wait for the job to be seen between rounds.
+    let due = poll(
+        "the queue gauges show the alert's job waiting for its next round",
+        PATIENCE,
+        || {
+            let (_, body) = get(&addr, "/metrics");
+            (common::metric(&body, "keywatch_queue_pending ") == 1.0)
+                .then(|| {
+                    body.lines()
+                        .find(|l| l.starts_with("keywatch_queue_due "))
+                        .map(str::to_string)
+                })
+                .flatten()
+        },
+        || get(&addr, "/metrics").1,
+    );
+    assert_eq!(due, "keywatch_queue_due 0");
 }

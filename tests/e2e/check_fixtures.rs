@@ -125,3 +125,8 @@ fn hash_field_rules_are_checked_at_their_place() {
 fn email_channels_are_checked_where_written() {
     check("email.yaml", &[]);
 }
+
+#[test]
+fn alertmanager_channels_refuse_captures_that_are_not_their_own_labels() {
+    check("alertmanager.yaml", &[]);
+}

@@ -102,6 +102,7 @@ fn every_dashboard_query_names_an_exported_metric_and_every_spec_metric_is_shown
             "keywatch_action_seconds_bucket",
             "keywatch_expiry_lateness_seconds_bucket",
             "keywatch_queue_pending",
+            "keywatch_queue_due",
             "keywatch_dead_letters_total",
             "keywatch_ledger_keys",
             "keywatch_recovered_total",

@@ -208,3 +208,70 @@ fn every_relative_link_points_at_a_file_and_heading_that_exist() {
     }
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
+
+/// Every `.rs` file under `tests/` that the manual, the READMEs, the changelog's unreleased part,
+/// `.ci/run` or the code names by its path (`tests/e2e/alertmanager.rs`) exists: suites moved into
+/// `tests/e2e/` once, and the old paths lingered in comments and prose. Released notes keep the
+/// paths of their time.
+#[test]
+fn every_test_file_named_by_its_path_exists() {
+    fn files(dir: &std::path::Path, ext: &str, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files(&path, ext, out);
+            } else if path.extension().is_some_and(|e| e == ext) {
+                out.push(path);
+            }
+        }
+    }
+    let mut sources = vec![
+        repo().join("README.md"),
+        repo().join("README.zh-CN.md"),
+        repo().join(".ci/run"),
+    ];
+    files(&repo().join("docs"), "md", &mut sources);
+    for dir in ["src", "tests", "benches", "examples"] {
+        if repo().join(dir).is_dir() {
+            files(&repo().join(dir), "rs", &mut sources);
+        }
+    }
+    let changelog = read("CHANGELOG.md");
+    let unreleased = changelog
+        .split("\n## [")
+        .nth(1)
+        .expect("an [Unreleased] section");
+    let mut texts: Vec<(String, String)> = sources
+        .iter()
+        .map(|p| {
+            let name = p.strip_prefix(repo()).unwrap().display().to_string();
+            (name, std::fs::read_to_string(p).unwrap())
+        })
+        .collect();
+    texts.push(("CHANGELOG.md [Unreleased]".into(), unreleased.to_string()));
+    let mut stale = Vec::new();
+    for (name, text) in &texts {
+        for (i, _) in text.match_indices("tests/") {
+            // A path of its own, not the end of another (`fuzz/tests/x.rs`).
+            let before = text[..i].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '/' || c == '_') {
+                continue;
+            }
+            let path: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '-' | '.'))
+                .collect();
+            let path = path.trim_end_matches('.');
+            // `tests/NAME.rs`: a placeholder, not a file.
+            let placeholder = path.chars().any(|c| c.is_ascii_uppercase());
+            if path.ends_with(".rs") && !placeholder && !repo().join(path).is_file() {
+                stale.push(format!("{name}: {path}"));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "paths of test files that do not exist:\n{}",
+        stale.join("\n")
+    );
+}

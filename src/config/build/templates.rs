@@ -477,8 +477,12 @@ impl RuleTemplates<'_, '_, '_> {
                 self.d.warning(&pairs[0].0.loc, w);
             }
             ok &= crate::channel::alert::check_names(self.d, pairs, &what, labels);
+            // Labels are matched by silences and routes, so they are the exact text; annotations
+            // reach people through Alertmanager's receivers, so they are chat text
+            // (docs/rules.md#alertmanager).
+            let escape = if labels { Escape::Raw } else { Escape::Text };
             for (k, v) in pairs {
-                match self.compile(v, Escape::Raw, &format!("notify.{field}.{}", k.value)) {
+                match self.compile(v, escape, &format!("notify.{field}.{}", k.value)) {
                     Some(id) if labels => out.0.push((k.value.clone(), id)),
                     Some(id) => out.1.push((k.value.clone(), id)),
                     None => ok = false,
