@@ -369,7 +369,13 @@ rules:
 "#,
         tg.url()
     ));
-    let (code, stdout, stderr) = send_test(&rules, "tg");
+    // The test message names the host it was sent from: a known one here.
+    let out = rules.run(&["send-test", "tg"], &[("HOSTNAME", "kw-host-1")]);
+    let (code, stdout, stderr) = (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert_eq!(
         stdout.trim(),
@@ -380,17 +386,23 @@ rules:
     );
     let r = one_request(&tg);
     assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
+    // It also says when it was sent, which the test cannot know: that part must be a time as
+    // the event JSON writes it, and everything around it is exact.
+    let body = r.json();
+    let text = body["text"].as_str().unwrap_or_default();
+    let at = text
+        .strip_prefix("<b>keywatch test message</b>\nThis is a test message from keywatch send-test on kw-host-1 at ")
+        .and_then(|rest| rest.strip_suffix('.'))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    rfc3339_ms(&json!(at));
     assert_eq!(
-        r.json()["text"],
-        format!(
-            "<b>keywatch test message</b>\n{}",
-            r.json()["text"]
-                .as_str()
-                .unwrap()
-                .split_once('\n')
-                .unwrap()
-                .1
-        )
+        body,
+        json!({
+            "chat_id": -100123,
+            "text": format!("<b>keywatch test message</b>\nThis is a test message from keywatch send-test on kw-host-1 at {at}."),
+            "parse_mode": "HTML",
+            "link_preview_options": {"is_disabled": true},
+        })
     );
 
     tg.set_default(
@@ -459,6 +471,51 @@ fn pagerduty_ok(dedup_key: &str) -> Response {
         )
 }
 
+/// An RFC 3339 time of the event JSON (millisecond precision, `Z`), which must be one.
+fn rfc3339_ms(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    let text = v.as_str().unwrap_or_else(|| panic!("not a time: {v}"));
+    let t = chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|e| panic!("{text}: {e}"))
+        .with_timezone(&chrono::Utc);
+    assert_eq!(
+        deadline_text(t),
+        text,
+        "not written to the millisecond in UTC"
+    );
+    t
+}
+
+/// A time as the event JSON writes it (SPEC §4: `2026-11-29T10:15:00.000Z`).
+fn deadline_text(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The event id SPEC §4 asks to be the same on every instance: computed here on its own from
+/// what identifies the event (rule, event, db, key, and its deadline or else when it was
+/// observed; docs/how-it-works.md), in the exact form `firing::event_id` hashes it.
+fn event_id(
+    rule: &str,
+    event: &str,
+    db: u32,
+    key: &[u8],
+    instant: chrono::DateTime<chrono::Utc>,
+) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(rule.as_bytes());
+    h.update([0]);
+    h.update(event.as_bytes());
+    h.update([0]);
+    h.update(db.to_be_bytes());
+    h.update((key.len() as u64).to_be_bytes());
+    h.update(key);
+    h.update(instant.timestamp_millis().to_be_bytes());
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 #[test]
 fn pagerduty_triggers_then_resolves_with_the_same_dedup_key() {
     let pd = HttpReceiver::with_default(pagerduty_ok("x"));
@@ -501,11 +558,38 @@ rules:
     let trigger = &triggers[1];
     assert_json_post(trigger, "/v2/enqueue");
     let t = trigger.json();
-    let id = t["payload"]["custom_details"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
     let details = &t["payload"]["custom_details"];
+    // Whether keywatch learnt the deadline before the key expired is a race (it expires at
+    // once): the event is stamped with the deadline where it was learnt, else with when it was
+    // observed, and its id is made from that instant. Both are checked for what they must be,
+    // then every other field against known values.
+    let observed_at = rfc3339_ms(&details["observed_at"]);
+    let (deadline, late_ms, instant) = match details["deadline"].as_str() {
+        Some(_) => {
+            let deadline = rfc3339_ms(&details["deadline"]);
+            let late = (observed_at - deadline).num_milliseconds();
+            assert!(late >= 0, "observed before its deadline: {details}");
+            (json!(deadline_text(deadline)), json!(late), deadline)
+        }
+        None => (Value::Null, Value::Null, observed_at),
+    };
+    let id = event_id("pay-lock", "expired", 0, b"pay_lock:42", instant);
+    let source = format!("127.0.0.1:{}", daemon.redis.port());
+    let mut expected_details = json!({
+        "version": 1, "id": id, "rule": "pay-lock", "event": "expired", "key": "pay_lock:42",
+        "db": 0, "captures": {"order_id": "42"}, "detail": null,
+        "deadline": deadline, "observed_at": deadline_text(observed_at), "late_ms": late_ms,
+        "recovered": false, "ttl_ms": null, "source": source,
+    });
+    // `late_ms` is counted from the instants themselves, which the text shows to the
+    // millisecond: a difference of one is rounding, anything more a wrong lateness.
+    if let (Some(sent), Some(shown)) = (details["late_ms"].as_i64(), late_ms.as_i64()) {
+        assert!(
+            (sent - shown).abs() <= 1,
+            "late_ms {sent}, instants say {shown}"
+        );
+        expected_details["late_ms"] = json!(sent);
+    }
     assert_eq!(
         t,
         json!({
@@ -515,26 +599,14 @@ rules:
             "client": "keywatch",
             "payload": {
                 "summary": "Payment lock 42 expired: Check the payment worker.",
-                "source": details["source"],
+                "source": source,
                 "severity": "critical",
-                // The deadline where keywatch knew it; an expiry only observed (the key's TTL
-                // ran out before its deadline was learnt, on a loaded machine) is stamped when
-                // it was observed.
-                "timestamp": if details["deadline"].is_string() { &details["deadline"] } else { &details["observed_at"] },
+                "timestamp": deadline_text(instant),
                 "group": "pay-lock",
                 "class": "expired",
-                "custom_details": details,
+                "custom_details": expected_details,
             },
         })
-    );
-    assert_eq!(details["key"], "pay_lock:42");
-    assert_eq!(details["rule"], "pay-lock");
-    assert!(
-        details["source"]
-            .as_str()
-            .unwrap()
-            .starts_with("127.0.0.1:"),
-        "{details}"
     );
     attempt_logged(&daemon, "pager", "sent");
 
