@@ -126,6 +126,12 @@ impl Integration for PagerDuty {
         false
     }
 
+    /// An incident stays open until it is resolved: the rule's `resolved` resolves it whether
+    /// or not `resolved.to` names this channel (SPEC §4, docs/rules.md#pagerduty).
+    fn closes_on_resolved(&self) -> bool {
+        true
+    }
+
     fn dispatch(&self, _ch: &Channel, msg: &Message, _now: DateTime<Utc>) -> Dispatch {
         match body(self, msg) {
             Ok(body) => Dispatch::Request(Request {

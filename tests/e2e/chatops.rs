@@ -519,6 +519,9 @@ fn event_id(
 #[test]
 fn pagerduty_triggers_then_resolves_with_the_same_dedup_key() {
     let pd = HttpReceiver::with_default(pagerduty_ok("x"));
+    // `resolved.to` tells people elsewhere; the incident is resolved because `notify.to` paged
+    // (SPEC §4: a rule's `resolved` sends `event_action: resolve`), not because it is listed.
+    let ops = HttpReceiver::with_default(Response::status(200));
     // The first trigger meets a 429, then PagerDuty's own answer.
     pd.push(Response::status(429).header("Retry-After", "1"));
     let yaml = format!(
@@ -529,6 +532,7 @@ channels:
     url: "{url}"
     routing_key: "{PD_KEY}"
     severity: "{{{{ 'warning' if recovered else 'critical' }}}}"
+  ops: {{ type: webhook, url: "{ops}" }}
 rules:
   - name: pay-lock
     match: "pay_lock:{{order_id}}"
@@ -538,10 +542,11 @@ rules:
       message: "Check the payment worker."
     resolved:
       within: 1h
-      to: [pager]
+      to: [ops]
       message: "Re-acquired after {{{{ gap }}}}."
 "#,
         url = pd.url_for("/v2/enqueue"),
+        ops = ops.url_for("/hooks/ops"),
     );
     let daemon = Daemon::start(&yaml);
     daemon.expire("pay_lock:42");
@@ -604,21 +609,45 @@ rules:
                 "timestamp": deadline_text(instant),
                 "group": "pay-lock",
                 "class": "expired",
-                "custom_details": expected_details,
+                "custom_details": expected_details.clone(),
             },
         })
     );
     attempt_logged(&daemon, "pager", "sent");
 
-    // The lock is taken again: the rule's `resolved` resolves the same incident.
+    // The lock is taken again: the rule's `resolved` tells `ops` and resolves the same incident.
     common::set_px(&mut daemon.conn(), "pay_lock:42", 60_000);
+    let notice = one_request(&ops);
+    assert_eq!(
+        (notice.method.as_str(), notice.target.as_str()),
+        ("POST", "/hooks/ops")
+    );
+    assert_eq!(notice.header("content-type"), Some("application/json"));
+    assert_eq!(
+        notice.header("idempotency-key"),
+        Some(format!("{id}:resolved:ops").as_str())
+    );
+    let mut resolved_event = expected_details.clone();
+    resolved_event["followup"] = json!("resolved");
+    assert_eq!(notice.json(), resolved_event);
     let all = pd.wait_for(3, PATIENCE);
+    assert_eq!(
+        all.len(),
+        3,
+        "one resolve, and nothing else, after the trigger"
+    );
     let resolve = &all[2];
     assert_json_post(resolve, "/v2/enqueue");
     assert_eq!(
         resolve.json(),
         json!({"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": id})
     );
+    // A follow-up's log line names no channel: PagerDuty's answer tells it apart.
+    daemon.wait_for_log("the resolve judged sent", |l| {
+        field_is(l, "action", "resolved")
+            && field_is(l, "outcome", "sent")
+            && field_is(l, "answer", "202 success: Event processed")
+    });
     assert_no_secret("the log", &daemon.stderr(), &[PD_KEY]);
 }
 
