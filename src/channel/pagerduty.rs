@@ -24,7 +24,8 @@ use super::message::{FollowupKind, Message};
 pub const KIND: Kind = Kind {
     name: "pagerduty",
     fields: &["routing_key", "routing_key_file", "severity", "url"],
-    // About 120 events a minute per integration key (docs/rules.md#pagerduty).
+    // PagerDuty's Events API v2 takes about 120 events a minute per integration key
+    // (docs/rules.md#pagerduty).
     default_rate: Some(Rate {
         burst: 120,
         per: Duration::from_secs(60),

@@ -22,10 +22,12 @@ use super::message::Message;
 pub const KIND: Kind = Kind {
     name: "teams",
     fields: &["url", "url_file"],
-    // Teams throttles a webhook above 4 requests per second (docs/rules.md#teams).
+    // The Workflows template posts as the Flow bot, which the Teams connector lets post 25
+    // times per 300 s per connection: the tightest of a Workflow's documented limits
+    // (docs/rules.md#teams).
     default_rate: Some(Rate {
-        burst: 4,
-        per: Duration::from_secs(1),
+        burst: 25,
+        per: Duration::from_secs(300),
     }),
     example_url: "https://prod-00.westeurope.logic.azure.com/workflows/ID/triggers/manual/paths/invoke?api-version=2016-06-01&sig=...",
     decode,
@@ -267,6 +269,19 @@ mod tests {
              \\[x\\]\\(http:\u{200B}//evil\\) \\*\\*b\\*\\* @\u{200B}channel \
              {\u{200B}{\u{200B}DATE\\(2017-02-14T06:08:39Z\\)}} a\\\\u202Eb\\\\u001B\\[31m\\nline"
         );
+    }
+
+    #[test]
+    fn the_default_rate_is_what_a_flow_bot_may_post() {
+        // 25 posts per 300 s per connection (docs/rules.md#teams).
+        assert_eq!(
+            KIND.default_rate,
+            Some(Rate {
+                burst: 25,
+                per: Duration::from_secs(300)
+            })
+        );
+        assert_eq!(channel().rate.unwrap().to_string(), "25/5m");
     }
 
     #[test]
