@@ -262,6 +262,7 @@ impl TemplateSet {
             .map_err(|e| convert_error(&e, &entry.source))?;
         template
             .render(ctx.root().clone())
+            .map(|out| entry.escape.finish(out))
             .map_err(|e| convert_error(&e, &entry.source))
     }
 

@@ -101,7 +101,7 @@ rules:
             .url_for("/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret"),
     );
     let daemon = Daemon::start(&yaml);
-    let hostile = "[x](http://evil) <b>@channel</b>";
+    let hostile = "[x](http://evil) <b>@channel</b> evil.example/login /start <!channel> **b** a\u{202E}b\u{7}c";
     daemon.expire(format!("pay_lock:{hostile}"));
     let r = one_request(&teams);
     assert_json_post(
@@ -145,7 +145,10 @@ rules:
             "{action}"
         );
     }
-    let escaped = "\\[x\\]\\(http:\u{200B}//evil\\) <\u{200B}b\\>@\u{200B}channel<\u{200B}/b\\>";
+    // Teams Markdown: links, bare host names, mentions and card functions broken by zero-width
+    // spaces, emphasis by backslashes, invisible characters shown.
+    let escaped = "[x]\u{200B}(http:\u{200B}//evil) <\u{200B}b>@\u{200B}channel<\u{200B}/b> \
+                   evil.\u{200B}example/login /start <\u{200B}!channel> \\*\\*b\\*\\* a\\u202Eb\\u0007c";
     assert_eq!(
         body,
         json!({
@@ -163,7 +166,7 @@ rules:
                         {"type": "TextBlock", "text": format!("Lock of **{escaped}** expired.\n\nCheck the worker."), "wrap": true},
                         {"type": "FactSet", "facts": [
                             {"title": "Rule", "value": "pay-lock"},
-                            {"title": "Key", "value": format!("pay\\_lock:{escaped}")},
+                            {"title": "Key", "value": format!("pay_lock:{escaped}")},
                             {"title": "DB", "value": "0"},
                             // Expired at once: normalised above when learnt.
                             {"title": "Deadline", "value": "unknown"},
@@ -269,13 +272,15 @@ rules:
     notify:
       to: [tg]
       title: "Payment lock <i>{{{{ order_id }}}}</i>"
-      message: "Lock of <code>{{{{ order_id }}}}</code> expired."
+      message: "Lock of <code>{{{{ order_id }}}}</code> expired ({{{{ key }}}})."
     escalate: {{ after: 1h, to: [tg] }}
 "#,
         url = tg.url(),
     );
     let daemon = Daemon::start(&yaml);
-    daemon.expire("pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel \u{202E}");
+    daemon.expire(
+        "pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel <!channel> evil.example/login /start #tag \u{202E}\u{7}",
+    );
     let r = one_request(&tg);
     assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
     let body = r.json();
@@ -293,12 +298,18 @@ rules:
             "{b}"
         );
     }
-    let escaped = "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http:\u{200B}//evil&quot;&gt;y&lt;/a&gt; &amp; @\u{200B}channel \\u202E";
+    // Each value is a `<code>` entity, which Telegram never makes a link, mention, hashtag or
+    // command of: only HTML is escaped and invisible characters shown, so it copies as it is.
+    let escaped = "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http://evil&quot;&gt;y&lt;/a&gt; &amp; @channel \
+                   &lt;!channel&gt; evil.example/login /start #tag \\u202E\\u0007";
     assert_eq!(
         body,
         json!({
             "chat_id": -1001234567890_i64,
-            "text": format!("<b>Payment lock <i>{escaped}</i></b>\nLock of <code>{escaped}</code> expired."),
+            "text": format!(
+                "<b>Payment lock <i><code>{escaped}</code></i></b>\n\
+                 Lock of <code>{escaped}</code> expired (<code>pay_lock:{escaped}</code>)."
+            ),
             "parse_mode": "HTML",
             "link_preview_options": {"is_disabled": true},
             "reply_markup": {"inline_keyboard": [buttons]},
