@@ -482,6 +482,46 @@ fn pagerduty_ok(dedup_key: &str) -> Response {
         )
 }
 
+/// The event JSON (SPEC §4) of an expiry of `key` under `rule` on `daemon`'s Redis, with what
+/// the test knows: everything but the instants, which are checked for what they must be and
+/// taken from `sent`, and the id, computed from them. Whether keywatch learnt the deadline
+/// before the key expired is a race (it expires at once): the event is stamped with the
+/// deadline where it was learnt, else with when it was observed. Also returns that instant.
+fn known_event(
+    sent: &Value,
+    daemon: &Daemon,
+    rule: &str,
+    key: &[u8],
+    captures: Value,
+) -> (Value, chrono::DateTime<chrono::Utc>) {
+    let observed_at = rfc3339_ms(&sent["observed_at"]);
+    let (deadline, instant) = match sent["deadline"].as_str() {
+        Some(_) => {
+            let deadline = rfc3339_ms(&sent["deadline"]);
+            let late = (observed_at - deadline).num_milliseconds();
+            assert!(late >= 0, "observed before its deadline: {sent}");
+            // `late_ms` is counted from the instants themselves, which the text shows to the
+            // millisecond: a difference of one is rounding, anything more a wrong lateness.
+            let late_ms = sent["late_ms"].as_i64().unwrap_or(-1);
+            assert!(
+                (late_ms - late).abs() <= 1,
+                "late_ms {late_ms}, instants say {late}"
+            );
+            (json!(deadline_text(deadline)), deadline)
+        }
+        None => (Value::Null, observed_at),
+    };
+    let expected = json!({
+        "version": 1, "id": event_id(rule, "expired", 0, key, instant), "rule": rule,
+        "event": "expired", "key": String::from_utf8_lossy(key), "db": 0, "captures": captures,
+        "detail": null, "deadline": deadline, "observed_at": deadline_text(observed_at),
+        "late_ms": if deadline.is_null() { Value::Null } else { sent["late_ms"].clone() },
+        "recovered": false, "ttl_ms": null,
+        "source": format!("127.0.0.1:{}", daemon.redis.port()),
+    });
+    (expected, instant)
+}
+
 /// An RFC 3339 time of the event JSON (millisecond precision, `Z`), which must be one.
 fn rfc3339_ms(v: &Value) -> chrono::DateTime<chrono::Utc> {
     let text = v.as_str().unwrap_or_else(|| panic!("not a time: {v}"));
@@ -574,38 +614,15 @@ rules:
     let trigger = &triggers[1];
     assert_json_post(trigger, "/v2/enqueue");
     let t = trigger.json();
-    let details = &t["payload"]["custom_details"];
-    // Whether keywatch learnt the deadline before the key expired is a race (it expires at
-    // once): the event is stamped with the deadline where it was learnt, else with when it was
-    // observed, and its id is made from that instant. Both are checked for what they must be,
-    // then every other field against known values.
-    let observed_at = rfc3339_ms(&details["observed_at"]);
-    let (deadline, late_ms, instant) = match details["deadline"].as_str() {
-        Some(_) => {
-            let deadline = rfc3339_ms(&details["deadline"]);
-            let late = (observed_at - deadline).num_milliseconds();
-            assert!(late >= 0, "observed before its deadline: {details}");
-            (json!(deadline_text(deadline)), json!(late), deadline)
-        }
-        None => (Value::Null, Value::Null, observed_at),
-    };
-    let id = event_id("pay-lock", "expired", 0, b"pay_lock:42", instant);
+    let (expected_details, instant) = known_event(
+        &t["payload"]["custom_details"],
+        &daemon,
+        "pay-lock",
+        b"pay_lock:42",
+        json!({"order_id": "42"}),
+    );
+    let id = expected_details["id"].as_str().unwrap().to_string();
     let source = format!("127.0.0.1:{}", daemon.redis.port());
-    let mut expected_details = json!({
-        "version": 1, "id": id, "rule": "pay-lock", "event": "expired", "key": "pay_lock:42",
-        "db": 0, "captures": {"order_id": "42"}, "detail": null,
-        "deadline": deadline, "observed_at": deadline_text(observed_at), "late_ms": late_ms,
-        "recovered": false, "ttl_ms": null, "source": source,
-    });
-    // `late_ms` is counted from the instants themselves, which the text shows to the
-    // millisecond: a difference of one is rounding, anything more a wrong lateness.
-    if let (Some(sent), Some(shown)) = (details["late_ms"].as_i64(), late_ms.as_i64()) {
-        assert!(
-            (sent - shown).abs() <= 1,
-            "late_ms {sent}, instants say {shown}"
-        );
-        expected_details["late_ms"] = json!(sent);
-    }
     assert_eq!(
         t,
         json!({
@@ -702,6 +719,59 @@ rules:
             == 0
     });
     assert_eq!(pd.count(), 2, "the 400 was retried");
+}
+
+/// A hostile key is data in `custom_details` (JSON: exact, and no field added or changed) and
+/// chat text in `summary`, which reaches people by push, SMS and chat apps: no link, mention,
+/// line or reordering of its own there (docs/rules.md#pagerduty).
+#[test]
+fn pagerduty_a_hostile_key_cannot_inject_into_the_event() {
+    let pd = HttpReceiver::with_default(pagerduty_ok("x"));
+    let yaml = format!(
+        r#"
+channels:
+  pager: {{ type: pagerduty, url: "{}", routing_key: "{PD_KEY}", severity: warning }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [pager], title: "Cache {{{{ name }}}} gone", message: "{{{{ key }}}} expired." }}
+"#,
+        pd.url_for("/v2/enqueue"),
+    );
+    let daemon = Daemon::start(&yaml);
+    let name = "k\"}, \"event_action\": \"resolve\", \"x\": \"\n</x> evil.example/login http://x @all <!channel> /start a\u{202E}b\u{7}c";
+    let key = format!("cache:{name}");
+    daemon.expire(&key);
+    let r = one_request(&pd);
+    assert_json_post(&r, "/v2/enqueue");
+    let t = r.json();
+    let (details, instant) = known_event(
+        &t["payload"]["custom_details"],
+        &daemon,
+        "cache-gone",
+        key.as_bytes(),
+        json!({ "name": name }),
+    );
+    let shown = "k\"}, \"event_action\": \"resolve\", \"x\": \"\\n<\u{200B}/x> evil.\u{200B}example/login \
+                 http:\u{200B}//x @\u{200B}all <\u{200B}!channel> /start a\\u202Eb\\u0007c";
+    assert_eq!(
+        t,
+        json!({
+            "routing_key": PD_KEY,
+            "event_action": "trigger",
+            "dedup_key": details["id"],
+            "client": "keywatch",
+            "payload": {
+                "summary": format!("Cache {shown} gone: cache:{shown} expired."),
+                "source": details["source"],
+                "severity": "warning",
+                "timestamp": deadline_text(instant),
+                "group": "cache-gone",
+                "class": "expired",
+                "custom_details": details,
+            },
+        })
+    );
 }
 
 #[test]
