@@ -143,7 +143,10 @@ impl Escape {
                 } else if !name.is_empty() {
                     elements.push(name);
                 }
-                out.extend(tag.chars().filter(|c| !matches!(*c, VALUE_OPEN | VALUE_CLOSE)));
+                out.extend(
+                    tag.chars()
+                        .filter(|c| !matches!(*c, VALUE_OPEN | VALUE_CLOSE)),
+                );
                 rest = &rest[end + 1..];
                 continue;
             }
