@@ -67,11 +67,10 @@ pub trait Integration: fmt::Debug + Send + Sync {
     }
 
     /// Whether the alerts sent through this channel stay open at the receiver until they are
-    /// closed (Alertmanager; PagerDuty resolves only where `resolved.to` names it, as
-    /// docs/rules.md#pagerduty says). A rule's `resolved` then reaches this channel from
-    /// `notify.to` whether or not `resolved.to` lists it, and its resolved notice
-    /// ([`Message::followup`]) closes the alert instead of telling people
-    /// (README.md#follow-ups).
+    /// closed (Alertmanager, PagerDuty). A rule's `resolved` then reaches this channel from
+    /// `notify.to` (and `escalate.to`) whether or not `resolved.to` lists it, and its resolved
+    /// notice ([`Message::followup`]) closes the alert instead of telling people
+    /// (README.md#follow-ups, docs/rules.md#pagerduty).
     fn closes_on_resolved(&self) -> bool {
         false
     }

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use crate::outcome::Outcome;
-use crate::template::Escape;
+use crate::template::{Escape, hidden_char_shown};
 use crate::yaml::{Secret, mask_user_info};
 
 use super::chat::json_headers;
@@ -24,7 +24,8 @@ use super::message::{FollowupKind, Message};
 pub const KIND: Kind = Kind {
     name: "pagerduty",
     fields: &["routing_key", "routing_key_file", "severity", "url"],
-    // About 120 events a minute per integration key (docs/rules.md#pagerduty).
+    // PagerDuty's Events API v2 takes about 120 events a minute per integration key
+    // (docs/rules.md#pagerduty).
     default_rate: Some(Rate {
         burst: 120,
         per: Duration::from_secs(60),
@@ -124,6 +125,12 @@ impl Integration for PagerDuty {
 
     fn takes_digests(&self) -> bool {
         false
+    }
+
+    /// An incident stays open until it is resolved: the rule's `resolved` resolves it whether
+    /// or not `resolved.to` names this channel (SPEC §4, docs/rules.md#pagerduty).
+    fn closes_on_resolved(&self) -> bool {
+        true
     }
 
     fn dispatch(&self, _ch: &Channel, msg: &Message, _now: DateTime<Utc>) -> Dispatch {
@@ -254,7 +261,9 @@ pub fn severity(rendered: Option<&str>) -> &'static str {
         .unwrap_or(FALLBACK_SEVERITY)
 }
 
-/// `title: message` on one line, at most [`SUMMARY_LIMIT`] characters, the cut said.
+/// `title: message` on one line, at most [`SUMMARY_LIMIT`] characters, the cut said. Control
+/// and bidi characters (which chat text escaping leaves) are shown as `\u202E`: a summary
+/// reaches phones and chat apps, where they would reorder or hide what it says.
 pub fn summary(title: &str, text: &str) -> String {
     let text = text.split('\n').map(str::trim_end).collect::<Vec<_>>().join(" ");
     let whole = if text.trim().is_empty() {
@@ -262,6 +271,14 @@ pub fn summary(title: &str, text: &str) -> String {
     } else {
         format!("{title}: {text}")
     };
+    let mut shown = String::with_capacity(whole.len());
+    for c in whole.chars() {
+        match hidden_char_shown(c) {
+            Some(s) => shown.push_str(&s),
+            None => shown.push(c),
+        }
+    }
+    let whole = shown;
     let total = whole.chars().count();
     if total <= SUMMARY_LIMIT {
         return whole;
@@ -414,6 +431,30 @@ mod tests {
         let s = summary("T", &"é".repeat(5_000));
         assert_eq!(s.chars().count(), SUMMARY_LIMIT - 30 + "… (4009 more characters)".chars().count());
         assert!(s.ends_with("é… (4009 more characters)"), "{s}");
+    }
+
+    /// The key is data in `custom_details` (exact: JSON escapes it) and chat text in `summary`
+    /// (escaped as the rule's templates escape it, with what stays invisible shown).
+    #[test]
+    fn a_hostile_key_stays_data_in_custom_details_and_text_in_the_summary() {
+        let key = "k\"}, \"event_action\": \"resolve\"\n</x> evil.example/login http://x @all <!channel> /start a\u{202E}b\u{7}c";
+        let mut msg = message(None);
+        msg.items[0].event["key"] = json!(key);
+        let shown = Escape::Text.escape_value(key);
+        msg.title = format!("Lock {shown}");
+        msg.items[0].text = format!("Key {shown} expired.");
+        let b = body(&pd(), &msg).unwrap();
+        assert_eq!(b["event_action"], "trigger");
+        assert_eq!(b["dedup_key"], "e1");
+        let mut want = event();
+        want["key"] = json!(key);
+        assert_eq!(b["payload"]["custom_details"], want);
+        let shown = "k\"}, \"event_action\": \"resolve\"\\n<\u{200B}/x> evil.\u{200B}example/login \
+                     http:\u{200B}//x @\u{200B}all <\u{200B}!channel> /start a\\u202Eb\\u0007c";
+        assert_eq!(
+            b["payload"]["summary"],
+            format!("Lock {shown}: Key {shown} expired.")
+        );
     }
 
     #[test]

@@ -22,10 +22,12 @@ use super::message::Message;
 pub const KIND: Kind = Kind {
     name: "teams",
     fields: &["url", "url_file"],
-    // Teams throttles a webhook above 4 requests per second (docs/rules.md#teams).
+    // The Workflows template posts as the Flow bot, which the Teams connector lets post 25
+    // times per 300 s per connection: the tightest of a Workflow's documented limits
+    // (docs/rules.md#teams).
     default_rate: Some(Rate {
-        burst: 4,
-        per: Duration::from_secs(1),
+        burst: 25,
+        per: Duration::from_secs(300),
     }),
     example_url: "https://prod-00.westeurope.logic.azure.com/workflows/ID/triggers/manual/paths/invoke?api-version=2016-06-01&sig=...",
     decode,
@@ -246,7 +248,7 @@ mod tests {
                 r#"{"title":"Silence 1h","type":"Action.OpenUrl","url":"https://kw/l/s"}],"#,
                 r#""body":[{"size":"Medium","text":"Order lock expired","type":"TextBlock","weight":"Bolder","wrap":true},"#,
                 r#"{"text":"Lock of 42 expired.\n\nCheck the worker.","type":"TextBlock","wrap":true},"#,
-                r#"{"facts":[{"title":"Rule","value":"order-lock"},{"title":"Key","value":"order\\_lock:42"},"#,
+                r#"{"facts":[{"title":"Rule","value":"order-lock"},{"title":"Key","value":"order_lock:42"},"#,
                 r#"{"title":"DB","value":"0"},{"title":"Deadline","value":"2026-11-29T10:15:00.000Z"},"#,
                 r#"{"title":"Late","value":"12ms"}],"type":"FactSet"}],"#,
                 r#""msteams":{"width":"full"},"type":"AdaptiveCard","version":"1.4"},"#,
@@ -255,18 +257,27 @@ mod tests {
         );
     }
 
+    /// Fact values are Teams Markdown too (docs/rules.md#teams): a key in them can no more
+    /// format, link or mention than in the text, and a plain key shows exactly.
     #[test]
     fn a_hostile_key_in_the_facts_cannot_format_link_or_mention() {
-        let hostile = "<b>x</b> <a href=\"http://evil\">y</a> [x](http://evil) **b** @channel {{DATE(2017-02-14T06:08:39Z)}} a\u{202E}b\u{1b}[31m\nline";
-        let msg = message(hostile, "");
-        let body: Value = serde_json::from_slice(&body(&channel(), &msg)).unwrap();
-        let key = &body["attachments"][0]["content"]["body"][1]["facts"][1]["value"];
-        assert_eq!(
-            key.as_str().unwrap(),
-            "<\u{200B}b\\>x<\u{200B}/b\\> <\u{200B}a href=\"http:\u{200B}//evil\"\\>y<\u{200B}/a\\> \
-             \\[x\\]\\(http:\u{200B}//evil\\) \\*\\*b\\*\\* @\u{200B}channel \
-             {\u{200B}{\u{200B}DATE\\(2017-02-14T06:08:39Z\\)}} a\\\\u202Eb\\\\u001B\\[31m\\nline"
-        );
+        for (key, shown) in [
+            ("order_lock:42", "order_lock:42"),
+            ("evil.example/login", "evil.\u{200B}example/login"),
+            ("http://x", "http:\u{200B}//x"),
+            ("[x](http://evil)", "[x]\u{200B}(http:\u{200B}//evil)"),
+            ("<a href=x>", "<\u{200B}a href=x>"),
+            ("@all <!channel>", "@\u{200B}all <\u{200B}!channel>"),
+            ("**b** _i_", "\\*\\*b\\*\\* \\_i\\_"),
+            ("/start", "/start"),
+            ("{{DATE(2017-02-14T06:08:39Z)}}", "{\u{200B}{DATE(2017-02-14T06:08:39Z)}}"),
+            ("a\u{202E}b\u{1b}[31m\nline", "a\\u202Eb\\u001B[31m\\nline"),
+        ] {
+            let msg = message(key, "");
+            let body: Value = serde_json::from_slice(&body(&channel(), &msg)).unwrap();
+            let facts = &body["attachments"][0]["content"]["body"][1]["facts"];
+            assert_eq!(facts[1], json!({"title": "Key", "value": shown}), "{key:?}");
+        }
     }
 
     #[test]

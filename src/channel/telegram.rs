@@ -23,7 +23,8 @@ use super::message::Message;
 pub const KIND: Kind = Kind {
     name: "telegram",
     fields: &["token", "token_file", "chat_id", "url"],
-    // A bot may send no more than 20 messages a minute to one group (docs/rules.md#telegram).
+    // A bot may send no more than 20 messages a minute to one group, Telegram's Bot FAQ says;
+    // alerts mostly go to groups (docs/rules.md#telegram).
     default_rate: Some(Rate {
         burst: 20,
         per: Duration::from_secs(60),

@@ -252,15 +252,19 @@ fn build_rule(
         .escalate
         .as_ref()
         .map(|fd| t.followup(fd, channels, channel_names, &r.on, "escalate", &[]));
-    // Alerts kept open at the receiver (Alertmanager, PagerDuty) are closed by `resolved`.
-    let closing: Vec<String> = r
-        .notify
-        .iter()
-        .flat_map(|n| &n.to)
-        .filter_map(|name| channels.iter().find(|c| c.name == name.value))
-        .filter(|c| c.integration.closes_on_resolved())
-        .map(|c| c.name.clone())
-        .collect();
+    // Alerts kept open at the receiver (Alertmanager, PagerDuty) are closed by `resolved`:
+    // those of `notify.to`, and PagerDuty incidents an escalation opened (alertmanager
+    // channels cannot be in `escalate.to`). docs/rules.md#pagerduty.
+    let mut closing: Vec<String> = Vec::new();
+    let paged = r.notify.iter().flat_map(|n| &n.to);
+    for name in paged.chain(r.escalate.iter().flat_map(|e| &e.to)) {
+        if let Some(c) = channels.iter().find(|c| c.name == name.value)
+            && c.integration.closes_on_resolved()
+            && !closing.contains(&c.name)
+        {
+            closing.push(c.name.clone());
+        }
+    }
     let resolved = r
         .resolved
         .as_ref()
@@ -552,6 +556,47 @@ rules:
         assert!(
             diags[0].starts_with("rules.yaml:7:15: rule `r` `resolved` names no channel"),
             "{diags:#?}"
+        );
+    }
+
+    /// A PagerDuty incident opened by `notify.to` or `escalate.to` is resolved by the rule's
+    /// `resolved` whichever channels `resolved.to` names (SPEC §4), as an alertmanager alert is.
+    #[test]
+    fn resolved_reaches_the_pagerduty_channels_that_paged() {
+        let yaml = r#"
+channels:
+  pager: { type: pagerduty, routing_key: "R0UTINGKEY0123456789abcdefABCDEF" }
+  night: { type: pagerduty, routing_key: "N1GHTKEY000123456789abcdefABCDEF" }
+  log: { type: log }
+rules:
+  - name: r
+    match: "a:{id}"
+    notify: { to: [pager, log] }
+    escalate: { after: 5m, to: [night] }
+    resolved: { within: 1h, to: [log] }
+"#;
+        let loaded = check(yaml).unwrap_or_else(|d| panic!("{d:#?}"));
+        let rule = loaded.config.rule("r").unwrap();
+        assert_eq!(
+            rule.resolved.as_ref().unwrap().to,
+            ["log", "pager", "night"]
+        );
+        // Without `to`, `resolved` only resolves.
+        let quiet = yaml.replace(
+            "resolved: { within: 1h, to: [log] }",
+            "resolved: { within: 1h }",
+        );
+        let loaded = check(&quiet).unwrap_or_else(|d| panic!("{d:#?}"));
+        assert_eq!(
+            loaded
+                .config
+                .rule("r")
+                .unwrap()
+                .resolved
+                .as_ref()
+                .unwrap()
+                .to,
+            ["pager", "night"]
         );
     }
 

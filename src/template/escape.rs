@@ -31,11 +31,16 @@ pub enum Escape {
     /// Chat plain text: `@` and `<` get a zero-width space after them, so `@all`, `@13800000000`,
     /// `<at user_id="all">` and `<@userid>` can no longer mention anyone.
     Text,
-    /// Microsoft Teams Adaptive Card Markdown: [`Escape::Markdown`], plus a zero-width space
-    /// after `{` (a TextBlock formats `{{DATE(…)}}`), and control and bidi characters shown.
+    /// Microsoft Teams Adaptive Card Markdown, which is bold, italic, lists and links
+    /// (docs/rules.md#teams): [`Escape::Text`], plus a zero-width space after a `]` that would
+    /// start a link's target and a `{` that would open a card function (`{{DATE(…)}}`), a
+    /// backslash before `*` and before a `_` that could delimit emphasis, and control and bidi
+    /// characters shown. Some Teams clients show backslash escapes, so nothing else gets one.
     Teams,
-    /// Telegram's HTML: `&` `<` `>` `"` as entities, plus [`Escape::Text`]'s zero-width space
-    /// after `@` (a `@username` would mention), and control and bidi characters shown.
+    /// Telegram's HTML: `&` `<` `>` `"` as entities, control and bidi characters shown, and the
+    /// value marked ([`VALUE_OPEN`], [`VALUE_CLOSE`]) so that [`Escape::finish`] makes it a
+    /// `<code>` entity, which Telegram never makes a link, mention, hashtag or command of: the
+    /// key needs no zero-width space and copies as it is (docs/rules.md#telegram).
     Html,
 }
 
@@ -46,6 +51,17 @@ const MARKDOWN_SPECIALS: &[char] = &['\\', '`', '*', '_', '[', ']', '(', ')', '#
 /// Redis glob metacharacters (`stringmatchlen`): `^` and `-` only mean something inside `[…]`,
 /// which cannot open once `[` is escaped.
 const GLOB_SPECIALS: &[char] = &['*', '?', '[', ']', '\\'];
+
+/// Where an [`Escape::Html`] value starts and ends until [`Escape::finish`]: Unicode
+/// noncharacters, which are for a program's internal use and which a value's own are shown
+/// (`\uFDD0`) rather than written.
+pub(crate) const VALUE_OPEN: char = '\u{FDD0}';
+pub(crate) const VALUE_CLOSE: char = '\u{FDD1}';
+
+/// Telegram elements that cannot hold a `code` entity (Bot API "Formatting options": code and
+/// pre contain no other entity, a link's text is no entity of its own); a value inside one is
+/// plain text there, and already safe.
+const NO_CODE_INSIDE: &[&str] = &["code", "pre", "a", "tg-emoji"];
 
 impl Escape {
     pub const ALL: [Escape; 9] = [
@@ -98,13 +114,72 @@ impl Escape {
         out
     }
 
+    /// A rendered template as its target takes it. [`Escape::Html`]: each marked value becomes
+    /// `<code>…</code>`, except inside a tag (an attribute) or an element that cannot hold code,
+    /// where it stays plain; every other mode is left as it is.
+    pub(crate) fn finish(self, rendered: String) -> String {
+        if self != Escape::Html || !rendered.contains([VALUE_OPEN, VALUE_CLOSE]) {
+            return rendered;
+        }
+        let mut out = String::with_capacity(rendered.len() + 32);
+        let mut elements: Vec<String> = Vec::new();
+        // Per value open: whether it was written as `<code>`.
+        let mut values: Vec<bool> = Vec::new();
+        let mut rest = rendered.as_str();
+        while let Some(c) = rest.chars().next() {
+            if c == '<'
+                && let Some(end) = rest.find('>')
+            {
+                let tag = &rest[..=end];
+                let name = tag[1..tag.len() - 1]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .to_ascii_lowercase();
+                if let Some(closing) = name.strip_prefix('/') {
+                    if let Some(i) = elements.iter().rposition(|e| e == closing) {
+                        elements.truncate(i);
+                    }
+                } else if !name.is_empty() {
+                    elements.push(name);
+                }
+                out.extend(
+                    tag.chars()
+                        .filter(|c| !matches!(*c, VALUE_OPEN | VALUE_CLOSE)),
+                );
+                rest = &rest[end + 1..];
+                continue;
+            }
+            match c {
+                VALUE_OPEN => {
+                    let code = !elements
+                        .iter()
+                        .any(|e| NO_CODE_INSIDE.contains(&e.as_str()));
+                    if code {
+                        out.push_str("<code>");
+                    }
+                    values.push(code);
+                }
+                VALUE_CLOSE => {
+                    if values.pop() == Some(true) {
+                        out.push_str("</code>");
+                    }
+                }
+                c => out.push(c),
+            }
+            rest = &rest[c.len_utf8()..];
+        }
+        out
+    }
+
     /// Writes `s` (an encoded string) escaped for this mode.
     pub(crate) fn write_escaped<W: Write>(self, out: &mut W, s: &str) -> fmt::Result {
-        // A bare link in key text (`http://evil`) is made a link by every chat app; a zero-width
-        // space after the colon keeps it text, as it does for `@`.
+        // A bare link in key text (`http://evil`, `evil.example/login`) is made a link by chat
+        // apps and mail clients; a zero-width space after the colon or the dot keeps it text,
+        // as it does for `@`. Telegram's values are code, which is never a link.
         let defused;
-        let s = if self.is_chat() && s.contains("://") {
-            defused = s.replace("://", ":\u{200B}//");
+        let s = if self.is_chat() && self != Escape::Html {
+            defused = defuse_host_names(&s.replace("://", ":\u{200B}//"));
             defused.as_str()
         } else {
             s
@@ -131,30 +206,66 @@ impl Escape {
                     text_replacement(c)
                 }
             }),
-            Escape::Teams => write_replacing(out, s, |c| {
-                if MARKDOWN_SPECIALS.contains(&c) {
-                    Some(Replacement::Prefix('\\'))
-                } else if c == '{' {
-                    Some(Replacement::Str("{\u{200B}"))
-                } else if let Some(shown) = hidden_char_shown(c) {
-                    // The backslash of `\u202E` escaped too, so Markdown shows it.
-                    Some(Replacement::Owned(format!("\\{shown}")))
-                } else {
-                    text_replacement(c)
-                }
-            }),
-            Escape::Html => write_replacing(out, s, |c| match c {
-                '&' => Some(Replacement::Str("&amp;")),
-                '<' => Some(Replacement::Str("&lt;")),
-                '>' => Some(Replacement::Str("&gt;")),
-                '"' => Some(Replacement::Str("&quot;")),
-                '@' => Some(Replacement::Str("@\u{200B}")),
-                _ => hidden_char_shown(c)
-                    .map(Replacement::Owned)
-                    .or_else(|| line_break_replacement(c)),
-            }),
+            Escape::Teams => write_in_context(out, s, teams_replacement),
+            Escape::Html if s.is_empty() => Ok(()),
+            Escape::Html => {
+                out.write_char(VALUE_OPEN)?;
+                write_replacing(out, s, |c| match c {
+                    '&' => Some(Replacement::Str("&amp;")),
+                    '<' => Some(Replacement::Str("&lt;")),
+                    '>' => Some(Replacement::Str("&gt;")),
+                    '"' => Some(Replacement::Str("&quot;")),
+                    '\u{FDD0}'..='\u{FDEF}' => Some(Replacement::Owned(shown(c))),
+                    _ => hidden_char_shown(c)
+                        .map(Replacement::Owned)
+                        .or_else(|| line_break_replacement(c)),
+                })?;
+                out.write_char(VALUE_CLOSE)
+            }
         }
     }
+}
+
+/// Teams Markdown is CommonMark's bold, italic, lists and links, and card functions
+/// (docs/rules.md#teams). A backslash is the only way to keep `*` and `_` from making emphasis,
+/// but `_` inside a word never does (CommonMark's flanking rules), so `order_lock` keeps its
+/// underscore bare; a link needs its `](` (or a reference's `]:`) and a card function its `{{`,
+/// which a zero-width space breaks; a backslash is literal unless punctuation follows.
+fn teams_replacement(prev: Option<char>, c: char, next: Option<char>) -> Option<Replacement> {
+    let alnum = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    match c {
+        '*' => Some(Replacement::Prefix('\\')),
+        '_' if !(alnum(prev) && alnum(next)) => Some(Replacement::Prefix('\\')),
+        '\\' if next.is_none_or(|n| n.is_ascii_punctuation()) => Some(Replacement::Prefix('\\')),
+        ']' if next.is_none_or(|n| n == '(' || n == ':') => Some(Replacement::Str("]\u{200B}")),
+        '{' if next.is_none_or(|n| n == '{') => Some(Replacement::Str("{\u{200B}")),
+        _ => hidden_char_shown(c)
+            .map(Replacement::Owned)
+            .or_else(|| text_replacement(c)),
+    }
+}
+
+/// `s` with a zero-width space after each dot that would make a host name of the text around
+/// it (`evil.example/login`, `www.evil.co.uk`): a letter, digit or `-` before it and, after
+/// it, a label of two or more letters and nothing else, which is what a top-level domain looks
+/// like. Other dots (`user.42`, `cache.v2`, `10.0.0.1`) stay as they are.
+fn defuse_host_names(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    let mut prev: Option<char> = None;
+    for (i, c) in s.char_indices() {
+        out.push(c);
+        if c == '.' && prev.is_some_and(|p| p.is_alphanumeric() || p == '-') {
+            let label = s[i + 1..]
+                .split(|l: char| !(l.is_alphanumeric() || l == '-'))
+                .next()
+                .unwrap_or("");
+            if label.chars().nth(1).is_some() && label.chars().all(char::is_alphabetic) {
+                out.push('\u{200B}');
+            }
+        }
+        prev = Some(c);
+    }
+    out
 }
 
 fn text_replacement(c: char) -> Option<Replacement> {
@@ -179,7 +290,7 @@ fn line_break_replacement(c: char) -> Option<Replacement> {
 /// tab) or a bidirectional formatting character in key text, written as `\u202E`: invisible,
 /// it could make text read in another order than it is (a key that shows as someone else's) or
 /// carry a terminal escape into a notification.
-fn hidden_char_shown(c: char) -> Option<String> {
+pub(crate) fn hidden_char_shown(c: char) -> Option<String> {
     let hidden = (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
         || matches!(
             c,
@@ -187,7 +298,12 @@ fn hidden_char_shown(c: char) -> Option<String> {
         )
         || ('\u{202A}'..='\u{202E}').contains(&c)
         || ('\u{2066}'..='\u{2069}').contains(&c);
-    hidden.then(|| format!("\\u{:04X}", u32::from(c)))
+    hidden.then(|| shown(c))
+}
+
+/// `c` written as `\u202E`.
+fn shown(c: char) -> String {
+    format!("\\u{:04X}", u32::from(c))
 }
 
 enum Replacement {
@@ -196,12 +312,28 @@ enum Replacement {
     Prefix(char),
 }
 
+/// [`write_replacing`] for a mode whose replacement of a char depends on the chars beside it.
+fn write_in_context<W: Write>(
+    out: &mut W,
+    s: &str,
+    f: impl Fn(Option<char>, char, Option<char>) -> Option<Replacement>,
+) -> fmt::Result {
+    let mut prev = None;
+    let mut chars = s.chars().peekable();
+    write_replacing(out, s, |c| {
+        chars.next();
+        let r = f(prev, c, chars.peek().copied());
+        prev = Some(c);
+        r
+    })
+}
+
 /// Copies `s` in runs, replacing the few chars `f` names: output goes through minijinja's
 /// `dyn Write`, where one call per run is much cheaper than one per char.
 fn write_replacing<W: Write>(
     out: &mut W,
     s: &str,
-    f: impl Fn(char) -> Option<Replacement>,
+    mut f: impl FnMut(char) -> Option<Replacement>,
 ) -> fmt::Result {
     let mut start = 0;
     for (i, c) in s.char_indices() {
@@ -379,35 +511,122 @@ mod tests {
     }
 
     #[test]
-    fn teams_escapes_markdown_card_functions_and_hidden_characters() {
+    fn teams_escapes_what_card_markdown_means_without_backslashes_where_it_can() {
+        // Links and card functions are broken by a zero-width space, not a backslash (some
+        // Teams clients show backslash escapes: docs/rules.md#teams).
         assert_eq!(
-            esc(Escape::Teams, "[x](http://evil) **b** @channel <at>x</at>"),
-            "\\[x\\]\\(http:\u{200B}//evil\\) \\*\\*b\\*\\* @\u{200B}channel <\u{200B}at\\>x<\u{200B}/at\\>"
+            esc(
+                Escape::Teams,
+                "[x](http://evil) ![i](x) [d]: y @channel <at>x</at>"
+            ),
+            "[x]\u{200B}(http:\u{200B}//evil) ![i]\u{200B}(x) [d]\u{200B}: y @\u{200B}channel <\u{200B}at>x<\u{200B}/at>"
         );
         assert_eq!(
-            esc(Escape::Teams, "{{DATE(2017-02-14T06:08:39Z, SHORT)}}"),
-            "{\u{200B}{\u{200B}DATE\\(2017-02-14T06:08:39Z, SHORT\\)}}"
+            esc(Escape::Teams, "{{DATE(2017-02-14T06:08:39Z, SHORT)}} {a}"),
+            "{\u{200B}{DATE(2017-02-14T06:08:39Z, SHORT)}} {a}"
         );
-        assert_eq!(esc(Escape::Teams, "a\u{202E}b\r\n"), "a\\\\u202Eb\\r\\n");
+        assert_eq!(esc(Escape::Teams, "{"), "{\u{200B}");
+        // Emphasis: `*` always, `_` only where it could open or close it (never inside a word).
+        assert_eq!(
+            esc(Escape::Teams, "**b** _i_ order_lock_42 a_ _b é_é"),
+            "\\*\\*b\\*\\* \\_i\\_ order_lock_42 a\\_ \\_b é_é"
+        );
+        // A backslash is one only before punctuation (or where the value ends).
+        assert_eq!(
+            esc(Escape::Teams, "C:\\dir \\* a\\"),
+            "C:\\dir \\\\\\* a\\\\"
+        );
+        // What card Markdown does not have is left as it is.
+        assert_eq!(
+            esc(Escape::Teams, "# h > q `c` ~s~ |t| (p)"),
+            "# h > q `c` ~s~ |t| (p)"
+        );
+        // Keys as they are in Redis stay as they are.
+        for key in [
+            "order_lock:42",
+            "{user1}:cart",
+            "cache:v2",
+            "10.0.0.1:6379",
+            "a-b_c/d",
+        ] {
+            assert_eq!(esc(Escape::Teams, key), key);
+        }
+        assert_eq!(
+            esc(Escape::Teams, "a\u{202E}b\r\n\u{1b}"),
+            "a\\u202Eb\\r\\n\\u001B"
+        );
     }
 
     #[test]
-    fn html_escapes_markup_mentions_links_and_hidden_characters() {
+    fn chat_modes_break_bare_host_names_and_leave_other_dots() {
+        for mode in [Escape::Slack, Escape::Markdown, Escape::Text, Escape::Teams] {
+            for (value, want) in [
+                ("evil.example/login", "evil.\u{200B}example/login"),
+                ("www.evil.co.uk", "www.\u{200B}evil.\u{200B}co.\u{200B}uk"),
+                ("mail.\u{0440}\u{0444}", "mail.\u{200B}\u{0440}\u{0444}"),
+                ("user.42", "user.42"),
+                ("cache.v2", "cache.v2"),
+                ("10.0.0.1:6379", "10.0.0.1:6379"),
+                ("a.b", "a.b"),
+                ("end.", "end."),
+                (".hidden", ".hidden"),
+            ] {
+                assert_eq!(esc(mode, value), want, "{mode:?} {value}");
+            }
+        }
+        for mode in [Escape::Raw, Escape::RedisKey, Escape::Glob] {
+            assert_eq!(esc(mode, "evil.example"), "evil.example");
+        }
+    }
+
+    /// Telegram: a value is marked as one and becomes a `<code>` entity ([`Escape::finish`]),
+    /// which Telegram never makes a link, mention, hashtag or command of, so only HTML is
+    /// escaped and the text stays as the key is.
+    #[test]
+    fn html_escapes_markup_and_shows_hidden_characters_in_a_marked_value() {
+        let marked = |s: &str| format!("{VALUE_OPEN}{s}{VALUE_CLOSE}");
         assert_eq!(
             esc(
                 Escape::Html,
-                "<b>x</b> <a href=\"http://evil\">y</a> & @channel"
+                "<b>x</b> <a href=\"http://evil\">y</a> & @channel /start #tag evil.example/login"
             ),
-            "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http:\u{200B}//evil&quot;&gt;y&lt;/a&gt; &amp; @\u{200B}channel"
+            marked(
+                "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http://evil&quot;&gt;y&lt;/a&gt; &amp; @channel /start #tag evil.example/login"
+            )
         );
         assert_eq!(
-            esc(Escape::Html, "[x](http://evil) *b*"),
-            "[x](http:\u{200B}//evil) *b*"
+            esc(
+                Escape::Html,
+                "a\u{202E}b\u{2066}c\u{1b}[31m\u{0}\nd\te\u{FDD0}"
+            ),
+            marked("a\\u202Eb\\u2066c\\u001B[31m\\u0000\\nd\te\\uFDD0")
         );
+        assert_eq!(esc(Escape::Html, ""), "");
+    }
+
+    #[test]
+    fn finish_makes_values_code_except_where_telegram_takes_no_code() {
+        let v = |s: &str| format!("{VALUE_OPEN}{s}{VALUE_CLOSE}");
+        let fin = |s: String| Escape::Html.finish(s);
         assert_eq!(
-            esc(Escape::Html, "a\u{202E}b\u{2066}c\u{1b}[31m\u{0}\nd\te"),
-            "a\\u202Eb\\u2066c\\u001B[31m\\u0000\\nd\te"
+            fin(format!("<b>Lock {}</b> of {}", v("a@b"), v("42"))),
+            "<b>Lock <code>a@b</code></b> of <code>42</code>"
         );
+        // Inside the author's code, pre or link text it is already safe, and Telegram refuses
+        // code there; in an attribute it is part of the URL.
+        assert_eq!(
+            fin(format!(
+                "<code>{}</code> <pre>{}</pre> <a href=\"https://w/?k={}\">{}</a> <i>{}</i>",
+                v("1"),
+                v("2"),
+                v("3"),
+                v("4"),
+                v("5")
+            )),
+            "<code>1</code> <pre>2</pre> <a href=\"https://w/?k=3\">4</a> <i><code>5</code></i>"
+        );
+        // Other modes are left alone.
+        assert_eq!(Escape::Text.finish(v("x")), v("x"));
     }
 
     #[test]

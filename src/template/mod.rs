@@ -23,6 +23,7 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 
 pub use context::{CONTEXT_NAMES, Context, human_duration, verbatim};
 pub use escape::Escape;
+pub(crate) use escape::hidden_char_shown;
 
 /// The work one render may do (minijinja's fuel: about one unit per instruction and per 64 bytes
 /// made). A rule's template is code: a macro that calls itself twice (`m(60)`) would otherwise
@@ -262,6 +263,7 @@ impl TemplateSet {
             .map_err(|e| convert_error(&e, &entry.source))?;
         template
             .render(ctx.root().clone())
+            .map(|out| entry.escape.finish(out))
             .map_err(|e| convert_error(&e, &entry.source))
     }
 

@@ -145,6 +145,41 @@ fn text_kills_mentions() {
     );
 }
 
+/// Telegram: each value is a `<code>` entity, which Telegram never makes a link, mention,
+/// hashtag or bot command of, so the key needs no zero-width space and copies as it is; where
+/// the author's own markup cannot hold code (code, pre, link text, an attribute) it is plain.
+#[test]
+fn telegram_values_are_code_and_copy_exactly() {
+    let hostile = "evil.example/login http://x <a href=x> @all <!channel> /start #h $T +1 555 0100";
+    let c = ctx(hostile.as_bytes());
+    let escaped = "evil.example/login http://x &lt;a href=x&gt; @all &lt;!channel&gt; /start #h $T +1 555 0100";
+    assert_eq!(
+        render_text(
+            "<b>Lock {{ x }}</b>: <code>{{ x }}</code>",
+            Escape::Html,
+            &c
+        ),
+        format!("<b>Lock <code>{escaped}</code></b>: <code>{escaped}</code>")
+    );
+    assert_eq!(
+        render_text(
+            "<a href=\"https://w/?k={{ x }}\">{{ x }}</a>",
+            Escape::Html,
+            &ctx(b"a&b")
+        ),
+        "<a href=\"https://w/?k=a&amp;b\">a&amp;b</a>"
+    );
+    assert_eq!(
+        render_text(
+            "{{ x }}",
+            Escape::Html,
+            &ctx("a\u{202E}b\u{7}\nc".as_bytes())
+        ),
+        "<code>a\\u202Eb\\u0007\\nc</code>"
+    );
+    assert_eq!(render_text("[{{ x }}]", Escape::Html, &ctx(b"")), "[]");
+}
+
 #[test]
 fn markdown_kills_markup_and_mentions() {
     let out = render_text(

@@ -101,7 +101,7 @@ rules:
             .url_for("/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret"),
     );
     let daemon = Daemon::start(&yaml);
-    let hostile = "[x](http://evil) <b>@channel</b>";
+    let hostile = "[x](http://evil) <b>@channel</b> evil.example/login /start <!channel> **b** a\u{202E}b\u{7}c";
     daemon.expire(format!("pay_lock:{hostile}"));
     let r = one_request(&teams);
     assert_json_post(
@@ -145,7 +145,10 @@ rules:
             "{action}"
         );
     }
-    let escaped = "\\[x\\]\\(http:\u{200B}//evil\\) <\u{200B}b\\>@\u{200B}channel<\u{200B}/b\\>";
+    // Teams Markdown: links, bare host names, mentions and card functions broken by zero-width
+    // spaces, emphasis by backslashes, invisible characters shown.
+    let escaped = "[x]\u{200B}(http:\u{200B}//evil) <\u{200B}b>@\u{200B}channel<\u{200B}/b> \
+                   evil.\u{200B}example/login /start <\u{200B}!channel> \\*\\*b\\*\\* a\\u202Eb\\u0007c";
     assert_eq!(
         body,
         json!({
@@ -163,7 +166,7 @@ rules:
                         {"type": "TextBlock", "text": format!("Lock of **{escaped}** expired.\n\nCheck the worker."), "wrap": true},
                         {"type": "FactSet", "facts": [
                             {"title": "Rule", "value": "pay-lock"},
-                            {"title": "Key", "value": format!("pay\\_lock:{escaped}")},
+                            {"title": "Key", "value": format!("pay_lock:{escaped}")},
                             {"title": "DB", "value": "0"},
                             // Expired at once: normalised above when learnt.
                             {"title": "Deadline", "value": "unknown"},
@@ -269,13 +272,15 @@ rules:
     notify:
       to: [tg]
       title: "Payment lock <i>{{{{ order_id }}}}</i>"
-      message: "Lock of <code>{{{{ order_id }}}}</code> expired."
+      message: "Lock of <code>{{{{ order_id }}}}</code> expired ({{{{ key }}}})."
     escalate: {{ after: 1h, to: [tg] }}
 "#,
         url = tg.url(),
     );
     let daemon = Daemon::start(&yaml);
-    daemon.expire("pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel \u{202E}");
+    daemon.expire(
+        "pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel <!channel> evil.example/login /start #tag \u{202E}\u{7}",
+    );
     let r = one_request(&tg);
     assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
     let body = r.json();
@@ -293,12 +298,18 @@ rules:
             "{b}"
         );
     }
-    let escaped = "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http:\u{200B}//evil&quot;&gt;y&lt;/a&gt; &amp; @\u{200B}channel \\u202E";
+    // Each value is a `<code>` entity, which Telegram never makes a link, mention, hashtag or
+    // command of: only HTML is escaped and invisible characters shown, so it copies as it is.
+    let escaped = "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http://evil&quot;&gt;y&lt;/a&gt; &amp; @channel \
+                   &lt;!channel&gt; evil.example/login /start #tag \\u202E\\u0007";
     assert_eq!(
         body,
         json!({
             "chat_id": -1001234567890_i64,
-            "text": format!("<b>Payment lock <i>{escaped}</i></b>\nLock of <code>{escaped}</code> expired."),
+            "text": format!(
+                "<b>Payment lock <i><code>{escaped}</code></i></b>\n\
+                 Lock of <code>{escaped}</code> expired (<code>pay_lock:{escaped}</code>)."
+            ),
             "parse_mode": "HTML",
             "link_preview_options": {"is_disabled": true},
             "reply_markup": {"inline_keyboard": [buttons]},
@@ -369,7 +380,13 @@ rules:
 "#,
         tg.url()
     ));
-    let (code, stdout, stderr) = send_test(&rules, "tg");
+    // The test message names the host it was sent from: a known one here.
+    let out = rules.run(&["send-test", "tg"], &[("HOSTNAME", "kw-host-1")]);
+    let (code, stdout, stderr) = (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     assert_eq!(
         stdout.trim(),
@@ -380,17 +397,23 @@ rules:
     );
     let r = one_request(&tg);
     assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
+    // It also says when it was sent, which the test cannot know: that part must be a time as
+    // the event JSON writes it, and everything around it is exact.
+    let body = r.json();
+    let text = body["text"].as_str().unwrap_or_default();
+    let at = text
+        .strip_prefix("<b>keywatch test message</b>\nThis is a test message from keywatch send-test on kw-host-1 at ")
+        .and_then(|rest| rest.strip_suffix('.'))
+        .unwrap_or_else(|| panic!("{text:?}"));
+    rfc3339_ms(&json!(at));
     assert_eq!(
-        r.json()["text"],
-        format!(
-            "<b>keywatch test message</b>\n{}",
-            r.json()["text"]
-                .as_str()
-                .unwrap()
-                .split_once('\n')
-                .unwrap()
-                .1
-        )
+        body,
+        json!({
+            "chat_id": -100123,
+            "text": format!("<b>keywatch test message</b>\nThis is a test message from keywatch send-test on kw-host-1 at {at}."),
+            "parse_mode": "HTML",
+            "link_preview_options": {"is_disabled": true},
+        })
     );
 
     tg.set_default(
@@ -459,9 +482,97 @@ fn pagerduty_ok(dedup_key: &str) -> Response {
         )
 }
 
+/// The event JSON (SPEC §4) of an expiry of `key` under `rule` on `daemon`'s Redis, with what
+/// the test knows: everything but the instants, which are checked for what they must be and
+/// taken from `sent`, and the id, computed from them. Whether keywatch learnt the deadline
+/// before the key expired is a race (it expires at once): the event is stamped with the
+/// deadline where it was learnt, else with when it was observed. Also returns that instant.
+fn known_event(
+    sent: &Value,
+    daemon: &Daemon,
+    rule: &str,
+    key: &[u8],
+    captures: Value,
+) -> (Value, chrono::DateTime<chrono::Utc>) {
+    let observed_at = rfc3339_ms(&sent["observed_at"]);
+    let (deadline, instant) = match sent["deadline"].as_str() {
+        Some(_) => {
+            let deadline = rfc3339_ms(&sent["deadline"]);
+            let late = (observed_at - deadline).num_milliseconds();
+            assert!(late >= 0, "observed before its deadline: {sent}");
+            // `late_ms` is counted from the instants themselves, which the text shows to the
+            // millisecond: a difference of one is rounding, anything more a wrong lateness.
+            let late_ms = sent["late_ms"].as_i64().unwrap_or(-1);
+            assert!(
+                (late_ms - late).abs() <= 1,
+                "late_ms {late_ms}, instants say {late}"
+            );
+            (json!(deadline_text(deadline)), deadline)
+        }
+        None => (Value::Null, observed_at),
+    };
+    let expected = json!({
+        "version": 1, "id": event_id(rule, "expired", 0, key, instant), "rule": rule,
+        "event": "expired", "key": String::from_utf8_lossy(key), "db": 0, "captures": captures,
+        "detail": null, "deadline": deadline, "observed_at": deadline_text(observed_at),
+        "late_ms": if deadline.is_null() { Value::Null } else { sent["late_ms"].clone() },
+        "recovered": false, "ttl_ms": null,
+        "source": format!("127.0.0.1:{}", daemon.redis.port()),
+    });
+    (expected, instant)
+}
+
+/// An RFC 3339 time of the event JSON (millisecond precision, `Z`), which must be one.
+fn rfc3339_ms(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    let text = v.as_str().unwrap_or_else(|| panic!("not a time: {v}"));
+    let t = chrono::DateTime::parse_from_rfc3339(text)
+        .unwrap_or_else(|e| panic!("{text}: {e}"))
+        .with_timezone(&chrono::Utc);
+    assert_eq!(
+        deadline_text(t),
+        text,
+        "not written to the millisecond in UTC"
+    );
+    t
+}
+
+/// A time as the event JSON writes it (SPEC §4: `2026-11-29T10:15:00.000Z`).
+fn deadline_text(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The event id SPEC §4 asks to be the same on every instance: computed here on its own from
+/// what identifies the event (rule, event, db, key, and its deadline or else when it was
+/// observed; docs/how-it-works.md), in the exact form `firing::event_id` hashes it.
+fn event_id(
+    rule: &str,
+    event: &str,
+    db: u32,
+    key: &[u8],
+    instant: chrono::DateTime<chrono::Utc>,
+) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(rule.as_bytes());
+    h.update([0]);
+    h.update(event.as_bytes());
+    h.update([0]);
+    h.update(db.to_be_bytes());
+    h.update((key.len() as u64).to_be_bytes());
+    h.update(key);
+    h.update(instant.timestamp_millis().to_be_bytes());
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 #[test]
 fn pagerduty_triggers_then_resolves_with_the_same_dedup_key() {
     let pd = HttpReceiver::with_default(pagerduty_ok("x"));
+    // `resolved.to` tells people elsewhere; the incident is resolved because `notify.to` paged
+    // (SPEC §4: a rule's `resolved` sends `event_action: resolve`), not because it is listed.
+    let ops = HttpReceiver::with_default(Response::status(200));
     // The first trigger meets a 429, then PagerDuty's own answer.
     pd.push(Response::status(429).header("Retry-After", "1"));
     let yaml = format!(
@@ -472,6 +583,7 @@ channels:
     url: "{url}"
     routing_key: "{PD_KEY}"
     severity: "{{{{ 'warning' if recovered else 'critical' }}}}"
+  ops: {{ type: webhook, url: "{ops}" }}
 rules:
   - name: pay-lock
     match: "pay_lock:{{order_id}}"
@@ -481,10 +593,11 @@ rules:
       message: "Check the payment worker."
     resolved:
       within: 1h
-      to: [pager]
+      to: [ops]
       message: "Re-acquired after {{{{ gap }}}}."
 "#,
         url = pd.url_for("/v2/enqueue"),
+        ops = ops.url_for("/hooks/ops"),
     );
     let daemon = Daemon::start(&yaml);
     daemon.expire("pay_lock:42");
@@ -501,11 +614,15 @@ rules:
     let trigger = &triggers[1];
     assert_json_post(trigger, "/v2/enqueue");
     let t = trigger.json();
-    let id = t["payload"]["custom_details"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let details = &t["payload"]["custom_details"];
+    let (expected_details, instant) = known_event(
+        &t["payload"]["custom_details"],
+        &daemon,
+        "pay-lock",
+        b"pay_lock:42",
+        json!({"order_id": "42"}),
+    );
+    let id = expected_details["id"].as_str().unwrap().to_string();
+    let source = format!("127.0.0.1:{}", daemon.redis.port());
     assert_eq!(
         t,
         json!({
@@ -515,38 +632,50 @@ rules:
             "client": "keywatch",
             "payload": {
                 "summary": "Payment lock 42 expired: Check the payment worker.",
-                "source": details["source"],
+                "source": source,
                 "severity": "critical",
-                // The deadline where keywatch knew it; an expiry only observed (the key's TTL
-                // ran out before its deadline was learnt, on a loaded machine) is stamped when
-                // it was observed.
-                "timestamp": if details["deadline"].is_string() { &details["deadline"] } else { &details["observed_at"] },
+                "timestamp": deadline_text(instant),
                 "group": "pay-lock",
                 "class": "expired",
-                "custom_details": details,
+                "custom_details": expected_details.clone(),
             },
         })
     );
-    assert_eq!(details["key"], "pay_lock:42");
-    assert_eq!(details["rule"], "pay-lock");
-    assert!(
-        details["source"]
-            .as_str()
-            .unwrap()
-            .starts_with("127.0.0.1:"),
-        "{details}"
-    );
     attempt_logged(&daemon, "pager", "sent");
 
-    // The lock is taken again: the rule's `resolved` resolves the same incident.
+    // The lock is taken again: the rule's `resolved` tells `ops` and resolves the same incident.
     common::set_px(&mut daemon.conn(), "pay_lock:42", 60_000);
+    let notice = one_request(&ops);
+    assert_eq!(
+        (notice.method.as_str(), notice.target.as_str()),
+        ("POST", "/hooks/ops")
+    );
+    assert_eq!(notice.header("content-type"), Some("application/json"));
+    assert_eq!(
+        notice.header("idempotency-key"),
+        Some(format!("{id}:resolved:ops").as_str())
+    );
+    let mut resolved_event = expected_details.clone();
+    resolved_event["followup"] = json!("resolved");
+    assert_eq!(notice.json(), resolved_event);
     let all = pd.wait_for(3, PATIENCE);
+    assert_eq!(
+        all.len(),
+        3,
+        "one resolve, and nothing else, after the trigger"
+    );
     let resolve = &all[2];
     assert_json_post(resolve, "/v2/enqueue");
     assert_eq!(
         resolve.json(),
         json!({"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": id})
     );
+    // A follow-up's log line names no channel: PagerDuty's answer tells it apart.
+    daemon.wait_for_log("the resolve judged sent", |l| {
+        field_is(l, "action", "resolved")
+            && field_is(l, "outcome", "sent")
+            && field_is(l, "answer", "202 success: Event processed")
+    });
     assert_no_secret("the log", &daemon.stderr(), &[PD_KEY]);
 }
 
@@ -590,6 +719,59 @@ rules:
             == 0
     });
     assert_eq!(pd.count(), 2, "the 400 was retried");
+}
+
+/// A hostile key is data in `custom_details` (JSON: exact, and no field added or changed) and
+/// chat text in `summary`, which reaches people by push, SMS and chat apps: no link, mention,
+/// line or reordering of its own there (docs/rules.md#pagerduty).
+#[test]
+fn pagerduty_a_hostile_key_cannot_inject_into_the_event() {
+    let pd = HttpReceiver::with_default(pagerduty_ok("x"));
+    let yaml = format!(
+        r#"
+channels:
+  pager: {{ type: pagerduty, url: "{}", routing_key: "{PD_KEY}", severity: warning }}
+rules:
+  - name: cache-gone
+    match: "cache:{{name}}"
+    notify: {{ to: [pager], title: "Cache {{{{ name }}}} gone", message: "{{{{ key }}}} expired." }}
+"#,
+        pd.url_for("/v2/enqueue"),
+    );
+    let daemon = Daemon::start(&yaml);
+    let name = "k\"}, \"event_action\": \"resolve\", \"x\": \"\n</x> evil.example/login http://x @all <!channel> /start a\u{202E}b\u{7}c";
+    let key = format!("cache:{name}");
+    daemon.expire(&key);
+    let r = one_request(&pd);
+    assert_json_post(&r, "/v2/enqueue");
+    let t = r.json();
+    let (details, instant) = known_event(
+        &t["payload"]["custom_details"],
+        &daemon,
+        "cache-gone",
+        key.as_bytes(),
+        json!({ "name": name }),
+    );
+    let shown = "k\"}, \"event_action\": \"resolve\", \"x\": \"\\n<\u{200B}/x> evil.\u{200B}example/login \
+                 http:\u{200B}//x @\u{200B}all <\u{200B}!channel> /start a\\u202Eb\\u0007c";
+    assert_eq!(
+        t,
+        json!({
+            "routing_key": PD_KEY,
+            "event_action": "trigger",
+            "dedup_key": details["id"],
+            "client": "keywatch",
+            "payload": {
+                "summary": format!("Cache {shown} gone: cache:{shown} expired."),
+                "source": details["source"],
+                "severity": "warning",
+                "timestamp": deadline_text(instant),
+                "group": "cache-gone",
+                "class": "expired",
+                "custom_details": details,
+            },
+        })
+    );
 }
 
 #[test]

@@ -209,7 +209,7 @@ fn a_hostile_key_cannot_add_headers_recipients_or_markup() {
         ]
     );
     let subject = m.header("Subject").unwrap();
-    assert!(subject.starts_with("Order lock <\u{200B}script>alert(1)<\u{200B}/script>\\r\\nBcc: evil@\u{200B}example.net"), "{subject}");
+    assert!(subject.starts_with("Order lock <\u{200B}script>alert(1)<\u{200B}/script>\\r\\nBcc: evil@\u{200B}example.\u{200B}net"), "{subject}");
     assert!(
         !subject.contains('\u{202E}') && !subject.contains(['\r', '\n']),
         "{subject:?}"
@@ -227,11 +227,11 @@ fn a_hostile_key_cannot_add_headers_recipients_or_markup() {
         "{html}"
     );
     assert!(html.contains("&lt;\u{200B}script&gt;alert(1)&lt;\u{200B}/script&gt;"));
-    assert!(html.contains("http:\u{200B}//evil.example"));
+    assert!(html.contains("http:\u{200B}//evil.\u{200B}example"));
     assert!(!html.contains('\u{202E}'));
     let plain = m.part("text/plain");
     assert!(
-        plain.contains("\\r\\nBcc: evil@\u{200B}example.net\\r\\n\\r\\n"),
+        plain.contains("\\r\\nBcc: evil@\u{200B}example.\u{200B}net\\r\\n\\r\\n"),
         "{}",
         &plain[..200]
     );
@@ -241,6 +241,37 @@ fn a_hostile_key_cannot_add_headers_recipients_or_markup() {
         plain.len() < 70_000 && plain.contains("more bytes"),
         "{}",
         plain.len()
+    );
+    daemon.stop();
+}
+
+/// Mail clients make links of bare host names as well as of `http://`: in key text neither is
+/// one, in the subject, the plain part or the HTML part (docs/rules.md#email).
+#[test]
+fn a_key_that_looks_like_a_link_mention_or_command_is_none_of_them() {
+    let smtp = SmtpServer::start();
+    let daemon = Daemon::start(&rules(&plain_channel(&smtp), ""));
+    daemon.expire(
+        "order_lock:evil.example/login http://x <a href=x> @all <!channel> /start a\u{202E}b\u{7}c",
+    );
+    let m = smtp.wait_for_mails(1, PATIENCE).remove(0);
+    assert_clean(&m);
+    let shown = "evil.\u{200B}example/login http:\u{200B}//x <\u{200B}a href=x> @\u{200B}all <\u{200B}!channel> /start";
+    assert_eq!(
+        m.header("Subject").unwrap(),
+        format!("Order lock {shown} ab c expired")
+    );
+    assert_eq!(
+        m.part("text/plain"),
+        format!("Lock of order {shown} a\u{FFFD}b\u{FFFD}c expired before it was released.\n")
+    );
+    let html_shown = "evil.\u{200B}example/login http:\u{200B}//x &lt;\u{200B}a href=x&gt; @\u{200B}all &lt;\u{200B}!channel&gt; /start";
+    assert_eq!(
+        m.part("text/html"),
+        format!(
+            "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"></head><body>\n\
+             <p>Lock of order {html_shown} a\u{FFFD}b\u{FFFD}c expired before it was released.</p>\n</body></html>\n"
+        )
     );
     daemon.stop();
 }

@@ -543,7 +543,7 @@ impl RuleTemplates<'_, '_, '_> {
         }
         if to.is_empty() {
             let w = format!(
-                "{} `{name}` names no channel: add `to`, e.g. `to: [oncall]` (a `resolved` without `to` only closes the alerts of channels in `notify.to` that keep them open, such as alertmanager channels)",
+                "{} `{name}` names no channel: add `to`, e.g. `to: [oncall]` (a `resolved` without `to` only closes the alerts of channels in `notify.to` that keep them open: alertmanager and pagerduty channels)",
                 self.what
             );
             self.d.error(&fd.loc, w);
