@@ -155,7 +155,7 @@ pub(super) async fn deliver_held(
     };
     // A notification of a rate-limited channel waits in its channel's line, and may come out of
     // it carrying the channel's backlog as a digest.
-    let channel = work.channel().unwrap_or_default().to_string();
+    let channel = work.notify_channel().unwrap_or_default().to_string();
     let (work, mut token) = match lane_of(&inner, &work) {
         Some(lane) => match take_turn(&inner, &lane, work, &id, &mut room).await {
             Turned::Go(w) => (w, true),
@@ -194,7 +194,7 @@ pub(super) async fn deliver_held(
         }
     };
     let limiter = work
-        .channel()
+        .notify_channel()
         .and_then(|c| inner.limiters.get(&inner.actions.live.current(), c))
         .map(|l| l.limiter);
     loop {

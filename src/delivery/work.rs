@@ -50,13 +50,24 @@ impl Work {
         }
     }
 
-    pub(super) fn channel(&self) -> Option<&str> {
+    /// The channel of a notification (an alert's included): whose rate and line it waits in,
+    /// and which the status page names it by. `None` for other actions, follow-ups included.
+    pub(super) fn notify_channel(&self) -> Option<&str> {
         match self {
             Work::Job {
                 action: Action::Notify { channel } | Action::Alert { channel, .. },
                 ..
             } => Some(channel),
             Work::Job { .. } => None,
+            Work::Digest { channel, .. } => Some(channel),
+        }
+    }
+
+    /// The channel the work goes to, whatever the action (a follow-up's included): what the log
+    /// lines name.
+    pub(super) fn channel(&self) -> Option<&str> {
+        match self {
+            Work::Job { action, .. } => action.channel(),
             Work::Digest { channel, .. } => Some(channel),
         }
     }
@@ -121,7 +132,7 @@ impl Work {
 
     /// The action as the status page names it: `notify:CHANNEL` for notifications.
     pub(super) fn status_label(&self) -> String {
-        match self.channel() {
+        match self.notify_channel() {
             Some(c) => format!("notify:{c}"),
             None => self.action_name().to_string(),
         }

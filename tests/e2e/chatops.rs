@@ -670,9 +670,10 @@ rules:
         resolve.json(),
         json!({"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": id})
     );
-    // A follow-up's log line names no channel: PagerDuty's answer tells it apart.
+    // The resolve's log line names its channel, as a notification's does.
     daemon.wait_for_log("the resolve judged sent", |l| {
         field_is(l, "action", "resolved")
+            && field_is(l, "channel", "pager")
             && field_is(l, "outcome", "sent")
             && field_is(l, "answer", "202 success: Event processed")
     });
