@@ -437,7 +437,7 @@ mod tests {
     /// (escaped as the rule's templates escape it, with what stays invisible shown).
     #[test]
     fn a_hostile_key_stays_data_in_custom_details_and_text_in_the_summary() {
-        let key = "k\"}, \"event_action\": \"resolve\"\n</x> evil.example/login http://x @all <!channel> /start a\u{202E}b\u{7}c";
+        let key = "k\"}, \"event_action\": \"resolve\"\n</x> evil.com/login http://x @all <!channel> /start a\u{202E}b\u{7}c";
         let mut msg = message(None);
         msg.items[0].event["key"] = json!(key);
         let shown = Escape::Text.escape_value(key);
@@ -449,7 +449,7 @@ mod tests {
         let mut want = event();
         want["key"] = json!(key);
         assert_eq!(b["payload"]["custom_details"], want);
-        let shown = "k\"}, \"event_action\": \"resolve\"\\n<\u{200B}/x> evil.\u{200B}example/login \
+        let shown = "k\"}, \"event_action\": \"resolve\"\\n<\u{200B}/x> evil.\u{200B}com/login \
                      http:\u{200B}//x @\u{200B}all <\u{200B}!channel> /start a\\u202Eb\\u0007c";
         assert_eq!(
             b["payload"]["summary"],

@@ -263,7 +263,7 @@ mod tests {
     fn a_hostile_key_in_the_facts_cannot_format_link_or_mention() {
         for (key, shown) in [
             ("order_lock:42", "order_lock:42"),
-            ("evil.example/login", "evil.\u{200B}example/login"),
+            ("evil.com/login", "evil.\u{200B}com/login"),
             ("http://x", "http:\u{200B}//x"),
             ("[x](http://evil)", "[x]\u{200B}(http:\u{200B}//evil)"),
             ("<a href=x>", "<\u{200B}a href=x>"),

@@ -174,7 +174,7 @@ impl Escape {
 
     /// Writes `s` (an encoded string) escaped for this mode.
     pub(crate) fn write_escaped<W: Write>(self, out: &mut W, s: &str) -> fmt::Result {
-        // A bare link in key text (`http://evil`, `evil.example/login`) is made a link by chat
+        // A bare link in key text (`http://evil`, `evil.com/login`) is made a link by chat
         // apps and mail clients; a zero-width space after the colon or the dot keeps it text,
         // as it does for `@`. Telegram's values are code, which is never a link.
         let defused;
@@ -246,26 +246,45 @@ fn teams_replacement(prev: Option<char>, c: char, next: Option<char>) -> Option<
 }
 
 /// `s` with a zero-width space after each dot that would make a host name of the text around
-/// it (`evil.example/login`, `www.evil.co.uk`): a letter, digit or `-` before it and, after
-/// it, a label of two or more letters and nothing else, which is what a top-level domain looks
-/// like. Other dots (`user.42`, `cache.v2`, `10.0.0.1`) stay as they are.
+/// it (`evil.com/login`, `www.evil.co.uk`): a letter, digit or `-` before it and, after it, a
+/// top-level domain (a label the public suffix list knows, as the link finders of chat apps and
+/// mail clients check), or `www` before it. Other dots stay, so the keys people copy out of an
+/// alert stay exact where nothing could be a link: `config.yaml`, `alice.smith`, `user.42`,
+/// `10.0.0.1`.
 fn defuse_host_names(s: &str) -> String {
+    let is_label = |c: char| c.is_alphanumeric() || c == '-';
     let mut out = String::with_capacity(s.len() + 8);
-    let mut prev: Option<char> = None;
+    let mut label_start = 0;
     for (i, c) in s.char_indices() {
         out.push(c);
-        if c == '.' && prev.is_some_and(|p| p.is_alphanumeric() || p == '-') {
-            let label = s[i + 1..]
-                .split(|l: char| !(l.is_alphanumeric() || l == '-'))
-                .next()
-                .unwrap_or("");
-            if label.chars().nth(1).is_some() && label.chars().all(char::is_alphabetic) {
-                out.push('\u{200B}');
+        if c != '.' {
+            if !is_label(c) {
+                label_start = i + c.len_utf8();
             }
+            continue;
         }
-        prev = Some(c);
+        let before = &s[label_start..i];
+        label_start = i + 1;
+        if before.is_empty() {
+            continue;
+        }
+        let after = s[i + 1..]
+            .split(|l: char| !is_label(l))
+            .next()
+            .unwrap_or("");
+        if before.eq_ignore_ascii_case("www") || is_top_level_domain(after) {
+            out.push('\u{200B}');
+        }
     }
     out
+}
+
+/// Whether `label` is a top-level domain: two or more letters the public suffix list knows
+/// (`com`, `co`, `zip`, `рф`; not `yaml`, `html`, `example`).
+fn is_top_level_domain(label: &str) -> bool {
+    label.chars().nth(1).is_some()
+        && label.chars().all(char::is_alphabetic)
+        && psl::suffix(label.to_lowercase().as_bytes()).is_some_and(|s| s.is_known())
 }
 
 fn text_replacement(c: char) -> Option<Replacement> {
@@ -561,21 +580,28 @@ mod tests {
     fn chat_modes_break_bare_host_names_and_leave_other_dots() {
         for mode in [Escape::Slack, Escape::Markdown, Escape::Text, Escape::Teams] {
             for (value, want) in [
-                ("evil.example/login", "evil.\u{200B}example/login"),
+                ("evil.com/login", "evil.\u{200B}com/login"),
+                ("EVIL.COM", "EVIL.\u{200B}COM"),
+                ("x.zip", "x.\u{200B}zip"),
                 ("www.evil.co.uk", "www.\u{200B}evil.\u{200B}co.\u{200B}uk"),
+                ("www.anything", "www.\u{200B}anything"),
                 ("mail.\u{0440}\u{0444}", "mail.\u{200B}\u{0440}\u{0444}"),
+                ("config.yaml", "config.yaml"),
+                ("alice.smith", "alice.smith"),
+                ("evil.example", "evil.example"),
                 ("user.42", "user.42"),
                 ("cache.v2", "cache.v2"),
                 ("10.0.0.1:6379", "10.0.0.1:6379"),
                 ("a.b", "a.b"),
                 ("end.", "end."),
-                (".hidden", ".hidden"),
+                (".com", ".com"),
+                ("k:.com", "k:.com"),
             ] {
                 assert_eq!(esc(mode, value), want, "{mode:?} {value}");
             }
         }
         for mode in [Escape::Raw, Escape::RedisKey, Escape::Glob] {
-            assert_eq!(esc(mode, "evil.example"), "evil.example");
+            assert_eq!(esc(mode, "evil.com"), "evil.com");
         }
     }
 
@@ -588,10 +614,10 @@ mod tests {
         assert_eq!(
             esc(
                 Escape::Html,
-                "<b>x</b> <a href=\"http://evil\">y</a> & @channel /start #tag evil.example/login"
+                "<b>x</b> <a href=\"http://evil\">y</a> & @channel /start #tag evil.com/login"
             ),
             marked(
-                "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http://evil&quot;&gt;y&lt;/a&gt; &amp; @channel /start #tag evil.example/login"
+                "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http://evil&quot;&gt;y&lt;/a&gt; &amp; @channel /start #tag evil.com/login"
             )
         );
         assert_eq!(

@@ -150,9 +150,10 @@ fn text_kills_mentions() {
 /// the author's own markup cannot hold code (code, pre, link text, an attribute) it is plain.
 #[test]
 fn telegram_values_are_code_and_copy_exactly() {
-    let hostile = "evil.example/login http://x <a href=x> @all <!channel> /start #h $T +1 555 0100";
+    let hostile = "evil.com/login http://x <a href=x> @all <!channel> /start #h $T +1 555 0100";
     let c = ctx(hostile.as_bytes());
-    let escaped = "evil.example/login http://x &lt;a href=x&gt; @all &lt;!channel&gt; /start #h $T +1 555 0100";
+    let escaped =
+        "evil.com/login http://x &lt;a href=x&gt; @all &lt;!channel&gt; /start #h $T +1 555 0100";
     assert_eq!(
         render_text(
             "<b>Lock {{ x }}</b>: <code>{{ x }}</code>",

@@ -536,7 +536,7 @@ rules:
     assert_eq!(alert["labels"]["key"], key.as_str(), "{alert:#}");
     assert_eq!(alert["labels"]["order_id"], hostile, "{alert:#}");
     assert_eq!(alert["labels"]["shard"], hostile, "{alert:#}");
-    let escaped = "<\u{200B}!channel> @\u{200B}all <\u{200B}b>x<\u{200B}/b> http:\u{200B}//evil \\u202Egpj.\u{200B}exe\\u001B[2J\\n# forged";
+    let escaped = "<\u{200B}!channel> @\u{200B}all <\u{200B}b>x<\u{200B}/b> http:\u{200B}//evil \\u202Egpj.exe\\u001B[2J\\n# forged";
     let annotations = &alert["annotations"];
     assert_eq!(
         annotations["summary"],

@@ -101,7 +101,7 @@ rules:
             .url_for("/workflows/abc/triggers/manual/paths/invoke?api-version=1&sig=SIGsecret"),
     );
     let daemon = Daemon::start(&yaml);
-    let hostile = "[x](http://evil) <b>@channel</b> evil.example/login /start <!channel> **b** a\u{202E}b\u{7}c";
+    let hostile = "[x](http://evil) <b>@channel</b> evil.com/login /start <!channel> **b** config.yaml a\u{202E}b\u{7}c";
     daemon.expire(format!("pay_lock:{hostile}"));
     let r = one_request(&teams);
     assert_json_post(
@@ -146,9 +146,10 @@ rules:
         );
     }
     // Teams Markdown: links, bare host names, mentions and card functions broken by zero-width
-    // spaces, emphasis by backslashes, invisible characters shown.
+    // spaces, emphasis by backslashes, invisible characters shown; a dot before no top-level
+    // domain left as it is, so the key copies exactly.
     let escaped = "[x]\u{200B}(http:\u{200B}//evil) <\u{200B}b>@\u{200B}channel<\u{200B}/b> \
-                   evil.\u{200B}example/login /start <\u{200B}!channel> \\*\\*b\\*\\* a\\u202Eb\\u0007c";
+                   evil.\u{200B}com/login /start <\u{200B}!channel> \\*\\*b\\*\\* config.yaml a\\u202Eb\\u0007c";
     assert_eq!(
         body,
         json!({
@@ -279,7 +280,7 @@ rules:
     );
     let daemon = Daemon::start(&yaml);
     daemon.expire(
-        "pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel <!channel> evil.example/login /start #tag \u{202E}\u{7}",
+        "pay_lock:<b>x</b> <a href=\"http://evil\">y</a> & @channel <!channel> evil.com/login /start #tag \u{202E}\u{7}",
     );
     let r = one_request(&tg);
     assert_json_post(&r, &format!("/bot{TG_TOKEN}/sendMessage"));
@@ -301,7 +302,7 @@ rules:
     // Each value is a `<code>` entity, which Telegram never makes a link, mention, hashtag or
     // command of: only HTML is escaped and invisible characters shown, so it copies as it is.
     let escaped = "&lt;b&gt;x&lt;/b&gt; &lt;a href=&quot;http://evil&quot;&gt;y&lt;/a&gt; &amp; @channel \
-                   &lt;!channel&gt; evil.example/login /start #tag \\u202E\\u0007";
+                   &lt;!channel&gt; evil.com/login /start #tag \\u202E\\u0007";
     assert_eq!(
         body,
         json!({
@@ -740,7 +741,7 @@ rules:
         pd.url_for("/v2/enqueue"),
     );
     let daemon = Daemon::start(&yaml);
-    let name = "k\"}, \"event_action\": \"resolve\", \"x\": \"\n</x> evil.example/login http://x @all <!channel> /start a\u{202E}b\u{7}c";
+    let name = "k\"}, \"event_action\": \"resolve\", \"x\": \"\n</x> evil.com/login http://x @all <!channel> /start a\u{202E}b\u{7}c";
     let key = format!("cache:{name}");
     daemon.expire(&key);
     let r = one_request(&pd);
@@ -753,7 +754,7 @@ rules:
         key.as_bytes(),
         json!({ "name": name }),
     );
-    let shown = "k\"}, \"event_action\": \"resolve\", \"x\": \"\\n<\u{200B}/x> evil.\u{200B}example/login \
+    let shown = "k\"}, \"event_action\": \"resolve\", \"x\": \"\\n<\u{200B}/x> evil.\u{200B}com/login \
                  http:\u{200B}//x @\u{200B}all <\u{200B}!channel> /start a\\u202Eb\\u0007c";
     assert_eq!(
         t,

@@ -186,7 +186,7 @@ fn a_digest_is_one_mail_with_a_list() {
 fn a_hostile_key_cannot_add_headers_recipients_or_markup() {
     let smtp = SmtpServer::start();
     let daemon = Daemon::start(&rules(&plain_channel(&smtp), ""));
-    let mut key = b"order_lock:<script>alert(1)</script>\r\nBcc: evil@example.net\r\n\r\n<a href=\"http://evil.example\">x</a>\xe2\x80\xae\xff".to_vec();
+    let mut key = b"order_lock:<script>alert(1)</script>\r\nBcc: evil@example.net\r\n\r\n<a href=\"http://evil.com\">x</a>\xe2\x80\xae\xff".to_vec();
     key.extend(std::iter::repeat_n(b'k', 300_000));
     daemon.expire(&key[..]);
     let m = smtp.wait_for_mails(1, PATIENCE).remove(0);
@@ -227,7 +227,7 @@ fn a_hostile_key_cannot_add_headers_recipients_or_markup() {
         "{html}"
     );
     assert!(html.contains("&lt;\u{200B}script&gt;alert(1)&lt;\u{200B}/script&gt;"));
-    assert!(html.contains("http:\u{200B}//evil.\u{200B}example"));
+    assert!(html.contains("http:\u{200B}//evil.\u{200B}com"));
     assert!(!html.contains('\u{202E}'));
     let plain = m.part("text/plain");
     assert!(
@@ -252,11 +252,11 @@ fn a_key_that_looks_like_a_link_mention_or_command_is_none_of_them() {
     let smtp = SmtpServer::start();
     let daemon = Daemon::start(&rules(&plain_channel(&smtp), ""));
     daemon.expire(
-        "order_lock:evil.example/login http://x <a href=x> @all <!channel> /start a\u{202E}b\u{7}c",
+        "order_lock:evil.com/login http://x <a href=x> @all <!channel> /start a\u{202E}b\u{7}c",
     );
     let m = smtp.wait_for_mails(1, PATIENCE).remove(0);
     assert_clean(&m);
-    let shown = "evil.\u{200B}example/login http:\u{200B}//x <\u{200B}a href=x> @\u{200B}all <\u{200B}!channel> /start";
+    let shown = "evil.\u{200B}com/login http:\u{200B}//x <\u{200B}a href=x> @\u{200B}all <\u{200B}!channel> /start";
     assert_eq!(
         m.header("Subject").unwrap(),
         format!("Order lock {shown} ab c expired")
@@ -265,7 +265,7 @@ fn a_key_that_looks_like_a_link_mention_or_command_is_none_of_them() {
         m.part("text/plain"),
         format!("Lock of order {shown} a\u{FFFD}b\u{FFFD}c expired before it was released.\n")
     );
-    let html_shown = "evil.\u{200B}example/login http:\u{200B}//x &lt;\u{200B}a href=x&gt; @\u{200B}all &lt;\u{200B}!channel&gt; /start";
+    let html_shown = "evil.\u{200B}com/login http:\u{200B}//x &lt;\u{200B}a href=x&gt; @\u{200B}all &lt;\u{200B}!channel&gt; /start";
     assert_eq!(
         m.part("text/html"),
         format!(
