@@ -288,8 +288,8 @@ impl Keyspace {
     /// [`Keyspace::promoted`], to `addr`: they wait. The old master takes writes until the
     /// sentinels reconfigure it, but what is written there now may never reach the new one; the
     /// replica refuses every write (`READONLY`) until it is promoted, and a refused write is
-    /// lost (a sent job's acknowledgement: the job ran again when its lease ended, see
-    /// docs/how-it-works.md#following-the-master). A promotion takes well under a second; the
+    /// lost once its retries run out (a sent job's acknowledgement: the job ran again when its
+    /// lease ended, see docs/how-it-works.md#following-the-master). A promotion takes well under a second; the
     /// follower gives up on one after 10 s.
     pub async fn promoting(&self, addr: &str) {
         let Some(f) = &self.inner.sentinel else {

@@ -351,18 +351,41 @@ impl Queue {
 
     /// The job is finished (sent, or dead-lettered); group-committed like [`Queue::store`]. A
     /// bundled job is marked done in its bundle, and the last one removes the bundle.
+    ///
+    /// A write Redis could not take (down, restarting, a master failing over) is written again
+    /// for up to half a lease after it first failed: dropped, it left the job queued, and the
+    /// job ran a second time when its lease ended (docs/reliability.md#guarantees). Each of
+    /// these writes can be written twice to the same effect.
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
         let settled = self.held().settle(id);
-        match settled {
-            None => self.writer.done(id.to_string()).await,
-            Some(Settled::Mark { bundle, index }) => {
-                let marked = self.writer.mark(bundle, index).await;
-                if marked.is_ok() {
-                    crate::drill::pass(crate::drill::Step::Marked);
+        let mut give_up = None;
+        let mut wait = Duration::from_millis(50);
+        loop {
+            let written = match &settled {
+                None => self.writer.done(id.to_string()).await,
+                Some(Settled::Mark { bundle, index }) => {
+                    let marked = self.writer.mark(bundle.clone(), *index).await;
+                    if marked.is_ok() {
+                        crate::drill::pass(crate::drill::Step::Marked);
+                    }
+                    marked
                 }
-                marked
+                Some(Settled::Finished { bundle }) => self.finish_bundle(bundle).await,
+            };
+            let now = tokio::time::Instant::now();
+            match written {
+                Err(WriteError::Redis(e))
+                    if now + wait < *give_up.get_or_insert(now + crate::store::lease() / 2) =>
+                {
+                    if wait == Duration::from_millis(50) {
+                        tracing::warn!(error = %e, id, "Cannot mark jobs done yet; writing it again until Redis takes it.");
+                    }
+                    tokio::time::sleep(wait).await;
+                    // Soon after Redis is back: the job's lease is running out meanwhile.
+                    wait = (wait * 2).min(Duration::from_millis(250));
+                }
+                other => return other,
             }
-            Some(Settled::Finished { bundle }) => self.finish_bundle(&bundle).await,
         }
     }
 

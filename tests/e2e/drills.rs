@@ -288,3 +288,48 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
     eprintln!("drill: {cuts} cut-off(s), {recovered} of {KEYS} keys recovered");
     assert!(recovered > 0, "a cut-off without a recovered key");
 }
+
+/// A sent job's acknowledgement that meets Redis down is written again once Redis is back, not
+/// dropped: dropped, the job came due when its lease ended and was sent a second time
+/// (docs/reliability.md#guarantees). The acknowledgement is held back
+/// (`KEYWATCH_DRILL_ACK_DELAY`) until Redis is down; the restart keeps the queue (AOF, every
+/// write synced).
+#[test]
+fn an_acknowledgement_that_meets_a_redis_restart_is_written_again_not_sent_twice() {
+    let mut redis = RedisServer::builder()
+        .notify_keyspace_events("Exg")
+        .config("appendonly", "yes")
+        .config("appendfsync", "always")
+        .start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = webhook_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_subscribed(
+        &redis.url(),
+        &rules,
+        common::Logs::Text,
+        &[("KEYWATCH_LEASE", "5s"), ("KEYWATCH_DRILL_ACK_DELAY", "3s")],
+    );
+    common::set_px(&mut redis.conn(), "lock:1", 50);
+    receiver.wait_for(1, common::PATIENCE);
+    // Sent; its acknowledgement waits, and goes out while Redis is down; Redis comes back.
+    redis.kill();
+    kw.wait_for_output("Cannot mark jobs done", AFTER_FAULT);
+    redis.start_again();
+    // Dropped, the acknowledgement left the job queued until its lease ended and it was sent
+    // again; written again, the job leaves the queue without a second request.
+    wait_until("the queue is empty", AFTER_FAULT, || {
+        zcard(&redis, "keywatch:queue") == 0
+    });
+    let got = receiver.requests();
+    assert_eq!(
+        deliveries(&got).get("lock:1").map(|d| d.0),
+        Some(1),
+        "{}\n{}",
+        got.iter()
+            .map(Request::summary)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        kw.describe_output()
+    );
+}
