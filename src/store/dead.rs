@@ -28,6 +28,15 @@ const REDRIVE: &str = include_str!("dead/redrive.lua");
 /// Letters moved per script call: a digest's letter can hold thousands of events.
 const REDRIVE_BATCH: usize = 50;
 
+/// Where the letters the script moves are taken from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The dead letters, by id.
+    Letters,
+    /// The list an earlier version handed letters back in, by their JSON.
+    HandedBack,
+}
+
 /// What `dead retry` did.
 #[derive(Debug, Default, PartialEq)]
 pub struct Retried {
@@ -183,7 +192,7 @@ impl DeadStore {
                     batch.push((d.id, entries));
                 }
             }
-            out.moved += self.move_to_queue("letter", batch).await?;
+            out.moved += self.move_to_queue(Source::Letters, batch).await?;
         }
         Ok(out)
     }
@@ -217,24 +226,25 @@ impl DeadStore {
         let mut moved = 0;
         while !batch.is_empty() {
             let rest = batch.split_off(batch.len().min(REDRIVE_BATCH));
-            moved += self.move_to_queue("listed", batch).await?;
+            moved += self.move_to_queue(Source::HandedBack, batch).await?;
             batch = rest;
         }
         Ok(moved)
     }
 
-    /// Runs the script for `letters` (its id or JSON, per `mode`, with its entries).
+    /// Runs the script for `letters` (each its id or its JSON, as `from` names them, with its
+    /// entries).
     async fn move_to_queue(
         &self,
-        mode: &str,
+        from: Source,
         letters: Vec<(String, Vec<Entry>)>,
     ) -> redis::RedisResult<usize> {
         if letters.is_empty() {
             return Ok(0);
         }
-        let source = match mode {
-            "listed" => self.handed_back(),
-            _ => self.hash(),
+        let (source, mode) = match from {
+            Source::Letters => (self.hash(), "letter"),
+            Source::HandedBack => (self.handed_back(), "listed"),
         };
         let script = redis::Script::new(REDRIVE);
         let mut inv = script.prepare_invoke();
