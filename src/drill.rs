@@ -16,8 +16,10 @@
 //! with hundreds of events instead of a hundred thousand.
 //!
 //! `KEYWATCH_DRILL_ACK_DELAY=DURATION` (`1s`): the queue's writer holds every batch that records
-//! jobs finished this long before sending it, as a state Redis too loaded to answer would, so a
-//! drill can show what a kill sends twice when acknowledgements lag far behind the requests.
+//! jobs finished this long before sending it, and a sent digest waits as long before its window
+//! is marked done, as a state Redis too loaded to answer would, so a drill can show what a kill
+//! sends twice when acknowledgements lag far behind the requests, or a Redis that goes down
+//! meanwhile.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -376,6 +376,11 @@ pub(super) async fn park(inner: &Inner, jobs: Vec<(String, String)>) {
 pub(super) async fn acknowledge(inner: &Inner, window: Option<&Window>, jobs: &[String]) {
     let q = &inner.queue;
     if let Some(w) = window {
+        // A drill's state Redis too loaded to take acknowledgements, see
+        // docs/development.md#drills-killing-keywatch-at-an-exact-step-and-a-host-clock-that-is-off
+        if let Some(delay) = crate::drill::ack_delay() {
+            tokio::time::sleep(delay).await;
+        }
         if let Err(e) = q.window_done(w, jobs).await {
             tracing::warn!(error = %e, jobs = jobs.len(), rule = %w.rule, "Cannot mark a digest window done; it may be sent again when its lease ends.");
         }

@@ -357,36 +357,26 @@ impl Queue {
     /// job ran a second time when its lease ended (docs/reliability.md#guarantees). Each of
     /// these writes can be written twice to the same effect.
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
-        let settled = self.held().settle(id);
-        let mut give_up = None;
-        let mut wait = Duration::from_millis(50);
-        loop {
-            let written = match &settled {
-                None => self.writer.done(id.to_string()).await,
-                Some(Settled::Mark { bundle, index }) => {
-                    let marked = self.writer.mark(bundle.clone(), *index).await;
-                    if marked.is_ok() {
-                        crate::drill::pass(crate::drill::Step::Marked);
+        let settled = &self.held().settle(id);
+        written_again(
+            id,
+            || async move {
+                match settled {
+                    None => self.writer.done(id.to_string()).await,
+                    Some(Settled::Mark { bundle, index }) => {
+                        let marked = self.writer.mark(bundle.clone(), *index).await;
+                        if marked.is_ok() {
+                            crate::drill::pass(crate::drill::Step::Marked);
+                        }
+                        marked
                     }
-                    marked
+                    Some(Settled::Finished { bundle }) => self.finish_bundle(bundle).await,
                 }
-                Some(Settled::Finished { bundle }) => self.finish_bundle(bundle).await,
-            };
-            let now = tokio::time::Instant::now();
-            match written {
-                Err(WriteError::Redis(e))
-                    if now + wait < *give_up.get_or_insert(now + crate::store::lease() / 2) =>
-                {
-                    if wait == Duration::from_millis(50) {
-                        tracing::warn!(error = %e, id, "Cannot mark jobs done yet; writing it again until Redis takes it.");
-                    }
-                    tokio::time::sleep(wait).await;
-                    // Soon after Redis is back: the job's lease is running out meanwhile.
-                    wait = (wait * 2).min(Duration::from_millis(250));
-                }
-                other => return other,
-            }
-        }
+            },
+            // Not a writer that has stopped: shutdown is under way.
+            |e| matches!(e, WriteError::Redis(_)),
+        )
+        .await
     }
 
     async fn finish_bundle(&self, bundle: &str) -> Result<(), WriteError> {
@@ -719,6 +709,39 @@ impl Queue {
         inv.arg(now_ms()).arg(targets.len());
         let (pending, due) = inv.invoke_async(&mut self.conn.clone()).await?;
         Ok(Counts { pending, due })
+    }
+}
+
+/// Runs `write` until Redis takes it, for up to half a lease after it first failed, every 50 to
+/// 250 ms: an acknowledgement Redis could not take (down, restarting, a master failing over)
+/// left its job queued, and the job ran a second time when its lease ended
+/// (docs/reliability.md#guarantees). Only for writes that can be written twice to the same
+/// effect; an error `again` turns down ends it at once. `what` names the job or window in the
+/// log.
+async fn written_again<E: std::fmt::Display, W: Future<Output = Result<(), E>>>(
+    what: &str,
+    write: impl Fn() -> W,
+    again: impl Fn(&E) -> bool,
+) -> Result<(), E> {
+    let mut give_up = None;
+    let mut wait = Duration::from_millis(50);
+    loop {
+        let written = write().await;
+        let now = tokio::time::Instant::now();
+        match written {
+            Err(e)
+                if again(&e)
+                    && now + wait < *give_up.get_or_insert(now + crate::store::lease() / 2) =>
+            {
+                if wait == Duration::from_millis(50) {
+                    tracing::warn!(error = %e, what, "Cannot mark done yet; writing it again until Redis takes it.");
+                }
+                tokio::time::sleep(wait).await;
+                // Soon after Redis is back: the job's lease is running out meanwhile.
+                wait = (wait * 2).min(Duration::from_millis(250));
+            }
+            other => return other,
+        }
     }
 }
 

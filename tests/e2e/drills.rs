@@ -289,6 +289,38 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
     assert!(recovered > 0, "a cut-off without a recovered key");
 }
 
+/// A Redis that keeps the queue across a restart (AOF, every write synced), and keywatch on it
+/// with `rules`, a 5 s lease and its acknowledgements held back 3 s
+/// (`KEYWATCH_DRILL_ACK_DELAY`).
+fn acknowledgements_held_back(rules: &Path) -> (RedisServer, common::KeywatchProcess) {
+    let redis = RedisServer::builder()
+        .notify_keyspace_events("Exg")
+        .config("appendonly", "yes")
+        .config("appendfsync", "always")
+        .start();
+    let kw = common::run_subscribed(
+        &redis.url(),
+        rules,
+        common::Logs::Text,
+        &[("KEYWATCH_LEASE", "5s"), ("KEYWATCH_DRILL_ACK_DELAY", "3s")],
+    );
+    (redis, kw)
+}
+
+/// Redis goes down while an acknowledgement is held back, keywatch fails to write it, and Redis
+/// comes back.
+fn redis_down_under_an_acknowledgement(redis: &mut RedisServer, kw: &mut common::KeywatchProcess) {
+    redis.kill();
+    kw.wait_for_output("Cannot mark", AFTER_FAULT);
+    redis.start_again();
+}
+
+/// The requests received and keywatch's logs, for a failed assertion.
+fn requests_and_logs(got: &[Request], kw: &common::KeywatchProcess) -> String {
+    let requests: Vec<String> = got.iter().map(Request::summary).collect();
+    format!("{}\n{}", requests.join("\n"), kw.describe_output())
+}
+
 /// A sent job's acknowledgement that meets Redis down is written again once Redis is back, not
 /// dropped: dropped, the job came due when its lease ended and was sent a second time
 /// (docs/reliability.md#guarantees). The acknowledgement is held back
@@ -296,26 +328,14 @@ fn a_storm_that_cuts_the_subscriber_off_still_alerts_every_ledgered_key_once() {
 /// write synced).
 #[test]
 fn an_acknowledgement_that_meets_a_redis_restart_is_written_again_not_sent_twice() {
-    let mut redis = RedisServer::builder()
-        .notify_keyspace_events("Exg")
-        .config("appendonly", "yes")
-        .config("appendfsync", "always")
-        .start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = webhook_rules(dir.path(), &receiver, "");
-    let mut kw = common::run_subscribed(
-        &redis.url(),
-        &rules,
-        common::Logs::Text,
-        &[("KEYWATCH_LEASE", "5s"), ("KEYWATCH_DRILL_ACK_DELAY", "3s")],
-    );
+    let (mut redis, mut kw) = acknowledgements_held_back(&rules);
     common::set_px(&mut redis.conn(), "lock:1", 50);
     receiver.wait_for(1, common::PATIENCE);
     // Sent; its acknowledgement waits, and goes out while Redis is down; Redis comes back.
-    redis.kill();
-    kw.wait_for_output("Cannot mark jobs done", AFTER_FAULT);
-    redis.start_again();
+    redis_down_under_an_acknowledgement(&mut redis, &mut kw);
     // Dropped, the acknowledgement left the job queued until its lease ended and it was sent
     // again; written again, the job leaves the queue without a second request.
     wait_until("the queue is empty", AFTER_FAULT, || {
@@ -325,11 +345,46 @@ fn an_acknowledgement_that_meets_a_redis_restart_is_written_again_not_sent_twice
     assert_eq!(
         deliveries(&got).get("lock:1").map(|d| d.0),
         Some(1),
-        "{}\n{}",
-        got.iter()
-            .map(Request::summary)
-            .collect::<Vec<_>>()
-            .join("\n"),
-        kw.describe_output()
+        "{}",
+        requests_and_logs(&got, &kw)
+    );
+}
+
+/// The same for a digest: the window's members that a sent digest leaves are removed once Redis
+/// is back, not sent again as a second digest when their lease ends.
+#[test]
+fn a_digests_acknowledgement_that_meets_a_redis_restart_is_written_again_not_sent_twice() {
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = write_rules(
+        dir.path(),
+        "rules.yaml",
+        &format!(
+            "channels:\n  hook: {{ type: webhook, url: \"{}\" }}\nrules:\n  - name: burst\n    match: \"burst:{{n}}\"\n    notify: {{ to: [hook], group: {{ window: 1s }} }}\n",
+            receiver.url_for("/hook")
+        ),
+    );
+    let (mut redis, mut kw) = acknowledgements_held_back(&rules);
+    {
+        let mut c = redis.conn();
+        for i in 0..3 {
+            common::set_px(&mut c, format!("burst:{i}"), 50);
+        }
+    }
+    receiver.wait_for(1, common::PATIENCE);
+    redis_down_under_an_acknowledgement(&mut redis, &mut kw);
+    wait_until("the window is empty", AFTER_FAULT, || {
+        zcard(&redis, "keywatch:group:burst:hook") == 0
+    });
+    let got = receiver.requests();
+    let counted: u64 = got
+        .iter()
+        .map(|r| r.json()["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        (got.len(), counted),
+        (1, 3),
+        "{}",
+        requests_and_logs(&got, &kw)
     );
 }

@@ -134,6 +134,8 @@ impl Queue {
     }
 
     /// The digest of these jobs of `w` was sent or dead-lettered.
+    /// Written again while Redis cannot take it, as [`Queue::done`] is: dropped, the window's
+    /// digest was sent again when its lease ended.
     pub async fn window_done(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
         let mut inv = self.group_done.prepare_invoke();
         inv.key(self.window_zset(w))
@@ -141,7 +143,15 @@ impl Queue {
             .key(self.windows_key())
             .arg(w.member())
             .arg(ids);
-        inv.invoke_async(&mut self.conn.clone()).await
+        super::written_again(
+            &w.rule,
+            || {
+                let inv = &inv;
+                async move { inv.invoke_async(&mut self.conn.clone()).await }
+            },
+            |_| true,
+        )
+        .await
     }
 
     /// The digest of these jobs of `w` failed: they come due again at `due_ms` with their
