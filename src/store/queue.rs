@@ -726,14 +726,14 @@ async fn written_again<E: std::fmt::Display, W: Future<Output = Result<(), E>>>(
     let mut give_up = None;
     let mut wait = Duration::from_millis(50);
     loop {
-        let written = write().await;
-        let now = tokio::time::Instant::now();
-        match written {
-            Err(e)
-                if again(&e)
-                    && now + wait < *give_up.get_or_insert(now + crate::store::lease() / 2) =>
-            {
-                if wait == Duration::from_millis(50) {
+        match write().await {
+            Err(e) if again(&e) => {
+                let now = tokio::time::Instant::now();
+                let first = give_up.is_none();
+                if now + wait >= *give_up.get_or_insert(now + crate::store::lease() / 2) {
+                    return Err(e);
+                }
+                if first {
                     tracing::warn!(error = %e, what, "Cannot mark done yet; writing it again until Redis takes it.");
                 }
                 tokio::time::sleep(wait).await;
