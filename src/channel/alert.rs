@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 
 use crate::firing::rfc3339;
 use crate::outcome::Outcome;
+use crate::template::hidden_chars_shown;
 use crate::yaml::Secret;
 use crate::yaml::decode::Text;
 
@@ -184,7 +185,7 @@ impl Alert {
         let annotations: Vec<(String, String)> = self
             .annotations
             .iter()
-            .map(|(k, v)| (k.clone(), hidden_shown(v)))
+            .map(|(k, v)| (k.clone(), hidden_chars_shown(v)))
             .collect();
         let mut alert = json!({
             "labels": map(&self.labels),
@@ -197,22 +198,6 @@ impl Alert {
         }
         Value::Array(vec![alert])
     }
-}
-
-/// `s` with each control character (but line breaks and tabs, which are the template's own: a
-/// value's were shown as `\n` when it was rendered) and each bidirectional formatting character
-/// written as `\u202E`: invisible in a receiver's message, they would reorder what people read
-/// (`txt.exe` as `exe.txt`) or carry a terminal escape (docs/rules.md#alertmanager).
-fn hidden_shown(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if crate::event::hidden(c) && !matches!(c, '\n' | '\r' | '\t') {
-            out.push_str(&format!("\\u{:04X}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 fn put_all(into: &mut Vec<(String, String)>, pairs: impl IntoIterator<Item = (String, String)>) {

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use crate::outcome::Outcome;
-use crate::template::{Escape, hidden_char_shown};
+use crate::template::{Escape, hidden_chars_shown};
 use crate::yaml::{Secret, mask_user_info};
 
 use super::chat::json_headers;
@@ -128,7 +128,7 @@ impl Integration for PagerDuty {
     }
 
     /// An incident stays open until it is resolved: the rule's `resolved` resolves it whether
-    /// or not `resolved.to` names this channel (SPEC §4, docs/rules.md#pagerduty).
+    /// or not `resolved.to` names this channel (docs/rules.md#pagerduty).
     fn closes_on_resolved(&self) -> bool {
         true
     }
@@ -271,14 +271,7 @@ pub fn summary(title: &str, text: &str) -> String {
     } else {
         format!("{title}: {text}")
     };
-    let mut shown = String::with_capacity(whole.len());
-    for c in whole.chars() {
-        match hidden_char_shown(c) {
-            Some(s) => shown.push_str(&s),
-            None => shown.push(c),
-        }
-    }
-    let whole = shown;
+    let whole = hidden_chars_shown(&whole);
     let total = whole.chars().count();
     if total <= SUMMARY_LIMIT {
         return whole;

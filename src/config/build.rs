@@ -214,13 +214,12 @@ fn build_rule(
 ) -> Option<Rule> {
     let what = format!("rule `{}`", r.name.value);
     let (src, pattern) = rule_pattern(d, &r, &what);
-    let captures: Vec<String> = pattern
+    let key_captures: Vec<String> = pattern
         .as_ref()
         .map(|p| p.capture_names().to_vec())
         .unwrap_or_default();
-    check_captures(d, src, &captures, &what);
-    let key_captures = captures.clone();
-    let (captures, field) = super::fields::build_field(d, &r, &captures, &what);
+    check_captures(d, src, &key_captures, &what);
+    let (captures, field) = super::fields::build_field(d, &r, &key_captures, &what);
     check_alert_captures(d, &r, src, &key_captures, &captures, channels, &what);
     check_events(d, &r, redis, &what);
 
@@ -560,7 +559,7 @@ rules:
     }
 
     /// A PagerDuty incident opened by `notify.to` or `escalate.to` is resolved by the rule's
-    /// `resolved` whichever channels `resolved.to` names (SPEC §4), as an alertmanager alert is.
+    /// `resolved` whichever channels `resolved.to` names (docs/rules.md#pagerduty), as an alertmanager alert is.
     #[test]
     fn resolved_reaches_the_pagerduty_channels_that_paged() {
         let yaml = r#"

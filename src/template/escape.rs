@@ -309,7 +309,7 @@ fn line_break_replacement(c: char) -> Option<Replacement> {
 /// tab) or a bidirectional formatting character in key text, written as `\u202E`: invisible,
 /// it could make text read in another order than it is (a key that shows as someone else's) or
 /// carry a terminal escape into a notification.
-pub(crate) fn hidden_char_shown(c: char) -> Option<String> {
+fn hidden_char_shown(c: char) -> Option<String> {
     let hidden = (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
         || matches!(
             c,
@@ -318,6 +318,20 @@ pub(crate) fn hidden_char_shown(c: char) -> Option<String> {
         || ('\u{202A}'..='\u{202E}').contains(&c)
         || ('\u{2066}'..='\u{2069}').contains(&c);
     hidden.then(|| shown(c))
+}
+
+/// `s` with each character [`hidden_char_shown`] shows written as `\u202E`: for text that
+/// reaches people whole, template included, where such a character would reorder or hide what
+/// it says (PagerDuty's summary, Alertmanager's annotations).
+pub(crate) fn hidden_chars_shown(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match hidden_char_shown(c) {
+            Some(shown) => out.push_str(&shown),
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 /// `c` written as `\u202E`.

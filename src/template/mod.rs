@@ -23,7 +23,7 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 
 pub use context::{CONTEXT_NAMES, Context, human_duration, verbatim};
 pub use escape::Escape;
-pub(crate) use escape::hidden_char_shown;
+pub(crate) use escape::hidden_chars_shown;
 
 /// The work one render may do (minijinja's fuel: about one unit per instruction and per 64 bytes
 /// made). A rule's template is code: a macro that calls itself twice (`m(60)`) would otherwise

@@ -483,7 +483,7 @@ fn pagerduty_ok(dedup_key: &str) -> Response {
         )
 }
 
-/// The event JSON (SPEC §4) of an expiry of `key` under `rule` on `daemon`'s Redis, with what
+/// The event JSON (docs/rules.md#event-json) of an expiry of `key` under `rule` on `daemon`'s Redis, with what
 /// the test knows: everything but the instants, which are checked for what they must be and
 /// taken from `sent`, and the id, computed from them. Whether keywatch learnt the deadline
 /// before the key expired is a race (it expires at once): the event is stamped with the
@@ -537,12 +537,12 @@ fn rfc3339_ms(v: &Value) -> chrono::DateTime<chrono::Utc> {
     t
 }
 
-/// A time as the event JSON writes it (SPEC §4: `2026-11-29T10:15:00.000Z`).
+/// A time as the event JSON writes it (docs/rules.md#event-json: `2026-11-29T10:15:00.000Z`).
 fn deadline_text(t: chrono::DateTime<chrono::Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
-/// The event id SPEC §4 asks to be the same on every instance: computed here on its own from
+/// The event id docs/rules.md#event-json says is the same on every instance: computed here on its own from
 /// what identifies the event (rule, event, db, key, and its deadline or else when it was
 /// observed; docs/how-it-works.md), in the exact form `firing::event_id` hashes it.
 fn event_id(
@@ -572,7 +572,7 @@ fn event_id(
 fn pagerduty_triggers_then_resolves_with_the_same_dedup_key() {
     let pd = HttpReceiver::with_default(pagerduty_ok("x"));
     // `resolved.to` tells people elsewhere; the incident is resolved because `notify.to` paged
-    // (SPEC §4: a rule's `resolved` sends `event_action: resolve`), not because it is listed.
+    // (docs/rules.md#pagerduty: a rule's `resolved` sends `event_action: resolve`), not because it is listed.
     let ops = HttpReceiver::with_default(Response::status(200));
     // The first trigger meets a 429, then PagerDuty's own answer.
     pd.push(Response::status(429).header("Retry-After", "1"));
