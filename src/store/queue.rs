@@ -89,8 +89,8 @@ impl Entry {
         }
     }
 
-    /// `jobs`, in the window of `w`, as the members `window_put` would make of them: the
-    /// instance that takes them sends them as one digest.
+    /// `jobs`, in the window of `w`, as its members: a bundle of up to [`WINDOW_BUNDLE_MAX`]
+    /// each (one alone as itself). The instance that takes them sends them as one digest.
     pub fn window(prefix: &str, w: &Window, jobs: &[Job]) -> Vec<Entry> {
         jobs.chunks(WINDOW_BUNDLE_MAX)
             .map(|chunk| {

@@ -26,15 +26,8 @@ impl Queue {
             .arg(w.member());
         // A batch's notifications go in as one member: one payload and one place in the
         // window, not one per notification (a digest needs no job of its own per event).
-        for chunk in jobs.chunks(WINDOW_BUNDLE_MAX) {
-            match chunk {
-                [job] => inv.arg(job.id()).arg(job.payload()),
-                _ => {
-                    let payloads: Vec<String> = chunk.iter().map(Job::payload).collect();
-                    inv.arg(bundle::id(&chunk[0].id(), chunk.len()))
-                        .arg(bundle::payload(payloads.iter().map(String::as_str)))
-                }
-            };
+        for e in Entry::window(&self.prefix, w, jobs) {
+            inv.arg(e.id).arg(e.payload);
         }
         inv.invoke_async(&mut self.conn.clone()).await
     }
