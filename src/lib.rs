@@ -76,6 +76,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod action;
+pub mod backoff;
 pub mod channel;
 pub mod command;
 pub mod config;

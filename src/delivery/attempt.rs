@@ -602,7 +602,7 @@ mod tests {
     };
 
     /// A target that never recovers, ten notifications failing together: each one's first
-    /// attempt at once, each next one a backoff later (full jitter: within [min/2, min(max, min·2ⁿ)]
+    /// attempt at once, each next one a backoff later (equal jitter: within [d/2, d] for d = min(max, min·2ⁿ⁻¹)
     /// after the n-th failure), its last one when its retry window ends; then one dead letter
     /// each, counted and shown, not before the window ended, and no attempt more. Ten schedules
     /// of up to 20 jittered waits each: a wait outside the bounds cannot go unnoticed for long.
@@ -652,12 +652,12 @@ mod tests {
                 policy.give_up_after,
                 &format!("{key}: the last attempt comes when the window ends: {attempts:?}"),
             );
-            // Waits of 50 ms to 200 ms, then of 50 ms to 400 ms: 4 to 21 attempts in 1 s.
+            // Waits of 50–100, 100–200, then 200–400 ms: 4 to 21 attempts in 1 s.
             assert!((4..=21).contains(&attempts.len()), "{key}: {attempts:?}");
             for (i, pair) in attempts.windows(2).enumerate() {
                 let failure = u32::try_from(i + 1).unwrap();
                 let gap = pair[1] - pair[0];
-                let cap = policy.min.saturating_mul(1 << failure).min(policy.max);
+                let cap = crate::backoff::Backoff::new(policy.min, policy.max).ceiling(failure);
                 assert!(
                     gap <= cap + LATE,
                     "{key}: wait {i} of {gap:?} over {cap:?}: {attempts:?}"
@@ -665,8 +665,8 @@ mod tests {
                 // Only the last wait is cut short, by the window's end.
                 if i + 2 < attempts.len() {
                     assert!(
-                        gap + EARLY >= policy.min / 2,
-                        "{key}: wait {i} of {gap:?}: {attempts:?}"
+                        gap + EARLY >= cap / 2,
+                        "{key}: wait {i} of {gap:?} under half of {cap:?}: {attempts:?}"
                     );
                 }
             }

@@ -1,5 +1,5 @@
 //! The delivery stage: runs the jobs of each firing, retries what failed with capped
-//! exponential backoff and full jitter (`Retry-After` obeyed), and dead-letters what failed for
+//! exponential backoff and equal jitter (`Retry-After` obeyed), and dead-letters what failed for
 //! good or for too long.
 //!
 //! The first attempts of one firing run in the order of docs/rules.md (reload → exec → cleanup →

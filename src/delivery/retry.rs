@@ -1,7 +1,9 @@
-//! When a failed attempt is tried again: capped exponential backoff with full jitter,
+//! When a failed attempt is tried again: [`Backoff`] (capped exponential, equal jitter),
 //! `Retry-After` obeyed, all within the 24 h retry window of docs/reliability.md#guarantees.
 
 use std::time::Duration;
+
+use crate::backoff::Backoff;
 
 /// How failed actions are retried.
 #[derive(Clone, Debug)]
@@ -23,15 +25,10 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Full jitter over a capped exponential (Vector's `retries.rs`): random in
-    /// [min/2, min(max, min·2^attempt)], so retries of a storm spread out.
+    /// The wait after failed attempt number `attempt` (1 for the first): the `attempt`-th wait of
+    /// a [`Backoff`] from `min` to `max`, so retries of a storm spread out.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let cap = self
-            .min
-            .saturating_mul(2u32.saturating_pow(attempt.min(30)))
-            .min(self.max);
-        let floor = self.min / 2;
-        floor + cap.saturating_sub(floor).mul_f64(fastrand::f64())
+        Backoff::new(self.min, self.max).wait(attempt.max(1))
     }
 }
 

@@ -39,6 +39,11 @@ const FIRING_STAGES: usize = 4;
 
 /// How often records whose lease ended (their taker died, or a detail read waits for its
 /// retry) are looked for.
+/// How a batch of events the state server would not take is tried again: from 100 ms, doubling
+/// to 5 s (dropped, events whose deadline nobody knew would be lost).
+const TAKE_AGAIN: crate::backoff::Backoff =
+    crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+
 const TAKE_OVER_EVERY: Duration = Duration::from_secs(1);
 
 /// Records taken over per look (see [`Engine::take_over`]).
@@ -355,14 +360,13 @@ impl Engine {
         for (db, cands) in by_db {
             let refs: Vec<(&KeyEvent, Mode)> =
                 cands.iter().map(|(e, m, _)| (e, m.clone())).collect();
-            let mut wait = Duration::from_millis(100);
+            let mut waits = TAKE_AGAIN.waits();
             let taken = loop {
                 match self.intake.take(db, &refs).await {
                     Ok(t) => break t,
                     Err(e) => {
                         tracing::warn!(db, error = %e, events = refs.len(), "Cannot take events (claim and record them) in Redis; trying again.");
-                        tokio::time::sleep(wait).await;
-                        wait = (wait * 2).min(Duration::from_secs(5));
+                        tokio::time::sleep(waits.next()).await;
                     }
                 }
             };

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::role;
 use crate::source::Signal;
@@ -115,23 +116,11 @@ pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal
     })
 }
 
-#[derive(Clone, Debug)]
-pub struct Backoff {
-    pub min: Duration,
-    pub max: Duration,
-    /// Connected this long without trouble, the next failure starts again from `min`.
-    pub healthy_after: Duration,
-}
+/// How a subscriber waits between sessions: from half a second, doubling to 30 s.
+pub const RECONNECT: Backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
 
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            min: Duration::from_millis(500),
-            max: Duration::from_secs(30),
-            healthy_after: Duration::from_secs(60),
-        }
-    }
-}
+/// Connected this long without trouble, the next failure waits as the first did.
+const HEALTHY_AFTER: Duration = Duration::from_secs(60);
 
 /// How much a subscriber holds when the engine is slower than Redis publishes (a storm of
 /// expiries at one instant), counted as [`weight`]s. redis-rs reads a subscribed socket into an
@@ -202,7 +191,7 @@ impl Watcher {
             node.to_string(),
             channels,
             tx,
-            Backoff::default(),
+            RECONNECT,
             stop.clone(),
         ));
         Watcher {
@@ -230,7 +219,7 @@ pub async fn subscribe(
     backoff: Backoff,
     shutdown: CancellationToken,
 ) {
-    let mut delay = backoff.min;
+    let mut waits = backoff.waits();
     // A refusal repeats at every attempt; it is logged as an error when its text changes.
     let mut refused_for = String::new();
     loop {
@@ -271,17 +260,15 @@ pub async fn subscribe(
         if sent.is_err() {
             return;
         }
-        if started.elapsed() >= backoff.healthy_after {
-            delay = backoff.min;
+        if started.elapsed() >= HEALTHY_AFTER {
+            waits.reset();
         }
-        // Full jitter keeps several instances from reconnecting in lockstep after a restart.
-        let sleep = delay.mul_f64(0.5 + fastrand::f64() * 0.5);
+        // Jittered: several instances do not reconnect in lockstep after a restart.
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(sleep) => {}
+            _ = tokio::time::sleep(waits.next()) => {}
         }
-        delay = (delay * 2).min(backoff.max);
     }
 }
 

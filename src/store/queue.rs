@@ -712,9 +712,9 @@ impl Queue {
     }
 }
 
-/// Runs `write` until Redis takes it, for up to half a lease after it first failed, every 50 to
-/// 250 ms: an acknowledgement Redis could not take (down, restarting, a master failing over)
-/// left its job queued, and the job ran a second time when its lease ended
+/// Runs `write` until Redis takes it, for up to half a lease after it first failed, with
+/// [`WRITE_AGAIN`]'s waits: an acknowledgement Redis could not take (down, restarting, a master
+/// failing over) left its job queued, and the job ran a second time when its lease ended
 /// (docs/reliability.md#guarantees). Only for writes that can be written twice to the same
 /// effect; an error `again` turns down ends it at once. `what` names the job or window in the
 /// log.
@@ -724,12 +724,13 @@ async fn written_again<E: std::fmt::Display, W: Future<Output = Result<(), E>>>(
     again: impl Fn(&E) -> bool,
 ) -> Result<(), E> {
     let mut give_up = None;
-    let mut wait = Duration::from_millis(50);
+    let mut waits = WRITE_AGAIN.waits();
     loop {
         match write().await {
             Err(e) if again(&e) => {
                 let now = tokio::time::Instant::now();
                 let first = give_up.is_none();
+                let wait = waits.next();
                 if now + wait >= *give_up.get_or_insert(now + crate::store::lease() / 2) {
                     return Err(e);
                 }
@@ -737,13 +738,16 @@ async fn written_again<E: std::fmt::Display, W: Future<Output = Result<(), E>>>(
                     tracing::warn!(error = %e, what, "Cannot mark done yet; writing it again until Redis takes it.");
                 }
                 tokio::time::sleep(wait).await;
-                // Soon after Redis is back: the job's lease is running out meanwhile.
-                wait = (wait * 2).min(Duration::from_millis(250));
             }
             other => return other,
         }
     }
 }
+
+/// Soon after Redis is back: the job's lease is running out meanwhile. From 100 ms, doubling
+/// to 500 ms (waits of 50 to 500 ms).
+const WRITE_AGAIN: crate::backoff::Backoff =
+    crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
 
 crate::keyspace::commands::declare! {
     /// The commands the job queue and digest windows send, the writer's and the scripts' included

@@ -36,7 +36,7 @@ use crate::metrics::Metrics;
 use crate::source::cluster;
 use crate::source::flags;
 use crate::source::ledger::{self, Ledger};
-use crate::source::notifications::{self, Backoff};
+use crate::source::notifications;
 use crate::source::scanner::Scanner;
 use crate::source::sentinel;
 use crate::status::Status;
@@ -230,7 +230,7 @@ pub async fn run(
             node.clone(),
             wanted,
             tx,
-            Backoff::default(),
+            notifications::RECONNECT,
             subscribers.clone(),
         ))
     };
