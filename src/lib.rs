@@ -85,6 +85,7 @@ pub mod drill;
 pub mod engine;
 pub mod event;
 pub mod firing;
+pub mod internal_events;
 pub mod keyspace;
 pub mod links;
 pub mod local_redis;

@@ -59,6 +59,9 @@ pub struct Metrics {
     pub scan_keys: Counter<u64, AtomicU64>,
     pub scan_seconds: Histogram,
     pub silenced: Family<Labels, Counter>,
+    /// Reads and writes of keywatch's state that Redis refused or did not answer, by operation
+    /// (docs/operations.md#internal-events).
+    pub state_errors: Family<Labels, Counter>,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -104,6 +107,7 @@ impl Metrics {
             scan_keys: Counter::default(),
             scan_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             silenced: Family::default(),
+            state_errors: Family::default(),
             registry: Registry::default(),
         };
         // The prometheus-client registry appends `_total` to counters itself.
@@ -238,6 +242,11 @@ impl Metrics {
             "Events matched but not sent because a silence applied, by rule",
             m.silenced.clone(),
         );
+        r.register(
+            "keywatch_state_errors",
+            "Reads and writes of keywatch's state that Redis refused or did not answer, by operation; what they were about stays in Redis and is tried again",
+            m.state_errors.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -307,6 +316,12 @@ impl Metrics {
     pub fn recovery_skipped_for(&self, rule: &str) {
         self.recovery_skipped
             .get_or_create(&l(&[("rule", rule)]))
+            .inc();
+    }
+
+    pub fn state_error(&self, operation: &str) {
+        self.state_errors
+            .get_or_create(&l(&[("operation", operation)]))
             .inc();
     }
 

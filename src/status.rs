@@ -143,17 +143,18 @@ impl Status {
         if self.was_ready.swap(now, Ordering::AcqRel) == now {
             return;
         }
-        if now {
-            tracing::info!("keywatch is ready.");
-        } else {
-            let down: Vec<String> = self
-                .nodes()
-                .into_iter()
-                .filter(|(_, up)| !up)
-                .map(|(n, _)| n)
-                .collect();
-            tracing::warn!(nodes_not_subscribed = %down.join(" "), reasons = %self.blockers().join("; "), "keywatch is not ready.");
+        let down: Vec<String> = self
+            .nodes()
+            .into_iter()
+            .filter(|(_, up)| !up)
+            .map(|(n, _)| n)
+            .collect();
+        crate::internal_events::Readiness {
+            ready: now,
+            nodes_down: &down.join(" "),
+            reasons: &self.blockers().join("; "),
         }
+        .emit();
     }
 
     /// `node` is not watched because of `reason` (it is no master): not subscribed, and

@@ -1,43 +1,19 @@
 //! Digests: the notifications of a rule with `group` wait in a window shared by every instance
-//! (or, when Redis cannot hold it, in this instance's memory) and go out as one message.
+//! and go out as one message.
 
 use std::sync::Arc;
 
-use crate::action::notify;
 use crate::channel::Message;
-use crate::config::Group;
-use crate::firing::{Action, DeadLetter, Firing};
+use crate::firing::Firing;
 
-use super::attempt::{
-    compose_digest_now, dead_letter, dead_letter_unreadable, deliver, keep_dead_letter,
-};
+use super::attempt::{compose_digest_now, dead_letter, dead_letter_unreadable, deliver};
 use super::state::Inner;
-use super::work::{Work, window_jobs};
-use crate::store::queue::{Queue, Window};
+use super::work::Work;
+use crate::store::queue::Queue;
 
 /// Most jobs of one window taken into one digest: a storm's window of 100,000 becomes a few
 /// digests of this many, and no Lua call holds Redis for long.
 pub(super) const WINDOW_TAKE_MAX: usize = 5000;
-
-/// Stores the firings' notifications in their shared window (before the caller removes their
-/// details); held in this instance's memory only when Redis refused.
-pub(super) async fn put_in_window(
-    inner: &Arc<Inner>,
-    w: Window,
-    group: Group,
-    firings: Vec<Arc<Firing>>,
-) {
-    let jobs = window_jobs(&firings, &w.channel, 0, None);
-    match inner.queue.window_put(&w, group.window, &jobs).await {
-        Ok(_) => return,
-        Err(e) => {
-            tracing::warn!(error = %e, rule = %w.rule, channel = %w.channel, "Cannot store notifications in their digest window; collecting them in this instance's memory.");
-        }
-    }
-    for f in &firings {
-        collect(inner, f, &w.channel, group);
-    }
-}
 
 /// Sends the digest of every window that has ended (or whose retry is due), as one digest per
 /// window (up to [`WINDOW_TAKE_MAX`] events each).
@@ -116,57 +92,6 @@ pub(super) async fn take_windows(inner: &Arc<Inner>, queue: &Queue) {
     }
 }
 
-/// Adds a firing to its (rule, channel) digest held in memory (see `Inner::digests`); the first
-/// one of a window schedules the send.
-pub(super) fn collect(inner: &Arc<Inner>, firing: &Arc<Firing>, channel: &str, group: Group) {
-    let key = (firing.rule.clone(), channel.to_string());
-    let first = {
-        let mut open = inner.digests.lock().unwrap_or_else(|p| p.into_inner());
-        let batch = open.entry(key.clone()).or_default();
-        batch.push(firing.clone());
-        batch.len() == 1
-    };
-    if !first {
-        return;
-    }
-    let i = inner.clone();
-    inner.tracker.spawn(async move {
-        tokio::select! {
-            biased;
-            _ = i.shutdown.cancelled() => {}
-            _ = tokio::time::sleep(group.window) => {}
-        }
-        let batch = i.digests.lock().unwrap_or_else(|p| p.into_inner()).remove(&key).unwrap_or_default();
-        if batch.is_empty() {
-            return;
-        }
-        let (rule, channel) = key;
-        let actions = i.actions.refreshed();
-        let composed = match (actions.config.rule(&rule), actions.config.channel(&channel)) {
-            (Some(r), Some(ch)) => notify::compose_digest(&actions, &batch, r, ch, group.max_items),
-            _ => Err("the rule or channel is no longer defined".into()),
-        };
-        match composed {
-            Ok(message) => {
-                let work = Work::Digest { rule, channel, message: Arc::new(message), firings: batch, jobs: Vec::new(), sizes: Vec::new(), window: None };
-                deliver(i.clone(), work, 0, None).await
-            }
-            Err(e) => {
-                tracing::error!(%rule, %channel, keys = batch.len(), reason = %e, "Dead letter: cannot compose the digest.");
-                let letter = DeadLetter::new(
-                    &rule,
-                    format!("{} keys (digest)", batch.len()),
-                    Action::Notify { channel: channel.clone() },
-                    &format!("cannot compose the digest: {e}"),
-                    batch.iter().map(|f| (**f).clone()).collect(),
-                    true,
-                );
-                keep_dead_letter(&i, letter);
-            }
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -181,9 +106,9 @@ mod tests {
 
     /// A `group` window opens with its first notification, takes every one that comes while it
     /// is open, and at its end (half a second after it opened, however many came later) goes
-    /// out as one digest; the next notification opens a new window. In Redis, or in this
-    /// instance's memory when Redis refuses to store the notifications (`refused`).
-    async fn a_window_goes_out_as_one_digest_when_it_ends(refused: bool) {
+    /// out as one digest; the next notification opens a new window.
+    #[tokio::test]
+    async fn a_window_goes_out_as_one_digest_when_it_ends() {
         let window = ms(500);
         let mut config = testkit::config(
             "channels:\n  log: { type: log }\nrules:\n  - name: batch\n    match: 'job:*'\n    notify:\n      to: [log]\n      group: { window: 500ms, max_items: 10 }\n",
@@ -196,10 +121,6 @@ mod tests {
         });
         let rec = rec.unwrap();
         let s = stage(config, RetryPolicy::default()).await;
-        if refused {
-            // Out of memory, Redis refuses every write: what it does when it is full.
-            set_maxmemory(&s, 1).await;
-        }
 
         rec.count_from_now();
         s.delivery
@@ -212,21 +133,7 @@ mod tests {
             .await;
         assert_eq!(rec.received(), vec![]);
         assert_eq!(s.status.counts("batch"), RuleCounts::default());
-        let in_memory = s
-            .delivery
-            .inner
-            .digests
-            .lock()
-            .unwrap()
-            .values()
-            .map(Vec::len)
-            .sum::<usize>();
-        let in_redis = s.delivery.inner.queue.len().await.unwrap();
-        if refused {
-            assert_eq!((in_memory, in_redis), (5, 0));
-        } else {
-            assert_eq!((in_memory, in_redis), (0, 5));
-        }
+        assert_eq!(s.delivery.inner.queue.len().await.unwrap(), 5);
 
         let got = rec.wait_for(1).await;
         assert_eq!(got.len(), 1, "{got:?}");
@@ -249,9 +156,6 @@ mod tests {
         assert_eq!(got.len(), 2, "{got:?}");
         assert_about(got[1].at - opened, window, &format!("{got:?}"));
         assert_digest(&got[1], &["job:6"]);
-        if refused {
-            set_maxmemory(&s, 0).await;
-        }
         s.settled().await;
         assert_eq!(rec.received().len(), 2);
         assert_eq!(s.status.counts("batch").sent, 2);
@@ -269,8 +173,7 @@ mod tests {
         assert!(got.digest, "{got:?}");
     }
 
-    /// Waits until Redis holds no open window of `batch` for `log` (it never held one when it
-    /// refused them).
+    /// Waits until Redis holds no open window of `batch` for `log`.
     async fn window_closed(s: &testkit::Stage) {
         use crate::store::queue::keys;
         let prefix = &s.delivery.inner.actions.config.state.prefix;
@@ -292,23 +195,67 @@ mod tests {
         .expect("the window's end expires");
     }
 
-    async fn set_maxmemory(s: &testkit::Stage, bytes: u64) {
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory")
-            .arg(bytes)
-            .query_async::<()>(&mut s.state.clone())
+    /// Redis refuses the window (the state's user may not write it, as when a grant is
+    /// missing; a failover between two round trips refuses one and takes the next alike):
+    /// `accept_with` fails and nothing of what it was to store with the notifications takes
+    /// effect, so the caller's record of the events stays in Redis and a crash loses nothing.
+    /// Before, the notifications were kept in this instance's memory and the record moved on:
+    /// a crash lost them. Once Redis takes the window, the events go out as one digest.
+    #[tokio::test]
+    async fn a_window_redis_refuses_is_not_accepted_and_the_record_stays() {
+        let mut config = testkit::config(
+            "channels:\n  log: { type: log }\nrules:\n  - name: batch\n    match: 'job:*'\n    notify:\n      to: [log]\n      group: { window: 200ms, max_items: 10 }\n",
+        );
+        let mut rec = None;
+        replace_integration(&mut config, "log", |log| {
+            let r = Recorder::wrapping(log);
+            rec = Some(r.clone());
+            r as Arc<dyn Integration>
+        });
+        let rec = rec.unwrap();
+        // Every key but the digest windows' (`keywatch:group*`, `keywatch:groups`).
+        let s = testkit::stage_as_user(
+            config,
+            RetryPolicy::default(),
+            "~test:* ~keywatch:queue* ~keywatch:dead* ~keywatch:rate* &* +@all",
+        )
+        .await;
+        let mut c = s.state.clone();
+        // The caller's record of the events moves on with their jobs, or not at all.
+        let record = || {
+            let mut set = redis::cmd("SET");
+            set.arg("test:record").arg("moved on");
+            set
+        };
+        let refused = s
+            .delivery
+            .accept_with(firings("batch", &["job:1", "job:2"]), vec![record()])
+            .await;
+        assert!(refused.is_err(), "a refused window was accepted");
+        let moved: bool = redis::cmd("EXISTS")
+            .arg("test:record")
+            .query_async(&mut c)
             .await
             .unwrap();
-    }
+        assert!(!moved, "the record moved on without the notifications");
 
-    #[tokio::test]
-    async fn a_window_in_redis_goes_out_as_one_digest_when_it_ends() {
-        a_window_goes_out_as_one_digest_when_it_ends(false).await;
-    }
-
-    #[tokio::test]
-    async fn a_window_redis_refused_is_held_in_memory_and_goes_out_as_one_digest_when_it_ends() {
-        a_window_goes_out_as_one_digest_when_it_ends(true).await;
+        // The instance dies here: what it held in memory is gone. Redis takes windows again,
+        // and the events (taken again from their records) go out once.
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("kw")
+            .arg("~keywatch:group*")
+            .exec_async(&mut c)
+            .await
+            .unwrap();
+        rec.count_from_now();
+        s.delivery
+            .accept_with(firings("batch", &["job:1", "job:2"]), vec![record()])
+            .await
+            .expect("accepted once Redis takes the window");
+        let got = rec.wait_for(1).await;
+        assert_digest(&got[0], &["job:1", "job:2"]);
+        s.settled().await;
+        assert_eq!(rec.received().len(), 1);
     }
 }

@@ -39,12 +39,12 @@ use crate::status::Status;
 use crate::store::dead::{DeadLetter, DeadStore};
 use crate::store::queue::{self, Queue, Window};
 use attempt::{dead_letter_unreadable, deliver_held};
-use digest::{put_in_window, take_windows};
+use digest::take_windows;
 use lane::Limiters;
 pub use retry::{Next, RetryPolicy};
 use slots::{SlotKey, Slots, Ticket};
 use state::{CONCURRENT, Held, Inner, Pace, inflight, windows_inflight};
-use work::{Work, by_firing};
+use work::{Work, by_firing, window_jobs};
 
 #[derive(Clone)]
 pub struct Delivery {
@@ -96,7 +96,6 @@ impl Delivery {
                 waiting_targets: Default::default(),
                 intake_behind: OnceLock::new(),
                 deferral: Default::default(),
-                digests: Mutex::new(HashMap::new()),
                 dead,
                 queue,
                 inflight: Mutex::new(Default::default()),
@@ -217,12 +216,14 @@ impl Delivery {
                 }
             }
         }
-        // Windows first: a job id, and the id of a batch's bundle, is the same whoever computes
-        // it from the same events, so putting a window's jobs again after a crash before the
-        // store below adds nothing twice (and a notification a take brings twice, in two
-        // members, is in its digest once).
+        // In the same transaction as the jobs and the caller's record: a window Redis refuses
+        // leaves the record, so the events are taken again (a window held in this instance's
+        // memory was lost with it). A notification put twice (the same events taken again after
+        // a crash between the store and the caller's next step) has the same id, and is in its
+        // digest once.
         for (w, (group, firings)) in windows {
-            put_in_window(inner, w, group, firings).await;
+            let jobs = window_jobs(&firings, &w.channel, 0, None);
+            also.push(inner.queue.window_put_cmd(&w, group.window, &jobs));
         }
         let leased: Vec<Job> = now.iter().flat_map(|(j, _)| j.iter().cloned()).collect();
         let mut pending = Vec::new();

@@ -11,14 +11,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::action::ActionContext;
-use crate::firing::Firing;
 use crate::metrics::Metrics;
 use crate::status::Status;
 
 use super::lane::Limiters;
 use super::retry::RetryPolicy;
 use super::slots::{Slots, Ticket};
-use super::work::DigestKey;
 use crate::store::dead::DeadStore;
 use crate::store::queue::{Queue, Window};
 
@@ -43,9 +41,6 @@ pub(super) struct Inner {
     pub(super) wake: Arc<Notify>,
     /// The targets with jobs waiting in Redis, as last read (see `take_waiting`).
     pub(super) waiting_targets: WaitingTargets,
-    /// Digest windows held in memory, by (rule, channel): only when Redis refused to store the
-    /// notifications in their shared window.
-    pub(super) digests: Mutex<HashMap<DigestKey, Vec<Arc<Firing>>>>,
     /// Where dead letters are kept (Redis).
     pub(super) dead: DeadStore,
     /// The durable queue of action jobs and digest windows (Redis).

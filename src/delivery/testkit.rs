@@ -92,6 +92,39 @@ pub(super) async fn stage_merging_within(
     max_wait: Duration,
 ) -> Stage {
     let (redis, state) = crate::local_redis::throwaway().await;
+    on(redis, state, config, policy, max_wait).await
+}
+
+/// [`stage`] whose state connection is that of a Redis user with only the grants `acl` gives
+/// (an `ACL SETUSER` rule list, e.g. `~keywatch:queue* +@all`): what a least-privilege user, or
+/// one lacking a grant, does to delivery. [`Stage::state`] stays the default user's.
+pub(super) async fn stage_as_user(config: Config, policy: RetryPolicy, acl: &str) -> Stage {
+    let (redis, state) = crate::local_redis::throwaway().await;
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("kw").arg("on").arg(">kw-pass");
+    for rule in acl.split_whitespace() {
+        setuser.arg(rule);
+    }
+    setuser
+        .exec_async(&mut state.clone())
+        .await
+        .expect("ACL SETUSER");
+    let url = redis.url().replacen("redis://", "redis://kw:kw-pass@", 1);
+    let client = redis::Client::open(url).unwrap();
+    let as_user = Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+    let mut s = on(redis, as_user, config, policy, MAX_WAIT).await;
+    s.state = state;
+    s
+}
+
+/// A stage whose delivery keeps its state through `state`, on `redis`.
+async fn on(
+    redis: LocalRedis,
+    state: Conn,
+    config: Config,
+    policy: RetryPolicy,
+    max_wait: Duration,
+) -> Stage {
     let keyspace = Keyspace::new(Secret::new(redis.url()), config.redis.clone())
         .expect("the throwaway Redis's URL");
     let actions = ActionContext::new(
@@ -128,19 +161,13 @@ pub(super) async fn stage_merging_within(
 impl Stage {
     /// Waits until the stage has nothing left to do: no job in the queue, waiting for a target
     /// or in a digest window (each waits there until it is sent or dead-lettered), nothing in
-    /// flight, no digest held in memory. Nothing more is attempted after that.
+    /// flight. Nothing more is attempted after that.
     pub(super) async fn settled(&self) {
         let inner = &self.delivery.inner;
         let until = Instant::now() + PATIENCE;
         loop {
             let queued = inner.queue.len().await.expect("the queue's length");
-            let busy = !inflight(inner).is_empty()
-                || !windows_inflight(inner).is_empty()
-                || !inner
-                    .digests
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .is_empty();
+            let busy = !inflight(inner).is_empty() || !windows_inflight(inner).is_empty();
             if queued == 0 && !busy {
                 return;
             }

@@ -9,9 +9,6 @@ use crate::firing::{Action, Firing, Job};
 
 use crate::store::queue::Window;
 
-/// A digest window is per (rule, channel).
-pub(super) type DigestKey = (String, String);
-
 /// A unit of delivery: one action of one firing, or one digest message.
 #[derive(Clone)]
 pub(super) enum Work {

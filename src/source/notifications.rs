@@ -233,7 +233,11 @@ pub async fn subscribe(
             None => return,
             Some(Ended::Lost(reason)) => {
                 refused_for.clear();
-                tracing::warn!(%node, %reason, "Subscriber connection ended; reconnecting.");
+                crate::internal_events::SubscriptionLost {
+                    node: &node,
+                    reason: &reason,
+                }
+                .emit();
                 Signal::Down {
                     node: node.clone(),
                     reason,
@@ -329,7 +333,11 @@ async fn session(
     if let Err(ended) = check_role(&mut commands, node).await {
         return Some(ended);
     }
-    tracing::info!(%node, channels = subscribed.len(), "Subscribed to keyspace events.");
+    crate::internal_events::Subscribed {
+        node,
+        channels: subscribed.len(),
+    }
+    .emit();
     let mut following = true;
     if tx
         .send(Signal::Up {

@@ -188,7 +188,6 @@ impl Unreadable {
 pub struct Queue {
     conn: Conn,
     prefix: String,
-    group_put: redis::Script,
     group_done: redis::Script,
     window_take: redis::Script,
     zset: String,
@@ -224,7 +223,6 @@ impl Queue {
         Queue {
             conn: conn.clone(),
             prefix: prefix.to_string(),
-            group_put: redis::Script::new(GROUP_PUT),
             group_done: redis::Script::new(GROUP_DONE),
             window_take: redis::Script::new(WINDOW_TAKE),
             zset: keys::queue(prefix),
@@ -789,6 +787,11 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "evalsha", WINDOWS)
             .on(Keys::State("group:*:*:window"), Access::ReadWrite)
             .args("{sha} 4 {key} {prefix}group:r:c {prefix}queue:jobs {prefix}groups"),
+        // Putting notifications into their window, inside the transaction that stores the
+        // jobs (see `Queue::window_put_cmd`).
+        Use::new(Server::State, "eval", WINDOWS)
+            .on(Keys::State("group:*:*:window"), Access::ReadWrite)
+            .args("return(1) 4 {key} {prefix}group:r:c {prefix}queue:jobs {prefix}groups"),
         Use::new(Server::State, "zrange", SCRIPTS)
             .on(Keys::State("queue"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1"),

@@ -146,7 +146,7 @@ pub async fn run(
             error,
         })?;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "HTTP endpoint listening (/, /metrics, /healthz, /readyz, /-/reload).");
+        crate::internal_events::Listening { addr }.emit();
     }
     if !opts.listen.ip().is_loopback() && config.server.token.is_none() {
         tracing::warn!(listen = %opts.listen, "The HTTP endpoint listens beyond loopback without `server.token`: anyone who reaches it can read the status page and the history and reload the rules. Set `server.token` (docs/operations.md#exposing-the-endpoint).");

@@ -6,30 +6,43 @@
 use super::*;
 
 impl Queue {
-    /// Puts notification jobs into the open window of `w`, opening one of `length` if none is
-    /// open (the first event of a window starts it, for every instance alike); returns when
-    /// the window ends (unix ms).
-    pub async fn window_put(
-        &self,
-        w: &Window,
-        length: Duration,
-        jobs: &[Job],
-    ) -> redis::RedisResult<i64> {
+    /// The command that puts notification jobs into the open window of `w`, opening one of
+    /// `length` if none is open (the first event of a window starts it, for every instance
+    /// alike): for the caller's transaction, so the notifications are in their window exactly
+    /// when the caller's own writes (the record of their events) take effect. An `EVAL` with the
+    /// script's text, not `EVALSHA`: inside `MULTI`, a script Redis does not know (restarted,
+    /// failed over) would fail alone while the rest of the transaction took effect.
+    pub fn window_put_cmd(&self, w: &Window, length: Duration, jobs: &[Job]) -> redis::Cmd {
         let zset = self.window_zset(w);
-        let mut inv = self.group_put.prepare_invoke();
-        inv.key(keys::window_end(&zset))
-            .key(&zset)
-            .key(&self.jobs)
-            .key(self.windows_key())
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(GROUP_PUT)
+            .arg(4)
+            .arg(keys::window_end(&zset))
+            .arg(&zset)
+            .arg(&self.jobs)
+            .arg(self.windows_key())
             .arg(now_ms())
             .arg(u64::try_from(length.as_millis()).unwrap_or(u64::MAX).max(1))
             .arg(w.member());
         // A batch's notifications go in as one member: one payload and one place in the
         // window, not one per notification (a digest needs no job of its own per event).
         for e in Entry::window(&self.prefix, w, jobs) {
-            inv.arg(e.id).arg(e.payload);
+            eval.arg(e.id).arg(e.payload);
         }
-        inv.invoke_async(&mut self.conn.clone()).await
+        eval
+    }
+
+    /// Puts notification jobs into their window now, on their own (tests); returns when it ends.
+    #[cfg(test)]
+    pub async fn window_put(
+        &self,
+        w: &Window,
+        length: Duration,
+        jobs: &[Job],
+    ) -> redis::RedisResult<i64> {
+        self.window_put_cmd(w, length, jobs)
+            .query_async(&mut self.conn.clone())
+            .await
     }
 
     /// The windows that hold jobs.
