@@ -1,95 +1,104 @@
-//! Digests: the notifications of a rule with `group` wait in a window shared by every instance
-//! and go out as one message.
+//! Digests: one message for many notifications of one rule to one channel — a `group` window's
+//! (shared by every instance in Redis, `store::queue` windows) or a paced channel's backlog
+//! merged (`super::pace`) — composed under the rules in force when it goes out.
 
 use std::sync::Arc;
 
+use crate::action::{ActionContext, notify};
 use crate::channel::Message;
 use crate::firing::Firing;
+use crate::store::queue::{Window, WindowMember};
 
-use super::attempt::{compose_digest_now, dead_letter, dead_letter_unreadable, deliver};
-use super::state::Inner;
 use super::work::Work;
-use crate::store::queue::Queue;
 
 /// Most jobs of one window taken into one digest: a storm's window of 100,000 becomes a few
 /// digests of this many, and no Lua call holds Redis for long.
 pub(super) const WINDOW_TAKE_MAX: usize = 5000;
 
-/// Sends the digest of every window that has ended (or whose retry is due), as one digest per
-/// window (up to [`WINDOW_TAKE_MAX`] events each).
-pub(super) async fn take_windows(inner: &Arc<Inner>, queue: &Queue) {
-    let windows = match queue.windows().await {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::warn!(error = %e, "Cannot read the digest windows; retrying.");
-            return;
+/// Items listed in a digest of a rule without `group.max_items` (a merged backlog).
+pub(super) const DIGEST_ITEMS: usize = 20;
+
+/// A digest of `firings` of `rule` for `channel` under the rules in force now, listing the rule's
+/// `group.max_items` (or [`DIGEST_ITEMS`] for a merged backlog of a rule without `group`).
+pub(super) fn compose(
+    actions: &ActionContext,
+    rule: &str,
+    channel: &str,
+    firings: &[Arc<Firing>],
+) -> Result<Message, String> {
+    let actions = actions.refreshed();
+    match (actions.config.rule(rule), actions.config.channel(channel)) {
+        (None, _) => Err(format!("rule `{rule}` no longer exists")),
+        (Some(r), Some(ch)) => {
+            let max = r
+                .notify
+                .as_ref()
+                .and_then(|n| n.group)
+                .map_or(DIGEST_ITEMS, |g| g.max_items);
+            notify::compose_digest(&actions, firings, r, ch, max)
         }
-    };
-    for w in windows {
-        let members = match queue.window_take(&w, WINDOW_TAKE_MAX).await {
-            Ok(t) => {
-                dead_letter_unreadable(inner, t.unreadable);
-                if t.members.is_empty() {
-                    continue;
-                }
-                t.members
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, rule = %w.rule, "Cannot take a digest window; retrying.");
-                continue;
-            }
-        };
-        let jobs = || members.iter().flat_map(|m| &m.jobs);
-        let attempt = jobs().map(|j| j.attempt).max().unwrap_or(0);
-        let failing_since = jobs().filter_map(|j| j.failing_since).min();
-        let ids: Vec<String> = members.iter().map(|m| m.id.clone()).collect();
-        let sizes: Vec<usize> = members.iter().map(|m| m.jobs.len()).collect();
-        let firings: Vec<Arc<Firing>> = jobs().map(|j| j.firing.clone()).collect();
-        if firings.is_empty() {
-            // Nothing readable left in them (set aside above, or all seen twice).
-            if let Err(e) = queue.window_done(&w, &ids).await {
-                tracing::warn!(error = %e, rule = %w.rule, "Cannot remove emptied members of a digest window; they are taken again when their lease ends.");
-            }
-            continue;
-        }
-        match compose_digest_now(inner, &w.rule, &w.channel, &firings) {
-            Ok(message) => {
-                let work = Work::Digest {
-                    rule: w.rule.clone(),
-                    channel: w.channel.clone(),
-                    message: Arc::new(message),
-                    firings,
-                    jobs: ids,
-                    sizes,
-                    window: Some(w),
-                };
-                let i = inner.clone();
-                inner
-                    .tracker
-                    .spawn(async move { deliver(i, work, attempt, failing_since).await });
-            }
-            Err(e) => {
-                let work = Work::Digest {
-                    rule: w.rule.clone(),
-                    channel: w.channel.clone(),
-                    message: Arc::new(Message::uncomposed_digest(
-                        &w.rule,
-                        firings.first().map_or("", |f| f.id.as_str()),
-                        &w.channel,
-                        firings.len(),
-                    )),
-                    firings,
-                    jobs: ids.clone(),
-                    sizes,
-                    window: Some(w.clone()),
-                };
-                dead_letter(inner, &work, &format!("cannot compose the digest: {e}"));
-                if let Err(e) = queue.window_done(&w, &ids).await {
-                    tracing::warn!(error = %e, rule = %w.rule, "Cannot remove a dead-lettered digest window; it may be dead-lettered again.");
-                }
-            }
-        }
+        _ => Err("the rule or channel is no longer defined".into()),
     }
+}
+
+/// What a window's due members come to: the digest to send, with its attempt count and when it
+/// first failed; or, when it cannot be composed, the digest to dead-letter and why.
+pub(super) enum WindowDigest {
+    Send {
+        work: Work,
+        attempt: u32,
+        failing_since: Option<i64>,
+    },
+    Unsendable {
+        work: Work,
+        reason: String,
+    },
+}
+
+/// The digest of `members` taken from window `w` (`None` when nothing readable is left in them:
+/// they were set aside, or all seen twice).
+pub(super) fn of_window(
+    actions: &ActionContext,
+    w: &Window,
+    members: Vec<WindowMember>,
+) -> Option<WindowDigest> {
+    let jobs = || members.iter().flat_map(|m| &m.jobs);
+    let attempt = jobs().map(|j| j.attempt).max().unwrap_or(0);
+    let failing_since = jobs().filter_map(|j| j.failing_since).min();
+    let ids: Vec<String> = members.iter().map(|m| m.id.clone()).collect();
+    let sizes: Vec<usize> = members.iter().map(|m| m.jobs.len()).collect();
+    let firings: Vec<Arc<Firing>> = jobs().map(|j| j.firing.clone()).collect();
+    if firings.is_empty() {
+        return None;
+    }
+    let work = |message: Message, firings: Vec<Arc<Firing>>| Work::Digest {
+        rule: w.rule.clone(),
+        channel: w.channel.clone(),
+        message: Arc::new(message),
+        firings,
+        jobs: ids.clone(),
+        sizes: sizes.clone(),
+        window: Some(w.clone()),
+    };
+    Some(match compose(actions, &w.rule, &w.channel, &firings) {
+        Ok(message) => WindowDigest::Send {
+            work: work(message, firings),
+            attempt,
+            failing_since,
+        },
+        Err(e) => {
+            let placeholder = Message::uncomposed_digest(
+                &w.rule,
+                firings.first().map_or("", |f| f.id.as_str()),
+                &w.channel,
+                firings.len(),
+            );
+            WindowDigest::Unsendable {
+                work: work(placeholder, firings),
+                reason: format!("cannot compose the digest: {e}"),
+            }
+        }
+    })
 }
 
 #[cfg(test)]
@@ -133,7 +142,7 @@ mod tests {
             .await;
         assert_eq!(rec.received(), vec![]);
         assert_eq!(s.status.counts("batch"), RuleCounts::default());
-        assert_eq!(s.delivery.inner.queue.len().await.unwrap(), 5);
+        assert_eq!(s.queue_len().await, 5);
 
         let got = rec.wait_for(1).await;
         assert_eq!(got.len(), 1, "{got:?}");
@@ -176,8 +185,7 @@ mod tests {
     /// Waits until Redis holds no open window of `batch` for `log`.
     async fn window_closed(s: &testkit::Stage) {
         use crate::store::queue::keys;
-        let prefix = &s.delivery.inner.actions.config.state.prefix;
-        let end = keys::window_end(&keys::window(prefix, "batch", "log"));
+        let end = keys::window_end(&keys::window("keywatch:", "batch", "log"));
         tokio::time::timeout(testkit::PATIENCE, async {
             loop {
                 let open: bool = redis::cmd("EXISTS")

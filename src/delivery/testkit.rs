@@ -31,9 +31,8 @@ use crate::status::Status;
 use crate::template::Escape;
 use crate::yaml::Secret;
 
-use super::lane::MAX_WAIT;
-use super::state::{Pace, inflight, windows_inflight};
-use super::{Delivery, RetryPolicy};
+use super::pace::MAX_WAIT;
+use super::{Delivery, Parts, RetryPolicy};
 
 /// The longest any wait of a test may take before it fails: far beyond what a passing test
 /// needs, so that a loaded machine does not fail it.
@@ -134,21 +133,19 @@ async fn on(
     )
     .with_state(state.clone());
     let metrics = Arc::new(Metrics::new());
-    let pace = Pace {
-        tick: Duration::from_millis(10),
-        max_wait,
-    };
-    let delivery = Delivery::with_pace(
-        actions,
-        metrics.clone(),
-        policy,
-        state.clone(),
-        CancellationToken::new(),
-        pace,
-    );
     let status = Arc::new(Status::default());
-    delivery.report_to(status.clone());
-    delivery.start_queue();
+    let delivery = Delivery::start_pacing_within(
+        Parts {
+            actions,
+            state: state.clone(),
+            metrics: metrics.clone(),
+            status: Some(status.clone()),
+            intake_behind: Box::new(|| false),
+            policy,
+            shutdown: CancellationToken::new(),
+        },
+        max_wait,
+    );
     Stage {
         delivery,
         metrics,
@@ -160,23 +157,32 @@ async fn on(
 
 impl Stage {
     /// Waits until the stage has nothing left to do: no job in the queue, waiting for a target
-    /// or in a digest window (each waits there until it is sent or dead-lettered), nothing in
-    /// flight. Nothing more is attempted after that.
+    /// or in a digest window (each waits there until it is sent or dead-lettered), nothing held
+    /// here. Nothing more is attempted after that.
     pub(super) async fn settled(&self) {
-        let inner = &self.delivery.inner;
         let until = Instant::now() + PATIENCE;
         loop {
-            let queued = inner.queue.len().await.expect("the queue's length");
-            let busy = !inflight(inner).is_empty() || !windows_inflight(inner).is_empty();
+            let queued = self.queue_len().await;
+            let busy = !self.delivery.chain.held.is_empty();
             if queued == 0 && !busy {
                 return;
             }
             assert!(
                 Instant::now() < until,
-                "still {queued} jobs in the queue (in flight here: {busy}) after {PATIENCE:?}"
+                "still {queued} jobs in the queue (held here: {busy}) after {PATIENCE:?}"
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// Jobs in the queue, waiting for their target, or in digest windows.
+    pub(super) async fn queue_len(&self) -> i64 {
+        self.delivery
+            .chain
+            .queue
+            .len()
+            .await
+            .expect("the queue's length")
     }
 }
 

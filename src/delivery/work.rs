@@ -19,9 +19,8 @@ pub(super) enum Work {
         channel: String,
         message: Arc<Message>,
         firings: Vec<Arc<Firing>>,
-        /// Queued jobs the digest stands for, acknowledged when it is sent or dead-lettered;
-        /// empty for a digest held only in memory (Redis refused its window) or re-driven. For
-        /// a window's digest, the window's members (a notification, or a batch's bundle).
+        /// Queued jobs the digest stands for, acknowledged when it is sent or dead-lettered: a
+        /// merged backlog's jobs, or a window's members (a notification, or a batch's bundle).
         jobs: Vec<String>,
         /// For a window's digest: how many of `firings`, in order, each of `jobs` holds (a
         /// failed digest goes back to its window member by member). Empty otherwise.
@@ -124,6 +123,39 @@ impl Work {
         match self {
             Work::Job { firing, .. } => vec![firing],
             Work::Digest { firings, .. } => firings.iter().map(|f| f.as_ref()).collect(),
+        }
+    }
+
+    /// The ids of the queued jobs (or a window's members) this work stands for, which its
+    /// outcome acknowledges or reschedules.
+    pub(super) fn queued(&self) -> Vec<String> {
+        match self {
+            Work::Job { .. } => vec![self.job_id()],
+            Work::Digest { jobs, .. } => jobs.clone(),
+        }
+    }
+
+    /// The digest window it was taken from.
+    pub(super) fn window(&self) -> Option<&Window> {
+        match self {
+            Work::Digest { window, .. } => window.as_ref(),
+            Work::Job { .. } => None,
+        }
+    }
+
+    /// Its jobs as they go back to the queue for their `attempt`-th attempt, failing since
+    /// `since`: a job, or each notification of a digest merged from a pace's backlog.
+    pub(super) fn jobs(&self, attempt: u32, since: Option<i64>) -> Vec<Job> {
+        match self {
+            Work::Job { firing, action } => vec![Job {
+                firing: firing.clone(),
+                action: action.clone(),
+                attempt,
+                failing_since: since,
+            }],
+            Work::Digest {
+                firings, channel, ..
+            } => window_jobs(firings, channel, attempt, since),
         }
     }
 

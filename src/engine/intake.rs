@@ -301,8 +301,9 @@ pub enum Next {
     /// Its details could not be read: it leaves its record for one of its own, due at this
     /// time for whoever takes it then, with its attempts counted.
     RetryAt(i64, Box<Record>),
-    /// Nothing more to do for it (given up and dead-lettered).
-    Done,
+    /// Nothing more to do for it: given up, its dead letters kept by these commands (in the
+    /// same transaction that clears its record).
+    GivenUp(Vec<redis::Cmd>),
 }
 
 /// Intake record ids are unique per process, whatever the instance's name.
@@ -513,17 +514,18 @@ impl Intake {
             Vec<(&Taken, &[crate::engine::detail::Request])>,
         > = Default::default();
         let mut split = Vec::new();
+        let mut cmds = Vec::new();
         for (t, next) in events {
             let kept = by_record.entry(t.id.as_str()).or_default();
             match next {
                 Next::Stored(Some(remove)) => kept.push((*t, remove.as_slice())),
-                Next::Stored(None) | Next::Done => {}
+                Next::Stored(None) => {}
+                Next::GivenUp(letters) => cmds.extend(letters.iter().cloned()),
                 Next::RetryAt(due, record) => {
                     split.push((t.id.as_str(), t.event.as_str(), *due, record))
                 }
             }
         }
-        let mut cmds = Vec::new();
         let mut cleared = Vec::new();
         for (id, kept) in by_record {
             if kept.is_empty() {
@@ -687,7 +689,7 @@ mod tests {
         assert_eq!(back[1].0, "e2");
         assert_eq!(back[1].1.deadline_ms, None);
         assert_eq!(back[1].1.rule.as_deref(), Some("warn\tme"));
-        // A record of one event (a retry's, or one written before batches) is its own event.
+        // A record of one event (a retry's) is its own event.
         let one = decode_stored("e3", &encode(&a)).unwrap();
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].0, "e3");

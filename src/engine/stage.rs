@@ -331,11 +331,11 @@ impl FiringStage {
                         Firing::new(&r.name, &e, r.capture_names(), captures.clone(), None)
                     })
                     .collect();
-                self.delivery.give_up(
+                let keep = self.delivery.give_up(
                     firings,
                     &format!("the detail could not be read for the whole retry window: {reason}"),
                 );
-                Next::Done
+                Next::GivenUp(keep)
             }
         }
     }

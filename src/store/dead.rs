@@ -6,9 +6,7 @@
 //! A re-driven letter goes back into the durable queue (`store::queue`) in the same script
 //! that takes it out of the store: its job due at once, or a digest's notifications in their
 //! window, so it is retried, rate-limited and taken over after a crash like any other job, and
-//! waits there when no instance runs. Earlier versions handed letters back in a list,
-//! `{prefix}dead:redrive`, which a running instance emptied into memory; letters left there by
-//! an upgrade are moved into the queue the same way (docs/operations.md#silences-and-dead-letters).
+//! waits there when no instance runs (docs/operations.md#silences-and-dead-letters).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,15 +25,6 @@ const REDRIVE: &str = include_str!("dead/redrive.lua");
 
 /// Letters moved per script call: a digest's letter can hold thousands of events.
 const REDRIVE_BATCH: usize = 50;
-
-/// Where the letters the script moves are taken from.
-#[derive(Clone, Copy)]
-enum Source {
-    /// The dead letters, by id.
-    Letters,
-    /// The list an earlier version handed letters back in, by their JSON.
-    HandedBack,
-}
 
 /// What `dead retry` did.
 #[derive(Debug, Default, PartialEq)]
@@ -69,27 +58,32 @@ impl DeadStore {
         format!("{}dead:index", self.prefix)
     }
 
-    /// The list earlier versions handed re-driven letters back in.
-    fn handed_back(&self) -> String {
-        format!("{}dead:redrive", self.prefix)
+    /// The commands that keep `d`, for the transaction that also takes its job out of the
+    /// queue: the letter is kept exactly when its job is gone. [`DeadStore::trim`] after it.
+    pub fn store_cmds(&self, d: &DeadLetter) -> Vec<redis::Cmd> {
+        let json = serde_json::to_string(d).unwrap_or_default();
+        let mut hset = redis::cmd("HSET");
+        hset.arg(self.hash()).arg(&d.id).arg(json);
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(self.index())
+            .arg(d.at.timestamp_millis())
+            .arg(&d.id);
+        vec![hset, zadd]
     }
 
+    /// Keeps `d` on its own (a firing whose actions never became jobs).
     pub async fn store(&self, d: &DeadLetter) -> redis::RedisResult<()> {
+        let mut pipe = redis::pipe();
+        for cmd in self.store_cmds(d) {
+            pipe.add_command(cmd).ignore();
+        }
+        pipe.exec_async(&mut self.conn.clone()).await?;
+        self.trim().await
+    }
+
+    /// Drops the oldest letters beyond [`KEEP`].
+    pub async fn trim(&self) -> redis::RedisResult<()> {
         let mut c = self.conn.clone();
-        let json = serde_json::to_string(d).unwrap_or_default();
-        redis::pipe()
-            .cmd("HSET")
-            .arg(self.hash())
-            .arg(&d.id)
-            .arg(json)
-            .ignore()
-            .cmd("ZADD")
-            .arg(self.index())
-            .arg(d.at.timestamp_millis())
-            .arg(&d.id)
-            .ignore()
-            .exec_async(&mut c)
-            .await?;
         let n: usize = redis::cmd("ZCARD")
             .arg(self.index())
             .query_async(&mut c)
@@ -192,69 +186,24 @@ impl DeadStore {
                     batch.push((d.id, entries));
                 }
             }
-            out.moved += self.move_to_queue(Source::Letters, batch).await?;
+            out.moved += self.move_to_queue(batch).await?;
         }
         Ok(out)
     }
 
-    /// Moves letters an earlier version handed back (`{prefix}dead:redrive`) into the queue,
-    /// up to `max`; returns how many. One this version cannot read is logged and dropped from
-    /// the list: nothing would ever read it.
-    pub async fn move_handed_back(&self, max: usize) -> redis::RedisResult<usize> {
-        let raw: Vec<String> = redis::cmd("LRANGE")
-            .arg(self.handed_back())
-            .arg(-(max.max(1) as i64))
-            .arg(-1)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        let mut batch = Vec::new();
-        for json in raw {
-            match serde_json::from_str::<DeadLetter>(&json) {
-                Ok(d) => {
-                    let entries = entries(&self.prefix, &d);
-                    if entries.is_empty() {
-                        tracing::error!(id = %d.id, rule = %d.rule, "A re-driven dead letter holds nothing to send again; dropped.");
-                    }
-                    batch.push((json, entries));
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, letter = %crate::event::printable(json.as_bytes()), "A re-driven dead letter cannot be read by this version; dropped.");
-                    batch.push((json, Vec::new()));
-                }
-            }
-        }
-        let mut moved = 0;
-        while !batch.is_empty() {
-            let rest = batch.split_off(batch.len().min(REDRIVE_BATCH));
-            moved += self.move_to_queue(Source::HandedBack, batch).await?;
-            batch = rest;
-        }
-        Ok(moved)
-    }
-
-    /// Runs the script for `letters` (each its id or its JSON, as `from` names them, with its
-    /// entries).
-    async fn move_to_queue(
-        &self,
-        from: Source,
-        letters: Vec<(String, Vec<Entry>)>,
-    ) -> redis::RedisResult<usize> {
+    /// Runs the script for `letters` (each its id, with its entries).
+    async fn move_to_queue(&self, letters: Vec<(String, Vec<Entry>)>) -> redis::RedisResult<usize> {
         if letters.is_empty() {
             return Ok(0);
         }
-        let (source, mode) = match from {
-            Source::Letters => (self.hash(), "letter"),
-            Source::HandedBack => (self.handed_back(), "listed"),
-        };
         let script = redis::Script::new(REDRIVE);
         let mut inv = script.prepare_invoke();
-        inv.key(source)
+        inv.key(self.hash())
             .key(self.index())
             .key(queue_keys::jobs(&self.prefix))
             .key(queue_keys::windows(&self.prefix));
         // Each sorted set once among the keys, after the four above.
         let mut zsets: HashMap<String, usize> = HashMap::new();
-        inv.arg(mode);
         for (letter, entries) in &letters {
             inv.arg(letter).arg(entries.len());
             for e in entries {
@@ -328,23 +277,13 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("dead:index"), Access::Write)
             .args("{key} id"),
-        // `dead retry` moves letters into the queue in one script per batch, and an instance
-        // moves those an earlier version handed back in `dead:redrive`.
+        // `dead retry` moves letters into the queue in one script per batch.
         Use::new(Server::State, "script|load", RETRY)
             .access(Access::Write)
             .args("return(1)"),
         Use::new(Server::State, "evalsha", RETRY)
             .on(Keys::State("dead"), Access::ReadWrite)
             .args("{sha} 5 {key} {prefix}dead:index {prefix}queue:jobs {prefix}groups {prefix}queue"),
-        Use::new(Server::State, "evalsha", RETRY)
-            .on(Keys::State("dead:redrive"), Access::ReadWrite)
-            .args("{sha} 5 {key} {prefix}dead:index {prefix}queue:jobs {prefix}groups {prefix}queue"),
-        Use::new(Server::State, "lrange", RETRY)
-            .on(Keys::State("dead:redrive"), Access::Read)
-            .args("{key} -100 -1"),
-        Use::new(Server::State, "lrem", RETRY)
-            .on(Keys::State("dead:redrive"), Access::Write)
-            .args("{key} 1 letter"),
         Use::new(Server::State, "hsetnx", RETRY)
             .on(Keys::State("queue:jobs"), Access::Write)
             .args("{key} id job"),
@@ -433,29 +372,5 @@ mod tests {
         let left = store.list(10).await.unwrap();
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].id, empty.id);
-    }
-
-    /// Letters an earlier version handed back: each moved once by two instances at once, and
-    /// one this version cannot read leaves the list.
-    #[tokio::test]
-    async fn letters_an_earlier_version_handed_back_are_moved_once() {
-        let (_server, conn) = crate::local_redis::throwaway().await;
-        let store = DeadStore::new(conn.clone(), "kw:");
-        let mut push = redis::cmd("LPUSH");
-        push.arg("kw:dead:redrive");
-        for i in 0..10 {
-            push.arg(serde_json::to_string(&letter(&format!("k{i}:"), false, 1)).unwrap());
-        }
-        push.arg("{not a letter");
-        push.exec_async(&mut conn.clone()).await.unwrap();
-        let (a, b) = tokio::join!(store.move_handed_back(100), store.move_handed_back(100));
-        assert_eq!(a.unwrap() + b.unwrap(), 11);
-        assert_eq!(zcard(&conn, &keys::queue("kw:")).await, 10);
-        let left: i64 = redis::cmd("LLEN")
-            .arg("kw:dead:redrive")
-            .query_async(&mut conn.clone())
-            .await
-            .unwrap();
-        assert_eq!(left, 0);
     }
 }

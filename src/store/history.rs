@@ -11,9 +11,7 @@
 //! of many fields: in a storm a key of its own, created and given a TTL per firing and again
 //! per outcome, was a quarter of what the state server spent. Memory is bounded twice: each
 //! minute's hash lasts `history.keep` after the latest firing in it, and the index is trimmed by
-//! time and to [`MAX_FIRINGS`] entries (the trimmed firings' fields removed). Hashes of one
-//! firing each (`history:ID`, fields `event` and `a:ACTION`), written before this layout, are
-//! still read.
+//! time and to [`MAX_FIRINGS`] entries (the trimmed firings' fields removed).
 //!
 //! Recording never holds up delivery: the pipeline hands entries to a bounded channel, and one
 //! writer task per instance stores them in batches. When Redis cannot keep up the entries that
@@ -103,11 +101,6 @@ pub struct Filter {
     /// Only firings observed this long ago or later.
     pub since: Option<Duration>,
     pub limit: usize,
-}
-
-/// Where a firing's hash was before firings were kept by minute; still read.
-fn record_key(prefix: &str, id: &str) -> String {
-    format!("{prefix}history:{id}")
 }
 
 /// The span of observation whose firings share a hash.
@@ -415,8 +408,7 @@ impl Writer {
         Ok(())
     }
 
-    /// Drops the `excess` oldest firings: their fields in their minutes' hashes (and a hash
-    /// of their own, from before the minutes' hashes).
+    /// Drops the `excess` oldest firings: their fields in their minutes' hashes.
     async fn trim_count(&mut self, excess: usize) -> redis::RedisResult<()> {
         let index = index_key(&self.prefix);
         let mut range = redis::cmd("ZRANGE");
@@ -437,7 +429,6 @@ impl Writer {
         }
         let stored: Vec<Option<String>> = p.query_async(&mut self.conn).await?;
         let mut by_minute: BTreeMap<String, redis::Cmd> = BTreeMap::new();
-        let mut unlink = redis::cmd("UNLINK");
         for ((id, at), stored) in old.iter().zip(stored) {
             let hdel = by_minute
                 .entry(minute_key(&self.prefix, *at as i64))
@@ -451,13 +442,11 @@ impl Writer {
             for name in names {
                 hdel.arg(outcome_field(id, &name));
             }
-            unlink.arg(record_key(&self.prefix, id));
         }
         let mut p = redis::pipe();
         for hdel in by_minute.into_values() {
             p.add_command(hdel).ignore();
         }
-        p.add_command(unlink).ignore();
         let mut zrem = redis::cmd("ZREM");
         zrem.arg(&index)
             .arg(old.iter().map(|(id, _)| id).collect::<Vec<_>>());
@@ -553,35 +542,15 @@ pub async fn list(
         } else {
             Vec::new().into_iter()
         };
-        // Firings kept before the minutes' hashes, in a hash of their own.
-        let older: Vec<&str> = page
-            .iter()
-            .zip(&found)
-            .filter(|(_, event)| event.is_none())
-            .map(|((id, _), _)| id.as_str())
-            .collect();
-        let mut legacy: HashMap<&str, Vec<(String, String)>> = HashMap::new();
-        if !older.is_empty() {
-            let mut p = redis::pipe();
-            for id in &older {
-                p.cmd("HGETALL").arg(record_key(prefix, id));
-            }
-            let hashes: Vec<Vec<(String, String)>> = p.query_async(conn).await?;
-            legacy.extend(older.into_iter().zip(hashes));
-        }
         let mut hashes = Vec::with_capacity(page.len());
-        for (((id, _), event), names) in page.iter().zip(found).zip(names) {
-            hashes.push(match event {
-                Some(event) => {
-                    let got = if names.is_empty() {
-                        Vec::new()
-                    } else {
-                        outcomes.next().unwrap_or_default()
-                    };
-                    stored_fields(event, names, got)
-                }
-                None => legacy.remove(id.as_str()).unwrap_or_default(),
-            });
+        for (event, names) in found.into_iter().zip(names) {
+            let Some(event) = event else { continue };
+            let got = if names.is_empty() {
+                Vec::new()
+            } else {
+                outcomes.next().unwrap_or_default()
+            };
+            hashes.push(stored_fields(event, names, got));
         }
         for fields in hashes {
             let Some(r) = parse_record(fields) else {
@@ -629,14 +598,12 @@ fn stored_fields(
     fields
 }
 
-/// The event JSON of docs/rules.md#event-json of a stored firing: kept as the firing's own JSON (what its jobs
-/// embed, so that it is written once; since 2026-12-02), or as the event JSON by earlier
-/// versions. The event JSON has no `kind`, so it never reads as a firing.
+/// The event JSON of docs/rules.md#event-json of a stored firing, kept as the firing's own
+/// JSON (what its jobs embed, so that it is written once).
 fn event_json(stored: &str) -> Option<serde_json::Value> {
-    match serde_json::from_str::<Firing>(stored) {
-        Ok(f) => Some(f.to_json()),
-        Err(_) => serde_json::from_str(stored).ok(),
-    }
+    serde_json::from_str::<Firing>(stored)
+        .ok()
+        .map(|f| f.to_json())
 }
 
 /// A firing's hash as a record; `None` when only outcomes are left of it (its event was
@@ -700,18 +667,12 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "hdel", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} id id:a:reload"),
-        Use::new(Server::State, "unlink", WHY)
-            .on(Keys::State("history:*"), Access::Write)
-            .args("{key}"),
         Use::new(Server::State, "zrem", WHY)
             .on(Keys::State("history"), Access::Write)
             .args("{key} id"),
         Use::new(Server::State, "hmget", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key} id:a:reload"),
-        Use::new(Server::State, "hgetall", WHY)
-            .on(Keys::State("history:*"), Access::Read)
-            .args("{key}"),
     ]
 }
 
@@ -735,9 +696,16 @@ mod tests {
         Entry::Firing {
             id: id.into(),
             at_ms,
-            event: format!(r#"{{"id":"{id}","rule":"r","key":"k:{id}"}}"#).into(),
+            event: firing_text(id),
             names: r#"["a:reload","a:notify:c"]"#.into(),
         }
+    }
+
+    /// A firing's JSON as history keeps it: rule `r`, key `k:ID`, event id `ID`.
+    fn firing_text(id: &str) -> Arc<str> {
+        let mut f = crate::firing::expiry("r", &format!("k:{id}"), "2026-01-01T00:00:00Z");
+        f.id = id.into();
+        f.text()
     }
 
     fn outcome(id: &str, at_ms: i64, field: &str, outcome: &str, attempts: u32) -> Entry {
@@ -793,7 +761,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_firing_kept_as_its_own_json_reads_as_its_event_json_and_older_entries_still_read() {
+    async fn a_firing_kept_as_its_own_json_reads_as_its_event_json() {
         let (_server, mut w, conn) = writer(3_600_000).await;
         let now = clock::now_ms();
         let at = chrono::DateTime::from_timestamp_millis(now).unwrap();
@@ -823,17 +791,10 @@ mod tests {
         }])
         .await
         .unwrap();
-        // What an earlier version wrote: the event JSON itself.
-        let mut old = fired("old", now - 1);
-        if let Entry::Firing { event, .. } = &mut old {
-            *event = r#"{"event":"expired","id":"old","key":"k:old","rule":"r"}"#.into();
-        }
-        w.try_store(&[old]).await.unwrap();
         let got = all(&conn).await;
-        assert_eq!(got.len(), 2);
+        assert_eq!(got.len(), 1);
         assert_eq!(got[0].event, f.to_json());
         assert_eq!(got[0].str_field("key"), String::from_utf8_lossy(&f.key));
-        assert_eq!(got[1].str_field("key"), "k:old");
     }
 
     #[tokio::test]
@@ -915,10 +876,7 @@ mod tests {
         };
         let r = parse_record(vec![
             ("a:notify:oncall".into(), a("notify", Some("oncall"))),
-            (
-                "event".into(),
-                r#"{"id": "x", "rule": "r", "key": "k"}"#.into(),
-            ),
+            ("event".into(), firing_text("x").to_string()),
             ("a:reload".into(), a("reload", None)),
         ])
         .unwrap();

@@ -37,14 +37,15 @@ pub use writer::{Attempting, WriteError};
 /// The queue's scripts, one `.lua` file each beside this one.
 const TAKE: &str = include_str!("queue/take.lua");
 const RESCHEDULE: &str = include_str!("queue/reschedule.lua");
-const PARK: &str = include_str!("queue/park.lua");
-const UNPARK: &str = include_str!("queue/unpark.lua");
+const WAIT: &str = include_str!("queue/wait.lua");
+const TAKE_WAITING: &str = include_str!("queue/take_waiting.lua");
 const DETACH: &str = include_str!("queue/detach.lua");
 const COUNT: &str = include_str!("queue/count.lua");
 const SET_ASIDE: &str = include_str!("queue/set_aside.lua");
 const GROUP_PUT: &str = include_str!("queue/group_put.lua");
 const GROUP_DONE: &str = include_str!("queue/group_done.lua");
 const WINDOW_TAKE: &str = include_str!("queue/window_take.lua");
+const LOOK: &str = include_str!("queue/look.lua");
 
 /// Most notifications of one batch stored as one member of their window (a bundle, see
 /// `bundle`): a batch of events is at most this many anyway.
@@ -61,6 +62,36 @@ impl Window {
     /// Its name in the list of windows: rule and channel names may hold any character.
     fn member(&self) -> String {
         serde_json::to_string(&(&self.rule, &self.channel)).unwrap_or_default()
+    }
+
+    /// The window a name in the list stands for.
+    fn of_member(m: &str) -> Option<Window> {
+        serde_json::from_str::<(String, String)>(m)
+            .ok()
+            .map(|(rule, channel)| Window { rule, channel })
+    }
+}
+
+/// What one look at the queue found ([`Queue::look`]).
+#[derive(Debug, Default, PartialEq)]
+pub struct Look {
+    /// When the queue's earliest job is due (or its lease ends), unix ms (Redis's clock).
+    pub queue_next: Option<i64>,
+    /// The windows with a member due now.
+    pub windows_due: Vec<Window>,
+    /// When the earliest member of another window is due.
+    pub windows_next: Option<i64>,
+    /// The targets with jobs waiting for them.
+    pub targets_waiting: Vec<String>,
+}
+
+impl Look {
+    /// The earliest due time found that is not due now.
+    pub fn next(&self) -> Option<i64> {
+        [self.queue_next, self.windows_next]
+            .into_iter()
+            .flatten()
+            .min()
     }
 }
 
@@ -188,17 +219,17 @@ impl Unreadable {
 pub struct Queue {
     conn: Conn,
     prefix: String,
-    group_done: redis::Script,
     window_take: redis::Script,
     zset: String,
     jobs: String,
     take: redis::Script,
     reschedule: redis::Script,
     set_aside: redis::Script,
-    park: redis::Script,
-    unpark: redis::Script,
+    wait: redis::Script,
+    take_waiting: redis::Script,
     detach: redis::Script,
     count: redis::Script,
+    look: redis::Script,
     /// The bundles this instance took, and which of their jobs it has yet to finish.
     held: Arc<Mutex<bundle::Held>>,
     /// Payloads of jobs this version cannot read, kept for a person or a later version.
@@ -223,17 +254,17 @@ impl Queue {
         Queue {
             conn: conn.clone(),
             prefix: prefix.to_string(),
-            group_done: redis::Script::new(GROUP_DONE),
             window_take: redis::Script::new(WINDOW_TAKE),
             zset: keys::queue(prefix),
             jobs: keys::jobs(prefix),
             take: redis::Script::new(TAKE),
             reschedule: redis::Script::new(RESCHEDULE),
             set_aside: redis::Script::new(SET_ASIDE),
-            park: redis::Script::new(PARK),
-            unpark: redis::Script::new(UNPARK),
+            wait: redis::Script::new(WAIT),
+            take_waiting: redis::Script::new(TAKE_WAITING),
             detach: redis::Script::new(DETACH),
             count: redis::Script::new(COUNT),
+            look: redis::Script::new(LOOK),
             held: Arc::default(),
             unreadable: keys::unreadable(prefix),
             writer: Writer::start(conn, prefix),
@@ -243,8 +274,8 @@ impl Queue {
     /// Stores new jobs: `leased` ones this instance attempts now (leased to it), `pending` ones
     /// it has no room for (due now, for whichever instance has room first), and `waiting` ones
     /// whose target has no room (straight into that target's waiting set, as
-    /// [`Queue::park`] would put them after taking them: in a storm, taking a job only to park
-    /// it again was most of what the queue cost Redis). Waiting jobs of one target go in
+    /// [`Queue::wait_for_target`] would put them after taking them: in a storm, taking a job only
+    /// to send it back to wait was most of what the queue cost Redis). Waiting jobs of one target go in
     /// bundles of up to `bundle_sizes[target]` (1 when it does not say; see [`bundle`]). One
     /// round trip at most, shared with whatever other jobs are being stored or finished at the
     /// same time. `also` runs in the same transaction (see [`Writer::put_with`]).
@@ -355,20 +386,26 @@ impl Queue {
     /// job ran a second time when its lease ended (docs/reliability.md#guarantees). Each of
     /// these writes can be written twice to the same effect.
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
+        self.done_with(id, &[]).await
+    }
+
+    /// [`Queue::done`], and `also` in the same transaction: a dead letter is kept exactly when
+    /// its job leaves the queue. `also` must be as safe to write twice as the rest.
+    pub async fn done_with(&self, id: &str, also: &[redis::Cmd]) -> Result<(), WriteError> {
         let settled = &self.held().settle(id);
         written_again(
             id,
             || async move {
                 match settled {
-                    None => self.writer.done(id.to_string()).await,
+                    None => self.writer.done(id.to_string(), also).await,
                     Some(Settled::Mark { bundle, index }) => {
-                        let marked = self.writer.mark(bundle.clone(), *index).await;
+                        let marked = self.writer.mark(bundle.clone(), *index, also).await;
                         if marked.is_ok() {
                             crate::drill::pass(crate::drill::Step::Marked);
                         }
                         marked
                     }
-                    Some(Settled::Finished { bundle }) => self.finish_bundle(bundle).await,
+                    Some(Settled::Finished { bundle }) => self.finish_bundle(bundle, also).await,
                 }
             },
             // Not a writer that has stopped: shutdown is under way.
@@ -377,9 +414,9 @@ impl Queue {
         .await
     }
 
-    async fn finish_bundle(&self, bundle: &str) -> Result<(), WriteError> {
+    async fn finish_bundle(&self, bundle: &str, also: &[redis::Cmd]) -> Result<(), WriteError> {
         self.writer
-            .finish_bundle(bundle, &keys::bundle_done(&self.prefix, bundle))
+            .finish_bundle(bundle, &keys::bundle_done(&self.prefix, bundle), also)
             .await
     }
 
@@ -436,7 +473,7 @@ impl Queue {
         let moved: i64 = inv.invoke_async(&mut self.conn.clone()).await?;
         let settled = self.held().settle(id);
         if let Some(Settled::Finished { bundle }) = settled {
-            self.finish_bundle(&bundle).await.map_err(|e| {
+            self.finish_bundle(&bundle, &[]).await.map_err(|e| {
                 redis::RedisError::from((redis::ErrorKind::Io, "queue writer", e.to_string()))
             })?;
         }
@@ -467,6 +504,29 @@ impl Queue {
 
     fn waiting_key(&self) -> String {
         keys::waits(&self.prefix)
+    }
+
+    /// What is due now and next, in one call: the queue's earliest due time, the digest windows
+    /// with a member due, and the targets with jobs waiting for them.
+    pub async fn look(&self) -> redis::RedisResult<Look> {
+        let (queue_next, windows_next, due, targets): (i64, i64, Vec<String>, Vec<String>) = self
+            .look
+            .key(&self.zset)
+            .key(self.windows_key())
+            .key(self.waiting_key())
+            .arg(now_ms())
+            .arg(keys::windows_under(&self.prefix))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let mut windows_due: Vec<Window> =
+            due.iter().filter_map(|m| Window::of_member(m)).collect();
+        windows_due.sort_by(|a, b| (&a.rule, &a.channel).cmp(&(&b.rule, &b.channel)));
+        Ok(Look {
+            queue_next: (queue_next >= 0).then_some(queue_next),
+            windows_next: (windows_next >= 0).then_some(windows_next),
+            windows_due,
+            targets_waiting: targets,
+        })
     }
 
     /// Takes up to `max` due jobs, leasing them to this instance.
@@ -637,7 +697,7 @@ impl Queue {
         }
         if nothing_left {
             // Every job of it was done: a bundle whose last acknowledgement did not land.
-            if let Err(e) = self.finish_bundle(id).await {
+            if let Err(e) = self.finish_bundle(id, &[]).await {
                 tracing::warn!(error = %e, bundle = id, "Cannot remove a finished bundle; it is taken and removed again when its lease ends.");
             }
         }
@@ -965,7 +1025,9 @@ mod tests {
         assert_eq!(taken.len(), 3);
         // One is being attempted (leased), one waits for its next round, one for room.
         q.reschedule(&taken[1], now_ms() + 3_600_000).await.unwrap();
-        q.park("reload:r", &[taken[2].id()]).await.unwrap();
+        q.wait_for_target("reload:r", &[taken[2].id()])
+            .await
+            .unwrap();
         q.window_put(
             &window_rc(),
             Duration::from_secs(3600),
@@ -1155,7 +1217,7 @@ mod tests {
     }
 
     /// Jobs whose target has no room wait in the target's own set, oldest first, out of the
-    /// way of the queue; a job another instance finished meanwhile is not parked; taking them
+    /// way of the queue; a job another instance finished meanwhile does not wait; taking them
     /// back leases them in the queue, and an emptied set is no longer listed.
     #[tokio::test]
     async fn jobs_wait_for_their_target_in_its_own_set() {
@@ -1181,7 +1243,7 @@ mod tests {
         // Finished elsewhere after this instance lost its lease: it stays finished.
         q.done(&jobs[2].id()).await.unwrap();
         let ids: Vec<String> = jobs.iter().map(Job::id).collect();
-        q.park("channel:slow", &ids).await.unwrap();
+        q.wait_for_target("channel:slow", &ids).await.unwrap();
         assert_eq!(q.waiting_targets().await.unwrap(), vec!["channel:slow"]);
         assert_eq!(score(&conn, "kw:queue", &ids[0]).await, None);
         assert_eq!(
@@ -1192,10 +1254,10 @@ mod tests {
         // The other target's job is still where it was.
         assert!(score(&conn, "kw:queue", &other.id()).await.is_some());
 
-        let first = q.unpark("channel:slow", 1, false).await.unwrap();
+        let first = q.take_waiting("channel:slow", 1, false).await.unwrap();
         assert_eq!(first.jobs.len(), 1);
         assert!(score(&conn, "kw:queue", &first.jobs[0].id()).await.unwrap() > now_ms() as f64);
-        let rest = q.unpark("channel:slow", 10, false).await.unwrap();
+        let rest = q.take_waiting("channel:slow", 10, false).await.unwrap();
         assert_eq!(rest.jobs.len(), 1);
         assert!(q.waiting_targets().await.unwrap().is_empty());
         assert_eq!(q.len().await.unwrap(), 3);
@@ -1235,20 +1297,20 @@ mod tests {
         assert_eq!(members.len(), 3, "{members:?}");
         assert_eq!(q.len().await.unwrap(), 5);
         // Room for one: the first bundle holds two, and the target is busy.
-        let none = q.unpark("reload:r", 1, false).await.unwrap();
+        let none = q.take_waiting("reload:r", 1, false).await.unwrap();
         assert!(none.jobs.is_empty() && none.more);
         assert_eq!(none.need, 2, "the room the oldest bundle needs");
         // Idle with room for one (a bundle made for a wider target): taken whole.
-        let first = q.unpark("reload:r", 1, true).await.unwrap();
+        let first = q.take_waiting("reload:r", 1, true).await.unwrap();
         assert_eq!(first.jobs, jobs[..2]);
         assert!(first.more);
         assert_eq!(first.need, 0, "it looked at no member beyond the room");
         // Room for two: the next bundle fits, the job after it does not.
-        let second = q.unpark("reload:r", 2, false).await.unwrap();
+        let second = q.take_waiting("reload:r", 2, false).await.unwrap();
         assert_eq!(second.jobs, jobs[2..4]);
         assert!(second.more);
         assert_eq!(second.need, 1);
-        let third = q.unpark("reload:r", 3, false).await.unwrap();
+        let third = q.take_waiting("reload:r", 3, false).await.unwrap();
         assert_eq!(third.jobs, jobs[4..]);
         assert!(!third.more);
         assert_eq!(third.need, 0);
@@ -1273,7 +1335,7 @@ mod tests {
     async fn a_bundle_taken_over_brings_only_the_jobs_nobody_finished() {
         let (_server, q, conn) = queue().await;
         let jobs = bundled(&q).await;
-        let taken = q.unpark("reload:r", 2, false).await.unwrap();
+        let taken = q.take_waiting("reload:r", 2, false).await.unwrap();
         assert_eq!(taken.jobs, jobs[..2]);
         q.done(&jobs[0].id()).await.unwrap();
         let bundle = bundle::id(&jobs[0].id(), 2);
@@ -1305,7 +1367,7 @@ mod tests {
     async fn late_writes_to_a_bundle_finished_elsewhere_leave_nothing() {
         let (_server, q, conn) = queue().await;
         let jobs = bundled(&q).await;
-        q.unpark("reload:r", 2, false).await.unwrap();
+        q.take_waiting("reload:r", 2, false).await.unwrap();
         let bundle = bundle::id(&jobs[0].id(), 2);
         let other = Queue::new(conn.clone(), "kw:");
         redis::cmd("ZADD")
@@ -1330,10 +1392,10 @@ mod tests {
     /// A bundled job that fails, or finds no room after all, leaves its bundle for a place of
     /// its own (marked done in the bundle, so a taker of the bundle does not run it again).
     #[tokio::test]
-    async fn a_bundled_job_retried_or_parked_leaves_its_bundle() {
+    async fn a_bundled_job_retried_or_sent_to_wait_leaves_its_bundle() {
         let (_server, q, conn) = queue().await;
         let jobs = bundled(&q).await;
-        q.unpark("reload:r", 4, false).await.unwrap();
+        q.take_waiting("reload:r", 4, false).await.unwrap();
         let mut again = jobs[0].clone();
         again.attempt = 1;
         assert!(q.reschedule(&again, 42).await.unwrap());
@@ -1344,7 +1406,9 @@ mod tests {
                 .unwrap()
                 .contains("\"attempt\":1")
         );
-        q.park("reload:r", &[jobs[2].id()]).await.unwrap();
+        q.wait_for_target("reload:r", &[jobs[2].id()])
+            .await
+            .unwrap();
         assert!(
             score(&conn, "kw:queue:wait:reload:r", &jobs[2].id())
                 .await

@@ -24,8 +24,9 @@ use super::redis_server::{RedisServer, send_signal, wait_child};
 use super::rules::Rules;
 use super::wait::{PATIENCE, poll};
 
-/// What the daemon logs once its subscriber is in place: events flow from then on.
-pub const SUBSCRIBED: &str = "Subscribed to keyspace events.";
+/// The internal event the daemon emits once a subscriber is in place: events flow from then on
+/// (docs/operations.md#internal-events).
+pub const SUBSCRIBED: &str = "subscribed";
 
 /// Upper bound for a one-shot command (`check`, `explain`) to finish.
 const ONE_SHOT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -115,7 +116,7 @@ pub fn run_subscribed(
     envs: &[(&str, &str)],
 ) -> KeywatchProcess {
     let mut kw = spawn_run(url, rules, logs, envs);
-    kw.wait_for_output(SUBSCRIBED, PATIENCE);
+    kw.wait_for_event(SUBSCRIBED, "of the subscriber in place", |_| true);
     kw
 }
 
@@ -236,6 +237,48 @@ impl KeywatchProcess {
                 );
             }
             // Wake on new stderr output (where logs go) or poll every 20 ms.
+            let (lock, changed) = &*self.stderr.inner;
+            let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = changed.wait_timeout(guard, Duration::from_millis(20));
+        }
+    }
+
+    /// The internal events named `event` (docs/operations.md#internal-events) emitted so far,
+    /// each as a JSON object of its fields (`message` and `internal_event` among them), from
+    /// JSON or text logs alike.
+    pub fn events(&self, event: &str) -> Vec<serde_json::Value> {
+        internal_events(&self.stderr(), event)
+    }
+
+    /// Waits until the process has emitted internal event `event` with fields satisfying
+    /// `pred`; returns them. Panics after [`PATIENCE`], or when the process exits first.
+    pub fn wait_for_event(
+        &mut self,
+        event: &str,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(found) = self.events(event).into_iter().find(|e| pred(e)) {
+                return found;
+            }
+            if let Some(status) = self.try_status() {
+                self.join_readers();
+                if let Some(found) = self.events(event).into_iter().find(|e| pred(e)) {
+                    return found;
+                }
+                panic!(
+                    "keywatch exited ({status}) before the internal event `{event}` {what}\n{}",
+                    self.describe_output()
+                );
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "no internal event `{event}` {what} within {PATIENCE:?}\n{}",
+                    self.describe_output()
+                );
+            }
             let (lock, changed) = &*self.stderr.inner;
             let guard = lock.lock().unwrap_or_else(|e| e.into_inner());
             let _ = changed.wait_timeout(guard, Duration::from_millis(20));
@@ -513,6 +556,61 @@ impl std::ops::DerefMut for Rig {
     fn deref_mut(&mut self) -> &mut Daemon {
         &mut self.daemon
     }
+}
+
+/// The internal events named `event` in `log` (JSON or text lines), each as a JSON object of
+/// its fields: a JSON line as it is, a text line's `name=value` and `name="value"` fields (and
+/// its `message`, the text before the first field).
+pub fn internal_events(log: &str, event: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(
+            |line| match serde_json::from_str::<serde_json::Value>(line) {
+                Ok(json) if json.is_object() => Some(json),
+                _ => text_fields(line),
+            },
+        )
+        .filter(|fields| field_is(fields, "internal_event", event))
+        .collect()
+}
+
+/// The fields of a text log line that carries `internal_event`.
+fn text_fields(line: &str) -> Option<serde_json::Value> {
+    let at = line.find(" internal_event=")?;
+    let mut fields = serde_json::Map::new();
+    let head = &line[..at];
+    // `2026-…Z  INFO keywatch::module: The message.`
+    let message = head.split_once(": ").map_or(head, |(_, m)| m).trim();
+    fields.insert("message".into(), message.into());
+    let mut rest = line[at + 1..].trim_end();
+    while let Some(eq) = rest.find('=') {
+        let name = rest[..eq].trim().to_string();
+        let after = &rest[eq + 1..];
+        let (value, next) = if let Some(quoted) = after.strip_prefix('"') {
+            // A Debug-quoted string: up to the next unescaped quote.
+            let mut end = None;
+            let mut escaped = false;
+            for (i, c) in quoted.char_indices() {
+                match c {
+                    '\\' if !escaped => escaped = true,
+                    '"' if !escaped => {
+                        end = Some(i);
+                        break;
+                    }
+                    _ => escaped = false,
+                }
+            }
+            let end = end?;
+            let value = serde_json::from_str::<String>(&format!("\"{}\"", &quoted[..end]))
+                .unwrap_or_else(|_| quoted[..end].to_string());
+            (value, &quoted[end + 1..])
+        } else {
+            let end = after.find(' ').unwrap_or(after.len());
+            (after[..end].to_string(), &after[end..])
+        };
+        fields.insert(name, value.into());
+        rest = next.trim_start();
+    }
+    Some(serde_json::Value::Object(fields))
 }
 
 /// Whether JSON log line `line` has field `name` equal to the string `value`.

@@ -4,24 +4,13 @@
 use super::daemon::KeywatchProcess;
 use super::wait::PATIENCE;
 
-/// The HTTP endpoint's address, from the start-up log line (text or JSON logs).
+/// The HTTP endpoint's address, from its `listening` internal event (text or JSON logs).
 pub fn endpoint(kw: &KeywatchProcess) -> String {
-    let log = kw.stderr();
-    let line = log
-        .lines()
-        .find(|l| l.contains("HTTP endpoint listening"))
-        .expect("the endpoint is logged");
-    if let Ok(json) = serde_json::from_str::<serde_json::Value>(line)
-        && let Some(addr) = json.get("addr").and_then(serde_json::Value::as_str)
-    {
-        return addr.to_string();
-    }
-    let at = line.find("addr=").expect("addr field") + "addr=".len();
-    line[at..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .trim_matches('"')
+    let listening = kw.events("listening");
+    let event = listening.first().expect("the endpoint's `listening` event");
+    event["addr"]
+        .as_str()
+        .expect("the `listening` event's addr")
         .to_string()
 }
 

@@ -174,7 +174,7 @@ fn a_missing_grant_keeps_run_not_ready_naming_it_until_it_is_granted() {
     kw.wait_for_output("HTTP endpoint listening", PATIENCE);
     let addr = common::endpoint::endpoint(&kw);
     kw.wait_for_output("ACL SETUSER keywatch +select", PATIENCE);
-    kw.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    kw.wait_for_event(common::SUBSCRIBED, "of the subscriber in place", |_| true);
     let (status, body) = common::endpoint::get(&addr, "/readyz");
     assert_eq!(status, 503, "{body}\n{}", kw.describe_output());
     assert!(body.contains("+select"), "{body}");

@@ -263,39 +263,3 @@ fn a_digest_retried_while_no_instance_runs_is_sent_as_one_digest_by_the_next() {
         ["burst:0", "burst:1", "burst:2", "burst:3", "burst:4"]
     );
 }
-
-/// An instance of an earlier version handed re-driven letters over in a list
-/// (`{prefix}dead:redrive`); one left there when the instances were upgraded is still sent.
-#[test]
-fn a_letter_an_earlier_version_handed_back_is_still_sent_after_the_upgrade() {
-    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
-    let receiver = HttpReceiver::with_default(Response::status(404).body("no such hook"));
-    let dir = tempfile::tempdir().unwrap();
-    let rules = common::lock_rules(dir.path(), &receiver, "");
-    let mut kw = common::run_on(&redis, &rules);
-    dead_letter_of(&redis, &rules, "lock:7");
-    kw.stop();
-    let (code, out) = cli(&redis, &rules, &["dead", "list", "--json"]);
-    assert_eq!(code, 0, "{out}");
-    let letter = out.lines().next().unwrap().to_string();
-    // What `dead retry` of the earlier version did: the letter out of the store, into the list.
-    let (code, out) = cli(&redis, &rules, &["dead", "drop", "--all"]);
-    assert_eq!(code, 0, "{out}");
-    redis::cmd("LPUSH")
-        .arg("keywatch:dead:redrive")
-        .arg(&letter)
-        .query::<i64>(&mut redis.conn())
-        .unwrap();
-
-    receiver.set_default(Response::ok_body("ok"));
-    let _kw = common::run_on(&redis, &rules);
-    let got = receiver.wait_for(2, Duration::from_secs(15));
-    assert_eq!(got[1].json()["key"], "lock:7");
-    wait_until("the list is drained", Duration::from_secs(10), || {
-        redis::cmd("LLEN")
-            .arg("keywatch:dead:redrive")
-            .query::<i64>(&mut redis.conn())
-            .unwrap()
-            == 0
-    });
-}

@@ -589,7 +589,7 @@ fn rounds_and_retries_count_in_metrics_and_an_alert_between_rounds_is_not_due() 
     daemon.expire("order_lock:2");
     am.wait_for_alert("order_lock:2");
     let addr = endpoint(&daemon.process);
-    // The gauges are refreshed every second: wait for the job to be seen between rounds.
+    // The gauges are read at each scrape: wait for the job to be seen between rounds.
     let due = poll(
         "the queue gauges show the alert's job waiting for its next round",
         PATIENCE,

@@ -65,7 +65,7 @@ fn run_on(cluster: &RedisCluster, rules: &std::path::Path) -> KeywatchProcess {
     wait_until(
         "keywatch subscribed on every master",
         CLUSTER_PATIENCE,
-        || kw.stderr().matches(SUBSCRIBED).count() >= masters,
+        || kw.events(SUBSCRIBED).len() >= masters,
     );
     kw
 }

@@ -215,7 +215,7 @@ fn redis_killed_and_restarted_without_persistence_is_relearnt_and_later_keys_ale
     // And keys set once keywatch is back are learnt from their `expire` events.
     let late: Vec<String> = (0..10).map(|i| format!("lock:late:{i}")).collect();
     wait_until("keywatch has resubscribed", common::PATIENCE, || {
-        kw.stderr().matches(common::SUBSCRIBED).count() >= 2
+        kw.events(common::SUBSCRIBED).len() >= 2
     });
     for key in &late {
         common::set_px(&mut c, key, 1500);

@@ -44,7 +44,7 @@ fn run_with_nofile(
         });
     }
     let mut kw = common::KeywatchProcess::from_command(command);
-    kw.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    kw.wait_for_event(common::SUBSCRIBED, "of the subscriber in place", |_| true);
     kw
 }
 
@@ -488,7 +488,7 @@ fn without_a_token_host_and_origin_are_still_checked_and_listening_wide_is_warne
         ] as [&std::ffi::OsStr; 7],
         &[],
     );
-    wide.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    wide.wait_for_event(common::SUBSCRIBED, "of the subscriber in place", |_| true);
     assert!(
         wide.stderr()
             .contains("listens beyond loopback without `server.token`"),

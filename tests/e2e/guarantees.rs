@@ -353,7 +353,7 @@ fn a_queue_that_cannot_be_written_holds_the_task_and_keeps_its_detail() {
         &receiver,
         r#"{ hash: "delay:detail", field: "{{ id }}", remove: true }"#,
     );
-    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
     let mut c = redis.conn();
     let () = redis::cmd("SET")
         .arg("keywatch:queue")
@@ -367,8 +367,8 @@ fn a_queue_that_cannot_be_written_holds_the_task_and_keeps_its_detail() {
         .query(&mut c)
         .unwrap();
     common::set_and_expire_now(&mut c, &["delay:task:7"]);
-    wait_until("keywatch failed to store the job", PATIENCE, || {
-        kw.stderr().contains("Cannot store jobs in the queue")
+    kw.wait_for_event("state_error", "saying the jobs could not be stored", |e| {
+        e["operation"] == "store"
     });
     assert!(receiver.requests().is_empty(), "ran from memory");
     let detail: Option<String> = redis::cmd("HGET")

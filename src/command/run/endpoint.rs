@@ -35,6 +35,26 @@ pub struct Shared {
     /// The state connection and prefix, for `/api/history` and the status page's recent
     /// firings; `None` in tests of the page alone.
     pub history: Option<(crate::keyspace::Conn, String)>,
+    /// The job queue, whose gauges (`keywatch_queue_pending`, `keywatch_queue_due`) are read
+    /// when someone looks (a scrape, the status page), not on a timer: an idle keywatch sends
+    /// Redis nothing for them (docs/performance.md#an-idle-instance).
+    pub queue: Option<crate::store::queue::Queue>,
+}
+
+impl Shared {
+    /// Reads the queue's gauges anew.
+    async fn refresh_queue_gauges(&self) {
+        let Some(q) = &self.queue else { return };
+        match q.counts().await {
+            Ok(c) => {
+                self.metrics.queue_pending.set(c.pending);
+                self.metrics.queue_due.set(c.due);
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "Cannot read the queue's gauges; they keep their last values.")
+            }
+        }
+    }
 }
 
 pub fn router(shared: Shared) -> Router {
@@ -77,6 +97,7 @@ pub async fn protect(State(s): State<Shared>, req: Request, next: Next) -> Respo
 
 async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
     s.metrics.ready.set(i64::from(s.status.ready()));
+    s.refresh_queue_gauges().await;
     (
         [(
             header::CONTENT_TYPE,
@@ -87,6 +108,7 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
 }
 
 async fn status_page(State(s): State<Shared>) -> impl IntoResponse {
+    s.refresh_queue_gauges().await;
     let config = s.status.config();
     let upcoming = super::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
     let silences = s.silences.as_ref().map(|a| a.current()).unwrap_or_default();

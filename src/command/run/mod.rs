@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::action::ActionContext;
 use crate::config::{self, Config, LiveConfig, Mode};
-use crate::delivery::{Delivery, RetryPolicy};
+use crate::delivery::{self, Delivery, RetryPolicy};
 use crate::engine::Engine;
 use crate::engine::intake::Intake;
 use crate::engine::silences;
@@ -241,18 +241,18 @@ pub async fn run(
         keyspace.clone(),
     )
     .with_state(state.clone());
-    let delivery = Delivery::new(
-        actions,
-        metrics.clone(),
-        RetryPolicy::default(),
-        state.clone(),
-        delivery_stop.clone(),
-    );
-    delivery.report_to(status.clone());
     let waiting = metrics.clone();
-    delivery.defer_to(move || waiting.events_waiting.get() >= crate::engine::BATCH as i64);
-    delivery.start_redrive();
-    delivery.start_queue();
+    let delivery = Delivery::start(delivery::Parts {
+        actions,
+        state: state.clone(),
+        metrics: metrics.clone(),
+        status: Some(status.clone()),
+        intake_behind: Box::new(move || {
+            waiting.events_waiting.get() >= crate::engine::BATCH as i64
+        }),
+        policy: RetryPolicy::default(),
+        shutdown: delivery_stop.clone(),
+    });
     let poker_stop = CancellationToken::new();
     tokio::spawn(silences::follow(
         state.clone(),
@@ -324,6 +324,10 @@ pub async fn run(
             reload: Some(reload_handle.clone()),
             silences: Some(silenced.clone()),
             history: Some((state.clone(), config.state.prefix.clone())),
+            queue: Some(crate::store::queue::Queue::new(
+                state.clone(),
+                &config.state.prefix,
+            )),
         },
         bound,
         http_stop.clone(),

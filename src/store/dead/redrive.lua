@@ -1,29 +1,18 @@
 -- Moves dead letters back into the queue, each exactly once: a letter's entries (members of
 -- the queue, or of a digest window, due at once) are written only by whoever removes the
--- letter from KEYS[1], in the same script: the dead letters' hash (ARGV[1] = 'letter': the
--- letter's id, whose place in the index KEYS[2] goes too), or the list an earlier version
--- handed letters back in (ARGV[1] = 'listed': the letter's JSON). KEYS[3] holds the payloads,
--- KEYS[4] lists the windows, KEYS[5..] are the sorted sets the entries go in.
--- After ARGV[1], each letter is its id or JSON, its number of entries, then for each entry the
--- index in KEYS of its sorted set, its member, its payload and its window's name ('' if none).
--- Returns how many letters moved.
-local listed = ARGV[1] == 'listed'
+-- letter from the dead letters' hash KEYS[1] (and its place in the index KEYS[2]), in the same
+-- script. KEYS[3] holds the payloads, KEYS[4] lists the windows, KEYS[5..] are the sorted sets
+-- the entries go in. Each letter in ARGV is its id, its number of entries, then for each entry
+-- the index in KEYS of its sorted set, its member, its payload and its window's name ('' if
+-- none). Returns how many letters moved.
 local moved = 0
-local i = 2
+local i = 1
 while i <= #ARGV do
   local letter = ARGV[i]
   local n = tonumber(ARGV[i + 1])
   i = i + 2
-  local removed
-  if listed then
-    removed = redis.call('LREM', KEYS[1], 1, letter)
-  else
-    removed = redis.call('HDEL', KEYS[1], letter)
-  end
-  if removed == 1 then
-    if not listed then
-      redis.call('ZREM', KEYS[2], letter)
-    end
+  if redis.call('HDEL', KEYS[1], letter) == 1 then
+    redis.call('ZREM', KEYS[2], letter)
     for e = 0, n - 1 do
       local at = i + 4 * e
       -- NX: a job still queued under the same id keeps its place and payload.

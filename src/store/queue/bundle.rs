@@ -55,7 +55,7 @@ pub fn elements(payload: &str) -> Result<Vec<&serde_json::value::RawValue>, serd
 pub struct Member {
     pub bundle: Arc<str>,
     pub index: usize,
-    /// Its payload as the bundle holds it, for moving it out on its own (parked again).
+    /// Its payload as the bundle holds it, for moving it out on its own (to wait for its target again).
     pub payload: Arc<str>,
 }
 

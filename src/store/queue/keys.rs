@@ -34,7 +34,12 @@ pub fn bundle_done(prefix: &str, bundle: &str) -> String {
 /// The digest window of `rule` and `channel`: job ids scored by when the window ends (or their lease ends),
 /// beside `…:window`, which holds that end and expires with it.
 pub fn window(prefix: &str, rule: &str, channel: &str) -> String {
-    format!("{prefix}group:{rule}:{channel}")
+    format!("{}{rule}:{channel}", windows_under(prefix))
+}
+
+/// What every digest window's name starts with (`look.lua` builds them from it).
+pub fn windows_under(prefix: &str) -> String {
+    format!("{prefix}group:")
 }
 
 /// When the digest window named `window` ends (ms), expiring then.

@@ -7,10 +7,10 @@ use super::*;
 impl Queue {
     /// Jobs this instance took but whose target (a channel, a rule's reload or exec) has no room
     /// go to wait for it in Redis, in the target's own waiting set, oldest first: whichever
-    /// instance has room for that target takes them from there ([`Queue::unpark`]), while the
+    /// instance has room for that target takes them from there ([`Queue::take_waiting`]), while the
     /// jobs of other targets behind them in the queue are taken meanwhile. Only jobs still
     /// queued: one another instance finished after this one lost its lease stays finished.
-    pub async fn park(&self, target: &str, ids: &[String]) -> redis::RedisResult<()> {
+    pub async fn wait_for_target(&self, target: &str, ids: &[String]) -> redis::RedisResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -36,7 +36,7 @@ impl Queue {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut inv = self.park.prepare_invoke();
+        let mut inv = self.wait.prepare_invoke();
         inv.key(&self.zset)
             .key(wait)
             .key(self.waiting_key())
@@ -48,8 +48,13 @@ impl Queue {
 
     /// Takes up to `room` of the oldest jobs waiting for `target`, leased to this instance
     /// (a bundle bigger than `room` when `idle`: `room` is all the target ever has).
-    pub async fn unpark(&self, target: &str, room: usize, idle: bool) -> redis::RedisResult<Taken> {
-        let mut inv = self.unpark.prepare_invoke();
+    pub async fn take_waiting(
+        &self,
+        target: &str,
+        room: usize,
+        idle: bool,
+    ) -> redis::RedisResult<Taken> {
+        let mut inv = self.take_waiting.prepare_invoke();
         inv.key(self.waiting_zset(target))
             .key(&self.zset)
             .key(self.waiting_key())

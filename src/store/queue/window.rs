@@ -53,8 +53,7 @@ impl Queue {
             .await?;
         Ok(members
             .iter()
-            .filter_map(|m| serde_json::from_str::<(String, String)>(m).ok())
-            .map(|(rule, channel)| Window { rule, channel })
+            .filter_map(|m| Window::of_member(m))
             .collect())
     }
 
@@ -143,17 +142,36 @@ impl Queue {
     /// Written again while Redis cannot take it, as [`Queue::done`] is: dropped, the window's
     /// digest was sent again when its lease ended.
     pub async fn window_done(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
-        let mut inv = self.group_done.prepare_invoke();
-        inv.key(self.window_zset(w))
-            .key(&self.jobs)
-            .key(self.windows_key())
+        self.window_done_with(w, ids, &[]).await
+    }
+
+    /// [`Queue::window_done`], and `also` in the same transaction (a dead letter kept).
+    pub async fn window_done_with(
+        &self,
+        w: &Window,
+        ids: &[String],
+        also: &[redis::Cmd],
+    ) -> redis::RedisResult<()> {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        // EVAL inside MULTI, as `window_put_cmd` explains.
+        pipe.cmd("EVAL")
+            .arg(GROUP_DONE)
+            .arg(3)
+            .arg(self.window_zset(w))
+            .arg(&self.jobs)
+            .arg(self.windows_key())
             .arg(w.member())
-            .arg(ids);
+            .arg(ids)
+            .ignore();
+        for cmd in also {
+            pipe.add_command(cmd.clone()).ignore();
+        }
         super::written_again(
             &w.rule,
             || {
-                let inv = &inv;
-                async move { inv.invoke_async(&mut self.conn.clone()).await }
+                let pipe = &pipe;
+                async move { pipe.exec_async(&mut self.conn.clone()).await }
             },
             |_| true,
         )

@@ -145,26 +145,39 @@ impl Writer {
         self.send(ops).await
     }
 
-    pub async fn done(&self, id: String) -> Result<(), WriteError> {
-        self.send(vec![Op::Done { id }]).await
+    /// Removes a finished job, and runs `also` in the same transaction (a dead letter kept).
+    pub async fn done(&self, id: String, also: &[redis::Cmd]) -> Result<(), WriteError> {
+        self.send(with(vec![Op::Done { id }], also)).await
     }
 
-    /// Marks job `index` of `bundle` done.
-    pub async fn mark(&self, bundle: Arc<str>, index: usize) -> Result<(), WriteError> {
-        self.send(vec![Op::Mark { bundle, index }]).await
+    /// Marks job `index` of `bundle` done, with `also` (see [`Writer::done`]).
+    pub async fn mark(
+        &self,
+        bundle: Arc<str>,
+        index: usize,
+        also: &[redis::Cmd],
+    ) -> Result<(), WriteError> {
+        self.send(with(vec![Op::Mark { bundle, index }], also))
+            .await
     }
 
-    /// Removes a bundle all of whose jobs are done, with its marks (`marks`, their key).
-    pub async fn finish_bundle(&self, bundle: &str, marks: &str) -> Result<(), WriteError> {
-        self.send(vec![
+    /// Removes a bundle all of whose jobs are done, with its marks (`marks`, their key), and
+    /// `also` (see [`Writer::done`]).
+    pub async fn finish_bundle(
+        &self,
+        bundle: &str,
+        marks: &str,
+        also: &[redis::Cmd],
+    ) -> Result<(), WriteError> {
+        let ops = vec![
             Op::Done {
                 id: bundle.to_string(),
             },
             Op::Unmark {
                 key: marks.to_string(),
             },
-        ])
-        .await
+        ];
+        self.send(with(ops, also)).await
     }
 
     async fn send(&self, ops: Vec<Op>) -> Result<(), WriteError> {
@@ -174,6 +187,12 @@ impl Writer {
             .map_err(|_| WriteError::Stopped)?;
         answer.await.unwrap_or(Err(WriteError::Stopped))
     }
+}
+
+/// `ops` and then `also`, as one caller's writes.
+fn with(mut ops: Vec<Op>, also: &[redis::Cmd]) -> Vec<Op> {
+    ops.extend(also.iter().cloned().map(Op::Also));
+    ops
 }
 
 async fn run(

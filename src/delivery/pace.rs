@@ -1,20 +1,26 @@
-//! A rate-limited channel's waiting line, and what happens when it grows longer than the rate
-//! can serve: the waiting notifications of one rule merge into one digest (docs/rules.md#event-json digest form:
-//! `count`, the first items, "… and N more") instead of trickling out for hours.
+//! The pace stage: a notification of a channel with a `rate` waits here for the channel's token
+//! (docs/rules.md#channels), and a backlog longer than the rate can serve merges into digests.
 //!
-//! Every notification for a channel with a `rate` waits here for a token. One task per channel
-//! takes the tokens and hands each to the oldest waiting message. While tokens are in hand (the
-//! bucket's burst), every message goes on its own: three alerts on a fresh `2/min` channel are
-//! two messages at once and one 30 s later, never one digest. Once a token had to be waited for,
-//! and more are still waiting behind its message than the channel may send in [`MAX_WAIT`]
-//! (DingTalk's 20/min: more than 20), the oldest message takes the waiting messages of its rule
-//! along as one digest. The merged messages' jobs stay stored in the queue and leased to this
-//! instance until that digest is sent (then they are all acknowledged), so a crash before then
-//! delivers them again — at most a duplicate, never a loss.
+//! The tokens come from a bucket: up to `burst` messages at once, refilled evenly over `per`
+//! (`20/min`: a burst of 20, then one every 3 s). The bucket lives in Redis ([`SharedBucket`], kept
+//! by [`crate::store::rate`]), so every instance draws from the same one: three instances together
+//! never exceed a DingTalk robot's 20 a minute. If Redis cannot be asked, the instance falls back
+//! to a bucket of its own rather than stop sending.
 //!
-//! The line itself is bounded ([`line_cap`]): a notification that finds it full goes back to the
-//! queue in Redis, to wait for its channel there (taken back as the line shortens), so a storm on
-//! a throttled channel holds a fixed amount of memory, and none of the room other channels share.
+//! Every notification of a paced channel waits in its channel's *backlog* for a token. One task
+//! per channel takes the tokens and hands each to the oldest waiting message. While tokens are in
+//! hand (the bucket's burst), every message goes on its own: three alerts on a fresh `2/min`
+//! channel are two messages at once and one 30 s later, never one digest. Once a token had to be
+//! waited for, and more are still waiting behind its message than the channel may send in
+//! [`MAX_WAIT`] (DingTalk's 20/min: more than 20), the oldest message takes the waiting messages
+//! of its rule along as one digest (docs/rules.md#event-json digest form: `count`, the first
+//! items, "… and N more") instead of trickling out for hours. The merged messages' jobs stay
+//! stored in the queue and leased to this instance until that digest is sent (then they are all
+//! acknowledged), so a crash before then delivers them again — at most a duplicate, never a loss.
+//!
+//! The backlog itself is bounded ([`backlog_cap`]): a notification that finds it full waits for
+//! its channel in Redis (taken back as the backlog shortens), so a storm on a throttled channel
+//! holds a fixed amount of memory, and none of the capacity other channels share.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,28 +34,29 @@ use tokio_util::task::TaskTracker;
 use crate::config::Rate;
 use std::collections::HashMap;
 
-use crate::delivery::ratelimit::SharedBucket;
 use crate::firing::Firing;
+use crate::store::rate::Bucket;
+use tokio::time::Instant;
 
 /// The longest a notification should wait for its channel's rate before it is merged.
-pub const MAX_WAIT: Duration = Duration::from_secs(60);
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// The fewest notifications a rate-limited line holds before the rest wait in the queue: what one
-/// token's digest can take at once when the channel is far behind.
-pub const LINE_MIN: usize = 1000;
+/// The fewest notifications a backlog holds before the rest wait in Redis: what one token's
+/// digest can take at once when the channel is far behind.
+pub(super) const BACKLOG_MIN: usize = 1000;
 
 /// How many notifications a channel of `rate` keeps waiting in memory: twice what merges within
-/// `max_wait` ([`MAX_WAIT`]), and at least [`LINE_MIN`], so that a backlog still merges into few
-/// digests.
-pub fn line_cap(rate: Rate, max_wait: Duration) -> usize {
+/// `max_wait` ([`MAX_WAIT`]), and at least [`BACKLOG_MIN`], so that a backlog still merges into
+/// few digests.
+pub(super) fn backlog_cap(rate: Rate, max_wait: Duration) -> usize {
     merge_threshold(rate, max_wait)
         .saturating_mul(2)
-        .max(LINE_MIN)
+        .max(BACKLOG_MIN)
 }
 
 /// What a waiting notification is told when its channel's turn comes.
 #[derive(Debug)]
-pub enum Turn {
+pub(super) enum Turn {
     /// A token is taken for this message: send it as it is.
     Alone,
     /// A token is taken for a digest of this message and these (same rule, oldest first), whose
@@ -61,10 +68,10 @@ pub enum Turn {
 
 /// A notification waiting for a token.
 #[derive(Debug)]
-pub struct Waiting {
-    pub firing: Arc<Firing>,
+pub(super) struct Waiting {
+    pub(super) firing: Arc<Firing>,
     /// Its job in the durable queue.
-    pub job: String,
+    pub(super) job: String,
 }
 
 struct Entry {
@@ -72,37 +79,37 @@ struct Entry {
     turn: oneshot::Sender<Turn>,
 }
 
-/// One rate-limited channel's line.
-pub struct Lane {
-    limiter: Arc<SharedBucket>,
+/// One paced channel: its bucket and its backlog.
+pub(super) struct Pace {
+    bucket: SharedBucket,
     /// Messages waiting beyond this many merge.
     merge_over: usize,
-    /// Messages waiting beyond this many wait in the queue instead.
+    /// Messages waiting beyond this many wait in Redis instead.
     cap: usize,
-    line: Mutex<VecDeque<Entry>>,
+    backlog: Mutex<VecDeque<Entry>>,
     arrived: Notify,
     started: AtomicBool,
 }
 
 /// How many messages `rate` lets through in `max_wait` ([`MAX_WAIT`]; at least one).
-pub fn merge_threshold(rate: Rate, max_wait: Duration) -> usize {
+pub(super) fn merge_threshold(rate: Rate, max_wait: Duration) -> usize {
     let per_message = rate.per.as_secs_f64() / f64::from(rate.burst.max(1));
     ((max_wait.as_secs_f64() / per_message).floor() as usize).max(1)
 }
 
-impl Lane {
+impl Pace {
     /// `merges`: whether the channel takes digests (PagerDuty does not: one event, one alert).
     /// `max_wait`: [`MAX_WAIT`] (shorter in the tests of the delivery stage).
-    pub fn new(limiter: Arc<SharedBucket>, rate: Rate, merges: bool, max_wait: Duration) -> Lane {
-        Lane {
-            limiter,
+    fn new(bucket: SharedBucket, rate: Rate, merges: bool, max_wait: Duration) -> Pace {
+        Pace {
+            bucket,
             merge_over: if merges {
                 merge_threshold(rate, max_wait)
             } else {
                 usize::MAX
             },
-            cap: line_cap(rate, max_wait),
-            line: Mutex::new(VecDeque::new()),
+            cap: backlog_cap(rate, max_wait),
+            backlog: Mutex::new(VecDeque::new()),
             arrived: Notify::new(),
             started: AtomicBool::new(false),
         }
@@ -110,7 +117,7 @@ impl Lane {
 
     /// Waits for this message's turn. `None`: shutdown came first (the job stays in flight and
     /// is handed back).
-    pub async fn wait(
+    pub(super) async fn wait(
         self: &Arc<Self>,
         waiting: Waiting,
         tracker: &TaskTracker,
@@ -129,24 +136,24 @@ impl Lane {
         }
     }
 
-    /// How many more messages fit in the line.
-    pub fn room(&self) -> usize {
+    /// How many more messages fit in the backlog.
+    pub(super) fn room(&self) -> usize {
         self.cap.saturating_sub(self.lock().len())
     }
 
-    /// How many messages the line holds at most.
-    pub fn cap(&self) -> usize {
+    /// How many messages the backlog holds at most.
+    pub(super) fn cap(&self) -> usize {
         self.cap
     }
 
-    /// Whether `more` messages still fit in the line.
-    pub fn has_room(&self, more: usize) -> bool {
+    /// Whether `more` messages still fit in the backlog.
+    pub(super) fn has_room(&self, more: usize) -> bool {
         self.room() > more
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
         // A std Mutex: the guard never lives across an await.
-        self.line.lock().unwrap_or_else(|p| p.into_inner())
+        self.backlog.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hands out tokens, oldest message first, until shutdown.
@@ -162,7 +169,7 @@ impl Lane {
             let in_hand = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
-                in_hand = self.limiter.take() => in_hand,
+                in_hand = self.bucket.take() => in_hand,
             };
             let Some((lead, merged)) = self.next_turn(in_hand) else {
                 continue;
@@ -189,71 +196,162 @@ impl Lane {
         }
     }
 
-    /// The oldest message, and the waiting messages of its rule when the line is longer than
+    /// The oldest message, and the waiting messages of its rule when the backlog is longer than
     /// the rate serves in [`MAX_WAIT`]. `in_hand`: its token came without a wait, so the bucket
-    /// still serves the line as fast as it fills, and nothing merges.
+    /// still serves the backlog as fast as it fills, and nothing merges.
     fn next_turn(&self, in_hand: bool) -> Option<(Entry, Vec<Entry>)> {
-        let mut line = self.lock();
-        let lead = line.pop_front()?;
+        let mut backlog = self.lock();
+        let lead = backlog.pop_front()?;
         // "More waiting than the rate lets through in a minute" (docs/rules.md#channels):
         // exactly that many still go one by one.
-        if in_hand || line.len() <= self.merge_over {
+        if in_hand || backlog.len() <= self.merge_over {
             return Some((lead, Vec::new()));
         }
-        let (same, rest): (VecDeque<Entry>, VecDeque<Entry>) = line
+        let (same, rest): (VecDeque<Entry>, VecDeque<Entry>) = backlog
             .drain(..)
             .partition(|e| e.waiting.firing.rule == lead.waiting.firing.rule);
-        *line = rest;
+        *backlog = rest;
         Some((lead, same.into_iter().collect()))
     }
 }
 
-/// The limiter and waiting line of each channel in force: made on first use, and made anew when a
-/// reload changes a channel's rate.
-pub(super) struct Limiters {
-    pub(super) state: crate::keyspace::Conn,
-    pub(super) prefix: String,
-    /// The `max_wait` of each lane ([`MAX_WAIT`]; see `state::Pace`).
-    pub(super) max_wait: Duration,
-    pub(super) by_channel: Mutex<HashMap<String, Limited>>,
+/// Waits for a token from the channel's bucket (see [`SharedBucket::take`]), for work that
+/// waits in no backlog (a digest of a window).
+impl Pace {
+    pub(super) async fn token(&self) -> bool {
+        self.bucket.take().await
+    }
 }
 
-/// A rate-limited channel's limiter and waiting line, at the rate they were made for.
-#[derive(Clone)]
-pub(super) struct Limited {
-    pub(super) rate: Rate,
-    pub(super) limiter: Arc<SharedBucket>,
-    pub(super) lane: Arc<Lane>,
+/// The pace of each channel with a `rate` in force: made on first use, made anew when a reload
+/// changes a channel's rate.
+pub(super) struct Paces {
+    state: crate::keyspace::Conn,
+    prefix: String,
+    /// The `max_wait` of each pace ([`MAX_WAIT`]; shorter in the tests of the delivery stage).
+    max_wait: Duration,
+    by_channel: Mutex<HashMap<String, (Rate, Arc<Pace>)>>,
 }
 
-impl Limiters {
-    pub(super) fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Limited> {
+impl Paces {
+    pub(super) fn new(state: crate::keyspace::Conn, prefix: &str, max_wait: Duration) -> Paces {
+        Paces {
+            state,
+            prefix: prefix.to_string(),
+            max_wait,
+            by_channel: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The pace of `channel` under `config`; `None` when it has no `rate` (or is gone).
+    pub(super) fn get(&self, config: &crate::config::Config, channel: &str) -> Option<Arc<Pace>> {
         let ch = config.channel(channel)?;
         let rate = ch.rate?;
         let mut map = self.by_channel.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(l) = map.get(channel)
-            && l.rate == rate
+        if let Some((r, p)) = map.get(channel)
+            && *r == rate
         {
-            return Some(l.clone());
+            return Some(p.clone());
         }
-        let limiter = Arc::new(SharedBucket::new(
-            self.state.clone(),
-            &self.prefix,
-            channel,
+        let pace = Arc::new(Pace::new(
+            SharedBucket::new(self.state.clone(), &self.prefix, channel, rate),
             rate,
+            ch.integration.takes_digests(),
+            self.max_wait,
         ));
-        let limited = Limited {
+        map.insert(channel.to_string(), (rate, pace.clone()));
+        Some(pace)
+    }
+}
+
+pub(super) struct TokenBucket {
+    rate: Rate,
+    state: Mutex<State>,
+}
+
+struct State {
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    pub(super) fn new(rate: Rate) -> TokenBucket {
+        TokenBucket {
             rate,
-            lane: Arc::new(Lane::new(
-                limiter.clone(),
-                rate,
-                ch.integration.takes_digests(),
-                self.max_wait,
-            )),
-            limiter,
-        };
-        map.insert(channel.to_string(), limited.clone());
-        Some(limited)
+            state: Mutex::new(State {
+                tokens: f64::from(rate.burst),
+                last: Instant::now(),
+            }),
+        }
+    }
+
+    fn per_token(&self) -> Duration {
+        self.rate.per / self.rate.burst
+    }
+
+    /// Takes a token now, or says how long until one is there.
+    pub(super) fn try_take(&self) -> Result<(), Duration> {
+        // A std Mutex is right here: the guard never lives across an await.
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = Instant::now();
+        let refill = now.duration_since(s.last).as_secs_f64() / self.per_token().as_secs_f64();
+        s.tokens = (s.tokens + refill).min(f64::from(self.rate.burst));
+        s.last = now;
+        if s.tokens >= 1.0 {
+            s.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(self.per_token().mul_f64(1.0 - s.tokens))
+        }
+    }
+
+    /// Waits for a token; true when one was in hand.
+    pub(super) async fn take(&self) -> bool {
+        let mut in_hand = true;
+        while let Err(wait) = self.try_take() {
+            in_hand = false;
+            tokio::time::sleep(wait).await;
+        }
+        in_hand
+    }
+}
+
+/// A channel's bucket shared by every instance through Redis ([`crate::store::rate`]).
+pub(super) struct SharedBucket {
+    bucket: Bucket,
+    /// Used while Redis cannot be asked.
+    local: TokenBucket,
+}
+
+impl SharedBucket {
+    pub(super) fn new(
+        conn: crate::keyspace::Conn,
+        prefix: &str,
+        channel: &str,
+        rate: Rate,
+    ) -> SharedBucket {
+        SharedBucket {
+            bucket: Bucket::new(conn, prefix, channel, rate),
+            local: TokenBucket::new(rate),
+        }
+    }
+
+    /// Waits for a token from the shared bucket; true when one was in hand.
+    pub(super) async fn take(&self) -> bool {
+        let mut in_hand = true;
+        loop {
+            match self.bucket.take().await {
+                Ok(0) => return in_hand,
+                Ok(ms) => {
+                    in_hand = false;
+                    tokio::time::sleep(Duration::from_millis(ms)).await
+                }
+                Err(e) => {
+                    tracing::warn!(key = %self.bucket.key(), error = %e, "Cannot reach the shared rate limit; limiting this instance alone.");
+                    return self.local.take().await && in_hand;
+                }
+            }
+        }
     }
 }
 
@@ -271,8 +369,8 @@ mod tests {
         assert_eq!(merge_threshold(rate(1, 1), MAX_WAIT), 60);
         assert_eq!(merge_threshold(rate(5, 1), MAX_WAIT), 300);
         assert_eq!(merge_threshold(rate(1, 3600), MAX_WAIT), 1);
-        assert_eq!(line_cap(rate(20, 60), MAX_WAIT), LINE_MIN);
-        assert_eq!(line_cap(rate(50, 1), MAX_WAIT), 6000);
+        assert_eq!(backlog_cap(rate(20, 60), MAX_WAIT), BACKLOG_MIN);
+        assert_eq!(backlog_cap(rate(50, 1), MAX_WAIT), 6000);
     }
 
     use crate::channel::Integration;
@@ -320,7 +418,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_rate_lane_sends_a_burst_then_one_per_period_in_order() {
+    async fn a_paced_channel_sends_a_burst_then_one_per_period_in_order() {
         let (s, rec) = chat().await;
         s.delivery.accept(firings("a", &["a:1", "a:2"])).await;
         assert_sent(&rec.wait_for(2).await, &[(0, &["a:1"]), (0, &["a:2"])]);
@@ -496,5 +594,51 @@ mod tests {
         assert_eq!(s.status.counts("a").sent, 3);
         assert_eq!(s.status.counts("b").sent, 1);
         assert_eq!(s.metrics.dead_letters.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bursts_then_refills_evenly() {
+        let b = TokenBucket::new(Rate {
+            burst: 20,
+            per: Duration::from_secs(60),
+        });
+        for _ in 0..20 {
+            assert!(b.try_take().is_ok());
+        }
+        let wait = b.try_take().unwrap_err();
+        assert!(
+            wait <= Duration::from_secs(3) && wait > Duration::from_millis(2900),
+            "{wait:?}"
+        );
+        let start = Instant::now();
+        b.take().await;
+        b.take().await;
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(5900) && took <= Duration::from_millis(6100),
+            "{took:?}"
+        );
+    }
+
+    /// A pace merges nothing while tokens are in hand (docs/rules.md#channels), and with a
+    /// state every instance draws from the shared bucket: it must say which tokens came without
+    /// a wait, or a fresh channel's burst merges as if it were a backlog. 1 token per 2 s, so
+    /// the burst is taken well before a token comes back.
+    #[tokio::test]
+    async fn a_shared_bucket_says_whether_its_token_was_in_hand() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let b = SharedBucket::new(
+            conn,
+            "keywatch:",
+            "robot",
+            Rate {
+                burst: 3,
+                per: Duration::from_secs(6),
+            },
+        );
+        for i in 1..=3 {
+            assert!(b.take().await, "token {i} of the burst is in hand");
+        }
+        assert!(!b.take().await, "the fourth is waited for");
     }
 }

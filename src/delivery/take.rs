@@ -1,0 +1,284 @@
+//! The take stage's bookkeeping: what this instance holds of the queue (leased to it, renewed
+//! while it holds them, handed back at shutdown), when the queue next has something due, and the
+//! targets with jobs waiting for them in Redis. The loop that takes work and starts it is the
+//! chain's (`super::Delivery`); this is what it asks.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::store::queue::{Queue, Window};
+
+/// Jobs and digest windows' members this instance holds (leased to it): their leases are renewed
+/// while it does, and shutdown hands them back.
+#[derive(Default)]
+pub(super) struct Held {
+    jobs: Mutex<HashSet<String>>,
+    windows: Mutex<HashMap<Window, HashSet<String>>>,
+}
+
+impl Held {
+    pub(super) fn jobs<'a>(&self, ids: impl IntoIterator<Item = &'a String>) {
+        self.lock_jobs().extend(ids.into_iter().cloned());
+    }
+
+    /// No longer held: finished, gone back to Redis, or rescheduled (a lease renewal must not
+    /// push a retry's due time back).
+    pub(super) fn release<'a>(&self, ids: impl IntoIterator<Item = &'a String>) {
+        let mut set = self.lock_jobs();
+        for id in ids {
+            set.remove(id);
+        }
+    }
+
+    pub(super) fn window(&self, w: &Window, members: &[String]) {
+        self.lock_windows()
+            .entry(w.clone())
+            .or_default()
+            .extend(members.iter().cloned());
+    }
+
+    pub(super) fn release_window(&self, w: &Window, members: &[String]) {
+        let mut windows = self.lock_windows();
+        if let Some(ids) = windows.get_mut(w) {
+            for m in members {
+                ids.remove(m);
+            }
+            if ids.is_empty() {
+                windows.remove(w);
+            }
+        }
+    }
+
+    /// Whether anything is held (tests).
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.lock_jobs().is_empty() && self.lock_windows().is_empty()
+    }
+
+    /// Renews the leases of everything held; nothing is sent when nothing is held.
+    pub(super) async fn renew(&self, queue: &Queue) -> Vec<(&'static str, redis::RedisError)> {
+        let ids: Vec<String> = self.lock_jobs().iter().cloned().collect();
+        let windows: Vec<(Window, Vec<String>)> = self
+            .lock_windows()
+            .iter()
+            .map(|(w, ids)| (w.clone(), ids.iter().cloned().collect()))
+            .collect();
+        let mut failed = Vec::new();
+        if !ids.is_empty()
+            && let Err(e) = queue.renew(&ids).await
+        {
+            failed.push(("renew", e));
+        }
+        for (w, ids) in windows {
+            if let Err(e) = queue.window_renew(&w, &ids).await {
+                failed.push(("renew", e));
+            }
+        }
+        failed
+    }
+
+    /// Hands everything held back to the queue, due now for any instance (shutdown); what is
+    /// not handed back comes due when its lease ends.
+    pub(super) async fn hand_back(&self, queue: &Queue) -> (usize, Vec<redis::RedisError>) {
+        let ids: Vec<String> = self.lock_jobs().drain().collect();
+        let windows: Vec<(Window, Vec<String>)> = self
+            .lock_windows()
+            .drain()
+            .map(|(w, ids)| (w, ids.into_iter().collect()))
+            .collect();
+        let mut failed = Vec::new();
+        for (w, ids) in &windows {
+            if let Err(e) = queue.window_hand_back(w, ids).await {
+                failed.push(e);
+            }
+        }
+        if !ids.is_empty()
+            && let Err(e) = queue.hand_back(&ids).await
+        {
+            failed.push(e);
+        }
+        (ids.len(), failed)
+    }
+
+    fn lock_jobs(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        // A std Mutex: the guard never lives across an await.
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_windows(&self) -> std::sync::MutexGuard<'_, HashMap<Window, HashSet<String>>> {
+        self.windows.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// When the take stage next looks at the queue: at the earliest due time it knows of (its own
+/// retries, follow-ups and digest windows, and what the last look at Redis said), or a
+/// [`SAFETY_ROUND`] after its last look, whichever comes first. An idle instance sends the
+/// state server one command a second for it (docs/performance.md#an-idle-instance).
+pub(super) struct NextLook {
+    /// The earliest due time known (tokio's clock), `None` when nothing is known to be due.
+    due: Mutex<Option<Instant>>,
+    /// Told when the earliest due time known moves earlier: the take loop sleeps until the one
+    /// it knew.
+    earlier: Notify,
+}
+
+/// The longest the take stage goes without looking at Redis: for what another instance put
+/// there (a storm it had no room for, a retry of an instance that died) that nothing here told
+/// it of.
+pub(super) const SAFETY_ROUND: Duration = Duration::from_secs(1);
+
+impl NextLook {
+    pub(super) fn new() -> NextLook {
+        NextLook {
+            due: Mutex::new(Some(Instant::now())),
+            earlier: Notify::new(),
+        }
+    }
+
+    /// Something comes due `in_ms` from now (Redis's clock; 0 or less: now).
+    pub(super) fn due_in(&self, in_ms: i64) {
+        let at = Instant::now() + Duration::from_millis(u64::try_from(in_ms).unwrap_or(0));
+        let mut due = self.lock();
+        if due.is_none_or(|d| at < d) {
+            *due = Some(at);
+            self.earlier.notify_one();
+        }
+    }
+
+    /// Resolves when the earliest due time known moves earlier.
+    pub(super) async fn moved_earlier(&self) {
+        self.earlier.notified().await
+    }
+
+    /// When to look next, at most `SAFETY_ROUND` after `last`.
+    pub(super) fn at(&self, last: Instant) -> Instant {
+        let safety = last + SAFETY_ROUND;
+        self.lock().map_or(safety, |d| d.min(safety))
+    }
+
+    /// A look at Redis is made now: what it finds sets the next due time anew.
+    pub(super) fn looked(&self) {
+        *self.lock() = None;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.due.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// How long the take stage trusts its last read of which targets have jobs waiting in Redis.
+pub(super) const TARGETS_FRESH: Duration = Duration::from_millis(50);
+
+/// The targets with jobs waiting in Redis, as last read, and when: the take loop runs each time a
+/// request finishes while jobs wait, and a read per request was a good share of what a storm's
+/// delivery cost the state server. A target whose jobs another instance sent to wait is seen that
+/// much later at most; one this instance sent there had no room, and waits for room anyway.
+#[derive(Default)]
+pub(super) struct WaitingTargets(Mutex<Option<(Vec<String>, Instant)>>);
+
+impl WaitingTargets {
+    /// The last read, if it is fresh.
+    pub(super) fn fresh(&self) -> Option<Vec<String>> {
+        match &*self.lock() {
+            Some((t, at)) if at.elapsed() < TARGETS_FRESH => Some(t.clone()),
+            _ => None,
+        }
+    }
+
+    pub(super) fn set(&self, targets: Vec<String>) {
+        *self.lock() = Some((targets, Instant::now()));
+    }
+
+    /// `target` was found to have nothing more waiting.
+    pub(super) fn forget(&self, target: &str) {
+        if let Some((t, _)) = &mut *self.lock() {
+            t.retain(|x| x != target);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(Vec<String>, Instant)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The longest the take stage holds back jobs waiting in Redis for an intake that is behind,
+/// before it takes them anyway until the intake has caught up once.
+pub(super) const DEFER_AT_MOST: Duration = Duration::from_secs(2);
+
+/// Holding back while the intake is behind (more than a batch of events waits to be taken: a
+/// mass expiry), never for more than [`DEFER_AT_MOST`] at a stretch: events not yet taken are
+/// only in Redis's pub/sub buffers and the subscriber's, jobs in the queue are safe, and every
+/// request run meanwhile takes CPU from taking events over. An intake that never catches up must
+/// not stop delivery: after the stretch, it does not hold back again until the intake has caught
+/// up once.
+pub(super) struct Deferral {
+    behind: Box<dyn Fn() -> bool + Send + Sync>,
+    since: Mutex<Option<Instant>>,
+}
+
+impl Deferral {
+    pub(super) fn new(behind: impl Fn() -> bool + Send + Sync + 'static) -> Deferral {
+        Deferral {
+            behind: Box::new(behind),
+            since: Mutex::new(None),
+        }
+    }
+
+    /// Whether to hold back now.
+    pub(super) fn holds(&self) -> bool {
+        self.hold((self.behind)())
+    }
+
+    fn hold(&self, behind: bool) -> bool {
+        let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        if !behind {
+            *since = None;
+            return false;
+        }
+        since.get_or_insert_with(Instant::now).elapsed() < DEFER_AT_MOST
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deferral_holds_back_for_a_stretch_at_most_then_not_until_caught_up() {
+        let d = Deferral::new(|| false);
+        assert!(!d.hold(false));
+        assert!(d.hold(true));
+        tokio::time::advance(DEFER_AT_MOST / 2).await;
+        assert!(d.hold(true));
+        tokio::time::advance(DEFER_AT_MOST / 2).await;
+        assert!(
+            !d.hold(true),
+            "behind for the whole stretch: delivery goes on"
+        );
+        tokio::time::advance(DEFER_AT_MOST * 10).await;
+        assert!(!d.hold(true), "still behind: still going on");
+        assert!(!d.hold(false));
+        assert!(d.hold(true), "caught up once: it may hold back again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_look_is_at_the_earliest_due_time_known_or_a_safety_round_later() {
+        let next = NextLook::new();
+        let start = Instant::now();
+        assert_eq!(next.at(start), start, "a first look at once");
+        next.looked();
+        assert_eq!(next.at(start), start + SAFETY_ROUND);
+        next.due_in(300);
+        next.due_in(700);
+        assert_eq!(next.at(start), start + Duration::from_millis(300));
+        next.due_in(-5);
+        assert_eq!(next.at(start), start, "overdue: now");
+        next.looked();
+        next.due_in(5_000);
+        assert_eq!(next.at(start), start + SAFETY_ROUND);
+    }
+}
