@@ -55,7 +55,7 @@ use digest::{WINDOW_TAKE_MAX, WindowDigest};
 use pace::{Pace, Paces, Turn, Waiting};
 use record::Record;
 pub use retry::{Next, RetryPolicy};
-use take::{Deferral, Held, NextLook, WaitingTargets};
+use take::{Deferral, Held, NextLook, Read, WaitingTargets};
 use work::{Work, by_firing, window_jobs};
 
 /// What delivery is built from: the collaborators `keywatch run` hands it.
@@ -212,7 +212,7 @@ impl Delivery {
         tokio::spawn(async move {
             let _permit = permit;
             match followup::bring_forward(&keyspace, conn, &prefix, &rules, db, &key).await {
-                Ok(()) => next.due_in(0),
+                Ok(()) => next.job_due_in(0),
                 Err(e) => {
                     tracing::warn!(error = %e, "Cannot bring the follow-ups of a key heard again forward; they run at their due time.")
                 }
@@ -367,7 +367,7 @@ impl Chain {
         for (w, (group, _)) in &windows {
             let _ = w;
             self.next
-                .due_in(i64::try_from(group.window.as_millis()).unwrap_or(i64::MAX));
+                .window_due_in(i64::try_from(group.window.as_millis()).unwrap_or(i64::MAX));
         }
         for (target, _) in &waiting {
             if let Some(c) = Target::parse(target).and_then(|t| self.targets.get(config, &t)) {
@@ -582,13 +582,13 @@ impl Chain {
         let mut last_look = Instant::now();
         let mut last_renew = Instant::now();
         loop {
-            let look_at = self.next.at(last_look);
+            let read_at = self.next.at(last_look);
             let renew_at = last_renew + crate::store::renew_every();
-            let looks = tokio::select! {
+            let woken = tokio::select! {
                 biased;
                 _ = self.shutdown.cancelled() => return,
-                _ = tokio::time::sleep_until(look_at.min(renew_at)) => Instant::now() >= look_at,
-                _ = self.wake.notified() => false,
+                _ = tokio::time::sleep_until(read_at.min(renew_at)) => false,
+                _ = self.wake.notified() => true,
                 // Something comes due before the time slept until: sleep until it instead.
                 _ = self.next.moved_earlier() => continue,
             };
@@ -598,32 +598,43 @@ impl Chain {
                     self.refused(operation, &e, 1, "another instance may take the work over");
                 }
             }
-            if looks {
-                last_look = Instant::now();
-                self.look().await;
+            let read = self.next.take(last_look);
+            match read {
+                Read::Look => {
+                    last_look = Instant::now();
+                    self.look().await;
+                }
+                Read::Jobs => self.take_due().await,
+                Read::Nothing => {}
             }
-            self.take_waiting(looks).await;
+            if woken || read != Read::Nothing {
+                self.take_waiting(read == Read::Look).await;
+            }
             if self.capacity.is_backlogged() {
                 self.take_due().await;
             }
         }
     }
 
-    /// One look at the queue: takes the digest windows that ended and the due jobs, and notes
-    /// when the next thing is due.
+    /// One full look at the queue: takes the digest windows that ended and the due jobs, and
+    /// notes when the next of each is due.
     async fn look(self: &Arc<Self>) {
-        self.next.looked();
         let look = match self.queue.look().await {
             Ok(l) => l,
             Err(e) => {
                 self.refused("look", &e, 1, "the queue is looked at again in a moment");
-                self.next.due_in(take::SAFETY_ROUND.as_millis() as i64);
                 return;
             }
         };
         let now = now_ms();
-        if let Some(next) = look.next() {
-            self.next.due_in(next - now);
+        // What comes due later: sleep until then. What is due now is taken below; what of it
+        // finds no room here wakes the loop when room comes free (`Capacity::set_backlogged`).
+        // A window that ended while the look was on its way is looked at again at once.
+        if let Some(at) = look.windows_next {
+            self.next.window_due_in(at - now);
+        }
+        if let Some(at) = look.queue_next.filter(|at| *at > now) {
+            self.next.job_due_in(at - now);
         }
         self.waiting_targets.set(look.targets_waiting.clone());
         self.take_windows(&look.windows_due).await;
@@ -640,6 +651,8 @@ impl Chain {
         loop {
             let room = self.capacity.free().min(TAKE_MAX);
             if room == 0 {
+                // Taken when a seat comes free.
+                self.capacity.set_backlogged(true);
                 return;
             }
             let taken = match self.queue.take_due(room).await {
@@ -653,6 +666,10 @@ impl Chain {
             // as soon as a job finishes, not only at the next look.
             let full = taken.jobs.len() + taken.unreadable.len() == room;
             self.capacity.set_backlogged(full);
+            // Due while the take was on its way (or later): read again then.
+            if let Some(at) = taken.next_due {
+                self.next.job_due_in(at - now_ms());
+            }
             self.unreadable(taken.unreadable).await;
             self.start_taken(taken.jobs).await;
             if !full {
@@ -914,7 +931,7 @@ impl Chain {
                     self.queue
                         .due_later_cmds(&Job::first(firing.clone(), action), due),
                 );
-                self.next.due_in(due - now);
+                self.next.job_due_in(due - now);
             }
             // A field's re-creation is no `expire` event of its hash: its follow-ups look for the
             // field when they come due instead of being brought forward.

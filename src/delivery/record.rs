@@ -156,7 +156,8 @@ impl Record {
             }
         };
         match moved {
-            Ok(true) => self.next.due_in(at - now_ms()),
+            Ok(true) if work.window().is_some() => self.next.window_due_in(at - now_ms()),
+            Ok(true) => self.next.job_due_in(at - now_ms()),
             Ok(false) => {
                 tracing::info!(id = %work.id(), "The job left the queue while this instance lost its lease: another instance finished it.");
             }

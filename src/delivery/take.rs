@@ -114,19 +114,38 @@ impl Held {
     }
 }
 
-/// When the take stage next looks at the queue: at the earliest due time it knows of (its own
-/// retries, follow-ups and digest windows, and what the last look at Redis said), or a
-/// [`SAFETY_ROUND`] after its last look, whichever comes first. An idle instance sends the
-/// state server one command a second for it (docs/performance.md#an-idle-instance).
+/// When the take stage next reads the queue: at the earliest due time it knows of, or a
+/// [`SAFETY_ROUND`] after its last full look, whichever comes first. Two kinds of due times: a
+/// job's (a retry, a follow-up, what the last read said comes next), for which it takes due jobs
+/// (one script that also says when the next one is due); and a digest window's end, for which
+/// it looks at everything (windows, targets waiting, the queue). An idle instance sends the
+/// state server one command a second for the safety round (docs/performance.md#an-idle-instance).
 pub(super) struct NextLook {
-    /// The earliest due time known (tokio's clock), `None` when nothing is known to be due.
-    due: Mutex<Option<Instant>>,
-    /// Told when the earliest due time known moves earlier: the take loop sleeps until the one
-    /// it knew.
+    due: Mutex<Due>,
+    /// Told when a due time known moves earlier: the take loop sleeps until the one it knew.
     earlier: Notify,
 }
 
-/// The longest the take stage goes without looking at Redis: for what another instance put
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Due {
+    /// The earliest job known to come due (tokio's clock).
+    jobs: Option<Instant>,
+    /// The earliest window end known.
+    windows: Option<Instant>,
+}
+
+/// What to read when the take stage wakes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Read {
+    /// Nothing is due yet.
+    Nothing,
+    /// Due jobs only.
+    Jobs,
+    /// Everything: a window ended, or the safety round came.
+    Look,
+}
+
+/// The longest the take stage goes without a full look at Redis: for what another instance put
 /// there (a storm it had no room for, a retry of an instance that died) that nothing here told
 /// it of.
 pub(super) const SAFETY_ROUND: Duration = Duration::from_secs(1);
@@ -134,38 +153,72 @@ pub(super) const SAFETY_ROUND: Duration = Duration::from_secs(1);
 impl NextLook {
     pub(super) fn new() -> NextLook {
         NextLook {
-            due: Mutex::new(Some(Instant::now())),
+            due: Mutex::new(Due {
+                jobs: None,
+                windows: Some(Instant::now()),
+            }),
             earlier: Notify::new(),
         }
     }
 
-    /// Something comes due `in_ms` from now (Redis's clock; 0 or less: now).
-    pub(super) fn due_in(&self, in_ms: i64) {
+    /// A job comes due `in_ms` from now (Redis's clock; 0 or less: now).
+    pub(super) fn job_due_in(&self, in_ms: i64) {
+        self.set(in_ms, |d| &mut d.jobs);
+    }
+
+    /// A digest window ends `in_ms` from now.
+    pub(super) fn window_due_in(&self, in_ms: i64) {
+        self.set(in_ms, |d| &mut d.windows);
+    }
+
+    fn set(&self, in_ms: i64, which: impl Fn(&mut Due) -> &mut Option<Instant>) {
         let at = Instant::now() + Duration::from_millis(u64::try_from(in_ms).unwrap_or(0));
         let mut due = self.lock();
-        if due.is_none_or(|d| at < d) {
-            *due = Some(at);
+        let slot = which(&mut due);
+        if slot.is_none_or(|d| at < d) {
+            *slot = Some(at);
             self.earlier.notify_one();
         }
     }
 
-    /// Resolves when the earliest due time known moves earlier.
+    /// When to wake next, at most a [`SAFETY_ROUND`] after the last full look, `last`.
+    pub(super) fn at(&self, last: Instant) -> Instant {
+        let due = *self.lock();
+        [due.jobs, due.windows, Some(last + SAFETY_ROUND)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(last + SAFETY_ROUND)
+    }
+
+    /// What is due now (the last full look was at `last`), forgetting the due times it answers
+    /// for: the reads it asks for find what comes next.
+    pub(super) fn take(&self, last: Instant) -> Read {
+        let now = Instant::now();
+        let mut due = self.lock();
+        let past = |d: Option<Instant>| d.is_some_and(|d| d <= now);
+        let read = if past(due.windows) || last + SAFETY_ROUND <= now {
+            Read::Look
+        } else if past(due.jobs) {
+            Read::Jobs
+        } else {
+            return Read::Nothing;
+        };
+        if past(due.windows) || read == Read::Look {
+            due.windows = due.windows.filter(|d| *d > now);
+        }
+        if past(due.jobs) {
+            due.jobs = None;
+        }
+        read
+    }
+
+    /// Resolves when a due time known moves earlier.
     pub(super) async fn moved_earlier(&self) {
         self.earlier.notified().await
     }
 
-    /// When to look next, at most `SAFETY_ROUND` after `last`.
-    pub(super) fn at(&self, last: Instant) -> Instant {
-        let safety = last + SAFETY_ROUND;
-        self.lock().map_or(safety, |d| d.min(safety))
-    }
-
-    /// A look at Redis is made now: what it finds sets the next due time anew.
-    pub(super) fn looked(&self) {
-        *self.lock() = None;
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Due> {
         self.due.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -266,19 +319,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn the_next_look_is_at_the_earliest_due_time_known_or_a_safety_round_later() {
+    async fn the_take_stage_reads_at_the_earliest_due_time_known_or_a_safety_round_later() {
         let next = NextLook::new();
         let start = Instant::now();
         assert_eq!(next.at(start), start, "a first look at once");
-        next.looked();
+        assert_eq!(next.take(start), Read::Look);
         assert_eq!(next.at(start), start + SAFETY_ROUND);
-        next.due_in(300);
-        next.due_in(700);
+        assert_eq!(next.take(start), Read::Nothing);
+        next.job_due_in(300);
+        next.job_due_in(700);
         assert_eq!(next.at(start), start + Duration::from_millis(300));
-        next.due_in(-5);
-        assert_eq!(next.at(start), start, "overdue: now");
-        next.looked();
-        next.due_in(5_000);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        assert_eq!(next.take(start), Read::Jobs, "a job's time: due jobs only");
+        assert_eq!(next.take(start), Read::Nothing);
+        next.window_due_in(200);
+        next.job_due_in(-5);
+        assert_eq!(next.at(start), Instant::now(), "overdue: now");
+        assert_eq!(next.take(start), Read::Jobs);
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(next.take(start), Read::Look, "a window ended: a full look");
+        next.job_due_in(5_000);
         assert_eq!(next.at(start), start + SAFETY_ROUND);
+        tokio::time::advance(SAFETY_ROUND).await;
+        assert_eq!(next.take(start), Read::Look, "the safety round");
     }
 }

@@ -85,16 +85,6 @@ pub struct Look {
     pub targets_waiting: Vec<String>,
 }
 
-impl Look {
-    /// The earliest due time found that is not due now.
-    pub fn next(&self) -> Option<i64> {
-        [self.queue_next, self.windows_next]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-}
-
 /// A member put into the queue, or into a digest window, by something other than the delivery
 /// (a dead letter re-driven, see `store::dead`), due at once: written by the caller's script,
 /// beside its own writes, with `HSETNX` and `ZADD NX` (putting the same job twice does not
@@ -158,6 +148,8 @@ pub struct Taken {
     /// member did not fit in the room given (0 otherwise). Asking again with less room is
     /// bound to bring nothing.
     pub need: usize,
+    /// Taken from the queue: when its earliest job is due now (or its lease ends), unix ms.
+    pub next_due: Option<i64>,
 }
 
 /// One member of a digest window, as taken: a notification, or a bundle of a batch's.
@@ -536,7 +528,7 @@ impl Queue {
 
     async fn take_from(&self, zset: &str, max: usize) -> redis::RedisResult<Taken> {
         let now = now_ms();
-        let pairs: Vec<Option<String>> = self
+        let mut answer: Vec<Option<String>> = self
             .take
             .key(zset)
             .key(&self.jobs)
@@ -545,7 +537,15 @@ impl Queue {
             .arg(now + lease_ms())
             .invoke_async(&mut self.conn.clone())
             .await?;
-        self.decode(zset, pairs).await
+        let next_due = answer
+            .first_mut()
+            .and_then(Option::take)
+            .and_then(|s| s.parse::<f64>().ok())
+            .map(|f| f as i64);
+        let pairs = answer.into_iter().skip(1).collect();
+        let mut taken = self.decode(zset, pairs).await?;
+        taken.next_due = next_due;
+        Ok(taken)
     }
 
     /// The jobs of id, payload pairs just leased from `zset`; those that do not decode are set

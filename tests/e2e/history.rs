@@ -194,38 +194,6 @@ rules:
 }
 
 #[test]
-fn a_firing_kept_in_a_hash_of_its_own_by_an_older_version_is_still_listed() {
-    let (good, daemon) = notifying_daemon("");
-    // The layout before firings were kept by minute: `history:ID`, fields `event` and `a:…`.
-    let now: i64 = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let mut conn = daemon.conn();
-    let _: () = redis::cmd("ZADD")
-        .arg("keywatch:history")
-        .arg(now - 1000)
-        .arg("old1")
-        .query(&mut conn)
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg("keywatch:history:old1")
-        .arg("event")
-        .arg(r#"{"id":"old1","rule":"r","key":"k:old","event":"expired"}"#)
-        .arg("a:notify:audit")
-        .arg(r#"{"action":"notify","channel":"audit","outcome":"sent","attempts":1,"last_error":null,"at":"2026-12-02T00:00:00.000Z"}"#)
-        .query(&mut conn)
-        .unwrap();
-    daemon.expire("k:new");
-    good.wait_for(1, PATIENCE);
-    wait_until("both firings are listed", PATIENCE, || {
-        let list = history(&daemon, &[]);
-        keys(&list) == ["k:new", "k:old"]
-            && list.iter().all(|r| r["actions"][0]["outcome"] == "sent")
-    });
-}
-
-#[test]
 fn a_storm_is_kept_in_one_hash_per_minute_not_a_key_per_firing() {
     let (good, daemon) = notifying_daemon("");
     let mut conn = daemon.conn();
