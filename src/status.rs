@@ -213,12 +213,9 @@ impl Status {
             .collect()
     }
 
-    /// A firing whose jobs are stored; `actions`: every action it may run (see
-    /// [`crate::store::history::Recorder::firing`]).
-    pub fn record_firing(&self, f: &Firing, actions: &[crate::firing::Action]) {
-        if let Some(h) = self.history() {
-            h.firing(f, actions);
-        }
+    /// A firing whose jobs are stored (its history is kept by the transaction that stores them,
+    /// see `store::history::Recorder::firing_cmds`): shown among the recent firings and counted.
+    pub fn record_firing(&self, f: &Firing) {
         let mut r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         if r.len() == RECENT {
             r.pop_front();

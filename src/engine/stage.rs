@@ -162,6 +162,8 @@ impl FiringStage {
         };
 
         let mut firings = Vec::new();
+        // The firings kept in history, in the transaction that stores their jobs.
+        let mut history = Vec::new();
         // Per stored item: the details it will remove.
         let mut stored: Vec<(&Taken, Option<Vec<Request>>)> = Vec::new();
         let mut failed: Vec<(&Item, String)> = Vec::new();
@@ -200,8 +202,10 @@ impl FiringStage {
                     },
                 };
                 let firing = Firing::new(&r.name, e, r.capture_names(), f.captures, value);
-                self.status
-                    .record_firing(&firing, &crate::action::every_action_of(r));
+                if let Some(h) = self.status.history() {
+                    history.extend(h.firing_cmds(&firing, &crate::action::every_action_of(r)));
+                }
+                self.status.record_firing(&firing);
                 firings.push(firing);
             }
             remove.dedup();
@@ -218,7 +222,8 @@ impl FiringStage {
             next.push((&item.taken, self.read_failed(item, &reason)));
         }
         let stores = next.iter().any(|(_, n)| matches!(n, Next::Stored(_)));
-        let also = self.intake.moved_on(&next);
+        let mut also = self.intake.moved_on(&next);
+        also.extend(history);
         let written = if stores {
             self.delivery.accept_with(firings, also).await.is_ok()
         } else {
@@ -240,6 +245,9 @@ impl FiringStage {
         }
         if stores {
             crate::drill::pass(crate::drill::Step::Stored);
+            if let Some(h) = self.status.history() {
+                h.indexed();
+            }
         }
         let removals: Vec<(String, Vec<Request>)> = next
             .into_iter()

@@ -13,8 +13,11 @@
 //! minute's hash lasts `history.keep` after the latest firing in it, and the index is trimmed by
 //! time and to [`MAX_FIRINGS`] entries (the trimmed firings' fields removed).
 //!
-//! Recording never holds up delivery: the pipeline hands entries to a bounded channel, and one
-//! writer task per instance stores them in batches. When Redis cannot keep up the entries that
+//! A firing whose jobs are stored is kept in history by the same transaction
+//! ([`Recorder::firing_cmds`]): whichever instance runs its actions, and whenever the one that
+//! stored them dies, their outcomes have their firing to be shown with. The rest of recording
+//! never holds up delivery: the pipeline hands outcomes to a bounded channel, and one writer
+//! task per instance stores them in batches. When Redis cannot keep up the entries that
 //! do not fit are counted and logged, never queued without bound; history is a record, the
 //! queue (not this) is what guarantees the actions.
 
@@ -152,6 +155,8 @@ enum Entry {
         field: String,
         record: ActionRecord,
     },
+    /// Firings were indexed elsewhere (see [`Recorder::firing_cmds`]): trim the index.
+    Indexed,
 }
 
 /// The pipeline's handle on history: cheap to clone, never blocks.
@@ -159,6 +164,8 @@ enum Entry {
 pub struct Recorder {
     tx: mpsc::Sender<Entry>,
     lost: Arc<AtomicU64>,
+    prefix: String,
+    keep_ms: i64,
 }
 
 impl Recorder {
@@ -176,9 +183,18 @@ impl Recorder {
             prefix: prefix.to_string(),
             keep_ms: keep.as_millis().min(i64::MAX as u128) as i64,
         };
+        let keep_ms = writer.keep_ms;
         let handle = tokio::spawn(writer.run(rx, stop));
         let lost = Arc::new(AtomicU64::new(0));
-        (Recorder { tx, lost }, handle)
+        (
+            Recorder {
+                tx,
+                lost,
+                prefix: prefix.to_string(),
+                keep_ms,
+            },
+            handle,
+        )
     }
 
     fn send(&self, e: Entry) {
@@ -194,9 +210,47 @@ impl Recorder {
         }
     }
 
-    /// A firing whose jobs are stored; `actions`: every action it may record an outcome for
-    /// (its follow-ups' included), which is what the readers look up.
-    pub fn firing(&self, f: &Firing, actions: &[Action]) {
+    /// The commands that keep firing `f` in history, for the transaction that stores its jobs:
+    /// a firing whose jobs are in the queue is in history, whichever instance then runs them and
+    /// whenever the one that stored them dies (an outcome recorded for a firing history lacks is
+    /// shown nowhere). `actions`: every action it may record an outcome for (its follow-ups'
+    /// included), which is what the readers look up. [`Recorder::indexed`] after the
+    /// transaction.
+    pub fn firing_cmds(&self, f: &Firing, actions: &[Action]) -> Vec<redis::Cmd> {
+        let names: Vec<String> = actions.iter().map(action_field).collect();
+        let at_ms = f.observed_at.timestamp_millis();
+        let key = minute_key(&self.prefix, at_ms);
+        let event = f.text();
+        let names = serde_json::to_string(&names).unwrap_or_default();
+        let mut stored = String::with_capacity(names.len() + 1 + event.len());
+        stored.push_str(&names);
+        stored.push('\n');
+        stored.push_str(&event);
+        let mut hset = redis::cmd("HSET");
+        hset.arg(&key).arg(&f.id).arg(stored);
+        let until = at_ms.saturating_add(self.keep_ms);
+        let mut cmds = vec![hset];
+        // A new hash gets its expiry (NX), one that has an earlier one a later (GT).
+        for when in ["NX", "GT"] {
+            let mut expire = redis::cmd("PEXPIREAT");
+            expire.arg(&key).arg(until).arg(when);
+            cmds.push(expire);
+        }
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(index_key(&self.prefix)).arg(at_ms).arg(&f.id);
+        cmds.push(zadd);
+        cmds
+    }
+
+    /// Firings were added to history's index by [`Recorder::firing_cmds`]: it is trimmed (by
+    /// `keep` and to [`MAX_FIRINGS`]) by the writer, off the firings' path.
+    pub fn indexed(&self) {
+        self.send(Entry::Indexed);
+    }
+
+    /// A firing that runs none of its actions; `actions`: every action it may record an outcome
+    /// for, which is what the readers look up.
+    fn firing(&self, f: &Firing, actions: &[Action]) {
         let names: Vec<String> = actions.iter().map(action_field).collect();
         self.send(Entry::Firing {
             id: f.id.clone(),
@@ -343,10 +397,16 @@ impl Writer {
         let mut minutes: BTreeMap<String, (redis::Cmd, i64)> = BTreeMap::new();
         let mut index_add = redis::cmd("ZADD");
         index_add.arg(&index);
+        // Whether the index grew: it is trimmed then.
+        let mut indexed = false;
         let mut firings = 0;
         for e in batch {
             let (id, at_ms) = match e {
                 Entry::Firing { id, at_ms, .. } | Entry::Action { id, at_ms, .. } => (id, *at_ms),
+                Entry::Indexed => {
+                    indexed = true;
+                    continue;
+                }
             };
             let (hset, until) = minutes
                 .entry(minute_key(&self.prefix, at_ms))
@@ -367,6 +427,7 @@ impl Writer {
                     stored.push_str(event);
                     hset.arg(id).arg(stored);
                 }
+                Entry::Indexed => {}
                 Entry::Action { field, record, .. } => {
                     let mut record = record.clone();
                     let at = (minute_key(&self.prefix, at_ms), outcome_field(id, field));
@@ -389,10 +450,12 @@ impl Writer {
                 p.cmd("PEXPIREAT").arg(&key).arg(until).arg(when).ignore();
             }
         }
-        if firings == 0 {
+        if firings == 0 && !indexed {
             return p.query_async(&mut self.conn).await;
         }
-        p.add_command(index_add).ignore();
+        if firings > 0 {
+            p.add_command(index_add).ignore();
+        }
         let mut trim = redis::cmd("ZREMRANGEBYSCORE");
         trim.arg(&index)
             .arg("-inf")

@@ -231,3 +231,43 @@ fn a_storm_is_kept_in_one_hash_per_minute_not_a_key_per_firing() {
         assert!(ttl > 6 * 86_400_000 && ttl <= 7 * 86_400_000, "{h}: {ttl}");
     }
 }
+
+/// An instance killed right after it stored an event's jobs (`KEYWATCH_DRILL_CRASH_AT=stored`):
+/// another instance runs them, and history shows the firing with their outcome. The firing's
+/// record is kept by the transaction that stores its jobs; before, it went to history through a
+/// writer that batches for 20 ms, the kill lost it, and the outcome the next instance recorded
+/// belonged to no firing history could show (what made an Alertmanager test flaky: history
+/// empty after a kill).
+#[test]
+fn a_firing_whose_instance_died_right_after_storing_its_jobs_is_in_history() {
+    let hook = HttpReceiver::start();
+    let yaml = format!(
+        "channels:\n  audit: {{ type: webhook, url: \"{}\" }}\nrules:\n  - name: order-lock-timeout\n    match: \"order_lock:{{order_id}}\"\n    notify: {{ to: [audit] }}\n",
+        hook.url_for("/hook")
+    );
+    // A short lease: what the killed instance leaves is taken over soon.
+    let envs = [("KEYWATCH_LEASE", "2s")];
+    let mut crashing = envs.to_vec();
+    crashing.push(("KEYWATCH_DRILL_CRASH_AT", "stored"));
+    let mut daemon = Daemon::start_with(RedisServer::with_events("Exg"), &yaml, &crashing);
+    daemon.expire("order_lock:7");
+    let killed = daemon.process.wait_timeout(PATIENCE);
+    assert!(
+        killed.is_some_and(|s| !s.success()),
+        "the drill did not kill keywatch at `stored`\n{}",
+        daemon.process.describe_output()
+    );
+    daemon.process = common::run_subscribed(
+        &daemon.redis.auth_url(),
+        &daemon.rules.path,
+        common::Logs::Json,
+        &envs,
+    );
+    hook.wait_for(1, PATIENCE);
+    let mut listed = Vec::new();
+    wait_until("history shows the firing sent", PATIENCE, || {
+        listed = history(&daemon, &[]);
+        listed.len() == 1 && listed[0]["actions"][0]["outcome"] == "sent"
+    });
+    assert_eq!(keys(&listed), ["order_lock:7"], "{listed:#?}");
+}
