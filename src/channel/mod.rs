@@ -79,9 +79,11 @@ pub struct ChannelDraft {
     pub body: Option<Text>,
     /// The integration's template fields, compiled with the rules' templates too.
     pub templates: Vec<(&'static str, Text)>,
+    /// `quiet`, whose window is looked up once every file is read.
+    pub quiet: Option<crate::config::quiet::ChannelQuietDraft>,
 }
 
-const COMMON: &[&str] = &["type", "rate", "timeout", "concurrency", "keyword"];
+const COMMON: &[&str] = &["type", "rate", "timeout", "concurrency", "keyword", "quiet"];
 
 pub fn is_channel_name(s: &str) -> bool {
     !s.is_empty()
@@ -167,6 +169,9 @@ fn decode_channel(
         .get("keyword")
         .and_then(|n| d.text(n, &format!("{what} `keyword`")))
         .map(|t| t.value);
+    let quiet = m
+        .get("quiet")
+        .and_then(|n| crate::config::quiet::decode_channel_quiet(d, n, &what));
 
     let mut fields = Fields {
         d,
@@ -216,9 +221,11 @@ fn decode_channel(
             keyword,
             body: None,
             templates: Vec::new(),
+            quiet: None,
         },
         body,
         templates,
+        quiet,
     })
 }
 

@@ -564,6 +564,7 @@ impl RuleTemplates<'_, '_, '_> {
             mention: None,
             labels: Vec::new(),
             annotations: Vec::new(),
+            quiet: None,
         };
         let saved = self.check;
         self.check.followup = true;
