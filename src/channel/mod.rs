@@ -13,6 +13,7 @@ mod fields;
 pub mod http;
 mod integration;
 pub mod message;
+pub mod quiet;
 
 use std::path::Path;
 use std::time::Duration;
@@ -80,7 +81,7 @@ pub struct ChannelDraft {
     /// The integration's template fields, compiled with the rules' templates too.
     pub templates: Vec<(&'static str, Text)>,
     /// `quiet`, whose window is looked up once every file is read.
-    pub quiet: Option<crate::config::quiet::ChannelQuietDraft>,
+    pub quiet: Option<quiet::ChannelQuietDraft>,
 }
 
 const COMMON: &[&str] = &["type", "rate", "timeout", "concurrency", "keyword", "quiet"];
@@ -171,7 +172,7 @@ fn decode_channel(
         .map(|t| t.value);
     let quiet = m
         .get("quiet")
-        .and_then(|n| crate::config::quiet::decode_channel_quiet(d, n, &what));
+        .and_then(|n| quiet::decode_channel_quiet(d, n, &what));
 
     let mut fields = Fields {
         d,

@@ -5,7 +5,8 @@
 
 use chrono_tz::Tz;
 
-use crate::quiet_hours::{self, DAY_NAMES, Days, Quiet, Release, Span, Window};
+use crate::channel::quiet::{ChannelQuietDraft, is_window_name};
+use crate::quiet_hours::{self, DAY_NAMES, Days, Quiet, Span, Window};
 use crate::yaml::Node;
 use crate::yaml::decode::{Decoder, Spanned, Text};
 use crate::yaml::diagnostic::{Loc, did_you_mean};
@@ -19,14 +20,6 @@ pub struct QuietDraft {
     /// Every window name defined, those with errors too: a channel naming one of those must
     /// not get a second, misleading "unknown window".
     pub names: Vec<Spanned<String>>,
-}
-
-/// A channel's `quiet`, before its window is looked up.
-#[derive(Clone, Debug)]
-pub struct ChannelQuietDraft {
-    pub loc: Loc,
-    pub during: Spanned<String>,
-    pub release: Release,
 }
 
 /// A time zone name of the tz database (`Asia/Shanghai`, `UTC`); `what` names the field in
@@ -81,13 +74,6 @@ pub fn decode_timezone(d: &mut Decoder<'_>, node: &Node, into: &mut QuietDraft) 
         ),
         None => into.timezone = Some(tz),
     }
-}
-
-/// Window names are written like channel and rule names.
-fn is_window_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
 }
 
 /// `quiet_hours: { NAME: [ { days, from, to }, … ] }`.
@@ -263,56 +249,6 @@ fn decode_clock(d: &mut Decoder<'_>, node: &Node, what: &str, end: bool) -> Opti
             None
         }
     }
-}
-
-/// A channel's `quiet: { during: WINDOW, release: digest|each|count }`.
-pub fn decode_channel_quiet(
-    d: &mut Decoder<'_>,
-    node: &Node,
-    what: &str,
-) -> Option<ChannelQuietDraft> {
-    let what = format!("{what} `quiet`");
-    let mut m = d.map(node, &what)?;
-    let during = m.require(d, "during").and_then(|n| {
-        d.name(
-            n,
-            &format!("{what} `during`"),
-            is_window_name,
-            "name a window of `quiet_hours`",
-        )
-    });
-    // A bad `release` is reported, and the window is still looked up.
-    let release = match m.get("release") {
-        None => Release::default(),
-        Some(n) => d
-            .text(n, &format!("{what} `release`"))
-            .map_or_else(Release::default, |t| {
-                let r = Release::parse(t.value.trim());
-                if r.is_none() {
-                    let names = Release::ALL.map(Release::as_str);
-                    d.error(
-                        &t.loc,
-                        format!(
-                            "{what} `release` must be `digest`, `each` or `count`, found `{}`{}",
-                            t.value,
-                            did_you_mean(t.value.trim(), names)
-                        ),
-                    );
-                }
-                r.unwrap_or_default()
-            }),
-    };
-    m.finish(d, &["during", "release"], &|f| match f {
-        "from" | "to" | "days" => {
-            Some("a channel names a window of `quiet_hours` with `during`; its days and times are written there".into())
-        }
-        _ => None,
-    });
-    Some(ChannelQuietDraft {
-        loc: node.loc.clone(),
-        during: during?,
-        release,
-    })
 }
 
 /// The channel's quiet hours once every window is known: the window must exist, and an
