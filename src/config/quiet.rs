@@ -3,10 +3,14 @@
 //! channel is known (a channel naming an unknown window, `quiet` on an alertmanager channel).
 //! The arithmetic of windows is [`crate::quiet_hours`]'s.
 
+use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 
+use super::model::Config;
+use crate::firing::Action;
+
 use crate::channel::quiet::{ChannelQuietDraft, is_window_name};
-use crate::quiet_hours::{self, DAY_NAMES, Days, Quiet, Span, Window};
+use crate::quiet_hours::{self, DAY_NAMES, Days, Quiet, Release, Span, Window};
 use crate::yaml::Node;
 use crate::yaml::decode::{Decoder, Spanned, Text};
 use crate::yaml::diagnostic::{Loc, did_you_mean};
@@ -309,9 +313,65 @@ pub fn decode_rule_quiet(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option
     None
 }
 
+/// A message held by quiet hours.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold<'c> {
+    /// The channel's window.
+    pub window: &'c Window,
+    /// When the quiet period ends, and what is held is released.
+    pub until: DateTime<Utc>,
+    pub release: Release,
+}
+
+impl Config {
+    /// The window `channel` is quiet during, and how it releases, when it has `quiet`.
+    pub fn quiet_of(&self, channel: &str) -> Option<(&Window, Release)> {
+        let quiet = self.channel(channel)?.quiet.as_ref()?;
+        let window = self.quiet_hours.iter().find(|w| w.name == quiet.during)?;
+        Some((window, quiet.release))
+    }
+
+    /// Whether `action` of rule `rule` attempted at `at` is held by its channel's quiet hours,
+    /// and until when (docs/rules.md#quiet-hours): a message to people (a notification, an
+    /// escalation, a resolved notice) through a channel with `quiet`, while its window is quiet,
+    /// unless the rule says `notify.quiet: ignore`. An Alertmanager alert never is (`check`
+    /// refuses `quiet` there), nor are reload, exec and cleanup. A rule that is gone (a reload
+    /// removed it) does not ignore quiet hours.
+    pub fn hold(&self, rule: &str, action: &Action, at: DateTime<Utc>) -> Option<Hold<'_>> {
+        let channel = match action {
+            Action::Notify { channel }
+            | Action::Escalate { channel }
+            | Action::Resolved { channel } => channel,
+            Action::Alert { .. } | Action::Reload | Action::Exec | Action::Cleanup => return None,
+        };
+        if self.rule(rule).is_some_and(|r| r.ignores_quiet) {
+            return None;
+        }
+        let (window, release) = self.quiet_of(channel)?;
+        let until = window.quiet_until(self.timezone, at)?;
+        Some(Hold {
+            window,
+            until,
+            release,
+        })
+    }
+
+    /// Whether what `channel` holds until `end` is to be released at `now`: its end has passed,
+    /// or the channel's quiet hours (as these rules have them) no longer end then — a window
+    /// edited or removed by a reload releases what it held at once.
+    pub fn release_due(&self, channel: &str, end: DateTime<Utc>, now: DateTime<Utc>) -> bool {
+        let current = self
+            .quiet_of(channel)
+            .and_then(|(w, _)| w.quiet_until(self.timezone, now));
+        quiet_hours::release_due(end, now, current)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
+
+    use chrono::{DateTime, Utc};
 
     use crate::config::{LoadError, Loaded, Mode, load_texts};
     use crate::quiet_hours::Release;
@@ -402,6 +462,110 @@ rules:
             diags[0].starts_with("rules.yaml:7:35: rule `r` `notify.message` fails to render for `expired` events: invalid operation: `datetime`: `%H:%Q` is not a strftime format"),
             "{diags:#?}"
         );
+    }
+
+    /// Only messages to people through a quiet channel are held, and not a rule's that says
+    /// `notify.quiet: ignore`; a reload that edits the window releases at once.
+    #[test]
+    fn what_is_held_and_until_when() {
+        use crate::firing::Action;
+        let yaml = r#"
+timezone: Asia/Shanghai
+quiet_hours:
+  night: [{ days: [mon, tue, wed, thu, fri], from: "22:00", to: "08:00" }]
+channels:
+  team: { type: log, quiet: { during: night, release: each } }
+  oncall: { type: log }
+rules:
+  - name: caches
+    match: "cache:{id}"
+    notify: { to: [team, oncall] }
+    escalate: { after: 5m, to: [team] }
+    reload: { url: "http://127.0.0.1:1/{{ id }}" }
+  - name: locks
+    match: "lock:{id}"
+    notify: { to: [team], quiet: ignore }
+"#;
+        let loaded = check(yaml).unwrap_or_else(|d| panic!("{d:#?}"));
+        let c = &loaded.config;
+        let ch = |c: &str| c.to_string();
+        // Monday 2026-12-07 23:00 in Shanghai.
+        let night = "2026-12-07T15:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        let morning = "2026-12-08T00:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        let held = c
+            .hold(
+                "caches",
+                &Action::Notify {
+                    channel: ch("team"),
+                },
+                night,
+            )
+            .expect("held");
+        assert_eq!(
+            (held.window.name.as_str(), held.until, held.release),
+            ("night", morning, Release::Each)
+        );
+        assert!(
+            c.hold(
+                "caches",
+                &Action::Escalate {
+                    channel: ch("team")
+                },
+                night
+            )
+            .is_some()
+        );
+        assert_eq!(
+            c.hold(
+                "caches",
+                &Action::Notify {
+                    channel: ch("oncall")
+                },
+                night
+            ),
+            None
+        );
+        assert_eq!(c.hold("caches", &Action::Reload, night), None);
+        assert_eq!(
+            c.hold(
+                "locks",
+                &Action::Notify {
+                    channel: ch("team")
+                },
+                night
+            ),
+            None
+        );
+        assert_eq!(
+            c.hold(
+                "caches",
+                &Action::Notify {
+                    channel: ch("team")
+                },
+                morning
+            ),
+            None
+        );
+        assert!(
+            c.hold(
+                "gone",
+                &Action::Notify {
+                    channel: ch("team")
+                },
+                night
+            )
+            .is_some()
+        );
+
+        assert!(!c.release_due("team", morning, night));
+        assert!(c.release_due("team", morning, morning));
+        let edited = check(&yaml.replace("to: \"08:00\"", "to: \"07:00\""))
+            .unwrap_or_else(|d| panic!("{d:#?}"));
+        assert!(edited.config.release_due("team", morning, night));
+        let removed = check(&yaml.replace(", quiet: { during: night, release: each }", ""))
+            .unwrap_or_else(|d| panic!("{d:#?}"));
+        assert!(removed.config.release_due("team", morning, night));
+        assert!(c.release_due("gone", morning, night));
     }
 
     #[test]

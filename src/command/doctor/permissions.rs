@@ -151,6 +151,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::fields::REDIS,
     &crate::source::scanner::REDIS,
     &crate::store::scanner::REDIS,
+    &crate::store::held::REDIS,
     &crate::command::doctor::REDIS,
     &crate::command::doctor::cluster::REDIS,
     &crate::command::doctor::sentinel::REDIS,
