@@ -11,7 +11,8 @@ use crate::yaml::diagnostic::{Loc, did_you_mean};
 pub struct ChannelQuietDraft {
     pub loc: Loc,
     pub during: Spanned<String>,
-    pub release: Release,
+    /// `None`: not written, the channel's default.
+    pub release: Option<Spanned<Release>>,
 }
 
 /// Window names are written like channel and rule names.
@@ -38,26 +39,25 @@ pub fn decode_channel_quiet(
         )
     });
     // A bad `release` is reported, and the window is still looked up.
-    let release = match m.get("release") {
-        None => Release::default(),
-        Some(n) => d
-            .text(n, &format!("{what} `release`"))
-            .map_or_else(Release::default, |t| {
-                let r = Release::parse(t.value.trim());
-                if r.is_none() {
-                    let names = Release::ALL.map(Release::as_str);
-                    d.error(
-                        &t.loc,
-                        format!(
-                            "{what} `release` must be `digest`, `each` or `count`, found `{}`{}",
-                            t.value,
-                            did_you_mean(t.value.trim(), names)
-                        ),
-                    );
-                }
-                r.unwrap_or_default()
-            }),
-    };
+    let release = m.get("release").and_then(|n| {
+        let t = d.text(n, &format!("{what} `release`"))?;
+        let r = Release::parse(t.value.trim());
+        if r.is_none() {
+            let names = Release::ALL.map(Release::as_str);
+            d.error(
+                &t.loc,
+                format!(
+                    "{what} `release` must be `digest`, `each` or `count`, found `{}`{}",
+                    t.value,
+                    did_you_mean(t.value.trim(), names)
+                ),
+            );
+        }
+        Some(Spanned {
+            value: r.unwrap_or_default(),
+            loc: t.loc,
+        })
+    });
     m.finish(d, &["during", "release"], &|f| match f {
         "from" | "to" | "days" => {
             Some("a channel names a window of `quiet_hours` with `during`; its days and times are written there".into())

@@ -72,8 +72,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
     } in drafts.channels
     {
         if let Some(q) = quiet {
-            let am = channel.integration.alertmanager().is_some();
-            channel.quiet = super::quiet::check_channel(d, &channel.name, am, q, &drafts.quiet);
+            channel.quiet = super::quiet::check_channel(d, &channel, q, &drafts.quiet);
         }
         for (field, text) in fields {
             let check = TemplateCheck {

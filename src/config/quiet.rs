@@ -257,14 +257,18 @@ fn decode_clock(d: &mut Decoder<'_>, node: &Node, what: &str, end: bool) -> Opti
 
 /// The channel's quiet hours once every window is known: the window must exist, and an
 /// alertmanager channel cannot be quiet (Alertmanager mutes by its own time intervals, and its
-/// alerts are posted again while they fire: holding them would only delay what it decides).
+/// alerts are posted again while they fire: holding them would only delay what it decides). A
+/// channel that takes no digests (PagerDuty: each event is an incident of its own) releases
+/// `each` held message, and may not say otherwise.
 pub fn check_channel(
     d: &mut Decoder<'_>,
-    channel: &str,
-    alertmanager: bool,
+    channel: &crate::channel::Channel,
     draft: ChannelQuietDraft,
     quiet: &QuietDraft,
 ) -> Option<Quiet> {
+    let alertmanager = channel.integration.alertmanager().is_some();
+    let digests = channel.integration.takes_digests();
+    let channel = &channel.name;
     let windows = &quiet.windows;
     let what = format!("channel `{channel}` `quiet`");
     if alertmanager {
@@ -274,6 +278,18 @@ pub fn check_channel(
         );
         return None;
     }
+    let release = match draft.release {
+        None if !digests => Release::Each,
+        None => Release::default(),
+        Some(r) if !digests && r.value != Release::Each => {
+            d.error(
+                &r.loc,
+                format!("{what} `release`: channel `{channel}` takes no digests (each event is its own alert there), so it releases `each` held message; remove `release` or write `each`"),
+            );
+            return None;
+        }
+        Some(r) => r.value,
+    };
     if !windows.iter().any(|(_, w)| w.name == draft.during.value) {
         if quiet.names.iter().any(|n| n.value == draft.during.value) {
             // Defined, with errors already reported.
@@ -296,7 +312,7 @@ pub fn check_channel(
     }
     Some(Quiet {
         during: draft.during.value,
-        release: draft.release,
+        release,
     })
 }
 
@@ -402,6 +418,7 @@ channels:
   team: { type: log, quiet: { during: night } }
   ops: { type: log, quiet: { during: night, release: count } }
   oncall: { type: log }
+  pager: { type: pagerduty, routing_key: "R0UTINGKEY0123456789abcdefABCDEF", quiet: { during: night } }
 rules:
   - name: locks
     match: "lock:{id}"
@@ -433,6 +450,7 @@ rules:
         );
         assert_eq!(quiet("ops").map(|q| q.release), Some(Release::Count));
         assert_eq!(quiet("oncall"), None);
+        assert_eq!(quiet("pager").map(|q| q.release), Some(Release::Each));
         assert!(c.rule("locks").unwrap().ignores_quiet);
         assert!(!c.rule("caches").unwrap().ignores_quiet);
         assert!(loaded.warnings.is_empty(), "{:#?}", loaded.warnings);
@@ -598,6 +616,7 @@ channels:
   team: { type: log, quiet: { during: nigth, release: everything } }
   am: { type: alertmanager, urls: ["http://127.0.0.1:9093"], quiet: { during: night } }
   ops: { type: log, quiet: { during: weekend, from: "22:00" } }
+  pager: { type: pagerduty, routing_key: "R0UTINGKEY0123456789abcdefABCDEF", quiet: { during: night, release: digest } }
 rules:
   - name: r
     match: "a:{id}"
@@ -623,7 +642,8 @@ rules:
                 "rules.yaml:16:69: channel `am` `quiet`: an alertmanager channel cannot be quiet: Alertmanager has its own time intervals (a route's `mute_time_intervals` or `active_time_intervals`); remove `quiet`, or hold the messages on another channel",
                 "rules.yaml:17:38: channel `ops` `quiet` `during`: unknown quiet hours window `weekend`; define it under `quiet_hours` (known: night, lunch, typo, always)",
                 "rules.yaml:17:47: unknown field `from` in channel `ops` `quiet`: a channel names a window of `quiet_hours` with `during`; its days and times are written there",
-                "rules.yaml:21:34: rule `r` `notify` `quiet` must be `ignore` (this rule's messages pass every channel's quiet hours), found `never`",
+                "rules.yaml:18:111: channel `pager` `quiet` `release`: channel `pager` takes no digests (each event is its own alert there), so it releases `each` held message; remove `release` or write `each`",
+                "rules.yaml:22:34: rule `r` `notify` `quiet` must be `ignore` (this rule's messages pass every channel's quiet hours), found `never`",
             ],
         );
     }
