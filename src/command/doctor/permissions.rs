@@ -140,6 +140,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::dead::REDIS,
     &crate::store::history::REDIS,
     &crate::action::followup::REDIS,
+    &crate::action::release::REDIS,
     &crate::store::alert_ends::REDIS,
     &crate::store::followups::REDIS,
     &crate::store::silences::REDIS,
