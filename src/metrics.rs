@@ -59,6 +59,8 @@ pub struct Metrics {
     pub scan_keys: Counter<u64, AtomicU64>,
     pub scan_seconds: Histogram,
     pub silenced: Family<Labels, Counter>,
+    /// Messages held by quiet hours, by channel (docs/rules.md#quiet-hours).
+    pub held: Family<Labels, Gauge<i64, AtomicI64>>,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -104,6 +106,7 @@ impl Metrics {
             scan_keys: Counter::default(),
             scan_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             silenced: Family::default(),
+            held: Family::default(),
             registry: Registry::default(),
         };
         // The prometheus-client registry appends `_total` to counters itself.
@@ -238,6 +241,11 @@ impl Metrics {
             "Events matched but not sent because a silence applied, by rule",
             m.silenced.clone(),
         );
+        r.register(
+            "keywatch_held",
+            "Messages held by quiet hours until their window ends, by channel",
+            m.held.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -313,6 +321,15 @@ impl Metrics {
     pub fn silenced_for(&self, rule: &str) {
         self.silenced.get_or_create(&l(&[("rule", rule)])).inc();
     }
+
+    /// `keywatch_held`: what each channel holds now; a channel left out (it holds nothing, and
+    /// is not quiet any more) leaves the metric.
+    pub fn held_by_channel<'c>(&self, counts: impl IntoIterator<Item = (&'c str, i64)>) {
+        self.held.clear();
+        for (channel, n) in counts {
+            self.held.get_or_create(&l(&[("channel", channel)])).set(n);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -327,6 +344,7 @@ mod tests {
         m.action("r", "notify", "sent", 0.01);
         m.subscriber("127.0.0.1:6379", true);
         m.recovered_for("r");
+        m.held_by_channel([("team", 14)]);
         let text = m.encode();
         for name in [
             "keywatch_events_total{",
@@ -347,6 +365,7 @@ mod tests {
             "keywatch_config_last_reload_successful ",
             "keywatch_scan_keys_total ",
             "keywatch_scan_seconds_bucket",
+            "keywatch_held{channel=\"team\"} 14",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -313,6 +313,30 @@ pub fn release_due(end: DateTime<Utc>, now: DateTime<Utc>, current: Option<DateT
     end <= now || current != Some(end)
 }
 
+/// `held until 08:00, 14 messages` (the status page, `explain`): the end in `tz`, as the time
+/// alone on the day of `now`, with the weekday within a week, else with the date.
+pub fn held_line(until: DateTime<Utc>, count: usize, tz: Tz, now: DateTime<Utc>) -> String {
+    let messages = if count == 1 {
+        "1 message".to_string()
+    } else {
+        format!("{count} messages")
+    };
+    format!("held until {}, {messages}", shown_until(until, tz, now))
+}
+
+/// An end as people read it in `tz`: `08:00` on the day of `now`, `Tue 08:00` within a week,
+/// `2026-12-20 08:00` after that.
+pub fn shown_until(until: DateTime<Utc>, tz: Tz, now: DateTime<Utc>) -> String {
+    let local = until.with_timezone(&tz);
+    let today = now.with_timezone(&tz).date_naive();
+    let days = (local.date_naive() - today).num_days();
+    match days {
+        0 => local.format("%H:%M").to_string(),
+        1..=6 => local.format("%a %H:%M").to_string(),
+        _ => local.format("%Y-%m-%d %H:%M").to_string(),
+    }
+}
+
 /// The instant `date` + `minutes` (up to two days' worth) as a local wall-clock time.
 fn at_minute(date: NaiveDate, minutes: u16) -> NaiveDateTime {
     date.and_hms_opt(0, 0, 0).unwrap_or_default() + Duration::minutes(i64::from(minutes))
@@ -613,6 +637,25 @@ mod tests {
         // Edited to end at 07:00, or removed: at once.
         assert!(release_due(end, before, Some(utc("2026-12-07T23:30:00Z"))));
         assert!(release_due(end, before, None));
+    }
+
+    #[test]
+    fn what_is_held_reads_in_the_zone() {
+        // Tuesday 2026-12-08 07:00 Shanghai.
+        let now = utc("2026-12-07T23:00:00Z");
+        let eight = utc("2026-12-08T00:00:00Z");
+        assert_eq!(
+            held_line(eight, 14, SHANGHAI, now),
+            "held until 08:00, 14 messages"
+        );
+        assert_eq!(
+            held_line(eight, 1, SHANGHAI, utc("2026-12-07T10:00:00Z")),
+            "held until Tue 08:00, 1 message"
+        );
+        assert_eq!(
+            shown_until(utc("2026-12-20T00:00:00Z"), SHANGHAI, now),
+            "2026-12-20 08:00"
+        );
     }
 
     #[test]

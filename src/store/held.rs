@@ -140,6 +140,36 @@ pub struct GroupState {
     pub releasing: bool,
 }
 
+/// What one channel holds, over all its groups: the status page's "held until 08:00, 14
+/// messages" and `keywatch_held{channel}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChannelHeld {
+    pub channel: String,
+    pub count: usize,
+    /// The soonest end among its groups.
+    pub until: DateTime<Utc>,
+}
+
+/// `groups` by channel, in channel order.
+pub fn by_channel(groups: &[GroupState]) -> Vec<ChannelHeld> {
+    let mut out: Vec<ChannelHeld> = Vec::new();
+    for s in groups {
+        match out.iter_mut().find(|c| c.channel == s.group.channel) {
+            Some(c) => {
+                c.count += s.count;
+                c.until = c.until.min(s.group.end());
+            }
+            None => out.push(ChannelHeld {
+                channel: s.group.channel.clone(),
+                count: s.count,
+                until: s.group.end(),
+            }),
+        }
+    }
+    out.sort_by(|a, b| a.channel.cmp(&b.channel));
+    out
+}
+
 /// The held groups of one state prefix.
 #[derive(Clone)]
 pub struct HeldStore {
@@ -696,6 +726,28 @@ mod tests {
                 .unwrap(),
             Released::Recorded { left: 0 }
         );
+    }
+
+    #[test]
+    fn groups_add_up_by_channel() {
+        let state = |channel: &str, end_ms: i64, count: usize| GroupState {
+            group: Group {
+                channel: channel.into(),
+                end_ms,
+            },
+            count,
+            releasing: false,
+        };
+        let held = by_channel(&[
+            state("b", END, 2),
+            state("a", END + 5, 1),
+            state("b", END - 5, 3),
+        ]);
+        let shown: Vec<(&str, usize, i64)> = held
+            .iter()
+            .map(|c| (c.channel.as_str(), c.count, c.until.timestamp_millis()))
+            .collect();
+        assert_eq!(shown, [("a", 1, END + 5), ("b", 5, END - 5)]);
     }
 
     /// A payload this version cannot read is handed back to be dead-lettered, and released
