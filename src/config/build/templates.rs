@@ -13,9 +13,10 @@ use crate::config::rules::{
 use crate::yaml::decode::{Decoder, Text};
 use crate::yaml::diagnostic::did_you_mean;
 
-/// The default message of docs/rules.md, with the TTL for `expiring`.
+/// The default message of docs/rules.md, with the TTL and the deadline (in `timezone`) for
+/// `expiring`.
 pub const DEFAULT_MESSAGE: &str =
-    "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}){% endif %}";
+    "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}{% if deadline %}, at {{ deadline | datetime }}{% endif %}){% endif %}";
 
 pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";
 
