@@ -26,8 +26,9 @@ pub const DIGEST_ITEMS: usize = 20;
 #[derive(Clone, Copy)]
 pub struct Release<'a> {
     pub channel: &'a Channel,
-    /// The name of the channel's window.
-    pub window: &'a str,
+    /// The name of the channel's window; `None` when a reload removed it (or the channel's
+    /// `quiet`), which released what it held.
+    pub window: Option<&'a str>,
     /// When the quiet period ended.
     pub until: DateTime<Utc>,
     pub held: &'a Held,
@@ -116,13 +117,16 @@ impl Release<'_> {
         self.held.resolved.contains(&j.id())
     }
 
-    /// `quiet hours "night" until 08:00 CST`.
+    /// `quiet hours "night" until 08:00 CST` (`quiet hours until 08:00 CST` without a window).
     fn period(&self, a: &ActionContext) -> String {
         let until = self
             .until
             .with_timezone(&a.config.timezone)
             .format("%H:%M %Z");
-        format!("quiet hours \"{}\" until {until}", self.name(self.window))
+        match self.window {
+            Some(w) => format!("quiet hours \"{}\" until {until}", self.name(w)),
+            None => format!("quiet hours until {until}"),
+        }
     }
 
     /// `14 messages held by quiet hours "night" until 08:00 CST`.
@@ -426,7 +430,7 @@ rules:
     fn release<'a>(a: &'a ActionContext, channel: &str, held: &'a Held) -> Release<'a> {
         Release {
             channel: a.config.channel(channel).unwrap(),
-            window: "night",
+            window: Some("night"),
             until: "2026-12-08T00:00:00Z".parse().unwrap(),
             held,
         }
@@ -503,6 +507,12 @@ rules:
             "Cache a expired at 23:01.\n(held by quiet hours \"night\" until 08:00 CST)"
         );
         assert!(r.each(&a, &held.jobs[5]).is_err(), "its rule is gone");
+        // A window a reload removed released what it held: its name is gone with it.
+        let r = Release { window: None, ..r };
+        assert_eq!(
+            r.each(&a, &held.jobs[1]).unwrap().text,
+            "Cache a expired at 23:01.\n(held by quiet hours until 08:00 CST)"
+        );
     }
 
     /// What exists again in the watched Redis is resolved, the rest is not.

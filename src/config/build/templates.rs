@@ -15,8 +15,7 @@ use crate::yaml::diagnostic::did_you_mean;
 
 /// The default message of docs/rules.md, with the TTL and the deadline (in `timezone`) for
 /// `expiring`.
-pub const DEFAULT_MESSAGE: &str =
-    "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}{% if deadline %}, at {{ deadline | datetime }}{% endif %}){% endif %}";
+pub const DEFAULT_MESSAGE: &str = "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}{% if deadline %}, at {{ deadline | datetime }}{% endif %}){% endif %}";
 
 pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";
 
