@@ -25,6 +25,8 @@
 //! - [`config`]: rule files → a validated, compiled [`config::Config`]; every problem reported as
 //!   `FILE:LINE:COLUMN: message`, all of them in one run. [`config::matching`] answers which
 //!   rules an event fires and which keys' deadlines are worth keeping.
+//! - [`quiet_hours`]: the windows of `quiet_hours` in the rule files' `timezone`, and when an
+//!   instant is quiet and until when (pure arithmetic, clock changes included).
 //! - [`firing`]: a matched event of one rule ([`firing::Firing`]) and its jobs
 //!   ([`firing::Job`]): the unit every later stage passes on, stores and retries.
 //!
@@ -93,6 +95,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod pattern;
 pub mod proc_stats;
+pub mod quiet_hours;
 pub mod source;
 pub mod status;
 pub mod store;

@@ -62,6 +62,8 @@ pub struct Metrics {
     /// Reads and writes of keywatch's state that Redis refused or did not answer, by operation
     /// (docs/operations.md#internal-events).
     pub state_errors: Family<Labels, Counter>,
+    /// Messages held by quiet hours, by channel (docs/rules.md#quiet-hours).
+    pub held: Family<Labels, Gauge<i64, AtomicI64>>,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -108,6 +110,7 @@ impl Metrics {
             scan_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             silenced: Family::default(),
             state_errors: Family::default(),
+            held: Family::default(),
             registry: Registry::default(),
         };
         // The prometheus-client registry appends `_total` to counters itself.
@@ -247,6 +250,11 @@ impl Metrics {
             "Reads and writes of keywatch's state that Redis refused or did not answer, by operation; what they were about stays in Redis and is tried again",
             m.state_errors.clone(),
         );
+        r.register(
+            "keywatch_held",
+            "Messages held by quiet hours until their window ends, by channel",
+            m.held.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -328,6 +336,15 @@ impl Metrics {
     pub fn silenced_for(&self, rule: &str) {
         self.silenced.get_or_create(&l(&[("rule", rule)])).inc();
     }
+
+    /// `keywatch_held`: what each channel holds now; a channel left out (it holds nothing, and
+    /// is not quiet any more) leaves the metric.
+    pub fn held_by_channel<'c>(&self, counts: impl IntoIterator<Item = (&'c str, i64)>) {
+        self.held.clear();
+        for (channel, n) in counts {
+            self.held.get_or_create(&l(&[("channel", channel)])).set(n);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -342,6 +359,7 @@ mod tests {
         m.action("r", "notify", "sent", 0.01);
         m.subscriber("127.0.0.1:6379", true);
         m.recovered_for("r");
+        m.held_by_channel([("team", 14)]);
         let text = m.encode();
         for name in [
             "keywatch_events_total{",
@@ -362,6 +380,7 @@ mod tests {
             "keywatch_config_last_reload_successful ",
             "keywatch_scan_keys_total ",
             "keywatch_scan_seconds_bucket",
+            "keywatch_held{channel=\"team\"} 14",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -138,6 +138,9 @@ pub struct Channel {
     /// Fields of the integration that are templates (PagerDuty's `severity`), by field name,
     /// rendered per message into [`Message::channel_fields`].
     pub templates: Vec<(&'static str, TemplateId)>,
+    /// `quiet`: the quiet hours during which its messages are held, and how they are released
+    /// (docs/rules.md#quiet-hours).
+    pub quiet: Option<crate::quiet_hours::Quiet>,
 }
 
 impl fmt::Debug for Kind {
@@ -162,6 +165,7 @@ impl Channel {
             keyword: None,
             body: None,
             templates: Vec::new(),
+            quiet: None,
         }
     }
 }

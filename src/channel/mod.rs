@@ -13,6 +13,7 @@ mod fields;
 pub mod http;
 mod integration;
 pub mod message;
+pub mod quiet;
 
 use std::path::Path;
 use std::time::Duration;
@@ -79,9 +80,11 @@ pub struct ChannelDraft {
     pub body: Option<Text>,
     /// The integration's template fields, compiled with the rules' templates too.
     pub templates: Vec<(&'static str, Text)>,
+    /// `quiet`, whose window is looked up once every file is read.
+    pub quiet: Option<quiet::ChannelQuietDraft>,
 }
 
-const COMMON: &[&str] = &["type", "rate", "timeout", "concurrency", "keyword"];
+const COMMON: &[&str] = &["type", "rate", "timeout", "concurrency", "keyword", "quiet"];
 
 pub fn is_channel_name(s: &str) -> bool {
     !s.is_empty()
@@ -167,6 +170,9 @@ fn decode_channel(
         .get("keyword")
         .and_then(|n| d.text(n, &format!("{what} `keyword`")))
         .map(|t| t.value);
+    let quiet = m
+        .get("quiet")
+        .and_then(|n| quiet::decode_channel_quiet(d, n, &what));
 
     let mut fields = Fields {
         d,
@@ -216,9 +222,11 @@ fn decode_channel(
             keyword,
             body: None,
             templates: Vec::new(),
+            quiet: None,
         },
         body,
         templates,
+        quiet,
     })
 }
 

@@ -298,6 +298,9 @@ fn explain_rule(
             for (field, id) in &ch.templates {
                 let _ = writeln!(out, "     {field}: {}", text(*id));
             }
+            if let Some(line) = quiet_line(config, rule, name, now, "a message now") {
+                let _ = writeln!(out, "     {line}");
+            }
             if ch.integration.alertmanager().is_some() {
                 let firing = crate::firing::Firing::new(
                     &rule.name,
@@ -353,6 +356,14 @@ fn explain_rule(
         let ctx = ctx.clone().with_gap(step.wait.as_millis() as i64);
         for to in &step.to {
             let _ = writeln!(out, "  6. {name} {to} ({when})");
+            let due = now + chrono::Duration::from_std(step.wait).unwrap_or_default();
+            let due_text = format!(
+                "due at {}",
+                crate::quiet_hours::shown_until(due, config.timezone, now)
+            );
+            if let Some(line) = quiet_line(config, rule, to, due, &due_text) {
+                let _ = writeln!(out, "     {line}");
+            }
             if let Some(id) = config
                 .channel(to)
                 .and_then(|ch| step.message.get(ch.escape()))
@@ -364,6 +375,48 @@ fn explain_rule(
             }
         }
     }
+}
+
+/// What `channel`'s quiet hours do to a message of `rule` sent at `at` (`when` says when that
+/// is): held until when and released how, or why not (docs/rules.md#quiet-hours). `None` for
+/// a channel without `quiet`.
+fn quiet_line(
+    config: &Config,
+    rule: &Rule,
+    channel: &str,
+    at: chrono::DateTime<Utc>,
+    when: &str,
+) -> Option<String> {
+    let (window, release) = config.quiet_of(channel)?;
+    let tz = config.timezone;
+    let what = format!("quiet hours \"{}\" ({window}, {tz})", window.name);
+    if rule.ignores_quiet {
+        return Some(format!(
+            "{what}: passed, the rule says `notify.quiet: ignore`"
+        ));
+    }
+    let show = |t| crate::quiet_hours::shown_until(t, tz, at);
+    Some(match window.quiet_until(tz, at) {
+        Some(until) => {
+            let how = match release {
+                crate::quiet_hours::Release::Digest => "in one digest of everything held",
+                crate::quiet_hours::Release::Each => "on its own",
+                crate::quiet_hours::Release::Count => "counted in one line",
+            };
+            format!(
+                "{what}: {when} would be held until {}, then sent {how}",
+                show(until)
+            )
+        }
+        None => match (window.next_start(tz, at), window.next_end(tz, at)) {
+            (Some(start), Some(end)) => format!(
+                "{what}: {when} is sent at once; held from {} until {}",
+                show(start),
+                show(end)
+            ),
+            _ => format!("{what}: {when} is sent at once"),
+        },
+    })
 }
 
 /// The exact request an alertmanager channel would post for this event, per URL (headers'
@@ -430,6 +483,54 @@ fn explain_alert(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// For a quiet channel, whether a message would be held and until when; a rule that
+    /// ignores quiet hours passes them; a follow-up is judged at its due time.
+    #[test]
+    fn a_quiet_channel_says_whether_a_message_now_would_be_held() {
+        let config = crate::config::of_yaml(
+            r#"
+timezone: Asia/Shanghai
+quiet_hours:
+  night: [{ days: [mon, tue, wed, thu, fri], from: "22:00", to: "08:00" }]
+channels:
+  team: { type: log, quiet: { during: night } }
+rules:
+  - name: caches
+    match: "cache:{id}"
+    notify: { to: [team] }
+  - name: locks
+    match: "lock:{id}"
+    notify: { to: [team], quiet: ignore }
+"#,
+            crate::config::Mode::Check,
+        );
+        let caches = config.rule("caches").unwrap();
+        // Monday 2026-12-07 23:00 and 12:00 in Shanghai.
+        let night: chrono::DateTime<Utc> = "2026-12-07T15:00:00Z".parse().unwrap();
+        let noon: chrono::DateTime<Utc> = "2026-12-07T04:00:00Z".parse().unwrap();
+        let what = "quiet hours \"night\" (mon–fri 22:00–08:00, Asia/Shanghai)";
+        assert_eq!(
+            quiet_line(&config, caches, "team", night, "a message now").unwrap(),
+            format!(
+                "{what}: a message now would be held until Tue 08:00, then sent in one digest of everything held"
+            )
+        );
+        assert_eq!(
+            quiet_line(&config, caches, "team", noon, "a message now").unwrap(),
+            format!("{what}: a message now is sent at once; held from 22:00 until Tue 08:00")
+        );
+        let locks = config.rule("locks").unwrap();
+        assert_eq!(
+            quiet_line(&config, locks, "team", night, "a message now").unwrap(),
+            format!("{what}: passed, the rule says `notify.quiet: ignore`")
+        );
+        let text = explain(&config, b"cache:1", EventKind::Expired, 0).text;
+        assert!(
+            text.contains(&format!("     {what}: a message now ")),
+            "{text}"
+        );
+    }
 
     #[test]
     fn hex_escapes_give_raw_bytes() {

@@ -36,6 +36,8 @@ pub struct Drafts {
     pub history: super::followups::HistoryDraft,
     pub links: Option<super::followups::LinksSettings>,
     pub server: Option<super::server::ServerSettings>,
+    /// `timezone` and `quiet_hours`.
+    pub quiet: super::quiet::QuietDraft,
 }
 
 /// Builds the config; `None` when any error was reported (the diagnostics say why).
@@ -53,15 +55,25 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
         // The state shares the watched cluster: its keys must all hash to one slot.
         state.prefix = super::sections::tagged_prefix(&state.prefix);
     }
+    let timezone = drafts
+        .quiet
+        .timezone
+        .as_ref()
+        .map_or(chrono_tz::UTC, |t| t.value);
     let mut templates = TemplateSet::new();
+    templates.set_timezone(timezone);
 
     let mut channels = Vec::new();
     for ChannelDraft {
         mut channel,
         body,
         templates: fields,
+        quiet,
     } in drafts.channels
     {
+        if let Some(q) = quiet {
+            channel.quiet = super::quiet::check_channel(d, &channel, q, &drafts.quiet);
+        }
         for (field, text) in fields {
             let check = TemplateCheck {
                 followup: false,
@@ -125,7 +137,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
     warn_cleanup_overlaps(d, &rules, &templates);
 
     let wants_scanner = rules.iter().any(|r| r.on.contains(&EventKind::Expiring));
-    let scanner = scanner_settings(drafts.scanner, wants_scanner);
+    let scanner = scanner_settings(drafts.scanner, wants_scanner, timezone);
 
     if d.diags.has_errors() {
         return None;
@@ -145,6 +157,8 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
         history: drafts.history.settings(),
         links: drafts.links,
         server: drafts.server.unwrap_or_default(),
+        timezone,
+        quiet_hours: drafts.quiet.windows.into_iter().map(|(_, w)| w).collect(),
     })
 }
 
@@ -185,7 +199,12 @@ fn redis_settings(d: &mut Decoder<'_>, r: RedisDraft) -> RedisSettings {
     }
 }
 
-fn scanner_settings(s: ScannerDraft, wanted: bool) -> Option<ScannerSettings> {
+/// `scanner.timezone` is the top-level `timezone` unless it says otherwise.
+fn scanner_settings(
+    s: ScannerDraft,
+    wanted: bool,
+    timezone: chrono_tz::Tz,
+) -> Option<ScannerSettings> {
     if s.loc.is_none() && !wanted {
         return None;
     }
@@ -196,7 +215,7 @@ fn scanner_settings(s: ScannerDraft, wanted: bool) -> Option<ScannerSettings> {
     Some(ScannerSettings {
         schedule_text,
         schedule,
-        timezone: s.timezone.map(|f| f.value).unwrap_or(chrono_tz::UTC),
+        timezone: s.timezone.map_or(timezone, |f| f.value),
         max_keys_per_second: s.max_keys_per_second.map(|f| f.value).unwrap_or(50_000),
     })
 }
@@ -269,6 +288,7 @@ fn build_rule(
         .as_ref()
         .map(|fd| t.followup(fd, channels, channel_names, &r.on, "resolved", &closing));
     check_has_action(t.d, &r, &t.what);
+    warn_quiet_ignored(t.d, &r, channels, &t.what);
 
     Some(Rule {
         name: r.name.value.clone(),
@@ -294,6 +314,7 @@ fn build_rule(
         notify: built(notify)?,
         escalate: built(escalate)?,
         resolved: built(resolved)?,
+        ignores_quiet: r.notify.as_ref().is_some_and(|n| n.quiet.is_some()),
     })
 }
 
@@ -428,6 +449,29 @@ fn check_has_action(d: &mut Decoder<'_>, r: &RuleDraft, what: &str) {
             &r.name.loc,
             format!(
                 "{what} has no action: add at least one of `notify`, `reload`, `exec`, `cleanup`"
+            ),
+        );
+    }
+}
+
+/// `notify.quiet: ignore` on a rule none of whose channels is quiet does nothing: worth a
+/// warning, since the files may mean another channel.
+fn warn_quiet_ignored(d: &mut Decoder<'_>, r: &RuleDraft, channels: &[Channel], what: &str) {
+    let Some(loc) = r.notify.as_ref().and_then(|n| n.quiet.as_ref()) else {
+        return;
+    };
+    let named = r
+        .notify
+        .iter()
+        .flat_map(|n| &n.to)
+        .chain(r.escalate.iter().flat_map(|e| &e.to))
+        .chain(r.resolved.iter().flat_map(|e| &e.to));
+    let mut quiet = named.filter_map(|n| channels.iter().find(|c| c.name == n.value));
+    if !quiet.any(|c| c.quiet.is_some()) {
+        d.warning(
+            loc,
+            format!(
+                "{what}: `notify.quiet: ignore` has no effect: none of its channels has `quiet`"
             ),
         );
     }

@@ -11,6 +11,7 @@ pub mod followups;
 pub mod live;
 pub mod matching;
 pub mod model;
+pub mod quiet;
 pub mod rules;
 pub mod sections;
 pub mod server;
@@ -45,7 +46,16 @@ pub struct Loaded {
 }
 
 const SECTIONS: &[&str] = &[
-    "redis", "state", "channels", "rules", "scanner", "history", "links", "server",
+    "redis",
+    "state",
+    "channels",
+    "rules",
+    "scanner",
+    "history",
+    "links",
+    "server",
+    "timezone",
+    "quiet_hours",
 ];
 
 /// Every `*.yaml`/`*.yml` file of `paths` (files as given; folders walked, sorted by path).
@@ -207,6 +217,12 @@ fn decode_document(
     }
     if let Some(n) = m.get("server") {
         server::decode_server(d, n, base, &mut drafts.server);
+    }
+    if let Some(n) = m.get("timezone") {
+        quiet::decode_timezone(d, n, &mut drafts.quiet);
+    }
+    if let Some(n) = m.get("quiet_hours") {
+        quiet::decode_quiet_hours(d, n, &mut drafts.quiet);
     }
     m.finish(d, SECTIONS, &|f| match f {
         "rule" => Some("rules are listed under `rules:`".into()),

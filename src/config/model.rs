@@ -37,6 +37,11 @@ pub struct Config {
     pub links: Option<super::followups::LinksSettings>,
     /// `server`: protection of the `--listen` endpoint.
     pub server: super::server::ServerSettings,
+    /// `timezone`: how times read in messages (the `datetime` filter) and where quiet hours
+    /// are (UTC unless set).
+    pub timezone: chrono_tz::Tz,
+    /// `quiet_hours`: the named windows channels may be quiet during.
+    pub quiet_hours: Vec<crate::quiet_hours::Window>,
 }
 
 impl Config {
@@ -178,6 +183,9 @@ pub struct Rule {
     pub escalate: Option<FollowupStep>,
     /// `resolved`: tell `to` when the key exists again within `wait` of the alert.
     pub resolved: Option<FollowupStep>,
+    /// `notify.quiet: ignore`: every message of this rule (its notifications, escalations and
+    /// resolved notices) passes quiet hours.
+    pub ignores_quiet: bool,
 }
 
 pub use super::followups::Unless;

@@ -60,6 +60,8 @@ pub struct NotifyDraft {
     /// `notify.labels` and `notify.annotations`: templates, for alertmanager channels.
     pub labels: Vec<(Spanned<String>, Text)>,
     pub annotations: Vec<(Spanned<String>, Text)>,
+    /// Where `quiet: ignore` was written, if it was.
+    pub quiet: Option<Loc>,
 }
 
 /// `notify.mention`: templates, rendered per event, added to each channel's own mentions.
@@ -608,6 +610,9 @@ fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyD
     };
     let labels = pairs(d, "labels");
     let annotations = pairs(d, "annotations");
+    let quiet = m
+        .get("quiet")
+        .and_then(|n| super::quiet::decode_rule_quiet(d, n, &what));
     m.finish(
         d,
         &[
@@ -618,6 +623,7 @@ fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyD
             "mention",
             "labels",
             "annotations",
+            "quiet",
         ],
         &|_| None,
     );
@@ -631,6 +637,7 @@ fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyD
         mention,
         labels,
         annotations,
+        quiet,
     })
 }
 

@@ -300,14 +300,9 @@ pub fn decode_scanner(d: &mut Decoder<'_>, node: &Node, into: &mut ScannerDraft)
     {
         draft.schedule = field(parse_schedule(d, &t), n);
     }
-    if let Some(n) = m.get("timezone")
-        && let Some(t) = d.text(n, "`scanner.timezone`")
-    {
-        let tz = t.value.parse::<chrono_tz::Tz>().map_err(|_| ()).ok();
-        if tz.is_none() {
-            d.error(&t.loc, format!("`scanner.timezone`: `{}` is not a time zone name; write e.g. `UTC` or `Asia/Shanghai`", t.value));
-        }
-        draft.timezone = field(tz, n);
+    if let Some(n) = m.get("timezone") {
+        let tz = super::quiet::time_zone(d, n, "`scanner.timezone`");
+        draft.timezone = field(tz.map(|t| t.value), n);
     }
     if let Some(n) = m.get("max_keys_per_second") {
         draft.max_keys_per_second =

@@ -58,7 +58,7 @@ pub struct ActionRecord {
     /// Of an alertmanager channel's alert: which of its `urls` (from 0), each its own target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<u32>,
-    /// `sent`, `retrying`, `dead` or `skipped`.
+    /// `sent`, `retrying`, `dead`, `skipped` or `held` (by quiet hours, until it is released).
     pub outcome: String,
     pub attempts: u32,
     /// The last failure, secrets masked; `null` once sent.
@@ -276,6 +276,19 @@ impl Recorder {
     pub fn dead(&self, f: &Firing, action: &Action, reason: &str) {
         // 0: the writer keeps the attempts already recorded.
         self.action(f, action, "dead", 0, Some(reason.to_string()));
+    }
+
+    /// `action` of the firing `f` is held by the quiet hours `window` of its channel until
+    /// `until` (docs/rules.md#quiet-hours); its release records the outcome after it.
+    pub fn held(
+        &self,
+        f: &Firing,
+        action: &Action,
+        window: &str,
+        until: chrono::DateTime<chrono::Utc>,
+    ) {
+        let why = format!("held by quiet hours \"{window}\" until {}", rfc3339(until));
+        self.action(f, action, "held", 0, Some(why));
     }
 
     /// A firing that does not run its actions (silenced, or a recovery its rule skips): kept
@@ -794,6 +807,44 @@ mod tests {
             ..Default::default()
         };
         list(&mut conn.clone(), "kw:", &filter).await.unwrap()
+    }
+
+    /// A held message is `held`, saying until when and by which window.
+    #[tokio::test]
+    async fn a_held_message_is_recorded_with_its_window_and_end() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let r = Recorder {
+            tx,
+            lost: Arc::default(),
+            prefix: "kw:".into(),
+            keep_ms: 60_000,
+        };
+        let f = crate::firing::expiry("r", "k:1", "2026-12-07T15:00:00Z");
+        let action = Action::Notify {
+            channel: "team".into(),
+        };
+        r.held(
+            &f,
+            &action,
+            "night",
+            "2026-12-08T00:00:00Z".parse().unwrap(),
+        );
+        let Some(Entry::Action { field, record, .. }) = rx.recv().await else {
+            panic!("an outcome");
+        };
+        assert_eq!(field, "a:notify:team");
+        assert_eq!(
+            (
+                record.outcome.as_str(),
+                record.attempts,
+                record.last_error.as_deref()
+            ),
+            (
+                "held",
+                0,
+                Some("held by quiet hours \"night\" until 2026-12-08T00:00:00.000Z")
+            )
+        );
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@ pub mod dead;
 pub mod fields;
 pub mod followups;
 pub mod handled;
+pub mod held;
 pub mod history;
 pub mod intake;
 pub mod ledger;

@@ -370,6 +370,11 @@ pub(crate) fn add_sample_aware_filters(env: &mut minijinja::Environment<'static>
     });
 }
 
+/// Whether `value` is `check`'s stand-in for a `detail` (or a part of one).
+pub(super) fn is_sample(value: &Value) -> bool {
+    value.downcast_object_ref::<SampleDetail>().is_some()
+}
+
 impl SampleDetail {
     fn child(&self) -> Value {
         Value::from_object(SampleDetail {

@@ -6,12 +6,14 @@
 //! - [`bytestr`]: keys as minijinja strings without losing a byte (non-UTF-8 keys).
 //! - [`escape`]: the escaping modes and the formatter that applies them to `{{ … }}`.
 //! - [`context`]: the names a template can read, built once per event.
+//! - [`datetime`]: the `datetime` filter, times in the rule files' `timezone`.
 //!
 //! One [`TemplateSet`] holds every template of a rule set in one minijinja environment, compiled
 //! once at load; a render only looks the template up and runs it.
 
 mod bytestr;
 mod context;
+mod datetime;
 mod escape;
 #[cfg(test)]
 mod tests;
@@ -22,6 +24,7 @@ use std::fmt;
 use minijinja::{AutoEscape, Environment, UndefinedBehavior};
 
 pub use context::{CONTEXT_NAMES, Context, human_duration, verbatim};
+pub use datetime::DEFAULT_FORMAT as DATETIME_FORMAT;
 pub use escape::Escape;
 pub(crate) use escape::hidden_chars_shown;
 
@@ -131,6 +134,7 @@ impl TemplateSet {
         env.set_fuel(Some(FUEL));
         env.set_formatter(escape::format);
         context::add_sample_aware_filters(&mut env);
+        datetime::add(&mut env, chrono_tz::UTC);
         escape::add_chat_aware_filters(&mut env);
         // Undefined-value errors name the variable only with debug info; `check` needs the name
         // in release builds too, and the cost is paid only when a render fails.
@@ -156,6 +160,11 @@ impl TemplateSet {
             env,
             entries: Vec::new(),
         }
+    }
+
+    /// Times written by the `datetime` filter are in `tz` (the rule files' `timezone`).
+    pub fn set_timezone(&mut self, tz: chrono_tz::Tz) {
+        datetime::add(&mut self.env, tz);
     }
 
     /// Compiles `source` now, so syntax errors surface at load with their line.

@@ -13,9 +13,9 @@ use crate::config::rules::{
 use crate::yaml::decode::{Decoder, Text};
 use crate::yaml::diagnostic::did_you_mean;
 
-/// The default message of docs/rules.md, with the TTL for `expiring`.
-pub const DEFAULT_MESSAGE: &str =
-    "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}){% endif %}";
+/// The default message of docs/rules.md, with the TTL and the deadline (in `timezone`) for
+/// `expiring`.
+pub const DEFAULT_MESSAGE: &str = "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}{% if deadline %}, at {{ deadline | datetime }}{% endif %}){% endif %}";
 
 pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";
 
@@ -564,6 +564,7 @@ impl RuleTemplates<'_, '_, '_> {
             mention: None,
             labels: Vec::new(),
             annotations: Vec::new(),
+            quiet: None,
         };
         let saved = self.check;
         self.check.followup = true;
