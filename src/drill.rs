@@ -15,6 +15,10 @@
 //! ([`crate::source::notifications::BACKLOG_LIMIT`]), so a drill can make keywatch fall behind
 //! with hundreds of events instead of a hundred thousand.
 //!
+//! `KEYWATCH_DRILL_QUIET_AHEAD=DURATION` (`35s`): quiet hours read the wall clock this much
+//! ahead (the held messages' ends are kept in real time), so a drill can have a window end
+//! seconds after it starts instead of waiting for a real minute to pass.
+//!
 //! `KEYWATCH_DRILL_ACK_DELAY=DURATION` (`1s`): the queue's writer holds every batch that records
 //! jobs finished this long before sending it, and a sent digest waits as long before its window
 //! is marked done, as a state Redis too loaded to answer would, so a drill can show what a kill
@@ -123,5 +127,18 @@ pub fn ack_delay() -> Option<Duration> {
         humantime::parse_duration(v.trim())
             .ok()
             .filter(|d| !d.is_zero())
+    })
+}
+
+/// How far ahead quiet hours read the wall clock: zero unless `KEYWATCH_DRILL_QUIET_AHEAD`
+/// says.
+pub fn quiet_ahead() -> chrono::Duration {
+    static AT: OnceLock<chrono::Duration> = OnceLock::new();
+    *AT.get_or_init(|| {
+        std::env::var("KEYWATCH_DRILL_QUIET_AHEAD")
+            .ok()
+            .and_then(|v| humantime::parse_duration(v.trim()).ok())
+            .and_then(|d| chrono::Duration::from_std(d).ok())
+            .unwrap_or_default()
     })
 }

@@ -430,6 +430,23 @@ pub struct Job {
     pub attempt: u32,
     /// When the first attempt failed (unix ms), for the 24 h retry window.
     pub failing_since: Option<i64>,
+    /// Set on a message quiet hours held and released as itself: it says so, and is not held
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<Released>,
+}
+
+/// How a message held by quiet hours was released as itself (docs/rules.md#quiet-hours).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Released {
+    /// The channel's window, while the rules still name it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    /// When the quiet period ended (unix ms).
+    pub until: i64,
+    /// Its key (or hash field) existed again at the release.
+    #[serde(default)]
+    pub resolved: bool,
 }
 
 impl Job {
@@ -440,6 +457,7 @@ impl Job {
             action,
             attempt: 0,
             failing_since: None,
+            released: None,
         }
     }
 
@@ -457,12 +475,15 @@ impl Job {
             action: &'a Action,
             attempt: u32,
             failing_since: Option<i64>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            released: &'a Option<Released>,
         }
         let firing = self.firing.text();
         let rest = serde_json::to_string(&Rest {
             action: &self.action,
             attempt: self.attempt,
             failing_since: self.failing_since,
+            released: &self.released,
         })
         .unwrap_or_default();
         let mut out = String::with_capacity(firing.len() + rest.len() + 12);
@@ -730,12 +751,22 @@ mod tests {
             Action::Resolved { channel: channel() },
         ];
         for action in actions {
-            for (attempt, failing_since) in [(0, None), (7, Some(1_796_227_237_527))] {
+            let released = Released {
+                window: Some("night".into()),
+                until: 1_796_227_237_527,
+                resolved: true,
+            };
+            for (attempt, failing_since, released) in [
+                (0, None, None),
+                (7, Some(1_796_227_237_527), None),
+                (0, None, Some(released)),
+            ] {
                 let job = Job {
                     firing: f.clone(),
                     action: action.clone(),
                     attempt,
                     failing_since,
+                    released,
                 };
                 assert_eq!(job.payload(), serde_json::to_string(&job).unwrap());
                 let back: Job = serde_json::from_str(&job.payload()).unwrap();

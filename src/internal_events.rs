@@ -188,3 +188,32 @@ impl StateError<'_> {
         tracing::warn!(internal_event = Self::NAME, operation, error = %error, items, "Redis did not take keywatch's state: {then}");
     }
 }
+
+/// A message to a channel in its quiet hours is held until they end (docs/rules.md#quiet-hours).
+pub struct HeldMessage<'a> {
+    pub rule: &'a str,
+    /// The key as shown to people, or how many keys a digest stands for.
+    pub key: &'a str,
+    pub channel: &'a str,
+    /// The channel's window.
+    pub window: &'a str,
+    pub until: chrono::DateTime<chrono::Utc>,
+    /// How many messages (a window's digest holds each of its notifications).
+    pub messages: usize,
+}
+
+impl HeldMessage<'_> {
+    pub const NAME: &'static str = "held";
+
+    pub fn emit(self) {
+        let HeldMessage {
+            rule,
+            key,
+            channel,
+            window,
+            until,
+            messages,
+        } = self;
+        tracing::info!(internal_event = Self::NAME, %rule, %key, %channel, %window, until = %crate::firing::rfc3339(until), messages, "Held by quiet hours.");
+    }
+}

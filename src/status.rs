@@ -70,12 +70,24 @@ pub struct Status {
     blockers: Mutex<BTreeMap<String, String>>,
     /// Whether [`Status::ready`] was true when last looked at, to log its changes once.
     was_ready: std::sync::atomic::AtomicBool,
+    /// What each quiet channel holds, as last read from Redis.
+    held: Mutex<Vec<crate::store::held::ChannelHeld>>,
 }
 
 impl Status {
     /// Records firings and outcomes in Redis from now on, besides the in-memory list.
     pub fn record_to(&self, recorder: crate::store::history::Recorder) {
         let _ = self.history.set(recorder);
+    }
+
+    /// What each quiet channel holds now (read from Redis when someone looks).
+    pub fn set_held(&self, held: Vec<crate::store::held::ChannelHeld>) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = held;
+    }
+
+    /// What each quiet channel held when last read.
+    pub fn held(&self) -> Vec<crate::store::held::ChannelHeld> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The history recorder, once `run` started it.

@@ -317,6 +317,41 @@ impl Release<'_> {
         Ok(msg)
     }
 
+    /// Sends one held notification released as itself (`release: each`): the message of
+    /// [`Release::each`], under the rules in force now.
+    pub async fn send_released(
+        a: &ActionContext,
+        job: &Job,
+        released: &crate::firing::Released,
+    ) -> crate::outcome::Outcome {
+        use crate::outcome::Outcome;
+        let a = a.refreshed();
+        let Action::Notify { channel } = &job.action else {
+            return a.run(&job.firing, &job.action).await;
+        };
+        let Some(ch) = a.config.channel(channel) else {
+            return Outcome::Failed(format!("channel `{channel}` is no longer defined"));
+        };
+        let held = Held {
+            resolved: if released.resolved {
+                HashSet::from([job.id()])
+            } else {
+                HashSet::new()
+            },
+            ..Held::default()
+        };
+        let release = Release {
+            channel: ch,
+            window: released.window.as_deref(),
+            until: DateTime::from_timestamp_millis(released.until).unwrap_or_default(),
+            held: &held,
+        };
+        match release.each(&a, job) {
+            Ok(message) => crate::channel::send(&a.http, ch, &message).await,
+            Err(e) => Outcome::Failed(e),
+        }
+    }
+
     /// The `Idempotency-Key` of a released digest or count: the same release (retried, or
     /// taken over by another instance) gives the same key.
     fn key(&self, first_id: &str, count: usize) -> String {

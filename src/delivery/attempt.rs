@@ -38,7 +38,19 @@ impl Attempt {
     pub(super) async fn run(&self, work: &Work, n: u32, failing_since: Option<i64>) -> Tried {
         let started = Instant::now();
         let outcome = match work {
-            Work::Job { firing, action } => self.actions.run(firing, action).await,
+            Work::Job {
+                firing,
+                action,
+                released: None,
+            } => self.actions.run(firing, action).await,
+            Work::Job {
+                firing,
+                action,
+                released: Some(released),
+            } => {
+                let job = crate::firing::Job::first(firing.clone(), action.clone());
+                crate::action::release::Release::send_released(&self.actions, &job, released).await
+            }
             Work::Digest {
                 channel, message, ..
             } => match self.actions.refreshed().config.channel(channel) {

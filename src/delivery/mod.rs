@@ -21,6 +21,7 @@
 mod admit;
 mod attempt;
 mod digest;
+mod hold;
 mod pace;
 mod record;
 pub mod retry;
@@ -52,6 +53,7 @@ use crate::store::queue::{self, Queue, Unreadable, Window};
 use admit::{Admission, Admit, Capacity, Seat, Target, Targets};
 use attempt::Attempt;
 use digest::{WINDOW_TAKE_MAX, WindowDigest};
+use hold::HoldStage;
 use pace::{Pace, Paces, Turn, Waiting};
 use record::Record;
 pub use retry::{Next, RetryPolicy};
@@ -90,6 +92,7 @@ struct Chain {
     paces: Paces,
     attempt: Attempt,
     record: Record,
+    hold: HoldStage,
     /// What this instance holds of the queue.
     held: Arc<Held>,
     /// When the take loop next looks at Redis.
@@ -140,12 +143,18 @@ impl Delivery {
                 metrics: metrics.clone(),
             },
             record: Record {
-                queue,
-                dead: DeadStore::new(state, &prefix),
+                queue: queue.clone(),
+                dead: DeadStore::new(state.clone(), &prefix),
                 status,
                 metrics: metrics.clone(),
                 held: held.clone(),
                 next: next.clone(),
+            },
+            hold: HoldStage {
+                store: crate::store::held::HeldStore::new(state.clone(), &prefix),
+                queue: queue.clone(),
+                prefix: prefix.clone(),
+                metrics: metrics.clone(),
             },
             actions,
             held,
@@ -434,10 +443,7 @@ impl Chain {
                 a => a,
             };
             let (n, since) = (job.attempt, job.failing_since);
-            let work = Work::Job {
-                firing: job.firing,
-                action: job.action,
-            };
+            let work = Work::of(job);
             if notify {
                 let c = self.clone();
                 self.tracker.spawn(async move {
@@ -465,6 +471,17 @@ impl Chain {
         seat: Option<Seat>,
     ) {
         let config = self.actions.live.current();
+        // Hold: a message to a channel in its quiet hours leaves for its channel's held
+        // messages until they end (or stays where it was, leased, if Redis refuses).
+        if let Some(hold) = hold::hold_of(&config, &work, crate::keyspace::clock::now()) {
+            let jobs = work.jobs(n, failing_since);
+            let _ = self.hold.hold(&self.record, &work, &jobs, &hold).await;
+            match work.window() {
+                Some(w) => self.held.release_window(w, &work.queued()),
+                None => self.held.release(&work.queued()),
+            }
+            return;
+        }
         let pace = work
             .notify_channel()
             .and_then(|c| self.paces.get(&config, c));
@@ -489,7 +506,7 @@ impl Chain {
         };
         // Admit: the target's permit.
         let target = match &work {
-            Work::Job { firing, action } => self.targets.of(&config, &firing.rule, action),
+            Work::Job { firing, action, .. } => self.targets.of(&config, &firing.rule, action),
             Work::Digest { channel, .. } => {
                 self.targets.get(&config, &Target::Channel(channel.clone()))
             }
@@ -517,7 +534,7 @@ impl Chain {
         work: Work,
         seat: &mut Option<Seat>,
     ) -> Paced {
-        let Work::Job { firing, action } = &work else {
+        let Work::Job { firing, action, .. } = &work else {
             return Paced::Go(work);
         };
         let id = work.job_id();
@@ -581,6 +598,9 @@ impl Chain {
     async fn take(self: Arc<Self>) {
         let mut last_look = Instant::now();
         let mut last_renew = Instant::now();
+        // The rules the last release of held messages ran under: a reload releases what a window
+        // it edited or removed held.
+        let mut released_under = self.actions.live.current();
         loop {
             let read_at = self.next.at(last_look);
             let renew_at = last_renew + crate::store::renew_every();
@@ -603,6 +623,14 @@ impl Chain {
                 Read::Look => {
                     last_look = Instant::now();
                     self.look().await;
+                    let config = self.actions.live.current();
+                    let reloaded = !Arc::ptr_eq(&config, &released_under);
+                    if reloaded || config.channels.iter().any(|c| c.quiet.is_some()) {
+                        self.hold
+                            .release_due(&self.actions, &self.attempt, &self.record, reloaded)
+                            .await;
+                        released_under = config;
+                    }
                 }
                 Read::Jobs => self.take_due().await,
                 Read::Nothing => {}

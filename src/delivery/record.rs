@@ -34,7 +34,7 @@ pub(super) struct Record {
 impl Record {
     /// Records what the `n + 1`-th attempt of `work` came to.
     pub(super) async fn outcome(&self, work: &Work, n: u32, tried: Tried) {
-        self.show(work, n, &tried.outcome);
+        self.shown(work, n, &tried.outcome);
         match tried.outcome {
             Outcome::Sent(_) | Outcome::Skipped(_) => {
                 crate::drill::pass(crate::drill::Step::Sent);
@@ -63,7 +63,7 @@ impl Record {
     }
 
     /// Shows the attempt on the status page and in history.
-    fn show(&self, work: &Work, n: u32, outcome: &Outcome) {
+    pub(super) fn shown(&self, work: &Work, n: u32, outcome: &Outcome) {
         let Some(s) = &self.status else { return };
         s.record_outcome(
             work.rule(),
@@ -187,9 +187,9 @@ impl Record {
     }
 
     /// The dead letter of `work` given up for `reason`, emitted (logged and counted) and shown.
-    fn dead_letter(&self, work: &Work, reason: &str) -> DeadLetter {
+    pub(super) fn dead_letter(&self, work: &Work, reason: &str) -> DeadLetter {
         let (action, firings, digest) = match work {
-            Work::Job { firing, action } => (action.clone(), vec![(**firing).clone()], false),
+            Work::Job { firing, action, .. } => (action.clone(), vec![(**firing).clone()], false),
             Work::Digest {
                 channel, firings, ..
             } => (
@@ -214,6 +214,13 @@ impl Record {
             s.record_dead_letter(&letter);
         }
         letter
+    }
+
+    /// Keeps a letter [`Record::dead_letter`] made (emitted and shown already).
+    pub(super) async fn keep_quietly(&self, letter: DeadLetter) {
+        if let Err(e) = self.dead.store(&letter).await {
+            self.refused("dead_letter", &e, 1, "the letter is only in this log");
+        }
     }
 
     /// Keeps a dead letter for what never became a job (a firing whose rule a reload removed,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::channel::Message;
-use crate::firing::{Action, Firing, Job};
+use crate::firing::{Action, Firing, Job, Released};
 
 use crate::store::queue::Window;
 
@@ -13,7 +13,12 @@ use crate::store::queue::Window;
 #[derive(Clone)]
 pub(super) enum Work {
     /// One job of one firing; its attempts are counted by the loop that makes them.
-    Job { firing: Arc<Firing>, action: Action },
+    Job {
+        firing: Arc<Firing>,
+        action: Action,
+        /// Released by quiet hours as itself (see [`Job::released`]).
+        released: Option<Released>,
+    },
     Digest {
         rule: String,
         channel: String,
@@ -32,6 +37,15 @@ pub(super) enum Work {
 }
 
 impl Work {
+    /// A job as work: its attempts and when it first failed are the caller's to carry.
+    pub(super) fn of(job: Job) -> Work {
+        Work::Job {
+            firing: job.firing,
+            action: job.action,
+            released: job.released,
+        }
+    }
+
     pub(super) fn rule(&self) -> &str {
         match self {
             Work::Job { firing, .. } => &firing.rule,
@@ -88,7 +102,7 @@ impl Work {
     /// The job's id in the queue and in-flight set.
     pub(super) fn job_id(&self) -> String {
         match self {
-            Work::Job { firing, action } => action.idempotency_key(&firing.id),
+            Work::Job { firing, action, .. } => action.idempotency_key(&firing.id),
             Work::Digest { message, .. } => message.idempotency_key.clone(),
         }
     }
@@ -147,11 +161,16 @@ impl Work {
     /// `since`: a job, or each notification of a digest merged from a pace's backlog.
     pub(super) fn jobs(&self, attempt: u32, since: Option<i64>) -> Vec<Job> {
         match self {
-            Work::Job { firing, action } => vec![Job {
+            Work::Job {
+                firing,
+                action,
+                released,
+            } => vec![Job {
                 firing: firing.clone(),
                 action: action.clone(),
                 attempt,
                 failing_since: since,
+                released: released.clone(),
             }],
             Work::Digest {
                 firings, channel, ..
@@ -204,6 +223,7 @@ pub(super) fn window_jobs(
             },
             attempt,
             failing_since,
+            released: None,
         })
         .collect()
 }
@@ -221,6 +241,7 @@ mod tests {
         let work = Work::Job {
             firing: Arc::new(firing),
             action: Action::Exec,
+            released: None,
         };
         assert_eq!(work.subject_shown(), r"k:\xff\u{1b}");
     }

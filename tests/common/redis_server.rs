@@ -45,6 +45,8 @@ pub struct RedisServerBuilder {
     cluster: Option<ClusterMode>,
     tls: Option<TlsMode>,
     sentinel: Option<SentinelMode>,
+    /// Environment variables of the server's process (libfaketime's, say).
+    envs: Vec<(OsString, OsString)>,
 }
 
 /// What a sentinel monitors; see [`RedisServerBuilder::sentinel`].
@@ -86,6 +88,13 @@ impl RedisServerBuilder {
 
     /// `notify-keyspace-events`, e.g. `"Ex"`. Default: not set, so the server's own default
     /// (none) applies.
+    /// Runs the server with environment variable `name` set to `value`.
+    pub fn env(mut self, name: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.envs
+            .push((name.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
     pub fn notify_keyspace_events(mut self, flags: &str) -> Self {
         self.notify_keyspace_events = Some(flags.to_owned());
         self
@@ -501,6 +510,7 @@ impl RedisServer {
         let stderr: File = log.try_clone().expect("clone the log file handle");
         let child = Command::new(&self.bin)
             .args(&args)
+            .envs(self.settings.envs.iter().map(|(k, v)| (k, v)))
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))

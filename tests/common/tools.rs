@@ -65,3 +65,16 @@ fn is_executable(path: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
+
+/// libfaketime, which the clock drill runs keywatch under and the quiet-hours drills run Redis
+/// under (.ci/run installs it): `KEYWATCH_LIBFAKETIME`, else Debian's path. Panics saying how to
+/// install it when it is missing.
+pub fn libfaketime() -> String {
+    let path = std::env::var("KEYWATCH_LIBFAKETIME")
+        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into());
+    assert!(
+        Path::new(&path).exists(),
+        "this drill needs libfaketime at {path}: `apt-get install libfaketime` (or set KEYWATCH_LIBFAKETIME)"
+    );
+    path
+}

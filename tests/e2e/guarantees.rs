@@ -267,17 +267,6 @@ fn one_unreadable_detail_holds_back_only_its_own_task_until_it_can_be_read() {
     });
 }
 
-/// libfaketime, which the clock drill runs keywatch under (.ci/run installs it).
-fn libfaketime() -> String {
-    let path = std::env::var("KEYWATCH_LIBFAKETIME")
-        .unwrap_or_else(|_| "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1".into());
-    assert!(
-        Path::new(&path).exists(),
-        "the clock drill needs libfaketime at {path}: `apt-get install libfaketime` (or set KEYWATCH_LIBFAKETIME)"
-    );
-    path
-}
-
 /// Two instances, one of them on a host whose clock runs 20 s fast (libfaketime), share jobs
 /// whose receiver takes 3 s to answer. Compared against its own clock, the fast instance saw the
 /// other's leases as long over, took jobs still being sent and sent them again; its poker
@@ -285,7 +274,7 @@ fn libfaketime() -> String {
 /// Both run with a 5 s lease (`KEYWATCH_LEASE`): still far shorter than the clock is off.
 #[test]
 fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
-    let faketime = libfaketime();
+    let faketime = common::tools::libfaketime();
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver =
         HttpReceiver::with_default(common::Response::status(200).delay(Duration::from_secs(3)));

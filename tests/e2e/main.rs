@@ -44,6 +44,7 @@ mod intake;
 mod ledger;
 mod pattern_scan;
 mod pipeline;
+mod quiet_hours;
 mod reload;
 mod scanner;
 mod sentinel;

@@ -39,19 +39,36 @@ pub struct Shared {
     /// when someone looks (a scrape, the status page), not on a timer: an idle keywatch sends
     /// Redis nothing for them (docs/performance.md#an-idle-instance).
     pub queue: Option<crate::store::queue::Queue>,
+    /// The messages quiet hours hold: `keywatch_held{channel}` and the status page's "held
+    /// until 08:00, 14 messages", read when someone looks, as the queue's gauges are.
+    pub held: Option<crate::store::held::HeldStore>,
 }
 
 impl Shared {
-    /// Reads the queue's gauges anew.
-    async fn refresh_queue_gauges(&self) {
-        let Some(q) = &self.queue else { return };
-        match q.counts().await {
-            Ok(c) => {
-                self.metrics.queue_pending.set(c.pending);
-                self.metrics.queue_due.set(c.due);
+    /// Reads the queue's gauges and what quiet hours hold anew.
+    async fn refresh_gauges(&self) {
+        if let Some(q) = &self.queue {
+            match q.counts().await {
+                Ok(c) => {
+                    self.metrics.queue_pending.set(c.pending);
+                    self.metrics.queue_due.set(c.due);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "Cannot read the queue's gauges; they keep their last values.")
+                }
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "Cannot read the queue's gauges; they keep their last values.")
+        }
+        if let Some(h) = &self.held {
+            match h.groups().await {
+                Ok(groups) => {
+                    let held = crate::store::held::by_channel(&groups);
+                    self.metrics
+                        .held_by_channel(held.iter().map(|c| (c.channel.as_str(), c.count as i64)));
+                    self.status.set_held(held);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "Cannot read what quiet hours hold; the gauge keeps its last values.")
+                }
             }
         }
     }
@@ -97,7 +114,7 @@ pub async fn protect(State(s): State<Shared>, req: Request, next: Next) -> Respo
 
 async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
     s.metrics.ready.set(i64::from(s.status.ready()));
-    s.refresh_queue_gauges().await;
+    s.refresh_gauges().await;
     (
         [(
             header::CONTENT_TYPE,
@@ -108,7 +125,7 @@ async fn metrics(State(s): State<Shared>) -> impl IntoResponse {
 }
 
 async fn status_page(State(s): State<Shared>) -> impl IntoResponse {
-    s.refresh_queue_gauges().await;
+    s.refresh_gauges().await;
     let config = s.status.config();
     let upcoming = super::status_page::upcoming(s.ledger.as_ref(), config.as_deref()).await;
     let silences = s.silences.as_ref().map(|a| a.current()).unwrap_or_default();

@@ -328,6 +328,10 @@ pub async fn run(
                 state.clone(),
                 &config.state.prefix,
             )),
+            held: Some(crate::store::held::HeldStore::new(
+                state.clone(),
+                &config.state.prefix,
+            )),
         },
         bound,
         http_stop.clone(),

@@ -228,6 +228,8 @@ pub fn render(
     recent(&mut h, recent_firings, config.as_deref(), now);
     dead_letters(&mut h, status, now);
 
+    quiet(&mut h, status, config.as_deref(), now);
+
     h.push_str("<section id=\"silences\"><h2>Silences</h2>");
     if silences.is_empty() {
         h.push_str("<p class=\"none\">none</p>");
@@ -518,6 +520,30 @@ fn from_history(r: &crate::store::history::Record) -> RecentFiring {
             })
             .collect(),
     }
+}
+
+/// What each quiet channel holds: "held until 08:00, 14 messages" (docs/rules.md#quiet-hours).
+fn quiet(
+    h: &mut String,
+    status: &Status,
+    config: Option<&crate::config::Config>,
+    now: DateTime<Utc>,
+) {
+    let held = status.held();
+    if held.is_empty() {
+        return;
+    }
+    let tz = config.map_or(chrono_tz::UTC, |c| c.timezone);
+    h.push_str("<section id=\"quiet\"><h2>Quiet hours</h2><ul>");
+    for c in held {
+        let _ = write!(
+            h,
+            "<li><b>{}</b> {}</li>",
+            esc(&c.channel),
+            esc(&crate::quiet_hours::held_line(c.until, c.count, tz, now))
+        );
+    }
+    h.push_str("</ul></section>");
 }
 
 #[cfg(test)]

@@ -1,0 +1,300 @@
+//! The hold stage: a message to a channel in its quiet hours (docs/rules.md#quiet-hours) leaves
+//! the queue for the channel's held messages in Redis (`store::held`), in the transaction that
+//! takes it out of the queue, and goes out once when the quiet period ends: as one digest, one
+//! line of counts, or each on its own (back in the queue, marked released, paced by the
+//! channel's rate). Held escalations and resolved notices go back to the queue as themselves.
+//!
+//! Releasing is leased as the queue's jobs are, so one instance of several releases a quiet
+//! period, and one that dies in the middle leaves it to another: a digest sent by an instance
+//! that died before recording it may be sent again, as any job may
+//! (docs/reliability.md#guarantees).
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use crate::action::ActionContext;
+use crate::action::release::{self as compose, Release};
+use crate::config::Config;
+use crate::config::quiet::Hold;
+use crate::firing::{Action, DeadLetter, Job, Released};
+use crate::internal_events::{HeldMessage, StateError};
+use crate::metrics::Metrics;
+use crate::outcome::Outcome;
+use crate::quiet_hours::Release as Mode;
+use crate::store::held::{Entry, Group, HeldStore, Lease, Released as Recorded};
+use crate::store::queue::{Queue, keys as queue_keys, now_ms};
+
+use super::attempt::Attempt;
+use super::record::Record;
+use super::work::Work;
+
+/// Groups taken for release in one go.
+const TAKE_MAX: usize = 16;
+
+/// Where `work` is held now, if its channel is in its quiet hours: a message to people (a
+/// notification, an escalation, a resolved notice, or a window's digest) not released already,
+/// of a rule that does not say `notify.quiet: ignore`.
+pub(super) fn hold_of<'c>(config: &'c Config, work: &Work, now: DateTime<Utc>) -> Option<Hold<'c>> {
+    // A drill's clock for quiet hours (src/drill.rs); the end is kept in real time.
+    let ahead = crate::drill::quiet_ahead();
+    let mut hold = quiet_hold(config, work, now + ahead)?;
+    hold.until -= ahead;
+    Some(hold)
+}
+
+fn quiet_hold<'c>(config: &'c Config, work: &Work, now: DateTime<Utc>) -> Option<Hold<'c>> {
+    match work {
+        Work::Job {
+            released: Some(_), ..
+        } => None,
+        Work::Job { firing, action, .. } => config.hold(&firing.rule, action, now),
+        Work::Digest {
+            rule,
+            channel,
+            window: Some(_),
+            ..
+        } => config.hold(
+            rule,
+            &Action::Notify {
+                channel: channel.clone(),
+            },
+            now,
+        ),
+        // A pace's merged backlog: held before it reached the pace.
+        Work::Digest { window: None, .. } => None,
+    }
+}
+
+pub(super) struct HoldStage {
+    pub(super) store: HeldStore,
+    pub(super) queue: Queue,
+    pub(super) prefix: String,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl HoldStage {
+    /// Holds `work` (its jobs, as `jobs`): out of the queue (or its window) and into its
+    /// channel's held messages, in one transaction; shown in history as `held`. `Err`: Redis did
+    /// not take it, and the work is where it was (its lease brings it back).
+    pub(super) async fn hold(
+        &self,
+        record: &Record,
+        work: &Work,
+        jobs: &[Job],
+        hold: &Hold<'_>,
+    ) -> Result<(), ()> {
+        let Some(channel) = work.notify_channel().or_else(|| work.channel()) else {
+            return Err(());
+        };
+        let group = Group::new(channel, hold.until);
+        let cmds: Vec<redis::Cmd> = jobs
+            .iter()
+            .flat_map(|j| self.store.hold_cmds(&group, j))
+            .collect();
+        let queued = work.queued();
+        let moved = match work.window() {
+            Some(w) => self
+                .queue
+                .window_done_with(w, &queued, &cmds)
+                .await
+                .map_err(|e| e.to_string()),
+            None => self
+                .queue
+                .done_with(&queued[0], &cmds)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        if let Err(e) = moved {
+            StateError {
+                operation: "hold",
+                error: &e,
+                items: jobs.len(),
+                then: "the message comes due again when its lease ends",
+            }
+            .emit(&self.metrics);
+            return Err(());
+        }
+        HeldMessage {
+            rule: work.rule(),
+            key: &work.subject_shown(),
+            channel,
+            window: &hold.window.name,
+            until: hold.until,
+            messages: jobs.len(),
+        }
+        .emit();
+        if let Some(h) = record.status.as_ref().and_then(|s| s.history()) {
+            for j in jobs {
+                h.held(&j.firing, &j.action, &hold.window.name, hold.until);
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases what is due: quiet periods that ended, and those whose window a reload edited
+    /// or removed (`reloaded`: the rules changed since the last call). One command when nothing
+    /// is due.
+    pub(super) async fn release_due(
+        &self,
+        actions: &ActionContext,
+        attempt: &Attempt,
+        record: &Record,
+        reloaded: bool,
+    ) {
+        let config = actions.refreshed().config;
+        let now = crate::keyspace::clock::now();
+        if reloaded {
+            match self.store.groups().await {
+                Ok(groups) => {
+                    for g in groups.iter().filter(|g| !g.releasing) {
+                        let ahead = crate::drill::quiet_ahead();
+                        if config.release_due(&g.group.channel, g.group.end() + ahead, now + ahead)
+                            && let Err(e) = self.store.release_now(&g.group, now_ms()).await
+                        {
+                            self.refused("release", &e);
+                        }
+                    }
+                }
+                Err(e) => self.refused("release", &e),
+            }
+        }
+        let leases = match self.store.take_due(now_ms(), TAKE_MAX).await {
+            Ok(l) => l,
+            Err(e) => return self.refused("release", &e),
+        };
+        for lease in leases {
+            self.release(actions, attempt, record, lease).await;
+        }
+    }
+
+    /// Releases one quiet period of one channel.
+    async fn release(
+        &self,
+        actions: &ActionContext,
+        attempt: &Attempt,
+        record: &Record,
+        lease: Lease,
+    ) {
+        let a = actions.refreshed();
+        let group = lease.group.clone();
+        let mut held = match self.store.read(&group).await {
+            Ok(h) => h,
+            Err(e) => return self.refused("release", &e),
+        };
+        for (id, _, why) in &held.unreadable {
+            let letter = DeadLetter::new(
+                "?",
+                format!("held job {id}"),
+                Action::Notify {
+                    channel: group.channel.clone(),
+                },
+                &format!("a held message this version cannot read: {why}"),
+                Vec::new(),
+                false,
+            );
+            record.keep(letter, &format!("held job {id}")).await;
+        }
+        let all: Vec<&Job> = held.jobs.iter().collect();
+        match compose::resolved_now(&a, &all).await {
+            Ok(found) => held.resolved.extend(found),
+            Err(e) => {
+                tracing::warn!(channel = %group.channel, error = %e, "Cannot see which held keys exist again; the release marks only those seen while held.")
+            }
+        }
+        let (window, mode) = match a.config.quiet_of(&group.channel) {
+            Some((w, mode)) => (Some(w.name.clone()), mode),
+            None => (None, Mode::Digest),
+        };
+        let channel = a.config.channel(&group.channel);
+        // A channel that takes no digests (PagerDuty), or one a reload removed (its messages
+        // then fail and are dead-lettered as any), releases each message.
+        let mode = match channel {
+            Some(ch) if ch.integration.takes_digests() => mode,
+            _ => Mode::Each,
+        };
+        let (notifications, followups) = compose::split(&held);
+        let released = |j: &Job| Released {
+            window: window.clone(),
+            until: group.end_ms,
+            resolved: held.resolved.contains(&j.id()),
+        };
+        let requeued: Vec<&Job> = match mode {
+            Mode::Each => held.jobs.iter().collect(),
+            Mode::Digest | Mode::Count => followups,
+        };
+        let now = now_ms();
+        let entries: Vec<Entry> = requeued
+            .iter()
+            .map(|j| {
+                let job = Job {
+                    released: Some(released(j)),
+                    ..(*j).clone()
+                };
+                Entry {
+                    zset: queue_keys::queue(&self.prefix),
+                    hash: queue_keys::jobs(&self.prefix),
+                    id: job.id(),
+                    payload: job.payload(),
+                    score: now,
+                }
+            })
+            .collect();
+        if let (Some(ch), Mode::Digest | Mode::Count, false) =
+            (channel, mode, notifications.is_empty())
+        {
+            let release = Release {
+                channel: ch,
+                window: window.as_deref(),
+                until: group.end(),
+                held: &held,
+            };
+            let message = match mode {
+                Mode::Count => release.count(&a, &notifications),
+                _ => release.digest(&a, &notifications),
+            };
+            let firings = notifications.iter().map(|j| j.firing.clone()).collect();
+            let work = Work::Digest {
+                rule: message.rule.clone(),
+                channel: ch.name.clone(),
+                message: Arc::new(message),
+                firings,
+                jobs: Vec::new(),
+                sizes: Vec::new(),
+                window: None,
+            };
+            // Failing since the period ended: given up (a dead letter) a retry window later.
+            let tried = attempt.run(&work, 0, Some(group.end_ms)).await;
+            record.shown(&work, 0, &tried.outcome);
+            match &tried.outcome {
+                Outcome::Retry { .. } => {
+                    // Held still: taken again when this lease ends.
+                    return;
+                }
+                Outcome::Failed(reason) => {
+                    let letter = record.dead_letter(&work, reason);
+                    record.keep_quietly(letter).await;
+                }
+                _ => {}
+            }
+        }
+        let ids = held.ids();
+        match self.store.release(&lease, &ids, &entries, true, now).await {
+            Ok(Recorded::Recorded { .. }) => {}
+            Ok(Recorded::Lost) => {
+                tracing::info!(channel = %group.channel, "A release's lease was taken over by another instance; it finishes the release.")
+            }
+            Err(e) => self.refused("release", &e),
+        }
+    }
+
+    fn refused(&self, operation: &'static str, error: &dyn std::fmt::Display) {
+        StateError {
+            operation,
+            error,
+            items: 1,
+            then: "held messages are released when this is tried again",
+        }
+        .emit(&self.metrics);
+    }
+}
