@@ -195,6 +195,46 @@ mod tests {
         Arc::new(crate::firing::expiry("burst", key, observed_at))
     }
 
+    /// A recovered expiry cannot be told from a delete made while nobody listened: the
+    /// default message says so rather than claiming an expiry (docs/rules.md#recover-expiries-found-afterwards).
+    #[test]
+    fn the_default_message_says_a_recovered_expiry_may_have_been_a_delete() {
+        let config = crate::config::of_yaml(
+            r#"
+channels:
+  log: { type: log }
+rules:
+  - name: lock
+    match: 'lock:*'
+    notify: { to: [log] }
+"#,
+            crate::config::Mode::Check,
+        );
+        let keyspace = crate::keyspace::Keyspace::new(
+            crate::yaml::Secret::new("redis://127.0.0.1:1"),
+            config.redis.clone(),
+        )
+        .unwrap();
+        let a = ActionContext::new(
+            crate::config::LiveConfig::fixed(config),
+            crate::channel::http::client(),
+            keyspace,
+        );
+        let rule = a.config.rule("lock").unwrap();
+        let ch = a.config.channel("log").unwrap();
+        let heard = crate::firing::expiry("lock", "lock:7", "2026-01-01T00:00:01Z");
+        assert_eq!(
+            compose(&a, &heard, rule, ch).unwrap().text,
+            "lock: lock:7 expired"
+        );
+        let mut found = heard.clone();
+        found.recovered = true;
+        assert_eq!(
+            compose(&a, &found, rule, ch).unwrap().text,
+            "lock: lock:7 found gone after keywatch was down: expired, or deleted while nobody listened"
+        );
+    }
+
     /// A window hands its notifications over by member name; the digest lists the oldest
     /// first, and cuts the newest.
     #[test]

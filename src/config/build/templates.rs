@@ -13,9 +13,11 @@ use crate::config::rules::{
 use crate::yaml::decode::{Decoder, Text};
 use crate::yaml::diagnostic::did_you_mean;
 
-/// The default message of docs/rules.md, with the TTL for `expiring`.
-pub const DEFAULT_MESSAGE: &str =
-    "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}){% endif %}";
+/// The default message of docs/rules.md, with the TTL for `expiring`. An expiry found after
+/// keywatch was down cannot be told from a delete made meanwhile
+/// (docs/rules.md#recover-expiries-found-afterwards): the message says so instead of claiming
+/// an expiry.
+pub const DEFAULT_MESSAGE: &str = "{{ rule }}: {{ key }} {% if recovered %}found gone after keywatch was down: {{ event }}, or deleted while nobody listened{% else %}{{ event }}{% endif %}{% if ttl %} (expires in {{ ttl }}){% endif %}";
 
 pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";
 
