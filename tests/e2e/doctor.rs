@@ -155,6 +155,51 @@ fn a_ready_redis_passes_with_every_check_and_the_rules_sampled() {
     }
 }
 
+/// A typo in a pattern (`order-lock:` for `order_lock:`) passes `check`; a full walk that finds
+/// no key for a rule warns, and names the keys it saw that come closest.
+#[test]
+fn a_rule_no_key_matches_warns_and_names_the_closest_keys() {
+    let redis = RedisServer::builder().notify_keyspace_events("KEA").start();
+    let mut conn = redis.conn();
+    for k in ["order_lock:1", "order_lock:2", "session:s1", "cart:s1"] {
+        let () = redis::cmd("SET").arg(k).arg("v").query(&mut conn).unwrap();
+    }
+    let rules = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: order-lock
+    match: "order-lock:{id}"
+    notify: { to: [log] }
+  - name: sessions
+    match: "session:{sid}"
+    notify: { to: [log] }
+"#;
+    let out = Doctor::new(rules).run(&redis.url(), &["--json"]);
+    assert_eq!(code(&out), Some(0), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |name: &str| {
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("no check {name:?} in {report:#}"))
+            .clone()
+    };
+    let typo = check("rule order-lock");
+    assert_eq!(typo["verdict"], "warn", "{typo:#}");
+    let detail = typo["detail"].as_str().unwrap();
+    assert!(detail.contains("no key matches"), "{typo:#}");
+    assert!(detail.contains("order_lock:1"), "{typo:#}");
+    assert!(!detail.contains("session:s1"), "{typo:#}");
+    assert!(
+        typo["fix"].as_str().unwrap().contains("explain"),
+        "{typo:#}"
+    );
+    assert_eq!(check("rule sessions")["verdict"], "ok");
+}
+
 #[test]
 fn a_replica_fails_and_names_its_master() {
     let master = RedisServer::builder().notify_keyspace_events("Exg").start();
