@@ -35,18 +35,29 @@ const KEEP: usize = 4096;
 /// processes still write in that time is kept, then the group is killed.
 const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 
-pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) -> Outcome {
-    let ctx = f.context();
+/// The command line of one attempt, rendered; a template that fails on this firing's data, or
+/// an argv that can never run as the rule means it ([`refused`]), fails for good.
+pub fn argv(a: &ActionContext, f: &Firing, step: &ExecStep) -> Result<Vec<OsString>, Outcome> {
+    let ctx = a.context_of(f);
     let mut argv = Vec::with_capacity(step.command.len());
     for id in &step.command {
         match a.config.templates.render(*id, &ctx) {
             Ok(bytes) => argv.push(OsString::from_vec(bytes)),
-            Err(e) => return Outcome::Failed(format!("exec argument: {}", e.message)),
+            Err(e) => return Err(Outcome::Failed(format!("exec argument: {}", e.message))),
         }
     }
-    if let Some(why) = refused(&argv, &step.value_led, &f.key) {
-        return Outcome::Failed(why);
+    match refused(&argv, &step.value_led, &f.key) {
+        Some(why) => Err(Outcome::Failed(why)),
+        None => Ok(argv),
     }
+}
+
+pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) -> Outcome {
+    let argv = match argv(a, f, step) {
+        Ok(argv) => argv,
+        Err(o) => return o,
+    };
+    let ctx = a.context_of(f);
     let mut env = Vec::with_capacity(step.env.len());
     for (name, id) in &step.env {
         match a.config.templates.render(*id, &ctx) {

@@ -21,7 +21,7 @@ pub fn compose(
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
     let escape = ch.escape();
     let t = &a.config.templates;
-    let ctx = f.context();
+    let ctx = a.context_of(f);
     let title = match n.title.get(escape) {
         Some(id) => t
             .render_text(id, &ctx)
@@ -91,11 +91,11 @@ pub fn compose_digest(
             t,
             &n.mention,
             &rule.name,
-            &f.context(),
+            &a.context_of(f),
         ));
         let text = match n.message.get(escape) {
             Some(id) => t
-                .render_text(id, &f.context())
+                .render_text(id, &a.context_of(f))
                 .map_err(|e| format!("notify.message: {}", e.message))?,
             None => String::new(),
         };
@@ -105,7 +105,7 @@ pub fn compose_digest(
         });
     }
     let events: Vec<serde_json::Value> = items.iter().map(|i| i.event.clone()).collect();
-    let ctx = first.context().with_digest(firings.len(), events);
+    let ctx = a.context_of(first).with_digest(firings.len(), events);
     let title = match n.title.get(escape) {
         Some(id) => t
             .render_text(id, &ctx)
