@@ -237,9 +237,30 @@ fn cleanup_lines(delete: &[String], hdel: &[(String, String)]) -> String {
     out
 }
 
-/// `s` as a double-quoted scalar that YAML and JSON read alike.
+/// `s` as a double-quoted scalar that YAML and JSON read alike, with the characters one cannot
+/// see written as escapes ([`visible`]).
 pub fn quoted(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_default()
+    visible(&serde_json::to_string(s).unwrap_or_default())
+}
+
+/// `text` with every character that shows as nothing written as `\uXXXX`, as YAML's and JSON's
+/// double-quoted scalars write it: controls, direction marks, and the zero-width characters
+/// keywatch itself puts into key text (a zero-width space keeps `example.com` from becoming a
+/// link, docs/rules.md#templates). Two texts that look alike then read differently.
+pub fn visible(text: &str) -> String {
+    let unseen = |c: char| {
+        (crate::event::hidden(c) && c != '\n' && c != '\t')
+            || matches!(c, '\u{00AD}' | '\u{200B}'..='\u{200D}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}')
+    };
+    if !text.chars().any(unseen) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| match unseen(c) {
+            true => format!("\\u{:04X}", u32::from(c)),
+            false => c.to_string(),
+        })
+        .collect()
 }
 
 /// The expectation that would list `r`, in the flow style of the examples: what to paste into

@@ -247,11 +247,7 @@ fn diff(expected: &str, rendered: &str) -> String {
             similar::ChangeTag::Equal => ' ',
         };
         let line = change.value().trim_end_matches('\n');
-        let _ = writeln!(
-            out,
-            "      {sign}{}",
-            crate::event::printable(line.as_bytes())
-        );
+        let _ = writeln!(out, "      {sign}{}", compare::visible(line));
     }
     out
 }
