@@ -422,15 +422,16 @@ fn the_documented_user_has_every_permission_the_example_rules_need() {
     // The hash-field example needs a server with hash-field expiry, which the default one is not:
     // tests/e2e/hash_fields.rs runs it, under all three documented lines, on Valkey.
     let rules = tempfile::tempdir().unwrap();
-    for file in
-        std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")).unwrap()
-    {
-        let path = file.unwrap().path();
-        if !std::fs::read_to_string(&path)
-            .unwrap()
-            .contains("on: [hexpired]")
-        {
-            std::fs::copy(&path, rules.path().join(path.file_name().unwrap())).unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["rules", "extra-rules"] {
+        for file in std::fs::read_dir(repo.join(dir)).unwrap() {
+            let path = file.unwrap().path();
+            if !std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("on: [hexpired]")
+            {
+                std::fs::copy(&path, rules.path().join(path.file_name().unwrap())).unwrap();
+            }
         }
     }
     let rules = rules.path();

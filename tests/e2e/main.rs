@@ -45,6 +45,7 @@ mod ledger;
 mod pattern_scan;
 mod pipeline;
 mod reload;
+mod rule_tests;
 mod scanner;
 mod sentinel;
 mod server_events;
