@@ -67,6 +67,52 @@ fn the_example_rules_pass_check() {
     );
 }
 
+/// The first fenced block after `marker` in `doc`, without its fences.
+fn block_after(doc: &str, marker: &str) -> String {
+    let start = doc.find(marker).unwrap_or_else(|| panic!("no {marker:?}"));
+    let rest = &doc[start..];
+    let open = rest.find("```").unwrap();
+    let body = &rest[open..];
+    let body = &body[body.find('\n').unwrap() + 1..];
+    body[..body.find("```").unwrap()].to_string()
+}
+
+/// README's first rule passes the test README shows beside it, and its local run (`check`,
+/// `explain` on the shipped `rules/`) answers without a warning: no variable to set first.
+#[test]
+fn the_readmes_first_rule_passes_its_test_and_the_local_run_needs_no_environment() {
+    let readme = read("README.md");
+    let dir = tempfile::tempdir().unwrap();
+    let rule = block_after(&readme, "## A first rule");
+    let test = block_after(&readme, "A test gives events and lists every action");
+    assert!(test.starts_with("# first-rule.test.yaml\n"), "{test}");
+    std::fs::write(dir.path().join("first-rule.yaml"), rule).unwrap();
+    let test_file = dir.path().join("first-rule.test.yaml");
+    std::fs::write(&test_file, test).unwrap();
+    let out = run_keywatch(["test", test_file.to_str().unwrap()], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let rules = repo().join("rules");
+    for args in [
+        vec!["check", "-r", rules.to_str().unwrap()],
+        vec!["explain", "order_lock:42", "-r", rules.to_str().unwrap()],
+    ] {
+        let out = run_keywatch(&args, &[]);
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "keywatch {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// The first column of the table rows of the section `heading` in `doc` (`| `name` | ... |`).
 fn table_names(doc: &str, heading: &str) -> Vec<String> {
     let start = doc
