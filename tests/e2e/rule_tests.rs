@@ -262,3 +262,85 @@ fn check_and_run_skip_the_tests_beside_the_rules() {
         stdout(&out)
     );
 }
+
+/// What `keywatch test` renders is what `run` sends: the same rules, the same key and detail,
+/// once through `keywatch test --json` and once through the daemon on a real Redis; the reload's
+/// request line and body and the chat message arrive exactly as the test rendered them. Key text
+/// that must be escaped (`/`, a space, `&`, `<>`) and a JSON detail make any second rendering
+/// path show.
+#[test]
+fn what_keywatch_test_renders_is_what_run_sends() {
+    let receiver = common::HttpReceiver::start();
+    let yaml = r#"
+channels:
+  chat: { type: slack, url: "@RECEIVER@/chat" }
+rules:
+  - name: warm
+    regex: '^cache:(?P<user>[^:]+):(?P<kind>[^:]+)$'
+    detail: { key: "cache_meta:{{ user }}" }
+    reload:
+      url: "@RECEIVER@/reload/{{ kind }}/{{ user }}?event={{ event }}"
+      body: '{"user": {{ user | tojson }}, "plan": {{ detail.plan | tojson }}}'
+    notify:
+      to: [chat]
+      title: "Cache {{ kind }} of {{ user }}"
+      message: "The {{ kind }} cache of <{{ user }}> ({{ detail.plan }}) expired: warming it again."
+"#
+    .replace("@RECEIVER@", &receiver.url());
+    let (key, detail) = ("cache:a/b c&<x>:profile", r#"{"plan": "gold & <pro>"}"#);
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("rules.yaml"), &yaml).unwrap();
+    let test = dir.path().join("rules.test.yaml");
+    let event = serde_json::json!({ "key": key, "detail": detail });
+    std::fs::write(
+        &test,
+        format!(
+            "rules: [rules.yaml]\ntests:\n  - name: one\n    events: [{event}]\n    expect: []\n"
+        ),
+    )
+    .unwrap();
+    let out = run_keywatch(["test", test.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let verdict: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rendered = verdict["rendered"].as_array().unwrap();
+    assert_eq!(rendered.len(), 2, "{verdict:#}");
+    let (reload, notify) = (&rendered[0], &rendered[1]);
+    assert_eq!(reload["action"], "reload", "{verdict:#}");
+    assert_eq!(notify["action"], "notify", "{verdict:#}");
+
+    let daemon = common::Daemon::start_with(common::RedisServer::with_events("Exg"), &yaml, &[]);
+    let mut conn = daemon.conn();
+    let () = redis::cmd("SET")
+        .arg("cache_meta:a/b c&<x>")
+        .arg(detail)
+        .query(&mut conn)
+        .unwrap();
+    common::set_and_expire_now(&mut conn, &[key]);
+    let got = receiver.wait_for(2, common::PATIENCE);
+    let sent_reload = got
+        .iter()
+        .find(|r| r.target.starts_with("/reload/"))
+        .unwrap();
+    let sent_chat = got.iter().find(|r| r.target == "/chat").unwrap();
+
+    let url = reload["reload"].as_str().unwrap();
+    let (method, url) = url.split_once(' ').unwrap();
+    assert_eq!(sent_reload.method, method);
+    assert_eq!(
+        format!("{}{}", receiver.url(), sent_reload.target),
+        url,
+        "the reload went elsewhere than the test rendered"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&sent_reload.body),
+        reload["body"].as_str().unwrap()
+    );
+    let chat: serde_json::Value = serde_json::from_slice(&sent_chat.body).unwrap();
+    let chat = chat["text"].as_str().unwrap();
+    for part in ["title", "text"] {
+        let part = notify[part].as_str().unwrap();
+        assert!(chat.contains(part), "sent {chat:?}, rendered {part:?}");
+    }
+    daemon.stop();
+}
