@@ -110,22 +110,8 @@ pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep
 
 /// The key a glob stands for when it has no unescaped wildcard (saves a SCAN of the keyspace).
 pub fn literal(glob: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(glob.len());
-    let mut i = 0;
-    while i < glob.len() {
-        match glob[i] {
-            b'\\' if i + 1 < glob.len() => {
-                out.push(glob[i + 1]);
-                i += 2;
-            }
-            b'*' | b'?' | b'[' => return None,
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
+    let (start, whole) = crate::pattern::glob_literal_start(glob);
+    whole.then_some(start)
 }
 
 /// SCAN + UNLINK of `glob`'s keys, on the one node or on every master of a cluster; UNLINK

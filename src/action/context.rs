@@ -55,6 +55,23 @@ impl ActionContext {
         }
     }
 
+    /// Actions under the rules of `yaml` (which must load as `mode` loads them), with a watched
+    /// Redis that is named but never reached: for unit tests that render.
+    #[cfg(test)]
+    pub(crate) fn of_yaml(yaml: &str, mode: crate::config::Mode) -> ActionContext {
+        let config = crate::config::of_yaml(yaml, mode);
+        let keyspace = Keyspace::new(
+            crate::yaml::Secret::new("redis://127.0.0.1:1"),
+            config.redis.clone(),
+        )
+        .expect("a plain URL");
+        ActionContext::new(
+            LiveConfig::fixed(config),
+            crate::channel::http::client(),
+            keyspace,
+        )
+    }
+
     /// These actions with keywatch's state at hand (follow-ups read acknowledgements there).
     pub fn with_state(mut self, state: crate::keyspace::Conn) -> ActionContext {
         self.state = Some(state);

@@ -327,7 +327,7 @@ mod tests {
     /// turn keywatch's words around.
     #[tokio::test]
     async fn the_output_is_logged_with_control_and_bidi_characters_escaped() {
-        let config = crate::config::of_yaml(
+        let actions = ActionContext::of_yaml(
             r#"
 rules:
   - name: job
@@ -336,16 +336,6 @@ rules:
       command: ["/bin/sh", "-c", 'printf "done\n2026-01-01T00:00:00Z  INFO forged\033[2J\342\200\256"; printf "oops\a\r" >&2']
 "#,
             crate::config::Mode::Run,
-        );
-        let keyspace = crate::keyspace::Keyspace::new(
-            crate::yaml::Secret::new("redis://127.0.0.1:1"),
-            config.redis.clone(),
-        )
-        .unwrap();
-        let actions = ActionContext::new(
-            crate::config::LiveConfig::fixed(config),
-            crate::channel::http::client(),
-            keyspace,
         );
         let event = crate::event::KeyEvent {
             kind: crate::event::EventKind::Expired,

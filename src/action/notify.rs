@@ -199,7 +199,7 @@ mod tests {
     /// default message says so rather than claiming an expiry (docs/rules.md#recover-expiries-found-afterwards).
     #[test]
     fn the_default_message_says_a_recovered_expiry_may_have_been_a_delete() {
-        let config = crate::config::of_yaml(
+        let a = ActionContext::of_yaml(
             r#"
 channels:
   log: { type: log }
@@ -209,16 +209,6 @@ rules:
     notify: { to: [log] }
 "#,
             crate::config::Mode::Check,
-        );
-        let keyspace = crate::keyspace::Keyspace::new(
-            crate::yaml::Secret::new("redis://127.0.0.1:1"),
-            config.redis.clone(),
-        )
-        .unwrap();
-        let a = ActionContext::new(
-            crate::config::LiveConfig::fixed(config),
-            crate::channel::http::client(),
-            keyspace,
         );
         let rule = a.config.rule("lock").unwrap();
         let ch = a.config.channel("log").unwrap();
@@ -239,7 +229,7 @@ rules:
     /// first, and cuts the newest.
     #[test]
     fn a_digest_lists_its_events_in_the_order_they_were_observed() {
-        let config = crate::config::of_yaml(
+        let a = ActionContext::of_yaml(
             r#"
 channels:
   log: { type: log }
@@ -249,16 +239,6 @@ rules:
     notify: { to: [log], group: { window: 1s, max_items: 2 }, message: "{{ key }}" }
 "#,
             crate::config::Mode::Check,
-        );
-        let keyspace = crate::keyspace::Keyspace::new(
-            crate::yaml::Secret::new("redis://127.0.0.1:1"),
-            config.redis.clone(),
-        )
-        .unwrap();
-        let a = ActionContext::new(
-            crate::config::LiveConfig::fixed(config),
-            crate::channel::http::client(),
-            keyspace,
         );
         let firings = [
             firing("burst:c", "2026-01-01T00:00:03Z"),

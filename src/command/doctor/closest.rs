@@ -21,22 +21,7 @@ pub struct Suggestion {
 /// The literal start of a `SCAN MATCH` glob: up to its first unescaped wildcard, escapes
 /// removed. Empty for a glob that starts with one (`*:lock`, most `regex:` rules).
 pub fn literal_start(glob: &[u8]) -> String {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < glob.len() {
-        match glob[i] {
-            b'\\' if i + 1 < glob.len() => {
-                out.push(glob[i + 1]);
-                i += 2;
-            }
-            b'*' | b'?' | b'[' => break,
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8_lossy(&crate::pattern::glob_literal_start(glob).0).into_owned()
 }
 
 /// The keys among `keys` whose start is within a few edits of `start` (a third of its length,

@@ -268,39 +268,32 @@ fn decode_test(d: &mut Decoder<'_>, node: &Node) -> Option<Test> {
 
 fn decode_event(d: &mut Decoder<'_>, node: &Node) -> Option<Event> {
     let mut m = d.map(node, "an event")?;
+    // Each field is read whatever the others hold, so one run reports all their problems.
+    let mut bad = false;
     let key = m
         .require(d, "key")
         .and_then(|n| literal(d, n, "an event's `key`"));
+    bad |= key.is_none();
     let field = m
         .get("field")
         .and_then(|n| literal(d, n, "an event's `field`"))
         .map(|f| f.value.into_bytes());
     let kind = match m.get("event") {
         Some(n) => {
-            let t = literal(d, n, "an event's `event`")?;
-            match EventKind::parse(&t.value) {
-                Some(k) => k,
-                None => {
-                    let names = EventKind::ALL.map(|k| k.as_str());
-                    d.error(
-                        &t.loc,
-                        format!(
-                            "`{}` is not an event; expected one of {}{}",
-                            t.value,
-                            names.join(", "),
-                            crate::yaml::diagnostic::did_you_mean(&t.value, names)
-                        ),
-                    );
-                    return None;
-                }
-            }
+            let kind = literal(d, n, "an event's `event`").and_then(|t| event_kind(d, &t));
+            bad |= kind.is_none();
+            kind.unwrap_or(EventKind::Expired)
         }
         // A field's event, as `explain --field` takes it.
         None if field.is_some() => EventKind::Hexpired,
         None => EventKind::Expired,
     };
     let db = match m.get("db") {
-        Some(n) => d.uint(n, "an event's `db`", 0, u64::from(u32::MAX))? as u32,
+        Some(n) => {
+            let db = d.uint(n, "an event's `db`", 0, u64::from(u32::MAX));
+            bad |= db.is_none();
+            db.unwrap_or(0) as u32
+        }
         None => 0,
     };
     let detail = m.get("detail").map(|n| match &n.kind {
@@ -308,40 +301,34 @@ fn decode_event(d: &mut Decoder<'_>, node: &Node) -> Option<Event> {
         _ => DetailGiven::Json(json_of(n)),
     });
     let at = match m.get("at") {
-        Some(n) => Some(instant(d, n, "an event's `at`")?),
+        Some(n) => {
+            let at = instant(d, n, "an event's `at`");
+            bad |= at.is_none();
+            at
+        }
         None => None,
     };
-    let recovered = match m.get("recovered") {
-        Some(n) => d.bool(n, "an event's `recovered`")?,
-        None => false,
-    };
-    let silenced = match m.get("silenced") {
-        Some(n) => d.bool(n, "an event's `silenced`")?,
-        None => false,
-    };
+    let mut flags = [false; 2];
+    for (flag, name) in flags.iter_mut().zip(["recovered", "silenced"]) {
+        if let Some(n) = m.get(name) {
+            let v = d.bool(n, &format!("an event's `{name}`"));
+            bad |= v.is_none();
+            *flag = v.unwrap_or(false);
+        }
+    }
+    let [recovered, silenced] = flags;
     let ttl = match m.get("ttl") {
         Some(n) => {
-            let t = literal(d, n, "an event's `ttl`")?;
-            if kind != EventKind::Expiring {
-                d.error(&t.loc, "`ttl` is for `expiring` events only");
-            }
-            match parse_duration(&t.value) {
-                Some(ttl) => Some(ttl),
-                None => {
-                    d.error(
-                        &t.loc,
-                        format!(
-                            "an event's `ttl`: `{}` is not a duration; write e.g. `6d 23h`",
-                            t.value
-                        ),
-                    );
-                    None
-                }
-            }
+            let ttl = literal(d, n, "an event's `ttl`").and_then(|t| ttl(d, &t, kind));
+            bad |= ttl.is_none();
+            ttl
         }
         None => None,
     };
     m.finish(d, EVENT_FIELDS, &|_| None);
+    if bad {
+        return None;
+    }
     Some(Event {
         key: key?.value.into_bytes(),
         kind,
@@ -353,6 +340,42 @@ fn decode_event(d: &mut Decoder<'_>, node: &Node) -> Option<Event> {
         silenced,
         ttl,
     })
+}
+
+/// An `expiring` event's `ttl`.
+fn ttl(d: &mut Decoder<'_>, t: &Spanned<String>, kind: EventKind) -> Option<Duration> {
+    if kind != EventKind::Expiring {
+        d.error(&t.loc, "`ttl` is for `expiring` events only");
+    }
+    let ttl = parse_duration(&t.value);
+    if ttl.is_none() {
+        d.error(
+            &t.loc,
+            format!(
+                "an event's `ttl`: `{}` is not a duration; write e.g. `6d 23h`",
+                t.value
+            ),
+        );
+    }
+    ttl
+}
+
+/// An event's kind by its name, or the error that names the kinds.
+fn event_kind(d: &mut Decoder<'_>, t: &Spanned<String>) -> Option<EventKind> {
+    let kind = EventKind::parse(&t.value);
+    if kind.is_none() {
+        let names = EventKind::ALL.map(|k| k.as_str());
+        d.error(
+            &t.loc,
+            format!(
+                "`{}` is not an event; expected one of {}{}",
+                t.value,
+                names.join(", "),
+                crate::yaml::diagnostic::did_you_mean(&t.value, names)
+            ),
+        );
+    }
+    kind
 }
 
 fn decode_expect(d: &mut Decoder<'_>, node: &Node) -> Option<Expect> {

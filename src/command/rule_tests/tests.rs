@@ -280,7 +280,7 @@ fn an_invalid_file_says_every_problem_at_its_place() {
         .run(&format!(
             r#"{HEAD}tests:
   - name: bad
-    events: [{{ key: "order_lock:1", evnt: expired }}, {{ event: gone }}]
+    events: [{{ key: "order_lock:1", evnt: expired }}, {{ event: gone, at: yesterday }}]
     expect:
       - {{ rule: order-lock-timeout, notify: oncall, held_until: "2026-12-07T08:00:00+08:00" }}
       - {{ rule: order-lock-timeout, notify: oncall, reload: "POST http://x/" }}
@@ -302,6 +302,10 @@ fn an_invalid_file_says_every_problem_at_its_place() {
             format!(
                 "{}: `gone` is not an event; expected one of expired, evicted, deleted, expiring, hexpired",
                 d.at("6:63")
+            ),
+            format!(
+                "{}: an event's `at`: `yesterday` is not a time (premature end of input); write e.g. \"2026-12-06T10:00:00+08:00\"",
+                d.at("6:73")
             ),
             format!(
                 "{}: `held_until` (quiet hours) is not supported yet by `keywatch test`: leave it out, or test the rule without quiet hours",
