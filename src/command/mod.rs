@@ -159,9 +159,11 @@ pub enum Command {
         #[command(flatten)]
         rules: RulesArg,
     },
-    /// Rule unit tests: feed each test's events to the rules and compare the actions they
-    /// render (messages, URLs and bodies, commands, cleanups) with what it expects. Sends,
-    /// runs and reads nothing: no Redis, no network.
+    /// Rule unit tests: given events, the actions they render, compared with each test's.
+    ///
+    /// Each test's events go through the rules as `run` would take them, and every action they
+    /// render (messages, URLs and bodies, commands, cleanups, escalations) is compared with what
+    /// the test expects. Sends, runs and reads nothing: no Redis, no network.
     Test {
         /// Test files (`*.test.yaml`).
         #[arg(required = true, value_name = "TESTFILE")]
