@@ -198,6 +198,18 @@ rules:
         "{typo:#}"
     );
     assert_eq!(check("rule sessions")["verdict"], "ok");
+
+    // A database with no key yet shows no typo: nothing to warn about.
+    let empty = RedisServer::builder().notify_keyspace_events("KEA").start();
+    let out = Doctor::new(rules).run(&empty.url(), &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["verdict"] == "warn")
+        .collect();
+    assert!(warnings.is_empty(), "{report:#}");
 }
 
 #[test]

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 /// Suggestions shown at most.
 const SHOWN: usize = 3;
 
-/// One kind of key close to the pattern: the first seen, and how many others start alike.
+/// One kind of key close to the pattern: the least of them (SCAN's order is no order), and how
+/// many others start alike.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Suggestion {
     pub example: String,
@@ -42,10 +43,13 @@ pub fn closest(start: &str, keys: &[Vec<u8>]) -> Vec<Suggestion> {
         if distance > allowed {
             continue;
         }
-        groups
+        let g = groups
             .entry(head)
-            .and_modify(|g| g.2 += 1)
-            .or_insert((distance, key.into_owned(), 1));
+            .or_insert_with(|| (distance, key.to_string(), 0));
+        g.2 += 1;
+        if *key < *g.1 {
+            g.1 = key.into_owned();
+        }
     }
     let mut ranked: Vec<(usize, String, usize)> = groups.into_values().collect();
     ranked.sort_by(|a, b| a.0.cmp(&b.0).then(b.2.cmp(&a.2)).then(a.1.cmp(&b.1)));
@@ -102,7 +106,7 @@ mod tests {
             found,
             [
                 Suggestion {
-                    example: "order_lock:2".into(),
+                    example: "order_lock:1".into(),
                     more: 2
                 },
                 Suggestion {
@@ -113,7 +117,7 @@ mod tests {
         );
         assert_eq!(
             describe(&found),
-            "`order_lock:2` and 2 more like it, `orderlock:7`"
+            "`order_lock:1` and 2 more like it, `orderlock:7`"
         );
     }
 

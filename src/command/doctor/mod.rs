@@ -511,8 +511,21 @@ async fn rule_samples(
                 if every_key.is_none() {
                     every_key = Some(walk_all(&mut conn, config).await);
                 }
+                let seen = every_key.as_deref().unwrap_or_default();
+                // An empty database shows no typo: nothing is written yet.
+                if seen.is_empty() {
+                    report.ok(
+                        &format!("rule {}", rule.name),
+                        format!(
+                            "{} (SCAN MATCH {}): db{db} holds no key yet to compare it with",
+                            rule.pattern.source(),
+                            String::from_utf8_lossy(glob)
+                        ),
+                    );
+                    continue;
+                }
                 let start = closest::literal_start(glob);
-                let near = closest::closest(&start, every_key.as_deref().unwrap_or_default());
+                let near = closest::closest(&start, seen);
                 let seen = match near.is_empty() {
                     true => "no key seen comes close to it".to_string(),
                     false => format!("closest keys seen: {}", closest::describe(&near)),
@@ -525,7 +538,7 @@ async fn rule_samples(
                         String::from_utf8_lossy(glob)
                     ),
                     Some(
-                        "if the application writes these keys already, the pattern has a typo: `keywatch explain KEY -r RULES` shows which rules a key matches; if it does not write them yet, nothing is wrong"
+                        "a typo in `match`? `keywatch explain KEY` shows which rules a real key matches (no fix needed if the application does not write these keys yet)"
                             .into(),
                     ),
                 );
