@@ -98,7 +98,27 @@ fn the_readmes_first_rule_passes_its_test_and_the_local_run_needs_no_environment
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // The flags README has the reader set are every flag `check` says the rules need.
+    let local = block_after(&readme, "### Run keywatch on a local Redis");
+    let set = local
+        .lines()
+        .find_map(|l| l.strip_prefix("redis-cli config set notify-keyspace-events "))
+        .expect("README sets the notification flags");
+    let flags = set.split_whitespace().next().unwrap();
     let rules = repo().join("rules");
+    let check = run_keywatch(["check", "-r", rules.to_str().unwrap()], &[]);
+    let check = String::from_utf8_lossy(&check.stdout);
+    let needed = check
+        .split("notify-keyspace-events with at least `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("{check}"));
+    for flag in needed.chars() {
+        assert!(
+            flags.contains(flag),
+            "README sets `{flags}`, the rules need `{needed}`"
+        );
+    }
     for args in [
         vec!["check", "-r", rules.to_str().unwrap()],
         vec!["explain", "order_lock:42", "-r", rules.to_str().unwrap()],
