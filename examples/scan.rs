@@ -185,11 +185,11 @@ async fn main() {
 
     println!();
     println!(
-        "scan: {keys} keys walked in {:.2} s = {:.0} keys/s; {} keys read (SCAN MATCH lock:*), {} warnings ({} sent), {} slow-reply pauses",
+        "scan: {keys} keys walked in {:.2} s = {:.0} keys/s; {} keys read (SCAN MATCH lock:*), {} due ({} warnings sent), {} slow-reply pauses",
         took.as_secs_f64(),
         keys as f64 / took.as_secs_f64(),
         stats.keys,
-        stats.warned,
+        stats.due,
         warned,
         stats.pauses
     );

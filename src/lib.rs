@@ -45,7 +45,8 @@
 //! - [`delivery`]: runs firings' jobs in order from a durable queue in Redis, retries with
 //!   backoff, digests, rate-limited lanes, dead letters.
 //! - [`action`]: what a job does: reload, exec, cleanup, notify, an Alertmanager alert, and
-//!   the follow-ups of an alert (escalations and resolved notices, [`action::followup`]).
+//!   the follow-ups of an alert (escalations and resolved notices, [`action::followup`]); and
+//!   what it would do, rendered by the same code and not done ([`action::preview`]).
 //!
 //! What every stage keeps in Redis:
 //! - [`store`]: one file per structure keywatch keeps in Redis (the deadline and field
@@ -63,8 +64,8 @@
 //! - [`links`]: signed acknowledge/silence links in messages, and their verification.
 //! - [`status`]: readiness, recent firings and their outcomes, dead letters, per-rule counts.
 //! - [`command`]: the command line of docs/commands.md and each command: `run` (with its HTTP endpoint,
-//!   status page and reloads), `check`, `explain`, `doctor`, `demo`, `send-test`, `upcoming`,
-//!   `silence`, `dead`.
+//!   status page and reloads), `check`, `explain`, `test` (rule unit tests,
+//!   [`command::rule_tests`]), `doctor`, `demo`, `send-test`, `upcoming`, `silence`, `dead`.
 //! - [`proc_stats`]: peak RSS and CPU time from `/proc`, for the benchmark tools.
 //! - [`local_redis`]: a throwaway redis-server for `keywatch demo`, the benchmarks and unit tests,
 //!   fetched (a pinned, hash-checked build) where none is installed.

@@ -53,7 +53,7 @@ pub fn compose(
 ) -> Result<Alert, String> {
     let msg = super::notify::compose(a, f, rule, ch)?;
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
-    let ctx = f.context();
+    let ctx = a.context_of(f);
     let t = &a.config.templates;
     let render = |pairs: &[(String, crate::template::TemplateId)], field: &str| {
         pairs

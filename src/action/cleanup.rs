@@ -14,9 +14,44 @@ use crate::outcome::Outcome;
 /// enough to keep each call short for other clients.
 const SCAN_COUNT: usize = 1000;
 
-pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep) -> Outcome {
+/// What one cleanup of a firing deletes, rendered: `delete`'s glob patterns (captures
+/// glob-escaped) and `hdel`'s (hash, field) pairs, those under `state.prefix` left out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Targets {
+    pub delete: Vec<Vec<u8>>,
+    pub hdel: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// The targets of one attempt; a template that fails on this firing's data fails for good.
+pub fn targets(a: &ActionContext, f: &Firing, step: &CleanupStep) -> Result<Targets, Outcome> {
     let t = &a.config.templates;
-    let ctx = f.context();
+    let ctx = a.context_of(f);
+    let own = a.config.state.prefix.as_bytes();
+    let mut delete = Vec::with_capacity(step.delete.len());
+    for &id in &step.delete {
+        match t.render(id, &ctx) {
+            Ok(g) => delete.push(g),
+            Err(e) => return Err(Outcome::Failed(format!("cleanup pattern: {}", e.message))),
+        }
+    }
+    let mut hdel = Vec::with_capacity(step.hdel.len());
+    for h in &step.hdel {
+        match (t.render(h.key, &ctx), t.render(h.field, &ctx)) {
+            (Ok(k), _) if k.starts_with(own) => {}
+            (Ok(k), Ok(f)) => hdel.push((k, f)),
+            (Err(e), _) | (_, Err(e)) => {
+                return Err(Outcome::Failed(format!("cleanup hdel: {}", e.message)));
+            }
+        }
+    }
+    Ok(Targets { delete, hdel })
+}
+
+pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep) -> Outcome {
+    let targets = match targets(a, f, step) {
+        Ok(t) => t,
+        Err(o) => return o,
+    };
     let mut conn = match a.keyspace.conn(f.db).await {
         Ok(c) => c,
         Err(e) => {
@@ -28,12 +63,8 @@ pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep
     };
     let own = a.config.state.prefix.as_bytes();
     let mut deleted = 0usize;
-    for &id in &step.delete {
-        let glob = match t.render(id, &ctx) {
-            Ok(g) => g,
-            Err(e) => return Outcome::Failed(format!("cleanup pattern: {}", e.message)),
-        };
-        let result = match literal(&glob) {
+    for glob in &targets.delete {
+        let result = match literal(glob) {
             Some(key) if key.starts_with(own) => Ok(0),
             Some(key) => {
                 redis::cmd("UNLINK")
@@ -41,7 +72,7 @@ pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep
                     .query_async::<usize>(&mut conn)
                     .await
             }
-            None => scan_unlink(a, &mut conn, f.db, &glob, own).await,
+            None => scan_unlink(a, &mut conn, f.db, glob, own).await,
         };
         match result {
             Ok(n) => deleted += n,
@@ -54,18 +85,9 @@ pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep
         }
     }
     let mut fields = 0usize;
-    if !step.hdel.is_empty() {
+    if !targets.hdel.is_empty() {
         let mut cmds = Vec::new();
-        for h in &step.hdel {
-            let (key, field) = match (t.render(h.key, &ctx), t.render(h.field, &ctx)) {
-                (Ok(k), Ok(f)) => (k, f),
-                (Err(e), _) | (_, Err(e)) => {
-                    return Outcome::Failed(format!("cleanup hdel: {}", e.message));
-                }
-            };
-            if key.starts_with(own) {
-                continue;
-            }
+        for (key, field) in &targets.hdel {
             let mut cmd = redis::cmd("HDEL");
             cmd.arg(key).arg(field);
             cmds.push(cmd);
@@ -88,22 +110,8 @@ pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep
 
 /// The key a glob stands for when it has no unescaped wildcard (saves a SCAN of the keyspace).
 pub fn literal(glob: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(glob.len());
-    let mut i = 0;
-    while i < glob.len() {
-        match glob[i] {
-            b'\\' if i + 1 < glob.len() => {
-                out.push(glob[i + 1]);
-                i += 2;
-            }
-            b'*' | b'?' | b'[' => return None,
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    Some(out)
+    let (start, whole) = crate::pattern::glob_literal_start(glob);
+    whole.then_some(start)
 }
 
 /// SCAN + UNLINK of `glob`'s keys, on the one node or on every master of a cluster; UNLINK

@@ -35,18 +35,29 @@ const KEEP: usize = 4096;
 /// processes still write in that time is kept, then the group is killed.
 const OUTPUT_GRACE: Duration = Duration::from_secs(1);
 
-pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) -> Outcome {
-    let ctx = f.context();
+/// The command line of one attempt, rendered; a template that fails on this firing's data, or
+/// an argv that can never run as the rule means it ([`refused`]), fails for good.
+pub fn argv(a: &ActionContext, f: &Firing, step: &ExecStep) -> Result<Vec<OsString>, Outcome> {
+    let ctx = a.context_of(f);
     let mut argv = Vec::with_capacity(step.command.len());
     for id in &step.command {
         match a.config.templates.render(*id, &ctx) {
             Ok(bytes) => argv.push(OsString::from_vec(bytes)),
-            Err(e) => return Outcome::Failed(format!("exec argument: {}", e.message)),
+            Err(e) => return Err(Outcome::Failed(format!("exec argument: {}", e.message))),
         }
     }
-    if let Some(why) = refused(&argv, &step.value_led, &f.key) {
-        return Outcome::Failed(why);
+    match refused(&argv, &step.value_led, &f.key) {
+        Some(why) => Err(Outcome::Failed(why)),
+        None => Ok(argv),
     }
+}
+
+pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) -> Outcome {
+    let argv = match argv(a, f, step) {
+        Ok(argv) => argv,
+        Err(o) => return o,
+    };
+    let ctx = a.context_of(f);
     let mut env = Vec::with_capacity(step.env.len());
     for (name, id) in &step.env {
         match a.config.templates.render(*id, &ctx) {
@@ -316,7 +327,7 @@ mod tests {
     /// turn keywatch's words around.
     #[tokio::test]
     async fn the_output_is_logged_with_control_and_bidi_characters_escaped() {
-        let config = crate::config::of_yaml(
+        let actions = ActionContext::of_yaml(
             r#"
 rules:
   - name: job
@@ -325,16 +336,6 @@ rules:
       command: ["/bin/sh", "-c", 'printf "done\n2026-01-01T00:00:00Z  INFO forged\033[2J\342\200\256"; printf "oops\a\r" >&2']
 "#,
             crate::config::Mode::Run,
-        );
-        let keyspace = crate::keyspace::Keyspace::new(
-            crate::yaml::Secret::new("redis://127.0.0.1:1"),
-            config.redis.clone(),
-        )
-        .unwrap();
-        let actions = ActionContext::new(
-            crate::config::LiveConfig::fixed(config),
-            crate::channel::http::client(),
-            keyspace,
         );
         let event = crate::event::KeyEvent {
             kind: crate::event::EventKind::Expired,

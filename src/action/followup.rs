@@ -27,6 +27,16 @@ const MARKER_SLACK_MS: i64 = 60_000;
 
 pub use crate::store::followups::{ack_key, marker_key};
 
+/// Whether an alert of `kind` has follow-ups: the key is gone, so it can come back
+/// (README.md#follow-ups).
+pub fn follows(kind: crate::event::EventKind) -> bool {
+    use crate::event::EventKind;
+    matches!(
+        kind,
+        EventKind::Expired | EventKind::Evicted | EventKind::Hexpired
+    )
+}
+
 /// The follow-up jobs of a firing of `rule`, each with its due time (unix ms, Redis's clock),
 /// and how long the marker naming them must live.
 pub fn jobs_of(rule: &Rule, now_ms: i64) -> (Vec<(Action, i64)>, i64) {
@@ -225,8 +235,8 @@ pub fn compose(
     let which = kind.as_str();
     let escape = ch.escape();
     let t = &a.config.templates;
-    let gap_ms = (clock::now() - f.observed_at).num_milliseconds().max(0);
-    let ctx = f.context().with_gap(gap_ms);
+    let gap_ms = (a.now() - f.observed_at).num_milliseconds().max(0);
+    let ctx = a.context_of(f).with_gap(gap_ms);
     let render = |id: Option<crate::template::TemplateId>, field: &str| match id {
         Some(id) => t
             .render_text(id, &ctx)

@@ -14,6 +14,7 @@ pub mod exec;
 pub mod followup;
 pub mod mention;
 pub mod notify;
+pub mod preview;
 pub mod release;
 pub mod reload;
 

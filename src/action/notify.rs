@@ -21,7 +21,7 @@ pub fn compose(
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
     let escape = ch.escape();
     let t = &a.config.templates;
-    let ctx = f.context();
+    let ctx = a.context_of(f);
     let title = match n.title.get(escape) {
         Some(id) => t
             .render_text(id, &ctx)
@@ -91,11 +91,11 @@ pub fn compose_digest(
             t,
             &n.mention,
             &rule.name,
-            &f.context(),
+            &a.context_of(f),
         ));
         let text = match n.message.get(escape) {
             Some(id) => t
-                .render_text(id, &f.context())
+                .render_text(id, &a.context_of(f))
                 .map_err(|e| format!("notify.message: {}", e.message))?,
             None => String::new(),
         };
@@ -105,7 +105,7 @@ pub fn compose_digest(
         });
     }
     let events: Vec<serde_json::Value> = items.iter().map(|i| i.event.clone()).collect();
-    let ctx = first.context().with_digest(firings.len(), events);
+    let ctx = a.context_of(first).with_digest(firings.len(), events);
     let title = match n.title.get(escape) {
         Some(id) => t
             .render_text(id, &ctx)
@@ -195,11 +195,41 @@ mod tests {
         Arc::new(crate::firing::expiry("burst", key, observed_at))
     }
 
+    /// A recovered expiry cannot be told from a delete made while nobody listened: the
+    /// default message says so rather than claiming an expiry (docs/rules.md#recover-expiries-found-afterwards).
+    #[test]
+    fn the_default_message_says_a_recovered_expiry_may_have_been_a_delete() {
+        let a = ActionContext::of_yaml(
+            r#"
+channels:
+  log: { type: log }
+rules:
+  - name: lock
+    match: 'lock:*'
+    notify: { to: [log] }
+"#,
+            crate::config::Mode::Check,
+        );
+        let rule = a.config.rule("lock").unwrap();
+        let ch = a.config.channel("log").unwrap();
+        let heard = crate::firing::expiry("lock", "lock:7", "2026-01-01T00:00:01Z");
+        assert_eq!(
+            compose(&a, &heard, rule, ch).unwrap().text,
+            "lock: lock:7 expired"
+        );
+        let mut found = heard.clone();
+        found.recovered = true;
+        assert_eq!(
+            compose(&a, &found, rule, ch).unwrap().text,
+            "lock: lock:7 found gone after keywatch was down: expired, or deleted while nobody listened"
+        );
+    }
+
     /// A window hands its notifications over by member name; the digest lists the oldest
     /// first, and cuts the newest.
     #[test]
     fn a_digest_lists_its_events_in_the_order_they_were_observed() {
-        let config = crate::config::of_yaml(
+        let a = ActionContext::of_yaml(
             r#"
 channels:
   log: { type: log }
@@ -209,16 +239,6 @@ rules:
     notify: { to: [log], group: { window: 1s, max_items: 2 }, message: "{{ key }}" }
 "#,
             crate::config::Mode::Check,
-        );
-        let keyspace = crate::keyspace::Keyspace::new(
-            crate::yaml::Secret::new("redis://127.0.0.1:1"),
-            config.redis.clone(),
-        )
-        .unwrap();
-        let a = ActionContext::new(
-            crate::config::LiveConfig::fixed(config),
-            crate::channel::http::client(),
-            keyspace,
         );
         let firings = [
             firing("burst:c", "2026-01-01T00:00:03Z"),

@@ -22,7 +22,7 @@ pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &ReloadStep)
 /// The request of one attempt; a template that fails on this firing's data fails for good.
 pub fn request(a: &ActionContext, f: &Firing, step: &ReloadStep) -> Result<Request, Outcome> {
     let t = &a.config.templates;
-    let ctx = f.context();
+    let ctx = a.context_of(f);
     let fail = |what: &str, e: crate::template::TemplateError| {
         Outcome::Failed(format!("reload {what}: {}", e.message))
     };

@@ -136,10 +136,18 @@ fn explain_unmasked(
             };
             continue;
         };
-        fired = true;
         for (name, value) in rule.capture_names().iter().zip(&captures) {
             let _ = writeln!(out, "  capture {name} = \"{}\"", printable(value));
         }
+        if !fired {
+            // A number is a step's place in an event's run, so a rule without a detail starts
+            // at 2: said once, before the first steps shown.
+            let _ = writeln!(
+                out,
+                "  (steps are numbered in the order they run: 1 detail, 2 reload, 3 exec, 4 cleanup, 5 notify, 6 follow-ups)"
+            );
+        }
+        fired = true;
         explain_rule(config, rule, (key, field), kind, db, &captures, &mut out);
     }
     Explanation {
@@ -529,6 +537,33 @@ rules:
         assert!(
             text.contains(&format!("     {what}: a message now ")),
             "{text}"
+        );
+    }
+
+    /// The steps are numbered by where they come in an event's run (1 detail … 6 follow-ups),
+    /// so a rule without a detail starts at 2: the output says what the numbers are.
+    #[test]
+    fn the_step_numbers_are_explained() {
+        let config = crate::config::of_yaml(
+            r#"
+channels:
+  log: { type: log }
+rules:
+  - name: warm
+    match: 'cache:{id}'
+    reload: { url: "http://127.0.0.1:8080/warm/{{ id }}" }
+    notify: { to: [log] }
+"#,
+            crate::config::Mode::Check,
+        );
+        let out = explain(&config, b"cache:1", EventKind::Expired, 0).text;
+        assert!(
+            out.contains("numbered in the order they run: 1 detail, 2 reload, 3 exec, 4 cleanup, 5 notify, 6 follow-ups"),
+            "{out}"
+        );
+        assert!(
+            out.contains("  2. reload: POST http://127.0.0.1:8080/warm/1"),
+            "{out}"
         );
     }
 

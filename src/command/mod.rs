@@ -8,6 +8,7 @@ pub mod demo;
 pub mod doctor;
 pub mod explain;
 pub mod history;
+pub mod rule_tests;
 pub mod run;
 pub mod send_test;
 pub mod upcoming;
@@ -157,6 +158,22 @@ pub enum Command {
         db: u32,
         #[command(flatten)]
         rules: RulesArg,
+    },
+    /// Rule unit tests: given events, the actions they render, compared with each test's.
+    ///
+    /// Each test's events go through the rules as `run` would take them, and every action they
+    /// render (messages, URLs and bodies, commands, cleanups, escalations) is compared with what
+    /// the test expects. Sends, runs and reads nothing: no Redis, no network.
+    Test {
+        /// Test files (`*.test.yaml`).
+        #[arg(required = true, value_name = "TESTFILE")]
+        files: Vec<PathBuf>,
+        /// The rules to test (a file or a folder; may repeat), instead of each file's `rules:`.
+        #[arg(short = 'r', long = "rules", value_name = "PATH")]
+        rules: Vec<PathBuf>,
+        /// One JSON object per test: {"file", "test", "line", "ok", "problems", "rendered"}.
+        #[arg(long)]
+        json: bool,
     },
     /// Print a shell completion script, e.g. `keywatch completions bash > /etc/bash_completion.d/keywatch`.
     Completions {
@@ -339,6 +356,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let default_level = match cli.command {
         Command::Check { .. }
+        | Command::Test { .. }
         | Command::Explain { .. }
         | Command::Upcoming { .. }
         | Command::Doctor { .. } => "warn",
@@ -380,6 +398,13 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Check { rules } => check(&rules.paths),
+        Command::Test { files, rules, json } => {
+            crate::command::rule_tests::main(&crate::command::rule_tests::Options {
+                files,
+                rules,
+                json,
+            })
+        }
         Command::Upcoming {
             within,
             pattern,

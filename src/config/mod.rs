@@ -58,12 +58,21 @@ const SECTIONS: &[&str] = &[
     "quiet_hours",
 ];
 
-/// Every `*.yaml`/`*.yml` file of `paths` (files as given; folders walked, sorted by path).
+/// Every `*.yaml`/`*.yml` file of `paths` (files as given; folders walked, sorted by path),
+/// but rule tests (`*.test.yaml`): they live beside the rules they test and are read by
+/// `keywatch test` (docs/rules.md#testing-rules).
 pub fn rule_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, LoadError> {
     let mut out = Vec::new();
     for p in paths {
         let meta = std::fs::metadata(p)
             .map_err(|e| LoadError::Unreadable(format!("{}: cannot read: {e}", p.display())))?;
+        if !meta.is_dir() && is_rule_test(p) {
+            return Err(LoadError::Unreadable(format!(
+                "{}: a rule test, not a rule file: run it with `keywatch test {}`",
+                p.display(),
+                p.display()
+            )));
+        }
         if meta.is_dir() {
             let mut found = Vec::new();
             walk(p, &mut found)
@@ -89,6 +98,8 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         let path = entry?.path();
         if path.is_dir() {
             walk(&path, out)?;
+        } else if is_rule_test(&path) {
+            continue;
         } else if matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml")
@@ -97,6 +108,14 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether `path` names a rule test file (`*.test.yaml`, `*.test.yml`), which `keywatch test`
+/// reads and rule loading skips.
+pub fn is_rule_test(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".test.yaml") || n.ends_with(".test.yml"))
 }
 
 /// Loads and validates the rule files under `paths`, reading the environment through `env`.
@@ -229,4 +248,28 @@ fn decode_document(
         "channel" => Some("channels are defined under `channels:`".into()),
         _ => None,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rule test beside the rules it tests is not a rule file: `run -r rules/` and `check`
+    /// skip it in a folder, and refuse it named on its own (it would only fail as rules).
+    #[test]
+    fn rule_tests_are_not_rule_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("locks.yaml"), "rules: []\n").unwrap();
+        std::fs::write(dir.path().join("locks.test.yaml"), "tests: []\n").unwrap();
+        std::fs::write(dir.path().join("other.test.yml"), "tests: []\n").unwrap();
+        let files = rule_files(&[dir.path().to_path_buf()]).unwrap();
+        assert_eq!(files, [dir.path().join("locks.yaml")]);
+        let named = dir.path().join("locks.test.yaml");
+        match rule_files(std::slice::from_ref(&named)) {
+            Err(LoadError::Unreadable(msg)) => {
+                assert!(msg.contains("keywatch test"), "{msg}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -11,6 +11,9 @@ pub mod intake;
 pub mod silences;
 mod stage;
 
+/// What `recover` decides, asked by `keywatch test` as the firing stage asks it.
+pub(crate) use stage::{recovery_skipped, skipped_without_detail};
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

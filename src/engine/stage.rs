@@ -38,6 +38,30 @@ fn too_late(rule: &crate::config::Rule, e: &crate::event::KeyEvent) -> Option<St
     })
 }
 
+/// Why `rule` does not fire `e`, an expiry found afterwards, whatever its detail: found later than
+/// `recover.max_late`, or the rule says `recover: never`. `keywatch test` asks the same.
+pub(crate) fn recovery_skipped(
+    rule: &crate::config::Rule,
+    e: &crate::event::KeyEvent,
+) -> Option<String> {
+    if let Some(why) = too_late(rule, e) {
+        return Some(why);
+    }
+    (e.recovered && rule.recover == Recover::Never)
+        .then(|| "the rule says `recover: never`".to_string())
+}
+
+/// Why `rule` does not fire `e` when its detail is absent, if it does not: an expiry found
+/// afterwards under `recover: if_detail` whose detail is gone was likely a delete.
+pub(crate) fn skipped_without_detail(
+    rule: &crate::config::Rule,
+    e: &crate::event::KeyEvent,
+) -> Option<&'static str> {
+    (e.recovered && rule.recover == Recover::IfDetail).then_some(
+        "its detail is gone (`recover: if_detail`): the key was likely deleted while nobody listened",
+    )
+}
+
 /// A rule's index in the config and the captures of its pattern.
 pub type RuleMatch = (usize, Vec<Vec<u8>>);
 
@@ -113,14 +137,9 @@ impl FiringStage {
                     }
                     continue;
                 }
-                if let Some(why) = too_late(r, e) {
+                if let Some(why) = recovery_skipped(r, e) {
                     self.skip_recovery(&r.name, e, &why);
                     self.keep_skipped(r, e, captures, &format!("recovered: {why}"));
-                    continue;
-                }
-                if e.recovered && r.recover == Recover::Never {
-                    self.skip_recovery(&r.name, e, "the rule says `recover: never`");
-                    self.keep_skipped(r, e, captures, "recovered: the rule says `recover: never`");
                     continue;
                 }
                 let context = || Context::for_event(&r.name, e, r.capture_names(), captures, None);
@@ -188,16 +207,17 @@ impl FiringStage {
                             }
                             Some(Detail::read(bytes))
                         }
-                        Ok(None) if e.recovered && r.recover == Recover::IfDetail => {
-                            let why = "its detail is gone (`recover: if_detail`): the key was likely deleted while nobody listened";
-                            self.skip_recovery(&r.name, e, why);
-                            self.keep_skipped(r, e, &f.captures, why);
-                            continue;
-                        }
-                        Ok(None) => {
-                            tracing::warn!(rule = %r.name, key = %e.key_lossy(), "No detail found beside the key; the actions run with `detail` = none.");
-                            Some(serde_json::Value::Null.into())
-                        }
+                        Ok(None) => match skipped_without_detail(r, e) {
+                            Some(why) => {
+                                self.skip_recovery(&r.name, e, why);
+                                self.keep_skipped(r, e, &f.captures, why);
+                                continue;
+                            }
+                            None => {
+                                tracing::warn!(rule = %r.name, key = %e.key_lossy(), "No detail found beside the key; the actions run with `detail` = none.");
+                                Some(serde_json::Value::Null.into())
+                            }
+                        },
                         Err(_) => unreachable!("items with a failed read were set aside above"),
                     },
                 };

@@ -328,6 +328,27 @@ pub fn glob_escape(raw: &[u8]) -> Vec<u8> {
     out
 }
 
+/// What a Redis glob's keys all start with, escapes resolved: up to its first unescaped `*`, `?`
+/// or `[`; and whether that is the whole glob (it has no wildcard: one key, the literal).
+pub fn glob_literal_start(glob: &[u8]) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(glob.len());
+    let mut i = 0;
+    while i < glob.len() {
+        match glob[i] {
+            b'\\' if i + 1 < glob.len() => {
+                out.push(glob[i + 1]);
+                i += 2;
+            }
+            b'*' | b'?' | b'[' => return (out, false),
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    (out, true)
+}
+
 fn tokenize(src: &str) -> Result<(Vec<Token>, Vec<String>), PatternError> {
     let bytes = src.as_bytes();
     let mut tokens: Vec<Token> = Vec::new();

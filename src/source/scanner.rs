@@ -271,8 +271,10 @@ pub async fn pexpiretime(conn: &Conn, keys: &[Vec<u8>]) -> redis::RedisResult<Ve
 pub struct RunStats {
     /// Keys read: returned by SCAN, or ledger entries.
     pub keys: u64,
-    /// Warnings claimed and sent to the engine (one per key and rule).
-    pub warned: u64,
+    /// Keys within a rule's `warn_before` handed to the engine (one per key and rule). The
+    /// engine warns each once per deadline, so a key keeps counting here, run after run, long
+    /// after its one warning went out: the log calls them `due`, not warnings sent.
+    pub due: u64,
     pub pauses: u64,
     pub from_ledger: bool,
 }
@@ -379,7 +381,7 @@ impl Scanner {
                 Ok(stats) => {
                     tracing::info!(
                         keys = stats.keys,
-                        warned = stats.warned,
+                        due = stats.due,
                         pauses = stats.pauses,
                         source = if stats.from_ledger { "ledger" } else { "scan" },
                         took_ms = took.as_millis() as u64,
@@ -473,7 +475,7 @@ impl Scanner {
                 .zip(deadlines)
                 .filter(|(_, d)| *d > 0)
                 .collect();
-            stats.warned += self.warn(db, found).await?;
+            stats.due += self.warn(db, found).await?;
         }
     }
 
@@ -501,7 +503,7 @@ impl Scanner {
                 self.metrics.scan_keys.inc_by(walk.read - read);
                 read = walk.read;
                 if !found.is_empty() {
-                    stats.warned += self.warn(db, found).await?;
+                    stats.due += self.warn(db, found).await?;
                 }
             }
             stats.keys += walk.read;

@@ -184,6 +184,11 @@ impl Context {
         ])
     }
 
+    /// The context as rendered at `now` rather than the real clock (`keywatch test`).
+    pub fn at(self, now: DateTime<Utc>) -> Context {
+        self.with([("now", Value::from(rfc3339(now)))])
+    }
+
     /// Replaces `detail` with the stand-in `sample()` uses, for `keywatch explain`: the real
     /// detail exists only in Redis at event time.
     pub fn with_sample_detail(self) -> Context {

@@ -20,12 +20,36 @@ fn read(name: &str) -> String {
 #[test]
 fn the_example_rules_pass_check() {
     let rules = repo().join("rules");
+    // `rules/` runs as shipped: no variable to set, so not one warning.
     let out = run_keywatch(["check", "-r", rules.to_str().unwrap()], &[]);
     assert!(
-        out.status.success(),
-        "keywatch check -r rules/ failed:\n{}",
+        out.status.success() && out.stderr.is_empty(),
+        "keywatch check -r rules/ failed or warned:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Each of `extra-rules/` beside them, with what it needs only warned about.
+    for file in std::fs::read_dir(repo().join("extra-rules")).unwrap() {
+        let file = file.unwrap().path();
+        if file.to_str().unwrap().ends_with(".test.yaml") {
+            continue;
+        }
+        let out = run_keywatch(
+            [
+                "check",
+                "-r",
+                rules.to_str().unwrap(),
+                "-r",
+                file.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert!(
+            out.status.success(),
+            "keywatch check -r rules/ -r {} failed:\n{}",
+            file.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let explain = run_keywatch(
         [
             "explain",
@@ -41,6 +65,72 @@ fn the_example_rules_pass_check() {
         text.contains("订单 order-42 预占的商品 sku-1001 已超时未释放"),
         "the Chinese example renders its message:\n{text}"
     );
+}
+
+/// The first fenced block after `marker` in `doc`, without its fences.
+fn block_after(doc: &str, marker: &str) -> String {
+    let start = doc.find(marker).unwrap_or_else(|| panic!("no {marker:?}"));
+    let rest = &doc[start..];
+    let open = rest.find("```").unwrap();
+    let body = &rest[open..];
+    let body = &body[body.find('\n').unwrap() + 1..];
+    body[..body.find("```").unwrap()].to_string()
+}
+
+/// README's first rule passes the test README shows beside it, and its local run (`check`,
+/// `explain` on the shipped `rules/`) answers without a warning: no variable to set first.
+#[test]
+fn the_readmes_first_rule_passes_its_test_and_the_local_run_needs_no_environment() {
+    let readme = read("README.md");
+    let dir = tempfile::tempdir().unwrap();
+    let rule = block_after(&readme, "## A first rule");
+    let test = block_after(&readme, "A test gives events and lists every action");
+    assert!(test.starts_with("# first-rule.test.yaml\n"), "{test}");
+    std::fs::write(dir.path().join("first-rule.yaml"), rule).unwrap();
+    let test_file = dir.path().join("first-rule.test.yaml");
+    std::fs::write(&test_file, test).unwrap();
+    let out = run_keywatch(["test", test_file.to_str().unwrap()], &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The flags README has the reader set are every flag `check` says the rules need.
+    let local = block_after(&readme, "### Run keywatch on a local Redis");
+    let set = local
+        .lines()
+        .find_map(|l| l.strip_prefix("redis-cli config set notify-keyspace-events "))
+        .expect("README sets the notification flags");
+    let flags = set.split_whitespace().next().unwrap();
+    let rules = repo().join("rules");
+    let check = run_keywatch(["check", "-r", rules.to_str().unwrap()], &[]);
+    let check = String::from_utf8_lossy(&check.stdout);
+    let needed = check
+        .split("notify-keyspace-events with at least `")
+        .nth(1)
+        .and_then(|rest| rest.split('`').next())
+        .unwrap_or_else(|| panic!("{check}"));
+    for flag in needed.chars() {
+        assert!(
+            flags.contains(flag),
+            "README sets `{flags}`, the rules need `{needed}`"
+        );
+    }
+    for args in [
+        vec!["check", "-r", rules.to_str().unwrap()],
+        vec!["explain", "order_lock:42", "-r", rules.to_str().unwrap()],
+    ] {
+        let out = run_keywatch(&args, &[]);
+        assert!(
+            out.status.success() && out.stderr.is_empty(),
+            "keywatch {args:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 /// The first column of the table rows of the section `heading` in `doc` (`| `name` | ... |`).

@@ -155,6 +155,63 @@ fn a_ready_redis_passes_with_every_check_and_the_rules_sampled() {
     }
 }
 
+/// A typo in a pattern (`order-lock:` for `order_lock:`) passes `check`; a full walk that finds
+/// no key for a rule warns, and names the keys it saw that come closest.
+#[test]
+fn a_rule_no_key_matches_warns_and_names_the_closest_keys() {
+    let redis = RedisServer::builder().notify_keyspace_events("KEA").start();
+    let mut conn = redis.conn();
+    for k in ["order_lock:1", "order_lock:2", "session:s1", "cart:s1"] {
+        let () = redis::cmd("SET").arg(k).arg("v").query(&mut conn).unwrap();
+    }
+    let rules = r#"
+channels:
+  log: { type: log }
+rules:
+  - name: order-lock
+    match: "order-lock:{id}"
+    notify: { to: [log] }
+  - name: sessions
+    match: "session:{sid}"
+    notify: { to: [log] }
+"#;
+    let out = Doctor::new(rules).run(&redis.url(), &["--json"]);
+    assert_eq!(code(&out), Some(0), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let check = |name: &str| {
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap_or_else(|| panic!("no check {name:?} in {report:#}"))
+            .clone()
+    };
+    let typo = check("rule order-lock");
+    assert_eq!(typo["verdict"], "warn", "{typo:#}");
+    let detail = typo["detail"].as_str().unwrap();
+    assert!(detail.contains("no key matches"), "{typo:#}");
+    assert!(detail.contains("order_lock:1"), "{typo:#}");
+    assert!(!detail.contains("session:s1"), "{typo:#}");
+    assert!(
+        typo["fix"].as_str().unwrap().contains("explain"),
+        "{typo:#}"
+    );
+    assert_eq!(check("rule sessions")["verdict"], "ok");
+
+    // A database with no key yet shows no typo: nothing to warn about.
+    let empty = RedisServer::builder().notify_keyspace_events("KEA").start();
+    let out = Doctor::new(rules).run(&empty.url(), &["--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let warnings: Vec<&serde_json::Value> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["verdict"] == "warn")
+        .collect();
+    assert!(warnings.is_empty(), "{report:#}");
+}
+
 #[test]
 fn a_replica_fails_and_names_its_master() {
     let master = RedisServer::builder().notify_keyspace_events("Exg").start();
@@ -377,15 +434,16 @@ fn the_documented_user_has_every_permission_the_example_rules_need() {
     // The hash-field example needs a server with hash-field expiry, which the default one is not:
     // tests/e2e/hash_fields.rs runs it, under all three documented lines, on Valkey.
     let rules = tempfile::tempdir().unwrap();
-    for file in
-        std::fs::read_dir(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules")).unwrap()
-    {
-        let path = file.unwrap().path();
-        if !std::fs::read_to_string(&path)
-            .unwrap()
-            .contains("on: [hexpired]")
-        {
-            std::fs::copy(&path, rules.path().join(path.file_name().unwrap())).unwrap();
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["rules", "extra-rules"] {
+        for file in std::fs::read_dir(repo.join(dir)).unwrap() {
+            let path = file.unwrap().path();
+            if !std::fs::read_to_string(&path)
+                .unwrap()
+                .contains("on: [hexpired]")
+            {
+                std::fs::copy(&path, rules.path().join(path.file_name().unwrap())).unwrap();
+            }
         }
     }
     let rules = rules.path();

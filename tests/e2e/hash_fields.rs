@@ -501,10 +501,19 @@ fn the_documented_user_with_the_hash_field_line_has_what_the_example_rules_need_
             .query(&mut conn)
             .unwrap_or_else(|e| panic!("{line}: {e}"));
     }
-    let rules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (rules, extra) = (repo.join("rules"), repo.join("extra-rules"));
     let url = format!("redis://keywatch:kw-pass@{}", redis.addr());
     let out = run_keywatch(
-        ["doctor", "--redis", &url, "-r", rules.to_str().unwrap()],
+        [
+            "doctor",
+            "--redis",
+            &url,
+            "-r",
+            rules.to_str().unwrap(),
+            "-r",
+            extra.to_str().unwrap(),
+        ],
         &[],
     );
     let text = String::from_utf8_lossy(&out.stdout);

@@ -46,6 +46,7 @@ mod pattern_scan;
 mod pipeline;
 mod quiet_hours;
 mod reload;
+mod rule_tests;
 mod scanner;
 mod sentinel;
 mod server_events;

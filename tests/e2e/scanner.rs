@@ -88,6 +88,16 @@ fn keys_set_before_and_after_start_are_warned_once_and_far_ones_not_at_all() {
     receiver.wait_for(2, PATIENCE);
     // Many scans later, still one warning per key.
     wait_for_scans(&daemon, 4);
+    // Each run hands the engine the keys within `warn_before`, and the engine warns each once
+    // per deadline: the log counts them as due, not as warnings sent (issue 45).
+    for run in daemon
+        .logs()
+        .iter()
+        .filter(|l| field_is(l, "message", "Scanner: run done."))
+    {
+        assert!(run.get("warned").is_none(), "{run}");
+        assert!(run["due"].is_u64(), "{run}");
+    }
     let got = warnings(&receiver);
     assert_eq!(
         got.keys().collect::<Vec<_>>(),

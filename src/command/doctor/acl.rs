@@ -138,8 +138,9 @@ mod tests {
             "TELEGRAM_BOT_TOKEN" => Some("123456789:AAE-example_token_0123456789".to_string()),
             _ => Some("https://example.com/hook".to_string()),
         };
-        let rules = crate::config::load(&[root.join("rules")], crate::config::Mode::Check, &env)
-            .unwrap_or_else(|e| panic!("rules/: {e:?}"))
+        let every_example = [root.join("rules"), root.join("extra-rules")];
+        let rules = crate::config::load(&every_example, crate::config::Mode::Check, &env)
+            .unwrap_or_else(|e| panic!("rules/, extra-rules/: {e:?}"))
             .config;
         assert_eq!(rules.state.prefix, "keywatch:");
         let derived = [

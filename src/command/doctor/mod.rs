@@ -14,6 +14,7 @@
 //! - [`sentinel`]: the sentinels of `redis.sentinel` and the master they name.
 
 pub mod acl;
+mod closest;
 pub mod cluster;
 #[cfg(test)]
 mod guard;
@@ -445,7 +446,9 @@ fn backlog(report: &mut Report, info: &Info) {
     }
 }
 
-/// A bounded `SCAN MATCH` per rule: how many keys the rule would see, from a sample.
+/// A bounded `SCAN MATCH` per rule: how many keys the rule would see, from a sample. A rule
+/// no key matches although every key was walked warns, naming the keys that come closest to
+/// its pattern (a typo in `match` passes `check`).
 async fn rule_samples(
     report: &mut Report,
     config: &Config,
@@ -459,6 +462,8 @@ async fn rule_samples(
             Err(_) => continue,
         };
         let Ok(mut conn) = conn else { continue };
+        // Every key of the database, read once and only for a rule that matched none.
+        let mut every_key: Option<Vec<Vec<u8>>> = None;
         for rule in &config.rules {
             if rule.db.as_ref().is_some_and(|d| !d.contains(&db)) {
                 continue;
@@ -502,6 +507,43 @@ async fn rule_samples(
             } else {
                 format!("a sample: about {walked} keys of db{db} walked{scope}")
             };
+            if complete && found == 0 {
+                if every_key.is_none() {
+                    every_key = Some(walk_all(&mut conn, config).await);
+                }
+                let seen = every_key.as_deref().unwrap_or_default();
+                // An empty database shows no typo: nothing is written yet.
+                if seen.is_empty() {
+                    report.ok(
+                        &format!("rule {}", rule.name),
+                        format!(
+                            "{} (SCAN MATCH {}): db{db} holds no key yet to compare it with",
+                            rule.pattern.source(),
+                            String::from_utf8_lossy(glob)
+                        ),
+                    );
+                    continue;
+                }
+                let start = closest::literal_start(glob);
+                let near = closest::closest(&start, seen);
+                let seen = match near.is_empty() {
+                    true => "no key seen comes close to it".to_string(),
+                    false => format!("closest keys seen: {}", closest::describe(&near)),
+                };
+                report.warn(
+                    &format!("rule {}", rule.name),
+                    format!(
+                        "{} (SCAN MATCH {}): no key matches ({how}); {seen}",
+                        rule.pattern.source(),
+                        String::from_utf8_lossy(glob)
+                    ),
+                    Some(
+                        "a typo in `match`? `keywatch explain KEY` shows which rules a real key matches (no fix needed if the application does not write these keys yet)"
+                            .into(),
+                    ),
+                );
+                continue;
+            }
             report.ok(
                 &format!("rule {}", rule.name),
                 format!(
@@ -512,6 +554,28 @@ async fn rule_samples(
             );
         }
     }
+}
+
+/// The keys of the connection's database outside keywatch's own, walked as far as the rule
+/// samples walk (doctor only walks them all where that is cheap).
+async fn walk_all(conn: &mut MultiplexedConnection, config: &Config) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    for _ in 0..SAMPLE_CALLS {
+        let Ok((next, page)) = crate::keyspace::scan_page(conn, cursor, b"*", SAMPLE_COUNT).await
+        else {
+            break;
+        };
+        keys.extend(
+            page.into_iter()
+                .filter(|k| !k.starts_with(config.state.prefix.as_bytes())),
+        );
+        cursor = next;
+        if next == 0 {
+            break;
+        }
+    }
+    keys
 }
 
 /// A Redis error in a few words, never with a URL.

@@ -42,7 +42,14 @@ pub enum Upcoming {
     /// No rule reacts to expiries, so keywatch keeps no ledger.
     NoLedger,
     Unavailable(String),
-    Keys(Vec<UpcomingKey>),
+    Keys {
+        keys: Vec<UpcomingKey>,
+        /// What this instance has learnt so far: the keys of its index, and whether its fill
+        /// (the walk of the keyspace after start or a reconnect) is done. Right after a
+        /// restart the ledger in Redis already lists keys while the index is still filling.
+        indexed: usize,
+        filled: bool,
+    },
 }
 
 /// The next [`UPCOMING`] deadlines over the watched databases, soonest first.
@@ -54,11 +61,7 @@ pub async fn upcoming(ledger: Option<&Ledger>, config: Option<&Config>) -> Upcom
         let mut keys = Vec::new();
         for &db in &config.redis.databases {
             for (key, deadline_ms) in ledger.upcoming(db, i64::MAX, UPCOMING).await? {
-                let rules = config
-                    .rules_for(EventKind::Expired, db, &key)
-                    .into_iter()
-                    .map(|(i, _)| config.rules[i].name.clone())
-                    .collect();
+                let rules = rules_at_deadline(config, db, &key);
                 keys.push(UpcomingKey {
                     db,
                     key,
@@ -72,12 +75,46 @@ pub async fn upcoming(ledger: Option<&Ledger>, config: Option<&Config>) -> Upcom
         Ok::<_, redis::RedisError>(keys)
     };
     match tokio::time::timeout(LEDGER_TIMEOUT, read).await {
-        Ok(Ok(keys)) => Upcoming::Keys(keys),
+        Ok(Ok(keys)) => Upcoming::Keys {
+            keys,
+            indexed: ledger.indexed(),
+            filled: ledger.is_filled(),
+        },
         Ok(Err(e)) => Upcoming::Unavailable(format!("cannot read the ledger: {e}")),
         Err(_) => Upcoming::Unavailable(format!(
             "the ledger did not answer within {}",
             humantime::format_duration(LEDGER_TIMEOUT)
         )),
+    }
+}
+
+/// The rules a key's deadline matters to, in file order: those that fire when it expires and
+/// those that warn before it.
+fn rules_at_deadline(config: &Config, db: u32, key: &[u8]) -> Vec<String> {
+    let mut idx = Vec::new();
+    config.matching_rules(key, &mut idx);
+    idx.into_iter()
+        .map(|i| &config.rules[i])
+        .filter(|r| r.fires_on(EventKind::Expired, db) || r.fires_on(EventKind::Expiring, db))
+        .filter(|r| r.pattern.captures(key).is_some())
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+/// The summary's word on the deadline ledger, from what this instance knows now (the
+/// `keywatch_ledger_keys` gauge is only refreshed every few seconds).
+fn ledger_pill(upcoming: &Upcoming) -> String {
+    match upcoming {
+        Upcoming::NoLedger => "no ledger".into(),
+        Upcoming::Unavailable(_) => "ledger unavailable".into(),
+        Upcoming::Keys {
+            indexed,
+            filled: true,
+            ..
+        } => format!("{indexed} ledger keys"),
+        Upcoming::Keys { indexed, .. } => {
+            format!("learning deadlines ({indexed} ledger keys so far)")
+        }
     }
 }
 
@@ -204,7 +241,7 @@ pub fn render(
          <span class=\"pill\">{} pending</span>\
          <span class=\"pill {}\">{} dead letters</span>\
          <span class=\"pill\">{} reconnects</span>\
-         <span class=\"pill\">{} ledger keys</span></div>\
+         <span class=\"pill\" id=\"ledger\">{}</span></div>\
          <div class=\"meta\">As of {}; refreshes every 30 s. Counts since this process started.</div>",
         esc(env!("CARGO_PKG_VERSION")),
         if ready { "ok" } else { "bad" },
@@ -218,7 +255,7 @@ pub fn render(
         },
         metrics.dead_letters.get(),
         metrics.reconnects.get(),
-        metrics.ledger_keys.get(),
+        esc(&ledger_pill(upcoming)),
         clock(now),
     );
 
@@ -348,8 +385,10 @@ fn upcoming_section(h: &mut String, upcoming: &Upcoming, now: DateTime<Utc>) {
         Upcoming::Unavailable(why) => {
             let _ = write!(h, "<li class=\"none bad\">unavailable: {}</li>", esc(why));
         }
-        Upcoming::Keys(keys) if keys.is_empty() => h.push_str("<li class=\"none\">none</li>"),
-        Upcoming::Keys(keys) => {
+        Upcoming::Keys { keys, .. } if keys.is_empty() => {
+            h.push_str("<li class=\"none\">none</li>")
+        }
+        Upcoming::Keys { keys, .. } => {
             for k in keys {
                 let at = Utc
                     .timestamp_millis_opt(k.deadline_ms)
@@ -627,6 +666,65 @@ mod tests {
         assert!(page.contains("&lt;img src=x onerror=alert(1)&gt;"));
     }
 
+    /// A key with a rule that warns before its deadline and one that fires at it lists both.
+    #[test]
+    fn an_upcoming_key_names_every_rule_its_deadline_matters_to() {
+        let config = crate::config::of_yaml(
+            r#"
+channels:
+  log: { type: log }
+rules:
+  - name: license-expiring
+    match: "license:{customer}"
+    on: [expiring]
+    warn_before: 7d
+    notify: { to: [log] }
+  - name: license-expired
+    match: "license:{customer}"
+    notify: { to: [log] }
+  - name: license-evicted
+    match: "license:{customer}"
+    on: [evicted]
+    notify: { to: [log] }
+"#,
+            crate::config::Mode::Check,
+        );
+        assert_eq!(
+            rules_at_deadline(&config, 0, b"license:acme"),
+            ["license-expiring", "license-expired"]
+        );
+    }
+
+    /// Right after a restart this instance's index of the ledger is still filling (its gauge
+    /// reads 0) while the ledger in Redis already lists the upcoming keys: the page must not
+    /// say "0 ledger keys" beside them.
+    #[test]
+    fn the_ledger_count_agrees_with_the_upcoming_keys() {
+        let status = Status::default();
+        let now = Utc::now();
+        let key = |k: &str| UpcomingKey {
+            db: 0,
+            key: k.as_bytes().to_vec(),
+            deadline_ms: now.timestamp_millis() + 60_000,
+            rules: vec!["r".into()],
+        };
+        let upcoming = Upcoming::Keys {
+            keys: vec![key("a:1"), key("a:2"), key("a:3")],
+            indexed: 0,
+            filled: false,
+        };
+        let page = render(
+            &status,
+            &Metrics::new(),
+            &upcoming,
+            &[],
+            &status.recent(),
+            now,
+        );
+        assert!(!page.contains(">0 ledger keys<"), "{page}");
+        assert!(page.contains("learning deadlines"), "{page}");
+    }
+
     /// Issue 36: a link's silence for a key that is not UTF-8 was listed by its pattern, the
     /// spelling with U+FFFD, which is another key.
     #[test]
@@ -644,12 +742,16 @@ mod tests {
             created: now,
             by: "link".into(),
         };
-        let upcoming = Upcoming::Keys(vec![UpcomingKey {
-            db: 0,
-            key: b"cache:\xfe\x1b".to_vec(),
-            deadline_ms: now.timestamp_millis() + 60_000,
-            rules: vec![],
-        }]);
+        let upcoming = Upcoming::Keys {
+            keys: vec![UpcomingKey {
+                db: 0,
+                key: b"cache:\xfe\x1b".to_vec(),
+                deadline_ms: now.timestamp_millis() + 60_000,
+                rules: vec![],
+            }],
+            indexed: 1,
+            filled: true,
+        };
         let page = render(
             &status,
             &Metrics::new(),

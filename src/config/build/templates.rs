@@ -14,8 +14,10 @@ use crate::yaml::decode::{Decoder, Text};
 use crate::yaml::diagnostic::did_you_mean;
 
 /// The default message of docs/rules.md, with the TTL and the deadline (in `timezone`) for
-/// `expiring`.
-pub const DEFAULT_MESSAGE: &str = "{{ rule }}: {{ key }} {{ event }}{% if ttl %} (expires in {{ ttl }}{% if deadline %}, at {{ deadline | datetime }}{% endif %}){% endif %}";
+/// `expiring`. An expiry found after keywatch was down cannot be told from a delete made
+/// meanwhile (docs/rules.md#recover-expiries-found-afterwards): the message says so instead of
+/// claiming an expiry.
+pub const DEFAULT_MESSAGE: &str = "{{ rule }}: {{ key }} {% if recovered %}found gone after keywatch was down: {{ event }}, or deleted while nobody listened{% else %}{{ event }}{% endif %}{% if ttl %} (expires in {{ ttl }}{% if deadline %}, at {{ deadline | datetime }}{% endif %}){% endif %}";
 
 pub const DEFAULT_TITLE: &str = "keywatch: {{ rule }}";
 
