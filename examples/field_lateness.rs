@@ -126,6 +126,7 @@ async fn main() {
         listen: "127.0.0.1:0".parse().unwrap(),
         stop_after: None,
         rules: Vec::new(),
+        shadow: false,
     };
     let run = tokio::spawn(run::run(loaded.config, opts, stop.clone()));
     let learnt = std::time::Instant::now();

@@ -95,6 +95,7 @@ rules:
             listen: "127.0.0.1:0".parse().unwrap(),
             stop_after: None,
             rules: Vec::new(),
+            shadow: false,
         };
         std::thread::spawn(move || {
             tokio::runtime::Builder::new_multi_thread()

@@ -162,6 +162,7 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
         listen: format!("127.0.0.1:{port}").parse().unwrap(),
         stop_after: None,
         rules: Vec::new(),
+        shadow: false,
     };
     // `--far-first`: the far keys exist before keywatch starts, and its start-up fill learns
     // them (as with an existing keyspace), not 10 million `expire` events.

@@ -77,6 +77,7 @@ async fn run(instances: usize, jobs: u64, response: Duration) -> (f64, usize, us
             listen: "127.0.0.1:0".parse().unwrap(),
             stop_after: None,
             rules: Vec::new(),
+            shadow: false,
         };
         runs.push(tokio::spawn(run::run(loaded.config, opts, stop.clone())));
     }

@@ -118,6 +118,9 @@ impl Attempted<'_> {
             Outcome::Sent(_) | Outcome::Skipped(_) => {
                 tracing::info!(internal_event = name, %rule, %key, action, channel, outcome = label, attempt, answer = %outcome.text(), "Action done.")
             }
+            Outcome::Shadow(rendered) => {
+                tracing::info!(internal_event = name, %rule, %key, action, channel, outcome = label, attempt, %rendered, "Shadow: the action was rendered, not done.")
+            }
             Outcome::Again { answer, after } => {
                 tracing::info!(internal_event = name, %rule, %key, action, channel, outcome = label, attempt, %answer, again_in = %humantime::format_duration(*after), "Action done; it runs again later.")
             }

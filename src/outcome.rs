@@ -31,6 +31,9 @@ pub enum Outcome {
     /// while it fires. The same job comes back from the queue (on whichever instance takes it),
     /// its attempts counted from one again.
     Again { answer: String, after: Duration },
+    /// Not done: what it would have done, rendered (`keywatch run --shadow`, which acts on
+    /// nothing; docs/operations.md#rolling-out-beside-existing-code).
+    Shadow(String),
 }
 
 impl Outcome {
@@ -49,6 +52,7 @@ impl Outcome {
                 answer: f(&answer),
                 after,
             },
+            Outcome::Shadow(s) => Outcome::Shadow(f(&s)),
         }
     }
 
@@ -56,7 +60,7 @@ impl Outcome {
     /// or failed.
     pub fn text(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            Outcome::Sent(s) | Outcome::Failed(s) => s.into(),
+            Outcome::Sent(s) | Outcome::Failed(s) | Outcome::Shadow(s) => s.into(),
             Outcome::Skipped(why) => format!("{CANCELLED}{why}").into(),
             Outcome::Retry { reason, .. } => reason.into(),
             Outcome::Again { answer, .. } => answer.into(),
@@ -70,6 +74,7 @@ impl Outcome {
             Outcome::Sent(_) | Outcome::Skipped(_) | Outcome::Again { .. } => "sent",
             Outcome::Retry { .. } => "retry",
             Outcome::Failed(_) => "failed",
+            Outcome::Shadow(_) => "shadow",
         }
     }
 }

@@ -51,6 +51,8 @@ pub struct RuleCounts {
     pub retried: u64,
     pub failed: u64,
     pub dead: u64,
+    /// Rendered and not done (`run --shadow`).
+    pub shadow: u64,
 }
 
 #[derive(Default)]
@@ -259,6 +261,7 @@ impl Status {
         self.count(rule, |c| match outcome {
             "sent" => c.sent += 1,
             "retry" => c.retried += 1,
+            "shadow" => c.shadow += 1,
             _ => c.failed += 1,
         });
         let Some(id) = id else { return };

@@ -45,6 +45,36 @@ pub enum Preview {
 }
 
 impl Preview {
+    /// What it would do, as one text: what a shadow (`run --shadow`) records in history.
+    pub fn describe(&self) -> String {
+        match self {
+            Preview::Notify {
+                channel,
+                title,
+                text,
+            }
+            | Preview::Escalate {
+                channel,
+                title,
+                text,
+            } => format!("{} {channel}: {title}\n{text}", self.action()),
+            Preview::Reload {
+                method, url, body, ..
+            } => match body.is_empty() {
+                true => format!("reload {method} {url}"),
+                false => format!("reload {method} {url}\n{body}"),
+            },
+            Preview::Exec { argv } => {
+                format!("exec {}", serde_json::to_string(argv).unwrap_or_default())
+            }
+            Preview::Cleanup { delete, hdel } => format!(
+                "cleanup delete {} hdel {}",
+                serde_json::to_string(delete).unwrap_or_default(),
+                serde_json::to_string(hdel).unwrap_or_default()
+            ),
+        }
+    }
+
     /// The `action` label of docs/operations.md#metrics.
     pub fn action(&self) -> &'static str {
         match self {

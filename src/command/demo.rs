@@ -79,6 +79,7 @@ pub async fn run() -> Result<(), DemoError> {
         listen: "127.0.0.1:0".parse().expect("a valid address"),
         stop_after: Some(Duration::from_secs(20)),
         rules: Vec::new(),
+        shadow: false,
     };
     let runner = tokio::spawn(run::run(loaded.config, opts, stop.clone()));
 

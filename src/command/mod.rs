@@ -58,6 +58,11 @@ pub enum Command {
         /// Address of the HTTP endpoint (/, /metrics, /healthz, /readyz).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
         listen: std::net::SocketAddr,
+        /// Act on nothing: record what each action would have done (history outcome `shadow`),
+        /// with state under `state.prefix` + `shadow:`, beside a keywatch or the code it
+        /// replaces.
+        #[arg(long)]
+        shadow: bool,
     },
     /// Send one test message through CHANNEL and show the target's answer.
     SendTest {
@@ -100,6 +105,9 @@ pub enum Command {
         /// At most this many firings.
         #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
+        /// What a shadow (`run --shadow`) recorded, not what keywatch did.
+        #[arg(long)]
+        shadow: bool,
         #[command(flatten)]
         target: StateArgs,
     },
@@ -371,11 +379,15 @@ pub fn run(cli: Cli) -> ExitCode {
             rules,
             redis,
             listen,
+            shadow,
         } => {
-            let loaded = match load_or_report(&rules.paths, Mode::Run) {
+            let mut loaded = match load_or_report(&rules.paths, Mode::Run) {
                 Ok(l) => l,
                 Err(code) => return code,
             };
+            if shadow {
+                loaded.config = loaded.config.into_shadow();
+            }
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };
@@ -384,6 +396,7 @@ pub fn run(cli: Cli) -> ExitCode {
                 listen,
                 stop_after: None,
                 rules: rules.paths.clone(),
+                shadow,
             };
             match rt.block_on(crate::command::run::run(
                 loaded.config,
@@ -509,8 +522,10 @@ pub fn run(cli: Cli) -> ExitCode {
             since,
             json,
             limit,
+            shadow,
             target,
         } => admin(target, |config, conn| async move {
+            let config = if shadow { config.into_shadow() } else { config };
             let filter = crate::store::history::Filter {
                 key: key.map(|k| *k),
                 rule,

@@ -64,8 +64,9 @@ fn say(channel: &str, kind: &str, target: &str, outcome: Outcome) -> Result<Stri
         Outcome::Sent(answer) | Outcome::Again { answer, .. } => {
             Ok(format!("sent to {channel} ({} → {target}): {answer}", kind))
         }
-        // A channel's send never skips; a skip is the follow-ups' and the alerts' own word.
-        Outcome::Skipped(why) => Ok(format!(
+        // A channel's send never skips; a skip is the follow-ups' and the alerts' own word, a
+        // shadow a delivery's.
+        Outcome::Skipped(why) | Outcome::Shadow(why) => Ok(format!(
             "nothing sent to {channel} ({} → {target}): {why}",
             kind
         )),

@@ -50,6 +50,7 @@ pub fn build(d: &mut Decoder<'_>, drafts: Drafts, files: Vec<PathBuf>) -> Option
             .map(|f| f.value.value)
             .unwrap_or_else(|| "keywatch:".into()),
         url: drafts.state.url.map(|f| Secret::new(f.value.value)),
+        shadow_of: None,
     };
     if redis.cluster && state.url.is_none() {
         // The state shares the watched cluster: its keys must all hash to one slot.

@@ -10,7 +10,7 @@ impl Config {
     /// Indices of the rules whose pattern matches `key`, in file order. keywatch's own keys
     /// (under `state.prefix`) never match.
     pub fn matching_rules(&self, key: &[u8], out: &mut Vec<usize>) {
-        if key.starts_with(self.state.prefix.as_bytes()) {
+        if self.state.is_own(key) {
             out.clear();
             return;
         }

@@ -141,6 +141,43 @@ pub struct TlsFiles {
 pub struct StateSettings {
     pub prefix: String,
     pub url: Option<Secret>,
+    /// Set in a shadow (`run --shadow`): the prefix of the keywatch it runs beside, whose keys
+    /// are keywatch's own as much as the shadow's (never matched, learnt or deleted).
+    pub shadow_of: Option<String>,
+}
+
+impl StateSettings {
+    /// Whether `key` is keywatch's own: under `prefix`, or the real keywatch's beside a shadow.
+    pub fn is_own(&self, key: &[u8]) -> bool {
+        key.starts_with(self.prefix.as_bytes())
+            || self
+                .shadow_of
+                .as_ref()
+                .is_some_and(|p| key.starts_with(p.as_bytes()))
+    }
+
+    /// Whether this is a shadow's state (`run --shadow`).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow_of.is_some()
+    }
+}
+
+impl Config {
+    /// These rules as a shadow runs them (`run --shadow`, docs/operations.md#rolling-out-beside-existing-code):
+    /// its state under `state.prefix` + `shadow:`, so that it changes nothing of a keywatch
+    /// running beside it, and that one's keys its own too.
+    pub fn into_shadow(mut self) -> Config {
+        if self.state.shadow_of.is_none() {
+            let real = std::mem::take(&mut self.state.prefix);
+            self.state.prefix = format!("{real}shadow:");
+            self.state.shadow_of = Some(real);
+        }
+        // A shadow changes nothing of the watched Redis: missing flags are reported, not set.
+        if self.redis.notifications == Notifications::Enable {
+            self.redis.notifications = Notifications::Check;
+        }
+        self
+    }
 }
 
 #[derive(Clone, Debug)]

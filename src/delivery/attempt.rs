@@ -37,26 +37,10 @@ impl Attempt {
     /// counted and logged as failed (the dead letter follows), not as a retry.
     pub(super) async fn run(&self, work: &Work, n: u32, failing_since: Option<i64>) -> Tried {
         let started = Instant::now();
-        let outcome = match work {
-            Work::Job {
-                firing,
-                action,
-                released: None,
-            } => self.actions.run(firing, action).await,
-            Work::Job {
-                firing,
-                action,
-                released: Some(released),
-            } => {
-                let job = crate::firing::Job::first(firing.clone(), action.clone());
-                crate::action::release::Release::send_released(&self.actions, &job, released).await
-            }
-            Work::Digest {
-                channel, message, ..
-            } => match self.actions.refreshed().config.channel(channel) {
-                Some(ch) => channel::send(&self.actions.http, ch, message).await,
-                None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
-            },
+        let outcome = if self.actions.live.current().state.is_shadow() {
+            self.shadow(work)
+        } else {
+            self.real(work).await
         };
         // The one place every attempt's text passes before it is logged, counted, kept in
         // history or dead-lettered: an error may quote a rendered URL, argument or answer with a
@@ -103,5 +87,59 @@ impl Attempt {
         }
         .emit(&self.metrics);
         tried
+    }
+
+    /// The attempt itself: the integration's request, the command, the cleanup.
+    async fn real(&self, work: &Work) -> Outcome {
+        match work {
+            Work::Job {
+                firing,
+                action,
+                released: None,
+            } => self.actions.run(firing, action).await,
+            Work::Job {
+                firing,
+                action,
+                released: Some(released),
+            } => {
+                let job = crate::firing::Job::first(firing.clone(), action.clone());
+                crate::action::release::Release::send_released(&self.actions, &job, released).await
+            }
+            Work::Digest {
+                channel, message, ..
+            } => match self.actions.refreshed().config.channel(channel) {
+                Some(ch) => channel::send(&self.actions.http, ch, message).await,
+                None => Outcome::Failed(format!("channel `{channel}` is no longer defined")),
+            },
+        }
+    }
+
+    /// What a shadow (`run --shadow`) does instead: renders the action with the code that does
+    /// it (`action::preview`) and does nothing. A resolved notice needs the key back, which a
+    /// shadow does not look for.
+    fn shadow(&self, work: &Work) -> Outcome {
+        match work {
+            Work::Digest {
+                channel, message, ..
+            } => Outcome::Shadow(format!(
+                "notify {channel}: {}\n{}",
+                message.title, message.text
+            )),
+            Work::Job { firing, action, .. } => {
+                let a = self.actions.refreshed();
+                let Some(rule) = a.config.rule(&firing.rule) else {
+                    return Outcome::Failed(format!("rule `{}` no longer exists", firing.rule));
+                };
+                if matches!(action, Action::Resolved { .. }) {
+                    return Outcome::Skipped(
+                        "a shadow does not look whether the key exists again".into(),
+                    );
+                }
+                match crate::action::preview::preview(&a, firing, rule, action) {
+                    Ok(p) => Outcome::Shadow(p.describe()),
+                    Err(why) => Outcome::Failed(why),
+                }
+            }
+        }
     }
 }

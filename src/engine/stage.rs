@@ -311,7 +311,13 @@ impl FiringStage {
             return;
         }
         let reqs: Vec<&Request> = removals.iter().flat_map(|(_, r)| r).collect();
-        if let Err(e) = detail::remove(&self.keyspace, &reqs).await {
+        // A shadow removes nothing (`detail.remove` is the application's data): it only lets
+        // the events' records go.
+        let removed = match self.config.state.is_shadow() {
+            true => Ok(()),
+            false => detail::remove(&self.keyspace, &reqs).await,
+        };
+        if let Err(e) = removed {
             // The records still say what to remove: whoever takes them next does it.
             tracing::error!(error = %e, "Cannot remove details; they are removed when the events are taken again.");
             let ids: Vec<String> = removals.into_iter().map(|(id, _)| id).collect();

@@ -63,6 +63,10 @@ pub struct ActionRecord {
     pub attempts: u32,
     /// The last failure, secrets masked; `null` once sent.
     pub last_error: Option<String>,
+    /// What a shadow (`run --shadow`) would have done, rendered: the channel's text, the
+    /// reload's request, the exec's argv, the cleanup's patterns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rendered: Option<String>,
     /// When this outcome was recorded (RFC 3339).
     pub at: String,
 }
@@ -268,6 +272,11 @@ impl Recorder {
             Outcome::Sent(_) | Outcome::Again { .. } => ("sent", None),
             Outcome::Retry { reason, .. } => ("retrying", Some(reason.clone())),
             Outcome::Failed(reason) => ("dead", Some(reason.clone())),
+            Outcome::Shadow(rendered) => {
+                let mut record = self.record(action, "shadow", attempts, None);
+                record.rendered = Some(rendered.clone());
+                return self.send_action(f, action, record);
+            }
         };
         self.action(f, action, label, attempts, error);
     }
@@ -308,19 +317,35 @@ impl Recorder {
         attempts: u32,
         error: Option<String>,
     ) {
+        let record = self.record(action, outcome, attempts, error);
+        self.send_action(f, action, record);
+    }
+
+    fn record(
+        &self,
+        action: &Action,
+        outcome: &str,
+        attempts: u32,
+        error: Option<String>,
+    ) -> ActionRecord {
+        ActionRecord {
+            action: action.name().to_string(),
+            channel: channel_of(action),
+            target: action.target(),
+            outcome: outcome.to_string(),
+            attempts,
+            last_error: error,
+            rendered: None,
+            at: rfc3339(clock::now()),
+        }
+    }
+
+    fn send_action(&self, f: &Firing, action: &Action, record: ActionRecord) {
         self.send(Entry::Action {
             id: f.id.clone(),
             at_ms: f.observed_at.timestamp_millis(),
             field: action_field(action),
-            record: ActionRecord {
-                action: action.name().to_string(),
-                channel: channel_of(action),
-                target: action.target(),
-                outcome: outcome.to_string(),
-                attempts,
-                last_error: error,
-                at: rfc3339(clock::now()),
-            },
+            record,
         });
     }
 }
@@ -796,6 +821,7 @@ mod tests {
                 outcome: outcome.into(),
                 attempts,
                 last_error: None,
+                rendered: None,
                 at: "2026-12-02T00:00:00.000Z".into(),
             },
         }
@@ -984,6 +1010,7 @@ mod tests {
                 outcome: "sent".into(),
                 attempts: 1,
                 last_error: None,
+                rendered: None,
                 at: "2026-11-29T10:15:00.000Z".into(),
             })
             .unwrap()

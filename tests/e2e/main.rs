@@ -50,6 +50,7 @@ mod rule_tests;
 mod scanner;
 mod sentinel;
 mod server_events;
+mod shadow;
 mod status_page;
 mod storm;
 mod tls;

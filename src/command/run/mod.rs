@@ -66,6 +66,8 @@ pub struct RunOptions {
     /// The `-r` paths, read again on every reload and watched for changes; empty when the rules
     /// came from elsewhere (the demo, examples): then there is nothing to reload.
     pub rules: Vec<PathBuf>,
+    /// `--shadow`: the rules are a shadow's ([`Config::into_shadow`]), and so is every reload.
+    pub shadow: bool,
 }
 
 /// How long in-flight work may take after SIGTERM. docs/reliability.md#guarantees allows 10 s from the signal to the
@@ -286,6 +288,7 @@ pub async fn run(
         status: status.clone(),
         ledger: ledger.clone(),
         subscriptions,
+        shadow: opts.shadow,
     };
     tokio::spawn(reloader.run(reload_requests, poker_stop.clone()));
     let _watcher = if opts.rules.is_empty() {

@@ -114,6 +114,8 @@ pub struct Reloader {
     /// `--redis` or `KEYWATCH_REDIS_URL` as given at start: with one, `redis.url` in the files
     /// does not matter.
     pub url_override: bool,
+    /// `run --shadow`: every reload's rules are a shadow's too.
+    pub shadow: bool,
     pub keyspace: Keyspace,
     pub metrics: Arc<Metrics>,
     pub status: Arc<Status>,
@@ -203,7 +205,10 @@ impl Reloader {
         for w in &loaded.warnings {
             tracing::warn!("{w}");
         }
-        let new = loaded.config;
+        let new = match self.shadow {
+            true => loaded.config.into_shadow(),
+            false => loaded.config,
+        };
         let old = self.publisher.current();
         let fixed = fixed_settings_changed(&old, &new, self.url_override);
         if !fixed.is_empty() {

@@ -352,7 +352,7 @@ fn rules(h: &mut String, status: &Status, config: Option<&Config>) {
              <span class=\"meta\">on {on}</span></div>\
              <div><code>{pattern}</code></div>\
              <div class=\"meta\">{actions}</div>\
-             <div class=\"counts\">{matched} · {sent} · {retried} · {failed} · {dead}</div></li>",
+             <div class=\"counts\">{matched} · {sent} · {retried} · {failed} · {dead}{shadow}</div></li>",
             name = esc(&rule.name),
             on = esc(&on.join(", ")),
             pattern = esc(rule.pattern.source()),
@@ -362,6 +362,11 @@ fn rules(h: &mut String, status: &Status, config: Option<&Config>) {
             retried = count(c.retried, "retries", "warn"),
             failed = count(c.failed, "failed", "bad"),
             dead = count(c.dead, "dead", "bad"),
+            // Only a shadow's (`run --shadow`) actions are rendered and not done.
+            shadow = match c.shadow {
+                0 => String::new(),
+                n => format!(" · {}", count(n, "shadow (not done)", "")),
+            },
         );
     }
     h.push_str("</ul></section>\n");
