@@ -160,11 +160,14 @@ async fn reachable(
         Err(e) => {
             report.fail(
                 "reachable",
-                format!(
-                    "cannot connect to {node}: {}{}",
-                    short(&e),
-                    connect::tls_hint(url, &e)
-                ),
+                match connect::not_redis(url, &e) {
+                    Some(not_redis) => format!("cannot connect to {node}: {not_redis}"),
+                    None => format!(
+                        "cannot connect to {node}: {}{}",
+                        short(&e),
+                        connect::tls_hint(url, &e)
+                    ),
+                },
                 Some("check the address (--redis, KEYWATCH_REDIS_URL or redis.url), the credentials (user and password in the URL, or redis.username/redis.password), TLS (rediss://) and the firewall".into()),
             );
             return None;
