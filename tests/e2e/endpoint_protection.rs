@@ -446,9 +446,9 @@ fn with_a_token_the_status_page_history_and_reload_need_it_and_the_probes_stay_o
 }
 
 /// Without `server`, the `Host` and `Origin` checks still hold (they cost a legitimate client
-/// nothing), and listening beyond loopback without a token is warned about at start.
+/// nothing).
 #[test]
-fn without_a_token_host_and_origin_are_still_checked_and_listening_wide_is_warned_about() {
+fn without_a_token_host_and_origin_are_still_checked() {
     let daemon = protected_daemon("");
     let addr = common::endpoint(&daemon.process);
     assert_eq!(request(&addr, "GET", "/", &[]).0, 200);
@@ -468,16 +468,14 @@ fn without_a_token_host_and_origin_are_still_checked_and_listening_wide_is_warne
     );
     assert_eq!(request(&addr, "POST", "/-/reload", &[]).0, 200);
     assert!(!daemon.stderr().contains("without `server.token`"));
+}
 
-    let dir = tempfile::tempdir().unwrap();
-    let rules = common::write_rules(
-        dir.path(),
-        "rules.yaml",
-        "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n",
-    );
-    let redis = RedisServer::with_events("Exg");
-    let mut wide = common::spawn_keywatch(
+/// `keywatch run` with `rules` on `redis`, listening on every interface.
+fn run_wide(rules: &std::path::Path, redis: &RedisServer) -> common::KeywatchProcess {
+    common::spawn_keywatch(
         [
+            "--log-format".as_ref(),
+            "json".as_ref(),
             "run".as_ref(),
             "-r".as_ref(),
             rules.as_os_str(),
@@ -485,16 +483,65 @@ fn without_a_token_host_and_origin_are_still_checked_and_listening_wide_is_warne
             redis.url().as_ref(),
             "--listen".as_ref(),
             "0.0.0.0:0".as_ref(),
-        ] as [&std::ffi::OsStr; 7],
-        &[],
+        ] as [&std::ffi::OsStr; 9],
+        &[("KW_TOKEN", TOKEN)],
+    )
+}
+
+/// docs/operations.md#exposing-the-endpoint: listening beyond loopback without `server.token`
+/// is refused at start, the error naming the fixes, unless `server.open: true` says it is
+/// meant; and a reload that would take the token away is refused, the old rules kept.
+#[test]
+fn listening_beyond_loopback_needs_a_token_or_open_true() {
+    const RULE: &str = "channels:\n  log: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [log] }\n";
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::with_events("Exg");
+
+    let rules = common::write_rules(dir.path(), "rules.yaml", RULE);
+    let mut refused = run_wide(&rules, &redis);
+    let status = refused.wait_timeout(PATIENCE).expect("refused at start");
+    assert_eq!(status.code(), Some(1), "{}", refused.describe_output());
+    let said = refused.stderr();
+    for fix in [
+        "`--listen 0.0.0.0:0` reaches beyond loopback",
+        "server: { token: \"${KEYWATCH_TOKEN}\" }",
+        "listen on 127.0.0.1",
+        "`server.open: true`",
+    ] {
+        assert!(said.contains(fix), "{fix}: {said}");
+    }
+
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        &format!("server: {{ open: true }}\n{RULE}"),
     );
-    wide.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    let mut open = run_wide(&rules, &redis);
+    open.wait_for_output(common::SUBSCRIBED, PATIENCE);
     assert!(
-        wide.stderr()
-            .contains("listens beyond loopback without `server.token`"),
+        open.stderr()
+            .contains("as `server.open: true` says is meant"),
         "{}",
-        wide.describe_output()
+        open.describe_output()
     );
+    open.stop();
+
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        &format!("server: {{ token: \"${{KW_TOKEN}}\" }}\n{RULE}"),
+    );
+    let mut wide = run_wide(&rules, &redis);
+    wide.wait_for_output(common::SUBSCRIBED, PATIENCE);
+    let addr = common::endpoint(&wide).replace("0.0.0.0", "127.0.0.1");
+    common::write_rules(dir.path(), "rules.yaml", RULE);
+    let bearer = format!("Authorization: Bearer {TOKEN}");
+    let (status, _, body) = request(&addr, "POST", "/-/reload", &[&bearer]);
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("`server.open: true`"), "{body}");
+    // The token still stands.
+    assert_eq!(request(&addr, "GET", "/", &[]).0, 401);
+    wide.stop();
 }
 
 /// `check` says where `server` is wrong, and suggests the field meant.
