@@ -538,3 +538,63 @@ rules:
     assert_eq!(letter["key"], key);
     daemon.stop();
 }
+
+/// The chat robots' bodies (Slack, DingTalk, Feishu, WeCom) show a key's control and bidi
+/// characters as `\u202E`, as Teams, Telegram and PagerDuty do: raw, U+202E turns the message
+/// around it backwards and ESC carries a terminal escape to whoever reads it in a console.
+#[test]
+fn chat_robots_show_control_and_bidi_characters_escaped() {
+    let robots = HttpReceiver::start();
+    robots.set_handler(|r| {
+        Some(match r.path() {
+            "/slack" => Response::ok_body("ok"),
+            "/feishu" => Response::json(&serde_json::json!({"code": 0, "msg": "ok"})),
+            _ => Response::json(&serde_json::json!({"errcode": 0, "errmsg": "ok"})),
+        })
+    });
+    let u = |p: &str| robots.url_for(p);
+    let yaml = format!(
+        r#"
+channels:
+  slack: {{ type: slack, url: "{}" }}
+  ding: {{ type: dingtalk, url: "{}" }}
+  ding_text: {{ type: dingtalk, url: "{}", msgtype: text }}
+  feishu: {{ type: feishu, url: "{}" }}
+  feishu_card: {{ type: feishu, url: "{}", msgtype: markdown }}
+  wecom: {{ type: wecom, url: "{}" }}
+  wecom_md: {{ type: wecom, url: "{}", msgtype: markdown }}
+rules:
+  - name: turned
+    match: "turned:{{id}}"
+    notify:
+      to: [slack, ding, ding_text, feishu, feishu_card, wecom, wecom_md]
+      title: "Lock {{{{ id }}}}"
+      message: "{{{{ key }}}} expired"
+"#,
+        u("/slack"),
+        u("/ding"),
+        u("/ding_text"),
+        u("/feishu"),
+        u("/feishu_card"),
+        u("/wecom"),
+        u("/wecom_md"),
+    );
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        Rules::new(&yaml),
+        Logs::Json,
+        &[],
+    );
+    daemon.expire("turned:txt\u{202E}exe.\u{2066}x\u{1b}[2J\u{7}");
+    let requests = robots.wait_for(7, PATIENCE);
+    for r in &requests {
+        let text = r.json().to_string();
+        for raw in ['\u{202E}', '\u{2066}', '\u{1b}', '\u{7}'] {
+            assert!(!text.contains(raw), "{}: {raw:?} raw in {text}", r.path());
+        }
+        for shown in ["\\\\u202E", "\\\\u2066", "\\\\u001B", "\\\\u0007"] {
+            assert!(text.contains(shown), "{}: no {shown} in {text}", r.path());
+        }
+    }
+    daemon.stop();
+}
