@@ -598,3 +598,113 @@ rules:
     }
     daemon.stop();
 }
+
+/// Issue 43: a secret echoed in a spelling of its own was shown. A target that echoes the request
+/// line shows the path of its URL (Slack's `/services/T/B/TOKEN`, Feishu's `/hook/TOKEN`), a Go
+/// server writes `&`, `<`, `>` of a header it echoes as `\u0026`…, a proxy's error page
+/// HTML-escapes it (`&amp;`), a form echoes it percent-encoded: each is masked in the log, `dead
+/// list`, `history`, `/api/history`, the status page and `send-test`.
+#[test]
+fn a_secret_echoed_in_any_spelling_is_masked_wherever_it_shows() {
+    let path_token = "xoxbPATHtoken0123456789";
+    let header = "h&dr<S3cr3t>value\"0123";
+    let hooks = HttpReceiver::start();
+    hooks.set_handler(|r| {
+        let auth = r.header("x-auth").unwrap_or("").to_string();
+        let go = auth
+            .replace('&', "\\u0026")
+            .replace('<', "\\u003c")
+            .replace('>', "\\u003e")
+            .replace('"', "\\\"");
+        let html = auth
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;");
+        let form: String = url::form_urlencoded::byte_serialize(auth.as_bytes()).collect();
+        Some(match r.path() {
+            p if p.starts_with("/services/") => {
+                Response::status(404).body(format!("no_service: POST {} HTTP/1.1", r.target))
+            }
+            "/go" => {
+                Response::status(400).body(format!("{{\"error\":\"bad auth\",\"got\":\"{go}\"}}"))
+            }
+            "/proxy" => Response::status(403).body(format!("<p>upstream refused {html}</p>")),
+            _ => Response::status(400).body(format!("bad x-auth={form}")),
+        })
+    });
+    let yaml = format!(
+        r#"
+channels:
+  slack: {{ type: slack, url: "{slack}" }}
+  go: {{ type: webhook, url: "{go}", headers: {{ X-Auth: "${{HDR}}" }} }}
+  proxy: {{ type: webhook, url: "{proxy}", headers: {{ X-Auth: "${{HDR}}" }} }}
+  form: {{ type: webhook, url: "{form}", headers: {{ X-Auth: "${{HDR}}" }} }}
+rules:
+  - name: echo
+    match: "echo:{{id}}"
+    notify: {{ to: [slack, go, proxy, form] }}
+"#,
+        slack = hooks.url_for(&format!("/services/T0AB12CD3/B0EF45GH6/{path_token}")),
+        go = hooks.url_for("/go"),
+        proxy = hooks.url_for("/proxy"),
+        form = hooks.url_for("/form"),
+    );
+    let envs = [("HDR", header)];
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        Rules::new(&yaml),
+        Logs::Json,
+        &envs,
+    );
+    daemon.expire("echo:1");
+    for channel in ["slack", "go", "proxy", "form"] {
+        daemon.wait_for_log(&format!("of the dead letter on {channel}"), |l| {
+            field_is(l, "channel", channel)
+                && l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("Dead letter"))
+        });
+    }
+    // The targets did echo what is masked.
+    let echoed: String = hooks.requests().iter().map(|r| r.target.clone()).collect();
+    assert!(echoed.contains(path_token), "{echoed}");
+    let run = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend(["-r".into(), daemon.rules.arg()]);
+        if args[0] != "send-test" {
+            all.extend(["--redis".into(), daemon.redis.url()]);
+        }
+        let out = common::run_keywatch(all, &envs);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let addr = common::endpoint(&daemon.process);
+    let mut shown = vec![
+        ("the log", daemon.stderr()),
+        ("dead list", run(&["dead", "list"])),
+        ("dead list --json", run(&["dead", "list", "--json"])),
+        ("history", run(&["history"])),
+        ("history --json", run(&["history", "--json"])),
+        ("/api/history", api_history(&daemon)),
+        ("the status page", common::get(&addr, "/").1),
+    ];
+    for channel in ["slack", "go", "proxy", "form"] {
+        shown.push(("send-test", run(&["send-test", channel])));
+    }
+    let leaks = [
+        path_token,
+        &path_token[..10],
+        "S3cr3t",
+        "r\\u003cS3",
+        "r&lt;S3",
+        "r%3CS3",
+    ];
+    for (what, text) in &shown {
+        common::assert_no_secret(what, text, &leaks);
+    }
+    daemon.stop();
+}
