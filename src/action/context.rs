@@ -15,6 +15,8 @@ pub struct ActionContext {
     pub keyspace: Keyspace,
     /// keywatch's state, where follow-ups read acknowledgements; `None` in tests without it.
     pub state: Option<crate::keyspace::Conn>,
+    /// The turns of firings of long keys ([`crate::long_key::AT_ONCE`]), shared by every clone.
+    pub long_keys: Arc<tokio::sync::Semaphore>,
 }
 
 impl ActionContext {
@@ -25,6 +27,7 @@ impl ActionContext {
             http,
             keyspace,
             state: None,
+            long_keys: Arc::new(tokio::sync::Semaphore::new(crate::long_key::AT_ONCE)),
         }
     }
 

@@ -20,8 +20,15 @@ use crate::firing::{Action, Firing};
 use crate::outcome::Outcome;
 
 impl ActionContext {
-    /// One attempt of `action` for `firing`, under the rules in force now.
+    /// One attempt of `action` for `firing`, under the rules in force now. A firing of a key
+    /// longer than [`crate::long_key::EXACT`] waits for one of [`crate::long_key::AT_ONCE`]
+    /// turns: what its attempt holds besides the key is bounded, and so is how many hold it
+    /// at once (docs/reliability.md#bounded-whatever-the-key).
     pub async fn run(&self, firing: &Firing, action: &Action) -> Outcome {
+        let _turn = match crate::long_key::is_long(&firing.key) {
+            true => self.long_keys.acquire().await.ok(),
+            false => None,
+        };
         self.refreshed().run_snapshot(firing, action).await
     }
 
@@ -29,6 +36,15 @@ impl ActionContext {
         let Some(rule) = self.config.rule(&firing.rule) else {
             return Outcome::Failed(format!("rule `{}` no longer exists", firing.rule));
         };
+        if matches!(action, Action::Reload | Action::Exec) && crate::long_key::is_long(&firing.key)
+        {
+            return Outcome::Failed(format!(
+                "the key is {} bytes: `{}` takes keys of up to {} bytes (no URL or argument that long works; docs/reliability.md#bounded-whatever-the-key)",
+                firing.key.len(),
+                action.name(),
+                crate::long_key::EXACT
+            ));
+        }
         match action {
             Action::Reload => match &rule.reload {
                 Some(step) => reload::run(self, firing, rule, step).await,

@@ -110,6 +110,20 @@ pub fn with_keyword(ch: &Channel, text: &str) -> String {
     }
 }
 
+/// The acknowledge and silence links of `msg` as its text ends with them in a channel of
+/// `escape` ([`crate::links::suffix`]).
+pub fn links_suffix(msg: &super::message::Message, escape: Escape) -> String {
+    crate::links::suffix(escape, &msg.links)
+}
+
+/// `text` cut to leave room for `suffix` (the links) within `limit` bytes, then the suffix: a
+/// message too long loses the end of its text, saying how much, never its links.
+pub fn fit_before(text: &str, suffix: &str, limit: usize) -> String {
+    let mut out = fit(text, limit.saturating_sub(suffix.len()));
+    out.push_str(suffix);
+    out
+}
+
 /// Cuts `text` to at most `limit` bytes on a character boundary, saying how much was left out,
 /// so an over-long message still arrives instead of being rejected by the target.
 pub fn fit(text: &str, limit: usize) -> String {

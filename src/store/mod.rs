@@ -15,6 +15,7 @@ pub mod handled;
 pub mod history;
 pub mod intake;
 pub mod ledger;
+pub mod links;
 pub mod queue;
 pub mod rate;
 pub mod scanner;

@@ -42,6 +42,7 @@ mod hostile_input;
 mod instances;
 mod intake;
 mod ledger;
+mod long_keys;
 mod pattern_scan;
 mod pipeline;
 mod reload;

@@ -143,6 +143,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::alert_ends::REDIS,
     &crate::store::followups::REDIS,
     &crate::store::silences::REDIS,
+    &crate::store::links::REDIS,
     &crate::store::rate::REDIS,
     &crate::source::ledger::REDIS,
     &crate::store::ledger::REDIS,
