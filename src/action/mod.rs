@@ -36,6 +36,13 @@ impl ActionContext {
         let Some(rule) = self.config.rule(&firing.rule) else {
             return Outcome::Failed(format!("rule `{}` no longer exists", firing.rule));
         };
+        if let Some(why) = refused(rule, firing) {
+            tracing::error!(rule = %rule.name, key = %crate::event::printable(&firing.key), id = %firing.id, action = action.name(), reason = %why, "A stored job is refused: it is not what the rules in force say for its key.");
+            return Outcome::Failed(format!("refused: {why}"));
+        }
+        if let Some(why) = not_the_rules(rule, action) {
+            return Outcome::Skipped(why);
+        }
         if matches!(action, Action::Reload | Action::Exec) && crate::long_key::is_long(&firing.key)
         {
             return Outcome::Failed(format!(
@@ -70,6 +77,82 @@ impl ActionContext {
             },
         }
     }
+}
+
+/// Why `f`, as stored, is not a firing of `rule` as it stands, if it is not: keywatch's state is
+/// not a way in (docs/reliability.md#keywatchs-state-is-not-a-way-in). The event must be one the
+/// rule fires on, its key (and field) must match the rule's pattern, and the captures stored with
+/// it must be the ones the pattern takes from the key now: a job written into the queue by hand
+/// with made-up captures, or a real one whose rule's pattern changed since, does not run.
+pub fn refused(rule: &crate::config::Rule, f: &Firing) -> Option<String> {
+    if !rule.fires_on(f.kind, f.db) {
+        return Some(format!(
+            "rule `{}` does not fire on `{}` events in database {}",
+            rule.name,
+            f.kind.as_str(),
+            f.db
+        ));
+    }
+    let Some(values) = rule.captures_of(&f.key, f.field.as_deref()) else {
+        return Some(format!(
+            "the key {} does not match the pattern of rule `{}`",
+            crate::event::printable(&f.key),
+            rule.name
+        ));
+    };
+    let names = rule.capture_names();
+    let same = f.captures.len() == names.len()
+        && f.captures
+            .iter()
+            .zip(names.iter().zip(&values))
+            .all(|(c, (n, v))| c.name == *n && c.value == *v);
+    if !same {
+        let shown = |pairs: Vec<(&str, &[u8])>| {
+            pairs
+                .into_iter()
+                .map(|(n, v)| format!("{n}={}", crate::event::printable(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        return Some(format!(
+            "its captures ({}) are not the ones the pattern of rule `{}` takes from its key ({})",
+            shown(
+                f.captures
+                    .iter()
+                    .map(|c| (c.name.as_str(), c.value.as_slice()))
+                    .collect()
+            ),
+            rule.name,
+            shown(
+                names
+                    .iter()
+                    .map(String::as_str)
+                    .zip(values.iter().map(Vec::as_slice))
+                    .collect()
+            ),
+        ));
+    }
+    None
+}
+
+/// Why `action` is no longer the rule's to do (a reload took its channel from `notify.to`, or
+/// the follow-up's channel from its step), if it is not: nothing to do, and done for the queue.
+/// The other actions say so themselves (a rule without `reload`, an Alertmanager URL gone).
+fn not_the_rules(rule: &crate::config::Rule, action: &Action) -> Option<String> {
+    let mine = match action {
+        Action::Notify { .. } | Action::Escalate { .. } | Action::Resolved { .. } => {
+            every_action_of(rule).contains(action)
+        }
+        _ => true,
+    };
+    (!mine).then(|| {
+        format!(
+            "rule `{}` no longer has `{}` to channel `{}`",
+            rule.name,
+            action.name(),
+            action.channel().unwrap_or_default()
+        )
+    })
 }
 
 /// The actions of a rule, in the order of docs/rules.md (detail is read before any of them).

@@ -34,6 +34,7 @@ mod email;
 mod endpoint_protection;
 mod endpoints;
 mod followups;
+mod forged_state;
 mod guarantees;
 mod harness;
 mod hash_fields;
