@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::followups::LinksSettings;
 use crate::firing::Firing;
-use crate::template::Escape;
 
 /// How long a silence from a link lasts.
 pub const SILENCE_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -138,25 +137,6 @@ pub fn for_firing(
         .collect()
 }
 
-/// What a message's text ends with to show `links` in the link syntax of a chat format (empty
-/// for other formats, and without links): the channel puts it after the text, which it cuts
-/// first when the whole is too long, so the links are never what is cut.
-pub fn suffix(escape: Escape, links: &[(String, String)]) -> String {
-    if links.is_empty() || !escape.is_chat() {
-        return String::new();
-    }
-    let shown: Vec<String> = links
-        .iter()
-        .map(|(label, url)| match escape {
-            Escape::Markdown => format!("[{label}]({url})"),
-            Escape::Slack => format!("<{url}|{label}>"),
-            _ => format!("{label}: {url}"),
-        })
-        .collect();
-    let sep = if escape == Escape::Text { "\n" } else { " · " };
-    format!("\n\n{}", shown.join(sep))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,17 +197,5 @@ mod tests {
             Err(Refused::Malformed)
         );
         assert!(!t.contains("0123456789abcdef"));
-    }
-
-    #[test]
-    fn links_take_each_chat_format_s_syntax() {
-        let l = vec![("Acknowledge".to_string(), "https://k/l/t".to_string())];
-        assert_eq!(
-            suffix(Escape::Markdown, &l),
-            "\n\n[Acknowledge](https://k/l/t)"
-        );
-        assert_eq!(suffix(Escape::Slack, &l), "\n\n<https://k/l/t|Acknowledge>");
-        assert_eq!(suffix(Escape::Text, &l), "\n\nAcknowledge: https://k/l/t");
-        assert_eq!(suffix(Escape::Raw, &l), "");
     }
 }
