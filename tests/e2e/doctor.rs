@@ -326,6 +326,64 @@ fn a_server_that_does_not_speak_redis_is_named_as_such() {
     }
 }
 
+/// docs/redis.md#keep-applications-out-of-keywatchs-state: on a Redis whose default user (every
+/// client that does not log in) may write `keywatch:*`, doctor warns and prints the ACL lines
+/// that keep applications out; with them applied (and keywatch's documented user), it is
+/// content.
+#[test]
+fn doctor_warns_when_applications_may_write_keywatchs_state_and_prints_the_acl() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let doctor = Doctor::new(RULES);
+    let t = text(&doctor.run(&redis.url(), &[]));
+    let warning = t
+        .split("\nwarn  state access")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no state access warning:\n{t}"));
+    assert!(
+        warning.contains("user(s) \"default\" may write keywatch's state (keywatch:*)"),
+        "{t}"
+    );
+    let fix: Vec<&str> = warning
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("ACL SETUSER"))
+        .collect();
+    assert_eq!(
+        fix,
+        [
+            "ACL SETUSER app on >APP_PASSWORD resetkeys ~order_lock:* ~session:* +@all -@admin -@dangerous",
+            "ACL SETUSER default off"
+        ],
+        "{t}"
+    );
+    // Applied, with an administrator to run doctor as and keywatch's documented user.
+    acl(
+        &redis,
+        &"ACL SETUSER admin on >adm-pass ~* &* +@all"
+            .split(' ')
+            .map(String::from)
+            .collect::<Vec<_>>(),
+    );
+    for line in documented_acl("kw-pass") {
+        acl(&redis, &line);
+    }
+    for line in fix {
+        let line = line.replace("APP_PASSWORD", "app-pass");
+        acl(
+            &redis,
+            &line.split(' ').map(String::from).collect::<Vec<_>>(),
+        );
+    }
+    let admin = format!("redis://admin:adm-pass@{}", redis.addr());
+    let t = text(&doctor.run(&admin, &[]));
+    assert!(
+        t.contains(
+            "ok    state access     no user but keywatch's may write its state (keywatch:*)"
+        ),
+        "{t}"
+    );
+}
+
 #[test]
 fn a_url_that_does_not_parse_is_a_usage_error() {
     let out = Doctor::new(RULES).run("not a url", &[]);

@@ -21,6 +21,7 @@ pub mod info;
 pub mod permissions;
 pub mod report;
 pub mod sentinel;
+pub mod state_writers;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -139,6 +140,7 @@ pub async fn diagnose(config: &Config, url: &Secret) -> Report {
         notifications(&mut report, config, &mut conn, &node, "notifications").await;
     }
     permissions(&mut report, config, &client, &mut conn).await;
+    state_writers::check(&mut report, config, &client, &mut conn).await;
     if let Some(info) = &info {
         keyspace(&mut report, config, info);
         backlog(&mut report, info);

@@ -155,6 +155,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::command::doctor::REDIS,
     &crate::command::doctor::cluster::REDIS,
     &crate::command::doctor::sentinel::REDIS,
+    &crate::command::doctor::state_writers::REDIS,
     &REDIS,
 ];
 
