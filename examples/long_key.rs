@@ -100,7 +100,13 @@ async fn main() {
                 source: "127.0.0.1:6379".into(),
             };
             let values = rule.captures_of(&key, None).unwrap();
-            Arc::new(Firing::new("long", &event, rule.capture_names(), values, None))
+            Arc::new(Firing::new(
+                "long",
+                &event,
+                rule.capture_names(),
+                values,
+                None,
+            ))
         })
         .collect();
     let before = rss_mib();
@@ -120,15 +126,9 @@ async fn main() {
                     let ch = a.config.channel(name).unwrap();
                     let size = match ch.integration.alertmanager() {
                         Some(am) => {
-                            let alert = keywatch::action::alert::compose(
-                                &a,
-                                &f,
-                                &rule,
-                                ch,
-                                am,
-                                Utc::now(),
-                            )
-                            .unwrap();
+                            let alert =
+                                keywatch::action::alert::compose(&a, &f, &rule, ch, am, Utc::now())
+                                    .unwrap();
                             am.request(0, &alert).map_or(0, |r| r.body.len())
                         }
                         None => {

@@ -787,9 +787,17 @@ rules:
     let key = e["key"].as_str().unwrap();
     assert!(key.len() <= 64 << 10, "{}", key.len());
     assert!(key.starts_with("big:kkk"), "{key:.20}");
-    assert!(key.ends_with(" bytes, sha256 ") || key.contains("[1048580 bytes, sha256 "), "{}", &key[key.len() - 60..]);
+    assert!(
+        key.ends_with(" bytes, sha256 ") || key.contains("[1048580 bytes, sha256 "),
+        "{}",
+        &key[key.len() - 60..]
+    );
     let capture = e["captures"]["rest"].as_str().unwrap();
-    assert!(capture.contains("[1048576 bytes, sha256 "), "{}", &capture[capture.len() - 60..]);
+    assert!(
+        capture.contains("[1048576 bytes, sha256 "),
+        "{}",
+        &capture[capture.len() - 60..]
+    );
     assert!(
         daemon.process.try_status().is_none(),
         "keywatch exited\n{}",
