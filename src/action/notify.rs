@@ -80,10 +80,22 @@ pub fn compose_digest(
     max_items: usize,
 ) -> Result<Message, String> {
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
+    // Only what the rules in force say for each key (docs/reliability.md#keywatchs-state-is-not-a-way-in):
+    // a notification refused is left out of the digest, said in the log, and the others go.
+    let firings: Vec<&Arc<Firing>> = firings
+        .iter()
+        .filter(|f| match super::refused(rule, f) {
+            None => true,
+            Some(why) => {
+                tracing::error!(rule = %rule.name, channel = %ch.name, key = %crate::event::printable(&f.key), id = %f.id, reason = %why, "A stored notification is refused: it is not what the rules in force say for its key; left out of the digest.");
+                false
+            }
+        })
+        .collect();
     // Listed in the order they were observed: a window hands its notifications over by member
     // name, and a digest cut at `max_items` lists the oldest. Stable: those observed at the same
     // moment keep the order they came in (a channel's backlog, its arrival order).
-    let mut firings: Vec<&Arc<Firing>> = firings.iter().collect();
+    let mut firings: Vec<&Arc<Firing>> = firings;
     firings.sort_by_key(|f| f.observed_at);
     let first = *firings.first().ok_or("an empty digest")?;
     let escape = ch.escape();
@@ -233,6 +245,9 @@ rules:
         let firings = [
             firing("burst:c", "2026-01-01T00:00:03Z"),
             firing("burst:a", "2026-01-01T00:00:01Z"),
+            // Written into a window by hand: its key is none the rule matches, so it is left
+            // out (docs/reliability.md#keywatchs-state-is-not-a-way-in).
+            firing("forged:x", "2026-01-01T00:00:00Z"),
             firing("burst:b", "2026-01-01T00:00:02Z"),
         ];
         let rule = a.config.rule("burst").unwrap();
