@@ -499,9 +499,10 @@ fn listening_beyond_loopback_needs_a_token_or_open_true() {
 
     let rules = common::write_rules(dir.path(), "rules.yaml", RULE);
     let mut refused = run_wide(&rules, &redis);
+    // The error's last words, read once the process has written them (it exits at once).
+    let said = refused.wait_for_output("(docs/operations.md#exposing-the-endpoint)", PATIENCE);
     let status = refused.wait_timeout(PATIENCE).expect("refused at start");
     assert_eq!(status.code(), Some(1), "{}", refused.describe_output());
-    let said = refused.stderr();
     for fix in [
         "`--listen 0.0.0.0:0` reaches beyond loopback",
         "server: { token: \"${KEYWATCH_TOKEN}\" }",
