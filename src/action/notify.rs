@@ -84,7 +84,7 @@ pub fn compose_digest(
     // a notification refused is left out of the digest, said in the log, and the others go.
     let firings: Vec<&Arc<Firing>> = firings
         .iter()
-        .filter(|f| match super::refused(rule, f) {
+        .filter(|f| match super::refusal::refused(rule, f) {
             None => true,
             Some(why) => {
                 tracing::error!(rule = %rule.name, channel = %ch.name, key = %crate::event::printable(&f.key), id = %f.id, reason = %why, "A stored notification is refused: it is not what the rules in force say for its key; left out of the digest.");
