@@ -102,8 +102,19 @@ pub struct KeyEvent {
 /// `\u{202e}`), and each byte that is not UTF-8 as `\xNN`. Key text is anyone's: raw, it
 /// repaints a terminal, writes a log line of its own, or turns the sentence around it
 /// backwards; replaced by U+FFFD, two keys look the same, and a key shown cannot be typed back
-/// (`explain` takes `\xNN`, docs/commands.md).
+/// (`explain` takes `\xNN`, docs/commands.md). Beyond [`crate::long_key::IN_TEXT`] bytes it is
+/// the cut view of the bytes ([`crate::long_key::view`]): a key of 16 MB is not a log line of
+/// 16 MB, per attempt.
 pub fn printable(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
+    match crate::long_key::view(bytes, crate::long_key::IN_TEXT) {
+        std::borrow::Cow::Borrowed(b) => printable_whole(b),
+        std::borrow::Cow::Owned(cut) => std::borrow::Cow::Owned(printable_whole(&cut).into_owned()),
+    }
+}
+
+/// [`printable`] without the cut: for text whose length its author chose (a rendered message,
+/// a program's output), never for key text alone.
+pub fn printable_whole(bytes: &[u8]) -> std::borrow::Cow<'_, str> {
     if let Ok(text) = std::str::from_utf8(bytes)
         && !text.chars().any(hidden)
     {
@@ -176,5 +187,15 @@ mod tests {
             super::printable("a\u{202e}txt.exe\u{2066}b\u{85}".as_bytes()),
             "a\\u{202e}txt.exe\\u{2066}b\\u{85}"
         );
+    }
+
+    #[test]
+    fn a_long_key_is_shown_cut_with_its_length() {
+        let key = [b"k:\x1b".as_slice(), &[b'x'; 100_000]].concat();
+        let shown = super::printable(&key);
+        assert!(shown.len() < 1100, "{}", shown.len());
+        assert!(shown.starts_with("k:\\u{1b}xxx"), "{shown:.20}");
+        assert!(shown.contains("100003 bytes, sha256 "), "{shown}");
+        assert_eq!(super::printable_whole(&key).len(), 100_008);
     }
 }

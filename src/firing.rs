@@ -265,6 +265,44 @@ impl Firing {
         )
     }
 
+    /// This firing as people are shown it where at most `limit` bytes of a key fit: the key,
+    /// the field and each capture longer than that replaced by its cut view
+    /// ([`crate::long_key::view`]); `None` when every one fits. Built without copying the long
+    /// values (docs/reliability.md#bounded-whatever-the-key).
+    pub fn cut(&self, limit: usize) -> Option<Firing> {
+        let fits = |v: &[u8]| v.len() <= limit;
+        if fits(&self.key)
+            && self.field.as_deref().is_none_or(fits)
+            && self.captures.iter().all(|c| fits(&c.value))
+        {
+            return None;
+        }
+        let view = |v: &[u8]| crate::long_key::view(v, limit).into_owned();
+        Some(Firing {
+            id: self.id.clone(),
+            rule: self.rule.clone(),
+            kind: self.kind,
+            db: self.db,
+            key: view(&self.key),
+            field: self.field.as_deref().map(view),
+            captures: self
+                .captures
+                .iter()
+                .map(|c| Capture {
+                    name: c.name.clone(),
+                    value: view(&c.value),
+                })
+                .collect(),
+            detail: self.detail.clone(),
+            deadline: self.deadline,
+            observed_at: self.observed_at,
+            ttl_ms: self.ttl_ms,
+            recovered: self.recovered,
+            source: self.source.clone(),
+            written: Written::default(),
+        })
+    }
+
     pub fn late_ms(&self) -> Option<i64> {
         self.deadline
             .map(|d| (self.observed_at - d).num_milliseconds().max(0))
@@ -827,6 +865,21 @@ mod tests {
                 prop_assert_eq!(back.value(), &parsed(&bytes));
             }
         }
+    }
+
+    #[test]
+    fn a_cut_firing_shows_long_values_cut_and_keeps_the_rest() {
+        let mut e = event();
+        e.key = [b"big:".as_slice(), &[b'k'; 3000]].concat();
+        let f = Firing::new("r", &e, &["rest".into()], vec![vec![b'k'; 3000]], None);
+        assert!(f.cut(4000).is_none(), "everything fits");
+        let cut = f.cut(1024).unwrap();
+        assert_eq!(cut.id, f.id);
+        assert!(cut.key.len() <= 1024 && cut.captures[0].value.len() <= 1024);
+        let json = cut.to_json();
+        let key = json["key"].as_str().unwrap();
+        assert!(key.starts_with("big:kkk") && key.ends_with(']'), "{key}");
+        assert!(key.contains("3004 bytes, sha256 "), "{key}");
     }
 
     #[test]

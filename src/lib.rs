@@ -15,6 +15,8 @@
 //!
 //! Shared vocabulary and rule files:
 //! - [`event`]: what happened to which key; the vocabulary every stage shares.
+//! - [`long_key`]: the cut view of a key too long to carry whole (its first bytes, length and
+//!   a short hash), which messages, links, logs and history are built from.
 //! - [`yaml`]: rule files as trees that know every value's line and column; located errors.
 //! - [`pattern`]: the key pattern language of docs/rules.md#patterns, and [`pattern::matcher`], every rule's
 //!   pattern compiled into one matcher.
@@ -92,6 +94,7 @@ pub mod internal_events;
 pub mod keyspace;
 pub mod links;
 pub mod local_redis;
+pub mod long_key;
 pub mod metrics;
 pub mod outcome;
 pub mod pattern;

@@ -2,11 +2,13 @@
 //! hour, from a chat message. DingTalk, Feishu and WeCom group robots cannot receive button
 //! callbacks, so a link is the way to act from chat.
 //!
-//! A token names what it does and to which event, and when it expires (with the event's
-//! escalation): `base64url(JSON claim) "." base64url(HMAC-SHA256(secret, first part))`. The
-//! secret never leaves keywatch; a token that does not verify, or has expired, is refused
-//! (403). Chat apps prefetch links, so `GET /l/{token}` only shows what the button would do;
-//! the button's `POST` acts.
+//! A token names what it does and to which event (its id), and when it expires (with the
+//! event's escalation): `base64url(JSON claim) "." base64url(HMAC-SHA256(secret, first part))`.
+//! It never carries the key, only its SHA-256, so a link is as long for a key of 16 MB as for
+//! one of 16 bytes (docs/reliability.md#bounded-whatever-the-key). The secret never leaves
+//! keywatch; a token that does not verify, or has expired, is refused (403). Chat apps prefetch
+//! links, so `GET /l/{token}` only shows what the button would do; the button's `POST` acts,
+//! once (`crate::store::links`).
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -15,7 +17,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::followups::LinksSettings;
 use crate::firing::Firing;
-use crate::template::Escape;
 
 /// How long a silence from a link lasts.
 pub const SILENCE_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
@@ -37,23 +38,22 @@ pub struct Claim {
     /// The event's id (docs/rules.md#event-json).
     pub id: String,
     pub rule: String,
-    /// The key, base64 (keys are bytes).
-    pub key: String,
+    /// The key's SHA-256, hex ([`crate::long_key::sha256_hex`]): what a silence from the link
+    /// names the key by.
+    pub sha256: String,
     pub db: u32,
     /// Unix ms after which the link is refused.
     pub exp: i64,
 }
 
 impl Claim {
-    pub fn key_bytes(&self) -> Vec<u8> {
-        base64::engine::general_purpose::STANDARD
-            .decode(&self.key)
-            .unwrap_or_default()
-    }
-
-    /// What the button does, in words, for the page.
-    pub fn describe(&self) -> String {
-        let key = crate::event::printable(&self.key_bytes()).into_owned();
+    /// What the button does, in words, for the page; `key`: the key as history shows it, when
+    /// it still does.
+    pub fn describe(&self, key: Option<&str>) -> String {
+        let key = match key {
+            Some(k) => crate::event::printable(k.as_bytes()).into_owned(),
+            None => format!("sha256 {}", &self.sha256[..self.sha256.len().min(12)]),
+        };
         match self.act {
             Act::Ack => format!(
                 "Acknowledge the alert of rule {} for key {key}: its escalation will not be sent.",
@@ -112,13 +112,14 @@ pub fn verify(secret: &[u8], token: &str, now_ms: i64) -> Result<Claim, Refused>
 }
 
 /// The two links of a firing whose rule escalates after `wait`: (label, URL), acknowledge first.
+/// `f` is the firing with its exact key (not a cut view: the key's hash names it).
 pub fn for_firing(
     links: &LinksSettings,
     f: &Firing,
     wait: std::time::Duration,
 ) -> Vec<(String, String)> {
     let exp = f.observed_at.timestamp_millis() + wait.as_millis() as i64;
-    let key = base64::engine::general_purpose::STANDARD.encode(&f.key);
+    let sha256 = crate::long_key::sha256_hex(&f.key);
     [(Act::Ack, "Acknowledge"), (Act::Silence, "Silence 1h")]
         .into_iter()
         .map(|(act, label)| {
@@ -126,7 +127,7 @@ pub fn for_firing(
                 act,
                 id: f.id.clone(),
                 rule: f.rule.clone(),
-                key: key.clone(),
+                sha256: sha256.clone(),
                 db: f.db,
                 exp,
             };
@@ -134,23 +135,6 @@ pub fn for_firing(
             (label.to_string(), format!("{}/l/{token}", links.base_url))
         })
         .collect()
-}
-
-/// `text` ending with `links` in the link syntax of a chat format; other formats get no links.
-pub fn append(text: &str, escape: Escape, links: &[(String, String)]) -> String {
-    if links.is_empty() || !escape.is_chat() {
-        return text.to_string();
-    }
-    let shown: Vec<String> = links
-        .iter()
-        .map(|(label, url)| match escape {
-            Escape::Markdown => format!("[{label}]({url})"),
-            Escape::Slack => format!("<{url}|{label}>"),
-            _ => format!("{label}: {url}"),
-        })
-        .collect();
-    let sep = if escape == Escape::Text { "\n" } else { " · " };
-    format!("{text}\n\n{}", shown.join(sep))
 }
 
 #[cfg(test)]
@@ -162,9 +146,30 @@ mod tests {
             act: Act::Ack,
             id: "abc".into(),
             rule: "r".into(),
-            key: "a2V5".into(),
+            sha256: crate::long_key::sha256_hex(b"key"),
             db: 0,
             exp,
+        }
+    }
+
+    /// A link refers to the event and names the key by its hash: as long for a key of 16 MB as
+    /// for a short one.
+    #[test]
+    fn a_link_s_length_does_not_depend_on_the_key() {
+        let settings = LinksSettings {
+            base_url: "https://kw.example".into(),
+            secret: crate::yaml::Secret::new("0123456789abcdef"),
+        };
+        let short = crate::firing::expiry("r", "k:1", "2026-01-01T00:00:00Z");
+        let long = crate::firing::expiry("r", &"k".repeat(16 << 20), "2026-01-01T00:00:00Z");
+        let wait = std::time::Duration::from_secs(3600);
+        let (a, b) = (
+            for_firing(&settings, &short, wait),
+            for_firing(&settings, &long, wait),
+        );
+        for ((_, s), (_, l)) in a.iter().zip(&b) {
+            assert_eq!(s.len(), l.len(), "{s} / {l}");
+            assert!(l.len() < 400, "{}", l.len());
         }
     }
 
@@ -192,23 +197,5 @@ mod tests {
             Err(Refused::Malformed)
         );
         assert!(!t.contains("0123456789abcdef"));
-    }
-
-    #[test]
-    fn links_take_each_chat_format_s_syntax() {
-        let l = vec![("Acknowledge".to_string(), "https://k/l/t".to_string())];
-        assert_eq!(
-            append("x", Escape::Markdown, &l),
-            "x\n\n[Acknowledge](https://k/l/t)"
-        );
-        assert_eq!(
-            append("x", Escape::Slack, &l),
-            "x\n\n<https://k/l/t|Acknowledge>"
-        );
-        assert_eq!(
-            append("x", Escape::Text, &l),
-            "x\n\nAcknowledge: https://k/l/t"
-        );
-        assert_eq!(append("x", Escape::Raw, &l), "x");
     }
 }

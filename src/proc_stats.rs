@@ -12,6 +12,13 @@ pub fn own_peak_rss_mb() -> f64 {
     status_field("/proc/self/status", "VmHWM:").map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// Makes this process's peak resident set (`VmHWM`) start again from what it holds now, so a
+/// tool measures the peak of one phase (Linux's `/proc/self/clear_refs`); where that cannot be
+/// done the peak stays the process's.
+pub fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 /// CPU seconds process `pid` has used so far (user + system).
 pub fn cpu_secs(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -238,7 +238,9 @@ impl Status {
             at: f.observed_at,
             rule: f.rule.clone(),
             event: f.kind.as_str().to_string(),
-            key: String::from_utf8_lossy(&f.key).into_owned(),
+            // Kept for the page: a long key by its cut view (docs/reliability.md#bounded-whatever-the-key).
+            key: String::from_utf8_lossy(&crate::long_key::view(&f.key, crate::long_key::IN_TEXT))
+                .into_owned(),
             id: f.id.clone(),
             recovered: f.recovered,
             outcomes: Vec::new(),
@@ -309,7 +311,16 @@ impl Status {
         if dead.len() == DEAD {
             dead.pop_front();
         }
-        dead.push_back(d.summary());
+        let mut summary = d.summary();
+        // Its key text for the page, a long one by its cut view.
+        if summary.key.len() > crate::long_key::IN_TEXT {
+            summary.key = String::from_utf8_lossy(&crate::long_key::view(
+                summary.key.as_bytes(),
+                crate::long_key::IN_TEXT,
+            ))
+            .into_owned();
+        }
+        dead.push_back(summary);
     }
 
     /// Newest first.

@@ -53,7 +53,9 @@ pub fn compose(
 ) -> Result<Alert, String> {
     let msg = super::notify::compose(a, f, rule, ch)?;
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
-    let ctx = a.context_of(f);
+    // Labels and annotations from the firing as the channel shows it (its labels are text).
+    let cut = f.cut(ch.integration.key_limit());
+    let ctx = a.context_of(cut.as_ref().unwrap_or(f));
     let t = &a.config.templates;
     let render = |pairs: &[(String, crate::template::TemplateId)], field: &str| {
         pairs

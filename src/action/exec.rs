@@ -155,7 +155,7 @@ pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) ->
     // tails the log: control and bidi characters written out
     // (docs/rules.md#exec-arguments-options-and-process-groups).
     let for_log =
-        |t: &str| crate::event::printable(a.config.secrets.mask(t).as_bytes()).into_owned();
+        |t: &str| crate::event::printable_whole(a.config.secrets.mask(t).as_bytes()).into_owned();
     if held {
         tracing::warn!(rule = %rule.name, program = %for_log(&shown), "exec: the command exited but processes it started kept its output open; they were killed with its process group.");
     }

@@ -235,6 +235,10 @@ pub fn compose(
     let which = kind.as_str();
     let escape = ch.escape();
     let t = &a.config.templates;
+    let links = super::notify::links_of(a, f, rule);
+    // As the channel shows it (docs/reliability.md#bounded-whatever-the-key).
+    let cut = f.cut(ch.integration.key_limit());
+    let f = cut.as_ref().unwrap_or(f);
     let gap_ms = (a.now() - f.observed_at).num_milliseconds().max(0);
     let ctx = a.context_of(f).with_gap(gap_ms);
     let render = |id: Option<crate::template::TemplateId>, field: &str| match id {
@@ -252,7 +256,6 @@ pub fn compose(
     let title = render(step.title.get(escape), &format!("{field}.title"))?
         .unwrap_or_else(|| format!("{} ({which})", rule.name));
     let text = render(step.message.get(escape), &format!("{field}.message"))?.unwrap_or_default();
-    let (text, links) = super::notify::with_links(a, f, rule, ch, text);
     let mut event = f.to_json();
     event["followup"] = which.into();
     let action = if kind == FollowupKind::Escalation {

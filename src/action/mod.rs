@@ -15,15 +15,24 @@ pub mod followup;
 pub mod mention;
 pub mod notify;
 pub mod preview;
+pub mod refusal;
 pub mod release;
 pub mod reload;
+pub use refusal::refused;
 
 use crate::firing::{Action, Firing};
 use crate::outcome::Outcome;
 
 impl ActionContext {
-    /// One attempt of `action` for `firing`, under the rules in force now.
+    /// One attempt of `action` for `firing`, under the rules in force now. A firing of a key
+    /// longer than [`crate::long_key::EXACT`] waits for one of [`crate::long_key::AT_ONCE`]
+    /// turns: what its attempt holds besides the key is bounded, and so is how many hold it
+    /// at once (docs/reliability.md#bounded-whatever-the-key).
     pub async fn run(&self, firing: &Firing, action: &Action) -> Outcome {
+        let _turn = match crate::long_key::is_long(&firing.key) {
+            true => self.long_keys.acquire().await.ok(),
+            false => None,
+        };
         self.refreshed().run_snapshot(firing, action).await
     }
 
@@ -31,6 +40,22 @@ impl ActionContext {
         let Some(rule) = self.config.rule(&firing.rule) else {
             return Outcome::Failed(format!("rule `{}` no longer exists", firing.rule));
         };
+        if let Some(why) = refused(rule, firing) {
+            tracing::error!(rule = %rule.name, key = %crate::event::printable(&firing.key), id = %firing.id, action = action.name(), reason = %why, "A stored job is refused: it is not what the rules in force say for its key.");
+            return Outcome::Failed(format!("refused: {why}"));
+        }
+        if let Some(why) = not_the_rules(rule, action) {
+            return Outcome::Skipped(why);
+        }
+        if matches!(action, Action::Reload | Action::Exec) && crate::long_key::is_long(&firing.key)
+        {
+            return Outcome::Failed(format!(
+                "the key is {} bytes: `{}` takes keys of up to {} bytes (no URL or argument that long works; docs/reliability.md#bounded-whatever-the-key)",
+                firing.key.len(),
+                action.name(),
+                crate::long_key::EXACT
+            ));
+        }
         match action {
             Action::Reload => match &rule.reload {
                 Some(step) => reload::run(self, firing, rule, step).await,
@@ -56,6 +81,26 @@ impl ActionContext {
             },
         }
     }
+}
+
+/// Why `action` is no longer the rule's to do (a reload took its channel from `notify.to`, or
+/// the follow-up's channel from its step), if it is not: nothing to do, and done for the queue.
+/// The other actions say so themselves (a rule without `reload`, an Alertmanager URL gone).
+fn not_the_rules(rule: &crate::config::Rule, action: &Action) -> Option<String> {
+    let mine = match action {
+        Action::Notify { .. } | Action::Escalate { .. } | Action::Resolved { .. } => {
+            every_action_of(rule).contains(action)
+        }
+        _ => true,
+    };
+    (!mine).then(|| {
+        format!(
+            "rule `{}` no longer has `{}` to channel `{}`",
+            rule.name,
+            action.name(),
+            action.channel().unwrap_or_default()
+        )
+    })
 }
 
 /// The actions of a rule, in the order of docs/rules.md (detail is read before any of them).

@@ -11,7 +11,9 @@ use crate::outcome::Outcome;
 
 use super::context::ActionContext;
 
-/// The message of one firing for one channel.
+/// The message of one firing for one channel, made from the firing as the channel shows it: a
+/// key (or capture, or field) longer than the channel's [`crate::channel::Integration::key_limit`]
+/// by its cut view (docs/reliability.md#bounded-whatever-the-key).
 pub fn compose(
     a: &ActionContext,
     f: &Firing,
@@ -21,6 +23,9 @@ pub fn compose(
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
     let escape = ch.escape();
     let t = &a.config.templates;
+    let links = links_of(a, f, rule);
+    let cut = f.cut(ch.integration.key_limit());
+    let f = cut.as_ref().unwrap_or(f);
     let ctx = a.context_of(f);
     let title = match n.title.get(escape) {
         Some(id) => t
@@ -34,7 +39,6 @@ pub fn compose(
             .map_err(|e| format!("notify.message: {}", e.message))?,
         None => String::new(),
     };
-    let (text, links) = with_links(a, f, rule, ch, text);
     let custom_body = match ch.body {
         Some(id) => Some(
             t.render_text(id, &ctx)
@@ -76,17 +80,39 @@ pub fn compose_digest(
     max_items: usize,
 ) -> Result<Message, String> {
     let n = rule.notify.as_ref().ok_or("the rule has no `notify`")?;
+    // Only what the rules in force say for each key (docs/reliability.md#keywatchs-state-is-not-a-way-in):
+    // a notification refused is left out of the digest, said in the log, and the others go.
+    let firings: Vec<&Arc<Firing>> = firings
+        .iter()
+        .filter(|f| match super::refusal::refused(rule, f) {
+            None => true,
+            Some(why) => {
+                tracing::error!(rule = %rule.name, channel = %ch.name, key = %crate::event::printable(&f.key), id = %f.id, reason = %why, "A stored notification is refused: it is not what the rules in force say for its key; left out of the digest.");
+                false
+            }
+        })
+        .collect();
     // Listed in the order they were observed: a window hands its notifications over by member
     // name, and a digest cut at `max_items` lists the oldest. Stable: those observed at the same
     // moment keep the order they came in (a channel's backlog, its arrival order).
-    let mut firings: Vec<&Arc<Firing>> = firings.iter().collect();
+    let mut firings: Vec<&Arc<Firing>> = firings;
     firings.sort_by_key(|f| f.observed_at);
     let first = *firings.first().ok_or("an empty digest")?;
     let escape = ch.escape();
     let t = &a.config.templates;
     let mut items = Vec::new();
     let mut mention = crate::channel::chat::Mention::default();
-    for f in firings.iter().take(max_items) {
+    let limit = ch.integration.key_limit();
+    let cut: Vec<Option<Firing>> = firings
+        .iter()
+        .take(max_items)
+        .map(|f| f.cut(limit))
+        .collect();
+    let shown = firings
+        .iter()
+        .zip(&cut)
+        .map(|(f, c)| c.as_ref().unwrap_or(f.as_ref()));
+    for f in shown {
         mention = mention.merged(&super::mention::render(
             t,
             &n.mention,
@@ -105,7 +131,10 @@ pub fn compose_digest(
         });
     }
     let events: Vec<serde_json::Value> = items.iter().map(|i| i.event.clone()).collect();
-    let ctx = a.context_of(first).with_digest(firings.len(), events);
+    let first_cut = first.cut(limit);
+    let ctx = a
+        .context_of(first_cut.as_ref().unwrap_or(first))
+        .with_digest(firings.len(), events);
     let title = match n.title.get(escape) {
         Some(id) => t
             .render_text(id, &ctx)
@@ -168,22 +197,13 @@ pub async fn send_one(a: &ActionContext, f: &Firing, rule: &Rule, ch: &Channel) 
 }
 
 /// The acknowledge and silence links of a rule with `escalate` when the files configure
-/// `links` (docs/rules.md), and `text` ending with them unless `ch` shows them as buttons.
-pub fn with_links(
-    a: &ActionContext,
-    f: &Firing,
-    rule: &Rule,
-    ch: &Channel,
-    text: String,
-) -> (String, Vec<(String, String)>) {
-    let links = match (&a.config.links, &rule.escalate) {
+/// `links` (docs/rules.md): channels show them as buttons, or after the message's text in their
+/// link syntax ([`crate::channel::chat::links_suffix`]). `f` with its exact key, which the
+/// links name by its hash.
+pub fn links_of(a: &ActionContext, f: &Firing, rule: &Rule) -> Vec<(String, String)> {
+    match (&a.config.links, &rule.escalate) {
         (Some(links), Some(step)) => crate::links::for_firing(links, f, step.wait),
-        _ => return (text, Vec::new()),
-    };
-    if ch.integration.links_as_buttons() {
-        (text, links)
-    } else {
-        (crate::links::append(&text, ch.escape(), &links), links)
+        _ => Vec::new(),
     }
 }
 
@@ -243,6 +263,9 @@ rules:
         let firings = [
             firing("burst:c", "2026-01-01T00:00:03Z"),
             firing("burst:a", "2026-01-01T00:00:01Z"),
+            // Written into a window by hand: its key is none the rule matches, so it is left
+            // out (docs/reliability.md#keywatchs-state-is-not-a-way-in).
+            firing("forged:x", "2026-01-01T00:00:00Z"),
             firing("burst:b", "2026-01-01T00:00:02Z"),
         ];
         let rule = a.config.rule("burst").unwrap();

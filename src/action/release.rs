@@ -332,6 +332,16 @@ impl Release<'_> {
         let Some(ch) = a.config.channel(channel) else {
             return Outcome::Failed(format!("channel `{channel}` is no longer defined"));
         };
+        // A released message is a stored job as any: what the rules say for its key, or
+        // nothing (docs/reliability.md#keywatchs-state-is-not-a-way-in).
+        match a.config.rule(&job.firing.rule) {
+            None => return Outcome::Failed(format!("rule `{}` no longer exists", job.firing.rule)),
+            Some(rule) => {
+                if let Some(why) = super::refused(rule, &job.firing) {
+                    return Outcome::Failed(format!("refused: {why}"));
+                }
+            }
+        }
         let held = Held {
             resolved: if released.resolved {
                 HashSet::from([job.id()])

@@ -110,6 +110,34 @@ pub fn with_keyword(ch: &Channel, text: &str) -> String {
     }
 }
 
+/// What the text of `msg` ends with to show its acknowledge and silence links in the link syntax
+/// of a chat format (empty for other formats, and without links): the channel puts it after the
+/// text, which it cuts first when the whole is too long, so the links are never what is cut.
+pub fn links_suffix(msg: &super::message::Message, escape: Escape) -> String {
+    if msg.links.is_empty() || !escape.is_chat() {
+        return String::new();
+    }
+    let shown: Vec<String> = msg
+        .links
+        .iter()
+        .map(|(label, url)| match escape {
+            Escape::Markdown => format!("[{label}]({url})"),
+            Escape::Slack => format!("<{url}|{label}>"),
+            _ => format!("{label}: {url}"),
+        })
+        .collect();
+    let sep = if escape == Escape::Text { "\n" } else { " · " };
+    format!("\n\n{}", shown.join(sep))
+}
+
+/// `text` cut to leave room for `suffix` (the links) within `limit` bytes, then the suffix: a
+/// message too long loses the end of its text, saying how much, never its links.
+pub fn fit_before(text: &str, suffix: &str, limit: usize) -> String {
+    let mut out = fit(text, limit.saturating_sub(suffix.len()));
+    out.push_str(suffix);
+    out
+}
+
 /// Cuts `text` to at most `limit` bytes on a character boundary, saying how much was left out,
 /// so an over-long message still arrives instead of being rejected by the target.
 pub fn fit(text: &str, limit: usize) -> String {
@@ -182,6 +210,31 @@ mod tests {
         let cut = fit(&long, 200);
         assert!(cut.len() <= 200, "{}", cut.len());
         assert!(cut.ends_with("more bytes"));
+    }
+
+    #[test]
+    fn links_take_each_chat_format_s_syntax_after_a_text_cut_first() {
+        let msg = crate::channel::Message {
+            links: vec![("Acknowledge".to_string(), "https://k/l/t".to_string())],
+            ..crate::channel::Message::uncomposed_digest("r", "id", "c", 1)
+        };
+        assert_eq!(
+            links_suffix(&msg, Escape::Markdown),
+            "\n\n[Acknowledge](https://k/l/t)"
+        );
+        assert_eq!(
+            links_suffix(&msg, Escape::Slack),
+            "\n\n<https://k/l/t|Acknowledge>"
+        );
+        assert_eq!(
+            links_suffix(&msg, Escape::Text),
+            "\n\nAcknowledge: https://k/l/t"
+        );
+        assert_eq!(links_suffix(&msg, Escape::Raw), "");
+        let suffix = links_suffix(&msg, Escape::Text);
+        let cut = fit_before(&"x".repeat(500), &suffix, 200);
+        assert!(cut.len() <= 200 && cut.ends_with(&suffix), "{cut}");
+        assert!(cut.contains("more bytes"), "{cut}");
     }
 
     #[test]

@@ -13,8 +13,8 @@ use crate::template::Escape;
 use crate::yaml::Secret;
 
 use super::chat::{
-    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, judge_errcode, mention, msgtype,
-    with_keyword,
+    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, judge_errcode, links_suffix, mention,
+    msgtype, with_keyword,
 };
 use super::fields::Fields;
 use super::http::{Answer, Request};
@@ -63,6 +63,11 @@ fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
 impl Integration for DingTalk {
     fn escape(&self) -> Escape {
         self.msgtype.escape()
+    }
+
+    /// Of a 20,000-byte body: a key's first 4 KiB, with room for the rest of the message.
+    fn key_limit(&self) -> usize {
+        4_096
     }
 
     fn mentions_mobiles(&self) -> bool {
@@ -145,8 +150,11 @@ pub fn request(
         "atUserIds": mention.user_ids,
         "isAtAll": mention.all,
     });
+    // The links after the text, a part of their own: what is too long is cut from the text,
+    // never the links.
+    let links = links_suffix(msg, d.msgtype.escape());
     let build = |parts: &[String]| {
-        let (title, text) = (&parts[0], &parts[1]);
+        let (title, text) = (&parts[0], format!("{}{}", parts[1], parts[2]));
         let body = match d.msgtype {
             ChatFormat::Text => {
                 let content = with_keyword(ch, &format!("{title}\n{text}"));
@@ -167,7 +175,8 @@ pub fn request(
     };
     let parts = vec![
         bounded(&msg.title, TITLE_LIMIT).into_owned(),
-        fit(&msg.text, TEXT_LIMIT),
+        fit(&msg.text, TEXT_LIMIT.saturating_sub(links.len())),
+        links,
     ];
     let body = fit_body(BODY_LIMIT, parts, build)
         .map_err(|size| too_big("DingTalk", size, BODY_LIMIT))?;

@@ -439,6 +439,11 @@ impl Integration for Email {
         Escape::Text
     }
 
+    /// Mails have room: a key's first 4 KiB.
+    fn key_limit(&self) -> usize {
+        4_096
+    }
+
     fn target(&self) -> String {
         let to: Vec<String> = self.to.iter().map(|m| m.email.to_string()).collect();
         let auth = if self.login.is_some() { ", AUTH" } else { "" };

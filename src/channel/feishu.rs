@@ -13,7 +13,8 @@ use crate::template::Escape;
 use crate::yaml::Secret;
 
 use super::chat::{
-    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, mention, msgtype, with_keyword,
+    ChatFormat, Mention, fit, hmac_sha256_b64, json_headers, links_suffix, mention, msgtype,
+    with_keyword,
 };
 use super::fields::Fields;
 use super::http::{self, Answer, Request};
@@ -62,6 +63,11 @@ fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
 impl Integration for Feishu {
     fn escape(&self) -> Escape {
         self.msgtype.escape()
+    }
+
+    /// Of a 20 KB body: a key's first 4 KiB, with room for the rest of the message.
+    fn key_limit(&self) -> usize {
+        4_096
     }
 
     fn target(&self) -> String {
@@ -131,12 +137,17 @@ pub fn request(
     msg: &Message,
     now: DateTime<Utc>,
 ) -> Result<Request, Outcome> {
+    // The links after the text, a part of their own: what is too long is cut from the text,
+    // never the links.
+    let links = links_suffix(msg, f.msgtype.escape());
     let parts = vec![
         bounded(&msg.title, TITLE_LIMIT).into_owned(),
-        fit(&msg.text, TEXT_LIMIT),
+        fit(&msg.text, TEXT_LIMIT.saturating_sub(links.len())),
+        links,
     ];
     let body = fit_body(BODY_LIMIT, parts, |parts| {
-        let body = body(ch, f, msg, (&parts[0], &parts[1]), now);
+        let text = format!("{}{}", parts[1], parts[2]);
+        let body = body(ch, f, msg, (&parts[0], &text), now);
         serde_json::to_vec(&body).unwrap_or_default()
     })
     .map_err(|size| too_big("Feishu", size, BODY_LIMIT))?;

@@ -44,6 +44,15 @@ pub trait Integration: fmt::Debug + Send + Sync {
     /// message handled here and now.
     fn dispatch(&self, ch: &Channel, msg: &Message, now: DateTime<Utc>) -> Dispatch;
 
+    /// The most bytes of a key (and of each capture and a field) its messages show: a longer
+    /// one is shown by its cut view, its first bytes then its length and a short hash
+    /// ([`crate::long_key::view`]), so that a message stays within the service's limit whatever
+    /// the key (docs/reliability.md#bounded-whatever-the-key). The default leaves room for a
+    /// title, a message and the links within the tightest chat limits.
+    fn key_limit(&self) -> usize {
+        DEFAULT_KEY_LIMIT
+    }
+
     /// Whether its messages can mention people by mobile number (a rule's `mention.mobiles`).
     fn mentions_mobiles(&self) -> bool {
         false
@@ -95,6 +104,9 @@ pub enum Dispatch {
 /// A send over an integration's own protocol: it owns everything it needs and resolves to the
 /// outcome, bounded by the channel's `timeout`.
 pub type Exchange = futures_util::future::BoxFuture<'static, Outcome>;
+
+/// [`Integration::key_limit`] unless an integration says otherwise.
+pub const DEFAULT_KEY_LIMIT: usize = 1_024;
 
 /// Requests in flight at once per channel, and per `reload` or `exec` rule, when the rule files
 /// do not say (docs/rules.md).

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 
-use crate::event::printable;
+use crate::event::printable_whole;
 use crate::outcome::Outcome;
 use crate::template::Escape;
 
@@ -39,7 +39,10 @@ impl Integration for Log {
     fn dispatch(&self, ch: &Channel, msg: &Message, _now: DateTime<Utc>) -> Dispatch {
         // Raw text (the log escapes nothing): key text's controls written out, so that a key
         // cannot forge a log line or repaint the terminal reading it.
-        let (title, text) = (printable(msg.title.as_bytes()), printable(msg.text.as_bytes()));
+        let (title, text) = (
+            printable_whole(msg.title.as_bytes()),
+            printable_whole(msg.text.as_bytes()),
+        );
         tracing::info!(target: "keywatch::alert", channel = %ch.name, rule = %msg.rule, event = %msg.event, count = msg.count, "{title}: {text}");
         Dispatch::Done(Outcome::Sent("logged".into()))
     }

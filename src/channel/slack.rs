@@ -11,7 +11,7 @@ use crate::outcome::Outcome;
 use crate::template::Escape;
 use crate::yaml::Secret;
 
-use super::chat::{fit, json_headers, with_keyword};
+use super::chat::{fit, fit_before, json_headers, links_suffix, with_keyword};
 use super::fields::Fields;
 use super::http::{self, Answer, Request};
 use super::integration::{Channel, Dispatch, Integration, Kind, Rate};
@@ -40,6 +40,11 @@ fn decode(f: &mut Fields<'_, '_>) -> Option<Arc<dyn Integration>> {
 impl Integration for Slack {
     fn escape(&self) -> Escape {
         Escape::Slack
+    }
+
+    /// Of 40,000 characters: a key's first 4 KiB, with room for the rest of the message.
+    fn key_limit(&self) -> usize {
+        4_096
     }
 
     fn target(&self) -> String {
@@ -81,17 +86,21 @@ pub fn request(ch: &Channel, s: &Slack, msg: &Message) -> Request {
     if msg.mention.all {
         mentions.push("<!channel>".into());
     }
-    let mut text = with_keyword(
+    let text = with_keyword(
         ch,
         &format!("*{}*\n{}", bounded(&msg.title, TITLE_LIMIT), msg.text),
     );
+    // The links, then the mentions, after the text: what is too long is cut from the text.
+    let mut tail = links_suffix(msg, Escape::Slack);
     if !mentions.is_empty() {
-        text = format!("{}\n{}", fit(&text, TEXT_LIMIT - 2_000), mentions.join(" "));
+        tail.push('\n');
+        tail.push_str(&fit(&mentions.join(" "), 2_000));
     }
+    let text = fit_before(&text, &tail, TEXT_LIMIT);
     Request {
         method: reqwest::Method::POST,
         url: s.url.expose().to_string(),
         headers: json_headers(),
-        body: serde_json::to_vec(&json!({"text": fit(&text, TEXT_LIMIT)})).unwrap_or_default(),
+        body: serde_json::to_vec(&json!({ "text": text })).unwrap_or_default(),
     }
 }

@@ -48,6 +48,12 @@ impl Integration for Teams {
         Escape::Teams
     }
 
+    /// A card's facts show at most [`PART_LIMIT`] bytes each: the key's cut view fits one
+    /// whole, its marker included.
+    fn key_limit(&self) -> usize {
+        512
+    }
+
     fn target(&self) -> String {
         self.url.redacted_url()
     }

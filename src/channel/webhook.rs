@@ -83,6 +83,15 @@ impl Integration for Webhook {
         Escape::Raw
     }
 
+    /// Its event JSON is data for programs: a key is whole up to [`crate::long_key::EXACT`];
+    /// the Alertmanager format's labels take [`LABEL_LIMIT`].
+    fn key_limit(&self) -> usize {
+        match self.format {
+            WebhookFormat::Keywatch => crate::long_key::EXACT,
+            WebhookFormat::Alertmanager => LABEL_LIMIT,
+        }
+    }
+
     fn target(&self) -> String {
         self.url.redacted_url()
     }

@@ -13,7 +13,8 @@ use crate::template::Escape;
 use crate::yaml::Secret;
 
 use super::chat::{
-    ChatFormat, Mention, fit, json_headers, judge_errcode, mention, msgtype, with_keyword,
+    ChatFormat, Mention, fit_before, json_headers, judge_errcode, links_suffix, mention, msgtype,
+    with_keyword,
 };
 use super::fields::Fields;
 use super::http::{Answer, Request};
@@ -61,6 +62,12 @@ impl Integration for WeCom {
         self.msgtype.escape()
     }
 
+    /// Of 2,048 bytes of text: a key's first 512, with room for the title, the message and
+    /// the links.
+    fn key_limit(&self) -> usize {
+        512
+    }
+
     fn mentions_mobiles(&self) -> bool {
         self.msgtype == ChatFormat::Text
     }
@@ -91,11 +98,12 @@ pub fn request(ch: &Channel, w: &WeCom, msg: &Message) -> Request {
             if mention.all {
                 users.push("@all".into());
             }
-            let content = fit(
+            let content = fit_before(
                 &with_keyword(
                     ch,
                     &format!("{}\n{}", bounded(&msg.title, TITLE_LIMIT), msg.text),
                 ),
+                &links_suffix(msg, w.msgtype.escape()),
                 TEXT_LIMIT,
             );
             json!({"msgtype": "text", "text": {"content": content, "mentioned_list": users, "mentioned_mobile_list": mention.mobiles}})
@@ -108,11 +116,12 @@ pub fn request(ch: &Channel, w: &WeCom, msg: &Message) -> Request {
                 .collect();
             // A rule's mentions are rendered per event: never let them take the room the
             // limit leaves (a subtraction that underflowed would have panicked).
-            let content = fit(
+            let content = fit_before(
                 &with_keyword(
                     ch,
                     &format!("**{}**\n{}", bounded(&msg.title, TITLE_LIMIT), msg.text),
                 ),
+                &links_suffix(msg, w.msgtype.escape()),
                 MARKDOWN_LIMIT.saturating_sub(mentions.len()).max(MARKDOWN_LIMIT / 2),
             );
             json!({"msgtype": "markdown", "markdown": {"content": format!("{content}{mentions}")}})

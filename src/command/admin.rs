@@ -75,6 +75,7 @@ pub async fn silence_add(
         rule: rule.to_string(),
         pattern: pattern.map(str::to_string),
         key: None,
+        key_sha256: None,
         until: now + chrono::Duration::from_std(duration).map_err(|e| e.to_string())?,
         comment: comment.to_string(),
         created: now,
@@ -122,25 +123,27 @@ pub async fn silence_list(config: &Config, conn: &mut Conn, json: bool) -> Resul
         "{:<10} {:<28} {:<24} {:<26} {}\n",
         "ID", "RULE", "MATCH", "UNTIL", "COMMENT"
     );
+    let now = Utc::now();
     for s in list {
-        let comment = match (s.exact_key(), s.invalid_pattern()) {
-            (Some(Err(_)), _) => format!(
+        let comment = match (s.exact_key(), s.invalid_pattern(), s.refused(now)) {
+            (Some(Err(_)), _, _) => format!(
                 "INVALID KEY (not base64): ignored, mutes nothing; {}",
                 s.comment
             ),
-            (None, Some(e)) => format!(
+            (None, Some(e), _) if s.key_sha256.is_none() => format!(
                 "INVALID PATTERN ({e}): ignored, mutes nothing; {}",
                 s.comment
             ),
+            (_, _, Some(why)) => format!("REFUSED ({why}): ignored, mutes nothing; {}", s.comment),
             _ => s.comment.clone(),
         };
         // A link's silence names its key; both may hold anyone's text.
         let comment = crate::event::printable(comment.as_bytes());
         // A link's silence mutes exactly its key: shown by its bytes, as keys are shown
         // everywhere, not by its pattern (which cannot spell bytes that are not UTF-8).
-        let mutes = match s.exact_key() {
-            Some(Ok(key)) => crate::event::printable(&key).into_owned(),
-            _ => {
+        let mutes = match s.key_shown() {
+            Some(key) => key,
+            None => {
                 crate::event::printable(s.pattern.as_deref().unwrap_or("*").as_bytes()).into_owned()
             }
         };

@@ -9,7 +9,7 @@ use std::fmt::Write;
 use chrono::Utc;
 
 use crate::config::{Config, DetailSource, Rule};
-use crate::event::{EventKind, KeyEvent, printable};
+use crate::event::{EventKind, KeyEvent, printable, printable_whole};
 use crate::template::{Context, TemplateId};
 
 pub struct Explanation {
@@ -184,7 +184,7 @@ fn explain_rule(
     let t = &config.templates;
     let render = |id: TemplateId| -> String {
         match t.render(id, &ctx) {
-            Ok(b) => format!("\"{}\"", printable(&b)),
+            Ok(b) => format!("\"{}\"", printable_whole(&b)),
             Err(e) => format!("<fails: {}>", e.message),
         }
     };
@@ -196,7 +196,7 @@ fn explain_rule(
             Err(e) => format!("<fails: {}>", e.message),
         }
     };
-    let text = |id: TemplateId| -> String { printable(raw_text(id).as_bytes()).into_owned() };
+    let text = |id: TemplateId| -> String { printable_whole(raw_text(id).as_bytes()).into_owned() };
 
     if let Some(d) = &rule.detail {
         let remove = if d.remove {
@@ -335,9 +335,9 @@ fn explain_rule(
                 let lines: Vec<String> = match escape.is_chat() {
                     true => body
                         .lines()
-                        .map(|l| printable(l.as_bytes()).into_owned())
+                        .map(|l| printable_whole(l.as_bytes()).into_owned())
                         .collect(),
-                    false => vec![printable(body.as_bytes()).into_owned()],
+                    false => vec![printable_whole(body.as_bytes()).into_owned()],
                 };
                 for (i, line) in lines.iter().enumerate() {
                     let lead = if i == 0 {
@@ -379,7 +379,7 @@ fn explain_rule(
                 let body = t
                     .render_text(id, &ctx)
                     .unwrap_or_else(|e| format!("<fails: {}>", e.message));
-                let _ = writeln!(out, "     message: {}", printable(body.as_bytes()));
+                let _ = writeln!(out, "     message: {}", printable_whole(body.as_bytes()));
             }
         }
     }

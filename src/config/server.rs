@@ -14,6 +14,23 @@ pub struct ServerSettings {
     /// Host names accepted in `Host` besides the listen address and `links.base_url`'s, lower
     /// case, without a port.
     pub hosts: Vec<String>,
+    /// `open: true`: listening beyond loopback without `token` is meant (a network that is
+    /// itself the protection); otherwise `run` refuses it ([`ServerSettings::unprotected`]).
+    pub open: bool,
+}
+
+impl ServerSettings {
+    /// Why `run` must not listen on `listen` with these settings: beyond loopback, without a
+    /// token, and not said to be meant (docs/operations.md#exposing-the-endpoint). The text
+    /// names the fixes.
+    pub fn unprotected(&self, listen: std::net::SocketAddr) -> Option<String> {
+        if listen.ip().is_loopback() || self.token.is_some() || self.open {
+            return None;
+        }
+        Some(format!(
+            "`--listen {listen}` reaches beyond loopback, but the rules set no `server.token`: anyone who reaches it could read the status page and the history and reload the rules. Set `server: {{ token: \"${{KEYWATCH_TOKEN}}\" }}` (or `token_file`) with a token of 16 characters or more, listen on 127.0.0.1, or set `server.open: true` if an open endpoint is meant (docs/operations.md#exposing-the-endpoint)"
+        ))
+    }
 }
 
 /// A token shorter than this is refused: it is all that stands between the network and the
@@ -51,7 +68,11 @@ pub fn decode_server(
             }
         }
     }
-    m.finish(d, &["token", "token_file", "hosts"], &|f| match f {
+    let open = m
+        .get("open")
+        .and_then(|n| d.bool(n, "`server.open`"))
+        .unwrap_or(false);
+    m.finish(d, &["token", "token_file", "hosts", "open"], &|f| match f {
         "base_url" => Some("`base_url` belongs to `links:`".into()),
         "listen" => Some("the address is given with `keywatch run --listen`".into()),
         _ => None,
@@ -71,7 +92,7 @@ pub fn decode_server(
         d.error(&node.loc, "`server` is set twice");
         return;
     }
-    *into = Some(ServerSettings { token, hosts });
+    *into = Some(ServerSettings { token, hosts, open });
 }
 
 /// The host of `text` (a name or an address, maybe with a port), lower case and without the
@@ -86,7 +107,30 @@ pub fn host_name(text: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::host_name;
+    use super::{ServerSettings, host_name};
+
+    #[test]
+    fn only_a_wide_listen_without_token_or_open_is_refused() {
+        let wide: std::net::SocketAddr = "0.0.0.0:9464".parse().unwrap();
+        let local: std::net::SocketAddr = "127.0.0.1:9464".parse().unwrap();
+        let none = ServerSettings::default();
+        let why = none.unprotected(wide).expect("refused");
+        assert!(
+            why.contains("server.token") && why.contains("server.open: true"),
+            "{why}"
+        );
+        assert_eq!(none.unprotected(local), None);
+        let token = ServerSettings {
+            token: Some(crate::yaml::Secret::new("0123456789abcdef")),
+            ..ServerSettings::default()
+        };
+        assert_eq!(token.unprotected(wide), None);
+        let open = ServerSettings {
+            open: true,
+            ..ServerSettings::default()
+        };
+        assert_eq!(open.unprotected(wide), None);
+    }
 
     #[test]
     fn host_names_are_compared_without_port_or_case() {

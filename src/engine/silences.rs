@@ -10,8 +10,9 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::pattern::Pattern;
+use sha2::Digest;
 
-pub use crate::store::silences::{Silence, add, add_once, expire, list, new_id, remove};
+pub use crate::store::silences::{Silence, add, expire, list, new_id, remove};
 
 /// Which keys of its rule a silence mutes, compiled once.
 enum Scope {
@@ -19,9 +20,12 @@ enum Scope {
     Matching(Box<Pattern>),
     /// Exactly these bytes.
     Key(Vec<u8>),
-    /// A pattern that does not parse: muting every key instead would silence far more than
+    /// Exactly the key of this SHA-256 (a signed link's, whatever the key's length).
+    Digest([u8; 32]),
+    /// A silence that must not act ([`Silence::refused`]: a pattern that does not parse, a
+    /// span that ends before it starts…): muting every key instead would silence far more than
     /// anyone asked for, so it mutes none.
-    Invalid,
+    Refused,
 }
 
 /// The active silences, compiled, as the engine reads them.
@@ -35,6 +39,8 @@ impl Active {
     pub fn mutes(&self, rule: &str, key: &[u8]) -> bool {
         let now = Utc::now();
         let list = self.list.read().unwrap_or_else(|p| p.into_inner());
+        // Hashed once, and only when a silence of the rule names a key by its hash.
+        let digest = std::sync::OnceLock::new();
         list.iter().any(|(s, scope)| {
             s.rule == rule
                 && s.active(now)
@@ -42,7 +48,10 @@ impl Active {
                     Scope::Every => true,
                     Scope::Matching(p) => p.is_match(key),
                     Scope::Key(k) => k == key,
-                    Scope::Invalid => false,
+                    Scope::Digest(d) => {
+                        digest.get_or_init(|| <[u8; 32]>::from(sha2::Sha256::digest(key))) == d
+                    }
+                    Scope::Refused => false,
                 }
         })
     }
@@ -59,29 +68,29 @@ impl Active {
 
     fn set(&self, silences: Vec<Silence>) {
         let mut list = self.list.write().unwrap_or_else(|p| p.into_inner());
+        let now = Utc::now();
         let compiled = silences
             .into_iter()
             .map(|s| {
-                if let Some(key) = s.exact_key() {
-                    let scope = match key {
-                        Ok(k) => Scope::Key(k),
-                        Err(_) => Scope::Invalid,
-                    };
-                    return (s, scope);
-                }
-                let scope = match s.pattern.as_deref().map(Pattern::parse) {
-                    None => Scope::Every,
-                    Some(Ok(p)) => Scope::Matching(Box::new(p)),
-                    Some(Err(e)) => {
-                        // Read every second: said once, when it first appears.
-                        let known = list
-                            .iter()
-                            .any(|(old, scope)| old.id == s.id && matches!(scope, Scope::Invalid));
-                        if !known {
-                            tracing::warn!(silence = %s.id, rule = %s.rule, pattern = ?s.pattern, error = %e.message, "A stored silence has a pattern that does not parse; it is ignored (it mutes nothing). Remove it with `keywatch silence remove`.");
-                        }
-                        Scope::Invalid
+                if let Some(why) = s.refused(now) {
+                    // Read every second: said once, when it first appears.
+                    let known = list
+                        .iter()
+                        .any(|(old, scope)| old.id == s.id && matches!(scope, Scope::Refused));
+                    if !known {
+                        tracing::warn!(silence = %s.id, rule = %s.rule, reason = %why, "A stored silence is refused; it mutes nothing. Remove it with `keywatch silence remove`.");
                     }
+                    return (s, Scope::Refused);
+                }
+                let scope = match (s.key_digest(), s.exact_key()) {
+                    (Some(Ok(d)), _) => Scope::Digest(d),
+                    (_, Some(Ok(k))) => Scope::Key(k),
+                    _ => match s.pattern.as_deref().map(Pattern::parse) {
+                        Some(Ok(p)) => Scope::Matching(Box::new(p)),
+                        // Refused above when it does not parse.
+                        Some(Err(_)) => Scope::Refused,
+                        None => Scope::Every,
+                    },
                 };
                 (s, scope)
             })
@@ -117,6 +126,7 @@ mod tests {
             rule: rule.into(),
             pattern: pattern.map(Into::into),
             key: None,
+            key_sha256: None,
             until: now + chrono::Duration::seconds(secs),
             comment: String::new(),
             created: now,
@@ -138,17 +148,60 @@ mod tests {
             rule: "locks".into(),
             pattern: Some("lock:{".into()),
             key: None,
+            key_sha256: None,
             until: now + chrono::Duration::seconds(60),
             comment: String::new(),
             created: now,
             by: "test".into(),
         };
         assert!(broken.invalid_pattern().is_some());
+        assert!(broken.refused(now).is_some());
         let a = Active::default();
         a.set(vec![broken.clone()]);
         a.set(vec![broken]);
         assert!(!a.mutes("locks", b"lock:1"));
         assert!(!a.mutes("locks", b"lock:{"));
         assert_eq!(a.current().len(), 1, "still listed, to be seen and removed");
+    }
+
+    /// docs/redis.md#keep-applications-out-of-keywatchs-state: a silence written by hand that
+    /// does not read, or whose span is not a span, mutes nothing; one naming a key by its
+    /// hash mutes that key alone.
+    #[test]
+    fn a_silence_that_does_not_read_mutes_nothing_and_a_hash_names_one_key() {
+        let now = Utc::now();
+        let s = |f: &dyn Fn(&mut Silence)| {
+            let mut s = Silence {
+                id: new_id(),
+                rule: "locks".into(),
+                pattern: None,
+                key: None,
+                key_sha256: None,
+                until: now + chrono::Duration::hours(1),
+                comment: String::new(),
+                created: now,
+                by: "hand".into(),
+            };
+            f(&mut s);
+            s
+        };
+        let refused = [
+            s(&|s| s.key_sha256 = Some("not hex".into())),
+            s(&|s| s.key = Some("not base64!".into())),
+            s(&|s| s.created = now + chrono::Duration::days(1)),
+            s(&|s| s.until = now - chrono::Duration::hours(2)),
+        ];
+        for r in &refused {
+            assert!(r.refused(now).is_some(), "{r:?}");
+        }
+        let a = Active::default();
+        a.set(refused.to_vec());
+        assert!(!a.mutes("locks", b"lock:1"));
+        let one = s(&|s| s.key_sha256 = Some(crate::long_key::sha256_hex(b"lock:7")));
+        assert_eq!(one.refused(now), None);
+        a.set(vec![one]);
+        assert!(a.mutes("locks", b"lock:7"));
+        assert!(!a.mutes("locks", b"lock:8"));
+        assert!(!a.mutes("other", b"lock:7"));
     }
 }

@@ -46,7 +46,28 @@ pub fn is_tls(url: &Secret) -> bool {
 /// layer's own words ("invalid peer certificate: UnknownIssuer", a time-out) do not say which
 /// setting is wrong.
 pub fn explain(url: &Secret, error: &redis::RedisError) -> String {
+    if let Some(not_redis) = not_redis(url, error) {
+        return not_redis;
+    }
     format!("{error}{}", tls_hint(url, error))
+}
+
+/// What to say when the server at `url` answered, but not in Redis's protocol (RESP): an HTTP
+/// server, say, whose `HTTP/1.1 400` redis-rs reports as `Parse error at 1 / Unexpected 33`,
+/// which names neither the server nor the likely mistake. `None` for every other error.
+pub fn not_redis(url: &Secret, error: &redis::RedisError) -> Option<String> {
+    let parse =
+        error.kind() == redis::ErrorKind::Parse || error.to_string().contains("Parse error");
+    if !parse {
+        return None;
+    }
+    let port = url::Url::parse(url.expose())
+        .ok()
+        .and_then(|u| u.port())
+        .unwrap_or(6379);
+    Some(format!(
+        "the server does not answer as a Redis server (is {port} the right port?)"
+    ))
 }
 
 /// What [`explain`] appends: `""`, or what to check, in parentheses after a space.
@@ -396,6 +417,19 @@ mod tests {
         assert!(explain(&plain, &reset).contains("use `rediss://`"));
         let refused = io_error(std::io::ErrorKind::ConnectionRefused, "Connection refused");
         assert_eq!(explain(&plain, &refused), refused.to_string());
+    }
+
+    #[test]
+    fn a_server_that_does_not_speak_resp_is_named_as_such() {
+        let url = Secret::new("redis://:hunter2@127.0.0.1:8080/0");
+        let parse = redis::RedisError::from(redis::ParsingError::from("Unexpected `33`"));
+        let said = explain(&url, &parse);
+        assert_eq!(
+            said,
+            "the server does not answer as a Redis server (is 8080 the right port?)"
+        );
+        let refused = io_error(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        assert_eq!(not_redis(&url, &refused), None);
     }
 
     #[test]

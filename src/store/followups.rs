@@ -12,10 +12,16 @@ pub fn ack_key(prefix: &str, firing_id: &str) -> String {
 }
 
 /// Names the alert of `rule` on `key` whose follow-ups wait, so that hearing the key again
-/// finds their jobs (`{prefix}followup:RULE:DB:KEY`, the key's exact bytes).
+/// finds their jobs (`{prefix}followup:RULE:DB:KEY`, the key's exact bytes; a key longer than
+/// [`crate::long_key::EXACT`] by its SHA-256, `…:DB:#sha256:HEX`, so that the marker's name does
+/// not grow with the key: docs/reliability.md#bounded-whatever-the-key).
 pub fn marker_key(prefix: &str, rule: &str, db: u32, key: &[u8]) -> Vec<u8> {
     let mut k = format!("{prefix}followup:{rule}:{db}:").into_bytes();
-    k.extend_from_slice(key);
+    if crate::long_key::is_long(key) {
+        k.extend_from_slice(format!("#sha256:{}", crate::long_key::sha256_hex(key)).as_bytes());
+    } else {
+        k.extend_from_slice(key);
+    }
     k
 }
 

@@ -256,10 +256,16 @@ impl Recorder {
     /// for, which is what the readers look up.
     fn firing(&self, f: &Firing, actions: &[Action]) {
         let names: Vec<String> = actions.iter().map(action_field).collect();
+        // A key longer than a history entry should hold is kept as its cut view
+        // (docs/reliability.md#bounded-whatever-the-key).
+        let event = match f.cut(crate::long_key::EXACT) {
+            Some(cut) => cut.text(),
+            None => f.text(),
+        };
         self.send(Entry::Firing {
             id: f.id.clone(),
             at_ms: f.observed_at.timestamp_millis(),
-            event: f.text(),
+            event,
             names: serde_json::to_string(&names).unwrap_or_default(),
         });
     }
@@ -561,6 +567,25 @@ impl Writer {
 fn split_stored(stored: &str) -> (Vec<String>, &str) {
     let (names, event) = stored.split_once('\n').unwrap_or(("", stored));
     (serde_json::from_str(names).unwrap_or_default(), event)
+}
+
+/// The firing of the event `id` as history keeps it (a key longer than
+/// [`crate::long_key::EXACT`] cut), if it still does: what a signed link shows of its event.
+pub async fn firing(conn: &mut Conn, prefix: &str, id: &str) -> redis::RedisResult<Option<Firing>> {
+    let at: Option<f64> = redis::cmd("ZSCORE")
+        .arg(index_key(prefix))
+        .arg(id)
+        .query_async(conn)
+        .await?;
+    let Some(at) = at else {
+        return Ok(None);
+    };
+    let stored: Option<String> = redis::cmd("HGET")
+        .arg(minute_key(prefix, at as i64))
+        .arg(id)
+        .query_async(conn)
+        .await?;
+    Ok(stored.and_then(|s| serde_json::from_str(split_stored(&s).1).ok()))
 }
 
 /// The firings `filter` selects, newest first, read from what every instance recorded.

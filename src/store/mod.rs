@@ -16,6 +16,7 @@ pub mod held;
 pub mod history;
 pub mod intake;
 pub mod ledger;
+pub mod links;
 pub mod queue;
 pub mod rate;
 pub mod scanner;

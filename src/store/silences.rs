@@ -19,6 +19,10 @@ pub struct Silence {
     /// `pattern` only spells the key for people (and older versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// The SHA-256 (hex) of the exact key muted, from a signed link, which names the key by it
+    /// whatever its length; when set it governs, and `key` and `pattern` only show the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sha256: Option<String>,
     pub until: DateTime<Utc>,
     pub comment: String,
     pub created: DateTime<Utc>,
@@ -43,6 +47,70 @@ impl Silence {
     pub fn invalid_pattern(&self) -> Option<String> {
         let p = self.pattern.as_deref()?;
         Pattern::parse(p).err().map(|e| e.message)
+    }
+
+    /// The key's hash it names, when it names one and it is a SHA-256 in hex.
+    pub fn key_digest(&self) -> Option<Result<[u8; 32], String>> {
+        let hex = self.key_sha256.as_deref()?;
+        let mut out = [0u8; 32];
+        Some(
+            hex::decode_to_slice(hex, &mut out)
+                .map(|()| out)
+                .map_err(|_| format!("`key_sha256` `{hex:.80}` is not a SHA-256 in hex")),
+        )
+    }
+
+    /// Why this silence, as stored, must not act, if it must not
+    /// (docs/redis.md#keep-applications-out-of-keywatchs-state). Only a silence whose scope
+    /// reads (a SHA-256 in hex, a key in base64, a pattern that parses) and whose time span
+    /// starts no later than now (a minute's leeway for clocks) and ends after it starts mutes
+    /// anything, and only its own rule's events. A silence written into keywatch's state by
+    /// hand passes these as easily as `keywatch silence add` does: what keeps one out is the
+    /// ACL of docs/redis.md; this keeps one that does not read from muting anything.
+    pub fn refused(&self, now: DateTime<Utc>) -> Option<String> {
+        if let Some(Err(e)) = self.key_digest() {
+            return Some(e);
+        }
+        if let Some(Err(_)) = self.exact_key() {
+            return Some("its `key` is not base64".into());
+        }
+        if self.key_digest().is_none()
+            && self.exact_key().is_none()
+            && let Some(e) = self.invalid_pattern()
+        {
+            return Some(format!("its pattern does not parse: {e}"));
+        }
+        if self.created > now + chrono::Duration::minutes(1) {
+            return Some(format!(
+                "it was made at {}, after now",
+                crate::firing::rfc3339(self.created)
+            ));
+        }
+        if self.until <= self.created {
+            return Some("it ends before it starts".into());
+        }
+        None
+    }
+
+    /// The key it mutes, for people, when it names one: as it was shown (a link's key,
+    /// from history), and by its hash when it names the key by one.
+    pub fn key_shown(&self) -> Option<String> {
+        let sha = self
+            .key_sha256
+            .as_deref()
+            .map(|h| format!(" (sha256 {:.12})", h));
+        match (self.exact_key(), &sha) {
+            (Some(Ok(key)), _) => Some(format!(
+                "{}{}",
+                crate::event::printable(&key),
+                sha.clone().unwrap_or_default()
+            )),
+            (_, Some(sha)) => Some(match self.pattern.as_deref() {
+                Some(p) => format!("{}{sha}", crate::event::printable(p.as_bytes())),
+                None => sha.trim_start().to_string(),
+            }),
+            _ => None,
+        }
     }
 }
 
@@ -71,17 +139,6 @@ pub async fn add(conn: &mut Conn, prefix: &str, s: &Silence) -> redis::RedisResu
         .arg(&s.id)
         .arg(json)
         .exec_async(conn)
-        .await
-}
-
-/// Adds `s` unless a silence with its id exists; false when one did (a link replayed).
-pub async fn add_once(conn: &mut Conn, prefix: &str, s: &Silence) -> redis::RedisResult<bool> {
-    let json = serde_json::to_string(s).unwrap_or_default();
-    redis::cmd("HSETNX")
-        .arg(hash(prefix))
-        .arg(&s.id)
-        .arg(json)
-        .query_async(conn)
         .await
 }
 
@@ -126,9 +183,6 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("silences"), Access::Read)
             .args("{key}"),
         Use::new(Server::State, "hset", "silences")
-            .on(Keys::State("silences"), Access::Write)
-            .args("{key} id silence"),
-        Use::new(Server::State, "hsetnx", "silences: from a signed link")
             .on(Keys::State("silences"), Access::Write)
             .args("{key} id silence"),
         Use::new(Server::State, "hdel", "silences")

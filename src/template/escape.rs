@@ -296,12 +296,13 @@ fn text_replacement(c: char) -> Option<Replacement> {
 }
 
 /// A line break in key text would let it write a line of its own (a fake heading, a line that
-/// looks like keywatch's): in chat it is shown as `\n` / `\r`, as people write it.
+/// looks like keywatch's): in chat it is shown as `\n` / `\r`, as people write it; and every
+/// other control or bidi character as `\u202E` ([`hidden_char_shown`]), in every chat mode.
 fn line_break_replacement(c: char) -> Option<Replacement> {
     match c {
         '\n' => Some(Replacement::Str("\\n")),
         '\r' => Some(Replacement::Str("\\r")),
-        _ => None,
+        _ => hidden_char_shown(c).map(Replacement::Owned),
     }
 }
 
@@ -588,6 +589,20 @@ mod tests {
             esc(Escape::Teams, "a\u{202E}b\r\n\u{1b}"),
             "a\\u202Eb\\r\\n\\u001B"
         );
+    }
+
+    /// Every chat mode shows control and bidi characters as `\u202E`, so a key cannot reorder
+    /// the text around it (`txt.exe` read as `exe.txt`) or carry a terminal escape into a
+    /// message; tab stays, line breaks are shown as `\n`.
+    #[test]
+    fn every_chat_mode_shows_control_and_bidi_characters() {
+        for mode in [Escape::Slack, Escape::Markdown, Escape::Text, Escape::Teams] {
+            assert_eq!(
+                esc(mode, "a\u{202E}b\u{2066}c\u{1b}2J\u{7}d\u{85}\ne\tf"),
+                "a\\u202Eb\\u2066c\\u001B2J\\u0007d\\u0085\\ne\tf",
+                "{mode:?}"
+            );
+        }
     }
 
     #[test]

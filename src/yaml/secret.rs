@@ -148,8 +148,10 @@ impl Secrets {
     }
 }
 
-/// The spellings a value takes on its way out: as is, inside a JSON string, percent-encoded
-/// the ways URL libraries do it, and form-encoded.
+/// The spellings a value takes on its way out: as is, inside a JSON string (as serde writes it,
+/// as Go writes it with `&`, `<`, `>` as `\u0026`…, and ASCII-only with `\u00e9`),
+/// HTML-escaped (`&amp;`, `&quot;` or `&#34;`: a proxy's error page), percent-encoded the ways
+/// URL libraries do it, and form-encoded.
 fn spellings(v: &str) -> Vec<String> {
     use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
     /// RFC 3986 unreserved characters kept: reqwest's and keywatch's own URL encoding.
@@ -164,16 +166,62 @@ fn spellings(v: &str) -> Vec<String> {
     let all = utf8_percent_encode(v, NON_ALPHANUMERIC).to_string();
     let unreserved = utf8_percent_encode(v, KEEP_UNRESERVED).to_string();
     let form: String = url::form_urlencoded::byte_serialize(v.as_bytes()).collect();
-    vec![
+    let mut out = vec![
         lowercase_hex(&all),
         lowercase_hex(&unreserved),
         lowercase_hex(&form),
         all,
         unreserved,
         form,
+        go_json(&json, false),
+        go_json(&json, true),
+        html(v, "&quot;"),
+        html(v, "&#34;"),
+        html(&json, "&quot;"),
         json,
         v.to_string(),
-    ]
+    ];
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A JSON string's inside as Go's `encoding/json` writes it: `&`, `<`, `>` (and U+2028, U+2029)
+/// as `\u0026`…; with `ascii`, every other character beyond ASCII as `\u00e9` too (Python's
+/// `json.dumps`), surrogate pairs beyond the first plane.
+fn go_json(json: &str, ascii: bool) -> String {
+    let mut out = String::with_capacity(json.len() + 8);
+    let mut units = [0u16; 2];
+    for c in json.chars() {
+        match c {
+            '&' | '<' | '>' | '\u{2028}' | '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c if ascii && !c.is_ascii() => {
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{u:04x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// `v` HTML-escaped: `&`, `<`, `>`, `'` as entities and `"` as `quot`.
+fn html(v: &str, quot: &str) -> String {
+    let mut out = String::with_capacity(v.len() + 8);
+    for c in v.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str(quot),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `%2F` → `%2f`: some encoders write lowercase hex.
@@ -196,11 +244,9 @@ fn lowercase_hex(s: &str) -> String {
 
 /// What a URL carries besides itself that is as secret: the `Authorization: Basic` value
 /// reqwest makes of its user info (base64 of the percent-decoded `user:password`), the
-/// password, and each query value long enough to be a token (16 characters: DingTalk's
-/// `access_token`, WeCom's `key`; not `?format=json`, whose masking would garble every
-/// message). Empty for text that is not a URL with either. Works on a
-/// template's text too (`https://u:${PW}@host/{{ id }}`): only the user info and query are
-/// read.
+/// password, each query value long enough to be a token ([`TOKEN_LEN`]), and its path and
+/// path segments likewise. Empty for text that is not a URL with any. Works on a
+/// template's text too (`https://u:${PW}@host/{{ id }}`).
 fn url_credentials(v: &str) -> Vec<String> {
     use base64::Engine;
     let mut out = Vec::new();
@@ -228,11 +274,36 @@ fn url_credentials(v: &str) -> Vec<String> {
         out.extend(
             url::form_urlencoded::parse(query.as_bytes())
                 .map(|(_, v)| v.into_owned())
-                .filter(|v| v.chars().count() >= 16),
+                .filter(|v| v.chars().count() >= TOKEN_LEN),
         );
+    }
+    // The path, which a target that echoes the request line shows without the host: Slack's
+    // `/services/T…/B…/TOKEN`, Feishu's `/open-apis/bot/v2/hook/TOKEN`. As the request line
+    // carries it (query included) and alone, and each segment long enough to be a token.
+    let target = &rest[authority.len()..];
+    let target = &target[..target.find('#').unwrap_or(target.len())];
+    let path = &target[..target.find('?').unwrap_or(target.len())];
+    for whole in [target, path] {
+        if whole.chars().count() >= TOKEN_LEN {
+            out.push(whole.to_string());
+        }
+    }
+    for segment in path.split('/') {
+        let decoded = decode(segment);
+        if decoded.chars().count() >= TOKEN_LEN {
+            if decoded != segment {
+                out.push(segment.to_string());
+            }
+            out.push(decoded);
+        }
     }
     out
 }
+
+/// The length from which a query value or a path segment of a URL is taken for a token:
+/// DingTalk's `access_token`, WeCom's `key`, Slack's and Feishu's hook tokens; not
+/// `?format=json` or `/api/v2/alerts`, whose masking would garble every message.
+const TOKEN_LEN: usize = 16;
 
 /// `scheme://user:password@host` → `scheme://<secret>@host`, for every URL in `text`: a URL's
 /// credentials are secret whether or not they came from the environment.
@@ -298,6 +369,53 @@ mod tests {
             assert!(masked.contains("<secret>"), "{text} -> {masked}");
         }
         assert_eq!(s.mask("format json"), "format json");
+    }
+
+    /// A target that echoes the request line shows a channel URL's path, and a server or proxy
+    /// that echoes a secret holding `&`, `<`, `>` writes it JSON-escaped the way Go does
+    /// (`\u0026`) or HTML-escaped (`&amp;`): each spelling is masked.
+    #[test]
+    fn a_url_s_path_and_escaped_spellings_are_masked() {
+        let s = Secrets::new([
+            "https://hooks.slack.com/services/T0AB12CD3/B0EF45GH6/xoxbTOKENabcdef0123456789"
+                .to_string(),
+            "https://open.feishu.cn/open-apis/bot/v2/hook/6b7f1d4e-9a1c-4f0e-8d2b-3c5a7e9f1b2d"
+                .to_string(),
+            "p&ss<w>rd\"é-0123".to_string(),
+        ]);
+        for (text, gone) in [
+            (
+                "POST /services/T0AB12CD3/B0EF45GH6/xoxbTOKENabcdef0123456789 HTTP/1.1",
+                "xoxbTOKEN",
+            ),
+            ("no such hook: xoxbTOKENabcdef0123456789", "xoxbTOKEN"),
+            (
+                "{\"path\":\"/open-apis/bot/v2/hook/6b7f1d4e-9a1c-4f0e-8d2b-3c5a7e9f1b2d\"}",
+                "6b7f1d4e",
+            ),
+            ("hook%2F6b7f1d4e-9a1c-4f0e-8d2b-3c5a7e9f1b2d", "6b7f1d4e"),
+            (
+                "{\"got\":\"p\\u0026ss\\u003cw\\u003erd\\\"\\u00e9-0123\"}",
+                "ss\\u003cw",
+            ),
+            (
+                "{\"got\":\"p\\u0026ss\\u003cw\\u003erd\\\"é-0123\"}",
+                "ss\\u003cw",
+            ),
+            ("<p>got p&amp;ss&lt;w&gt;rd&quot;é-0123</p>", "ss&lt;w"),
+            ("<p>got p&amp;ss&lt;w&gt;rd&#34;é-0123</p>", "ss&lt;w"),
+            ("got p%26ss%3Cw%3Erd%22%C3%A9-0123", "ss%3Cw"),
+        ] {
+            let masked = s.mask(text);
+            assert!(!masked.contains(gone), "{text} -> {masked}");
+            assert!(masked.contains("<secret>"), "{text} -> {masked}");
+        }
+        // Short paths and segments are not secrets: masking them would garble every answer.
+        let plain = Secrets::new(["http://am:9093/api/v2/alerts".to_string()]);
+        assert_eq!(
+            plain.mask("POST /api/v2/alerts 400"),
+            "POST /api/v2/alerts 400"
+        );
     }
 
     #[test]

@@ -195,6 +195,11 @@ impl KeywatchProcess {
         }
     }
 
+    /// The process id, to read its `/proc` entries (memory, sockets).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Everything written to stdout so far.
     pub fn stdout(&self) -> String {
         self.stdout.text()

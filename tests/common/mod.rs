@@ -28,12 +28,15 @@
 //! - [`wait`]: [`PATIENCE`], the upper bound of every wait, and polling ([`wait_until`]).
 //! - [`alertmanager`]: a real Prometheus Alertmanager per test, routing to an [`HttpReceiver`]
 //!   ([`alertmanager::Alertmanager`]).
+//! - [`forged`]: keywatch's state written by hand, as an application that can write
+//!   `keywatch:*` could ([`forge_job`]); the one place that knows the queue's stored form.
 #![allow(dead_code, unused_imports)]
 
 pub mod alertmanager;
 pub mod commands;
 pub mod daemon;
 pub mod endpoint;
+pub mod forged;
 pub mod http_receiver;
 pub mod ledger;
 pub mod ports;
@@ -55,6 +58,7 @@ pub use daemon::{
     keywatch_command, run_keywatch, run_on, run_subscribed, spawn_keywatch, spawn_run,
 };
 pub use endpoint::{endpoint, get, metric, post};
+pub use forged::forge_job;
 pub use http_receiver::{HttpReceiver, Request, Response, delivered};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};
 pub use redis_sentinel::RedisSentinels;

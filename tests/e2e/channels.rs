@@ -548,12 +548,14 @@ channels:
 rules:
   - name: big
     match: "big:{{rest}}"
-    notify: {{ to: [md], title: "Big", message: "{{{{ rest }}}}" }}
+    notify: {{ to: [md], title: "Big", message: "{message}" }}
 "#,
-        md.url()
+        md.url(),
+        // A key is shown up to WeCom's 512 bytes: a message repeating one is what is too long.
+        message = "{{ rest }}".repeat(20),
     );
     let daemon = Daemon::start(&yaml);
-    let rest = "x".repeat(10_000);
+    let rest = "x".repeat(500);
     daemon.expire(format!("big:{rest}"));
     let r = one_request(&md);
     let body = r.json();
@@ -563,7 +565,7 @@ rules:
         "markdown content is {} bytes",
         content.len()
     );
-    let full = format!("**Big**\n{rest}");
+    let full = format!("**Big**\n{}", rest.repeat(20));
     let (kept, tail) = content
         .split_once("\n… and ")
         .unwrap_or_else(|| panic!("not cut with \"… and N more bytes\": {content}"));
@@ -768,13 +770,34 @@ rules:
     assert_eq!(r.json(), json!({"key": "cache:\u{FFFD}\u{FFFD}:1"}));
     assert_eq!(r.header("content-type"), Some("application/json"));
 
-    let rest = "k".repeat(1 << 20);
+    // A key is whole in the event JSON up to 64 KiB; beyond, it and its captures are their cut
+    // views: the first bytes, then the length and a short hash
+    // (docs/reliability.md#bounded-whatever-the-key).
+    let rest = "k".repeat(60 << 10);
     daemon.expire(format!("big:{rest}"));
     let requests = hook.wait_for(2, PATIENCE);
     let e = requests[1].json();
     assert_eq!(e["rule"], "big");
-    assert_eq!(e["key"].as_str().map(str::len), Some(4 + (1 << 20)));
+    assert_eq!(e["key"].as_str().map(str::len), Some(4 + (60 << 10)));
     assert_eq!(e["captures"]["rest"].as_str(), Some(rest.as_str()));
+    let rest = "k".repeat(1 << 20);
+    daemon.expire(format!("big:{rest}"));
+    let requests = hook.wait_for(3, PATIENCE);
+    let e = requests[2].json();
+    let key = e["key"].as_str().unwrap();
+    assert!(key.len() <= 64 << 10, "{}", key.len());
+    assert!(key.starts_with("big:kkk"), "{key:.20}");
+    assert!(
+        key.ends_with(" bytes, sha256 ") || key.contains("[1048580 bytes, sha256 "),
+        "{}",
+        &key[key.len() - 60..]
+    );
+    let capture = e["captures"]["rest"].as_str().unwrap();
+    assert!(
+        capture.contains("[1048576 bytes, sha256 "),
+        "{}",
+        &capture[capture.len() - 60..]
+    );
     assert!(
         daemon.process.try_status().is_none(),
         "keywatch exited\n{}",

@@ -340,6 +340,107 @@ fn the_password_of_the_url_never_reaches_the_output() {
     assert!(t.contains("FAIL  reachable"), "{t}");
 }
 
+/// A server answering whatever arrives as an HTTP server answers a request line it cannot
+/// read (nginx, Python's `http.server`): `400 Bad Request`, then it closes. Its port.
+fn http_server_refusing_every_request() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    common::ports::reserve(port);
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(
+                b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/html\r\nContent-Length: 11\r\nConnection: close\r\n\r\n<html></ht>",
+            );
+        }
+    });
+    port
+}
+
+/// `--redis` pointed at an HTTP port: the server answered, but not as Redis does, and the
+/// error says so and asks about the port, instead of redis-rs's `Parse error at 1 / Unexpected
+/// 33` (doctor, run and the state commands alike).
+#[test]
+fn a_server_that_does_not_speak_redis_is_named_as_such() {
+    let port = http_server_refusing_every_request();
+    let url = format!("redis://127.0.0.1:{port}");
+    let want = format!("does not answer as a Redis server (is {port} the right port?)");
+    let doctor = Doctor::new(RULES);
+    let t = text(&doctor.run(&url, &[]));
+    assert!(t.contains("FAIL  reachable"), "{t}");
+    assert!(t.contains(&want), "{t}");
+    assert!(!t.contains("Parse error"), "{t}");
+    for args in [&["run"][..], &["silence", "list"][..]] {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["-r", &doctor.rules, "--redis", &url]);
+        let out = run_keywatch(&all, &[]);
+        let t = text(&out);
+        assert_ne!(code(&out), Some(0), "{t}");
+        assert!(t.contains(&want), "{args:?}: {t}");
+        assert!(!t.contains("Parse error"), "{args:?}: {t}");
+    }
+}
+
+/// docs/redis.md#keep-applications-out-of-keywatchs-state: on a Redis whose default user (every
+/// client that does not log in) may write `keywatch:*`, doctor warns and prints the ACL lines
+/// that keep applications out; with them applied (and keywatch's documented user), it is
+/// content.
+#[test]
+fn doctor_warns_when_applications_may_write_keywatchs_state_and_prints_the_acl() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let doctor = Doctor::new(RULES);
+    let t = text(&doctor.run(&redis.url(), &[]));
+    let warning = t
+        .split("\nwarn  state access")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no state access warning:\n{t}"));
+    assert!(
+        warning.contains("user(s) \"default\" may write keywatch's state (keywatch:*)"),
+        "{t}"
+    );
+    let fix: Vec<&str> = warning
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("ACL SETUSER"))
+        .collect();
+    assert_eq!(
+        fix,
+        [
+            "ACL SETUSER app on >APP_PASSWORD resetkeys ~order_lock:* ~session:* +@all -@admin -@dangerous",
+            "ACL SETUSER default off"
+        ],
+        "{t}"
+    );
+    // Applied, with an administrator to run doctor as and keywatch's documented user.
+    acl(
+        &redis,
+        &"ACL SETUSER admin on >adm-pass ~* &* +@all"
+            .split(' ')
+            .map(String::from)
+            .collect::<Vec<_>>(),
+    );
+    for line in documented_acl("kw-pass") {
+        acl(&redis, &line);
+    }
+    for line in fix {
+        let line = line.replace("APP_PASSWORD", "app-pass");
+        acl(
+            &redis,
+            &line.split(' ').map(String::from).collect::<Vec<_>>(),
+        );
+    }
+    let admin = format!("redis://admin:adm-pass@{}", redis.addr());
+    let t = text(&doctor.run(&admin, &[]));
+    assert!(
+        t.contains(
+            "ok    state access     no user but keywatch's may write its state (keywatch:*)"
+        ),
+        "{t}"
+    );
+}
+
 #[test]
 fn a_url_that_does_not_parse_is_a_usage_error() {
     let out = Doctor::new(RULES).run("not a url", &[]);

@@ -236,9 +236,11 @@ fn a_hostile_key_cannot_add_headers_recipients_or_markup() {
         &plain[..200]
     );
     assert!(plain.contains('\u{FFFD}') && !plain.contains('\u{202E}'));
-    // The body is cut inside its bound, saying so.
+    // The capture (the key after `order_lock:`) is shown by its cut view, saying how long it
+    // is (docs/reliability.md#bounded-whatever-the-key).
+    let capture = key.len() - "order_lock:".len();
     assert!(
-        plain.len() < 70_000 && plain.contains("more bytes"),
+        plain.len() < 8_000 && plain.contains(&format!("[{capture} bytes, sha256 ")),
         "{}",
         plain.len()
     );
@@ -257,20 +259,21 @@ fn a_key_that_looks_like_a_link_mention_or_command_is_none_of_them() {
     let m = smtp.wait_for_mails(1, PATIENCE).remove(0);
     assert_clean(&m);
     let shown = "evil.\u{200B}com/login http:\u{200B}//x <\u{200B}a href=x> @\u{200B}all <\u{200B}!channel> /start";
+    // Control and bidi characters are shown as `\u202E`, as in every channel's text.
     assert_eq!(
         m.header("Subject").unwrap(),
-        format!("Order lock {shown} ab c expired")
+        format!("Order lock {shown} a\\u202Eb\\u0007c expired")
     );
     assert_eq!(
         m.part("text/plain"),
-        format!("Lock of order {shown} a\u{FFFD}b\u{FFFD}c expired before it was released.\n")
+        format!("Lock of order {shown} a\\u202Eb\\u0007c expired before it was released.\n")
     );
     let html_shown = "evil.\u{200B}com/login http:\u{200B}//x &lt;\u{200B}a href=x&gt; @\u{200B}all &lt;\u{200B}!channel&gt; /start";
     assert_eq!(
         m.part("text/html"),
         format!(
             "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"></head><body>\n\
-             <p>Lock of order {html_shown} a\u{FFFD}b\u{FFFD}c expired before it was released.</p>\n</body></html>\n"
+             <p>Lock of order {html_shown} a\\u202Eb\\u0007c expired before it was released.</p>\n</body></html>\n"
         )
     );
     daemon.stop();

@@ -451,13 +451,12 @@ rules:
         "alertmanager body: {} bytes",
         a.body.len()
     );
+    // The key's cut view: its first bytes, its length and a short hash
+    // (docs/reliability.md#bounded-whatever-the-key).
     let alert = &a.json()["alerts"][0];
-    assert!(
-        alert["labels"]["redis_key"]
-            .as_str()
-            .unwrap()
-            .ends_with('…')
-    );
+    let label = alert["labels"]["redis_key"].as_str().unwrap();
+    assert!(label.len() <= 1024, "{}", label.len());
+    assert!(label.contains(" bytes, sha256 "), "{label}");
     daemon.stop();
 }
 
@@ -536,5 +535,175 @@ rules:
     let (_, out, _) = cli(&daemon.rules, Some(redis), &["dead", "list", "--json"]);
     let letter: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
     assert_eq!(letter["key"], key);
+    daemon.stop();
+}
+
+/// The chat robots' bodies (Slack, DingTalk, Feishu, WeCom) show a key's control and bidi
+/// characters as `\u202E`, as Teams, Telegram and PagerDuty do: raw, U+202E turns the message
+/// around it backwards and ESC carries a terminal escape to whoever reads it in a console.
+#[test]
+fn chat_robots_show_control_and_bidi_characters_escaped() {
+    let robots = HttpReceiver::start();
+    robots.set_handler(|r| {
+        Some(match r.path() {
+            "/slack" => Response::ok_body("ok"),
+            "/feishu" => Response::json(&serde_json::json!({"code": 0, "msg": "ok"})),
+            _ => Response::json(&serde_json::json!({"errcode": 0, "errmsg": "ok"})),
+        })
+    });
+    let u = |p: &str| robots.url_for(p);
+    let yaml = format!(
+        r#"
+channels:
+  slack: {{ type: slack, url: "{}" }}
+  ding: {{ type: dingtalk, url: "{}" }}
+  ding_text: {{ type: dingtalk, url: "{}", msgtype: text }}
+  feishu: {{ type: feishu, url: "{}" }}
+  feishu_card: {{ type: feishu, url: "{}", msgtype: markdown }}
+  wecom: {{ type: wecom, url: "{}" }}
+  wecom_md: {{ type: wecom, url: "{}", msgtype: markdown }}
+rules:
+  - name: turned
+    match: "turned:{{id}}"
+    notify:
+      to: [slack, ding, ding_text, feishu, feishu_card, wecom, wecom_md]
+      title: "Lock {{{{ id }}}}"
+      message: "{{{{ key }}}} expired"
+"#,
+        u("/slack"),
+        u("/ding"),
+        u("/ding_text"),
+        u("/feishu"),
+        u("/feishu_card"),
+        u("/wecom"),
+        u("/wecom_md"),
+    );
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        Rules::new(&yaml),
+        Logs::Json,
+        &[],
+    );
+    daemon.expire("turned:txt\u{202E}exe.\u{2066}x\u{1b}[2J\u{7}");
+    let requests = robots.wait_for(7, PATIENCE);
+    for r in &requests {
+        let text = r.json().to_string();
+        for raw in ['\u{202E}', '\u{2066}', '\u{1b}', '\u{7}'] {
+            assert!(!text.contains(raw), "{}: {raw:?} raw in {text}", r.path());
+        }
+        for shown in ["\\\\u202E", "\\\\u2066", "\\\\u001B", "\\\\u0007"] {
+            assert!(text.contains(shown), "{}: no {shown} in {text}", r.path());
+        }
+    }
+    daemon.stop();
+}
+
+/// Issue 43: a secret echoed in a spelling of its own was shown. A target that echoes the request
+/// line shows the path of its URL (Slack's `/services/T/B/TOKEN`, Feishu's `/hook/TOKEN`), a Go
+/// server writes `&`, `<`, `>` of a header it echoes as `\u0026`…, a proxy's error page
+/// HTML-escapes it (`&amp;`), a form echoes it percent-encoded: each is masked in the log, `dead
+/// list`, `history`, `/api/history`, the status page and `send-test`.
+#[test]
+fn a_secret_echoed_in_any_spelling_is_masked_wherever_it_shows() {
+    let path_token = "xoxbPATHtoken0123456789";
+    let header = "h&dr<S3cr3t>value\"0123";
+    let hooks = HttpReceiver::start();
+    hooks.set_handler(|r| {
+        let auth = r.header("x-auth").unwrap_or("").to_string();
+        let go = auth
+            .replace('&', "\\u0026")
+            .replace('<', "\\u003c")
+            .replace('>', "\\u003e")
+            .replace('"', "\\\"");
+        let html = auth
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;");
+        let form: String = url::form_urlencoded::byte_serialize(auth.as_bytes()).collect();
+        Some(match r.path() {
+            p if p.starts_with("/services/") => {
+                Response::status(404).body(format!("no_service: POST {} HTTP/1.1", r.target))
+            }
+            "/go" => {
+                Response::status(400).body(format!("{{\"error\":\"bad auth\",\"got\":\"{go}\"}}"))
+            }
+            "/proxy" => Response::status(403).body(format!("<p>upstream refused {html}</p>")),
+            _ => Response::status(400).body(format!("bad x-auth={form}")),
+        })
+    });
+    let yaml = format!(
+        r#"
+channels:
+  slack: {{ type: slack, url: "{slack}" }}
+  go: {{ type: webhook, url: "{go}", headers: {{ X-Auth: "${{HDR}}" }} }}
+  proxy: {{ type: webhook, url: "{proxy}", headers: {{ X-Auth: "${{HDR}}" }} }}
+  form: {{ type: webhook, url: "{form}", headers: {{ X-Auth: "${{HDR}}" }} }}
+rules:
+  - name: echo
+    match: "echo:{{id}}"
+    notify: {{ to: [slack, go, proxy, form] }}
+"#,
+        slack = hooks.url_for(&format!("/services/T0AB12CD3/B0EF45GH6/{path_token}")),
+        go = hooks.url_for("/go"),
+        proxy = hooks.url_for("/proxy"),
+        form = hooks.url_for("/form"),
+    );
+    let envs = [("HDR", header)];
+    let daemon = Daemon::launch(
+        RedisServer::with_events("Exg"),
+        Rules::new(&yaml),
+        Logs::Json,
+        &envs,
+    );
+    daemon.expire("echo:1");
+    for channel in ["slack", "go", "proxy", "form"] {
+        daemon.wait_for_log(&format!("of the dead letter on {channel}"), |l| {
+            field_is(l, "channel", channel)
+                && l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("Dead letter"))
+        });
+    }
+    // The targets did echo what is masked.
+    let echoed: String = hooks.requests().iter().map(|r| r.target.clone()).collect();
+    assert!(echoed.contains(path_token), "{echoed}");
+    let run = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        all.extend(["-r".into(), daemon.rules.arg()]);
+        if args[0] != "send-test" {
+            all.extend(["--redis".into(), daemon.redis.url()]);
+        }
+        let out = common::run_keywatch(all, &envs);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let addr = common::endpoint(&daemon.process);
+    let mut shown = vec![
+        ("the log", daemon.stderr()),
+        ("dead list", run(&["dead", "list"])),
+        ("dead list --json", run(&["dead", "list", "--json"])),
+        ("history", run(&["history"])),
+        ("history --json", run(&["history", "--json"])),
+        ("/api/history", api_history(&daemon)),
+        ("the status page", common::get(&addr, "/").1),
+    ];
+    for channel in ["slack", "go", "proxy", "form"] {
+        shown.push(("send-test", run(&["send-test", channel])));
+    }
+    let leaks = [
+        path_token,
+        &path_token[..10],
+        "S3cr3t",
+        "r\\u003cS3",
+        "r&lt;S3",
+        "r%3CS3",
+    ];
+    for (what, text) in &shown {
+        common::assert_no_secret(what, text, &leaks);
+    }
     daemon.stop();
 }

@@ -1,7 +1,7 @@
 //! The mail a notification becomes: its subject, and its plain and HTML bodies, every piece of
 //! the event escaped for where it goes (docs/rules.md#email).
 
-use crate::channel::chat::fit;
+use crate::channel::chat::{fit, fit_before, links_suffix};
 use crate::channel::integration::Channel;
 use crate::channel::message::Message;
 
@@ -62,9 +62,19 @@ pub(super) fn clean(text: &str) -> String {
     fit(&cleaned, BODY_LIMIT)
 }
 
+/// The message's text and its links, within [`BODY_LIMIT`]: what is too long is cut from the
+/// text, never the links.
+fn with_links(msg: &Message) -> String {
+    fit_before(
+        &msg.text,
+        &links_suffix(msg, crate::template::Escape::Text),
+        BODY_LIMIT,
+    )
+}
+
 /// The plain-text part: the message as the chat channels get it (a digest's lines included).
 pub fn plain_body(msg: &Message) -> String {
-    let mut out = clean(&msg.text);
+    let mut out = clean(&with_links(msg));
     out.push('\n');
     out
 }
@@ -102,7 +112,7 @@ pub fn html_body(msg: &Message) -> String {
             out.push_str(&format!("<p>… and {more} more</p>\n"));
         }
     } else {
-        out.push_str(&format!("<p>{}</p>\n", html_text(&msg.text)));
+        out.push_str(&format!("<p>{}</p>\n", html_text(&with_links(msg))));
     }
     out.push_str("</body></html>\n");
     out

@@ -22,6 +22,7 @@ pub mod info;
 pub mod permissions;
 pub mod report;
 pub mod sentinel;
+pub mod state_writers;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -140,6 +141,7 @@ pub async fn diagnose(config: &Config, url: &Secret) -> Report {
         notifications(&mut report, config, &mut conn, &node, "notifications").await;
     }
     permissions(&mut report, config, &client, &mut conn).await;
+    state_writers::check(&mut report, config, &client, &mut conn).await;
     if let Some(info) = &info {
         keyspace(&mut report, config, info);
         backlog(&mut report, info);
@@ -161,11 +163,14 @@ async fn reachable(
         Err(e) => {
             report.fail(
                 "reachable",
-                format!(
-                    "cannot connect to {node}: {}{}",
-                    short(&e),
-                    connect::tls_hint(url, &e)
-                ),
+                match connect::not_redis(url, &e) {
+                    Some(not_redis) => format!("cannot connect to {node}: {not_redis}"),
+                    None => format!(
+                        "cannot connect to {node}: {}{}",
+                        short(&e),
+                        connect::tls_hint(url, &e)
+                    ),
+                },
                 Some("check the address (--redis, KEYWATCH_REDIS_URL or redis.url), the credentials (user and password in the URL, or redis.username/redis.password), TLS (rediss://) and the firewall".into()),
             );
             return None;

@@ -144,6 +144,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::alert_ends::REDIS,
     &crate::store::followups::REDIS,
     &crate::store::silences::REDIS,
+    &crate::store::links::REDIS,
     &crate::store::rate::REDIS,
     &crate::source::ledger::REDIS,
     &crate::store::ledger::REDIS,
@@ -156,6 +157,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::command::doctor::REDIS,
     &crate::command::doctor::cluster::REDIS,
     &crate::command::doctor::sentinel::REDIS,
+    &crate::command::doctor::state_writers::REDIS,
     &REDIS,
 ];
 

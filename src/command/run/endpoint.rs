@@ -183,15 +183,25 @@ async fn link_page(
     axum::extract::Path(token): axum::extract::Path<String>,
 ) -> axum::response::Response {
     match link_claim(&s, &token) {
-        Ok(claim) => (
-            [(header::CACHE_CONTROL, "no-store")],
-            Html(super::links_page::page(
-                "keywatch",
-                &claim.describe(),
-                Some(super::links_page::button(claim.act)),
-            )),
-        )
-            .into_response(),
+        Ok(claim) => {
+            let key = match s.history.clone() {
+                Some((mut conn, prefix)) => {
+                    super::links_page::key_of(&mut conn, &prefix, &claim)
+                        .await
+                        .0
+                }
+                None => None,
+            };
+            (
+                [(header::CACHE_CONTROL, "no-store")],
+                Html(super::links_page::page(
+                    "keywatch",
+                    &claim.describe(key.as_deref()),
+                    Some(super::links_page::button(claim.act)),
+                )),
+            )
+                .into_response()
+        }
         Err(refused) => *refused,
     }
 }

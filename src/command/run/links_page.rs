@@ -40,51 +40,94 @@ pub fn button(act: Act) -> &'static str {
     }
 }
 
-/// Does what `claim` says (the link's `token`); returns what was done, in words.
+/// The event's key as history keeps it (cut when long), for people, if history still has the
+/// event of `claim`; and its exact bytes when they are the key the link names.
+pub async fn key_of(
+    conn: &mut Conn,
+    prefix: &str,
+    claim: &Claim,
+) -> (Option<String>, Option<Vec<u8>>) {
+    let Ok(Some(f)) = crate::store::history::firing(conn, prefix, &claim.id).await else {
+        return (None, None);
+    };
+    if f.rule != claim.rule || f.db != claim.db {
+        return (None, None);
+    }
+    let shown = crate::event::printable(&f.key).into_owned();
+    let exact = (crate::long_key::sha256_hex(&f.key) == claim.sha256).then_some(f.key);
+    (Some(shown), exact)
+}
+
+/// Does what `claim` says (the link's `token`), once: a link used before (replayed, or after
+/// `keywatch silence remove` took away the silence it made) does nothing again. Returns what
+/// was done, in words.
 pub async fn act(
     mut conn: Conn,
     prefix: &str,
     claim: &Claim,
     token: &str,
 ) -> redis::RedisResult<String> {
-    let key = crate::event::printable(&claim.key_bytes()).into_owned();
-    match claim.act {
+    let (shown, exact) = key_of(&mut conn, prefix, claim).await;
+    let key = shown
+        .clone()
+        .unwrap_or_else(|| format!("sha256 {:.12}", claim.sha256));
+    if !crate::store::links::take(&mut conn, prefix, token, claim.exp, clock::now_ms()).await? {
+        return Ok(format!(
+            "This link was already used: it acts once (rule {}, key {key}). `keywatch silence add` silences again.",
+            claim.rule
+        ));
+    }
+    let done = match claim.act {
         Act::Ack => {
             let ms = (claim.exp - clock::now_ms()).max(1_000) + 60_000;
-            crate::store::followups::acknowledge(&mut conn, prefix, &claim.id, ms).await?;
-            Ok(format!(
-                "Acknowledged: the alert of rule {} for key {key} will not be escalated.",
-                claim.rule
-            ))
+            crate::store::followups::acknowledge(&mut conn, prefix, &claim.id, ms)
+                .await
+                .map(|()| {
+                    format!(
+                        "Acknowledged: the alert of rule {} for key {key} will not be escalated.",
+                        claim.rule
+                    )
+                })
         }
         Act::Silence => {
             let now = Utc::now();
             let until = now + chrono::Duration::from_std(SILENCE_FOR).unwrap_or_default();
+            use base64::Engine;
             let s = crate::engine::silences::Silence {
                 id: silence_id(token),
                 rule: claim.rule.clone(),
-                pattern: Some(literal_pattern(&claim.key_bytes())),
-                // The exact bytes: a key that is not UTF-8 has no pattern of its own.
-                key: Some(claim.key.clone()),
+                // For people and for older versions, which read `key` or else the pattern: a
+                // key history no longer has is spelled so that it matches no key.
+                pattern: Some(match &exact {
+                    Some(k) => literal_pattern(k),
+                    None => literal_pattern(format!("<{key}>").as_bytes()),
+                }),
+                key: exact
+                    .as_deref()
+                    .map(|k| base64::engine::general_purpose::STANDARD.encode(k)),
+                key_sha256: Some(claim.sha256.clone()),
                 until,
                 comment: "silenced from a signed link".into(),
                 created: now,
                 by: "link".into(),
             };
-            if !crate::engine::silences::add_once(&mut conn, prefix, &s).await? {
-                return Ok(format!(
-                    "Already silenced from this link: rule {} for key {key} (silence {}).",
-                    claim.rule, s.id
-                ));
-            }
-            Ok(format!(
-                "Silenced: rule {} for key {key} until {} (silence {}).",
-                claim.rule,
-                crate::firing::rfc3339(until),
-                s.id
-            ))
+            crate::engine::silences::add(&mut conn, prefix, &s)
+                .await
+                .map(|()| {
+                    format!(
+                        "Silenced: rule {} for key {key} until {} (silence {}).",
+                        claim.rule,
+                        crate::firing::rfc3339(until),
+                        s.id
+                    )
+                })
         }
+    };
+    if done.is_err() {
+        // Not done: the link may be pressed again.
+        let _ = crate::store::links::give_back(&mut conn, prefix, token).await;
     }
+    done
 }
 
 /// The id of the silence a link makes, the same for every use of the link: replaying it (a chat

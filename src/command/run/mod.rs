@@ -56,6 +56,9 @@ pub enum StartError {
     },
     #[error(transparent)]
     Connect(#[from] connect::ConnectError),
+    /// Listening beyond loopback without `server.token` or `server.open`.
+    #[error("{0}")]
+    Unprotected(String),
 }
 
 pub struct RunOptions {
@@ -141,6 +144,9 @@ pub async fn run(
     }
     status.set_config(config.clone());
 
+    if let Some(why) = config.server.unprotected(opts.listen) {
+        return Err(StartError::Unprotected(why));
+    }
     let listener = endpoint::bind(opts.listen)
         .await
         .map_err(|error| StartError::Listen {
@@ -151,7 +157,7 @@ pub async fn run(
         crate::internal_events::Listening { addr }.emit();
     }
     if !opts.listen.ip().is_loopback() && config.server.token.is_none() {
-        tracing::warn!(listen = %opts.listen, "The HTTP endpoint listens beyond loopback without `server.token`: anyone who reaches it can read the status page and the history and reload the rules. Set `server.token` (docs/operations.md#exposing-the-endpoint).");
+        tracing::warn!(listen = %opts.listen, "The HTTP endpoint listens beyond loopback without `server.token`, as `server.open: true` says is meant: anyone who reaches it can read the status page and the history and reload the rules (docs/operations.md#exposing-the-endpoint).");
     }
     let bound = connections::bound_for(open_files);
     tracing::info!(
@@ -280,6 +286,7 @@ pub async fn run(
 
     let (reload_handle, reload_requests) = Reloader::channel();
     let reloader = Reloader {
+        listen: opts.listen,
         paths: opts.rules.clone(),
         publisher,
         url_override,

@@ -50,6 +50,9 @@ pub enum ReloadError {
     NeedsRestart(String),
     #[error("{0}")]
     Notifications(String),
+    /// The new rules would leave the endpoint open beyond loopback.
+    #[error("{0}")]
+    Unprotected(String),
     #[error("keywatch is stopping")]
     Stopping,
 }
@@ -108,6 +111,8 @@ impl ReloadHandle {
 
 /// Everything a reload touches.
 pub struct Reloader {
+    /// The `--listen` address: new rules must still protect it as `run` requires at start.
+    pub listen: std::net::SocketAddr,
     /// The `-r` paths `run` was started with.
     pub paths: Vec<PathBuf>,
     pub publisher: ConfigPublisher,
@@ -213,6 +218,10 @@ impl Reloader {
         let fixed = fixed_settings_changed(&old, &new, self.url_override);
         if !fixed.is_empty() {
             return Err(ReloadError::NeedsRestart(fixed.join(", ")));
+        }
+        // As at start: a reload must not take the token off an endpoint open to the network.
+        if let Some(why) = new.server.unprotected(self.listen) {
+            return Err(ReloadError::Unprotected(why));
         }
         // Every node that publishes events: the URL's, or each master of a cluster (as last
         // discovered: a master found later is checked when its subscriber comes up).

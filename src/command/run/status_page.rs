@@ -144,7 +144,9 @@ pub fn esc(text: &str) -> String {
 
 /// A key's exact bytes for HTML: text as [`esc`] shows it, and each byte that is not UTF-8 as
 /// `\xNN` (replaced by U+FFFD, two keys would look the same; `explain` takes the `\xNN` back).
+/// A key longer than [`crate::long_key::IN_TEXT`] is shown by its cut view.
 pub fn esc_key(key: &[u8]) -> String {
+    let key = crate::long_key::view(key, crate::long_key::IN_TEXT);
     let mut out = String::with_capacity(key.len());
     for chunk in key.utf8_chunks() {
         out.push_str(&esc(chunk.valid()));
@@ -277,7 +279,16 @@ pub fn render(
                 "<li><b>{}</b> {} until {} — {} <small>({})</small></li>",
                 esc(&s.rule),
                 match (s.exact_key(), s.pattern.as_deref(), s.invalid_pattern()) {
+                    (_, _, _) if s.refused(now).is_some() && s.invalid_pattern().is_none() => {
+                        format!(
+                            "<b>refused</b> ({}): ignored, mutes nothing",
+                            esc(&s.refused(now).unwrap_or_default())
+                        )
+                    }
                     // A link's silence mutes exactly its key, whatever the pattern spells.
+                    (_, _, _) if s.key_sha256.is_some() => {
+                        format!("key {}", esc(&s.key_shown().unwrap_or_default()))
+                    }
                     (Some(Ok(key)), _, _) => format!("key {}", esc_key(&key)),
                     (Some(Err(_)), _, _) => {
                         "<b>invalid key</b> (not base64): ignored, mutes nothing".into()
@@ -742,6 +753,7 @@ rules:
             rule: "locks".into(),
             pattern: Some("lock:\u{fffd}".into()),
             key: Some(base64::engine::general_purpose::STANDARD.encode(b"lock:\xff<")),
+            key_sha256: None,
             until: now + chrono::TimeDelta::hours(1),
             comment: "silenced from a signed link".into(),
             created: now,

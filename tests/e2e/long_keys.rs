@@ -1,0 +1,384 @@
+//! Keys as long as Redis allows, end to end (docs/reliability.md#bounded-whatever-the-key): the
+//! real binary on a real `redis-server`, every type of channel to local receivers (HTTP, SMTP),
+//! signed links and an escalation, and keywatch's memory read from `/proc` while it works.
+//!
+//! Key names are anyone's who can write a key: a 16 MB one must neither take keywatch's memory
+//! with it nor make a request its service refuses, and its links must still work.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+
+use common::daemon::Logs;
+use common::{Daemon, HttpReceiver, PATIENCE, Request, Response, Rules, SmtpServer, field_is};
+use serde_json::{Value, json};
+
+/// How far keywatch's peak resident memory may rise above its idle one while it handles long
+/// keys (docs/reliability.md#bounded-whatever-the-key).
+const BOUND_MIB: f64 = 100.0;
+
+/// A field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`), in MiB.
+fn status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc");
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    kb / 1024.0
+}
+
+const PD_KEY: &str = "R0UTINGkey0123456789abcdefABCDEF";
+const TG_TOKEN: &str = "123456:TGtoken-0123456789abcdef";
+
+/// Each HTTP channel's path on the one receiver, and the service's documented limit on what
+/// it takes (docs/how-it-works.md#message-size): the whole body, or (WeCom, Telegram, Slack)
+/// the text part named by the pointer.
+const HTTP_CHANNELS: &[(&str, &str, usize, Option<&str>)] = &[
+    ("ding", "/ding", 20_000, None),
+    ("slack", "/slack", 40_000, Some("/text")),
+    ("feishu", "/feishu", 20_000, None),
+    ("wecom", "/wecom", 4_096, Some("/markdown/content")),
+    ("hook", "/hook", 1 << 20, None),
+    ("am", "/am/api/v2/alerts", 1 << 20, None),
+    ("teams", "/teams", 28_000, None),
+    ("tg", "/bot", 4_096, Some("/text")),
+    ("pd", "/pd", 512_000, None),
+];
+
+/// The receiver of every HTTP channel, answering each as its service does.
+fn services() -> HttpReceiver {
+    let r = HttpReceiver::start();
+    r.set_handler(|req| {
+        let path = req.path().to_string();
+        Some(match path.as_str() {
+            "/ding" | "/wecom" => Response::json(&json!({"errcode": 0, "errmsg": "ok"})),
+            "/feishu" => Response::json(&json!({"code": 0, "msg": "success", "data": {}})),
+            "/slack" => Response::ok_body("ok"),
+            "/teams" => Response::status(202),
+            "/pd" => Response::status(202)
+                .header("Content-Type", "application/json")
+                .body(json!({"status": "success", "message": "Event processed"}).to_string()),
+            p if p.starts_with("/bot") => {
+                Response::json(&json!({"ok": true, "result": {"message_id": 1}}))
+            }
+            _ => Response::status(200),
+        })
+    });
+    r
+}
+
+/// Rules with every type of channel, to `http` and `smtp`, signed links, and one rule on
+/// `long:{id}` sending to all of them, with an escalation.
+fn every_channel(http: &HttpReceiver, smtp: &SmtpServer) -> String {
+    let u = |p: &str| http.url_for(p);
+    format!(
+        r#"
+links:
+  base_url: "http://kw.test"
+  secret: "0123456789abcdef0123"
+channels:
+  ding: {{ type: dingtalk, url: "{ding}", rate: 100/s }}
+  slack: {{ type: slack, url: "{slack}", rate: 100/s }}
+  feishu: {{ type: feishu, url: "{feishu}", msgtype: markdown, rate: 100/s }}
+  wecom: {{ type: wecom, url: "{wecom}", msgtype: markdown, rate: 100/s }}
+  hook: {{ type: webhook, url: "{hook}" }}
+  am: {{ type: alertmanager, urls: ["{am}"] }}
+  teams: {{ type: teams, url: "{teams}", rate: 100/s }}
+  tg: {{ type: telegram, url: "{base}", token: "{TG_TOKEN}", chat_id: -100123, rate: 100/s }}
+  pd: {{ type: pagerduty, url: "{pd}", routing_key: "{PD_KEY}", rate: 100/s }}
+  mail: {{ type: email, smtp: "smtp://127.0.0.1:{smtp}", tls: none, from: "kw <kw@example.com>", to: oncall@example.com, rate: 100/s }}
+  log: {{ type: log }}
+rules:
+  - name: long
+    match: "long:{{id}}"
+    notify:
+      to: [ding, slack, feishu, wecom, hook, am, teams, tg, pd, mail, log]
+      title: "Lock {{{{ id }}}} expired"
+      message: "{{{{ key }}}} expired: order {{{{ id }}}} ({{{{ captures }}}})."
+    escalate: {{ after: 1h, to: [log] }}
+"#,
+        ding = u("/ding"),
+        slack = u("/slack"),
+        feishu = u("/feishu"),
+        wecom = u("/wecom"),
+        hook = u("/hook"),
+        am = u("/am"),
+        teams = u("/teams"),
+        base = http.url(),
+        pd = u("/pd"),
+        smtp = smtp.port(),
+    )
+}
+
+/// The daemon's resident memory once it is up and has nothing to do, MiB.
+fn idle_rss(daemon: &Daemon) -> f64 {
+    let addr = common::endpoint(&daemon.process);
+    common::wait_until("keywatch ready", PATIENCE, || {
+        common::get(&addr, "/readyz").0 == 200
+    });
+    status_mib(daemon.process.pid(), "VmRSS:")
+}
+
+/// `key` set to a short value and expired now, without sending its 16 MB name twenty times
+/// (each `PTTL` of [`common::expire_now`] carries it): one `SET … PX`, then one read once it
+/// is due, which makes Redis delete it and publish `expired`.
+fn expire_long(daemon: &Daemon, key: &[u8]) {
+    let mut conn = daemon.conn();
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg("v")
+        .arg("PX")
+        .arg(200)
+        .query(&mut conn)
+        .expect("SET");
+    common::wait_until("the long key is due", PATIENCE, || {
+        let ttl: i64 = redis::cmd("PTTL").arg(key).query(&mut conn).unwrap();
+        ttl == -2
+    });
+}
+
+/// The requests of `http` once there are `n`, showing keywatch's log if they do not come.
+fn delivered(daemon: &Daemon, http: &HttpReceiver, n: usize) -> Vec<Request> {
+    common::poll(
+        &format!("{n} requests"),
+        PATIENCE * 6,
+        || {
+            let got = http.requests();
+            (got.len() >= n).then_some(got)
+        },
+        || {
+            let log = daemon.stderr();
+            let tail: String = log
+                .chars()
+                .rev()
+                .take(6000)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            format!("{} requests; log: …{tail}", http.count())
+        },
+    )
+}
+
+/// Every request of each HTTP channel, by channel name.
+fn by_channel(requests: &[Request]) -> BTreeMap<&'static str, Vec<Request>> {
+    let mut out: BTreeMap<&'static str, Vec<Request>> = BTreeMap::new();
+    for r in requests {
+        let name = HTTP_CHANNELS
+            .iter()
+            .find(|(_, p, ..)| r.path().starts_with(p))
+            .map(|(n, ..)| *n)
+            .unwrap_or("?");
+        out.entry(name).or_default().push(r.clone());
+    }
+    out
+}
+
+/// The size each channel's request counts against its service's limit.
+fn measured(name: &str, r: &Request) -> usize {
+    let (_, _, _, part) = HTTP_CHANNELS.iter().find(|(n, ..)| *n == name).unwrap();
+    match part {
+        None => r.body.len(),
+        Some(pointer) => {
+            let text = r.json().pointer(pointer).cloned().unwrap_or(Value::Null);
+            let text = text.as_str().unwrap_or_default();
+            // Telegram counts characters after its HTML is parsed (tags are none, an entity
+            // is one), Slack characters; the others bytes.
+            match name {
+                "tg" => visible(text),
+                "slack" => text.chars().count(),
+                _ => text.len(),
+            }
+        }
+    }
+}
+
+/// The characters Telegram counts in HTML text: none for a tag, one for an entity.
+fn visible(html: &str) -> usize {
+    let mut n = 0;
+    let mut rest = html;
+    while let Some(c) = rest.chars().next() {
+        let skip = match c {
+            '<' => rest.find('>').map(|e| (e + 1, 0)),
+            '&' => rest.find(';').filter(|e| *e < 10).map(|e| (e + 1, 1)),
+            _ => None,
+        };
+        let (len, count) = skip.unwrap_or((c.len_utf8(), c.len_utf16()));
+        n += count;
+        rest = &rest[len..];
+    }
+    n
+}
+
+/// The acknowledge and silence tokens of a DingTalk markdown text (`[Acknowledge](…/l/TOKEN)`).
+fn link_tokens(text: &str) -> Vec<String> {
+    text.match_indices("/l/")
+        .map(|(i, _)| {
+            text[i + 3..]
+                .split(|c: char| c == ')' || c.is_whitespace())
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+/// A 16 MB key on a rule with every type of channel, links and an escalation: keywatch's
+/// memory stays within [`BOUND_MIB`] of its idle memory, every channel gets exactly one message
+/// within its service's limit with the key cut and marked, and both links act on the event.
+#[test]
+fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
+    let http = services();
+    let smtp = SmtpServer::start();
+    let daemon = Daemon::launch(
+        common::RedisServer::with_events("Exg"),
+        Rules::new(&every_channel(&http, &smtp)),
+        Logs::Json,
+        &[],
+    );
+    let idle = idle_rss(&daemon);
+    let mut key = b"long:".to_vec();
+    key.extend(std::iter::repeat_n(b'k', 16 << 20));
+    expire_long(&daemon, &key);
+
+    let requests = delivered(&daemon, &http, HTTP_CHANNELS.len());
+    let mails = smtp.wait_for_mails(1, PATIENCE * 6);
+    daemon.wait_for_log("of the log channel's message", |l| {
+        field_is(l, "channel", "log") && field_is(l, "outcome", "sent")
+    });
+    let peak = status_mib(daemon.process.pid(), "VmHWM:");
+
+    // Everything measured first and printed, then judged.
+    let got = by_channel(&http.requests());
+    let mut sizes = Vec::new();
+    let mut wrong = Vec::new();
+    for (name, _, limit, _) in HTTP_CHANNELS {
+        let rs = got.get(name).cloned().unwrap_or_default();
+        if rs.len() != 1 {
+            wrong.push(format!("{name}: {} requests", rs.len()));
+        }
+        let Some(r) = rs.first() else { continue };
+        let size = measured(name, r);
+        sizes.push(format!(
+            "{name} {size} (limit {limit}, body {})",
+            r.body.len()
+        ));
+        if size > *limit {
+            wrong.push(format!("{name}: {size} > {limit}"));
+        }
+        if !r.body_str().contains("16777221 bytes") {
+            wrong.push(format!("{name}: the cut key does not say its length"));
+        }
+    }
+    sizes.push(format!("mail {} (limit {})", mails[0].raw.len(), 1 << 20));
+    if mails.len() != 1 || mails[0].raw.len() > 1 << 20 {
+        wrong.push(format!(
+            "mail: {} mails, {} bytes",
+            mails.len(),
+            mails[0].raw.len()
+        ));
+    }
+    println!(
+        "idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above); sizes: {}",
+        peak - idle,
+        sizes.join(", ")
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    assert!(requests.len() >= HTTP_CHANNELS.len());
+
+    // Both links act on the event, through keywatch's endpoint.
+    let ding = &got["ding"][0].json();
+    let tokens = link_tokens(ding["markdown"]["text"].as_str().unwrap_or_default());
+    assert_eq!(tokens.len(), 2, "{ding:.400}");
+    for t in &tokens {
+        assert!(
+            t.len() < 400,
+            "a link's length does not depend on the key: {}",
+            t.len()
+        );
+    }
+    let addr = common::endpoint(&daemon.process);
+    for t in &tokens {
+        let (status, page) = common::post(&addr, &format!("/l/{t}"));
+        assert_eq!(status, 200, "{page}");
+    }
+    let id = got["hook"][0].json()["id"].as_str().unwrap().to_string();
+    let mut conn = daemon.conn();
+    let acked: i64 = redis::cmd("EXISTS")
+        .arg(format!("keywatch:ack:{id}"))
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(acked, 1, "the acknowledge link acknowledged the alert");
+    let out = daemon
+        .rules
+        .run(&["silence", "list", "--redis", &daemon.redis.url()], &[]);
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        list.contains("long"),
+        "the silence link silenced the rule: {list}"
+    );
+    // Memory last, so that everything else is seen whatever it says.
+    assert!(
+        peak - idle <= BOUND_MIB,
+        "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
+        peak - idle
+    );
+    daemon.stop();
+}
+
+/// Eight 2 MB keys at once: within the same bound as one.
+#[test]
+fn eight_2_mb_keys_at_once_stay_within_the_bound() {
+    let http = services();
+    let smtp = SmtpServer::start();
+    let daemon = Daemon::launch(
+        common::RedisServer::with_events("Exg"),
+        Rules::new(&every_channel(&http, &smtp)),
+        Logs::Json,
+        &[],
+    );
+    let idle = idle_rss(&daemon);
+    let keys: Vec<Vec<u8>> = (0..8u8)
+        .map(|i| {
+            let mut k = format!("long:{i}").into_bytes();
+            k.extend(std::iter::repeat_n(b'k', 2 << 20));
+            k
+        })
+        .collect();
+    let mut conn = daemon.conn();
+    let mut pipe = redis::pipe();
+    for k in &keys {
+        pipe.cmd("SET").arg(k).arg("v").arg("PX").arg(200).ignore();
+    }
+    let () = pipe.query(&mut conn).unwrap();
+    common::wait_until("the long keys are due", PATIENCE, || {
+        keys.iter().all(|k| {
+            let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut conn).unwrap();
+            ttl == -2
+        })
+    });
+    delivered(&daemon, &http, HTTP_CHANNELS.len() * 8);
+    smtp.wait_for_mails(8, PATIENCE * 6);
+    let peak = status_mib(daemon.process.pid(), "VmHWM:");
+    println!(
+        "idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
+        peak - idle
+    );
+    assert!(
+        peak - idle <= BOUND_MIB,
+        "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
+        peak - idle
+    );
+    for (name, rs) in by_channel(&http.requests()) {
+        assert_eq!(rs.len(), 8, "{name}");
+        for r in rs {
+            let size = measured(name, &r);
+            let (_, _, limit, _) = HTTP_CHANNELS.iter().find(|(n, ..)| *n == name).unwrap();
+            assert!(size <= *limit, "{name}: {size} > {limit}");
+        }
+    }
+    daemon.stop();
+}
