@@ -109,6 +109,9 @@ struct Chain {
 /// Most jobs taken from the queue in one round trip.
 const TAKE_MAX: usize = 512;
 
+/// Why a job is dead-lettered when keywatch died too often while it held it.
+const DIED: &str = "keywatch died 3 times while it held this job (its lease ran out each time): dead-lettered instead of taken again";
+
 impl Delivery {
     /// Builds the stages from `parts` and starts the take loop.
     pub fn start(parts: Parts) -> Delivery {
@@ -694,12 +697,19 @@ impl Chain {
             // as soon as a job finishes, not only at the next look.
             let full = taken.jobs.len() + taken.unreadable.len() == room;
             self.capacity.set_backlogged(full);
+            let (died, jobs): (Vec<Job>, Vec<Job>) = taken
+                .jobs
+                .into_iter()
+                .partition(|j| taken.died.contains(&j.id()));
+            for job in died {
+                self.died(job).await;
+            }
             // Due while the take was on its way (or later): read again then.
             if let Some(at) = taken.next_due {
                 self.next.job_due_in(at - now_ms());
             }
             self.unreadable(taken.unreadable).await;
-            self.start_taken(taken.jobs).await;
+            self.start_taken(jobs).await;
             if !full {
                 return;
             }
@@ -826,7 +836,14 @@ impl Chain {
             }
             let ids: Vec<String> = taken.members.iter().map(|m| m.id.clone()).collect();
             self.held.window(w, &ids);
-            match digest::of_window(&self.actions, w, taken.members) {
+            let digest = digest::of_window(&self.actions, w, taken.members).map(|d| match d {
+                WindowDigest::Send { work, .. } if taken.died => WindowDigest::Unsendable {
+                    work,
+                    reason: DIED.to_string(),
+                },
+                d => d,
+            });
+            match digest {
                 // Nothing readable left in them: done.
                 None => {
                     let done = self.queue.window_done(w, &ids).await;
@@ -861,6 +878,20 @@ impl Chain {
                 }
             }
         }
+    }
+
+    /// Dead-letters a job keywatch died [`queue::MAX_TAKEOVERS`] times while it held it, instead
+    /// of attempting it again (docs/reliability.md#bounded-whatever-the-key).
+    async fn died(&self, job: Job) {
+        let (n, since) = (job.attempt, job.failing_since);
+        let work = Work::of(job);
+        self.held.jobs(&work.queued());
+        let tried = attempt::Tried {
+            outcome: crate::outcome::Outcome::Failed(DIED.to_string()),
+            retry_at: None,
+            failing_since: since,
+        };
+        self.record.outcome(&work, n, tried).await;
     }
 
     /// Sends jobs this instance has no room for to wait for their targets in Redis, as (target,

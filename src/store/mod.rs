@@ -45,6 +45,14 @@ pub fn lease_ms() -> i64 {
     lease().as_millis() as i64
 }
 
+/// When a lease taken at `now_ms` ends, as the queue scores it: half a millisecond past the
+/// whole millisecond, where a due time is always a whole one. So a take tells a job whose lease
+/// ran out (its taker died, or stalled past its renewals) from one that came due, and counts
+/// the first kind (`queue::takeovers`).
+pub fn lease_end(now_ms: i64) -> f64 {
+    (now_ms + lease_ms()) as f64 + 0.5
+}
+
 /// Without `KEYWATCH_LEASE`.
 const DEFAULT_LEASE: Duration = Duration::from_secs(15);
 

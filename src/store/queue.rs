@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::keyspace::Conn;
-use crate::store::lease_ms;
+use crate::store::lease_end;
 
 use crate::firing::{Action, Job};
 
@@ -46,6 +46,12 @@ const GROUP_PUT: &str = include_str!("queue/group_put.lua");
 const GROUP_DONE: &str = include_str!("queue/group_done.lua");
 const WINDOW_TAKE: &str = include_str!("queue/window_take.lua");
 const LOOK: &str = include_str!("queue/look.lua");
+
+/// How many times keywatch may die (or stall past its renewals) while it holds a job before the
+/// job is dead-lettered instead of taken again: a job that crashes every instance that takes it
+/// (a key too long for the memory it is given) must not keep alerting down
+/// (docs/reliability.md#bounded-whatever-the-key).
+pub const MAX_TAKEOVERS: u32 = 3;
 
 /// Most notifications of one batch stored as one member of their window (a bundle, see
 /// `bundle`): a batch of events is at most this many anyway.
@@ -150,6 +156,9 @@ pub struct Taken {
     pub need: usize,
     /// Taken from the queue: when its earliest job is due now (or its lease ends), unix ms.
     pub next_due: Option<i64>,
+    /// The ids of the jobs taken over [`MAX_TAKEOVERS`] times: keywatch died that often while
+    /// it held them. To be dead-lettered, not attempted.
+    pub died: std::collections::HashSet<String>,
 }
 
 /// One member of a digest window, as taken: a notification, or a bundle of a batch's.
@@ -166,6 +175,9 @@ pub struct WindowMember {
 #[derive(Debug, Default)]
 pub struct WindowTaken {
     pub members: Vec<WindowMember>,
+    /// Whether a member was taken over [`MAX_TAKEOVERS`] times: keywatch died that often while
+    /// it held the window's digest. To be dead-lettered, not sent.
+    pub died: bool,
     /// Those this version cannot read (set aside already, to be dead-lettered by the caller).
     pub unreadable: Vec<Unreadable>,
 }
@@ -226,6 +238,8 @@ pub struct Queue {
     held: Arc<Mutex<bundle::Held>>,
     /// Payloads of jobs this version cannot read, kept for a person or a later version.
     unreadable: String,
+    /// Each job's takeovers (see [`MAX_TAKEOVERS`]).
+    takeovers: String,
     /// New and finished jobs, group-committed.
     writer: Writer,
 }
@@ -259,6 +273,7 @@ impl Queue {
             look: redis::Script::new(LOOK),
             held: Arc::default(),
             unreadable: keys::unreadable(prefix),
+            takeovers: keys::takeovers(prefix),
             writer: Writer::start(conn, prefix),
         }
     }
@@ -283,11 +298,11 @@ impl Queue {
             return Ok(());
         }
         let now = now_ms();
-        let lease_end = now + lease_ms();
+        let lease_end = lease_end(now);
         let writes = leased
             .iter()
             .map(|j| (j.id(), j.payload(), lease_end))
-            .chain(pending.iter().map(|j| (j.id(), j.payload(), now)))
+            .chain(pending.iter().map(|j| (j.id(), j.payload(), now as f64)))
             .collect();
         let mut also = also;
         also.extend(self.wait_cmds(waiting, bundle_sizes, now));
@@ -450,7 +465,8 @@ impl Queue {
         inv.key(&self.zset)
             .key(&self.jobs)
             .key(zset)
-            .key(keys::bundle_done(&self.prefix, &m.bundle));
+            .key(keys::bundle_done(&self.prefix, &m.bundle))
+            .key(&self.takeovers);
         if target.is_some() {
             inv.key(self.waiting_key());
         }
@@ -483,7 +499,10 @@ impl Queue {
             return Ok(0);
         }
         let mut inv = self.reschedule.prepare_invoke();
-        inv.key(zset).key(&self.jobs).arg(due_ms);
+        inv.key(zset)
+            .key(&self.jobs)
+            .key(&self.takeovers)
+            .arg(due_ms);
         for j in jobs {
             inv.arg(j.id()).arg(j.payload());
         }
@@ -532,9 +551,10 @@ impl Queue {
             .take
             .key(zset)
             .key(&self.jobs)
+            .key(&self.takeovers)
             .arg(now)
             .arg(max)
-            .arg(now + lease_ms())
+            .arg(lease_end(now))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let next_due = answer
@@ -542,9 +562,31 @@ impl Queue {
             .and_then(Option::take)
             .and_then(|s| s.parse::<f64>().ok())
             .map(|f| f as i64);
-        let pairs = answer.into_iter().skip(1).collect();
+        let mut pairs = Vec::new();
+        let mut died = HashMap::new();
+        for triple in answer[1..].chunks(3) {
+            if let [id, payload, over] = triple {
+                let over: u32 = over.as_deref().and_then(|o| o.parse().ok()).unwrap_or(0);
+                if let (Some(id), true) = (id, over >= MAX_TAKEOVERS) {
+                    died.insert(id.clone(), over);
+                }
+                pairs.push(id.clone());
+                pairs.push(payload.clone());
+            }
+        }
         let mut taken = self.decode(zset, pairs).await?;
         taken.next_due = next_due;
+        if !died.is_empty() {
+            // A bundle's jobs died with it.
+            let held = self.held();
+            for job in &taken.jobs {
+                let id = job.id();
+                let member = held.get(&id).map_or(id.clone(), |m| m.bundle.to_string());
+                if died.contains_key(&member) {
+                    taken.died.insert(id);
+                }
+            }
+        }
         Ok(taken)
     }
 
@@ -610,7 +652,10 @@ impl Queue {
     /// and come back when their lease ends, to be reported again then.
     async fn set_aside(&self, zset: &str, aside: &[(String, String)]) -> redis::RedisResult<()> {
         let mut inv = self.set_aside.prepare_invoke();
-        inv.key(zset).key(&self.jobs).key(&self.unreadable);
+        inv.key(zset)
+            .key(&self.jobs)
+            .key(&self.unreadable)
+            .key(&self.takeovers);
         for (id, payload) in aside {
             inv.arg(id).arg(payload);
         }
@@ -708,19 +753,28 @@ impl Queue {
     /// A bundled job hands its whole bundle back: the jobs of it finished here are marked.
     pub async fn hand_back(&self, ids: &[String]) -> redis::RedisResult<()> {
         let members = self.held().members(ids);
-        self.set_due(&self.zset, &members, now_ms()).await
+        if members.is_empty() {
+            return Ok(());
+        }
+        self.set_due(&self.zset, &members, now_ms() as f64).await?;
+        // Handed back by a keywatch that stops as it should: no takeover.
+        redis::cmd("HDEL")
+            .arg(&self.takeovers)
+            .arg(&members)
+            .exec_async(&mut self.conn.clone())
+            .await
     }
 
     /// Extends the leases of jobs still being attempted (only those still in the queue): of a
     /// bundled job, its bundle's.
     pub async fn renew(&self, ids: &[String]) -> redis::RedisResult<()> {
         let members = self.held().members(ids);
-        self.set_due(&self.zset, &members, now_ms() + lease_ms())
+        self.set_due(&self.zset, &members, lease_end(now_ms()))
             .await
     }
 
     /// Moves jobs still in `zset` to `due` (ms).
-    async fn set_due(&self, zset: &str, ids: &[String], due: i64) -> redis::RedisResult<()> {
+    async fn set_due(&self, zset: &str, ids: &[String], due: f64) -> redis::RedisResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -888,6 +942,13 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "hset", SCRIPTS)
             .on(Keys::State("queue:unreadable"), Access::Write)
             .args("{key} id job"),
+        // Takeovers (see `MAX_TAKEOVERS`): counted by the takes, forgotten with an outcome.
+        Use::new(Server::State, "hincrby", SCRIPTS)
+            .on(Keys::State("queue:takeovers"), Access::ReadWrite)
+            .args("{key} id 1"),
+        Use::new(Server::State, "hdel", "job queue: takeovers")
+            .on(Keys::State("queue:takeovers"), Access::ReadWrite)
+            .args("{key} id"),
         // Bundles (see `bundle`): their completion marks.
         Use::new(Server::State, "hset", "job queue: bundles' completion marks")
             .on(Keys::State("queue:done:*"), Access::Write)

@@ -396,3 +396,54 @@ fn a_clean_stop_in_a_storm_loses_and_doubles_nothing() {
     let doubled: Vec<_> = delivered.iter().filter(|(_, n)| **n > 1).collect();
     assert!(doubled.is_empty(), "a clean stop doubled: {doubled:?}");
 }
+
+/// A job during which keywatch dies three times (SIGKILL while its request is under way, as an
+/// OOM kill would) is dead-lettered with that reason at the fourth start instead of taken again:
+/// a job that kills every instance that takes it must not keep alerting down
+/// (docs/reliability.md#bounded-whatever-the-key). Before, every restart took it again.
+#[test]
+fn a_job_during_which_keywatch_dies_three_times_is_dead_lettered() {
+    let redis = RedisServer::with_events("Exg");
+    // The request never gets its answer while keywatch lives.
+    let hook = HttpReceiver::with_default(Response::status(200).delay(Duration::from_secs(120)));
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::write_rules(
+        dir.path(),
+        "rules.yaml",
+        &format!(
+            "channels:\n  hook: {{ type: webhook, url: \"{}\", timeout: 10m }}\nrules:\n  - name: heavy\n    match: \"heavy:{{id}}\"\n    notify: {{ to: [hook] }}\n",
+            hook.url()
+        ),
+    );
+    let envs = [("KEYWATCH_LEASE", "2s")];
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Json, &envs);
+    common::set_and_expire_now(&mut redis.conn(), &["heavy:1"]);
+    for death in 1..=3 {
+        hook.wait_for(death, common::PATIENCE);
+        kw.sigkill();
+        kw = common::run_subscribed(&redis.url(), &rules, Logs::Json, &envs);
+    }
+    let letter = kw.wait_for_event("dead_lettered", "of the job keywatch died with", |e| {
+        e["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("died 3 times"))
+    });
+    assert_eq!(letter["rule"], "heavy", "{letter}");
+    let out = common::run_keywatch(
+        [
+            "dead",
+            "list",
+            "--json",
+            "--redis",
+            &redis.url(),
+            "-r",
+            &rules.to_string_lossy(),
+        ],
+        &[],
+    );
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(list.contains("died 3 times"), "{list}");
+    // Not taken a fourth time: its job left the queue with its dead letter.
+    common::wait_no_work_left(&mut redis.conn());
+    assert_eq!(hook.requests().len(), 3, "taken again after three deaths");
+}

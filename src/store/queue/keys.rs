@@ -11,6 +11,12 @@ pub fn jobs(prefix: &str) -> String {
     format!("{prefix}queue:jobs")
 }
 
+/// How many times each job's lease ran out before its outcome was recorded (its taker died, or
+/// stalled): id → count. At [`super::MAX_TAKEOVERS`] the job is dead-lettered, not taken again.
+pub fn takeovers(prefix: &str) -> String {
+    format!("{prefix}queue:takeovers")
+}
+
 /// Payloads this version cannot read, set aside for a person: id → payload.
 pub fn unreadable(prefix: &str) -> String {
     format!("{prefix}queue:unreadable")

@@ -40,6 +40,7 @@ impl Queue {
         inv.key(&self.zset)
             .key(wait)
             .key(self.waiting_key())
+            .key(&self.takeovers)
             .arg(target)
             .arg(now)
             .arg(ids);
@@ -59,7 +60,7 @@ impl Queue {
             .key(&self.zset)
             .key(self.waiting_key())
             .arg(room)
-            .arg(now_ms() + lease_ms())
+            .arg(lease_end(now_ms()))
             .arg(target)
             .arg(if idle { "1" } else { "0" });
         let (left, ids, need): (i64, Vec<String>, usize) =

@@ -64,16 +64,26 @@ impl Queue {
     pub async fn window_take(&self, w: &Window, max: usize) -> redis::RedisResult<WindowTaken> {
         let zset = self.window_zset(w);
         let now = now_ms();
-        let pairs: Vec<Option<String>> = self
+        let triples: Vec<Option<String>> = self
             .window_take
             .key(&zset)
             .key(&self.jobs)
+            .key(&self.takeovers)
             .arg(now)
             .arg(max)
-            .arg(now + lease_ms())
+            .arg(lease_end(now))
             .invoke_async(&mut self.conn.clone())
             .await?;
         let mut taken = WindowTaken::default();
+        let mut pairs = Vec::with_capacity(triples.len() / 3 * 2);
+        for t in triples.chunks(3) {
+            if let [id, payload, over] = t {
+                let over: u32 = over.as_deref().and_then(|o| o.parse().ok()).unwrap_or(0);
+                taken.died |= over >= MAX_TAKEOVERS;
+                pairs.push(id.clone());
+                pairs.push(payload.clone());
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         let mut aside: Vec<(String, String)> = Vec::new();
         let mut bad_elements = Vec::new();
@@ -157,10 +167,11 @@ impl Queue {
         // EVAL inside MULTI, as `window_put_cmd` explains.
         pipe.cmd("EVAL")
             .arg(GROUP_DONE)
-            .arg(3)
+            .arg(4)
             .arg(self.window_zset(w))
             .arg(&self.jobs)
             .arg(self.windows_key())
+            .arg(&self.takeovers)
             .arg(w.member())
             .arg(ids)
             .ignore();
@@ -201,7 +212,10 @@ impl Queue {
             self.window_done(w, &empty).await?;
         }
         let mut inv = self.reschedule.prepare_invoke();
-        inv.key(self.window_zset(w)).key(&self.jobs).arg(due_ms);
+        inv.key(self.window_zset(w))
+            .key(&self.jobs)
+            .key(&self.takeovers)
+            .arg(due_ms);
         let mut any = false;
         for (id, jobs) in members {
             let payload = match jobs.as_slice() {
@@ -223,12 +237,13 @@ impl Queue {
 
     /// Extends the leases of window jobs whose digest is being attempted.
     pub async fn window_renew(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
-        self.set_due(&self.window_zset(w), ids, now_ms() + lease_ms())
+        self.set_due(&self.window_zset(w), ids, lease_end(now_ms()))
             .await
     }
 
     /// Hands window jobs back at shutdown: due now.
     pub async fn window_hand_back(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
-        self.set_due(&self.window_zset(w), ids, now_ms()).await
+        self.set_due(&self.window_zset(w), ids, now_ms() as f64)
+            .await
     }
 }

@@ -39,11 +39,12 @@ pub enum WriteError {
 
 /// One write of one job.
 enum Op {
-    /// Store the payload and lease the job until `due` (ms).
+    /// Store the payload and score the job `due` (ms; a lease's end, half a millisecond past
+    /// a whole one: `store::lease_end`).
     Put {
         id: String,
         payload: String,
-        due: i64,
+        due: f64,
     },
     /// Remove the job (sent or dead-lettered).
     Done { id: String },
@@ -134,7 +135,7 @@ impl Writer {
     /// take effect with the jobs or not at all.
     pub async fn put_with(
         &self,
-        jobs: Vec<(String, String, i64)>,
+        jobs: Vec<(String, String, f64)>,
         also: Vec<redis::Cmd>,
     ) -> Result<(), WriteError> {
         let ops = jobs
@@ -204,6 +205,7 @@ async fn run(
     let names = Names {
         zset: super::keys::queue(&prefix),
         jobs: super::keys::jobs(&prefix),
+        takeovers: super::keys::takeovers(&prefix),
         prefix,
     };
     let mut batch = Vec::with_capacity(MAX_BATCH);
@@ -284,6 +286,7 @@ struct Names {
     prefix: String,
     zset: String,
     jobs: String,
+    takeovers: String,
 }
 
 /// The batch as few commands as keep its order: each run of consecutive puts becomes one
@@ -328,12 +331,15 @@ fn pipeline<'a>(
             Op::Done { .. } => {
                 let mut zrem = redis::cmd("ZREM");
                 let mut hdel = redis::cmd("HDEL");
+                let mut forget = redis::cmd("HDEL");
                 zrem.arg(&names.zset);
                 hdel.arg(&names.jobs);
+                forget.arg(&names.takeovers);
                 let mut add = |op: &Op| {
                     if let Op::Done { id } = op {
                         zrem.arg(id);
                         hdel.arg(id);
+                        forget.arg(id);
                     }
                 };
                 add(first);
@@ -342,6 +348,7 @@ fn pipeline<'a>(
                 }
                 pipe.add_command(zrem).ignore();
                 pipe.add_command(hdel).ignore();
+                pipe.add_command(forget).ignore();
             }
             Op::Mark { .. } => {
                 let mut by_bundle: BTreeMap<&Arc<str>, Vec<usize>> = BTreeMap::new();
@@ -378,7 +385,7 @@ mod tests {
         Op::Put {
             id: id.into(),
             payload: format!("p{id}"),
-            due: 7,
+            due: 7.0,
         }
     }
 
@@ -403,6 +410,7 @@ mod tests {
             prefix: "kw:".into(),
             zset: "kw:queue".into(),
             jobs: "kw:queue:jobs".into(),
+            takeovers: "kw:queue:takeovers".into(),
         }
     }
 
@@ -499,15 +507,16 @@ mod tests {
             commands(&p),
             [
                 "HSET kw:queue:jobs a pa b pb",
-                "ZADD kw:queue 7 a 7 b",
+                "ZADD kw:queue 7.0 a 7.0 b",
                 "ZREM kw:queue c d",
                 "HDEL kw:queue:jobs c d",
+                "HDEL kw:queue:takeovers c d",
                 "HSET kw:queue:done:#2#x 1 1 0 1",
                 "ZSCORE kw:queue #2#x",
                 "HSET kw:queue:done:#3#y 0 1",
                 "ZSCORE kw:queue #3#y",
                 "HSET kw:queue:jobs c pc",
-                "ZADD kw:queue 7 c",
+                "ZADD kw:queue 7.0 c",
                 "HSET kw:queue:done:#3#y 2 1",
                 "ZSCORE kw:queue #3#y",
             ]
