@@ -358,6 +358,8 @@ pub fn run(cli: Cli) -> ExitCode {
                 Ok(l) => l,
                 Err(code) => return code,
             };
+            // A task that panics ends alone while the daemon goes on: said where logs are read.
+            crate::internal_events::Panicked::on_every_panic();
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };

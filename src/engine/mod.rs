@@ -265,9 +265,12 @@ impl Engine {
                     markers.extend(self.markers().down(&node));
                     self.keyspace.suspect();
                     self.metrics.subscriber(&node, false);
-                    self.metrics.reconnects.inc();
+                    crate::internal_events::SubscriptionLost {
+                        node: &node,
+                        reason: &reason,
+                    }
+                    .emit(&self.metrics);
                     self.status.set_subscribed(&node, false);
-                    tracing::warn!(%node, %reason, "Keyspace events published until the subscription is back are lost; expiries of keys with known deadlines will be recovered.");
                 }
                 Signal::NotMaster { node, reason } => {
                     // The subscriber logged the reason; a follower of the topology may find

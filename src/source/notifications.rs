@@ -233,11 +233,7 @@ pub async fn subscribe(
             None => return,
             Some(Ended::Lost(reason)) => {
                 refused_for.clear();
-                crate::internal_events::SubscriptionLost {
-                    node: &node,
-                    reason: &reason,
-                }
-                .emit();
+                // The engine emits the loss as it takes it in (it counts it).
                 Signal::Down {
                     node: node.clone(),
                     reason,
@@ -245,7 +241,11 @@ pub async fn subscribe(
             }
             Some(Ended::NotMaster(reason)) => {
                 if reason != refused_for {
-                    tracing::error!(%node, "Not watching {node}: {reason}. Readiness stays false; asking again with backoff.");
+                    crate::internal_events::NodeRefused {
+                        node: &node,
+                        reason: &reason,
+                    }
+                    .emit();
                     refused_for = reason.clone();
                 }
                 Signal::NotMaster {
@@ -381,6 +381,12 @@ async fn session(
                 };
                 held.push(signal);
                 if held.weight > backlog().1 {
+                    crate::internal_events::FellBehind {
+                        node,
+                        waiting: held.signals.len(),
+                        mib: held.weight >> 20,
+                    }
+                    .emit();
                     let reason = format!(
                         "keywatch fell behind Redis's events ({} waiting, {} MiB): let go of the subscription as Redis does at its output-buffer limit; the deadline ledger recovers expiries published meanwhile",
                         held.signals.len(),
@@ -400,7 +406,11 @@ async fn session(
                 if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
                     return Some(Ended::Lost(e));
                 }
-                tracing::info!(%node, channels = subscribed.len(), "Subscriptions follow the reloaded rules.");
+                crate::internal_events::SubscriptionsChanged {
+                    node,
+                    channels: subscribed.len(),
+                }
+                .emit();
             }
             _ = role_check.tick() => {
                 if let Err(ended) = check_role(&mut commands, node).await {
