@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -129,10 +129,21 @@ fn a_task_deleted_while_keywatch_was_down_is_not_acted_on_as_expired() {
         assert!(recovered, "{key}");
         assert!(detail["order"].is_number(), "{key}: {detail}");
     }
-    assert!(
-        kw.stderr().contains("Recovered expiry not fired."),
+    // Each skip is said with its key and why.
+    let skipped = kw.events("recovery_skipped");
+    let keys: BTreeSet<&str> = skipped.iter().filter_map(|e| e["key"].as_str()).collect();
+    let paid: BTreeSet<String> = (0..5).map(|i| format!("delay:task:{i}")).collect();
+    assert_eq!(
+        keys,
+        paid.iter().map(String::as_str).collect(),
         "{}",
         kw.stderr()
+    );
+    assert!(
+        skipped
+            .iter()
+            .all(|e| e["reason"].as_str().is_some_and(|r| !r.is_empty())),
+        "{skipped:#?}"
     );
 }
 
@@ -310,7 +321,14 @@ fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
         ],
     );
     // The drill itself works: the instance's host clock is off, and it says so.
-    fast.wait_for_output("clock differs from Redis's", PATIENCE);
+    let offset = fast.wait_for_event("clock_offset", "of the faked clock", |_| true);
+    let offset_ms = offset["offset_ms"]
+        .as_str()
+        .and_then(|s| s.parse::<i64>().ok());
+    assert!(
+        offset_ms.is_some_and(|ms| (-25_000..=-15_000).contains(&ms)),
+        "the host is 20 s ahead: {offset}"
+    );
     let mut c = redis.conn();
     for i in 0..40 {
         common::set_px(&mut c, format!("lock:{i}"), 1500);
@@ -458,9 +476,15 @@ fn an_expiry_found_later_than_max_late_is_skipped_and_one_within_it_fires() {
     assert!(!d.contains_key("stale:1"), "{d:?}");
     assert_eq!(d["fresh:1"].0, 1);
     assert!(d["fresh:1"].2, "not marked recovered");
+    let skip = kw
+        .events("recovery_skipped")
+        .into_iter()
+        .find(|e| common::field_is(e, "rule", "stale"));
     assert!(
-        kw.stderr().contains("max_late"),
-        "the skip is logged with its reason:\n{}",
+        skip.as_ref()
+            .and_then(|e| e["reason"].as_str())
+            .is_some_and(|r| r.contains("max_late")),
+        "the skip is logged with its reason: {skip:?}\n{}",
         kw.stderr()
     );
     wait_until("the skip is kept in history with why", PATIENCE, || {
