@@ -1,10 +1,14 @@
 //! The documentation stays true to the binary and to itself: the example rules in `rules/`
 //! (English and Chinese) pass `check`; both READMEs name every rule field and channel type of the
 //! rule reference (`docs/rules.md`), and the Chinese one every command the English one shows; every
-//! relative link of the READMEs and `docs/` leads to a file and heading that exist.
+//! relative link of the READMEs and `docs/` leads to a file and heading that exist; the commands
+//! page shows every command and option of the CLI. (The internal events and metrics tables of
+//! `docs/operations.md` are checked by unit tests beside the code: `internal_events::tests`,
+//! `metrics::tests`.)
 
 use crate::common;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use common::run_keywatch;
@@ -273,5 +277,142 @@ fn every_test_file_named_by_its_path_exists() {
         stale.is_empty(),
         "paths of test files that do not exist:\n{}",
         stale.join("\n")
+    );
+}
+
+/// What `keywatch PATH --help` lists: the subcommands (without `help`) and the options, each
+/// as its spellings (`--rules`, `-r`), without `--help` and `--version`.
+fn cli_help(path: &[&str]) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut args = path.to_vec();
+    args.push("--help");
+    let out = run_keywatch(&args, &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "keywatch {args:?}: {text}");
+    let mut section = "";
+    let (mut commands, mut options) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        if !line.starts_with(' ') && line.ends_with(':') {
+            section = line;
+            continue;
+        }
+        let entry = line.trim_start();
+        if entry.is_empty() || !line.starts_with("  ") {
+            continue;
+        }
+        match section {
+            "Commands:" => {
+                let name = entry.split_whitespace().next().unwrap();
+                if name != "help" {
+                    commands.push(name.to_string());
+                }
+            }
+            "Options:" => {
+                let spellings: Vec<String> = entry
+                    .split_whitespace()
+                    .map(|w| w.trim_end_matches(','))
+                    .take_while(|w| w.starts_with('-'))
+                    .map(str::to_string)
+                    .collect();
+                if !spellings.iter().any(|s| s == "--help" || s == "--version") {
+                    options.push(spellings);
+                }
+            }
+            _ => {}
+        }
+    }
+    (commands, options)
+}
+
+/// The flags written in `text`: `--name` and `-x` words (`[-r PATH]...`, `ID...|--all`).
+fn flags_in(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| c.is_whitespace() || "[]|".contains(c))
+        .filter(|w| {
+            w.strip_prefix("--").map_or_else(
+                || w.len() == 2 && w.starts_with('-') && w[1..].chars().all(char::is_alphabetic),
+                |name| !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '-'),
+            )
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// docs/commands.md names every command of `keywatch --help`, with every option and
+/// subcommand of it, and no option it does not have; and the options every command takes.
+#[test]
+fn the_commands_page_shows_every_command_and_option_of_the_cli() {
+    let page = read("docs/commands.md");
+    let block = page.split("```").nth(1).expect("the synopsis block");
+    // A line starting with `keywatch NAME` and the indented lines after it.
+    let mut synopsis: BTreeMap<String, String> = BTreeMap::new();
+    let mut current = String::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        if let Some(rest) = line.strip_prefix("keywatch ") {
+            let name = rest.split_whitespace().next().unwrap();
+            current = if name.starts_with('[') { "[any]" } else { name }.to_string();
+            assert!(
+                synopsis.insert(current.clone(), String::new()).is_none(),
+                "`keywatch {current}` twice"
+            );
+        }
+        let text = synopsis.get_mut(&current).expect("a `keywatch` line first");
+        text.push_str(line);
+        text.push('\n');
+    }
+
+    let (commands, global) = cli_help(&[]);
+    let global_flags: BTreeSet<String> = global.iter().flatten().cloned().collect();
+    let mut shown: Vec<&str> = synopsis.keys().map(String::as_str).collect();
+    shown.retain(|c| *c != "[any]");
+    let mut sorted = commands.clone();
+    sorted.sort();
+    assert_eq!(
+        shown, sorted,
+        "docs/commands.md and `keywatch --help` differ"
+    );
+    let any = synopsis
+        .get("[any]")
+        .expect("a `keywatch [--log-format …]` line");
+    assert_eq!(
+        flags_in(any),
+        global_flags,
+        "the options of every command: {any}"
+    );
+
+    let mut problems = Vec::new();
+    for command in &commands {
+        let text = &synopsis[command];
+        // The command's options, and those of its subcommands (`dead retry --all`).
+        let (subcommands, mut options) = cli_help(&[command]);
+        for sub in &subcommands {
+            if !text
+                .split(|c: char| !c.is_alphanumeric() && c != '-')
+                .any(|w| w == sub)
+            {
+                problems.push(format!("`keywatch {command}` lacks its subcommand `{sub}`"));
+            }
+            options.extend(cli_help(&[command, sub]).1);
+        }
+        options.retain(|o| !o.iter().any(|s| global_flags.contains(s)));
+        options.sort();
+        options.dedup();
+        let written = flags_in(text);
+        for spellings in &options {
+            if !spellings.iter().any(|s| written.contains(s)) {
+                problems.push(format!(
+                    "`keywatch {command}` lacks {}",
+                    spellings.join("/")
+                ));
+            }
+        }
+        for flag in written {
+            if !options.iter().any(|o| o.contains(&flag)) {
+                problems.push(format!("`keywatch {command}` has no option {flag}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/commands.md:\n{}",
+        problems.join("\n")
     );
 }
