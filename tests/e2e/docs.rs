@@ -416,3 +416,115 @@ fn the_commands_page_shows_every_command_and_option_of_the_cli() {
         problems.join("\n")
     );
 }
+
+/// Where `path` (`store::queue::Window`, `delivery::work::Work::Digest`, `store::lease()`,
+/// `internal_events`) is defined under `src/`, or why it is not. `module` is the file the
+/// previous path of the same cell named, for a bare type (`Permit` after
+/// `delivery::admit::Concurrency`).
+fn defined(path: &str, module: &mut Option<PathBuf>) -> Result<(), String> {
+    let segments: Vec<&str> = path.split("::").collect();
+    let mut dir = repo().join("src");
+    let mut file = module
+        .clone()
+        .filter(|_| segments.len() == 1 && !path.contains('('));
+    let mut types = 0;
+    for seg in &segments {
+        let Some(text) = file.as_ref().map(|f| std::fs::read_to_string(f).unwrap()) else {
+            // Still a module.
+            let (as_file, as_dir) = (dir.join(format!("{seg}.rs")), dir.join(seg));
+            file = if as_file.is_file() {
+                Some(as_file)
+            } else if as_dir.join("mod.rs").is_file() {
+                Some(as_dir.join("mod.rs"))
+            } else {
+                return Err(format!("no module `{seg}` in {}", dir.display()));
+            };
+            dir = as_dir;
+            continue;
+        };
+        if let Some(function) = seg.strip_suffix("()") {
+            if !text.contains(&format!("fn {function}(")) {
+                return Err(format!("no fn {function}"));
+            }
+        } else if seg.starts_with(char::is_uppercase) {
+            let found = if types == 0 {
+                let defines = ["struct", "enum", "trait", "type"].iter().any(|k| {
+                    [" ", "<", "("]
+                        .iter()
+                        .any(|end| text.contains(&format!("{k} {seg}{end}")))
+                });
+                // Or re-exported: `pub use integration::Channel;`, `pub use x::{A, Channel}`.
+                let reexports = text.split("pub use ").skip(1).any(|statement| {
+                    statement
+                        .split(';')
+                        .next()
+                        .unwrap_or_default()
+                        .split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .any(|w| w == *seg)
+                });
+                defines || reexports
+            } else {
+                [" {", ",", "("]
+                    .iter()
+                    .any(|end| text.contains(&format!("\n    {seg}{end}")))
+            };
+            if !found {
+                return Err(format!(
+                    "no {} `{seg}`",
+                    if types == 0 { "type" } else { "variant" }
+                ));
+            }
+            types += 1;
+        } else {
+            // A submodule of the file's module (`store::queue` then `window`).
+            let (as_file, as_dir) = (dir.join(format!("{seg}.rs")), dir.join(seg));
+            file = if as_file.is_file() {
+                Some(as_file)
+            } else if as_dir.join("mod.rs").is_file() {
+                Some(as_dir.join("mod.rs"))
+            } else {
+                return Err(format!("no module `{seg}` in {}", dir.display()));
+            };
+            dir = as_dir;
+        }
+    }
+    *module = file;
+    Ok(())
+}
+
+/// The glossary of docs/how-it-works.md names what the code calls each word, and each of those
+/// names is defined in `src/` (its first row once named `event::Event`, which does not exist).
+#[test]
+fn the_glossarys_code_names_exist() {
+    let doc = read("docs/how-it-works.md");
+    let start = doc.find("\n## Glossary\n").expect("a glossary");
+    let section = &doc[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let mut names = 0;
+    let mut problems = Vec::new();
+    for line in section.lines() {
+        // The table's third column, or the prose's paths.
+        let code = match line.strip_prefix('|') {
+            Some(row) => row.split('|').nth(2).unwrap_or_default(),
+            None => line,
+        };
+        let mut module = None;
+        for item in code.split('`').skip(1).step_by(2) {
+            let is_name = item.contains("::")
+                || (line.starts_with('|') && item.chars().all(|c| c.is_alphanumeric() || c == '_'));
+            if !is_name || item.chars().any(|c| c == ' ' || c == '.' || c == '{') {
+                continue;
+            }
+            names += 1;
+            if let Err(why) = defined(item, &mut module) {
+                problems.push(format!("`{item}`: {why}"));
+            }
+        }
+    }
+    assert!(names > 30, "{names} names read: is the table still there?");
+    assert!(
+        problems.is_empty(),
+        "docs/how-it-works.md#glossary names what src/ does not define:\n{}",
+        problems.join("\n")
+    );
+}
