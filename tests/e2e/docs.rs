@@ -417,6 +417,38 @@ fn the_commands_page_shows_every_command_and_option_of_the_cli() {
     );
 }
 
+/// The file of module `name` under `dir` (`name.rs` or `name/mod.rs`), and the folder of its
+/// own submodules.
+fn submodule(dir: &std::path::Path, name: &str) -> Result<(PathBuf, PathBuf), String> {
+    let (as_file, as_dir) = (dir.join(format!("{name}.rs")), dir.join(name));
+    if as_file.is_file() {
+        Ok((as_file, as_dir))
+    } else if as_dir.join("mod.rs").is_file() {
+        Ok((as_dir.join("mod.rs"), as_dir))
+    } else {
+        Err(format!("no module `{name}` in {}", dir.display()))
+    }
+}
+
+/// Whether `text` defines type `name` or re-exports it (`pub use integration::Channel;`,
+/// `pub use x::{A, Channel}`).
+fn defines_type(text: &str, name: &str) -> bool {
+    let defines = ["struct", "enum", "trait", "type"].iter().any(|k| {
+        [" ", "<", "("]
+            .iter()
+            .any(|end| text.contains(&format!("{k} {name}{end}")))
+    });
+    let reexports = text.split("pub use ").skip(1).any(|statement| {
+        statement
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .split(|c: char| !c.is_alphanumeric() && c != '_')
+            .any(|w| w == name)
+    });
+    defines || reexports
+}
+
 /// Where `path` (`store::queue::Window`, `delivery::work::Work::Digest`, `store::lease()`,
 /// `internal_events`) is defined under `src/`, or why it is not. `module` is the file the
 /// previous path of the same cell named, for a bare type (`Permit` after
@@ -424,45 +456,22 @@ fn the_commands_page_shows_every_command_and_option_of_the_cli() {
 fn defined(path: &str, module: &mut Option<PathBuf>) -> Result<(), String> {
     let segments: Vec<&str> = path.split("::").collect();
     let mut dir = repo().join("src");
-    let mut file = module
-        .clone()
-        .filter(|_| segments.len() == 1 && !path.contains('('));
+    let mut file = module.clone().filter(|_| segments.len() == 1);
     let mut types = 0;
     for seg in &segments {
-        let Some(text) = file.as_ref().map(|f| std::fs::read_to_string(f).unwrap()) else {
-            // Still a module.
-            let (as_file, as_dir) = (dir.join(format!("{seg}.rs")), dir.join(seg));
-            file = if as_file.is_file() {
-                Some(as_file)
-            } else if as_dir.join("mod.rs").is_file() {
-                Some(as_dir.join("mod.rs"))
-            } else {
-                return Err(format!("no module `{seg}` in {}", dir.display()));
-            };
-            dir = as_dir;
-            continue;
+        let text = || {
+            file.as_ref()
+                .map(|f| std::fs::read_to_string(f).unwrap())
+                .ok_or_else(|| format!("`{seg}` outside a module"))
         };
         if let Some(function) = seg.strip_suffix("()") {
-            if !text.contains(&format!("fn {function}(")) {
+            if !text()?.contains(&format!("fn {function}(")) {
                 return Err(format!("no fn {function}"));
             }
         } else if seg.starts_with(char::is_uppercase) {
+            let text = text()?;
             let found = if types == 0 {
-                let defines = ["struct", "enum", "trait", "type"].iter().any(|k| {
-                    [" ", "<", "("]
-                        .iter()
-                        .any(|end| text.contains(&format!("{k} {seg}{end}")))
-                });
-                // Or re-exported: `pub use integration::Channel;`, `pub use x::{A, Channel}`.
-                let reexports = text.split("pub use ").skip(1).any(|statement| {
-                    statement
-                        .split(';')
-                        .next()
-                        .unwrap_or_default()
-                        .split(|c: char| !c.is_alphanumeric() && c != '_')
-                        .any(|w| w == *seg)
-                });
-                defines || reexports
+                defines_type(&text, seg)
             } else {
                 [" {", ",", "("]
                     .iter()
@@ -476,16 +485,8 @@ fn defined(path: &str, module: &mut Option<PathBuf>) -> Result<(), String> {
             }
             types += 1;
         } else {
-            // A submodule of the file's module (`store::queue` then `window`).
-            let (as_file, as_dir) = (dir.join(format!("{seg}.rs")), dir.join(seg));
-            file = if as_file.is_file() {
-                Some(as_file)
-            } else if as_dir.join("mod.rs").is_file() {
-                Some(as_dir.join("mod.rs"))
-            } else {
-                return Err(format!("no module `{seg}` in {}", dir.display()));
-            };
-            dir = as_dir;
+            let (f, d) = submodule(&dir, seg)?;
+            (file, dir) = (Some(f), d);
         }
     }
     *module = file;
