@@ -261,15 +261,11 @@ impl Engine {
                         f.resync();
                     }
                 }
-                Signal::Down { node, reason } => {
+                // The subscriber emitted `subscription_lost`, with the reason, and counted it.
+                Signal::Down { node, .. } => {
                     markers.extend(self.markers().down(&node));
                     self.keyspace.suspect();
                     self.metrics.subscriber(&node, false);
-                    crate::internal_events::SubscriptionLost {
-                        node: &node,
-                        reason: &reason,
-                    }
-                    .emit(&self.metrics);
                     self.status.set_subscribed(&node, false);
                 }
                 Signal::NotMaster { node, reason } => {

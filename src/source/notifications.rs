@@ -11,6 +11,7 @@
 //! is never watched as if it were the master, and is reported as [`Signal::NotMaster`].
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::role;
+use crate::metrics::Metrics;
 use crate::source::Signal;
 use crate::source::ledger::Note;
 
@@ -183,6 +185,7 @@ impl Watcher {
         node: &str,
         channels: watch::Receiver<Vec<String>>,
         tx: mpsc::Sender<Signal>,
+        metrics: Arc<Metrics>,
         shutdown: &CancellationToken,
     ) -> Watcher {
         let stop = shutdown.child_token();
@@ -192,6 +195,7 @@ impl Watcher {
             channels,
             tx,
             RECONNECT,
+            metrics,
             stop.clone(),
         ));
         Watcher {
@@ -217,6 +221,7 @@ pub async fn subscribe(
     mut channels: watch::Receiver<Vec<String>>,
     tx: mpsc::Sender<Signal>,
     backoff: Backoff,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let mut waits = backoff.waits();
@@ -233,7 +238,11 @@ pub async fn subscribe(
             None => return,
             Some(Ended::Lost(reason)) => {
                 refused_for.clear();
-                // The engine emits the loss as it takes it in (it counts it).
+                crate::internal_events::SubscriptionLost {
+                    node: &node,
+                    reason: &reason,
+                }
+                .emit(&metrics);
                 Signal::Down {
                     node: node.clone(),
                     reason,

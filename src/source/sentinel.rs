@@ -85,6 +85,7 @@ pub async fn follow(
                 node,
                 channels.clone(),
                 tx.clone(),
+                metrics.clone(),
                 &shutdown,
             )),
             Err(e) => {

@@ -226,6 +226,7 @@ pub async fn run(
             wanted,
             tx,
             notifications::RECONNECT,
+            metrics.clone(),
             subscribers.clone(),
         ))
     };
