@@ -333,6 +333,12 @@ impl Metrics {
             .inc();
     }
 
+    /// Rules loaded (at start or by a reload) are in force since `unix_s`.
+    pub fn reload_succeeded(&self, unix_s: i64) {
+        self.config_last_reload_successful.set(1);
+        self.config_last_reload_success_timestamp.set(unix_s);
+    }
+
     pub fn silenced_for(&self, rule: &str) {
         self.silenced.get_or_create(&l(&[("rule", rule)])).inc();
     }
@@ -349,7 +355,197 @@ impl Metrics {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
+
+    /// A metric as the registry has it, or as docs/operations.md#metrics lists it.
+    #[derive(Debug, PartialEq)]
+    struct Family {
+        kind: String,
+        /// Each label, with its values where they are a fixed set (empty otherwise).
+        labels: BTreeMap<String, BTreeSet<String>>,
+    }
+
+    /// The values of the labels that take a fixed set of them, from the code that sets them.
+    fn fixed_values() -> BTreeMap<&'static str, BTreeSet<String>> {
+        use crate::firing::Action;
+        use crate::outcome::Outcome;
+        let outcomes = [
+            Outcome::Sent(String::new()),
+            Outcome::Skipped(String::new()),
+            Outcome::Again {
+                answer: String::new(),
+                after: std::time::Duration::ZERO,
+            },
+            Outcome::Retry {
+                reason: String::new(),
+                after: None,
+            },
+            Outcome::Failed(String::new()),
+            Outcome::Shadow(String::new()),
+        ];
+        let c = || "c".to_string();
+        let actions = [
+            Action::Reload,
+            Action::Exec,
+            Action::Cleanup,
+            Action::Notify { channel: c() },
+            Action::Alert {
+                channel: c(),
+                target: 0,
+            },
+            Action::Escalate { channel: c() },
+            Action::Resolved { channel: c() },
+        ];
+        BTreeMap::from([
+            (
+                "outcome",
+                outcomes.iter().map(|o| o.label().to_string()).collect(),
+            ),
+            (
+                "action",
+                actions.iter().map(|a| a.name().to_string()).collect(),
+            ),
+            (
+                "event",
+                crate::event::EventKind::ALL
+                    .iter()
+                    .map(|k| k.as_str().to_string())
+                    .collect(),
+            ),
+        ])
+    }
+
+    /// Every family of the registry, each labelled one given a sample through the methods the
+    /// stages call.
+    fn registered() -> BTreeMap<String, Family> {
+        let m = Metrics::new();
+        m.event("expired", 0);
+        m.matched("r", "expired");
+        m.action("r", "notify", "sent", 0.01);
+        m.subscriber("127.0.0.1:6379", true);
+        m.notify_flags("127.0.0.1:6379", true);
+        m.recovered_for("r");
+        m.recovery_skipped_for("r");
+        m.escalated_for("r");
+        m.resolved_for("r");
+        m.silenced_for("r");
+        m.state_error("take");
+        m.held_by_channel([("team", 14)]);
+        let text = m.encode();
+        let mut out = BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            let (name, kind) = rest.split_once(' ').unwrap();
+            let shown = match kind {
+                "counter" => format!("{name}_total"),
+                _ => name.to_string(),
+            };
+            let mut labels = BTreeMap::new();
+            let samples: Vec<&str> = text
+                .lines()
+                .filter(|l| {
+                    l.starts_with(&format!("{shown}{{"))
+                        || l.starts_with(&format!("{name}_bucket{{"))
+                })
+                .collect();
+            for sample in &samples {
+                let inside = &sample[sample.find('{').unwrap() + 1..sample.find('}').unwrap()];
+                for pair in inside.split(',') {
+                    let label = pair.split('=').next().unwrap();
+                    if label != "le" {
+                        labels.insert(label.to_string(), BTreeSet::new());
+                    }
+                }
+            }
+            let family = Family {
+                kind: kind.to_string(),
+                labels,
+            };
+            out.insert(shown, family);
+        }
+        let fixed = fixed_values();
+        for family in out.values_mut() {
+            for (label, values) in &mut family.labels {
+                if let Some(v) = fixed.get(label.as_str()) {
+                    values.clone_from(v);
+                }
+            }
+        }
+        out
+    }
+
+    /// docs/operations.md's table of metrics: `` | `name` | type | `label` (`v`, `w`), `other` | … ``.
+    fn documented() -> BTreeMap<String, Family> {
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+        )
+        .unwrap();
+        let section = &doc[doc.find("\n## Metrics\n").expect("the section")..];
+        let rows = section
+            .lines()
+            .skip_while(|l| !l.starts_with("| metric |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'));
+        let mut out = BTreeMap::new();
+        for row in rows {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let name = cells[1].trim_matches('`').to_string();
+            let mut labels = BTreeMap::new();
+            // `a` (`x`, `y`), `b`: split at the commas outside parentheses.
+            let mut depth = 0;
+            let mut items = vec![String::new()];
+            for ch in cells[3].chars() {
+                match ch {
+                    '(' => depth += 1,
+                    ')' => depth -= 1,
+                    ',' if depth == 0 => {
+                        items.push(String::new());
+                        continue;
+                    }
+                    _ => {}
+                }
+                items.last_mut().unwrap().push(ch);
+            }
+            for item in items.iter().map(|i| i.trim()).filter(|i| !i.is_empty()) {
+                let (label, values) = item.split_once('(').unwrap_or((item, ""));
+                let values: BTreeSet<String> = values
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect();
+                labels.insert(label.trim().trim_matches('`').to_string(), values);
+            }
+            let family = Family {
+                kind: cells[2].to_string(),
+                labels,
+            };
+            assert!(out.insert(name, family).is_none(), "listed twice: {row}");
+        }
+        out
+    }
+
+    #[test]
+    fn the_documented_metrics_are_the_registry() {
+        let registered = registered();
+        let documented = documented();
+        let names = |m: &BTreeMap<String, Family>| m.keys().cloned().collect::<Vec<_>>();
+        assert_eq!(
+            names(&documented),
+            names(&registered),
+            "docs/operations.md#metrics and the registry name different metrics"
+        );
+        for (name, family) in &registered {
+            assert_eq!(
+                &documented[name], family,
+                "docs/operations.md#metrics on `{name}` (labels with a fixed set of values list them)"
+            );
+        }
+    }
 
     #[test]
     fn every_spec_metric_is_exported() {

@@ -122,6 +122,12 @@ pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) ->
         Err(_) => {
             group.kill();
             let _ = child.kill().await;
+            crate::internal_events::ExecTimedOut {
+                rule: &rule.name,
+                program: &printable_masked(&a.config.secrets, &shown),
+                timeout: step.timeout,
+            }
+            .emit();
             return Outcome::Retry {
                 reason: format!(
                     "`{shown}` did not finish within {}; killed with its process group",
@@ -154,13 +160,22 @@ pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) ->
     // (key text, or anything) must not forge a log line or repaint the terminal of whoever
     // tails the log: control and bidi characters written out
     // (docs/rules.md#exec-arguments-options-and-process-groups).
-    let for_log =
-        |t: &str| crate::event::printable_whole(a.config.secrets.mask(t).as_bytes()).into_owned();
+    let for_log = |t: &str| printable_masked(&a.config.secrets, t);
     if held {
-        tracing::warn!(rule = %rule.name, program = %for_log(&shown), "exec: the command exited but processes it started kept its output open; they were killed with its process group.");
+        crate::internal_events::ExecGroupKilled {
+            rule: &rule.name,
+            program: &for_log(&shown),
+        }
+        .emit();
     }
     if !stdout.is_empty() || !stderr.is_empty() {
-        tracing::info!(rule = %rule.name, program = %for_log(&shown), stdout = %for_log(&stdout), stderr = %for_log(&stderr), "exec output.");
+        crate::internal_events::ExecOutput {
+            rule: &rule.name,
+            program: &for_log(&shown),
+            stdout: &for_log(&stdout),
+            stderr: &for_log(&stderr),
+        }
+        .emit();
     }
     match status.code() {
         Some(0) => Outcome::Sent("exit 0".into()),
@@ -173,6 +188,12 @@ pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) ->
             after: None,
         },
     }
+}
+
+/// `text` as the log shows it: secrets masked, control and bidi characters written out (what a
+/// program writes, key text or anything, must not forge a log line or repaint a terminal).
+fn printable_masked(secrets: &crate::yaml::Secrets, text: &str) -> String {
+    crate::event::printable_whole(secrets.mask(text).as_bytes()).into_owned()
 }
 
 /// Why this argv can never run as the rule means it, if it cannot: retrying will not change

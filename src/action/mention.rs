@@ -8,6 +8,7 @@
 use crate::channel::chat::Mention;
 use crate::config::RuleMention;
 use crate::event::printable;
+use crate::internal_events::MentionDropped;
 use crate::template::{Context, TemplateSet};
 
 /// The mentions of `m` for the event of `ctx`; values that render badly or look wrong are left
@@ -31,16 +32,32 @@ pub fn render(templates: &TemplateSet, m: &RuleMention, rule: &str, ctx: &Contex
                 Ok(v) => {
                     let v = v.trim();
                     if v.is_empty() {
-                        tracing::warn!(%rule, "A mention {what} rendered empty; nobody is mentioned for it.");
+                        MentionDropped {
+                            rule,
+                            kind: what,
+                            value: "",
+                            why: "it rendered empty",
+                        }
+                        .emit();
                     } else if !plausible(v) {
-                        tracing::warn!(%rule, value = %printable(v.as_bytes()), "A mention {what} is not plausible; it is left out.");
+                        MentionDropped {
+                            rule,
+                            kind: what,
+                            value: &printable(v.as_bytes()),
+                            why: "it is not plausible",
+                        }
+                        .emit();
                     } else if !list.iter().any(|x| x == v) {
                         list.push(v.to_string());
                     }
                 }
-                Err(e) => {
-                    tracing::warn!(%rule, error = %e.message, "A mention {what} cannot be rendered; it is left out.")
+                Err(e) => MentionDropped {
+                    rule,
+                    kind: what,
+                    value: "",
+                    why: &format!("it cannot be rendered: {}", e.message),
                 }
+                .emit(),
             }
         }
     }

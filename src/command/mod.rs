@@ -55,7 +55,8 @@ pub enum Command {
         /// Redis URL (overrides KEYWATCH_REDIS_URL and `redis.url`).
         #[arg(long, value_name = "URL")]
         redis: Option<String>,
-        /// Address of the HTTP endpoint (/, /metrics, /healthz, /readyz).
+        /// Address of the HTTP endpoint (the status page, /metrics, /healthz, /readyz,
+        /// /-/reload, /api/history, /l/).
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464")]
         listen: std::net::SocketAddr,
         /// Act on nothing: record what each action would have done (history outcome `shadow`),
@@ -194,7 +195,8 @@ pub enum Command {
 pub enum SilenceCommand {
     /// Mute RULE (or only its keys matching PATTERN) for DUR.
     Add {
-        #[arg(long)]
+        /// The rule to mute.
+        #[arg(long, value_name = "NAME")]
         rule: String,
         /// Only keys matching this pattern (docs/rules.md#patterns) are muted.
         #[arg(long = "match", value_name = "PATTERN")]
@@ -203,36 +205,49 @@ pub enum SilenceCommand {
         #[arg(long = "for", value_name = "DUR", value_parser = parse_duration_arg)]
         duration: std::time::Duration,
         /// Why (shown by `silence list`).
-        #[arg(long)]
+        #[arg(long, value_name = "TEXT")]
         comment: String,
     },
     /// The silences in force.
     List {
+        /// One JSON object per line.
         #[arg(long)]
         json: bool,
     },
     /// End a silence now.
-    Remove { id: String },
+    Remove {
+        /// The silence's id (`silence list` shows it).
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
     /// The dead letters, newest first.
     List {
+        /// One JSON object per line.
         #[arg(long)]
         json: bool,
-        #[arg(long, default_value_t = 100)]
+        /// At most this many letters.
+        #[arg(long, value_name = "N", default_value_t = 100)]
         limit: usize,
     },
-    /// Hand dead letters back to the running instances (IDs, or --all).
+    /// Move dead letters back into the job queue, due now: whichever instance takes them sends
+    /// them again (IDs, or --all).
     Retry {
+        /// The letters' ids (`dead list` shows them).
+        #[arg(value_name = "ID")]
         ids: Vec<String>,
+        /// Every dead letter.
         #[arg(long, conflicts_with = "ids")]
         all: bool,
     },
     /// Discard dead letters (IDs, or --all).
     Drop {
+        /// The letters' ids (`dead list` shows them).
+        #[arg(value_name = "ID")]
         ids: Vec<String>,
+        /// Every dead letter.
         #[arg(long, conflicts_with = "ids")]
         all: bool,
     },
@@ -388,6 +403,8 @@ pub fn run(cli: Cli) -> ExitCode {
             if shadow {
                 loaded.config = loaded.config.into_shadow();
             }
+            // A task that panics ends alone while the daemon goes on: said where logs are read.
+            crate::internal_events::Panicked::on_every_panic();
             let Some(rt) = runtime() else {
                 return ExitCode::from(1);
             };

@@ -142,7 +142,7 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
         };
         let conn = keyspace.conn(db).await.map_err(cannot)?;
         if let (true, Some(l)) = (from_ledger, &ledger) {
-            tracing::debug!(db, "Reading deadlines from the ledger.");
+            crate::internal_events::DeadlinesRead { db, from: "ledger" }.emit();
             let mut after = None;
             let start = found.len();
             loop {
@@ -163,7 +163,7 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
                 }
             }
         } else {
-            tracing::debug!(db, "No ledger covers this; scanning.");
+            crate::internal_events::DeadlinesRead { db, from: "scan" }.emit();
             let globs = match &opts.pattern {
                 Some(p) => vec![p.scan_glob().to_vec()],
                 None => covering_globs(

@@ -264,13 +264,12 @@ impl Engine {
                         f.resync();
                     }
                 }
-                Signal::Down { node, reason } => {
+                // The subscriber emitted `subscription_lost`, with the reason, and counted it.
+                Signal::Down { node, .. } => {
                     markers.extend(self.markers().down(&node));
                     self.keyspace.suspect();
                     self.metrics.subscriber(&node, false);
-                    self.metrics.reconnects.inc();
                     self.status.set_subscribed(&node, false);
-                    tracing::warn!(%node, %reason, "Keyspace events published until the subscription is back are lost; expiries of keys with known deadlines will be recovered.");
                 }
                 Signal::NotMaster { node, reason } => {
                     // The subscriber logged the reason; a follower of the topology may find

@@ -131,8 +131,11 @@ impl FiringStage {
                 }
                 if self.silenced.mutes(&r.name, &e.key) {
                     if first {
-                        self.metrics.silenced_for(&r.name);
-                        tracing::info!(rule = %r.name, key = %e.key_lossy(), "Silenced: counted, not sent.");
+                        crate::internal_events::Silenced {
+                            rule: &r.name,
+                            key: &e.key_lossy(),
+                        }
+                        .emit(&self.metrics);
                         self.keep_skipped(r, e, captures, "silenced");
                     }
                     continue;
@@ -301,8 +304,13 @@ impl FiringStage {
 
     /// Counts and logs an expiry found afterwards that the rule does not fire.
     fn skip_recovery(&self, rule: &str, e: &crate::event::KeyEvent, why: &str) {
-        self.metrics.recovery_skipped_for(rule);
-        tracing::info!(rule = %rule, key = %e.key_lossy(), deadline = ?e.deadline, reason = why, "Recovered expiry not fired.");
+        crate::internal_events::RecoverySkipped {
+            rule,
+            key: &e.key_lossy(),
+            deadline: &e.deadline.map(|d| d.to_rfc3339()).unwrap_or_default(),
+            reason: why,
+        }
+        .emit(&self.metrics);
     }
 
     /// Removes details (the events' jobs are stored), then clears the records that held them.

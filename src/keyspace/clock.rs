@@ -54,10 +54,7 @@ pub async fn follow(mut conn: crate::keyspace::Conn, stop: CancellationToken) {
         match learn(&mut conn).await {
             Ok(offset) if offset.abs() > WORTH_A_WARNING_MS && !warned => {
                 warned = true;
-                tracing::warn!(
-                    offset_ms = offset,
-                    "This host's clock differs from Redis's; keywatch compares deadlines and leases against Redis's clock, but check NTP on both."
-                );
+                crate::internal_events::ClockOffset { offset_ms: offset }.emit();
             }
             Ok(_) => {}
             Err(e) => {

@@ -65,8 +65,14 @@ pub async fn follow(
                     watching(&m.addr);
                     // Also with no channel at all (only `expiring` rules): a reload may add some.
                     metrics.subscriber(&m.addr, false);
-                    let w =
-                        Watcher::spawn(client, &m.addr, channels.clone(), tx.clone(), &shutdown);
+                    let w = Watcher::spawn(
+                        client,
+                        &m.addr,
+                        channels.clone(),
+                        tx.clone(),
+                        metrics.clone(),
+                        &shutdown,
+                    );
                     watched.insert(m.addr.clone(), w);
                 }
                 let gone: Vec<String> = watched

@@ -117,7 +117,12 @@ pub async fn ensure(
                 .await;
             match set {
                 Ok(()) => {
-                    tracing::info!(%node, from = %current, to = %merged, "Added missing notify-keyspace-events flags (kept the ones already set).");
+                    crate::internal_events::NotifyFlagsAdded {
+                        node,
+                        from: &current,
+                        to: &merged,
+                    }
+                    .emit();
                     Ok(())
                 }
                 Err(e) => Err(format!(
@@ -126,7 +131,12 @@ pub async fn ensure(
             }
         }
         Notifications::Ignore => {
-            tracing::warn!(%node, flags = %current, %missing, "notify-keyspace-events lacks flags the rules need; starting anyway (`redis.notifications: ignore`).");
+            crate::internal_events::NotifyFlagsMissing {
+                node,
+                flags: &current,
+                missing: &missing,
+            }
+            .emit();
             Ok(())
         }
     }

@@ -11,6 +11,7 @@
 //! is never watched as if it were the master, and is reported as [`Signal::NotMaster`].
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::Backoff;
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::role;
+use crate::metrics::Metrics;
 use crate::source::Signal;
 use crate::source::ledger::Note;
 
@@ -183,6 +185,7 @@ impl Watcher {
         node: &str,
         channels: watch::Receiver<Vec<String>>,
         tx: mpsc::Sender<Signal>,
+        metrics: Arc<Metrics>,
         shutdown: &CancellationToken,
     ) -> Watcher {
         let stop = shutdown.child_token();
@@ -192,6 +195,7 @@ impl Watcher {
             channels,
             tx,
             RECONNECT,
+            metrics,
             stop.clone(),
         ));
         Watcher {
@@ -217,6 +221,7 @@ pub async fn subscribe(
     mut channels: watch::Receiver<Vec<String>>,
     tx: mpsc::Sender<Signal>,
     backoff: Backoff,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let mut waits = backoff.waits();
@@ -237,7 +242,7 @@ pub async fn subscribe(
                     node: &node,
                     reason: &reason,
                 }
-                .emit();
+                .emit(&metrics);
                 Signal::Down {
                     node: node.clone(),
                     reason,
@@ -245,7 +250,11 @@ pub async fn subscribe(
             }
             Some(Ended::NotMaster(reason)) => {
                 if reason != refused_for {
-                    tracing::error!(%node, "Not watching {node}: {reason}. Readiness stays false; asking again with backoff.");
+                    crate::internal_events::NodeRefused {
+                        node: &node,
+                        reason: &reason,
+                    }
+                    .emit();
                     refused_for = reason.clone();
                 }
                 Signal::NotMaster {
@@ -381,6 +390,12 @@ async fn session(
                 };
                 held.push(signal);
                 if held.weight > backlog().1 {
+                    crate::internal_events::FellBehind {
+                        node,
+                        waiting: held.signals.len(),
+                        mib: held.weight >> 20,
+                    }
+                    .emit();
                     let reason = format!(
                         "keywatch fell behind Redis's events ({} waiting, {} MiB): let go of the subscription as Redis does at its output-buffer limit; the deadline ledger recovers expiries published meanwhile",
                         held.signals.len(),
@@ -400,7 +415,11 @@ async fn session(
                 if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
                     return Some(Ended::Lost(e));
                 }
-                tracing::info!(%node, channels = subscribed.len(), "Subscriptions follow the reloaded rules.");
+                crate::internal_events::SubscriptionsChanged {
+                    node,
+                    channels: subscribed.len(),
+                }
+                .emit();
             }
             _ = role_check.tick() => {
                 if let Err(ended) = check_role(&mut commands, node).await {

@@ -376,20 +376,20 @@ impl Scanner {
                 r = self.run_once() => r,
             };
             let took = started.elapsed();
-            self.metrics.scan_seconds.observe(took.as_secs_f64());
             match outcome {
                 Ok(stats) => {
-                    tracing::info!(
-                        keys = stats.keys,
-                        due = stats.due,
-                        pauses = stats.pauses,
-                        source = if stats.from_ledger { "ledger" } else { "scan" },
-                        took_ms = took.as_millis() as u64,
-                        "Scanner: run done."
-                    );
+                    crate::internal_events::ScanDone {
+                        keys: stats.keys,
+                        due: stats.due,
+                        pauses: stats.pauses,
+                        from: if stats.from_ledger { "ledger" } else { "scan" },
+                        took,
+                    }
+                    .emit(&self.metrics);
                     let _ = runs.ran(instant.timestamp_millis()).await;
                 }
                 Err(e) => {
+                    self.metrics.scan_seconds.observe(took.as_secs_f64());
                     tracing::warn!(error = %e, "Scanner: the run failed; the next one tries again.")
                 }
             }

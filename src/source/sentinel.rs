@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use crate::internal_events::{SentinelSwitch, SwitchStep};
 use crate::keyspace::Keyspace;
 use crate::keyspace::sentinel::{Sentinels, selected, switched_to};
 use crate::metrics::Metrics;
@@ -84,6 +85,7 @@ pub async fn follow(
                 node,
                 channels.clone(),
                 tx.clone(),
+                metrics.clone(),
                 &shutdown,
             )),
             Err(e) => {
@@ -135,8 +137,14 @@ pub async fn follow(
             // stays in the ledger, which the new master has, and is recovered there once.
             // keywatch's own commands (a job's acknowledgement, a take) wait for the promotion:
             // the replica would refuse them (`Keyspace::promoting`).
-            tracing::info!(master = %sentinels.name(), selected = %to, "Sentinel: a failover is under way; no longer acting on the old master, and keywatch's commands wait until the selected replica is master.");
             let old = current.take();
+            SentinelSwitch {
+                master: sentinels.name(),
+                step: SwitchStep::Selected,
+                from: old.as_ref().map_or("", |w| w.node.as_str()),
+                to,
+            }
+            .emit();
             keyspace.promoting(to).await;
             expect(to);
             promoting = Some((to.clone(), Instant::now()));
@@ -152,7 +160,14 @@ pub async fn follow(
         if let Some((to, since)) = promoting.clone() {
             let announced = matches!(&event, Some(Heard::Switched(a)) if *a == to);
             if announced || sentinels.is_master(&to).await {
-                tracing::info!(master = %sentinels.name(), to = %to, took_ms = since.elapsed().as_millis() as u64, "Sentinel: the selected replica is master; watching it.");
+                tracing::info!(to = %to, took_ms = since.elapsed().as_millis() as u64, "Sentinel: the promotion took this long.");
+                SentinelSwitch {
+                    master: sentinels.name(),
+                    step: SwitchStep::Promoted,
+                    from: "",
+                    to: &to,
+                }
+                .emit();
                 promoting = None;
                 keyspace.promoted();
                 if !tell_gone(&mut left, &tx).await {
@@ -168,7 +183,13 @@ pub async fn follow(
             // Promoted elsewhere, aborted or taking too long: ask the sentinels. Held commands
             // wait for their answer, which moves them to the master they name. The replica is
             // no longer expected (readiness waited for it), unless they name it.
-            tracing::warn!(selected = %to, "Sentinel: the selected replica did not become master; asking the sentinels.");
+            SentinelSwitch {
+                master: sentinels.name(),
+                step: SwitchStep::NotPromoted,
+                from: "",
+                to: &to,
+            }
+            .emit();
             promoting = None;
             left.push(to);
         }
@@ -197,14 +218,14 @@ pub async fn follow(
             continue;
         }
         let old = current.take();
-        tracing::info!(
-            master = %sentinels.name(),
-            from = old.as_ref().map_or("", |w| w.node.as_str()),
-            to = %found.addr,
-            by = %found.by,
-            confirmed = found.confirmed,
-            "Sentinel: the master moved; watching the new one."
-        );
+        tracing::info!(to = %found.addr, by = %found.by, confirmed = found.confirmed, "Sentinel: the master as the sentinels name it.");
+        SentinelSwitch {
+            master: sentinels.name(),
+            step: SwitchStep::Moved,
+            from: old.as_ref().map_or("", |w| w.node.as_str()),
+            to: &found.addr,
+        }
+        .emit();
         expect(&found.addr);
         current = start(&found.addr);
         if let Some(w) = old

@@ -28,6 +28,14 @@ use super::wait::{PATIENCE, poll};
 /// (docs/operations.md#internal-events).
 pub const SUBSCRIBED: &str = "subscribed";
 
+/// The internal event of each attempt of an action: `rule`, `key`, `action`, `channel`,
+/// `outcome` (`sent`, `retry`, `failed`), `attempt`, and `answer` or `reason`.
+pub const ATTEMPTED: &str = "attempted";
+
+/// The internal event of an action given up for good: `rule`, `key`, `action`, `channel`,
+/// `id`, `reason`.
+pub const DEAD_LETTERED: &str = "dead_lettered";
+
 /// Upper bound for a one-shot command (`check`, `explain`) to finish.
 const ONE_SHOT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -255,6 +263,12 @@ impl KeywatchProcess {
         internal_events(&self.stderr(), event)
     }
 
+    /// The internal events named in `events`, in the order they were emitted: which came
+    /// first.
+    pub fn events_in_order(&self, events: &[&str]) -> Vec<serde_json::Value> {
+        internal_events_of(&self.stderr(), events)
+    }
+
     /// Waits until the process has emitted internal event `event` with fields satisfying
     /// `pred`; returns them. Panics after [`PATIENCE`], or when the process exits first.
     pub fn wait_for_event(
@@ -263,24 +277,45 @@ impl KeywatchProcess {
         what: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
+        let mut found = self.wait_for_events(event, 1, what, pred);
+        found.swap_remove(0)
+    }
+
+    /// Waits until the process has emitted internal event `event` with fields satisfying
+    /// `pred` at least `n` times; returns those so far. Panics after [`PATIENCE`], or when the
+    /// process exits first.
+    pub fn wait_for_events(
+        &mut self,
+        event: &str,
+        n: usize,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
         let deadline = Instant::now() + PATIENCE;
+        let matching = |p: &Self| -> Vec<serde_json::Value> {
+            p.events(event).into_iter().filter(|e| pred(e)).collect()
+        };
         loop {
-            if let Some(found) = self.events(event).into_iter().find(|e| pred(e)) {
+            let found = matching(self);
+            if found.len() >= n {
                 return found;
             }
             if let Some(status) = self.try_status() {
                 self.join_readers();
-                if let Some(found) = self.events(event).into_iter().find(|e| pred(e)) {
+                let found = matching(self);
+                if found.len() >= n {
                     return found;
                 }
                 panic!(
-                    "keywatch exited ({status}) before the internal event `{event}` {what}\n{}",
+                    "keywatch exited ({status}) with {} of {n} internal events `{event}` {what}\n{}",
+                    found.len(),
                     self.describe_output()
                 );
             }
             if Instant::now() >= deadline {
                 panic!(
-                    "no internal event `{event}` {what} within {PATIENCE:?}\n{}",
+                    "{} of {n} internal events `{event}` {what} within {PATIENCE:?}\n{}",
+                    found.len(),
                     self.describe_output()
                 );
             }
@@ -466,40 +501,60 @@ impl Daemon {
         self.process.stderr()
     }
 
-    /// Every log line so far that is a JSON object (fields flattened: `message`, `level`,
-    /// `rule`, `channel`, `outcome`, `reason`, ...).
-    pub fn logs(&self) -> Vec<serde_json::Value> {
-        self.stderr()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(serde_json::Value::is_object)
-            .collect()
+    /// The internal events named `event` emitted so far (docs/operations.md#internal-events),
+    /// each as a JSON object of its fields.
+    pub fn events(&self, event: &str) -> Vec<serde_json::Value> {
+        self.process.events(event)
     }
 
-    /// Waits until a JSON log line satisfies `pred`; returns it. Panics after [`PATIENCE`],
-    /// showing the logs.
-    pub fn wait_for_log(
+    /// Waits until the daemon has emitted internal event `event` with fields satisfying `pred`;
+    /// returns them. Panics after [`PATIENCE`], showing the logs.
+    pub fn wait_for_event(
         &self,
+        event: &str,
         what: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
+        self.wait_for_events(event, 1, what, pred).swap_remove(0)
+    }
+
+    /// Waits until the daemon has emitted internal event `event` with fields satisfying `pred`
+    /// at least `n` times; returns those so far. Panics after [`PATIENCE`], showing the logs.
+    pub fn wait_for_events(
+        &self,
+        event: &str,
+        n: usize,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> Vec<serde_json::Value> {
         poll(
-            &format!("a log line {what}"),
+            &format!("{n} internal events `{event}` {what}"),
             PATIENCE,
-            || self.logs().into_iter().find(|l| pred(l)),
+            || {
+                let found: Vec<serde_json::Value> =
+                    self.events(event).into_iter().filter(|e| pred(e)).collect();
+                (found.len() >= n).then_some(found)
+            },
             || self.process.describe_output(),
         )
     }
 
-    /// Waits until the log holds `needle` at least `n` times; panics with the log after
-    /// [`PATIENCE`].
-    pub fn wait_for_log_count(&self, needle: &str, n: usize) {
-        poll(
-            &format!("the log shows {needle:?} {n} times"),
-            PATIENCE,
-            || (self.stderr().matches(needle).count() >= n).then_some(()),
-            || self.process.describe_output(),
+    /// Waits until the daemon has emitted an `attempted` event on `channel` that ended with
+    /// `outcome` (`sent`, `retry`, `failed`); returns its fields.
+    pub fn attempt_on(&self, channel: &str, outcome: &str) -> serde_json::Value {
+        self.wait_for_event(
+            ATTEMPTED,
+            &format!("on {channel} with outcome {outcome}"),
+            |e| field_is(e, "channel", channel) && field_is(e, "outcome", outcome),
         )
+    }
+
+    /// Waits until the daemon has emitted a `dead_lettered` event on `channel`; returns its
+    /// fields.
+    pub fn dead_letter_on(&self, channel: &str) -> serde_json::Value {
+        self.wait_for_event(DEAD_LETTERED, &format!("on {channel}"), |e| {
+            field_is(e, "channel", channel)
+        })
     }
 
     /// SIGTERM, then waits for the exit; returns the logs. Panics if it does not exit cleanly.
@@ -565,8 +620,14 @@ impl std::ops::DerefMut for Rig {
 
 /// The internal events named `event` in `log` (JSON or text lines), each as a JSON object of
 /// its fields: a JSON line as it is, a text line's `name=value` and `name="value"` fields (and
-/// its `message`, the text before the first field).
+/// its `message`, the text before the first field). An unquoted text value runs to the next
+/// ` name=`: read a free text that may hold one (a target's answer) from JSON logs.
 pub fn internal_events(log: &str, event: &str) -> Vec<serde_json::Value> {
+    internal_events_of(log, &[event])
+}
+
+/// The internal events named in `events` in `log`, in the order they were logged.
+pub fn internal_events_of(log: &str, events: &[&str]) -> Vec<serde_json::Value> {
     log.lines()
         .filter_map(
             |line| match serde_json::from_str::<serde_json::Value>(line) {
@@ -574,7 +635,7 @@ pub fn internal_events(log: &str, event: &str) -> Vec<serde_json::Value> {
                 _ => text_fields(line),
             },
         )
-        .filter(|fields| field_is(fields, "internal_event", event))
+        .filter(|fields| events.iter().any(|e| field_is(fields, "internal_event", e)))
         .collect()
 }
 
@@ -609,13 +670,37 @@ fn text_fields(line: &str) -> Option<serde_json::Value> {
                 .unwrap_or_else(|_| quoted[..end].to_string());
             (value, &quoted[end + 1..])
         } else {
-            let end = after.find(' ').unwrap_or(after.len());
+            // A value written with `%` (Display) is not quoted and may hold spaces: it ends
+            // where the next ` name=` begins.
+            let end = next_field(after).unwrap_or(after.len());
             (after[..end].to_string(), &after[end..])
         };
         fields.insert(name, value.into());
         rest = next.trim_start();
     }
     Some(serde_json::Value::Object(fields))
+}
+
+/// Where the next ` name=` of a text log line starts in `rest` (field names are snake_case).
+fn next_field(rest: &str) -> Option<usize> {
+    rest.match_indices(' ').map(|(at, _)| at).find(|&at| {
+        let name: String = rest[at + 1..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && rest[at + 1 + name.len()..].starts_with('=')
+    })
+}
+
+/// The number in field `name` of an event, as JSON logs (a number) and text logs (its digits)
+/// write it.
+pub fn field_u64(event: &serde_json::Value, name: &str) -> Option<u64> {
+    let value = event.get(name)?;
+    value
+        .as_u64()
+        .or_else(|| value.as_str().and_then(|s| s.parse().ok()))
 }
 
 /// Whether JSON log line `line` has field `name` equal to the string `value`.

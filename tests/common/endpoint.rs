@@ -14,6 +14,12 @@ pub fn endpoint(kw: &KeywatchProcess) -> String {
         .to_string()
 }
 
+/// The HTTP endpoint's address once `kw` has emitted its `listening` internal event.
+pub fn wait_for_endpoint(kw: &mut KeywatchProcess) -> String {
+    kw.wait_for_event("listening", "of the HTTP endpoint", |_| true);
+    endpoint(kw)
+}
+
 /// (status, body) of a plain GET.
 pub fn get(addr: &str, path: &str) -> (u16, String) {
     http(addr, "GET", path)

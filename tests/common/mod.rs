@@ -54,10 +54,11 @@ pub use commands::{
     wait_no_work_left, work_left,
 };
 pub use daemon::{
-    Daemon, KeywatchProcess, Logs, Rig, SUBSCRIBED, assert_no_secret, field_is, keywatch_bin,
-    keywatch_command, run_keywatch, run_on, run_subscribed, spawn_keywatch, spawn_run,
+    ATTEMPTED, DEAD_LETTERED, Daemon, KeywatchProcess, Logs, Rig, SUBSCRIBED, assert_no_secret,
+    field_is, field_u64, keywatch_bin, keywatch_command, run_keywatch, run_on, run_subscribed,
+    spawn_keywatch, spawn_run,
 };
-pub use endpoint::{endpoint, get, metric, post};
+pub use endpoint::{endpoint, get, metric, post, wait_for_endpoint};
 pub use forged::forge_job;
 pub use http_receiver::{HttpReceiver, Request, Response, delivered};
 pub use redis_cluster::{ClusterNode, RedisCluster, RedisClusterBuilder};

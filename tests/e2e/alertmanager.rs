@@ -274,9 +274,11 @@ fn a_restarted_keywatch_keeps_re_sending_the_firing_alert() {
     assert_eq!(after["endsAt"], before["endsAt"]);
     assert_eq!(after["labels"], before["labels"]);
     // The new keywatch posted it: a round of its own, sent and to be posted again.
-    let round = daemon.wait_for_log("of a round sent by the new keywatch", |l| {
-        l["channel"] == "am" && l["outcome"] == "sent" && l.get("again_in").is_some()
-    });
+    let round = daemon.wait_for_event(
+        common::ATTEMPTED,
+        "of a round sent by the new keywatch",
+        |e| e["channel"] == "am" && e["outcome"] == "sent" && e.get("again_in").is_some(),
+    );
     assert_eq!(round["key"], "order_lock:1", "{round}");
     // Still the one event: history holds one firing, its one URL sent.
     let h = history(&daemon);
@@ -310,9 +312,7 @@ fn one_of_two_urls_down_changes_nothing_for_the_other() {
         },
         || format!("{:#?}", history(&daemon)),
     );
-    let retrying = daemon.wait_for_log("saying the down URL is retried", |l| {
-        l["outcome"] == "retry" && l["channel"] == "am"
-    });
+    let retrying = daemon.attempt_on("am", "retry");
     assert!(
         retrying["reason"]
             .as_str()
@@ -453,12 +453,7 @@ rules:
     daemon.expire("order_lock:1");
     // Both refused (a 400 is given up): each answer quoted the credentials it was sent.
     for channel in ["bearer", "userinfo"] {
-        let dead = daemon.wait_for_log(&format!("of a dead letter on {channel}"), |l| {
-            l["channel"] == channel
-                && l["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("Dead letter"))
-        });
+        let dead = daemon.dead_letter_on(channel);
         let reason = dead["reason"].as_str().unwrap_or_default();
         assert!(
             reason.starts_with("HTTP 400: refused Authorization: ") && reason.contains("<secret>"),

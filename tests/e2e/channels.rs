@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{
     Daemon, HttpReceiver, PATIENCE, RedisServer, Request, Response, Rules, assert_no_secret,
-    field_is,
+    field_is, field_u64,
 };
 use serde_json::{Value, json};
 
@@ -59,21 +59,14 @@ fn assert_json_content_type(r: &Request) {
     );
 }
 
-/// The log line of an attempt that ended with `outcome` on `channel`.
+/// The `attempted` event on `channel` that ended with `outcome`.
 fn attempt_logged(daemon: &Daemon, channel: &str, outcome: &str) -> Value {
-    daemon.wait_for_log(&format!("of outcome {outcome} on {channel}"), |l| {
-        field_is(l, "channel", channel) && field_is(l, "outcome", outcome)
-    })
+    daemon.attempt_on(channel, outcome)
 }
 
-/// The dead-letter line of `channel`.
+/// The `dead_lettered` event of `channel`.
 fn dead_letter_logged(daemon: &Daemon, channel: &str) -> Value {
-    daemon.wait_for_log(&format!("of a dead letter on {channel}"), |l| {
-        field_is(l, "channel", channel)
-            && l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("Dead letter"))
-    })
+    daemon.dead_letter_on(channel)
 }
 
 /// Asserts that the one dead-lettered action (its dead letter already logged) is not retried:
@@ -235,10 +228,7 @@ fn dingtalk_errcode_0_is_sent_130101_is_retried_and_310000_is_given_up() {
         "{dead}"
     );
     let failed = attempt_logged(&daemon, "rejected", "failed");
-    assert!(
-        failed["message"].as_str().unwrap().contains("for good"),
-        "{failed}"
-    );
+    assert!(field_u64(&failed, "attempt") == Some(1), "{failed}");
     // errcode 0 is success: one request, logged as sent.
     attempt_logged(&daemon, "ok", "sent");
     // By now the throttled channel's retry (at least half a second after its first attempt) has
@@ -246,10 +236,9 @@ fn dingtalk_errcode_0_is_sent_130101_is_retried_and_310000_is_given_up() {
     assert_eq!(rejected.count(), 1, "310000 was retried");
     assert_eq!(ok.count(), 1, "errcode 0 was sent again");
     let ok_failures: Vec<Value> = daemon
-        .logs()
+        .events(common::ATTEMPTED)
         .into_iter()
-        .filter(|l| field_is(l, "channel", "ok") && !field_is(l, "outcome", "sent"))
-        .filter(|l| l.get("outcome").is_some())
+        .filter(|e| field_is(e, "channel", "ok") && !field_is(e, "outcome", "sent"))
         .collect();
     assert!(ok_failures.is_empty(), "{ok_failures:?}");
 }
@@ -999,11 +988,9 @@ rules:
         Some(SIG),
         "the real request carries the secret"
     );
-    daemon.wait_for_log("of the exec's output", |l| {
-        l["message"].as_str() == Some("exec output.")
-    });
-    daemon.wait_for_log("of the exec's failure", |l| {
-        field_is(l, "action", "exec") && field_is(l, "outcome", "retry")
+    daemon.wait_for_event("exec_output", "of the exec", |_| true);
+    daemon.wait_for_event(common::ATTEMPTED, "of the exec's failure", |e| {
+        field_is(e, "action", "exec") && field_is(e, "outcome", "retry")
     });
     let logs = daemon.stop();
     assert!(logs.contains("<secret>"), "{logs}");

@@ -41,21 +41,14 @@ fn assert_json_post(r: &Request, path: &str) {
     );
 }
 
-/// The log line of an attempt that ended with `outcome` on `channel`.
+/// The `attempted` event on `channel` that ended with `outcome`.
 fn attempt_logged(daemon: &Daemon, channel: &str, outcome: &str) -> Value {
-    daemon.wait_for_log(&format!("of outcome {outcome} on {channel}"), |l| {
-        field_is(l, "channel", channel) && field_is(l, "outcome", outcome)
-    })
+    daemon.attempt_on(channel, outcome)
 }
 
-/// The dead-letter line of `channel`.
+/// The `dead_lettered` event of `channel`.
 fn dead_letter_logged(daemon: &Daemon, channel: &str) -> Value {
-    daemon.wait_for_log(&format!("of a dead letter on {channel}"), |l| {
-        field_is(l, "channel", channel)
-            && l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("Dead letter"))
-    })
+    daemon.dead_letter_on(channel)
 }
 
 /// How long after the first request the second came.
@@ -672,11 +665,11 @@ rules:
         json!({"routing_key": PD_KEY, "event_action": "resolve", "dedup_key": id})
     );
     // The resolve's log line names its channel, as a notification's does.
-    daemon.wait_for_log("the resolve judged sent", |l| {
-        field_is(l, "action", "resolved")
-            && field_is(l, "channel", "pager")
-            && field_is(l, "outcome", "sent")
-            && field_is(l, "answer", "202 success: Event processed")
+    daemon.wait_for_event(common::ATTEMPTED, "of the resolve judged sent", |e| {
+        field_is(e, "action", "resolved")
+            && field_is(e, "channel", "pager")
+            && field_is(e, "outcome", "sent")
+            && field_is(e, "answer", "202 success: Event processed")
     });
     assert_no_secret("the log", &daemon.stderr(), &[PD_KEY]);
 }

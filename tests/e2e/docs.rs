@@ -1,10 +1,14 @@
 //! The documentation stays true to the binary and to itself: the example rules in `rules/`
 //! (English and Chinese) pass `check`; both READMEs name every rule field and channel type of the
 //! rule reference (`docs/rules.md`), and the Chinese one every command the English one shows; every
-//! relative link of the READMEs and `docs/` leads to a file and heading that exist.
+//! relative link of the READMEs and `docs/` leads to a file and heading that exist; the commands
+//! page shows every command and option of the CLI. (The internal events and metrics tables of
+//! `docs/operations.md` are checked by unit tests beside the code: `internal_events::tests`,
+//! `metrics::tests`.)
 
 use crate::common;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use common::run_keywatch;
@@ -363,5 +367,259 @@ fn every_test_file_named_by_its_path_exists() {
         stale.is_empty(),
         "paths of test files that do not exist:\n{}",
         stale.join("\n")
+    );
+}
+
+/// What `keywatch PATH --help` lists: the subcommands (without `help`) and the options, each
+/// as its spellings (`--rules`, `-r`), without `--help` and `--version`.
+fn cli_help(path: &[&str]) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut args = path.to_vec();
+    args.push("--help");
+    let out = run_keywatch(&args, &[]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "keywatch {args:?}: {text}");
+    let mut section = "";
+    let (mut commands, mut options) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        if !line.starts_with(' ') && line.ends_with(':') {
+            section = line;
+            continue;
+        }
+        let entry = line.trim_start();
+        if entry.is_empty() || !line.starts_with("  ") {
+            continue;
+        }
+        match section {
+            "Commands:" => {
+                let name = entry.split_whitespace().next().unwrap();
+                if name != "help" {
+                    commands.push(name.to_string());
+                }
+            }
+            "Options:" => {
+                let spellings: Vec<String> = entry
+                    .split_whitespace()
+                    .map(|w| w.trim_end_matches(','))
+                    .take_while(|w| w.starts_with('-'))
+                    .map(str::to_string)
+                    .collect();
+                // In the long form (a command with a long description) an option's help is on
+                // lines of its own.
+                if !spellings.is_empty()
+                    && !spellings.iter().any(|s| s == "--help" || s == "--version")
+                {
+                    options.push(spellings);
+                }
+            }
+            _ => {}
+        }
+    }
+    (commands, options)
+}
+
+/// The flags written in `text`: `--name` and `-x` words (`[-r PATH]...`, `ID...|--all`).
+fn flags_in(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| c.is_whitespace() || "[]|".contains(c))
+        .filter(|w| {
+            w.strip_prefix("--").map_or_else(
+                || w.len() == 2 && w.starts_with('-') && w[1..].chars().all(char::is_alphabetic),
+                |name| !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '-'),
+            )
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// docs/commands.md names every command of `keywatch --help`, with every option and
+/// subcommand of it, and no option it does not have; and the options every command takes.
+#[test]
+fn the_commands_page_shows_every_command_and_option_of_the_cli() {
+    let page = read("docs/commands.md");
+    let block = page.split("```").nth(1).expect("the synopsis block");
+    // A line starting with `keywatch NAME` and the indented lines after it.
+    let mut synopsis: BTreeMap<String, String> = BTreeMap::new();
+    let mut current = String::new();
+    for line in block.lines().filter(|l| !l.trim().is_empty()) {
+        if let Some(rest) = line.strip_prefix("keywatch ") {
+            let name = rest.split_whitespace().next().unwrap();
+            current = if name.starts_with('[') { "[any]" } else { name }.to_string();
+            assert!(
+                synopsis.insert(current.clone(), String::new()).is_none(),
+                "`keywatch {current}` twice"
+            );
+        }
+        let text = synopsis.get_mut(&current).expect("a `keywatch` line first");
+        text.push_str(line);
+        text.push('\n');
+    }
+
+    let (commands, global) = cli_help(&[]);
+    let global_flags: BTreeSet<String> = global.iter().flatten().cloned().collect();
+    let mut shown: Vec<&str> = synopsis.keys().map(String::as_str).collect();
+    shown.retain(|c| *c != "[any]");
+    let mut sorted = commands.clone();
+    sorted.sort();
+    assert_eq!(
+        shown, sorted,
+        "docs/commands.md and `keywatch --help` differ"
+    );
+    let any = synopsis
+        .get("[any]")
+        .expect("a `keywatch [--log-format …]` line");
+    assert_eq!(
+        flags_in(any),
+        global_flags,
+        "the options of every command: {any}"
+    );
+
+    let mut problems = Vec::new();
+    for command in &commands {
+        let text = &synopsis[command];
+        // The command's options, and those of its subcommands (`dead retry --all`).
+        let (subcommands, mut options) = cli_help(&[command]);
+        for sub in &subcommands {
+            if !text
+                .split(|c: char| !c.is_alphanumeric() && c != '-')
+                .any(|w| w == sub)
+            {
+                problems.push(format!("`keywatch {command}` lacks its subcommand `{sub}`"));
+            }
+            options.extend(cli_help(&[command, sub]).1);
+        }
+        options.retain(|o| !o.iter().any(|s| global_flags.contains(s)));
+        options.sort();
+        options.dedup();
+        let written = flags_in(text);
+        for spellings in &options {
+            if !spellings.iter().any(|s| written.contains(s)) {
+                problems.push(format!(
+                    "`keywatch {command}` lacks {}",
+                    spellings.join("/")
+                ));
+            }
+        }
+        for flag in written {
+            if !options.iter().any(|o| o.contains(&flag)) {
+                problems.push(format!("`keywatch {command}` has no option {flag}"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/commands.md:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The file of module `name` under `dir` (`name.rs` or `name/mod.rs`), and the folder of its
+/// own submodules.
+fn submodule(dir: &std::path::Path, name: &str) -> Result<(PathBuf, PathBuf), String> {
+    let (as_file, as_dir) = (dir.join(format!("{name}.rs")), dir.join(name));
+    if as_file.is_file() {
+        Ok((as_file, as_dir))
+    } else if as_dir.join("mod.rs").is_file() {
+        Ok((as_dir.join("mod.rs"), as_dir))
+    } else {
+        Err(format!("no module `{name}` in {}", dir.display()))
+    }
+}
+
+/// Whether `text` defines type `name` or re-exports it (`pub use integration::Channel;`,
+/// `pub use x::{A, Channel}`).
+fn defines_type(text: &str, name: &str) -> bool {
+    let defines = ["struct", "enum", "trait", "type"].iter().any(|k| {
+        [" ", "<", "("]
+            .iter()
+            .any(|end| text.contains(&format!("{k} {name}{end}")))
+    });
+    let reexports = text.split("pub use ").skip(1).any(|statement| {
+        statement
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .split(|c: char| !c.is_alphanumeric() && c != '_')
+            .any(|w| w == name)
+    });
+    defines || reexports
+}
+
+/// Where `path` (`store::queue::Window`, `delivery::work::Work::Digest`, `store::lease()`,
+/// `internal_events`) is defined under `src/`, or why it is not. `module` is the file the
+/// previous path of the same cell named, for a bare type (`Permit` after
+/// `delivery::admit::Concurrency`).
+fn defined(path: &str, module: &mut Option<PathBuf>) -> Result<(), String> {
+    let segments: Vec<&str> = path.split("::").collect();
+    let mut dir = repo().join("src");
+    let mut file = module.clone().filter(|_| segments.len() == 1);
+    let mut types = 0;
+    for seg in &segments {
+        let text = || {
+            file.as_ref()
+                .map(|f| std::fs::read_to_string(f).unwrap())
+                .ok_or_else(|| format!("`{seg}` outside a module"))
+        };
+        if let Some(function) = seg.strip_suffix("()") {
+            if !text()?.contains(&format!("fn {function}(")) {
+                return Err(format!("no fn {function}"));
+            }
+        } else if seg.starts_with(char::is_uppercase) {
+            let text = text()?;
+            let found = if types == 0 {
+                defines_type(&text, seg)
+            } else {
+                [" {", ",", "("]
+                    .iter()
+                    .any(|end| text.contains(&format!("\n    {seg}{end}")))
+            };
+            if !found {
+                return Err(format!(
+                    "no {} `{seg}`",
+                    if types == 0 { "type" } else { "variant" }
+                ));
+            }
+            types += 1;
+        } else {
+            let (f, d) = submodule(&dir, seg)?;
+            (file, dir) = (Some(f), d);
+        }
+    }
+    *module = file;
+    Ok(())
+}
+
+/// The glossary of docs/how-it-works.md names what the code calls each word, and each of those
+/// names is defined in `src/` (its first row once named `event::Event`, which does not exist).
+#[test]
+fn the_glossarys_code_names_exist() {
+    let doc = read("docs/how-it-works.md");
+    let start = doc.find("\n## Glossary\n").expect("a glossary");
+    let section = &doc[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let mut names = 0;
+    let mut problems = Vec::new();
+    for line in section.lines() {
+        // The table's third column, or the prose's paths.
+        let code = match line.strip_prefix('|') {
+            Some(row) => row.split('|').nth(2).unwrap_or_default(),
+            None => line,
+        };
+        let mut module = None;
+        for item in code.split('`').skip(1).step_by(2) {
+            let is_name = item.contains("::")
+                || (line.starts_with('|') && item.chars().all(|c| c.is_alphanumeric() || c == '_'));
+            if !is_name || item.chars().any(|c| c == ' ' || c == '.' || c == '{') {
+                continue;
+            }
+            names += 1;
+            if let Err(why) = defined(item, &mut module) {
+                problems.push(format!("`{item}`: {why}"));
+            }
+        }
+    }
+    assert!(names > 30, "{names} names read: is the table still there?");
+    assert!(
+        problems.is_empty(),
+        "docs/how-it-works.md#glossary names what src/ does not define:\n{}",
+        problems.join("\n")
     );
 }

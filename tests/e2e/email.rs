@@ -8,8 +8,7 @@
 use crate::common;
 
 use common::{
-    Daemon, Mail, PATIENCE, Rules, SmtpServer, TestPki, assert_no_secret, field_is,
-    ports::free_port,
+    Daemon, Mail, PATIENCE, Rules, SmtpServer, TestPki, assert_no_secret, ports::free_port,
 };
 use serde_json::Value;
 
@@ -66,21 +65,14 @@ fn assert_clean(m: &Mail) {
     );
 }
 
-/// The log line of an attempt on `mail` that ended with `outcome`.
+/// The `attempted` event on `mail` that ended with `outcome`.
 fn attempt_logged(daemon: &Daemon, outcome: &str) -> Value {
-    daemon.wait_for_log(&format!("of outcome {outcome} on mail"), |l| {
-        field_is(l, "channel", "mail") && field_is(l, "outcome", outcome)
-    })
+    daemon.attempt_on("mail", outcome)
 }
 
-/// The dead letter of `mail`.
+/// The `dead_lettered` event of `mail`.
 fn dead_letter_logged(daemon: &Daemon) -> Value {
-    daemon.wait_for_log("of a dead letter on mail", |l| {
-        field_is(l, "channel", "mail")
-            && l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("Dead letter"))
-    })
+    daemon.dead_letter_on("mail")
 }
 
 fn queue_is_empty(daemon: &Daemon) {

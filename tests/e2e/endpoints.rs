@@ -76,9 +76,9 @@ fn not_ready_until_subscribed() {
     let rules = common::lock_rules(dir.path(), &receiver, "");
     let url = format!("redis://kw:kw-pass@127.0.0.1:{}", redis.port());
     let mut kw = common::spawn_run(&url, &rules, common::Logs::Text, &[]);
-    kw.wait_for_output("HTTP endpoint listening", common::PATIENCE);
-    let addr = endpoint(&kw);
-    kw.wait_for_output("SUBSCRIBE", common::PATIENCE);
+    let addr = common::wait_for_endpoint(&mut kw);
+    // Refused its subscription at least once.
+    kw.wait_for_event("subscription_lost", "of the refused SUBSCRIBE", |_| true);
     let (status, body) = get(&addr, "/readyz");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("not subscribed"), "{body}");

@@ -56,12 +56,7 @@ rules:
             "at": {"atMobiles": ["13800000000", "13911112222"], "atUserIds": [], "isAtAll": false},
         })
     );
-    daemon.wait_for_log("saying a mention was dropped", |l| {
-        l["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("is not plausible"))
-            && l["value"] == "@all"
-    });
+    daemon.wait_for_event("mention_dropped", "of `@all`", |e| e["value"] == "@all");
 }
 
 /// Rules with an alert to `oncall`, an escalation to `leader` after `after` and, when `resolved`

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -98,7 +98,7 @@ fn a_task_deleted_while_keywatch_was_down_is_not_acted_on_as_expired() {
                 == 0
         })
     });
-    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
     wait_until("the five unpaid tasks are recovered", PATIENCE, || {
         by_key(&receiver).len() >= 5
     });
@@ -129,10 +129,21 @@ fn a_task_deleted_while_keywatch_was_down_is_not_acted_on_as_expired() {
         assert!(recovered, "{key}");
         assert!(detail["order"].is_number(), "{key}: {detail}");
     }
-    assert!(
-        kw.stderr().contains("Recovered expiry not fired."),
+    // Each skip is said with its key and why (the line may follow its count by a moment).
+    let skipped = kw.wait_for_events("recovery_skipped", 5, "of the paid tasks", |_| true);
+    let keys: BTreeSet<&str> = skipped.iter().filter_map(|e| e["key"].as_str()).collect();
+    let paid: BTreeSet<String> = (0..5).map(|i| format!("delay:task:{i}")).collect();
+    assert_eq!(
+        keys,
+        paid.iter().map(String::as_str).collect(),
         "{}",
         kw.stderr()
+    );
+    assert!(
+        skipped
+            .iter()
+            .all(|e| e["reason"].as_str().is_some_and(|r| !r.is_empty())),
+        "{skipped:#?}"
     );
 }
 
@@ -299,7 +310,14 @@ fn a_host_clock_twenty_seconds_fast_neither_doubles_nor_drops_work() {
         ],
     );
     // The drill itself works: the instance's host clock is off, and it says so.
-    fast.wait_for_output("clock differs from Redis's", PATIENCE);
+    let offset = fast.wait_for_event("clock_offset", "of the faked clock", |_| true);
+    let offset_ms = offset["offset_ms"]
+        .as_str()
+        .and_then(|s| s.parse::<i64>().ok());
+    assert!(
+        offset_ms.is_some_and(|ms| (-25_000..=-15_000).contains(&ms)),
+        "the host is 20 s ahead: {offset}"
+    );
     let mut c = redis.conn();
     for i in 0..40 {
         common::set_px(&mut c, format!("lock:{i}"), 1500);
@@ -434,7 +452,7 @@ fn an_expiry_found_later_than_max_late_is_skipped_and_one_within_it_fires() {
     wait_until("3 s past the deadline", PATIENCE, || {
         std::time::SystemTime::now() > deadline + Duration::from_secs(3)
     });
-    let kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
+    let mut kw = common::run_subscribed(&redis.url(), &rules, Logs::Text, &[]);
     wait_until("`fresh` fired its recovered expiry", PATIENCE, || {
         by_key(&receiver).contains_key("fresh:1")
     });
@@ -447,10 +465,14 @@ fn an_expiry_found_later_than_max_late_is_skipped_and_one_within_it_fires() {
     assert!(!d.contains_key("stale:1"), "{d:?}");
     assert_eq!(d["fresh:1"].0, 1);
     assert!(d["fresh:1"].2, "not marked recovered");
+    let skip = kw.wait_for_event("recovery_skipped", "of `stale`", |e| {
+        common::field_is(e, "rule", "stale")
+    });
     assert!(
-        kw.stderr().contains("max_late"),
-        "the skip is logged with its reason:\n{}",
-        kw.stderr()
+        skip["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("max_late")),
+        "the skip is logged with its reason: {skip}"
     );
     wait_until("the skip is kept in history with why", PATIENCE, || {
         let (_, body) = common::endpoint::get(&addr, "/api/history?rule=stale");

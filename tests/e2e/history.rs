@@ -61,18 +61,8 @@ rules:
     daemon.expire_all(&["order_lock:1", "order_lock:2", "session:abc"]);
     good.wait_for(3, PATIENCE);
     gone.wait_for(2, PATIENCE);
-    common::wait_until("both 404s are dead letters", PATIENCE, || {
-        daemon
-            .logs()
-            .iter()
-            .filter(|l| {
-                field_is(l, "channel", "retired")
-                    && l["message"]
-                        .as_str()
-                        .is_some_and(|m| m.starts_with("Dead letter"))
-            })
-            .count()
-            == 2
+    daemon.wait_for_events(common::DEAD_LETTERED, 2, "of both 404s", |e| {
+        field_is(e, "channel", "retired")
     });
     daemon.process.stop();
 

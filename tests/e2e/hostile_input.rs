@@ -28,11 +28,13 @@ fn cli(rules: &Rules, redis: Option<&RedisServer>, args: &[&str]) -> (i32, Strin
     )
 }
 
-/// The JSON log line of the attempt on `key` that ended with `outcome`.
+/// The `attempted` event on `key` that ended with `outcome`.
 fn attempt_on(daemon: &Daemon, key: &str, outcome: &str) -> Value {
-    daemon.wait_for_log(&format!("of outcome {outcome} for {key:?}"), |l| {
-        field_is(l, "key", key) && field_is(l, "outcome", outcome)
-    })
+    daemon.wait_for_event(
+        common::ATTEMPTED,
+        &format!("with outcome {outcome} for {key:?}"),
+        |e| field_is(e, "key", key) && field_is(e, "outcome", outcome),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -161,12 +163,7 @@ rules:
     );
     daemon.expire("echo:1");
     for channel in ["hook", "basic"] {
-        daemon.wait_for_log(&format!("of the dead letter on {channel}"), |l| {
-            field_is(l, "channel", channel)
-                && l["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("Dead letter"))
-        });
+        daemon.dead_letter_on(channel);
     }
     let sent = format!("Basic {basic}");
     assert!(
@@ -246,15 +243,11 @@ rules:
         &[("HOOK_TOKEN", token)],
     );
     daemon.expire("moved:1");
-    let failed = daemon.wait_for_log("of the redirect's failure", |l| {
-        field_is(l, "channel", "away") && field_is(l, "outcome", "failed")
-    });
+    let failed = daemon.attempt_on("away", "failed");
     let reason = failed["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("redirect"), "{failed}");
     assert!(reason.contains(&elsewhere.url()), "{failed}");
-    daemon.wait_for_log("of the same-origin redirect sent", |l| {
-        field_is(l, "channel", "near") && field_is(l, "outcome", "sent")
-    });
+    daemon.attempt_on("near", "sent");
     assert_eq!(
         elsewhere.count(),
         0,
@@ -368,22 +361,19 @@ rules:
     // line), and a busy machine may time a request out meanwhile: each channel is waited for
     // until it is sent (a retry is fine), six times the usual patience.
     for channel in ["ding", "ding_text", "feishu", "wecom", "slack", "am"] {
+        let attempts = || daemon.events(common::ATTEMPTED).into_iter();
         let outcomes = || {
-            daemon
-                .logs()
-                .into_iter()
-                .filter(|l| field_is(l, "channel", channel))
-                .map(|l| format!("{} {}", l["outcome"], l["reason"]))
+            attempts()
+                .filter(|e| field_is(e, "channel", channel))
+                .map(|e| format!("{} {}", e["outcome"], e["reason"]))
                 .collect::<Vec<_>>()
         };
         common::poll(
             &format!("the alert sent on {channel}"),
             PATIENCE * 6,
             || {
-                daemon
-                    .logs()
-                    .into_iter()
-                    .find(|l| field_is(l, "channel", channel) && field_is(l, "outcome", "sent"))
+                attempts()
+                    .find(|e| field_is(e, "channel", channel) && field_is(e, "outcome", "sent"))
             },
             || format!("{channel}: {:?}", outcomes()),
         );
@@ -498,7 +488,7 @@ rules:
             .unwrap();
     }
     daemon.expire(key);
-    daemon.wait_for_log_count("Dead letter", 1);
+    daemon.wait_for_event(common::DEAD_LETTERED, "of the key", |_| true);
     let raw = ['\x1b', '\x07', '\r', '\u{202e}'];
     let assert_escaped = |what: &str, text: &str| {
         for c in raw {
@@ -658,12 +648,7 @@ rules:
     );
     daemon.expire("echo:1");
     for channel in ["slack", "go", "proxy", "form"] {
-        daemon.wait_for_log(&format!("of the dead letter on {channel}"), |l| {
-            field_is(l, "channel", channel)
-                && l["message"]
-                    .as_str()
-                    .is_some_and(|m| m.starts_with("Dead letter"))
-        });
+        daemon.dead_letter_on(channel);
     }
     // The targets did echo what is masked.
     let echoed: String = hooks.requests().iter().map(|r| r.target.clone()).collect();

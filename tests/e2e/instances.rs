@@ -130,7 +130,15 @@ fn jobs_being_retried_survive_a_restart_while_the_target_is_down() {
     common::wait_until(
         "10 jobs wait in the queue for a retry",
         Duration::from_secs(20),
-        || queued(&redis) == 10 && kw.stderr().matches("will retry").count() >= 10,
+        || {
+            queued(&redis) == 10
+                && kw
+                    .events(common::ATTEMPTED)
+                    .iter()
+                    .filter(|e| common::field_is(e, "outcome", "retry"))
+                    .count()
+                    >= 10
+        },
     );
     kw.sigterm();
     assert!(

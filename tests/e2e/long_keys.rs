@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::BTreeMap;
 
 use common::daemon::Logs;
-use common::{Daemon, HttpReceiver, PATIENCE, Request, Response, Rules, SmtpServer, field_is};
+use common::{Daemon, HttpReceiver, PATIENCE, Request, Response, Rules, SmtpServer};
 use serde_json::{Value, json};
 
 /// How far keywatch's peak resident memory may rise above its idle one while it handles long
@@ -246,9 +246,7 @@ fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
 
     let requests = delivered(&daemon, &http, HTTP_CHANNELS.len());
     let mails = smtp.wait_for_mails(1, PATIENCE * 6);
-    daemon.wait_for_log("of the log channel's message", |l| {
-        field_is(l, "channel", "log") && field_is(l, "outcome", "sent")
-    });
+    daemon.attempt_on("log", "sent");
     let peak = status_mib(daemon.process.pid(), "VmHWM:");
 
     // Everything measured first and printed, then judged.

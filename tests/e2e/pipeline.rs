@@ -9,10 +9,23 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{
-    HttpReceiver, Logs, PATIENCE, RedisServer, Response, Rig, SUBSCRIBED, notify_flags,
-    run_keywatch, spawn_run, wait_until, write_rules,
+    ATTEMPTED, HttpReceiver, Logs, PATIENCE, RedisServer, Response, Rig, SUBSCRIBED, field_is,
+    field_u64, notify_flags, run_keywatch, spawn_run, wait_until, write_rules,
 };
 use redis::Commands;
+
+/// The internal event of each change of readiness (`/readyz`).
+const READINESS: &str = "readiness";
+
+/// The sum of the samples of `/metrics` lines starting with `prefix` and holding `label`.
+fn metric_of(rig: &Rig, prefix: &str, label: &str) -> f64 {
+    let (_, metrics) = common::get(&common::endpoint(&rig.process), "/metrics");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
 
 /// The letters of a `notify-keyspace-events` value.
 fn letters(flags: &str) -> BTreeSet<char> {
@@ -118,10 +131,10 @@ fn enable_mode_adds_only_the_missing_flags() {
     );
     let flags = notify_flags(&mut rig.conn());
     assert_eq!(letters(&flags), letters("KlExg"), "after enable: {flags}");
-    assert!(
-        rig.stderr()
-            .contains("Added missing notify-keyspace-events flags")
-    );
+    let added = rig.process.events("notify_flags_added");
+    assert_eq!(added.len(), 1, "{}", rig.stderr());
+    assert_eq!(letters(added[0]["from"].as_str().unwrap()), letters("Kl"));
+    assert_eq!(letters(added[0]["to"].as_str().unwrap()), letters("KlExg"));
     rig.stop();
 }
 
@@ -136,11 +149,16 @@ fn ignore_mode_starts_without_flags() {
         "",
         "ignore must not set flags"
     );
-    assert!(
-        rig.stderr().contains("starting anyway"),
-        "no warning:\n{}",
-        rig.stderr()
-    );
+    // Said at start, and again at each check after a subscription.
+    let missing = rig.process.events("notify_flags_missing");
+    assert!(!missing.is_empty(), "no warning:\n{}", rig.stderr());
+    for m in &missing {
+        assert_eq!(
+            letters(m["missing"].as_str().unwrap()),
+            letters("Exg"),
+            "{m}"
+        );
+    }
     rig.stop();
 }
 
@@ -423,16 +441,26 @@ rules:
         std::fs::read(&cmdline).map_or(true, |c| !c.starts_with(b"sleep"))
     });
     let mut keywatch = rig.daemon.process;
-    keywatch.wait_for_output("did not finish within 300ms; killed", PATIENCE);
+    let killed = keywatch.wait_for_event("exec_timed_out", "of the slow command", |e| {
+        field_is(e, "rule", "slow")
+    });
+    assert!(field_is(&killed, "timeout", "300ms"), "{killed}");
 
     // Non-zero exit: retried (with backoff) until it succeeds on the third run, then no more.
     let runs = rig.daemon.rules.dir.path().join("flaky.runs");
-    let log = keywatch.wait_for_output("outcome=\"sent\" attempt=3", PATIENCE);
-    let flaky: Vec<&str> = log.lines().filter(|l| l.contains("rule=flaky")).collect();
+    let sent = keywatch.wait_for_event(ATTEMPTED, "of the flaky command sent", |e| {
+        field_is(e, "rule", "flaky") && field_is(e, "outcome", "sent")
+    });
+    assert_eq!(field_u64(&sent, "attempt"), Some(3), "{sent}");
+    let flaky: Vec<serde_json::Value> = keywatch
+        .events(ATTEMPTED)
+        .into_iter()
+        .filter(|e| field_is(e, "rule", "flaky"))
+        .collect();
     assert_eq!(
         flaky
             .iter()
-            .filter(|l| l.contains("outcome=\"retry\""))
+            .filter(|e| field_is(e, "outcome", "retry"))
             .count(),
         2,
         "{flaky:#?}"
@@ -511,11 +539,12 @@ rules:
     wait_until("the timed-out command's child is killed", PATIENCE, || {
         !sleeping(sg)
     });
-    wait_until("the timeout is logged", PATIENCE, || {
-        rig.stderr().contains("killed with its process group")
-    });
-    let log = rig.stderr();
-    assert!(log.contains("kept its output open"), "{log}");
+    rig.wait_for_event("exec_timed_out", "of the timed-out command", |_| true);
+    rig.wait_for_event(
+        "exec_group_killed",
+        "of the command whose child kept its output",
+        |_| true,
+    );
     rig.stop();
 }
 
@@ -548,12 +577,9 @@ rules:
     wait_until("the argument after `--` is passed", PATIENCE, || {
         std::fs::read_to_string(&after).is_ok_and(|s| s == "-rf")
     });
-    wait_until("the three failures are logged", PATIENCE, || {
-        rig.stderr().matches("Action failed for good").count() >= 3
+    let failures = rig.wait_for_events(ATTEMPTED, 3, "that failed for good", |e| {
+        field_is(e, "outcome", "failed")
     });
-    let log = rig.stderr();
-    // Split by attempt, not by line: the text log writes the CR/LF key as it is.
-    let failures: Vec<&str> = log.split("Action failed for good.").skip(1).collect();
     for (rule, why) in [
         ("nul", "contains a NUL byte"),
         ("crlf", "holds a character no HTTP header may carry"),
@@ -564,12 +590,16 @@ rules:
     ] {
         let failure = failures
             .iter()
-            .find(|f| f.contains(&format!(" rule={rule} ")))
-            .unwrap_or_else(|| panic!("no failure of {rule}:\n{log}"));
-        assert!(failure.contains("attempt=1"), "{failure}");
-        assert!(failure.contains(why), "{failure}");
+            .find(|f| field_is(f, "rule", rule))
+            .unwrap_or_else(|| panic!("no failure of {rule}: {failures:#?}"));
+        assert_eq!(field_u64(failure, "attempt"), Some(1), "{failure}");
+        assert!(
+            failure["reason"].as_str().unwrap_or_default().contains(why),
+            "{failure}"
+        );
     }
-    assert!(!log.contains("outcome=\"retry\""), "retried:\n{log}");
+    let retried = metric_of(&rig, "keywatch_actions_total{", "outcome=\"retry\"");
+    assert_eq!(retried, 0.0, "retried:\n{}", rig.stderr());
     assert!(!rig.path("nul.ran").exists() && !rig.path("bare.ran").exists());
     assert_eq!(
         rig.receiver.count(),
@@ -637,7 +667,9 @@ rules:
         rig.expire_all(&[key]);
         done += 1;
         let n = done;
-        rig.wait_for_log_count("action=\"cleanup\" channel=\"\" outcome=\"sent\"", n);
+        rig.wait_for_events(ATTEMPTED, n, "of cleanups sent", |e| {
+            field_is(e, "action", "cleanup") && field_is(e, "outcome", "sent")
+        });
     };
 
     wait_cleanup(&rig, "session:42");
@@ -790,12 +822,12 @@ rules:
             "{id}: notify ran before exec or cleanup: {seen:#?}"
         );
     }
-    assert!(
-        rig.stderr()
-            .contains("rule=ordered key=order:fail action=\"reload\""),
-        "the failed reload is not logged:\n{}",
-        rig.stderr()
-    );
+    rig.wait_for_event(ATTEMPTED, "of the failed reload", |e| {
+        field_is(e, "rule", "ordered")
+            && field_is(e, "key", "order:fail")
+            && field_is(e, "action", "reload")
+            && !field_is(e, "outcome", "sent")
+    });
     rig.stop();
 }
 
@@ -925,17 +957,30 @@ rules:
     notify: { to: [console] }
 "#,
     );
-    rig.wait_for_log_count("keywatch is ready.", 1);
+    let ready = |e: &serde_json::Value| field_is(e, "ready", "true");
+    rig.wait_for_events(READINESS, 1, "ready", ready);
     rig.redis.restart();
-    rig.wait_for_log_count("keywatch is ready.", 2);
-    let log = rig.stderr();
-    let nth = |needle: &str, n: usize| log.match_indices(needle).nth(n).map(|(at, _)| at);
-    let added = nth("Added missing notify-keyspace-events flags", 1)
-        .unwrap_or_else(|| panic!("the flags were not added again:\n{log}"));
-    let ready = nth("keywatch is ready.", 1).unwrap();
+    rig.wait_for_events(READINESS, 2, "ready again", ready);
+    // Which came first, by their order in the log: the second `ready` after the second
+    // addition of the flags.
+    let order = rig
+        .process
+        .events_in_order(&[READINESS, "notify_flags_added"]);
+    let nth = |n: usize, what: &dyn Fn(&serde_json::Value) -> bool| {
+        order
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| what(e))
+            .nth(n)
+            .map(|(at, _)| at)
+    };
+    let added = nth(1, &|e| field_is(e, "internal_event", "notify_flags_added"))
+        .unwrap_or_else(|| panic!("the flags were not added again:\n{}", rig.stderr()));
+    let ready_again = nth(1, &ready).unwrap();
     assert!(
-        added < ready,
-        "ready again before the flags were added:\n{log}"
+        added < ready_again,
+        "ready again before the flags were added:\n{}",
+        rig.stderr()
     );
     rig.stop();
 }
@@ -1081,6 +1126,6 @@ rules:
     for (key, ids) in keys_seen.lock().unwrap().iter() {
         assert_eq!(ids.len(), 1, "{key}: {ids:?}");
     }
-    assert!(rig.stderr().contains("outcome=\"retry\""));
+    assert!(metric_of(&rig, "keywatch_actions_total{", "outcome=\"retry\"") > 0.0);
     rig.stop();
 }

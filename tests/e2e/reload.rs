@@ -59,15 +59,11 @@ fn edits_are_picked_up_without_a_signal_and_broken_edits_keep_the_old_rules() {
         metric(&m, "keywatch_reload_failures_total ") >= 1.0
             && metric(&m, "keywatch_config_last_reload_successful ") == 0.0
     });
-    let failure = daemon.wait_for_log("saying why the reload failed", |l| {
-        l["message"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("Reload failed"))
-    });
-    let message = failure["message"].as_str().unwrap();
+    let failure = daemon.wait_for_event("reload_failed", "saying why", |_| true);
+    let error = failure["error"].as_str().unwrap();
     assert!(
-        message.contains("rules.yaml:3:"),
-        "the failure names the place: {message}"
+        error.contains("rules.yaml:3:"),
+        "the failure names the place: {error}"
     );
     assert!(field_is(&failure, "cause", "a rule file changed"));
     assert!(field_is(&failure, "level", "ERROR"));
@@ -85,8 +81,9 @@ fn edits_are_picked_up_without_a_signal_and_broken_edits_keep_the_old_rules() {
         let m = metrics(&addr);
         metric(&m, "keywatch_config_last_reload_successful ") == 1.0
             && daemon
-                .stderr()
-                .contains("Rules reloaded (a rule file changed): 1 rule(s)")
+                .events("reload_applied")
+                .iter()
+                .any(|e| field_is(e, "cause", "a rule file changed") && e["rules"] == 1)
     });
     daemon.expire("lock:3");
     daemon.expire("lease:1");
@@ -148,10 +145,8 @@ fn sighup_and_post_reload_on_demand_and_refuse_what_needs_a_restart() {
         &rules(&receiver, "leases", "lease:{id}", "expired"),
     );
     daemon.process.sighup();
-    daemon.wait_for_log("of the SIGHUP reload", |l| {
-        l["message"]
-            .as_str()
-            .is_some_and(|m| m.starts_with("Rules reloaded (SIGHUP)"))
+    daemon.wait_for_event("reload_applied", "of the SIGHUP", |e| {
+        field_is(e, "cause", "SIGHUP")
     });
     assert_eq!(
         metric(&metrics(&addr), "keywatch_config_last_reload_successful "),
@@ -164,8 +159,8 @@ fn sighup_and_post_reload_on_demand_and_refuse_what_needs_a_restart() {
         daemon.process.try_status().is_none(),
         "SIGHUP ended keywatch"
     );
-    let logs = daemon.stop();
-    assert!(!logs.contains("panicked"), "{logs}");
+    assert!(daemon.events("panicked").is_empty(), "{}", daemon.stderr());
+    daemon.stop();
 }
 
 #[test]

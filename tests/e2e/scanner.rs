@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{
-    Daemon, HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisServer, Rules, field_is,
-    run_subscribed, set_with_ttl, wait_until,
+    Daemon, HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisServer, Rules, run_subscribed,
+    set_with_ttl, wait_until,
 };
 
 fn rules_yaml(receiver: &HttpReceiver, warn_before: &str) -> String {
@@ -60,18 +60,12 @@ fn ms_of(rfc3339: &serde_json::Value) -> i64 {
         .timestamp_millis()
 }
 
-/// How many scans the daemon has finished so far.
-fn scans(logs: &[serde_json::Value]) -> usize {
-    logs.iter()
-        .filter(|l| field_is(l, "message", "Scanner: run done."))
-        .count()
-}
+/// The internal event of each scanner run.
+const SCAN_DONE: &str = "scan_done";
 
 fn wait_for_scans(daemon: &Daemon, more: usize) {
-    let target = scans(&daemon.logs()) + more;
-    wait_until(&format!("{more} more scans are done"), PATIENCE, || {
-        scans(&daemon.logs()) >= target
-    });
+    let target = daemon.events(SCAN_DONE).len() + more;
+    daemon.wait_for_events(SCAN_DONE, target, "more", |_| true);
 }
 
 #[test]
@@ -90,11 +84,7 @@ fn keys_set_before_and_after_start_are_warned_once_and_far_ones_not_at_all() {
     wait_for_scans(&daemon, 4);
     // Each run hands the engine the keys within `warn_before`, and the engine warns each once
     // per deadline: the log counts them as due, not as warnings sent (issue 45).
-    for run in daemon
-        .logs()
-        .iter()
-        .filter(|l| field_is(l, "message", "Scanner: run done."))
-    {
+    for run in daemon.events("scan_done") {
         assert!(run.get("warned").is_none(), "{run}");
         assert!(run["due"].is_u64(), "{run}");
     }
@@ -170,7 +160,7 @@ fn two_instances_warn_once() {
     }
     receiver.wait_for(20, PATIENCE);
     // Several scans since, between them (each instant is run by one of them).
-    let done = |p: &KeywatchProcess| p.stderr().matches("Scanner: run done.").count();
+    let done = |p: &KeywatchProcess| p.events(SCAN_DONE).len();
     let before = done(&one) + done(&two);
     wait_until("the instances ran more scans", PATIENCE, || {
         done(&one) + done(&two) >= before + 5
@@ -307,6 +297,10 @@ fn upcoming_reads_the_ledger_when_keywatch_keeps_one() {
     assert_upcoming(&daemon.redis, &daemon.rules);
     let out = upcoming(&daemon.redis, &daemon.rules, &["--log-level", "debug"]);
     let logs = String::from_utf8_lossy(&out.stderr);
-    assert!(logs.contains("from the ledger"), "{logs}");
+    let read = common::daemon::internal_events(&logs, "deadlines_read");
+    assert!(
+        !read.is_empty() && read.iter().all(|e| e["from"] == "ledger"),
+        "{logs}"
+    );
     daemon.stop();
 }

@@ -6,8 +6,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use crate::common;
 
 use common::{
-    HttpReceiver, RedisSentinels, RedisServer, endpoint, get, metric, spawn_run, wait_until,
+    HttpReceiver, RedisSentinels, RedisServer, endpoint, field_is, get, metric, spawn_run,
+    wait_until,
 };
+
+/// The internal event of each step of following a failover (`step`: `selected`, `promoted`,
+/// `not_promoted`, `moved`).
+const SENTINEL_SWITCH: &str = "sentinel_switch";
 
 /// How many `ROLE` commands `server` has run (`INFO commandstats`).
 fn role_calls(server: &RedisServer) -> u64 {
@@ -34,12 +39,14 @@ fn a_replica_given_as_redis_is_not_watched() {
     let dir = tempfile::tempdir().unwrap();
     let rules = common::lock_rules(dir.path(), &receiver, "");
     let mut kw = spawn_run(&replica.url(), &rules, common::Logs::Text, &[]);
-    kw.wait_for_output("HTTP endpoint listening", common::PATIENCE);
-    let addr = endpoint(&kw);
-    let line = kw.wait_for_output("is a replica of", common::PATIENCE);
+    let addr = common::wait_for_endpoint(&mut kw);
+    let refused = kw.wait_for_event("node_refused", "of the replica", |_| true);
+    assert!(field_is(&refused, "node", &replica.addr()), "{refused}");
     assert!(
-        line.contains(&format!("--redis redis://{}", master.addr())),
-        "the log should say what to point keywatch at: {line}"
+        refused["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains(&format!("--redis redis://{}", master.addr()))),
+        "the log should say what to point keywatch at: {refused}"
     );
     // The engine takes the refusal in right after the subscriber logged it.
     wait_until(
@@ -256,16 +263,17 @@ fn a_job_sent_while_a_replica_is_being_promoted_runs_once() {
     common::set_and_expire_now(&mut set.data[0].conn(), &["lock:held"]);
     receiver.wait_for(1, common::PATIENCE);
     set.failover();
-    kw.wait_for_output("no longer acting on the old master", common::PATIENCE);
+    kw.wait_for_event(SENTINEL_SWITCH, "of the replica selected", |e| {
+        field_is(e, "step", "selected")
+    });
     {
         let (lock, cv) = &*held;
         *lock.lock().unwrap() = false;
         cv.notify_all();
     }
-    kw.wait_for_output(
-        "the selected replica did not become master",
-        common::PATIENCE,
-    );
+    kw.wait_for_event(SENTINEL_SWITCH, "of the replica not promoted", |e| {
+        field_is(e, "step", "not_promoted")
+    });
     // A job whose acknowledgement was lost is still in the queue, leased: it comes back when
     // the lease ends, and leaves once sent again.
     common::wait_no_work_left(&mut set.data[0].conn());

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, HttpReceiver, RedisServer, Response, endpoint, field_is, get};
+use common::{Daemon, HttpReceiver, RedisServer, Response, endpoint, get};
 
 /// Chromium's start-up is slow on a loaded CI machine; a page load never takes this long.
 const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
@@ -156,15 +156,8 @@ rules:
     // Markup in a key must be shown as text.
     let key = "order_lock:<b>42</b>";
     daemon.expire(key);
-    daemon.wait_for_log("dead-lettering the 404", |l| {
-        field_is(l, "channel", "retired")
-            && l["message"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("Dead letter"))
-    });
-    daemon.wait_for_log("sending to the good webhook", |l| {
-        field_is(l, "channel", "audit") && field_is(l, "outcome", "sent")
-    });
+    daemon.dead_letter_on("retired");
+    daemon.attempt_on("audit", "sent");
 
     // A key that expires later: the ledger learns its deadline and the page lists it.
     common::set_with_ttl(

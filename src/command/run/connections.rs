@@ -242,7 +242,12 @@ async fn serve_one(
                 && stalled(&e)
                 && let Some(more) = STALLED.pass()
             {
-                tracing::warn!(%peer, write_timeout_s = WRITE_TIMEOUT.as_secs(), suppressed = more, "HTTP connection closed: its client stopped reading its answer.");
+                crate::internal_events::ClientStalled {
+                    peer: &peer,
+                    write_timeout_s: WRITE_TIMEOUT.as_secs(),
+                    suppressed: more,
+                }
+                .emit();
             }
         }
         // Displaced to make room: dropping the connection closes it.

@@ -171,7 +171,11 @@ fn link_claim(
     .map_err(|why| {
         // Anyone can send forged links: one line per period, not one per request.
         if let Some(suppressed) = LINKS_REFUSED.pass() {
-            tracing::warn!(reason = %why, suppressed, "A signed link was refused.");
+            crate::internal_events::LinkRefused {
+                reason: &why,
+                suppressed,
+            }
+            .emit();
         }
         refused()
     })

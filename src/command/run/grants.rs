@@ -46,7 +46,12 @@ pub async fn keep(
                 if refused.is_empty() {
                     status.unblock(BLOCKER);
                     if shown != "ok" {
-                        tracing::info!(user = %g.user, commands = g.needs, checked = %g.how, "The Redis user has every grant the rules need.");
+                        crate::internal_events::GrantsComplete {
+                            user: &g.user,
+                            commands: g.needs,
+                            checked: &g.how,
+                        }
+                        .emit();
                         if !g.unchecked.is_empty() {
                             tracing::warn!(
                                 commands = g.unchecked.len(),
@@ -62,7 +67,13 @@ pub async fn keep(
                         let fix = permissions::fixes(&refused).unwrap_or_default();
                         let lacking: Vec<String> =
                             refused.iter().filter_map(|r| r.grant.clone()).collect();
-                        tracing::error!(user = %g.user, missing = %lacking.join(" "), %fix, "The Redis user lacks grants the rules need: not ready until it has them (checked again every {}s). Fix: {fix}", RECHECK.as_secs());
+                        crate::internal_events::GrantsMissing {
+                            user: &g.user,
+                            missing: &lacking.join(" "),
+                            fix: &fix,
+                            recheck_s: RECHECK.as_secs(),
+                        }
+                        .emit();
                         shown = reason.clone();
                     }
                     status.block(BLOCKER, &reason);

@@ -132,10 +132,7 @@ pub async fn run(
 
     let metrics = Arc::new(Metrics::new());
     metrics.rules_loaded.set(config.rules.len() as i64);
-    metrics.config_last_reload_successful.set(1);
-    metrics
-        .config_last_reload_success_timestamp
-        .set(chrono::Utc::now().timestamp());
+    metrics.reload_succeeded(chrono::Utc::now().timestamp());
     let (live, publisher) = LiveConfig::new(config);
     let config = live.current();
     let status = Arc::new(Status::default());
@@ -153,20 +150,18 @@ pub async fn run(
             addr: opts.listen,
             error,
         })?;
+    let bound = connections::bound_for(open_files);
     if let Ok(addr) = listener.local_addr() {
-        crate::internal_events::Listening { addr }.emit();
+        crate::internal_events::Listening {
+            addr,
+            open_files,
+            connections: bound,
+        }
+        .emit();
     }
     if !opts.listen.ip().is_loopback() && config.server.token.is_none() {
         tracing::warn!(listen = %opts.listen, "The HTTP endpoint listens beyond loopback without `server.token`, as `server.open: true` says is meant: anyone who reaches it can read the status page and the history and reload the rules (docs/operations.md#exposing-the-endpoint).");
     }
-    let bound = connections::bound_for(open_files);
-    tracing::info!(
-        open_files,
-        connections = bound,
-        header_timeout_s = connections::HEADER_TIMEOUT.as_secs(),
-        write_timeout_s = connections::WRITE_TIMEOUT.as_secs(),
-        "HTTP connections are bounded to half the limit on open files."
-    );
 
     let subscribers = CancellationToken::new();
     // Not ready until every grant the rules need is there (docs/redis.md#least-privilege-acl).
@@ -239,6 +234,7 @@ pub async fn run(
             wanted,
             tx,
             notifications::RECONNECT,
+            metrics.clone(),
             subscribers.clone(),
         ))
     };

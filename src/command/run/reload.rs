@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{self, Config, ConfigPublisher, LoadError, Mode, Severity};
 use crate::event::EventKind;
+use crate::internal_events::{ReloadApplied, ReloadFailed};
 use crate::keyspace::Keyspace;
 use crate::keyspace::connect;
 use crate::metrics::Metrics;
@@ -154,23 +155,22 @@ impl Reloader {
                 }
                 last_files = now;
             }
-            let outcome = self.reload(req.cause).await;
+            let outcome = self.reload().await;
+            let cause = req.cause.as_str();
             let reply = match outcome {
-                Ok(summary) => {
-                    self.metrics.config_last_reload_successful.set(1);
-                    self.metrics
-                        .config_last_reload_success_timestamp
-                        .set(chrono::Utc::now().timestamp());
-                    tracing::info!(cause = req.cause.as_str(), "{summary}");
-                    Ok(summary)
+                Ok((rules, channels)) => {
+                    ReloadApplied {
+                        cause,
+                        rules,
+                        channels,
+                    }
+                    .emit(&self.metrics);
+                    Ok(format!(
+                        "Rules reloaded ({cause}): {rules} rule(s), {channels} channel(s)."
+                    ))
                 }
                 Err(e) => {
-                    self.metrics.reload_failures.inc();
-                    self.metrics.config_last_reload_successful.set(0);
-                    tracing::error!(
-                        cause = req.cause.as_str(),
-                        "Reload failed; the old rules stay in force: {e}"
-                    );
+                    ReloadFailed { cause, error: &e }.emit(&self.metrics);
                     Err(e.to_string())
                 }
             };
@@ -180,7 +180,8 @@ impl Reloader {
         }
     }
 
-    async fn reload(&self, cause: Cause) -> Result<String, ReloadError> {
+    /// Loads the rule files and puts them in force: how many rules and channels they have.
+    async fn reload(&self) -> Result<(usize, usize), ReloadError> {
         if self.paths.is_empty() {
             return Err(ReloadError::NoFiles);
         }
@@ -265,12 +266,7 @@ impl Reloader {
             let config = new.clone();
             tokio::spawn(async move { ledger::fill_all(&l, &config, None).await });
         }
-        Ok(format!(
-            "Rules reloaded ({}): {} rule(s), {} channel(s).",
-            cause.as_str(),
-            new.rules.len(),
-            new.channels.len()
-        ))
+        Ok((new.rules.len(), new.channels.len()))
     }
 
     /// The fingerprint once the files have stopped changing: a file written in place is
