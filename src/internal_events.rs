@@ -21,13 +21,26 @@ pub struct Listening {
     pub addr: SocketAddr,
     pub open_files: u64,
     pub connections: usize,
+    /// Beyond loopback without `server.token`, as `server.open: true` says is meant: anyone
+    /// who reaches it can read the status page and the history and reload the rules.
+    pub open: bool,
 }
 
 impl Listening {
     pub const NAME: &'static str = "listening";
 
     pub fn emit(self) {
-        tracing::info!(internal_event = Self::NAME, addr = %self.addr, open_files = self.open_files, connections = self.connections, "HTTP endpoint listening (/, /metrics, /healthz, /readyz, /-/reload); connections bounded to half the limit on open files.");
+        let Listening {
+            addr,
+            open_files,
+            connections,
+            open,
+        } = self;
+        if open {
+            tracing::warn!(internal_event = Self::NAME, %addr, open_files, connections, open, "The HTTP endpoint listens beyond loopback without `server.token`, as `server.open: true` says is meant: anyone who reaches it can read the status page and the history and reload the rules (docs/operations.md#exposing-the-endpoint).");
+        } else {
+            tracing::info!(internal_event = Self::NAME, %addr, open_files, connections, open, "HTTP endpoint listening (/, /metrics, /healthz, /readyz, /-/reload); connections bounded to half the limit on open files.");
+        }
     }
 }
 
@@ -790,6 +803,16 @@ mod tests {
                     addr: "127.0.0.1:9464".parse().unwrap(),
                     open_files: 1024,
                     connections: 512,
+                    open: false,
+                }
+                .emit()
+            }),
+            Box::new(|| {
+                Listening {
+                    addr: "0.0.0.0:9464".parse().unwrap(),
+                    open_files: 1024,
+                    connections: 512,
+                    open: true,
                 }
                 .emit()
             }),

@@ -96,12 +96,12 @@ impl HoldStage {
         let moved = match work.window() {
             Some(w) => self
                 .queue
-                .window_done_with(w, &queued, &cmds)
+                .window_done_with(w, &queued, &cmds, &|e| self.written_again(e))
                 .await
                 .map_err(|e| e.to_string()),
             None => self
                 .queue
-                .done_with(&queued[0], &cmds)
+                .done_with(&queued[0], &cmds, &|e| self.written_again(e))
                 .await
                 .map_err(|e| e.to_string()),
         };
@@ -286,6 +286,17 @@ impl HoldStage {
             }
             Err(e) => self.refused("release", &e),
         }
+    }
+
+    /// The first refusal of a message's move to its hold, written again until Redis takes it.
+    fn written_again(&self, error: &dyn std::fmt::Display) {
+        StateError {
+            operation: "hold",
+            error,
+            items: 1,
+            then: "written again until Redis takes it",
+        }
+        .emit(&self.metrics);
     }
 
     fn refused(&self, operation: &'static str, error: &dyn std::fmt::Display) {

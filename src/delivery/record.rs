@@ -92,7 +92,10 @@ impl Record {
             if let Some(delay) = crate::drill::ack_delay() {
                 tokio::time::sleep(delay).await;
             }
-            let done = self.queue.window_done_with(w, &jobs, also).await;
+            let done = self
+                .queue
+                .window_done_with(w, &jobs, also, &|e| self.written_again(e, jobs.len()))
+                .await;
             self.held.release_window(w, &jobs);
             if let Err(e) = done {
                 self.refused(
@@ -107,10 +110,11 @@ impl Record {
         let q = &self.queue;
         // The first job carries `also`: one transaction keeps the letter exactly when a job of
         // it leaves the queue (a digest's letter names all of its jobs).
+        let refused = &|e: &dyn std::fmt::Display| self.written_again(e, 1);
         let acks = futures_util::future::join_all(
             jobs.iter()
                 .enumerate()
-                .map(|(i, j)| q.done_with(j, if i == 0 { also } else { &[] })),
+                .map(|(i, j)| q.done_with(j, if i == 0 { also } else { &[] }, refused)),
         )
         .await;
         self.held.release(&jobs);
@@ -168,6 +172,16 @@ impl Record {
                 "the job comes due again when its lease ends",
             ),
         }
+    }
+
+    /// The first refusal of an acknowledgement written again until Redis takes it.
+    fn written_again(&self, error: &dyn std::fmt::Display, items: usize) {
+        self.refused(
+            "acknowledge",
+            error,
+            items,
+            "written again until Redis takes it",
+        );
     }
 
     fn refused(

@@ -393,15 +393,21 @@ impl Queue {
     /// job ran a second time when its lease ended (docs/reliability.md#guarantees). Each of
     /// these writes can be written twice to the same effect.
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
-        self.done_with(id, &[]).await
+        self.done_with(id, &[], &|_| {}).await
     }
 
     /// [`Queue::done`], and `also` in the same transaction: a dead letter is kept exactly when
-    /// its job leaves the queue. `also` must be as safe to write twice as the rest.
-    pub async fn done_with(&self, id: &str, also: &[redis::Cmd]) -> Result<(), WriteError> {
+    /// its job leaves the queue. `also` must be as safe to write twice as the rest. `refused`
+    /// hears the first error of a write that is written again.
+    pub async fn done_with(
+        &self,
+        id: &str,
+        also: &[redis::Cmd],
+        refused: Refused<'_>,
+    ) -> Result<(), WriteError> {
         let settled = &self.held().settle(id);
         written_again(
-            id,
+            refused,
             || async move {
                 match settled {
                     None => self.writer.done(id.to_string(), also).await,
@@ -828,10 +834,10 @@ impl Queue {
 /// [`WRITE_AGAIN`]'s waits: an acknowledgement Redis could not take (down, restarting, a master
 /// failing over) left its job queued, and the job ran a second time when its lease ended
 /// (docs/reliability.md#guarantees). Only for writes that can be written twice to the same
-/// effect; an error `again` turns down ends it at once. `what` names the job or window in the
-/// log.
+/// effect; an error `again` turns down ends it at once. `refused` hears the first error that is
+/// written again (the caller's `state_error`, docs/operations.md#internal-events).
 async fn written_again<E: std::fmt::Display, W: Future<Output = Result<(), E>>>(
-    what: &str,
+    refused: Refused<'_>,
     write: impl Fn() -> W,
     again: impl Fn(&E) -> bool,
 ) -> Result<(), E> {
@@ -847,7 +853,7 @@ async fn written_again<E: std::fmt::Display, W: Future<Output = Result<(), E>>>(
                     return Err(e);
                 }
                 if first {
-                    tracing::warn!(error = %e, what, "Cannot mark done yet; writing it again until Redis takes it.");
+                    refused(&e);
                 }
                 tokio::time::sleep(wait).await;
             }
@@ -855,6 +861,9 @@ async fn written_again<E: std::fmt::Display, W: Future<Output = Result<(), E>>>(
         }
     }
 }
+
+/// Told the first error of a write [`written_again`].
+pub type Refused<'a> = &'a (dyn Fn(&dyn std::fmt::Display) + Sync);
 
 /// Soon after Redis is back: the job's lease is running out meanwhile. From 100 ms, doubling
 /// to 500 ms (waits of 50 to 500 ms).

@@ -307,7 +307,11 @@ fn acknowledgements_held_back(rules: &Path) -> (RedisServer, common::KeywatchPro
 /// comes back.
 fn redis_down_under_an_acknowledgement(redis: &mut RedisServer, kw: &mut common::KeywatchProcess) {
     redis.kill();
-    kw.wait_for_output("Cannot mark", AFTER_FAULT);
+    kw.wait_for_event(
+        "state_error",
+        "of the acknowledgement Redis did not take",
+        |e| e["operation"] == "acknowledge",
+    );
     redis.start_again();
 }
 

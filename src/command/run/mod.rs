@@ -156,11 +156,10 @@ pub async fn run(
             addr,
             open_files,
             connections: bound,
+            // Only `server.open: true` gets this far (docs/operations.md#exposing-the-endpoint).
+            open: !opts.listen.ip().is_loopback() && config.server.token.is_none(),
         }
         .emit();
-    }
-    if !opts.listen.ip().is_loopback() && config.server.token.is_none() {
-        tracing::warn!(listen = %opts.listen, "The HTTP endpoint listens beyond loopback without `server.token`, as `server.open: true` says is meant: anyone who reaches it can read the status page and the history and reload the rules (docs/operations.md#exposing-the-endpoint).");
     }
 
     let subscribers = CancellationToken::new();

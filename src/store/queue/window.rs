@@ -152,15 +152,17 @@ impl Queue {
     /// Written again while Redis cannot take it, as [`Queue::done`] is: dropped, the window's
     /// digest was sent again when its lease ended.
     pub async fn window_done(&self, w: &Window, ids: &[String]) -> redis::RedisResult<()> {
-        self.window_done_with(w, ids, &[]).await
+        self.window_done_with(w, ids, &[], &|_| {}).await
     }
 
-    /// [`Queue::window_done`], and `also` in the same transaction (a dead letter kept).
+    /// [`Queue::window_done`], and `also` in the same transaction (a dead letter kept);
+    /// `refused` as for [`Queue::done_with`].
     pub async fn window_done_with(
         &self,
         w: &Window,
         ids: &[String],
         also: &[redis::Cmd],
+        refused: super::Refused<'_>,
     ) -> redis::RedisResult<()> {
         let mut pipe = redis::pipe();
         pipe.atomic();
@@ -179,7 +181,7 @@ impl Queue {
             pipe.add_command(cmd.clone()).ignore();
         }
         super::written_again(
-            &w.rule,
+            refused,
             || {
                 let pipe = &pipe;
                 async move { pipe.exec_async(&mut self.conn.clone()).await }
