@@ -247,7 +247,11 @@ impl Delivery {
                     .map(|action| {
                         DeadLetter::new(
                             &firing.rule,
-                            String::from_utf8_lossy(&firing.key).into_owned(),
+                            String::from_utf8_lossy(&crate::long_key::view(
+                                &firing.key,
+                                crate::long_key::IN_TEXT,
+                            ))
+                            .into_owned(),
                             action,
                             reason,
                             vec![firing.clone()],
@@ -259,6 +263,10 @@ impl Delivery {
             for letter in letters {
                 keep.extend(self.chain.dead_letter_cmds(&letter, &firing));
             }
+            keep.extend(crate::store::long_keys::keep_cmds(
+                &config.state.prefix,
+                &firing,
+            ));
         }
         keep
     }

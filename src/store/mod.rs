@@ -17,6 +17,7 @@ pub mod history;
 pub mod intake;
 pub mod ledger;
 pub mod links;
+pub mod long_keys;
 pub mod queue;
 pub mod rate;
 pub mod scanner;
