@@ -516,7 +516,7 @@ impl Engine {
             }
         }
         let checked = crate::source::flags::ensure(&mut c, &self.config, node).await;
-        self.metrics.notify_flags(node, checked.is_ok());
+        self.metrics.notify_flags(node, matches!(checked, Ok(true)));
         if let Err(msg) = checked {
             tracing::error!("{msg}");
         }
