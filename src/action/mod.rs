@@ -9,15 +9,15 @@ mod context;
 pub use context::ActionContext;
 
 pub mod alert;
-pub mod cleanup;
-pub mod exec;
-pub mod followup;
-pub mod mention;
+pub(crate) mod cleanup;
+pub(crate) mod exec;
+pub(crate) mod followup;
+pub(crate) mod mention;
 pub mod notify;
-pub mod preview;
-pub mod refusal;
-pub mod release;
-pub mod reload;
+pub(crate) mod preview;
+pub(crate) mod refusal;
+pub(crate) mod release;
+pub(crate) mod reload;
 pub use refusal::refused;
 
 use crate::firing::{Action, Firing};

@@ -24,7 +24,7 @@ mod digest;
 mod hold;
 mod pace;
 mod record;
-pub mod retry;
+pub(crate) mod retry;
 mod take;
 #[cfg(test)]
 mod testkit;

@@ -26,7 +26,7 @@ use crate::store::lease_end;
 use crate::firing::{Action, Job};
 
 mod bundle;
-pub mod keys;
+pub(crate) mod keys;
 mod waiting;
 mod window;
 mod writer;
@@ -392,6 +392,7 @@ impl Queue {
     /// for up to half a lease after it first failed: dropped, it left the job queued, and the
     /// job ran a second time when its lease ended (docs/reliability.md#guarantees). Each of
     /// these writes can be written twice to the same effect.
+    #[cfg(test)]
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
         self.done_with(id, &[], &|_| {}).await
     }
@@ -804,6 +805,7 @@ impl Queue {
     /// their target's free places, and those in digest
     /// windows (each notification waiting in a window is a job too, and a window holding
     /// thousands is a backlog as real as the queue's).
+    #[cfg(test)]
     pub async fn len(&self) -> redis::RedisResult<i64> {
         Ok(self.counts().await?.pending)
     }
