@@ -184,8 +184,9 @@ impl FiringStage {
         };
 
         let mut firings = Vec::new();
-        // The firings kept in history, in the transaction that stores their jobs.
-        let mut history = Vec::new();
+        // What each firing may record an outcome for, to keep it in history in the transaction
+        // that stores its jobs.
+        let mut actions = Vec::new();
         // Per stored item: the details it will remove.
         let mut stored: Vec<(&Taken, Option<Vec<Request>>)> = Vec::new();
         let mut failed: Vec<(&Item, String)> = Vec::new();
@@ -225,8 +226,8 @@ impl FiringStage {
                     },
                 };
                 let firing = Firing::new(&r.name, e, r.capture_names(), f.captures, value);
-                if let Some(h) = self.status.history() {
-                    history.extend(h.firing_cmds(&firing, &crate::action::every_action_of(r)));
+                if self.status.history().is_some() {
+                    actions.push(crate::action::every_action_of(r));
                 }
                 self.status.record_firing(&firing);
                 firings.push(firing);
@@ -246,7 +247,9 @@ impl FiringStage {
         }
         let stores = next.iter().any(|(_, n)| matches!(n, Next::Stored(_)));
         let mut also = self.intake.moved_on(&next);
-        also.extend(history);
+        if let Some(h) = self.status.history() {
+            also.extend(h.firing_cmds(firings.iter().zip(actions)));
+        }
         // A long key's exact bytes, kept once for all the jobs that name it by its hash
         // (docs/reliability.md#bounded-whatever-the-key).
         for f in &firings {

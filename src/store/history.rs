@@ -214,40 +214,67 @@ impl Recorder {
         }
     }
 
-    /// The commands that keep firing `f` in history, for the transaction that stores its jobs:
+    /// The commands that keep `firings` in history, for the transaction that stores their jobs:
     /// a firing whose jobs are in the queue is in history, whichever instance then runs them and
     /// whenever the one that stored them dies (an outcome recorded for a firing history lacks is
-    /// shown nowhere). `actions`: every action it may record an outcome for (its follow-ups'
-    /// included), which is what the readers look up. [`Recorder::indexed`] after the
-    /// transaction.
-    pub fn firing_cmds(&self, f: &Firing, actions: &[Action]) -> Vec<redis::Cmd> {
-        let names: Vec<String> = actions.iter().map(action_field).collect();
-        let at_ms = f.observed_at.timestamp_millis();
-        let key = minute_key(&self.prefix, at_ms);
-        // A key longer than a history entry should hold is kept as its cut view
-        // (docs/reliability.md#bounded-whatever-the-key).
-        let event = match f.cut(crate::long_key::EXACT) {
-            Some(cut) => cut.text(),
-            None => f.text(),
-        };
-        let names = serde_json::to_string(&names).unwrap_or_default();
-        let mut stored = String::with_capacity(names.len() + 1 + event.len());
-        stored.push_str(&names);
-        stored.push('\n');
-        stored.push_str(&event);
-        let mut hset = redis::cmd("HSET");
-        hset.arg(&key).arg(&f.id).arg(stored);
-        let until = at_ms.saturating_add(self.keep_ms);
-        let mut cmds = vec![hset];
-        // A new hash gets its expiry (NX), one that has an earlier one a later (GT).
-        for when in ["NX", "GT"] {
-            let mut expire = redis::cmd("PEXPIREAT");
-            expire.arg(&key).arg(until).arg(when);
-            cmds.push(expire);
+    /// shown nowhere). With each firing, every action it may record an outcome for (its
+    /// follow-ups' included), which is what the readers look up. [`Recorder::indexed`] after
+    /// the transaction.
+    pub fn firing_cmds<'a>(
+        &self,
+        firings: impl IntoIterator<Item = (&'a Firing, Vec<Action>)>,
+    ) -> Vec<redis::Cmd> {
+        // Per minute's hash: its entries, and the latest moment one of them is kept until. A
+        // mass expiry stores thousands of firings in one transaction: four commands per minute,
+        // not four per firing (docs/performance.md).
+        let mut minutes: std::collections::BTreeMap<String, (Vec<(String, String)>, i64)> =
+            Default::default();
+        let mut index: Vec<(i64, String)> = Vec::new();
+        for (f, actions) in firings {
+            let names: Vec<String> = actions.iter().map(action_field).collect();
+            let at_ms = f.observed_at.timestamp_millis();
+            // A key longer than a history entry should hold is kept as its cut view
+            // (docs/reliability.md#bounded-whatever-the-key).
+            let event = match f.cut(crate::long_key::EXACT) {
+                Some(cut) => cut.text(),
+                None => f.text(),
+            };
+            let names = serde_json::to_string(&names).unwrap_or_default();
+            let mut stored = String::with_capacity(names.len() + 1 + event.len());
+            stored.push_str(&names);
+            stored.push('\n');
+            stored.push_str(&event);
+            let until = at_ms.saturating_add(self.keep_ms);
+            let minute = minutes
+                .entry(minute_key(&self.prefix, at_ms))
+                .or_insert_with(|| (Vec::new(), until));
+            minute.0.push((f.id.clone(), stored));
+            minute.1 = minute.1.max(until);
+            index.push((at_ms, f.id.clone()));
         }
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(index_key(&self.prefix)).arg(at_ms).arg(&f.id);
-        cmds.push(zadd);
+        let mut cmds = Vec::new();
+        for (key, (entries, until)) in minutes {
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&key);
+            for (id, stored) in entries {
+                hset.arg(id).arg(stored);
+            }
+            cmds.push(hset);
+            // A new hash gets its expiry (NX), one that has an earlier one a later (GT).
+            for when in ["NX", "GT"] {
+                let mut expire = redis::cmd("PEXPIREAT");
+                expire.arg(&key).arg(until).arg(when);
+                cmds.push(expire);
+            }
+        }
+        if !index.is_empty() {
+            let mut zadd = redis::cmd("ZADD");
+            zadd.arg(index_key(&self.prefix));
+            for (at_ms, id) in index {
+                zadd.arg(at_ms).arg(id);
+            }
+            cmds.push(zadd);
+        }
         cmds
     }
 
