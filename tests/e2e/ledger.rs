@@ -532,3 +532,58 @@ fn a_delete_the_index_missed_is_not_recovered_as_an_expiry() {
         assert_eq!(common::ledger::len(&mut redis.conn(), "kw:"), 0);
     });
 }
+
+/// docs/how-it-works.md#the-deadline-ledger: a key `MOVE`d out of a watched database takes its
+/// deadline along — into the database it went to when that one is watched (and is then handled
+/// there on time), nowhere otherwise — and is never reported as expired, nor recovered, in the
+/// database it left.
+#[test]
+fn a_moved_key_takes_its_deadline_along() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::hook_rules(
+        dir.path(),
+        &receiver,
+        "redis: { databases: [0, 1] }\nrules:\n  - name: lock-expired\n    match: \"lock:{id}\"\n    notify: { to: [hook] }\n",
+    );
+    let _kw = common::run_on(&redis, &rules);
+    let mut c = redis.conn();
+    common::set_px(&mut c, "lock:away", 1500);
+    common::set_px(&mut c, "lock:across", 1500);
+    common::set_px(&mut c, "lock:control", 2500);
+    wait_until(
+        "the ledger knows the 3 deadlines",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 3,
+    );
+    for (key, to) in [("lock:away", 2), ("lock:across", 1)] {
+        let moved: i64 = redis::cmd("MOVE").arg(key).arg(to).query(&mut c).unwrap();
+        assert_eq!(moved, 1, "{key}");
+    }
+    wait_until(
+        "the ledger of database 0 forgot the moved keys",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 1,
+    );
+    let got = receiver.wait_for(2, Duration::from_secs(20));
+    let across = got
+        .iter()
+        .map(|r| r.json())
+        .find(|j| j["key"] == "lock:across")
+        .expect("lock:across expired in database 1");
+    assert_eq!(across["db"], 1, "{across}");
+    assert!(across["deadline"].is_string(), "poked on time: {across}");
+    // Anything the moves caused in database 0 comes before a key expired after them there.
+    set_and_expire_now(&mut c, &[SENTINEL]);
+    let d = delivered(&receiver.wait_past(&[SENTINEL], PATIENCE));
+    assert_eq!(
+        d.keys().collect::<Vec<_>>(),
+        ["lock:across", "lock:control"],
+        "{d:?}"
+    );
+    assert!(
+        d.values().all(|(n, recovered)| *n == 1 && !*recovered),
+        "{d:?}"
+    );
+}
