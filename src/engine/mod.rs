@@ -266,6 +266,14 @@ impl Engine {
                         // The key exists (again): follow-ups of an alert of it may be due.
                         self.delivery.heard_again(&self.config, db, &key);
                     }
+                    // A hash renamed or moved takes its fields' deadlines along: walked where
+                    // it came, its known fields looked at again where it left (gone before
+                    // their deadlines: forgotten, not expired).
+                    match note {
+                        Note::RenameTo => self.notice_hash(db, &key, crate::source::Change::Learn),
+                        Note::Forget => self.notice_hash(db, &key, crate::source::Change::Check),
+                        Note::Expire => {}
+                    }
                     if self.ledger().is_some() && self.config.wants_deadline(db, &key) {
                         match note {
                             Note::Expire | Note::RenameTo => learn.push((db, key)),

@@ -44,8 +44,19 @@ use crate::keyspace::{Conn, Keyspace};
 use crate::source::ledger::alarm::{Alarm, until_past};
 use crate::source::{Change, Signal};
 
-/// The keyevents that tell about a hash's fields (under flags `h`, `x`, and `g` for `del`).
-pub const CHANNELS: [&str; 5] = ["hexpire", "hpersist", "hdel", "hexpired", "del"];
+/// The keyevents that tell about a hash's fields (under flags `h`, `x`, and `g` for `del` and
+/// the hash moving: a hash renamed or `MOVE`d takes its fields' deadlines along).
+pub const CHANNELS: [&str; 9] = [
+    "hexpire",
+    "hpersist",
+    "hdel",
+    "hexpired",
+    "del",
+    "rename_from",
+    "rename_to",
+    "move_from",
+    "move_to",
+];
 
 /// The least time between two rounds of the poker for one database while due fields wait for
 /// the engine; otherwise it sleeps until the next deadline (as the key ledger's poker,

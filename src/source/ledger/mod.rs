@@ -80,9 +80,11 @@ const GRACE_PAGES: usize = 4;
 pub enum Note {
     /// `expire`: a TTL was set or changed; read it.
     Expire,
-    /// `rename_to`: the TTL came with the name; read it.
+    /// `rename_to`, `move_to`: the TTL came with the name, or with the key from another
+    /// database; read it.
     RenameTo,
-    /// `persist`, `rename_from`, `del`, `evicted`: the deadline is gone.
+    /// `persist`, `rename_from`, `move_from`, `del`, `evicted`: the deadline is gone (with the
+    /// key, to its new name or database).
     Forget,
 }
 
