@@ -14,7 +14,7 @@
 //! then with one `keywatch run`, then with three, each started instance first having learnt
 //! every deadline (its log says so for both databases) and a few seconds more to settle. The
 //! subscriber's pushes are messages, not commands, and are not counted; the example's own
-//! `INFO` is taken out.
+//! `INFO` is taken out. Also the instances' own CPU (`/proc/PID/stat`), per instance.
 //!
 //! `--baseline PATH` runs the same on a fresh server with another build of the binary (say,
 //! `target/release/keywatch` of an older commit, copied aside), and prints both in one table.
@@ -24,6 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keywatch::local_redis::LocalRedis;
+use keywatch::proc_stats::cpu_secs;
 
 /// Settling time after every instance has learnt its deadlines: start-up's one-off work (the
 /// reconcile walk, a first marker) is not what an idle instance costs.
@@ -180,6 +181,8 @@ async fn snapshot(c: &mut redis::aio::MultiplexedConnection) -> (Vec<(String, u6
 struct Span {
     per_command: Vec<(String, f64)>,
     cpu_percent: f64,
+    /// The keywatch instances' own CPU over the span, per instance, in % of a core.
+    keywatch_percent: f64,
 }
 
 impl Span {
@@ -188,11 +191,14 @@ impl Span {
     }
 }
 
-async fn measure(c: &mut redis::aio::MultiplexedConnection, secs: u64) -> Span {
+async fn measure(c: &mut redis::aio::MultiplexedConnection, secs: u64, pids: &[u32]) -> Span {
+    let own = |pids: &[u32]| pids.iter().map(|p| cpu_secs(*p)).sum::<f64>();
     let (before, cpu0) = snapshot(c).await;
+    let kw0 = own(pids);
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let (after, cpu1) = snapshot(c).await;
+    let kw1 = own(pids);
     let elapsed = t0.elapsed().as_secs_f64();
     let mut per_command: Vec<(String, f64)> = after
         .into_iter()
@@ -208,6 +214,7 @@ async fn measure(c: &mut redis::aio::MultiplexedConnection, secs: u64) -> Span {
     Span {
         per_command,
         cpu_percent: (cpu1 - cpu0) / elapsed * 100.0,
+        keywatch_percent: (kw1 - kw0) / elapsed * 100.0 / pids.len().max(1) as f64,
     }
 }
 
@@ -219,7 +226,7 @@ async fn series(exe: &Path, keys: u64, secs: u64) -> Vec<(usize, Span)> {
     load(&mut c, keys).await;
     let mut out = Vec::new();
     eprintln!("{}: Redis alone, {secs} s", exe.display());
-    out.push((0, measure(&mut c, secs).await));
+    out.push((0, measure(&mut c, secs, &[]).await));
     let mut instances = Vec::new();
     for want in [1, 3] {
         while instances.len() < want {
@@ -229,7 +236,8 @@ async fn series(exe: &Path, keys: u64, secs: u64) -> Vec<(usize, Span)> {
         }
         tokio::time::sleep(SETTLE).await;
         eprintln!("{}: {want} instance(s), {secs} s", exe.display());
-        out.push((want, measure(&mut c, secs).await));
+        let pids: Vec<u32> = instances.iter().map(|i| i.child.id()).collect();
+        out.push((want, measure(&mut c, secs, &pids).await));
     }
     out
 }
@@ -247,10 +255,13 @@ fn print(name: &str, rows: &[(usize, Span)]) {
         } else {
             format!("{:.1}", s.total() / *n as f64)
         };
-        let added = if *n == 0 {
-            String::new()
+        let (added, own) = if *n == 0 {
+            (String::new(), String::new())
         } else {
-            format!("{:+.2} %", (s.cpu_percent - alone) / *n as f64)
+            (
+                format!("{:+.2} %", (s.cpu_percent - alone) / *n as f64),
+                format!("{:.2} %", s.keywatch_percent),
+            )
         };
         let top: Vec<String> = s
             .per_command
@@ -259,7 +270,7 @@ fn print(name: &str, rows: &[(usize, Span)]) {
             .map(|(c, r)| format!("{} {r:.1}", c.to_uppercase()))
             .collect();
         println!(
-            "| {name} | {who} | {:.1} | {per} | {:.2} % | {added} | {} |",
+            "| {name} | {who} | {:.1} | {per} | {:.2} % | {added} | {own} | {} |",
             s.total(),
             s.cpu_percent,
             top.join(", ")
@@ -283,9 +294,9 @@ async fn main() {
         args.keys, args.secs
     );
     println!(
-        "| build | | commands/s | per instance | Redis CPU (of a core) | added per instance | commands/s by command |"
+        "| build | | commands/s | per instance | Redis CPU (of a core) | added per instance | keywatch CPU per instance | commands/s by command |"
     );
-    println!("|---|---|---:|---:|---:|---:|---|");
+    println!("|---|---|---:|---:|---:|---:|---:|---|");
     for (name, rows) in &results {
         print(name, rows);
     }
