@@ -13,8 +13,9 @@ use sha2::{Digest, Sha256};
 
 use crate::event::{EventKind, KeyEvent};
 
-/// One event of one rule.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One event of one rule. Written as stored ([`Firing::apart`]): a long key's firing as its cut
+/// view, wherever it is written (a job, a held message, a dead letter).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Firing {
     /// Stable across instances and retries; the `Idempotency-Key` of each request adds the action.
     pub id: String,
@@ -33,9 +34,106 @@ pub struct Firing {
     pub ttl_ms: Option<i64>,
     pub recovered: bool,
     pub source: String,
+    /// Set on a firing as stored when its key or field is longer than
+    /// [`crate::long_key::EXACT`]: the key, the field and the captures are then their cut views,
+    /// and the exact values are kept once apart (`store::long_keys`), named here by
+    /// their SHA-256 (docs/reliability.md#bounded-whatever-the-key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apart: Option<Apart>,
     /// Its JSON, written once ([`Firing::text`]).
     #[serde(skip)]
     written: Written,
+}
+
+impl Serialize for Firing {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.stored() {
+            Some(stored) => Fields::of(&stored).serialize(s),
+            None => Fields::of(self).serialize(s),
+        }
+    }
+}
+
+/// A firing's fields as written, borrowed.
+#[derive(Serialize)]
+struct Fields<'a> {
+    id: &'a str,
+    rule: &'a str,
+    kind: EventKind,
+    db: u32,
+    key: B64<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<B64<'a>>,
+    captures: &'a [Capture],
+    detail: &'a Option<Detail>,
+    deadline: Option<DateTime<Utc>>,
+    observed_at: DateTime<Utc>,
+    ttl_ms: Option<i64>,
+    recovered: bool,
+    source: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    apart: &'a Option<Apart>,
+}
+
+impl<'a> Fields<'a> {
+    fn of(f: &'a Firing) -> Fields<'a> {
+        Fields {
+            id: &f.id,
+            rule: &f.rule,
+            kind: f.kind,
+            db: f.db,
+            key: B64(&f.key),
+            field: f.field.as_deref().map(B64),
+            captures: &f.captures,
+            detail: &f.detail,
+            deadline: f.deadline,
+            observed_at: f.observed_at,
+            ttl_ms: f.ttl_ms,
+            recovered: f.recovered,
+            source: &f.source,
+            apart: &f.apart,
+        }
+    }
+}
+
+/// Bytes written as base64.
+struct B64<'a>(&'a [u8]);
+
+impl Serialize for B64<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        b64::serialize(self.0, s)
+    }
+}
+
+/// The exact values a stored firing holds only the cut views of
+/// (`store::long_keys`): the key's, the field's, or both.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Apart {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<Exact>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<Exact>,
+}
+
+/// A value kept apart: its length and SHA-256 (hex), which name it and check it when it is read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exact {
+    pub len: usize,
+    pub sha256: String,
+}
+
+impl Exact {
+    pub fn of(bytes: &[u8]) -> Exact {
+        Exact {
+            len: bytes.len(),
+            sha256: crate::long_key::sha256_hex(bytes),
+        }
+    }
+
+    /// Whether `bytes` are the value this names.
+    pub fn is(&self, bytes: &[u8]) -> bool {
+        bytes.len() == self.len && crate::long_key::sha256_hex(bytes) == self.sha256
+    }
 }
 
 /// A firing's JSON once written: history keeps it and the payload of each of its jobs embeds
@@ -217,17 +315,23 @@ impl Firing {
             ttl_ms: event.ttl_ms,
             recovered: event.recovered,
             source: event.source.clone(),
+            apart: None,
             written: Written::default(),
         }
     }
 
-    /// The firing's JSON (as `serde_json` writes it), written at the first call: what history
-    /// keeps of it and what every job of it embeds ([`Job::payload`]). A firing is not changed
-    /// once it is read so (it is shared behind an `Arc` by then).
+    /// The firing's JSON (as `serde_json` writes it) as stored ([`Firing::apart`]), written at
+    /// the first call: what history keeps of it and what every job of it embeds
+    /// ([`Job::payload`]). A firing is not changed once it is read so (it is shared behind an
+    /// `Arc` by then).
     pub fn text(&self) -> Arc<str> {
         self.written
             .0
-            .get_or_init(|| serde_json::to_string(self).unwrap_or_default().into())
+            .get_or_init(|| {
+                // A long key's firing is stored as its cut view, the exact values kept once
+                // apart (docs/reliability.md#bounded-whatever-the-key).
+                serde_json::to_string(self).unwrap_or_default().into()
+            })
             .clone()
     }
 
@@ -278,19 +382,126 @@ impl Firing {
             return None;
         }
         let view = |v: &[u8]| crate::long_key::view(v, limit).into_owned();
-        Some(Firing {
+        Some(self.with_values(
+            view(&self.key),
+            self.field.as_deref().map(view),
+            self.captures.iter().map(|c| view(&c.value)).collect(),
+            self.apart.clone(),
+        ))
+    }
+
+    /// Whether this firing's key or field is longer than [`crate::long_key::EXACT`], as it came
+    /// or as it was stored (its exact values kept apart).
+    pub fn is_long(&self) -> bool {
+        self.apart.is_some()
+            || crate::long_key::is_long(&self.key)
+            || self.field.as_deref().is_some_and(crate::long_key::is_long)
+    }
+
+    /// The exact values this firing keeps apart once stored, when it is a firing of a long key
+    /// not yet stored: what the transaction that stores its jobs keeps (`store::long_keys`).
+    pub fn kept_apart(&self) -> Vec<&[u8]> {
+        if self.apart.is_some() {
+            return Vec::new();
+        }
+        [Some(self.key.as_slice()), self.field.as_deref()]
+            .into_iter()
+            .flatten()
+            .filter(|v| crate::long_key::is_long(v))
+            .collect()
+    }
+
+    /// This firing as stored: itself, or, when its key or field is longer than
+    /// [`crate::long_key::EXACT`], with the key, the field and the captures cut to
+    /// [`crate::long_key::IN_TEXT`] and the exact values named in [`Firing::apart`].
+    fn stored(&self) -> Option<Firing> {
+        let long = |v: &[u8]| crate::long_key::is_long(v).then(|| Exact::of(v));
+        let apart = Apart {
+            key: long(&self.key),
+            field: self.field.as_deref().and_then(long),
+        };
+        if self.apart.is_some() || (apart.key.is_none() && apart.field.is_none()) {
+            return None;
+        }
+        let mut stored = self.cut(crate::long_key::IN_TEXT)?;
+        stored.apart = Some(apart);
+        Some(stored)
+    }
+
+    /// This stored firing made whole with the exact values it keeps apart (`key`, `field`: as
+    /// read from `store::long_keys`), its captures taken again from them by `captures`
+    /// (the rule's pattern): an error says why it cannot be, and the job is refused
+    /// (docs/reliability.md#keywatchs-state-is-not-a-way-in).
+    pub fn whole(
+        &self,
+        key: Option<Vec<u8>>,
+        field: Option<Vec<u8>>,
+        captures: impl Fn(&[u8], Option<&[u8]>) -> Option<Vec<Vec<u8>>>,
+    ) -> Result<Firing, String> {
+        let Some(apart) = &self.apart else {
+            return Ok(self.clone());
+        };
+        let exact = |what: &str, named: &Option<Exact>, read: Option<Vec<u8>>, cut: &[u8]| match (
+            named, read,
+        ) {
+            (None, _) => Ok(cut.to_vec()),
+            (Some(e), Some(bytes)) if e.is(&bytes) => Ok(bytes),
+            (Some(e), Some(_)) => Err(format!(
+                "the {what} kept apart is not the one its firing names (sha256 {})",
+                e.sha256
+            )),
+            (Some(e), None) => Err(format!(
+                "the exact {what} ({} bytes, sha256 {}) is no longer kept: it is kept for 7 days after it was last used (docs/reliability.md#bounded-whatever-the-key)",
+                e.len, e.sha256,
+            )),
+        };
+        let key = exact("key", &apart.key, key, &self.key)?;
+        let field = match &self.field {
+            None => None,
+            Some(cut) => Some(exact("field", &apart.field, field, cut)?),
+        };
+        let Some(values) = captures(&key, field.as_deref()) else {
+            return Err(format!(
+                "the key {} does not match the pattern of rule `{}`",
+                crate::event::printable(&crate::long_key::view(&key, crate::long_key::IN_TEXT)),
+                self.rule
+            ));
+        };
+        let same = values.len() == self.captures.len()
+            && values.iter().zip(&self.captures).all(|(v, c)| {
+                crate::long_key::view(v, crate::long_key::IN_TEXT) == c.value.as_slice()
+            });
+        if !same {
+            return Err(format!(
+                "its captures are not the ones the pattern of rule `{}` takes from its key",
+                self.rule
+            ));
+        }
+        Ok(self.with_values(key, field, values, None))
+    }
+
+    /// This firing with other values of its key, field, captures (in order) and `apart`.
+    fn with_values(
+        &self,
+        key: Vec<u8>,
+        field: Option<Vec<u8>>,
+        values: Vec<Vec<u8>>,
+        apart: Option<Apart>,
+    ) -> Firing {
+        Firing {
             id: self.id.clone(),
             rule: self.rule.clone(),
             kind: self.kind,
             db: self.db,
-            key: view(&self.key),
-            field: self.field.as_deref().map(view),
+            key,
+            field,
             captures: self
                 .captures
                 .iter()
-                .map(|c| Capture {
+                .zip(values)
+                .map(|(c, value)| Capture {
                     name: c.name.clone(),
-                    value: view(&c.value),
+                    value,
                 })
                 .collect(),
             detail: self.detail.clone(),
@@ -299,8 +510,9 @@ impl Firing {
             ttl_ms: self.ttl_ms,
             recovered: self.recovered,
             source: self.source.clone(),
+            apart,
             written: Written::default(),
-        })
+        }
     }
 
     pub fn late_ms(&self) -> Option<i64> {
@@ -880,6 +1092,52 @@ mod tests {
         let key = json["key"].as_str().unwrap();
         assert!(key.starts_with("big:kkk") && key.ends_with(']'), "{key}");
         assert!(key.contains("3004 bytes, sha256 "), "{key}");
+    }
+
+    /// The captures `big:{rest}` takes from a key.
+    fn big_captures(key: &[u8], _: Option<&[u8]>) -> Option<Vec<Vec<u8>>> {
+        key.strip_prefix(b"big:").map(|rest| vec![rest.to_vec()])
+    }
+
+    #[test]
+    fn a_long_keys_firing_is_stored_cut_and_made_whole_only_by_its_exact_key() {
+        let mut e = event();
+        let long = [b"big:".as_slice(), &[b'k'; 100_000]].concat();
+        e.key = long.clone();
+        let f = Firing::new("r", &e, &["rest".into()], vec![vec![b'k'; 100_000]], None);
+        let text = f.text();
+        assert!(
+            text.len() < 4096,
+            "stored as its cut view: {} bytes",
+            text.len()
+        );
+        let stored: Firing = serde_json::from_str(&text).unwrap();
+        assert!(stored.is_long() && stored.key.len() <= crate::long_key::IN_TEXT);
+        assert_eq!(stored.apart.as_ref().unwrap().key, Some(Exact::of(&long)));
+        assert_eq!(
+            serde_json::to_string(&stored).unwrap(),
+            *text,
+            "written again the same"
+        );
+        assert!(f.kept_apart() == [long.as_slice()] && stored.kept_apart().is_empty());
+
+        let whole = stored
+            .whole(Some(long.clone()), None, big_captures)
+            .unwrap();
+        assert_eq!(whole, f, "made whole, it is the firing that was stored");
+
+        let mut other = long.clone();
+        *other.last_mut().unwrap() = b'x';
+        let wrong = stored.whole(Some(other), None, big_captures).unwrap_err();
+        assert!(wrong.contains("not the one its firing names"), "{wrong}");
+        let gone = stored.whole(None, None, big_captures).unwrap_err();
+        assert!(gone.contains("no longer kept"), "{gone}");
+
+        // Captures written by hand into the stored firing are not the key's: refused.
+        let mut forged = stored.clone();
+        forged.captures[0].value = b"FORGED".to_vec();
+        let why = forged.whole(Some(long), None, big_captures).unwrap_err();
+        assert!(why.contains("captures are not the ones"), "{why}");
     }
 
     #[test]

@@ -17,9 +17,13 @@ pub const EXACT: usize = 64 * 1024;
 /// The most of one key (or any one value of key text) a log line, a terminal or a page shows.
 pub const IN_TEXT: usize = 1024;
 
-/// Firings of keys longer than [`EXACT`] whose actions are worked on at once on one instance
-/// ([`crate::action::ActionContext::run`]); the others wait for their turn.
-pub const AT_ONCE: usize = 2;
+/// The bytes of keys longer than [`EXACT`] whose firings' actions are worked on at once on one
+/// instance ([`crate::action::ActionContext::run`]): an attempt takes its key's length of it (a
+/// key longer than this takes all of it), and the others wait for their turn. An attempt holds
+/// its key about three times (the exact bytes read again, its captures, the messages' cut views
+/// besides): 16 MiB keeps one instance within 100 MiB of its idle memory
+/// (docs/reliability.md#bounded-whatever-the-key).
+pub const AT_ONCE: usize = 16 << 20;
 
 /// Hex digits of SHA-256 shown in a cut view: 48 bits tell two long keys with the same first
 /// bytes apart as well as people need; actions compare the exact bytes.

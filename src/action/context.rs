@@ -21,7 +21,8 @@ pub struct ActionContext {
     /// The moment actions render at: `None` is the real clock; `keywatch test` sets the
     /// moment each rendered action would happen (docs/rules.md#testing-rules).
     at: Option<DateTime<Utc>>,
-    /// The turns of firings of long keys ([`crate::long_key::AT_ONCE`]), shared by every clone.
+    /// The bytes of long keys attempts may hold at once, in KiB ([`crate::long_key::AT_ONCE`]),
+    /// shared by every clone.
     pub long_keys: Arc<tokio::sync::Semaphore>,
 }
 
@@ -34,7 +35,7 @@ impl ActionContext {
             keyspace,
             state: None,
             at: None,
-            long_keys: Arc::new(tokio::sync::Semaphore::new(crate::long_key::AT_ONCE)),
+            long_keys: Arc::new(tokio::sync::Semaphore::new(crate::long_key::AT_ONCE / 1024)),
         }
     }
 

@@ -25,8 +25,6 @@ use super::context::ActionContext;
 /// heard at the last moment still finds its jobs.
 const MARKER_SLACK_MS: i64 = 60_000;
 
-pub use crate::store::followups::{ack_key, marker_key};
-
 /// Whether an alert of `kind` has follow-ups: the key is gone, so it can come back
 /// (README.md#follow-ups).
 pub fn follows(kind: crate::event::EventKind) -> bool {

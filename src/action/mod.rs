@@ -9,15 +9,15 @@ mod context;
 pub use context::ActionContext;
 
 pub mod alert;
-pub mod cleanup;
-pub mod exec;
-pub mod followup;
-pub mod mention;
+pub(crate) mod cleanup;
+pub(crate) mod exec;
+pub(crate) mod followup;
+pub(crate) mod mention;
 pub mod notify;
-pub mod preview;
-pub mod refusal;
-pub mod release;
-pub mod reload;
+pub(crate) mod preview;
+pub(crate) mod refusal;
+pub(crate) mod release;
+pub(crate) mod reload;
 pub use refusal::refused;
 
 use crate::firing::{Action, Firing};
@@ -25,15 +25,58 @@ use crate::outcome::Outcome;
 
 impl ActionContext {
     /// One attempt of `action` for `firing`, under the rules in force now. A firing of a key
-    /// longer than [`crate::long_key::EXACT`] waits for one of [`crate::long_key::AT_ONCE`]
-    /// turns: what its attempt holds besides the key is bounded, and so is how many hold it
-    /// at once (docs/reliability.md#bounded-whatever-the-key).
+    /// longer than [`crate::long_key::EXACT`] first waits for its share of
+    /// [`crate::long_key::AT_ONCE`] bytes, then is made whole with the exact key read again
+    /// from where it is kept apart: what attempts hold of long keys at once is bounded
+    /// (docs/reliability.md#bounded-whatever-the-key).
     pub async fn run(&self, firing: &Firing, action: &Action) -> Outcome {
-        let _turn = match crate::long_key::is_long(&firing.key) {
-            true => self.long_keys.acquire().await.ok(),
+        let _turn = match firing.is_long() {
+            true => self.long_keys.acquire_many(turn_of(firing)).await.ok(),
             false => None,
         };
-        self.refreshed().run_snapshot(firing, action).await
+        let a = self.refreshed();
+        if firing.apart.is_none() {
+            return a.run_snapshot(firing, action).await;
+        }
+        match a.whole(firing).await {
+            Ok(whole) => a.run_snapshot(&whole, action).await,
+            Err(why) => {
+                tracing::error!(rule = %firing.rule, key = %crate::event::printable(&firing.key), id = %firing.id, action = action.name(), reason = %why, "A stored job is refused: its exact key cannot be read again.");
+                Outcome::Failed(format!("refused: {why}"))
+            }
+        }
+    }
+
+    /// `firing` (stored, its exact key kept apart) made whole again: the exact key and field
+    /// read from keywatch's state, checked against the hashes the firing names, and its
+    /// captures taken again by the rule's pattern.
+    pub async fn whole(&self, firing: &Firing) -> Result<Firing, String> {
+        let Some(apart) = &firing.apart else {
+            return Ok(firing.clone());
+        };
+        let Some(rule) = self.config.rule(&firing.rule) else {
+            return Err(format!("rule `{}` no longer exists", firing.rule));
+        };
+        let Some(state) = &self.state else {
+            return Err("the exact key is kept in keywatch's state, which is not at hand".into());
+        };
+        let prefix = &self.config.state.prefix;
+        let read = |e: &Option<crate::firing::Exact>| {
+            let sha = e.as_ref().map(|e| e.sha256.clone());
+            async move {
+                match sha {
+                    None => Ok(None),
+                    Some(sha) => crate::store::long_keys::read(state, prefix, &sha).await,
+                }
+            }
+        };
+        let key = read(&apart.key)
+            .await
+            .map_err(|e| format!("cannot read the exact key: {e}"))?;
+        let field = read(&apart.field)
+            .await
+            .map_err(|e| format!("cannot read the exact field: {e}"))?;
+        firing.whole(key, field, |k, f| rule.captures_of(k, f))
     }
 
     async fn run_snapshot(&self, firing: &Firing, action: &Action) -> Outcome {
@@ -47,8 +90,7 @@ impl ActionContext {
         if let Some(why) = not_the_rules(rule, action) {
             return Outcome::Skipped(why);
         }
-        if matches!(action, Action::Reload | Action::Exec) && crate::long_key::is_long(&firing.key)
-        {
+        if matches!(action, Action::Reload | Action::Exec) && firing.is_long() {
             return Outcome::Failed(format!(
                 "the key is {} bytes: `{}` takes keys of up to {} bytes (no URL or argument that long works; docs/reliability.md#bounded-whatever-the-key)",
                 firing.key.len(),
@@ -81,6 +123,20 @@ impl ActionContext {
             },
         }
     }
+}
+
+/// The share of [`crate::long_key::AT_ONCE`] an attempt on `firing` takes, in KiB: its long
+/// key's and field's length, all of it for a key longer than that.
+fn turn_of(firing: &Firing) -> u32 {
+    let len = match &firing.apart {
+        Some(apart) => [&apart.key, &apart.field]
+            .into_iter()
+            .flatten()
+            .map(|e| e.len)
+            .sum(),
+        None => firing.key.len() + firing.field.as_ref().map_or(0, Vec::len),
+    };
+    (len.clamp(1024, crate::long_key::AT_ONCE) / 1024) as u32
 }
 
 /// Why `action` is no longer the rule's to do (a reload took its channel from `notify.to`, or

@@ -43,11 +43,31 @@ pub fn split(held: &Held) -> (Vec<&Job>, Vec<&Job>) {
 /// The ids of the held jobs whose key (or hash field) exists again in the watched Redis: what
 /// a release marks as resolved, besides what was marked while it was held.
 pub async fn resolved_now(a: &ActionContext, jobs: &[&Job]) -> Result<HashSet<String>, String> {
+    let mut out = HashSet::new();
+    // A long key's held firing names its exact key by its hash: asked one at a time, each read
+    // again from where it is kept (docs/reliability.md#bounded-whatever-the-key).
+    let (long, jobs): (Vec<&Job>, Vec<&Job>) = jobs.iter().partition(|j| j.firing.apart.is_some());
+    for j in long {
+        let Ok(whole) = a.whole(&j.firing).await else {
+            continue;
+        };
+        let conn =
+            a.keyspace.conn(whole.db).await.map_err(|e| {
+                format!("cannot reach Redis to see which held keys exist again: {e}")
+            })?;
+        let cmd = exists_cmd(&whole.key, whole.field.as_deref());
+        let found: Vec<i64> = conn
+            .each(vec![cmd])
+            .await
+            .map_err(|e| format!("cannot see which held keys exist again: {e}"))?;
+        if found.first().is_some_and(|n| *n > 0) {
+            out.insert(j.id());
+        }
+    }
     let mut by_db: std::collections::BTreeMap<u32, Vec<&Job>> = Default::default();
     for j in jobs {
         by_db.entry(j.firing.db).or_default().push(j);
     }
-    let mut out = HashSet::new();
     for (db, jobs) in by_db {
         let conn =
             a.keyspace.conn(db).await.map_err(|e| {
@@ -55,18 +75,7 @@ pub async fn resolved_now(a: &ActionContext, jobs: &[&Job]) -> Result<HashSet<St
             })?;
         let cmds = jobs
             .iter()
-            .map(|j| match &j.firing.field {
-                Some(field) => {
-                    let mut c = redis::cmd("HEXISTS");
-                    c.arg(&j.firing.key).arg(field);
-                    c
-                }
-                None => {
-                    let mut c = redis::cmd("EXISTS");
-                    c.arg(&j.firing.key);
-                    c
-                }
-            })
+            .map(|j| exists_cmd(&j.firing.key, j.firing.field.as_deref()))
             .collect();
         let found: Vec<i64> = conn
             .each(cmds)
@@ -80,6 +89,22 @@ pub async fn resolved_now(a: &ActionContext, jobs: &[&Job]) -> Result<HashSet<St
         );
     }
     Ok(out)
+}
+
+/// Whether `key` (or its hash `field`) exists.
+fn exists_cmd(key: &[u8], field: Option<&[u8]>) -> redis::Cmd {
+    match field {
+        Some(field) => {
+            let mut c = redis::cmd("HEXISTS");
+            c.arg(key).arg(field);
+            c
+        }
+        None => {
+            let mut c = redis::cmd("EXISTS");
+            c.arg(key);
+            c
+        }
+    }
 }
 
 /// `1 message`, `14 messages`.

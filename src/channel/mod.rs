@@ -8,12 +8,12 @@
 //! one new file and one line in [`KINDS`].
 
 pub mod alert;
-pub mod chat;
+pub(crate) mod chat;
 mod fields;
 pub mod http;
 mod integration;
-pub mod message;
-pub mod quiet;
+pub(crate) mod message;
+pub(crate) mod quiet;
 
 use std::path::Path;
 use std::time::Duration;

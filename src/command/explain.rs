@@ -43,11 +43,12 @@ pub fn key_bytes(arg: &OsStr) -> Vec<u8> {
 
 /// What keywatch would do for `key`, with every secret masked ([`crate::config::Secrets`]: by
 /// where a value came from, wherever it landed in a URL, header, body or argument).
+#[cfg(test)]
 pub fn explain(config: &Config, key: &[u8], kind: EventKind, db: u32) -> Explanation {
     explain_field(config, key, None, kind, db)
 }
 
-/// [`explain`] for one field of a hash (`explain KEY --field F`): `hexpired` rules match the
+/// What keywatch would do for `key` (`explain`), or for one field of a hash (`explain KEY --field F`): `hexpired` rules match the
 /// field's pattern too, and its captures join the key's.
 pub fn explain_field(
     config: &Config,

@@ -3,15 +3,15 @@
 //! Exit codes: 0 success; 1 the checked thing is bad (invalid rules, Redis not ready, no rule
 //! matches for `explain`); 2 usage error or unreadable input.
 
-pub mod admin;
-pub mod demo;
-pub mod doctor;
-pub mod explain;
-pub mod history;
-pub mod rule_tests;
+pub(crate) mod admin;
+pub(crate) mod demo;
+pub(crate) mod doctor;
+pub(crate) mod explain;
+pub(crate) mod history;
+pub(crate) mod rule_tests;
 pub mod run;
-pub mod send_test;
-pub mod upcoming;
+pub(crate) mod send_test;
+pub(crate) mod upcoming;
 
 use std::ffi::OsString;
 use std::io::Write;

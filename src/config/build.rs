@@ -19,7 +19,6 @@ use crate::channel::{Channel, ChannelDraft};
 use crate::yaml::decode::{Decoder, Text};
 
 mod templates;
-pub use templates::{DEFAULT_MESSAGE, DEFAULT_TITLE};
 use templates::{RuleTemplates, TemplateCheck, compile};
 
 /// Everything read from all files, before meaning is checked.

@@ -5,16 +5,16 @@
 //! [`rules`]), then checks meaning across files and compiles patterns, templates and the
 //! matcher ([`build`]). Nothing stops at the first problem.
 
-pub mod build;
-pub mod fields;
-pub mod followups;
-pub mod live;
-pub mod matching;
-pub mod model;
-pub mod quiet;
-pub mod rules;
-pub mod sections;
-pub mod server;
+pub(crate) mod build;
+pub(crate) mod fields;
+pub(crate) mod followups;
+pub(crate) mod live;
+pub(crate) mod matching;
+pub(crate) mod model;
+pub(crate) mod quiet;
+pub(crate) mod rules;
+pub(crate) mod sections;
+pub(crate) mod server;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -16,7 +16,6 @@ pub enum PatternSrc {
 }
 
 pub struct DetailDraft {
-    pub loc: Loc,
     pub hash: Option<Text>,
     pub field: Option<Text>,
     pub key: Option<Text>,
@@ -33,7 +32,6 @@ pub struct ReloadDraft {
 }
 
 pub struct ExecDraft {
-    pub loc: Loc,
     pub command: Vec<Text>,
     /// `env`: variables given to the command besides `PATH`, `HOME` and the event's
     /// `KEYWATCH_*`, each a template (docs/rules.md#exec-environment).
@@ -43,7 +41,6 @@ pub struct ExecDraft {
 }
 
 pub struct CleanupDraft {
-    pub loc: Loc,
     pub delete: Vec<Text>,
     pub hdel: Vec<(Text, Text)>,
 }
@@ -371,7 +368,6 @@ fn decode_detail(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<DetailD
     }
     m.finish(d, &["hash", "field", "key", "remove"], &|_| None);
     Some(DetailDraft {
-        loc: node.loc.clone(),
         hash,
         field,
         key,
@@ -487,7 +483,6 @@ fn decode_exec(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<ExecDraft
         return None;
     }
     Some(ExecDraft {
-        loc: node.loc.clone(),
         command,
         env,
         timeout,
@@ -569,11 +564,7 @@ fn decode_cleanup(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<Cleanu
         );
         return None;
     }
-    Some(CleanupDraft {
-        loc: node.loc.clone(),
-        delete,
-        hdel,
-    })
+    Some(CleanupDraft { delete, hdel })
 }
 
 fn decode_notify(d: &mut Decoder<'_>, node: &Node, what: &str) -> Option<NotifyDraft> {

@@ -7,8 +7,8 @@
 //!   `reload`, a rule's `exec`), each holding a [`Permit`], and a *line* of jobs waiting in memory
 //!   for a permit, as long as the target's concurrency and at least [`LINE_MIN`]. A job that finds
 //!   the line full waits for its target in Redis instead (`Queue::wait_for_target`), taken back
-//!   from there as permits free up (`Queue::take_waiting`) by whichever instance has room for that
-//!   target. A notification of a channel with a `rate` is bounded by its channel's pace instead
+//!   from there as permits free up (`Queue::take_waiting`) by whichever instance has free places
+//!   for that target. A notification of a channel with a `rate` is bounded by its channel's pace instead
 //!   (`super::pace`), and asks for its permit once its token comes.
 
 use std::collections::HashMap;
@@ -24,7 +24,7 @@ use crate::firing::{Action, Job};
 
 use super::pace::Paces;
 
-/// Jobs held in memory at once by one instance: room for 32 targets at their default
+/// Jobs held in memory at once by one instance: places for 32 targets at their default
 /// `concurrency` with full lines before one more has to wait for another.
 pub(super) const CAPACITY: usize = 1024;
 
@@ -95,7 +95,7 @@ impl Target {
 
 /// One target's concurrency: its permits, and its line.
 pub(super) struct Concurrency {
-    width: usize,
+    limit: usize,
     permits: Arc<Semaphore>,
     /// Jobs in the line (each holds an [`InLine`]).
     in_line: AtomicUsize,
@@ -103,18 +103,18 @@ pub(super) struct Concurrency {
     /// then wakes the take stage to take the next of them at once.
     waiting_in_redis: AtomicBool,
     /// How many jobs the oldest member waiting for this target in Redis holds, when the last look
-    /// found it too big for the room then (`Queue::take_waiting`), and when that was: asking again
-    /// with less room brings nothing, and in a storm's delivery those empty asks (a script call
-    /// each time a request finished) were most of the calls the state server got.
+    /// found it too big for the free places then (`Queue::take_waiting`), and when that was: asking
+    /// again with fewer free places brings nothing, and in a storm's delivery those empty asks (a
+    /// script call each time a request finished) were most of the calls the state server got.
     need: Mutex<Option<(usize, Instant)>>,
     wake: Arc<Notify>,
 }
 
 impl Concurrency {
-    fn new(width: usize, wake: Arc<Notify>) -> Concurrency {
+    fn new(limit: usize, wake: Arc<Notify>) -> Concurrency {
         Concurrency {
-            width,
-            permits: Arc::new(Semaphore::new(width)),
+            limit,
+            permits: Arc::new(Semaphore::new(limit)),
             in_line: AtomicUsize::new(0),
             waiting_in_redis: AtomicBool::new(false),
             need: Mutex::new(None),
@@ -124,7 +124,7 @@ impl Concurrency {
 
     /// How many jobs wait in memory for a permit at most.
     pub(super) fn line(&self) -> usize {
-        self.width.max(LINE_MIN)
+        self.limit.max(LINE_MIN)
     }
 
     /// A permit at once, or a place in the line while it is not full; `None`: the job waits for
@@ -150,30 +150,30 @@ impl Concurrency {
 
     /// How many jobs [`Concurrency::admit`] would admit now: free permits and free places in
     /// the line.
-    pub(super) fn room(&self) -> usize {
+    pub(super) fn free(&self) -> usize {
         self.permits.available_permits()
             + self
                 .line()
                 .saturating_sub(self.in_line.load(Ordering::Acquire))
     }
 
-    /// The most [`Concurrency::room`] ever is.
+    /// The most [`Concurrency::free`] ever is.
     pub(super) fn capacity(&self) -> usize {
-        self.width.saturating_add(self.line())
+        self.limit.saturating_add(self.line())
     }
 
     /// The oldest member waiting for this target in Redis holds `need` jobs and did not fit in
-    /// the room of the last look (0: nothing was too big).
+    /// the free places of the last look (0: nothing was too big).
     pub(super) fn set_need(&self, need: usize) {
         *self.need.lock().unwrap_or_else(|p| p.into_inner()) =
             (need > 0).then(|| (need, Instant::now()));
     }
 
-    /// Whether taking jobs back with `room` may bring any: not while the last look, a moment
+    /// Whether taking jobs back with `free` places may bring any: not while the last look, a moment
     /// ago, found the oldest member bigger than that.
-    pub(super) fn worth_asking(&self, room: usize) -> bool {
+    pub(super) fn worth_asking(&self, free: usize) -> bool {
         match *self.need.lock().unwrap_or_else(|p| p.into_inner()) {
-            Some((need, at)) => room >= need || at.elapsed() >= NEED_FRESH,
+            Some((need, at)) => free >= need || at.elapsed() >= NEED_FRESH,
             None => true,
         }
     }
@@ -266,7 +266,7 @@ impl Admission {
 }
 
 /// The concurrency of each target in force: made on first use, made anew when a reload
-/// changes its width (requests under the old one finish under it).
+/// changes its limit (requests under the old one finish under it).
 pub(super) struct Targets {
     by_target: Mutex<HashMap<Target, Arc<Concurrency>>>,
     /// Wakes the take stage (see [`Concurrency::waiting_in_redis`]).
@@ -282,14 +282,14 @@ impl Targets {
     }
 
     pub(super) fn get(&self, config: &Config, target: &Target) -> Option<Arc<Concurrency>> {
-        let width = target.concurrency(config)?;
+        let limit = target.concurrency(config)?;
         let mut map = self.by_target.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = map.get(target)
-            && c.width == width
+            && c.limit == limit
         {
             return Some(c.clone());
         }
-        let c = Arc::new(Concurrency::new(width, self.wake.clone()));
+        let c = Arc::new(Concurrency::new(limit, self.wake.clone()));
         map.insert(target.clone(), c.clone());
         Some(c)
     }
@@ -308,7 +308,7 @@ impl Targets {
 /// This instance's capacity: [`CAPACITY`] seats, one per job held in memory.
 pub(super) struct Capacity {
     seats: Arc<Semaphore>,
-    /// Set while jobs this instance had no room for may be waiting in the queue: a seat given
+    /// Set while jobs this instance had no free place for may be waiting in the queue: a seat given
     /// back then wakes the take stage to take the next ones at once.
     backlogged: AtomicBool,
     wake: Arc<Notify>,
@@ -408,12 +408,12 @@ pub(super) fn starting(jobs: &[Job]) -> usize {
 }
 
 /// The targets' admission of jobs, counted per round: nothing is reserved until a job runs, so
-/// jobs admitted in one round are counted against the room they will take.
+/// jobs admitted in one round are counted against the free places they will take.
 pub(super) struct Admit<'a> {
     pub(super) config: &'a Config,
     pub(super) targets: &'a Targets,
     pub(super) paces: &'a Paces,
-    /// The room of each target that this round's jobs already count on.
+    /// The places of each target that this round's jobs already count on.
     counted: HashMap<String, usize>,
 }
 
@@ -428,10 +428,10 @@ impl<'a> Admit<'a> {
     }
 
     /// Where each job of a new firing waits if it cannot start now: for its target in Redis
-    /// (the target's name) when that target has no room, as [`Admit::firing`] would send it
+    /// (the target's name) when that target has no free place, as [`Admit::firing`] would send it
     /// after taking it from the queue; `None` otherwise. All `None`: the firing may start here
-    /// now. A first step without room takes the later steps with it.
-    pub(super) fn room_for(&mut self, jobs: &[Job]) -> Vec<Option<String>> {
+    /// now. A first step without a free place takes the later steps with it.
+    pub(super) fn places_for(&mut self, jobs: &[Job]) -> Vec<Option<String>> {
         let first = starting(jobs);
         let mut out = Vec::with_capacity(jobs.len());
         let mut after: Option<String> = None;
@@ -449,7 +449,7 @@ impl<'a> Admit<'a> {
         out
     }
 
-    /// Counts `job` against its target's room (its pace's backlog for a paced notification)
+    /// Counts `job` against its target's free places (its pace's backlog for a paced notification)
     /// left after what this round counted; `Err` with the target's name when there is none.
     fn count(&mut self, job: &Job) -> Result<(), String> {
         if let Some(paced) = self.count_paced(job) {
@@ -463,7 +463,7 @@ impl<'a> Admit<'a> {
         };
         let name = target.name();
         let n = self.counted.entry(name.clone()).or_default();
-        if c.room() <= *n {
+        if c.free() <= *n {
             return Err(name);
         }
         *n += 1;
@@ -471,7 +471,7 @@ impl<'a> Admit<'a> {
     }
 
     /// For a notification of a channel with a `rate` (`None` otherwise): its pace's backlog
-    /// bounds it, counted against the room left after what this round counted.
+    /// bounds it, counted against the free places left after what this round counted.
     fn count_paced(&mut self, job: &Job) -> Option<Result<(), String>> {
         let Action::Notify { channel } = &job.action else {
             return None;
@@ -506,8 +506,8 @@ impl<'a> Admit<'a> {
     }
 
     /// The jobs of one firing taken from the queue that this instance holds now, with their
-    /// admissions; those whose target has no room are added to `to_wait` (target, job id). A
-    /// first step without room takes the firing's later steps with it (they run after it,
+    /// admissions; those whose target has no free place are added to `to_wait` (target, job id). A
+    /// first step without a free place takes the firing's later steps with it (they run after it,
     /// docs/rules.md); notifications are independent of one another.
     pub(super) fn firing(
         &mut self,
@@ -541,7 +541,7 @@ impl<'a> Admit<'a> {
 
     /// How many jobs waiting in Redis for `target` to take back into each bundle: a target's
     /// whole line, or half of a paced channel's backlog. A bundle taken back never brings more
-    /// than the target has room for (see `queue::bundle`), so it must fit in what frees up
+    /// than the target has free places for (see `queue::bundle`), so it must fit in what frees up
     /// while the target stays busy.
     pub(super) fn bundle_size(&self, target: &str) -> usize {
         let target = Target::parse(target);
@@ -598,20 +598,20 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_target_admits_its_concurrency_then_its_line_then_nothing() {
-        for (width, line) in [(2, LINE_MIN), (100, 100)] {
-            let c = Arc::new(Concurrency::new(width, Arc::new(Notify::new())));
+        for (limit, line) in [(2, LINE_MIN), (100, 100)] {
+            let c = Arc::new(Concurrency::new(limit, Arc::new(Notify::new())));
             assert_eq!(c.line(), line);
-            assert_eq!(c.room(), width + line);
-            assert_eq!(c.capacity(), width + line);
-            let now: Vec<Admission> = (0..width).map(|_| c.admit().unwrap()).collect();
+            assert_eq!(c.free(), limit + line);
+            assert_eq!(c.capacity(), limit + line);
+            let now: Vec<Admission> = (0..limit).map(|_| c.admit().unwrap()).collect();
             assert!(now.iter().all(|a| matches!(a, Admission::Permit(_))));
             let mut queued: Vec<Admission> = (0..line).map(|_| c.admit().unwrap()).collect();
             assert!(queued.iter().all(|a| matches!(a, Admission::InLine(_))));
             assert!(c.admit().is_none());
-            assert_eq!(c.room(), 0);
+            assert_eq!(c.free(), 0);
             // Places given up are free again.
             queued.truncate(line - 2);
-            assert_eq!(c.room(), 2);
+            assert_eq!(c.free(), 2);
             assert!(matches!(c.admit(), Some(Admission::InLine(_))));
         }
     }

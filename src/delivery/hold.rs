@@ -169,6 +169,9 @@ impl HoldStage {
     }
 
     /// Releases one quiet period of one channel.
+    /// Releases the group of `lease`, renewing the lease while it works: a digest to a target
+    /// slower than the lease (a webhook's 30 s timeout) would otherwise let another instance
+    /// take the group over and send it again.
     async fn release(
         &self,
         actions: &ActionContext,
@@ -176,8 +179,34 @@ impl HoldStage {
         record: &Record,
         lease: Lease,
     ) {
+        let current = std::sync::Mutex::new(lease);
+        let renewing = async {
+            loop {
+                tokio::time::sleep(crate::store::renew_every()).await;
+                let held = current.lock().expect("the lease").clone();
+                match self.store.renew(&held, now_ms()).await {
+                    Ok(Some(next)) => *current.lock().expect("the lease") = next,
+                    // Another instance's now: the release's end finds it so, and leaves it.
+                    Ok(None) => std::future::pending::<()>().await,
+                    Err(e) => self.refused("renew", &e),
+                }
+            }
+        };
+        tokio::select! {
+            () = self.release_leased(actions, attempt, record, &current) => {}
+            () = renewing => {}
+        }
+    }
+
+    async fn release_leased(
+        &self,
+        actions: &ActionContext,
+        attempt: &Attempt,
+        record: &Record,
+        current: &std::sync::Mutex<Lease>,
+    ) {
         let a = actions.refreshed();
-        let group = lease.group.clone();
+        let group = current.lock().expect("the lease").group.clone();
         let mut held = match self.store.read(&group).await {
             Ok(h) => h,
             Err(e) => return self.refused("release", &e),
@@ -279,6 +308,7 @@ impl HoldStage {
             }
         }
         let ids = held.ids();
+        let lease = current.lock().expect("the lease").clone();
         match self.store.release(&lease, &ids, &entries, true, now).await {
             Ok(Recorded::Recorded { .. }) => {}
             Ok(Recorded::Lost) => {

@@ -24,7 +24,7 @@ mod digest;
 mod hold;
 mod pace;
 mod record;
-pub mod retry;
+pub(crate) mod retry;
 mod take;
 #[cfg(test)]
 mod testkit;
@@ -99,7 +99,7 @@ struct Chain {
     next: Arc<NextLook>,
     waiting_targets: WaitingTargets,
     deferral: Deferral,
-    /// Wakes the take loop: room came free, or jobs wait that it may take now.
+    /// Wakes the take loop: a place came free, or jobs wait that it may take now.
     wake: Arc<Notify>,
     metrics: Arc<Metrics>,
     tracker: TaskTracker,
@@ -179,8 +179,8 @@ impl Delivery {
     /// firings are for moves on with them), so the caller may then remove what the firings
     /// copied (the details) without a crash in between losing them. On `Err` nothing is stored
     /// and nothing starts: the caller's record is still there, and whoever takes it next
-    /// fires again. The firings this instance has room for start at once; the others wait in
-    /// the queue, due now, for whichever instance has room first — so a storm of 100,000
+    /// fires again. The firings this instance has free places for start at once; the others wait in
+    /// the queue, due now, for whichever instance has free places first — so a storm of 100,000
     /// expiries costs Redis memory, not ours, and is shared by every instance.
     pub async fn accept_with(
         &self,
@@ -247,7 +247,11 @@ impl Delivery {
                     .map(|action| {
                         DeadLetter::new(
                             &firing.rule,
-                            String::from_utf8_lossy(&firing.key).into_owned(),
+                            String::from_utf8_lossy(&crate::long_key::view(
+                                &firing.key,
+                                crate::long_key::IN_TEXT,
+                            ))
+                            .into_owned(),
                             action,
                             reason,
                             vec![firing.clone()],
@@ -259,6 +263,10 @@ impl Delivery {
             for letter in letters {
                 keep.extend(self.chain.dead_letter_cmds(&letter, &firing));
             }
+            keep.extend(crate::store::long_keys::keep_cmds(
+                &config.state.prefix,
+                &firing,
+            ));
         }
         keep
     }
@@ -288,7 +296,7 @@ impl Delivery {
 
 impl Chain {
     /// Stores the jobs of new firings (see [`Delivery::accept_with`]) and starts those this
-    /// instance has room for.
+    /// instance has free places for.
     async fn accept(
         self: &Arc<Self>,
         firings: Vec<Firing>,
@@ -299,7 +307,7 @@ impl Chain {
         self.followups_due_later(config, &firings, &mut also);
         let mut admit = Admit::new(config, &self.targets, &self.paces);
         let mut now: Vec<(Vec<Job>, Vec<Seat>)> = Vec::new();
-        // Jobs this instance has no room for, and where each waits (see `Admit::room_for`).
+        // Jobs this instance has no free place for, and where each waits (see `Admit::places_for`).
         let mut later: Vec<(Job, Option<String>)> = Vec::new();
         let mut windows: HashMap<Window, (Group, Vec<Arc<Firing>>)> = HashMap::new();
         for firing in firings {
@@ -329,7 +337,7 @@ impl Chain {
             if jobs.is_empty() {
                 continue;
             }
-            let waits = admit.room_for(&jobs);
+            let waits = admit.places_for(&jobs);
             let seats = waits
                 .iter()
                 .all(Option::is_none)
@@ -406,11 +414,11 @@ impl Chain {
             .spawn(async move { c.run_firing(jobs, seats).await });
     }
 
-    /// The attempts of one firing's jobs, in the order of docs/rules.md. A failing job goes to
-    /// the queue for its retry and does not hold back the next; a notification runs in its own
-    /// task (its channel's pace and concurrency are its own), so a throttled channel holds back
-    /// nothing else. A step whose target has no room when its turn comes goes back to wait for
-    /// it in Redis, and the steps after it with it.
+    /// The attempts of one firing's jobs, in the order of docs/rules.md. A failing job goes to the
+    /// queue for its retry and does not hold back the next; a notification runs in its own task
+    /// (its channel's pace and concurrency are its own), so a throttled channel holds back nothing
+    /// else. A step whose target has no free place when its turn comes goes back to wait for it in
+    /// Redis, and the steps after it with it.
     async fn run_firing(self: Arc<Self>, jobs: Vec<(Job, Admission)>, seats: Vec<Seat>) {
         // Every job is this instance's from now on: its lease is renewed while earlier jobs run
         // (a slow reload must not let another instance take the notification behind it), and
@@ -594,10 +602,10 @@ impl Chain {
         }
     }
 
-    /// The take loop: sleeps until the next due time it knows of, a wake-up (room came free,
-    /// jobs wait for a target that has room now), or a safety round (see [`take::NextLook`]);
-    /// then takes what is due, as far as this instance has room. Renews the leases of what it
-    /// holds while it holds anything. Stops at shutdown.
+    /// The take loop: sleeps until the next due time it knows of, a wake-up (a place came free,
+    /// jobs wait for a target that has free places now), or a safety round (see
+    /// [`take::NextLook`]); then takes what is due, as far as this instance has free places. Renews
+    /// the leases of what it holds while it holds anything. Stops at shutdown.
     async fn take(self: Arc<Self>) {
         let mut last_look = Instant::now();
         let mut last_renew = Instant::now();
@@ -658,9 +666,9 @@ impl Chain {
             }
         };
         let now = now_ms();
-        // What comes due later: sleep until then. What is due now is taken below; what of it
-        // finds no room here wakes the loop when room comes free (`Capacity::set_backlogged`).
-        // A window that ended while the look was on its way is looked at again at once.
+        // What comes due later: sleep until then. What is due now is taken below; what of it finds
+        // no free place here wakes the loop when a place comes free (`Capacity::set_backlogged`). A
+        // window that ended while the look was on its way is looked at again at once.
         if let Some(at) = look.windows_next {
             self.next.window_due_in(at - now);
         }
@@ -674,28 +682,28 @@ impl Chain {
         }
     }
 
-    /// Takes due jobs while there is room, and starts them: the jobs of one firing together, in
-    /// the order of docs/rules.md. A job whose target has no room goes to wait for it in Redis,
-    /// so that the jobs of other targets behind it are reached and a storm waits in Redis, not
-    /// here.
+    /// Takes due jobs while there are free seats, and starts them: the jobs of one firing together,
+    /// in the order of docs/rules.md. A job whose target has no free place goes to wait for it in
+    /// Redis, so that the jobs of other targets behind it are reached and a storm waits in Redis,
+    /// not here.
     async fn take_due(self: &Arc<Self>) {
         loop {
-            let room = self.capacity.free().min(TAKE_MAX);
-            if room == 0 {
+            let free = self.capacity.free().min(TAKE_MAX);
+            if free == 0 {
                 // Taken when a seat comes free.
                 self.capacity.set_backlogged(true);
                 return;
             }
-            let taken = match self.queue.take_due(room).await {
+            let taken = match self.queue.take_due(free).await {
                 Ok(t) => t,
                 Err(e) => {
-                    self.refused("take", &e, room, "the queue is read again in a moment");
+                    self.refused("take", &e, free, "the queue is read again in a moment");
                     return;
                 }
             };
             // A full answer means more may be waiting (also another instance's storm): take more
             // as soon as a job finishes, not only at the next look.
-            let full = taken.jobs.len() + taken.unreadable.len() == room;
+            let full = taken.jobs.len() + taken.unreadable.len() == free;
             self.capacity.set_backlogged(full);
             let (died, jobs): (Vec<Job>, Vec<Job>) = taken
                 .jobs
@@ -716,8 +724,8 @@ impl Chain {
         }
     }
 
-    /// Starts jobs just leased to this instance, as far as their targets have room; sends the
-    /// others to wait for their targets in Redis.
+    /// Starts jobs just leased to this instance, as far as their targets have free places; sends
+    /// the others to wait for their targets in Redis.
     async fn start_taken(self: &Arc<Self>, jobs: Vec<Job>) {
         let config = self.actions.live.current();
         let mut admit = Admit::new(&config, &self.targets, &self.paces);
@@ -729,7 +737,7 @@ impl Chain {
             }
             match self.capacity.try_seats(jobs.len()) {
                 Some(seats) => self.start(jobs, seats),
-                // `accept` took the room meanwhile: wait for it (the jobs are leased to us).
+                // `accept` took the free places meanwhile: wait for it (the jobs are leased to us).
                 None => {
                     let c = self.clone();
                     self.tracker.spawn(async move {
@@ -742,8 +750,8 @@ impl Chain {
         self.wait_for_target(to_wait).await;
     }
 
-    /// Takes back the jobs waiting in Redis for each target that has room here now: as many as
-    /// its concurrency (or pace) admits, within this instance's capacity. A target that no
+    /// Takes back the jobs waiting in Redis for each target that has free places here now: as many
+    /// as its concurrency (or pace) admits, within this instance's capacity. A target that no
     /// longer exists gets its jobs taken too, to be dead-lettered.
     async fn take_waiting(self: &Arc<Self>, looked: bool) {
         if self.deferral.holds() {
@@ -777,29 +785,29 @@ impl Chain {
                 Some(Target::Channel(c)) => self.paces.get(&config, c),
                 _ => None,
             };
-            let (room, most) = match (&pace, &concurrency) {
-                (Some(p), _) => (p.room(), p.cap()),
-                (None, Some(c)) => (c.room(), c.capacity()),
+            let (free, most) = match (&pace, &concurrency) {
+                (Some(p), _) => (p.free(), p.cap()),
+                (None, Some(c)) => (c.free(), c.capacity()),
                 // Gone from the rules: taken to fail and be dead-lettered.
                 (None, None) => (TAKE_MAX, TAKE_MAX),
             };
-            let room = room.min(self.capacity.free()).min(TAKE_MAX);
-            if room == 0 {
+            let free = free.min(self.capacity.free()).min(TAKE_MAX);
+            if free == 0 {
                 continue;
             }
-            // All the room the target has: a bundle made when it was wider (before a reload)
-            // goes whole, rather than never.
-            let idle = room >= most.min(TAKE_MAX);
-            if !idle && concurrency.as_ref().is_some_and(|c| !c.worth_asking(room)) {
+            // All the free places the target has: a bundle made when its concurrency was higher
+            // (before a reload) goes whole, rather than never.
+            let idle = free >= most.min(TAKE_MAX);
+            if !idle && concurrency.as_ref().is_some_and(|c| !c.worth_asking(free)) {
                 continue;
             }
-            let taken = match self.queue.take_waiting(&name, room, idle).await {
+            let taken = match self.queue.take_waiting(&name, free, idle).await {
                 Ok(t) => t,
                 Err(e) => {
                     self.refused(
                         "take",
                         &e,
-                        room,
+                        free,
                         "the target's jobs are taken again in a moment",
                     );
                     continue;
@@ -894,9 +902,9 @@ impl Chain {
         self.record.outcome(&work, n, tried).await;
     }
 
-    /// Sends jobs this instance has no room for to wait for their targets in Redis, as (target,
-    /// job id): out of what it holds first, so that a lease renewal cannot touch them. One Redis
-    /// refuses stays leased here, and comes due when its lease ends.
+    /// Sends jobs this instance has no free place for to wait for their targets in Redis, as
+    /// (target, job id): out of what it holds first, so that a lease renewal cannot touch them. One
+    /// Redis refuses stays leased here, and comes due when its lease ends.
     async fn wait_for_target(&self, jobs: Vec<(String, String)>) {
         if jobs.is_empty() {
             return;

@@ -137,7 +137,7 @@ impl Pace {
     }
 
     /// How many more messages fit in the backlog.
-    pub(super) fn room(&self) -> usize {
+    pub(super) fn free(&self) -> usize {
         self.cap.saturating_sub(self.lock().len())
     }
 
@@ -148,7 +148,7 @@ impl Pace {
 
     /// Whether `more` messages still fit in the backlog.
     pub(super) fn has_room(&self, more: usize) -> bool {
-        self.room() > more
+        self.free() > more
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {

@@ -275,7 +275,11 @@ fn by_member(ids: &[String], sizes: &[usize], again: Vec<Job>) -> Vec<(String, V
 pub(super) fn rule_gone(firing: &Firing) -> DeadLetter {
     DeadLetter::new(
         &firing.rule,
-        String::from_utf8_lossy(&firing.key).into_owned(),
+        String::from_utf8_lossy(&crate::long_key::view(
+            &firing.key,
+            crate::long_key::IN_TEXT,
+        ))
+        .into_owned(),
         Action::Notify {
             channel: "? (the rule's actions)".to_string(),
         },

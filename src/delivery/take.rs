@@ -146,8 +146,8 @@ pub(super) enum Read {
 }
 
 /// The longest the take stage goes without a full look at Redis: for what another instance put
-/// there (a storm it had no room for, a retry of an instance that died) that nothing here told
-/// it of.
+/// there (a storm it had no free place for, a retry of an instance that died) that nothing here
+/// told it of.
 pub(super) const SAFETY_ROUND: Duration = Duration::from_secs(1);
 
 impl NextLook {
@@ -229,7 +229,8 @@ pub(super) const TARGETS_FRESH: Duration = Duration::from_millis(50);
 /// The targets with jobs waiting in Redis, as last read, and when: the take loop runs each time a
 /// request finishes while jobs wait, and a read per request was a good share of what a storm's
 /// delivery cost the state server. A target whose jobs another instance sent to wait is seen that
-/// much later at most; one this instance sent there had no room, and waits for room anyway.
+/// much later at most; one this instance sent there had no free place, and waits for a free place
+/// anyway.
 #[derive(Default)]
 pub(super) struct WaitingTargets(Mutex<Option<(Vec<String>, Instant)>>);
 

@@ -6,9 +6,9 @@
 //! event), and its details are read in one pipeline per database, which is what keeps a mass
 //! expiry near the pace at which Redis publishes it.
 
-pub mod detail;
+pub(crate) mod detail;
 pub mod intake;
-pub mod silences;
+pub(crate) mod silences;
 mod stage;
 
 /// What `recover` decides, asked by `keywatch test` as the firing stage asks it.
@@ -557,7 +557,7 @@ impl Engine {
             }
         }
         let checked = crate::source::flags::ensure(&mut c, &self.config, node).await;
-        self.metrics.notify_flags(node, checked.is_ok());
+        self.metrics.notify_flags(node, matches!(checked, Ok(true)));
         if let Err(msg) = checked {
             tracing::error!("{msg}");
         }

@@ -247,6 +247,11 @@ impl FiringStage {
         let stores = next.iter().any(|(_, n)| matches!(n, Next::Stored(_)));
         let mut also = self.intake.moved_on(&next);
         also.extend(history);
+        // A long key's exact bytes, kept once for all the jobs that name it by its hash
+        // (docs/reliability.md#bounded-whatever-the-key).
+        for f in &firings {
+            also.extend(crate::store::long_keys::keep_cmds(&config.state.prefix, f));
+        }
         let written = if stores {
             self.delivery.accept_with(firings, also).await.is_ok()
         } else {

@@ -7,12 +7,12 @@
 //! `ClusterConnection` sends each per-key command to the master that owns the key, and SCAN
 //! and configuration checks, which concern one node, go to each master by direct connection.
 
-pub mod clock;
-pub mod cluster;
-pub mod commands;
-pub mod connect;
-pub mod role;
-pub mod sentinel;
+pub(crate) mod clock;
+pub(crate) mod cluster;
+pub(crate) mod commands;
+pub(crate) mod connect;
+pub(crate) mod role;
+pub(crate) mod sentinel;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

@@ -75,12 +75,15 @@ pub async fn read(
 }
 
 /// Checks (or fixes, with `notifications: enable`) `notify-keyspace-events` against what the
-/// rules need. Never overwrites flags another application set.
+/// rules need. Never overwrites flags another application set. `Ok(false)`: flags are missing
+/// and `notifications: ignore` lets keywatch go on without them (`keywatch_notify_flags_ok`
+/// says 0, so the alert on it fires); `Ok(true)`: the node has them (or, under `ignore`, they
+/// cannot be read: a managed Redis that refuses `CONFIG`).
 pub async fn ensure(
     conn: &mut impl redis::aio::ConnectionLike,
     config: &Config,
     node: &str,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let (needed, current) = read(conn, config).await;
     let current = match current {
         Ok(v) => v,
@@ -91,7 +94,7 @@ pub async fn ensure(
             return match config.redis.notifications {
                 Notifications::Ignore => {
                     tracing::warn!("{msg}");
-                    Ok(())
+                    Ok(true)
                 }
                 _ => Err(msg),
             };
@@ -100,7 +103,7 @@ pub async fn ensure(
     let missing = missing(&current, &needed);
     if missing.is_empty() {
         tracing::debug!(%node, flags = %current, "notify-keyspace-events has what the rules need.");
-        return Ok(());
+        return Ok(true);
     }
     let merged = merged(&current, &needed);
     let fix = fix(node, &merged).replace('\n', "\n  ");
@@ -123,7 +126,7 @@ pub async fn ensure(
                         to: &merged,
                     }
                     .emit();
-                    Ok(())
+                    Ok(true)
                 }
                 Err(e) => Err(format!(
                     "cannot add `{missing}` to notify-keyspace-events on {node} ({e}). Do it by hand:\n  {fix}"
@@ -137,7 +140,7 @@ pub async fn ensure(
                 missing: &missing,
             }
             .emit();
-            Ok(())
+            Ok(false)
         }
     }
 }

@@ -5,14 +5,14 @@
 //! master that follows failovers and reshards ([`cluster`]); and with Sentinel, a subscriber
 //! that follows the master ([`sentinel`]).
 
-pub mod cluster;
-pub mod fields;
-pub mod flags;
+pub(crate) mod cluster;
+pub(crate) mod fields;
+pub(crate) mod flags;
 pub mod ledger;
 
 pub mod notifications;
 pub mod scanner;
-pub mod sentinel;
+pub(crate) mod sentinel;
 
 use crate::event::KeyEvent;
 use ledger::Note;

@@ -207,6 +207,7 @@ impl HeldStore {
     }
 
     /// The command that marks held messages (by job id) as resolved: their key exists again.
+    #[cfg(test)]
     pub fn resolved_cmd(&self, group: &Group, ids: &[String]) -> redis::Cmd {
         let mut sadd = redis::cmd("SADD");
         sadd.arg(group.resolved_key(&self.prefix)).arg(ids);
@@ -214,6 +215,7 @@ impl HeldStore {
     }
 
     /// Marks held messages as resolved (see [`HeldStore::resolved_cmd`]).
+    #[cfg(test)]
     pub async fn mark_resolved(&self, group: &Group, ids: &[String]) -> redis::RedisResult<()> {
         if ids.is_empty() {
             return Ok(());

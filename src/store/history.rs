@@ -224,7 +224,12 @@ impl Recorder {
         let names: Vec<String> = actions.iter().map(action_field).collect();
         let at_ms = f.observed_at.timestamp_millis();
         let key = minute_key(&self.prefix, at_ms);
-        let event = f.text();
+        // A key longer than a history entry should hold is kept as its cut view
+        // (docs/reliability.md#bounded-whatever-the-key).
+        let event = match f.cut(crate::long_key::EXACT) {
+            Some(cut) => cut.text(),
+            None => f.text(),
+        };
         let names = serde_json::to_string(&names).unwrap_or_default();
         let mut stored = String::with_capacity(names.len() + 1 + event.len());
         stored.push_str(&names);

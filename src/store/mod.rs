@@ -7,20 +7,21 @@
 //!
 //! The stages import the store; the store imports none of them (`tests/layout.rs`).
 
-pub mod alert_ends;
-pub mod dead;
-pub mod fields;
-pub mod followups;
-pub mod handled;
-pub mod held;
-pub mod history;
+pub(crate) mod alert_ends;
+pub(crate) mod dead;
+pub(crate) mod fields;
+pub(crate) mod followups;
+pub(crate) mod handled;
+pub(crate) mod held;
+pub(crate) mod history;
 pub mod intake;
 pub mod ledger;
-pub mod links;
-pub mod queue;
-pub mod rate;
+pub(crate) mod links;
+pub(crate) mod long_keys;
+pub(crate) mod queue;
+pub(crate) mod rate;
 pub mod scanner;
-pub mod silences;
+pub(crate) mod silences;
 
 use std::sync::OnceLock;
 use std::time::Duration;

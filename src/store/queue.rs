@@ -26,7 +26,7 @@ use crate::store::lease_end;
 use crate::firing::{Action, Job};
 
 mod bundle;
-pub mod keys;
+pub(crate) mod keys;
 mod waiting;
 mod window;
 mod writer;
@@ -150,8 +150,8 @@ pub struct Taken {
     pub unreadable: Vec<Unreadable>,
     /// Taken from a waiting set: whether it still holds jobs.
     pub more: bool,
-    /// Taken from a waiting set: how many jobs its oldest member left there holds, when that
-    /// member did not fit in the room given (0 otherwise). Asking again with less room is
+    /// Taken from a waiting set: how many jobs its oldest member left there holds, when that member
+    /// did not fit in the free places given (0 otherwise). Asking again with fewer free places is
     /// bound to bring nothing.
     pub need: usize,
     /// Taken from the queue: when its earliest job is due now (or its lease ends), unix ms.
@@ -251,7 +251,7 @@ pub use crate::keyspace::clock::now_ms;
 pub struct Counts {
     /// Every job: due, taken, waiting for a later round or retry, or in a digest window.
     pub pending: i64,
-    /// Those due and not taken: in the queue and due, or waiting for their target's room.
+    /// Those due and not taken: in the queue and due, or waiting for their target's free places.
     pub due: i64,
 }
 
@@ -278,14 +278,14 @@ impl Queue {
         }
     }
 
-    /// Stores new jobs: `leased` ones this instance attempts now (leased to it), `pending` ones
-    /// it has no room for (due now, for whichever instance has room first), and `waiting` ones
-    /// whose target has no room (straight into that target's waiting set, as
+    /// Stores new jobs: `leased` ones this instance attempts now (leased to it), `pending` ones it
+    /// has no free place for (due now, for whichever instance has free places first), and `waiting`
+    /// ones whose target has no free place (straight into that target's waiting set, as
     /// [`Queue::wait_for_target`] would put them after taking them: in a storm, taking a job only
-    /// to send it back to wait was most of what the queue cost Redis). Waiting jobs of one target go in
-    /// bundles of up to `bundle_sizes[target]` (1 when it does not say; see [`bundle`]). One
-    /// round trip at most, shared with whatever other jobs are being stored or finished at the
-    /// same time. `also` runs in the same transaction (see [`Writer::put_with`]).
+    /// to send it back to wait was most of what the queue cost Redis). Waiting jobs of one target
+    /// go in bundles of up to `bundle_sizes[target]` (1 when it does not say; see [`bundle`]). One
+    /// round trip at most, shared with whatever other jobs are being stored or finished at the same
+    /// time. `also` runs in the same transaction (see [`Writer::put_with`]).
     pub async fn store(
         &self,
         leased: &[Job],
@@ -392,6 +392,7 @@ impl Queue {
     /// for up to half a lease after it first failed: dropped, it left the job queued, and the
     /// job ran a second time when its lease ended (docs/reliability.md#guarantees). Each of
     /// these writes can be written twice to the same effect.
+    #[cfg(test)]
     pub async fn done(&self, id: &str) -> Result<(), WriteError> {
         self.done_with(id, &[], &|_| {}).await
     }
@@ -801,9 +802,10 @@ impl Queue {
     }
 
     /// Jobs waiting, being attempted or waiting for a retry: the queue's, those waiting for
-    /// their target's room, and those in digest
+    /// their target's free places, and those in digest
     /// windows (each notification waiting in a window is a job too, and a window holding
     /// thousands is a backlog as real as the queue's).
+    #[cfg(test)]
     pub async fn len(&self) -> redis::RedisResult<i64> {
         Ok(self.counts().await?.pending)
     }
@@ -1080,7 +1082,7 @@ mod tests {
     }
 
     /// `keywatch_queue_due` counts what waits to be taken now: jobs due in the queue and jobs
-    /// waiting for their target's room; not a job being attempted, one waiting for its next
+    /// waiting for their target's free places; not a job being attempted, one waiting for its next
     /// round or retry (an Alertmanager alert's `resend`), nor a notification in a digest window.
     #[tokio::test]
     async fn due_counts_only_jobs_due_and_not_taken() {
@@ -1093,7 +1095,7 @@ mod tests {
             .unwrap();
         let taken = q.take_due(3).await.unwrap().jobs;
         assert_eq!(taken.len(), 3);
-        // One is being attempted (leased), one waits for its next round, one for room.
+        // One is being attempted (leased), one waits for its next round, one for a free place.
         q.reschedule(&taken[1], now_ms() + 3_600_000).await.unwrap();
         q.wait_for_target("reload:r", &[taken[2].id()])
             .await
@@ -1164,7 +1166,7 @@ mod tests {
         let got: Vec<(String, Vec<Job>)> =
             taken.members.into_iter().map(|m| (m.id, m.jobs)).collect();
         assert_eq!(got, [(bundle::id(&jobs[0].id(), 3), jobs.clone())]);
-        // ...and once more with room: the lone copy, which this take did not see before.
+        // ...and once more with free places: the lone copy, which this take did not see before.
         let rest = q.window_take(&w, 10).await.unwrap();
         assert_eq!(rest.members.len(), 1);
         assert_eq!(rest.members[0].jobs, jobs[2..]);
@@ -1286,7 +1288,7 @@ mod tests {
         assert_eq!(again.jobs.len(), 1);
     }
 
-    /// Jobs whose target has no room wait in the target's own set, oldest first, out of the
+    /// Jobs whose target has no free place wait in the target's own set, oldest first, out of the
     /// way of the queue; a job another instance finished meanwhile does not wait; taking them
     /// back leases them in the queue, and an emptied set is no longer listed.
     #[tokio::test]
@@ -1358,7 +1360,7 @@ mod tests {
     }
 
     /// Waiting jobs go in bundles as big as their target says; a bundle is taken back whole,
-    /// only when it fits the room (or the target is idle), and counts as the jobs it holds.
+    /// only when it fits the free places (or the target is idle), and counts as the jobs it holds.
     #[tokio::test]
     async fn waiting_jobs_are_bundled_and_taken_back_as_the_room_allows() {
         let (_server, q, conn) = queue().await;
@@ -1369,12 +1371,16 @@ mod tests {
         // Room for one: the first bundle holds two, and the target is busy.
         let none = q.take_waiting("reload:r", 1, false).await.unwrap();
         assert!(none.jobs.is_empty() && none.more);
-        assert_eq!(none.need, 2, "the room the oldest bundle needs");
-        // Idle with room for one (a bundle made for a wider target): taken whole.
+        assert_eq!(none.need, 2, "the free places the oldest bundle needs");
+        // Idle with free places for one (a bundle made for a target of higher concurrency): taken
+        // whole.
         let first = q.take_waiting("reload:r", 1, true).await.unwrap();
         assert_eq!(first.jobs, jobs[..2]);
         assert!(first.more);
-        assert_eq!(first.need, 0, "it looked at no member beyond the room");
+        assert_eq!(
+            first.need, 0,
+            "it looked at no member beyond the free places"
+        );
         // Room for two: the next bundle fits, the job after it does not.
         let second = q.take_waiting("reload:r", 2, false).await.unwrap();
         assert_eq!(second.jobs, jobs[2..4]);
@@ -1459,7 +1465,7 @@ mod tests {
         assert_eq!(payload(&conn, &again.id()).await, None);
     }
 
-    /// A bundled job that fails, or finds no room after all, leaves its bundle for a place of
+    /// A bundled job that fails, or finds no free place after all, leaves its bundle for a place of
     /// its own (marked done in the bundle, so a taker of the bundle does not run it again).
     #[tokio::test]
     async fn a_bundled_job_retried_or_sent_to_wait_leaves_its_bundle() {

@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 
-pub mod decode;
-pub mod diagnostic;
-pub mod env;
+pub(crate) mod decode;
+pub(crate) mod diagnostic;
+pub(crate) mod env;
 mod secret;
 
 pub use secret::{Secret, Secrets, mask_user_info};

@@ -159,6 +159,20 @@ fn ignore_mode_starts_without_flags() {
             "{m}"
         );
     }
+    // And the gauge the `KeywatchNotificationFlagsMissing` alert reads says so.
+    let addr = common::endpoint(&rig.process);
+    let line = common::poll(
+        "keywatch_notify_flags_ok for the node",
+        common::PATIENCE,
+        || {
+            let (_, body) = common::get(&addr, "/metrics");
+            body.lines()
+                .find(|l| l.starts_with("keywatch_notify_flags_ok{"))
+                .map(str::to_string)
+        },
+        || rig.stderr(),
+    );
+    assert!(line.ends_with(" 0"), "{line}");
     rig.stop();
 }
 

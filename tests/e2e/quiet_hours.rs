@@ -301,3 +301,40 @@ fn a_reload_that_removes_the_window_releases_at_once() {
         held_in_redis(&daemon.redis) == 0
     });
 }
+
+/// A release whose digest takes longer than a lease (a slow target) keeps its lease while it
+/// works: the other instance, watching the same window end, does not take the release over and
+/// send the digest again.
+#[test]
+fn a_release_slower_than_its_lease_is_sent_once_by_two_instances() {
+    let redis = RedisServer::with_events("Exg");
+    let (ahead, window) = closing_window(&redis, 1);
+    let hook = HttpReceiver::start();
+    // Three leases' worth, well within the channel's timeout.
+    hook.set_handler(|_| Some(common::Response::ok_body("ok").delay(Duration::from_secs(6))));
+    let envs = [
+        ("KEYWATCH_DRILL_QUIET_AHEAD", ahead.as_str()),
+        ("KEYWATCH_LEASE", "2s"),
+    ];
+    let daemon = Daemon::launch(
+        redis,
+        common::Rules::new(&rules(&window, &hook, &[("team", "digest")])),
+        Logs::Json,
+        &envs,
+    );
+    let _second = run_subscribed(
+        &daemon.redis.auth_url(),
+        &daemon.rules.path,
+        Logs::Json,
+        &envs,
+    );
+    daemon.expire_all(&["lock:1"]);
+    wait_until_held(&daemon, &["lock:1"]);
+    hook.wait_for(1, RELEASED_WITHIN);
+    // A second request would have come at the end of the first lease, while the first waited
+    // for its answer: by the time the release is recorded it would be here.
+    wait_until("the release is recorded", PATIENCE, || {
+        held_in_redis(&daemon.redis) == 0 && outcomes(&daemon, "lock:1") == ["sent"]
+    });
+    assert_eq!(hook.requests().len(), 1, "released more than once");
+}

@@ -108,11 +108,6 @@ impl Server {
     pub fn has_pexpiretime(&self) -> bool {
         self.kind == ServerKind::Valkey || self.version >= (7, 0, 0)
     }
-
-    /// `ACL DRYRUN` came with Redis 7.0 (Valkey has it from its first release).
-    pub fn has_acl_dryrun(&self) -> bool {
-        self.has_pexpiretime()
-    }
 }
 
 fn version(text: &str) -> (u32, u32, u32) {

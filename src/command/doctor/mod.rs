@@ -13,16 +13,17 @@
 //! - [`cluster`]: the masters of a Redis Cluster, from `CLUSTER NODES`.
 //! - [`sentinel`]: the sentinels of `redis.sentinel` and the master they name.
 
-pub mod acl;
+#[cfg(test)]
+mod acl;
 mod closest;
-pub mod cluster;
+pub(crate) mod cluster;
 #[cfg(test)]
 mod guard;
-pub mod info;
-pub mod permissions;
-pub mod report;
-pub mod sentinel;
-pub mod state_writers;
+pub(crate) mod info;
+pub(crate) mod permissions;
+pub(crate) mod report;
+pub(crate) mod sentinel;
+pub(crate) mod state_writers;
 
 use std::io::Write;
 use std::process::ExitCode;

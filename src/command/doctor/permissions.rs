@@ -145,6 +145,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::followups::REDIS,
     &crate::store::silences::REDIS,
     &crate::store::links::REDIS,
+    &crate::store::long_keys::REDIS,
     &crate::store::rate::REDIS,
     &crate::source::ledger::REDIS,
     &crate::store::ledger::REDIS,

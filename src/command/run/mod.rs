@@ -4,15 +4,15 @@
 //! senders let the engine drain and stop, after which delivery gets what is left of the
 //! [`SHUTDOWN_GRACE`] budget to finish attempts in flight.
 
-pub mod access;
-pub mod connections;
-pub mod endpoint;
-pub mod grants;
-pub mod links_page;
-pub mod open_files;
-pub mod reload;
-pub mod status_page;
-pub mod throttled_log;
+pub(crate) mod access;
+pub(crate) mod connections;
+pub(crate) mod endpoint;
+pub(crate) mod grants;
+pub(crate) mod links_page;
+pub(crate) mod open_files;
+pub(crate) mod reload;
+pub(crate) mod status_page;
+pub(crate) mod throttled_log;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -134,10 +134,6 @@ impl LedgerIndex {
     pub fn len(&self) -> usize {
         (0..PARTS).map(|i| self.part(i).len()).sum()
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]
@@ -162,7 +158,7 @@ mod tests {
         assert_eq!(index.get(0, b"k"), None);
         index.set(0, b"k", 1);
         assert_eq!(index.remove(0, b"k"), Some(1));
-        assert!(index.is_empty());
+        assert_eq!(index.len(), 0);
     }
 
     #[test]

@@ -30,10 +30,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
-pub mod alarm;
-pub mod grace;
-pub mod index;
-pub mod markers;
+pub(crate) mod alarm;
+pub(crate) mod grace;
+pub(crate) mod index;
+pub(crate) mod markers;
 
 use crate::store::ledger::{self as store, Deadlines, Entry, second_of};
 use alarm::{Alarm, until_past};

@@ -1,6 +1,6 @@
 //! Bundles: the jobs of one batch that wait for the same target, stored as one record.
 //!
-//! In a storm almost every job waits for its target's room, and a job stored, leased and
+//! In a storm almost every job waits for its target's free places, and a job stored, leased and
 //! acknowledged on its own cost the state server six element writes (its payload and place in
 //! the waiting set; the move into the queue when taken back; the removal of both when done).
 //! A bundle of up to [`MAX`] such jobs is one payload field and one member: waiting, taken back
@@ -9,9 +9,9 @@
 //! takes the bundle over after a crash attempts only the jobs nobody acknowledged — what a
 //! crash re-sends stays what it was: the jobs in flight at the kill.
 //!
-//! A bundle is never bigger than its target takes at once (its slot's width and line, or the
+//! A bundle is never bigger than its target takes at once (its concurrency and line, or the
 //! line of a rate-limited channel), so taking one back never takes more than the target has
-//! room for, and an instance does not hoard work other instances could do.
+//! places for, and an instance does not hoard work other instances could do.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -55,7 +55,8 @@ pub fn elements(payload: &str) -> Result<Vec<&serde_json::value::RawValue>, serd
 pub struct Member {
     pub bundle: Arc<str>,
     pub index: usize,
-    /// Its payload as the bundle holds it, for moving it out on its own (to wait for its target again).
+    /// Its payload as the bundle holds it, for moving it out on its own (to wait for its target
+    /// again).
     pub payload: Arc<str>,
 }
 

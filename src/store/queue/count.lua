@@ -2,7 +2,7 @@
 -- that and how many of them are due and not taken: those of the queue KEYS[1] due by ARGV[1] (a
 -- taken job's score is the end of its lease; a later round's or a retry's, when it is due) and
 -- every job of the targets' waiting sets, KEYS[2] to KEYS[1 + ARGV[2]] (taken when due, set
--- aside until their target has room). The digest windows after them wait for their window.
+-- aside until their target has free places). The digest windows after them wait for their window.
 local now = tonumber(ARGV[1])
 local waiting = tonumber(ARGV[2])
 local n, due = 0, 0

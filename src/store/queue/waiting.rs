@@ -1,15 +1,15 @@
-//! Targets' waiting lines: jobs whose target (a channel, a rule's reload or exec) has no room
+//! Targets' waiting lines: jobs whose target (a channel, a rule's reload or exec) has no free place
 //! wait for it in a sorted set of their own, `{prefix}queue:wait:TARGET` (listed in
-//! `{prefix}queue:waits`), oldest first, for whichever instance has room for that target.
+//! `{prefix}queue:waits`), oldest first, for whichever instance has free places for that target.
 
 use super::*;
 
 impl Queue {
-    /// Jobs this instance took but whose target (a channel, a rule's reload or exec) has no room
-    /// go to wait for it in Redis, in the target's own waiting set, oldest first: whichever
-    /// instance has room for that target takes them from there ([`Queue::take_waiting`]), while the
-    /// jobs of other targets behind them in the queue are taken meanwhile. Only jobs still
-    /// queued: one another instance finished after this one lost its lease stays finished.
+    /// Jobs this instance took but whose target (a channel, a rule's reload or exec) has no free
+    /// place go to wait for it in Redis, in the target's own waiting set, oldest first: whichever
+    /// instance has free places for that target takes them from there ([`Queue::take_waiting`]),
+    /// while the jobs of other targets behind them in the queue are taken meanwhile. Only jobs
+    /// still queued: one another instance finished after this one lost its lease stays finished.
     pub async fn wait_for_target(&self, target: &str, ids: &[String]) -> redis::RedisResult<()> {
         if ids.is_empty() {
             return Ok(());
@@ -27,7 +27,7 @@ impl Queue {
             }
             (bundled, own)
         };
-        // Rare (a bundle is never bigger than its target's room): one call each.
+        // Rare (a bundle is never bigger than its target's free places): one call each.
         let wait = self.waiting_zset(target);
         for (id, m) in &bundled {
             self.detach(m, id, &m.payload, &wait, now, Some(target))
@@ -47,19 +47,19 @@ impl Queue {
         inv.invoke_async::<()>(&mut self.conn.clone()).await
     }
 
-    /// Takes up to `room` of the oldest jobs waiting for `target`, leased to this instance
-    /// (a bundle bigger than `room` when `idle`: `room` is all the target ever has).
+    /// Takes up to `free` of the oldest jobs waiting for `target`, leased to this instance
+    /// (a bundle bigger than `free` when `idle`: `free` is all the target ever has).
     pub async fn take_waiting(
         &self,
         target: &str,
-        room: usize,
+        free: usize,
         idle: bool,
     ) -> redis::RedisResult<Taken> {
         let mut inv = self.take_waiting.prepare_invoke();
         inv.key(self.waiting_zset(target))
             .key(&self.zset)
             .key(self.waiting_key())
-            .arg(room)
+            .arg(free)
             .arg(lease_end(now_ms()))
             .arg(target)
             .arg(if idle { "1" } else { "0" });
