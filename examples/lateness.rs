@@ -1,12 +1,16 @@
 //! How late are expiry alerts? keywatch's deadline ledger beside a plain keyevent subscriber.
 //!
 //! `cargo run --release --example lateness [-- --far 200000 --due 1000 --spread 10]`
-//! `[--far-over 86400] [--far-first] [--no-plain]`
+//! `[--far-over 86400] [--far-first] [--no-plain] [--idle 60] [--ahead 2000]`
 //!
 //! `--far-over S` spreads the far keys' TTLs from an hour to S seconds; `--far-first` loads them
 //! before keywatch starts, watches them with a rule of their own and waits until its start-up
 //! fill has learnt them (the tracked keys of an existing keyspace); `--no-plain` skips the plain
-//! subscriber's phase.
+//! subscriber's phase. `--idle S` lets keywatch sit idle for S seconds (after learning the far
+//! keys) before the due keys are set, and `--ahead MS` sets the first of them MS ms before its
+//! deadline (3,000 by default): a key set shortly before its deadline on a keywatch that has been
+//! idle, which its poker, asleep until the next deadline it knew, must wake for
+//! (docs/performance.md#an-idle-instance).
 //!
 //! Two phases on two fresh throwaway redis-servers set up the same way: `--far` keys with TTLs
 //! an hour away, and `--due` keys whose deadlines fall evenly over `--spread` seconds, which
@@ -60,7 +64,7 @@ async fn load_far(url: &str, far: u64) {
 async fn load_due(url: &str, due: u64, spread_ms: i64) -> HashMap<String, i64> {
     let client = redis::Client::open(url).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let start = now_ms() + 3000;
+    let start = now_ms() + arg("--ahead", 3000) as i64;
     let mut deadlines = HashMap::new();
     let mut p = redis::pipe();
     for i in 0..due {
@@ -171,6 +175,7 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
     }
     let run = tokio::spawn(run::run(loaded.config, opts, stop.clone()));
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = Duration::from_secs(arg("--idle", 0));
     let deadlines = if far_first {
         let t = std::time::Instant::now();
         while ledger_keys(port).await < far {
@@ -180,6 +185,15 @@ async fn with_keywatch(far: u64, due: u64, spread_ms: i64) -> (Stats, Stats) {
             "keywatch learnt the {far} far deadlines {:.1} s after it started",
             t.elapsed().as_secs_f64() + 1.0
         );
+        if !idle.is_zero() {
+            println!("keywatch idle for {} s", idle.as_secs());
+            tokio::time::sleep(idle).await;
+        }
+        load_due(&server.url(), due, spread_ms).await
+    } else if !idle.is_zero() {
+        load_far(&server.url(), far).await;
+        println!("keywatch idle for {} s", idle.as_secs());
+        tokio::time::sleep(idle).await;
         load_due(&server.url(), due, spread_ms).await
     } else {
         load(&server.url(), far, due, spread_ms).await

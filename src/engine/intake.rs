@@ -471,6 +471,11 @@ impl Intake {
         Ok(taken)
     }
 
+    /// When the first record's lease ends or its retry is due (Redis's clock, ms).
+    pub async fn earliest(&self) -> redis::RedisResult<Option<i64>> {
+        self.store.earliest().await
+    }
+
     /// Takes over records whose lease ended (their taker died, stopped or is retrying a detail
     /// read), up to `max` records (each may hold a batch of events), leased to this instance.
     /// A record that no longer decodes is cleared with an error in the log: it can never be run.

@@ -40,14 +40,20 @@ const RECHECK_PINGS: u32 = 8;
 /// Batches whose firing stages may overlap (see [`Engine::run`]).
 const FIRING_STAGES: usize = 4;
 
-/// How often records whose lease ended (their taker died, or a detail read waits for its
-/// retry) are looked for.
 /// How a batch of events the state server would not take is tried again: from 100 ms, doubling
 /// to 5 s (dropped, events whose deadline nobody knew would be lost).
 const TAKE_AGAIN: crate::backoff::Backoff =
     crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
+/// How often records whose lease ended (their taker died, or a detail read waits for its
+/// retry) are looked for while events flow: the take-over script, two commands.
 const TAKE_OVER_EVERY: Duration = Duration::from_secs(1);
+
+/// No batch for this long, the engine is idle: it asks only when the first lease ends (one
+/// command), at most every [`crate::store::renew_every`] (a third of a lease: a record written
+/// after one look is seen by the next before its lease can end), and runs the take-over when
+/// that time comes (docs/performance.md#an-idle-instance).
+const IDLE_AFTER: Duration = Duration::from_secs(15);
 
 /// Records taken over per look (see [`Engine::take_over`]).
 const TAKE_OVER_RECORDS: usize = 16;
@@ -89,16 +95,18 @@ impl Engine {
         let mut stages = tokio::task::JoinSet::new();
         let mut recovering: Vec<(u32, u64)> = Vec::new();
         let mut renew = tokio::time::interval(crate::store::renew_every());
-        let mut take_over = tokio::time::interval(TAKE_OVER_EVERY);
-        for t in [&mut renew, &mut take_over] {
-            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        }
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut take_over_at = tokio::time::Instant::now();
+        let mut last_batch = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 n = rx.recv_many(&mut batch, BATCH) => {
                     if n == 0 {
                         break;
                     }
+                    last_batch = tokio::time::Instant::now();
+                    // Events flow again: take-overs are looked for at the busy pace.
+                    take_over_at = take_over_at.min(last_batch + TAKE_OVER_EVERY);
                     self.metrics.events_waiting.set(rx.len() as i64);
                     self.config = self.live.current();
                     let taken = self.handle(std::mem::take(&mut batch), &mut recovering).await;
@@ -117,16 +125,41 @@ impl Engine {
                         tracing::warn!(error = %e, "Cannot renew the leases of taken events; another instance may take them over.");
                     }
                 }
-                _ = take_over.tick() => {
-                    if stages.len() < FIRING_STAGES {
-                        self.config = self.live.current();
-                        match self.take_over().await {
-                            Ok(taken) => {
-                                let items = taken.into_iter().map(|t| self.item(t, None)).collect();
-                                self.start_stage(&mut stages, items).await;
+                _ = tokio::time::sleep_until(take_over_at) => {
+                    let now = tokio::time::Instant::now();
+                    take_over_at = now + TAKE_OVER_EVERY;
+                    if stages.len() >= FIRING_STAGES {
+                        continue;
+                    }
+                    if last_batch.elapsed() >= IDLE_AFTER {
+                        // Idle: one command says when the first lease ends.
+                        let look_again = now + crate::store::renew_every();
+                        match self.intake.earliest().await {
+                            Ok(Some(at)) if at > crate::keyspace::clock::now_ms() => {
+                                let until = Duration::from_millis(
+                                    (at - crate::keyspace::clock::now_ms()) as u64,
+                                );
+                                take_over_at = look_again.min(now + until);
+                                continue;
                             }
-                            Err(e) => tracing::warn!(error = %e, "Cannot look for taken events left by others."),
+                            Ok(None) => {
+                                take_over_at = look_again;
+                                continue;
+                            }
+                            // Due now, or unknown: look.
+                            Ok(Some(_)) | Err(_) => {}
                         }
+                    }
+                    self.config = self.live.current();
+                    match self.take_over().await {
+                        Ok(taken) => {
+                            if !taken.is_empty() {
+                                last_batch = tokio::time::Instant::now();
+                            }
+                            let items = taken.into_iter().map(|t| self.item(t, None)).collect();
+                            self.start_stage(&mut stages, items).await;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "Cannot look for taken events left by others."),
                     }
                 }
             }
@@ -232,6 +265,14 @@ impl Engine {
                     if matches!(note, Note::Expire | Note::RenameTo) {
                         // The key exists (again): follow-ups of an alert of it may be due.
                         self.delivery.heard_again(&self.config, db, &key);
+                    }
+                    // A hash renamed or moved takes its fields' deadlines along: walked where
+                    // it came, its known fields looked at again where it left (gone before
+                    // their deadlines: forgotten, not expired).
+                    match note {
+                        Note::RenameTo => self.notice_hash(db, &key, crate::source::Change::Learn),
+                        Note::Forget => self.notice_hash(db, &key, crate::source::Change::Check),
+                        Note::Expire => {}
                     }
                     if self.ledger().is_some() && self.config.wants_deadline(db, &key) {
                         match note {

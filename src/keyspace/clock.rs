@@ -32,6 +32,13 @@ pub fn now() -> DateTime<Utc> {
     DateTime::from_timestamp_millis(now_ms()).unwrap_or_else(Utc::now)
 }
 
+/// Now, in Redis's clock (unix µs, to the host clock's precision): when to wake for a deadline.
+pub fn now_us() -> i64 {
+    Utc::now()
+        .timestamp_micros()
+        .saturating_add(OFFSET_MS.load(Ordering::Relaxed).saturating_mul(1000))
+}
+
 fn host_ms() -> i64 {
     Utc::now().timestamp_millis()
 }

@@ -41,12 +41,26 @@ use crate::config::{Config, LiveConfig};
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::clock::now_ms;
 use crate::keyspace::{Conn, Keyspace};
+use crate::source::ledger::alarm::{Alarm, until_past};
 use crate::source::{Change, Signal};
 
-/// The keyevents that tell about a hash's fields (under flags `h`, `x`, and `g` for `del`).
-pub const CHANNELS: [&str; 5] = ["hexpire", "hpersist", "hdel", "hexpired", "del"];
+/// The keyevents that tell about a hash's fields (under flags `h`, `x`, and `g` for `del` and
+/// the hash moving: a hash renamed or `MOVE`d takes its fields' deadlines along).
+pub const CHANNELS: [&str; 9] = [
+    "hexpire",
+    "hpersist",
+    "hdel",
+    "hexpired",
+    "del",
+    "rename_from",
+    "rename_to",
+    "move_from",
+    "move_to",
+];
 
-/// How often due fields are looked for.
+/// The least time between two rounds of the poker for one database while due fields wait for
+/// the engine; otherwise it sleeps until the next deadline (as the key ledger's poker,
+/// [`crate::source::ledger::alarm`]).
 const POKE_EVERY: Duration = Duration::from_millis(2);
 /// Due fields read per round trip.
 const POKE_BATCH: usize = 2000;
@@ -134,6 +148,8 @@ struct Inner {
     /// Set by a (re)subscription: walk every watched hash again.
     fill: std::sync::atomic::AtomicBool,
     wake: Notify,
+    /// When the poker looks next, and its wake-up for a deadline written earlier.
+    alarm: Alarm,
     /// Deadlines before this were due while this instance was not running: found `recovered`.
     started_ms: i64,
     /// Due members reported to the engine: the deadline reported, and when (a new deadline of
@@ -151,6 +167,7 @@ impl FieldLedger {
                 dirty: Mutex::default(),
                 fill: std::sync::atomic::AtomicBool::new(false),
                 wake: Notify::new(),
+                alarm: Alarm::default(),
                 started_ms: now_ms(),
                 sent: Mutex::default(),
             }),
@@ -229,7 +246,11 @@ impl FieldLedger {
         if changes.is_empty() {
             return Ok(());
         }
-        store::write(&mut self.state(), &self.inner.prefix, db, key, changes).await
+        store::write(&mut self.state(), &self.inner.prefix, db, key, changes).await?;
+        if let Some(earliest) = changes.iter().filter_map(|(_, d)| *d).min() {
+            self.inner.alarm.learnt(db, earliest);
+        }
+        Ok(())
     }
 
     /// The event of a field found gone at or after its deadline.
@@ -379,9 +400,14 @@ impl FieldLedger {
     }
 
     /// One round of the poker for `db`: reads every due field again and reports those gone.
-    /// Returns how many were read (fields reported and not yet taken are not read again).
-    async fn poke(&self, db: u32, tx: &mpsc::Sender<Signal>) -> redis::RedisResult<usize> {
-        let due = store::due(
+    /// Returns how many were read (fields reported and not yet taken are not read again), and
+    /// the earliest deadline the field ledger may hold after the round.
+    async fn poke(
+        &self,
+        db: u32,
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<(usize, Option<i64>)> {
+        let crate::store::ledger::Due { rows: due, next } = store::due(
             &mut self.state(),
             &self.inner.prefix,
             db,
@@ -405,7 +431,7 @@ impl FieldLedger {
         // ask again at once.
         let n = by_key.values().map(Vec::len).sum();
         if n == 0 {
-            return Ok(0);
+            return Ok((0, next));
         }
         let conn = self.inner.keyspace.conn(db).await?;
         let cmds = by_key
@@ -426,7 +452,9 @@ impl FieldLedger {
                 break;
             }
         }
-        Ok(n)
+        // A deadline the judging moved later is in the alarm (`write`); the round's `next` is
+        // no later than what is left.
+        Ok((n, next))
     }
 
     /// What the server says now of each (key, field, _) of `known`: its deadline, `-1` none,
@@ -514,13 +542,13 @@ impl FieldLedger {
         shutdown: CancellationToken,
     ) {
         tokio::join!(
-            self.keep(&live, &tx, &shutdown, "poker", Self::poke_all),
+            self.poke_all(&live, &tx, &shutdown),
             self.keep(&live, &tx, &shutdown, "learner", Self::learn_dirty),
         );
     }
 
-    /// Runs `step` every [`POKE_EVERY`] (or when woken) under the rules in force, until
-    /// `shutdown` or until `step` says the engine is gone.
+    /// Runs `step` when woken (a keyevent named a hash, a resubscription asked for a fill)
+    /// under the rules in force, until `shutdown` or until `step` says the engine is gone.
     async fn keep<'a, F, Fut>(
         &'a self,
         live: &'a LiveConfig,
@@ -532,8 +560,6 @@ impl FieldLedger {
         F: Fn(&'a Self, Arc<Config>, &'a mpsc::Sender<Signal>) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<bool>>,
     {
-        let mut tick = tokio::time::interval(POKE_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let config = live.current();
             let pause = if !config.watches_fields() {
@@ -557,22 +583,111 @@ impl FieldLedger {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(pause.unwrap_or_default()), if pause.is_some() => {}
-                _ = tick.tick(), if pause.is_none() => {}
-                _ = self.inner.wake.notified(), if pause.is_none() && what == "learner" => {}
+                _ = self.inner.wake.notified(), if pause.is_none() => {}
             }
         }
     }
 
-    /// Every database's due fields, a batch at a time while whole batches are new.
+    /// Pokes every database's due fields until `shutdown` or the engine is gone, a batch at a
+    /// time while whole batches are new, sleeping in between until the earliest deadline the
+    /// field ledger holds, a wake-up for an earlier one written, or the safety round
+    /// (docs/how-it-works.md#the-poker).
     async fn poke_all(
         &self,
-        config: Arc<Config>,
+        live: &LiveConfig,
         tx: &mpsc::Sender<Signal>,
-    ) -> redis::RedisResult<bool> {
-        for &db in &config.redis.databases {
-            while self.poke(db, tx).await? == POKE_BATCH {}
+        shutdown: &CancellationToken,
+    ) {
+        use crate::source::ledger::SAFETY_EVERY;
+        let alarm = &self.inner.alarm;
+        let mut safety = tokio::time::interval_at(Instant::now() + SAFETY_EVERY, SAFETY_EVERY);
+        safety.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Per database, the least time of its next round (see POKE_EVERY).
+        let mut not_before: HashMap<u32, Instant> = HashMap::new();
+        loop {
+            let config = live.current();
+            if !config.watches_fields() {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                continue;
+            }
+            let dbs = config.redis.databases.clone();
+            alarm.keep(&dbs);
+            let now = now_ms();
+            let mut failed = false;
+            for &db in &dbs {
+                if alarm.planned(db).is_some_and(|at| at >= now)
+                    || not_before.get(&db).is_some_and(|t| *t > Instant::now())
+                {
+                    continue;
+                }
+                loop {
+                    alarm.looking(db);
+                    // Cancelled mid-round at shutdown: what it wrote stands, the rest is the
+                    // next run's.
+                    let done = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        done = self.poke(db, tx) => done,
+                    };
+                    match done {
+                        Ok((n, _)) if n == POKE_BATCH => continue,
+                        Ok((_, next)) => {
+                            if alarm.plan(db, next) < now_ms() {
+                                // Due fields wait for the engine to take them.
+                                not_before.insert(db, Instant::now() + POKE_EVERY);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "Field ledger poker: Redis error; retrying in a second.");
+                            alarm.plan(db, None);
+                            failed = true;
+                        }
+                    }
+                    break;
+                }
+            }
+            if tx.is_closed() {
+                return;
+            }
+            if failed {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+                for &db in &dbs {
+                    alarm.looking(db);
+                }
+                continue;
+            }
+            let wait = dbs
+                .iter()
+                .map(|db| {
+                    let planned = alarm.planned(*db).map_or(Duration::ZERO, until_past);
+                    let least = not_before.get(db).map_or(Duration::ZERO, |t| {
+                        t.saturating_duration_since(Instant::now())
+                    });
+                    planned.max(least)
+                })
+                .min()
+                .unwrap_or(SAFETY_EVERY);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = alarm.woken() => {}
+                _ = safety.tick() => {
+                    for &db in &dbs {
+                        match store::earliest(&mut self.state(), &self.inner.prefix, db).await {
+                            Ok(Some(at)) => alarm.lower(db, at),
+                            Ok(None) => {}
+                            Err(e) => tracing::debug!(db, error = %e, "Field ledger poker: cannot read the earliest deadline."),
+                        }
+                    }
+                }
+                _ = tokio::time::sleep(wait) => {}
+            }
         }
-        Ok(!tx.is_closed())
     }
 
     /// The hashes keyevents named since the last round, one at a time (one put back when Redis

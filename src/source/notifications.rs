@@ -42,6 +42,8 @@ pub fn channels(dbs: &[u32], kinds: &[EventKind], ledger: Option<&str>) -> Vec<S
                 "persist",
                 "rename_from",
                 "rename_to",
+                "move_from",
+                "move_to",
                 "del",
                 "evicted",
             ]);
@@ -77,8 +79,10 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Feed)> {
         "evicted" => Feed::Event(EventKind::Evicted),
         "del" => Feed::Event(EventKind::Deleted),
         "expire" => Feed::Deadline(Note::Expire),
-        "rename_to" => Feed::Deadline(Note::RenameTo),
-        "persist" | "rename_from" => Feed::Deadline(Note::Forget),
+        // A key `MOVE`d in brings its TTL, as a renamed one does; one moved out takes its
+        // deadline along (docs/how-it-works.md#the-deadline-ledger).
+        "rename_to" | "move_to" => Feed::Deadline(Note::RenameTo),
+        "persist" | "rename_from" | "move_from" => Feed::Deadline(Note::Forget),
         other => Feed::Hash(crate::source::fields::change_of(other)?),
     };
     // As Redis writes it (`%d`): `u32::from_str` would also take `+0` and `007`.
@@ -551,6 +555,8 @@ mod tests {
                 "__keyevent@0__:persist",
                 "__keyevent@0__:rename_from",
                 "__keyevent@0__:rename_to",
+                "__keyevent@0__:move_from",
+                "__keyevent@0__:move_to",
                 "__keyevent@0__:del",
                 "__keyevent@0__:evicted",
                 "keywatch:poke"
@@ -571,6 +577,14 @@ mod tests {
         assert_eq!(
             parse_channel("__keyevent@0__:rename_from"),
             Some((0, Feed::Deadline(Note::Forget)))
+        );
+        assert_eq!(
+            parse_channel("__keyevent@2__:move_from"),
+            Some((2, Feed::Deadline(Note::Forget)))
+        );
+        assert_eq!(
+            parse_channel("__keyevent@1__:move_to"),
+            Some((1, Feed::Deadline(Note::RenameTo)))
         );
         assert_eq!(parse_channel("__keyevent@0__:set"), None);
         // Found by `fuzz/fuzz_targets/event_decode.rs`: databases not written as Redis writes them.

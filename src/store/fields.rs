@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use crate::keyspace::Conn;
-use crate::store::ledger::{BUCKET, Names};
+use crate::store::ledger::{BUCKET, Due, Names};
 
 /// Writes deadlines of one hash's fields, moving them between seconds.
 static WRITE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
@@ -80,15 +80,21 @@ pub async fn write(
     inv.invoke_async(state).await
 }
 
-/// Up to `limit` members of `db` due by `until_ms`, earliest minute first, with their deadlines.
+/// Up to `limit` members of `db` due by `until_ms`, earliest minute first, with their deadlines,
+/// and the earliest deadline the field ledger may hold after them.
 pub async fn due(
     state: &mut Conn,
     prefix: &str,
     db: u32,
     until_ms: i64,
     limit: usize,
-) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+) -> redis::RedisResult<Due> {
     names(prefix, db).due(state, until_ms, 0, limit).await
+}
+
+/// The earliest deadline `db`'s field ledger may hold (the poker's safety round).
+pub async fn earliest(state: &mut Conn, prefix: &str, db: u32) -> redis::RedisResult<Option<i64>> {
+    names(prefix, db).earliest(state).await
 }
 
 /// Converts up to a batch of an earlier keywatch's field ledger of `db`; returns how many

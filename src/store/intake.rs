@@ -114,6 +114,23 @@ impl Records {
         inv.invoke_async(&mut self.conn.clone()).await
     }
 
+    /// When the first record's lease ends (or its retry is due), `None` when there is none: one
+    /// command, what an idle instance asks instead of running the take-over script.
+    pub async fn earliest(&self) -> redis::RedisResult<Option<i64>> {
+        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(&self.zset)
+            .arg("-inf")
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(first.first().map(|(_, at)| at.floor() as i64))
+    }
+
     /// Takes over up to `max` records whose lease ended, leased anew: id, record pairs.
     pub async fn take_over(&self, now_ms: i64, max: usize) -> redis::RedisResult<Vec<String>> {
         self.take_over
@@ -242,6 +259,9 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "zrange", SCRIPT)
             .on(Keys::State("intake"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1"),
+        Use::new(Server::State, "zrange", "intake: when the first lease ends (an idle instance)")
+            .on(Keys::State("intake"), Access::Read)
+            .args("{key} -inf +inf BYSCORE LIMIT 0 1 WITHSCORES"),
         Use::new(Server::State, "hset", WHY)
             .on(Keys::State("intake:events"), Access::Write)
             .args("{key} id r"),

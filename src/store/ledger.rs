@@ -59,22 +59,44 @@ impl Names {
     }
 
     /// Deadlines up to `until_ms`, `limit` after skipping `offset` of them, earliest minute
-    /// first (see `ledger/due.lua`).
+    /// first, and the earliest the ledger may hold after them (see `ledger/due.lua`).
     pub async fn due(
         &self,
         conn: &mut Conn,
         until_ms: i64,
         offset: usize,
         limit: usize,
-    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        DUE_SCRIPT
+    ) -> redis::RedisResult<Due> {
+        let (rows, next): (Vec<(Vec<u8>, i64)>, i64) = DUE_SCRIPT
             .key(&self.minutes)
             .arg(&self.seconds)
             .arg(until_ms)
             .arg(offset)
             .arg(limit)
             .invoke_async(conn)
-            .await
+            .await?;
+        Ok(Due {
+            rows,
+            next: (next >= 0).then_some(next),
+        })
+    }
+
+    /// The earliest deadline the minutes say they may hold (no later than the earliest held),
+    /// `None` when they hold none: the poker's safety round, one command
+    /// (docs/how-it-works.md#the-poker).
+    pub async fn earliest(&self, conn: &mut Conn) -> redis::RedisResult<Option<i64>> {
+        let first: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(&self.minutes)
+            .arg("-inf")
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await?;
+        Ok(first.first().map(|(_, score)| *score as i64))
     }
 
     /// Up to `limit` minutes holding deadlines, from minute `from` on and no later than
@@ -161,6 +183,15 @@ impl Names {
             .invoke_async(conn)
             .await
     }
+}
+
+/// What the poker's read of due deadlines answers ([`Names::due`]).
+pub struct Due {
+    /// Due (key, deadline) pairs, earliest minute first.
+    pub rows: Vec<(Vec<u8>, i64)>,
+    /// The earliest deadline the ledger may hold after this read (a minute's score: no later
+    /// than its earliest deadline), `None` when it holds none.
+    pub next: Option<i64>,
 }
 
 /// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
@@ -380,6 +411,14 @@ impl Deadlines {
             .collect())
     }
 
+    /// Whether `db`'s poked set holds anything.
+    pub async fn any_poked(&self, db: u32) -> redis::RedisResult<bool> {
+        redis::cmd("EXISTS")
+            .arg(poked(&self.prefix, db))
+            .query_async(&mut self.conn())
+            .await
+    }
+
     /// The next number of `db`'s marker sequence.
     pub async fn next_marker(&self, db: u32) -> redis::RedisResult<u64> {
         redis::cmd("INCR")
@@ -396,10 +435,15 @@ impl Deadlines {
         until_ms: i64,
         offset: usize,
         limit: usize,
-    ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
+    ) -> redis::RedisResult<Due> {
         self.names(db)
             .due(&mut self.conn(), until_ms, offset, limit)
             .await
+    }
+
+    /// The earliest deadline `db`'s ledger may hold (see [`Names::earliest`]).
+    pub async fn earliest(&self, db: u32) -> redis::RedisResult<Option<i64>> {
+        self.names(db).earliest(&mut self.conn()).await
     }
 
     /// Moves keys found gone (`gone`: key, deadline as seen) to the poked set, only those whose
@@ -484,6 +528,10 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:minutes"), Access::Write)
             .args("{key} 0")
             .when(When::Ledger),
+        Use::new(Server::State, "exists", SCRIPTS)
+            .on(Keys::State("ledger:*:at:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
         Use::new(Server::State, "zrange", WHY)
             .on(Keys::State("ledger:*:minutes"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
@@ -511,6 +559,10 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:poked"), Access::Write)
             .args("{key} 0 k")
             .when(When::Ledger),
+        Use::new(Server::State, "exists", "ledger: is a marker worth publishing?")
+            .on(Keys::State("ledger:*:poked"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
         Use::new(Server::State, "zrange", "ledger: missed expiries")
             .on(Keys::State("ledger:*:poked"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1")
@@ -536,6 +588,10 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "hscan", FIELDS)
             .on(Keys::State("fields:*:at:*"), Access::Read)
             .args("{key} 0 COUNT 1000")
+            .when(When::Fields),
+        Use::new(Server::State, "exists", FIELDS)
+            .on(Keys::State("fields:*:at:*"), Access::Read)
+            .args("{key}")
             .when(When::Fields),
         Use::new(Server::State, "zrem", FIELDS)
             .on(Keys::State("fields:*:minutes"), Access::Write)

@@ -620,3 +620,42 @@ rules:
     assert_eq!(alerts.count(), 2, "{}", kw.describe_output());
     kw.stop();
 }
+
+/// A hash `MOVE`d to a database keywatch does not watch takes its fields' deadlines along
+/// (docs/how-it-works.md#the-deadline-ledger): none of its fields is reported as expired where it
+/// was, while a field of a hash that stayed is alerted at its deadline.
+#[test]
+fn a_hash_moved_away_takes_its_fields_deadlines_along() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_for(&receiver);
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut conn = redis.conn();
+    let start = server_ms(&mut conn) + 2000;
+    hold(&mut conn, "holds:moved", "sku-1:order-1", start);
+    hold(&mut conn, "holds:moved", "sku-2:order-2", start + 10);
+    hold(&mut conn, "holds:stayed", "sku-3:order-3", start + 500);
+    wait_until("keywatch learnt the 3 field deadlines", PATIENCE, || {
+        known_fields(&mut conn) == 3
+    });
+    let moved: i64 = redis::cmd("MOVE")
+        .arg("holds:moved")
+        .arg(2)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(moved, 1);
+    wait_until("the moved hash's fields are forgotten", PATIENCE, || {
+        known_fields(&mut conn) == 1
+    });
+    receiver.wait_for(1, PATIENCE);
+    common::wait_no_work_left(&mut conn);
+    let alerts = field_alerts(&receiver.requests());
+    assert_eq!(
+        alerts.keys().collect::<Vec<_>>(),
+        [&("holds:stayed".to_string(), "sku-3:order-3".to_string())],
+        "{}",
+        kw.describe_output()
+    );
+    assert_eq!(receiver.count(), 1, "nothing else was sent");
+    kw.stop();
+}

@@ -532,3 +532,153 @@ fn a_delete_the_index_missed_is_not_recovered_as_an_expiry() {
         assert_eq!(common::ledger::len(&mut redis.conn(), "kw:"), 0);
     });
 }
+
+/// docs/how-it-works.md#the-deadline-ledger: a key `MOVE`d out of a watched database takes its
+/// deadline along — into the database it went to when that one is watched (and is then handled
+/// there on time), nowhere otherwise — and is never reported as expired, nor recovered, in the
+/// database it left.
+#[test]
+fn a_moved_key_takes_its_deadline_along() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::hook_rules(
+        dir.path(),
+        &receiver,
+        "redis: { databases: [0, 1] }\nrules:\n  - name: lock-expired\n    match: \"lock:{id}\"\n    notify: { to: [hook] }\n",
+    );
+    let _kw = common::run_on(&redis, &rules);
+    let mut c = redis.conn();
+    common::set_px(&mut c, "lock:away", 1500);
+    common::set_px(&mut c, "lock:across", 1500);
+    common::set_px(&mut c, "lock:control", 2500);
+    wait_until(
+        "the ledger knows the 3 deadlines",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 3,
+    );
+    for (key, to) in [("lock:away", 2), ("lock:across", 1)] {
+        let moved: i64 = redis::cmd("MOVE").arg(key).arg(to).query(&mut c).unwrap();
+        assert_eq!(moved, 1, "{key}");
+    }
+    wait_until(
+        "the ledger of database 0 forgot the moved keys",
+        Duration::from_secs(10),
+        || ledger_size(&redis) == 1,
+    );
+    let got = receiver.wait_for(2, Duration::from_secs(20));
+    let across = got
+        .iter()
+        .map(|r| r.json())
+        .find(|j| j["key"] == "lock:across")
+        .expect("lock:across expired in database 1");
+    assert_eq!(across["db"], 1, "{across}");
+    assert!(across["deadline"].is_string(), "poked on time: {across}");
+    // Anything the moves caused in database 0 comes before a key expired after them there.
+    set_and_expire_now(&mut c, &[SENTINEL]);
+    let d = delivered(&receiver.wait_past(&[SENTINEL], PATIENCE));
+    assert_eq!(
+        d.keys().collect::<Vec<_>>(),
+        ["lock:across", "lock:control"],
+        "{d:?}"
+    );
+    assert!(
+        d.values().all(|(n, recovered)| *n == 1 && !*recovered),
+        "{d:?}"
+    );
+}
+
+/// docs/how-it-works.md#the-poker: a round answers, beside what it touched, the earliest
+/// deadline the ledger still holds — exactly that deadline, not a second or a minute before it —
+/// which is when the poker looks next.
+#[test]
+fn a_round_of_the_poker_says_when_the_next_deadline_is() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let ledger = Ledger::new(state.clone(), keyspace, "keywatch:", metrics);
+        let keys = vec![b"k:soon".to_vec(), b"k:later".to_vec()];
+        common::set_px(&mut redis.conn(), "k:soon", 200);
+        common::set_px(&mut redis.conn(), "k:later", 1700);
+        ledger.learn(0, &keys).await.unwrap();
+        let deadline =
+            |key: &str| -> i64 { common::ledger::entries(&mut redis.conn(), "keywatch:")[key] };
+        let (soon, later) = (deadline("k:soon"), deadline("k:later"));
+        assert_eq!(
+            ledger.poke_round(0, true, None).await.unwrap(),
+            (0, Some(soon)),
+            "nothing due yet"
+        );
+        wait_until("k:soon is due", PATIENCE, || {
+            let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
+            s * 1000 + us / 1000 > soon + 1
+        });
+        // The touch expires k:soon; found gone without a grace, it leaves for the poked set.
+        assert_eq!(ledger.poke_round(0, true, None).await.unwrap().0, 1);
+        assert_eq!(
+            ledger.poke_round(0, true, None).await.unwrap(),
+            (0, Some(later)),
+            "the minute's score is raised to the deadline it still holds"
+        );
+    });
+}
+
+/// SPEC §5 "Quiet when idle" (docs/performance.md#an-idle-instance): with far deadlines learnt
+/// and nothing due, an instance sends the watched Redis a few commands a second, not a poll
+/// every 2 ms per database. The bound leaves room for start-up's tail (a busy engine looks for
+/// take-overs every second for 15 s after the last event); `examples/idle` gives the figures.
+#[test]
+fn an_idle_instance_does_not_poll_redis() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = common::lock_rules(dir.path(), &receiver, "");
+    let mut kw = common::run_on(&redis, &rules);
+    // Start-up's one check of the grants queues every command it needs in `MULTI`s.
+    kw.wait_for_event("grants_complete", "of the grants checked", |_| true);
+    let mut c = redis.conn();
+    for i in 0..200 {
+        common::set_px(&mut c, format!("lock:{i}"), 3_600_000);
+    }
+    wait_until("the ledger knows the 200 deadlines", PATIENCE, || {
+        ledger_size(&redis) == 200
+    });
+    // Calls per command, but `INFO` (this test's own).
+    let calls = |c: &mut redis::Connection| -> std::collections::BTreeMap<String, u64> {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+        info.lines()
+            .filter(|l| !l.starts_with("cmdstat_info:"))
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                let n = rest
+                    .split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((name.to_string(), n))
+            })
+            .collect()
+    };
+    let before = calls(&mut c);
+    let started = std::time::Instant::now();
+    // A measuring window, not a wait for something to happen.
+    std::thread::sleep(Duration::from_secs(5));
+    let secs = started.elapsed().as_secs_f64();
+    let sent: Vec<(String, u64)> = calls(&mut c)
+        .into_iter()
+        .map(|(name, n)| {
+            let was = before.get(&name).copied().unwrap_or(0);
+            (name, n - was)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let per_second = sent.iter().map(|(_, n)| *n).sum::<u64>() as f64 / secs;
+    eprintln!("an idle instance: {per_second:.1} commands a second: {sent:?}");
+    assert!(
+        per_second <= 15.0,
+        "an idle instance sent {per_second:.1} commands a second: {sent:?}"
+    );
+}

@@ -9,8 +9,9 @@
 //! (`store::ledger`), and in this process an index of which second each key is in
 //! ([`index`]):
 //!
-//! - **On time**: when a deadline comes, the poker touches the key (`PEXPIRETIME`, pipelined,
-//!   every few ms); Redis then deletes it and publishes `expired` at once.
+//! - **On time**: when a deadline comes, the poker touches the key (`PEXPIRETIME`, pipelined);
+//!   Redis then deletes it and publishes `expired` at once. Between deadlines the poker sleeps
+//!   ([`alarm`]): until the earliest deadline the ledger holds, or one written earlier.
 //! - **Recovery**: a touched key that was already gone moves to a "poked" set tagged with a
 //!   sequence number, and the poker publishes that number on keywatch's marker channel. Pub/sub
 //!   keeps order, so when the engine reads the marker it has already read every `expired` that
@@ -29,24 +30,35 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
+pub(crate) mod alarm;
 pub(crate) mod grace;
 pub(crate) mod index;
 pub(crate) mod markers;
 
 use crate::store::ledger::{self as store, Deadlines, Entry, second_of};
+use alarm::{Alarm, until_past};
 pub use grace::{GRACE, Grace};
 use index::LedgerIndex;
 pub use markers::Markers;
-use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::LiveConfig;
 use crate::keyspace::Keyspace;
 use crate::metrics::Metrics;
 
-/// How often the poker looks for due deadlines; the lateness of an on-time expiry is about this
-/// plus a round trip.
+/// The least time between two rounds of the poker for one database while its ledger holds due
+/// deadlines it cannot clear yet (keys in their [`Grace`], a key Redis has yet to expire by a
+/// clock a millisecond behind keywatch's estimate, events waiting to be matched). Otherwise it
+/// sleeps until the next deadline ([`alarm`]).
 pub const POKE_EVERY: Duration = Duration::from_millis(2);
+/// Longest the poker trusts what it knows: once a second it reads the earliest deadline the
+/// ledger's minutes hold (one command per database), for deadlines written by another instance
+/// that this one heard of no other way (its fill at start-up, a field ledger's walk).
+pub const SAFETY_EVERY: Duration = Duration::from_secs(1);
+/// How often a marker is published while the poked set holds something: recovers entries whose
+/// own marker was lost (published while the subscriber was reconnecting, or never, the instance
+/// that moved them having died in between).
+const MARK_EVERY: Duration = Duration::from_secs(5);
 /// Due keys touched per round trip.
 const POKE_BATCH: usize = 2000;
 /// Longest the poker holds back while events wait: what a key whose `expired` Redis has not
@@ -68,9 +80,11 @@ const GRACE_PAGES: usize = 4;
 pub enum Note {
     /// `expire`: a TTL was set or changed; read it.
     Expire,
-    /// `rename_to`: the TTL came with the name; read it.
+    /// `rename_to`, `move_to`: the TTL came with the name, or with the key from another
+    /// database; read it.
     RenameTo,
-    /// `persist`, `rename_from`, `del`, `evicted`: the deadline is gone.
+    /// `persist`, `rename_from`, `move_from`, `del`, `evicted`: the deadline is gone (with the
+    /// key, to its new name or database).
     Forget,
 }
 
@@ -105,6 +119,8 @@ struct Inner {
     /// second), per database: a walk or the poker that finds them gone drops them, as the
     /// `del` would have, rather than recovering them as missed. Cleared by a completed walk.
     forgotten: std::sync::Mutex<HashSet<(u32, Vec<u8>)>>,
+    /// When the poker looks next, and its wake-up for a deadline written earlier than that.
+    alarm: Alarm,
 }
 
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
@@ -126,6 +142,7 @@ impl Ledger {
                 filling: AtomicUsize::new(0),
                 index: LedgerIndex::default(),
                 forgotten: std::sync::Mutex::new(HashSet::new()),
+                alarm: Alarm::default(),
             }),
         }
     }
@@ -205,6 +222,9 @@ impl Ledger {
     async fn write(&self, db: u32, entries: &[Entry<'_>]) -> redis::RedisResult<()> {
         let index = &self.inner.index;
         self.inner.store.record(db, entries, now_ms()).await?;
+        if let Some(earliest) = entries.iter().map(|e| e.deadline).filter(|d| *d > 0).min() {
+            self.inner.alarm.learnt(db, earliest);
+        }
         for e in entries {
             match e.deadline {
                 -1 => {
@@ -301,7 +321,7 @@ impl Ledger {
     /// One round of the poker for `db`: touch every due key; returns how many it touched. Keys
     /// found gone are recorded at once (no [`Grace`]).
     pub async fn poke(&self, db: u32) -> redis::RedisResult<usize> {
-        self.poke_round(db, true, None).await
+        Ok(self.poke_round(db, true, None).await?.0)
     }
 
     /// A round of the poker; `record_gone`: keys found gone move to the poked set, to be
@@ -316,17 +336,23 @@ impl Ledger {
     /// way, which removes it from the ledger. Recording it meant three writes to the poked set
     /// that the take then undid with two more, for every key expired on time. It is recorded
     /// if it is still in the ledger once [`GRACE`] has passed.
+    ///
+    /// Returns how many keys it touched, and the earliest deadline the ledger may hold after
+    /// the round (`None`: none), which is when the poker looks next.
     pub async fn poke_round(
         &self,
         db: u32,
         record_gone: bool,
         mut grace: Option<&mut Grace>,
-    ) -> redis::RedisResult<usize> {
+    ) -> redis::RedisResult<(usize, Option<i64>)> {
         let store = &self.inner.store;
         let mut offset = 0;
+        let mut next;
         let due = loop {
             // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
-            let page = store.due(db, now_ms() - 1, offset, POKE_BATCH).await?;
+            let read = store.due(db, now_ms() - 1, offset, POKE_BATCH).await?;
+            let page = read.rows;
+            next = read.next;
             let len = page.len();
             let Some(g) = grace.as_deref_mut() else {
                 break page;
@@ -343,7 +369,7 @@ impl Ledger {
             break open;
         };
         if due.is_empty() {
-            return Ok(0);
+            return Ok((0, next));
         }
         let mut conn = self.inner.keyspace.conn(db).await?;
         let keys: Vec<Vec<u8>> = due.iter().map(|(k, _)| k.clone()).collect();
@@ -387,6 +413,12 @@ impl Ledger {
         }
         if !fixes.is_empty() {
             self.write(db, &fixes).await?;
+            // A deadline moved later or dropped: whatever the ledger now holds first.
+            let moved = fixes.iter().map(|e| e.deadline).filter(|d| *d > 0).min();
+            next = match (next, moved) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
         if !gone.is_empty() {
             let seq = store.move_poked(db, &gone).await?;
@@ -400,7 +432,17 @@ impl Ledger {
                 .exec_async(&mut conn)
                 .await?;
         }
-        Ok(due.len())
+        Ok((due.len(), next))
+    }
+
+    /// The earliest deadline `db`'s ledger may hold, read from Redis (the poker's safety round).
+    pub async fn earliest(&self, db: u32) -> redis::RedisResult<Option<i64>> {
+        self.inner.store.earliest(db).await
+    }
+
+    /// Whether `db`'s poked set holds anything (a marker is then worth publishing).
+    async fn any_poked(&self, db: u32) -> redis::RedisResult<bool> {
+        self.inner.store.any_poked(db).await
     }
 
     /// Drops deadlines still in the future whose key is gone: deleted while keywatch was not
@@ -636,6 +678,13 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config, only: Opt
 
 /// Pokes every database until `shutdown`; errors are logged and retried after a pause.
 ///
+/// Between rounds it sleeps until the earliest deadline the ledger holds ([`alarm`]): a round
+/// answers that along with what is due, a deadline this instance writes earlier than its plan
+/// wakes it, and once every [`SAFETY_EVERY`] one command per database reads the ledger's
+/// earliest in case another instance wrote one this instance heard of no other way. While
+/// nothing is due it sends the watched Redis nothing else but a marker check now and then
+/// (docs/performance.md#an-idle-instance).
+///
 /// While keyspace events wait to be matched (a mass expiry: Redis is already expiring and
 /// publishing faster than keywatch takes them in), the poker holds back, up to
 /// [`HOLD_AT_MOST`]: the keys it would find due are mostly gone already, with their `expired`
@@ -651,12 +700,17 @@ pub async fn run_poker(
     behind: impl Fn() -> bool,
     shutdown: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(POKE_EVERY);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut housekeeping = tokio::time::interval(Duration::from_secs(5));
+    let alarm = &ledger.inner.alarm;
+    let start = tokio::time::Instant::now();
+    let mut safety = tokio::time::interval_at(start + SAFETY_EVERY, SAFETY_EVERY);
+    safety.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut housekeeping = tokio::time::interval(MARK_EVERY);
+    housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_round = tokio::time::Instant::now();
     let mut last_recorded = tokio::time::Instant::now();
     let mut grace = Grace::default();
+    // Per database, the least time of its next round (see POKE_EVERY).
+    let mut not_before: HashMap<u32, tokio::time::Instant> = HashMap::new();
     loop {
         // Read each round: a reload may change the databases, or whether a ledger is kept.
         let config = live.current();
@@ -665,47 +719,101 @@ pub async fn run_poker(
         } else {
             Vec::new()
         };
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            _ = housekeeping.tick() => {
-                ledger.inner.metrics.ledger_keys.set(ledger.indexed() as i64);
-                // A marker now and then recovers entries whose marker was lost (published while
-                // the subscriber was reconnecting).
-                for &db in &dbs {
-                    let _ = ledger.mark(db).await;
-                }
+        alarm.keep(&dbs);
+        let held_back = behind() && last_round.elapsed() < HOLD_AT_MOST;
+        let now = now_ms();
+        let mut failed = false;
+        for &db in &dbs {
+            if held_back
+                || alarm.planned(db).is_some_and(|at| at >= now)
+                || not_before
+                    .get(&db)
+                    .is_some_and(|t| *t > tokio::time::Instant::now())
+            {
+                continue;
             }
-            _ = tick.tick() => {
-                if behind() && last_round.elapsed() < HOLD_AT_MOST {
-                    continue;
+            last_round = tokio::time::Instant::now();
+            // Keep poking while whole batches are due, then plan the next look.
+            loop {
+                alarm.looking(db);
+                // Gone keys are recorded once the events are caught up with, and at least
+                // every RECORD_AT_MOST however busy: a subscriber always behind must not put
+                // off recovering lost expiries for good.
+                let record = !behind() || last_recorded.elapsed() >= RECORD_AT_MOST;
+                if record {
+                    last_recorded = tokio::time::Instant::now();
                 }
-                last_round = tokio::time::Instant::now();
-                for &db in &dbs {
-                    // Keep poking while whole batches are due, then wait a tick.
-                    loop {
-                        // Gone keys are recorded once the events are caught up with, and
-                        // at least every RECORD_AT_MOST however busy: a subscriber always
-                        // behind must not put off recovering lost expiries for good.
-                        let record = !behind() || last_recorded.elapsed() >= RECORD_AT_MOST;
-                        if record {
-                            last_recorded = tokio::time::Instant::now();
+                match ledger.poke_round(db, record, Some(&mut grace)).await {
+                    Ok((n, _)) if n == POKE_BATCH && !behind() => continue,
+                    Ok((_, next)) => {
+                        let at = alarm.plan(db, next);
+                        if at < now_ms() {
+                            // Still due: what is left waits for a grace, an event or Redis.
+                            not_before.insert(db, tokio::time::Instant::now() + POKE_EVERY);
                         }
-                        match ledger.poke_round(db, record, Some(&mut grace)).await {
-                            Ok(n) if n == POKE_BATCH && !behind() => continue,
-                            Ok(_) => break,
-                            Err(e) => {
-                                tracing::warn!(db, error = %e, "Deadline poker: Redis error; retrying in a second.");
-                                tokio::select! {
-                                    _ = shutdown.cancelled() => return,
-                                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                                }
-                                break;
-                            }
-                        }
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(db, error = %e, "Deadline poker: Redis error; retrying in a second.");
+                        alarm.plan(db, None);
+                        failed = true;
+                        break;
                     }
                 }
             }
+        }
+        if failed {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            // Look again at every database: the plans may be stale.
+            for &db in &dbs {
+                alarm.looking(db);
+            }
+            continue;
+        }
+        // Sleep until the earliest plan (or the least time of a round still due), a wake-up,
+        // the safety round or housekeeping.
+        let wait = if held_back {
+            POKE_EVERY
+        } else {
+            dbs.iter()
+                .map(|db| {
+                    let planned = alarm.planned(*db).map_or(Duration::ZERO, until_past);
+                    let least = not_before.get(db).map_or(Duration::ZERO, |t| {
+                        t.saturating_duration_since(tokio::time::Instant::now())
+                    });
+                    planned.max(least)
+                })
+                .min()
+                .unwrap_or(SAFETY_EVERY)
+        };
+        let until = tokio::time::Instant::now() + wait;
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = alarm.woken() => {}
+            _ = safety.tick() => {
+                for &db in &dbs {
+                    match ledger.earliest(db).await {
+                        Ok(Some(at)) => alarm.lower(db, at),
+                        Ok(None) => {}
+                        Err(e) => tracing::debug!(db, error = %e, "Deadline poker: cannot read the ledger's earliest deadline."),
+                    }
+                }
+            }
+            _ = housekeeping.tick() => {
+                ledger.inner.metrics.ledger_keys.set(ledger.indexed() as i64);
+                // A marker now and then recovers entries whose marker was lost (published
+                // while the subscriber was reconnecting): only when there are any.
+                for &db in &dbs {
+                    if ledger.any_poked(db).await.unwrap_or(true) {
+                        let _ = ledger.mark(db).await;
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(until) => {}
         }
     }
 }
