@@ -265,7 +265,7 @@ impl Delivery {
             }
             keep.extend(crate::store::long_keys::keep_cmds(
                 &config.state.prefix,
-                &firing,
+                [&firing],
             ));
         }
         keep

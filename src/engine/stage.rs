@@ -252,9 +252,10 @@ impl FiringStage {
         }
         // A long key's exact bytes, kept once for all the jobs that name it by its hash
         // (docs/reliability.md#bounded-whatever-the-key).
-        for f in &firings {
-            also.extend(crate::store::long_keys::keep_cmds(&config.state.prefix, f));
-        }
+        also.extend(crate::store::long_keys::keep_cmds(
+            &config.state.prefix,
+            &firings,
+        ));
         let written = if stores {
             self.delivery.accept_with(firings, also).await.is_ok()
         } else {

@@ -21,12 +21,20 @@ pub fn key(prefix: &str, sha256: &str) -> String {
     format!("{prefix}long:{sha256}")
 }
 
-/// Keeps the exact values `firing` will be stored without ([`crate::firing::Firing::apart`]),
-/// for the transaction that stores its jobs.
-pub fn keep_cmds(prefix: &str, firing: &crate::firing::Firing) -> Vec<redis::Cmd> {
-    firing
-        .kept_apart()
-        .into_iter()
+/// Keeps the exact values `firings` will be stored without ([`crate::firing::Firing::apart`]),
+/// each once however many firings (one per rule that matched the key) name it, for the
+/// transaction that stores their jobs.
+pub fn keep_cmds<'a>(
+    prefix: &str,
+    firings: impl IntoIterator<Item = &'a crate::firing::Firing>,
+) -> Vec<redis::Cmd> {
+    let mut kept: Vec<&[u8]> = Vec::new();
+    for exact in firings.into_iter().flat_map(|f| f.kept_apart()) {
+        if !kept.contains(&exact) {
+            kept.push(exact);
+        }
+    }
+    kept.into_iter()
         .map(|exact| keep_cmd(prefix, exact))
         .collect()
 }
@@ -63,4 +71,33 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("long:*"), Access::ReadWrite)
             .args("{key} PX 1000"),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::firing::expiry;
+
+    #[test]
+    fn a_long_key_is_kept_once_however_many_rules_fire_and_a_short_one_not_at_all() {
+        let long = format!("big:{}", "k".repeat(crate::long_key::EXACT + 1));
+        let at = "2026-12-06T10:00:00Z";
+        let (a, b, short) = (
+            expiry("a", &long, at),
+            expiry("b", &long, at),
+            expiry("c", "k:1", at),
+        );
+        let cmds = keep_cmds("kw:", [&a, &b, &short]);
+        assert_eq!(cmds.len(), 1);
+        let packed = String::from_utf8_lossy(&cmds[0].get_packed_command()).into_owned();
+        let sha = crate::long_key::sha256_hex(long.as_bytes());
+        assert!(
+            packed.contains(&format!("kw:long:{sha}")),
+            "named by its hash"
+        );
+        assert!(packed.contains(&long), "the exact bytes");
+        // Stored, a firing names the key apart and keeps nothing more.
+        let stored: crate::firing::Firing = serde_json::from_str(&a.text()).unwrap();
+        assert!(keep_cmds("kw:", [&stored]).is_empty());
+    }
 }
