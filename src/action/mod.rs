@@ -40,7 +40,12 @@ impl ActionContext {
         }
         match a.whole(firing).await {
             Ok(whole) => a.run_snapshot(&whole, action).await,
-            Err(why) => {
+            // Redis did not answer: the exact bytes are still kept, so the job is tried again.
+            Err(Unwhole::Unread(reason)) => Outcome::Retry {
+                reason,
+                after: None,
+            },
+            Err(Unwhole::Refused(why)) => {
                 tracing::error!(rule = %firing.rule, key = %crate::event::printable(&firing.key), id = %firing.id, action = action.name(), reason = %why, "A stored job is refused: its exact key cannot be read again.");
                 Outcome::Failed(format!("refused: {why}"))
             }
@@ -50,15 +55,20 @@ impl ActionContext {
     /// `firing` (stored, its exact key kept apart) made whole again: the exact key and field
     /// read from keywatch's state, checked against the hashes the firing names, and its
     /// captures taken again by the rule's pattern.
-    pub async fn whole(&self, firing: &Firing) -> Result<Firing, String> {
+    pub async fn whole(&self, firing: &Firing) -> Result<Firing, Unwhole> {
         let Some(apart) = &firing.apart else {
             return Ok(firing.clone());
         };
         let Some(rule) = self.config.rule(&firing.rule) else {
-            return Err(format!("rule `{}` no longer exists", firing.rule));
+            return Err(Unwhole::Refused(format!(
+                "rule `{}` no longer exists",
+                firing.rule
+            )));
         };
         let Some(state) = &self.state else {
-            return Err("the exact key is kept in keywatch's state, which is not at hand".into());
+            return Err(Unwhole::Refused(
+                "the exact key is kept in keywatch's state, which is not at hand".into(),
+            ));
         };
         let prefix = &self.config.state.prefix;
         let read = |e: &Option<crate::firing::Exact>| {
@@ -72,11 +82,13 @@ impl ActionContext {
         };
         let key = read(&apart.key)
             .await
-            .map_err(|e| format!("cannot read the exact key: {e}"))?;
+            .map_err(|e| Unwhole::Unread(format!("cannot read the exact key: {e}")))?;
         let field = read(&apart.field)
             .await
-            .map_err(|e| format!("cannot read the exact field: {e}"))?;
-        firing.whole(key, field, |k, f| rule.captures_of(k, f))
+            .map_err(|e| Unwhole::Unread(format!("cannot read the exact field: {e}")))?;
+        firing
+            .whole(key, field, |k, f| rule.captures_of(k, f))
+            .map_err(Unwhole::Refused)
     }
 
     async fn run_snapshot(&self, firing: &Firing, action: &Action) -> Outcome {
@@ -123,6 +135,16 @@ impl ActionContext {
             },
         }
     }
+}
+
+/// Why a stored firing of a long key could not be made whole ([`ActionContext::whole`]).
+#[derive(Debug)]
+pub enum Unwhole {
+    /// keywatch's state did not answer: worth trying again.
+    Unread(String),
+    /// Its exact bytes are gone or are not what it names, or its captures are not the key's:
+    /// never (docs/reliability.md#keywatchs-state-is-not-a-way-in).
+    Refused(String),
 }
 
 /// The share of [`crate::long_key::AT_ONCE`] an attempt on `firing` takes, in KiB: its long
