@@ -180,12 +180,23 @@ impl HoldStage {
         lease: Lease,
     ) {
         let current = std::sync::Mutex::new(lease);
+        // Neither side panics while it holds the lock; a poisoned one still holds the lease.
+        let lease_now = || {
+            current
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
         let renewing = async {
             loop {
                 tokio::time::sleep(crate::store::renew_every()).await;
-                let held = current.lock().expect("the lease").clone();
+                let held = lease_now();
                 match self.store.renew(&held, now_ms()).await {
-                    Ok(Some(next)) => *current.lock().expect("the lease") = next,
+                    Ok(Some(next)) => {
+                        *current
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = next
+                    }
                     // Another instance's now: the release's end finds it so, and leaves it.
                     Ok(None) => std::future::pending::<()>().await,
                     Err(e) => self.refused("renew", &e),
@@ -193,7 +204,7 @@ impl HoldStage {
             }
         };
         tokio::select! {
-            () = self.release_leased(actions, attempt, record, &current) => {}
+            () = self.release_leased(actions, attempt, record, &lease_now) => {}
             () = renewing => {}
         }
     }
@@ -203,10 +214,10 @@ impl HoldStage {
         actions: &ActionContext,
         attempt: &Attempt,
         record: &Record,
-        current: &std::sync::Mutex<Lease>,
+        lease_now: &(dyn Fn() -> Lease + Sync),
     ) {
         let a = actions.refreshed();
-        let group = current.lock().expect("the lease").group.clone();
+        let group = lease_now().group;
         let mut held = match self.store.read(&group).await {
             Ok(h) => h,
             Err(e) => return self.refused("release", &e),
@@ -308,7 +319,7 @@ impl HoldStage {
             }
         }
         let ids = held.ids();
-        let lease = current.lock().expect("the lease").clone();
+        let lease = lease_now();
         match self.store.release(&lease, &ids, &entries, true, now).await {
             Ok(Recorded::Recorded { .. }) => {}
             Ok(Recorded::Lost) => {
