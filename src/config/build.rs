@@ -514,21 +514,9 @@ fn literal_prefix(s: &str) -> String {
 mod tests {
     use std::path::PathBuf;
 
-    use crate::config::{LoadError, Loaded, Mode, load_texts};
+    use crate::config::{LoadError, Mode, load_texts};
 
-    /// `check`'s verdict on one rule file: the config, or every diagnostic as printed.
-    fn check(yaml: &str) -> Result<Loaded, Vec<String>> {
-        load_texts(
-            vec![PathBuf::from("rules.yaml")],
-            &[yaml.to_string()],
-            Mode::Check,
-            &|_| None,
-        )
-        .map_err(|e| match e {
-            LoadError::Invalid(diags) => diags.iter().map(ToString::to_string).collect(),
-            LoadError::Unreadable(m) => vec![m],
-        })
-    }
+    use crate::config::checked as check;
 
     /// One rule `r` on `a:{id}` that logs `message` (written at line 9, column 16).
     fn logging(message: &str) -> String {

@@ -147,6 +147,22 @@ pub fn read_rule_files(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, Vec<String>),
     Ok((files, texts))
 }
 
+/// `check`'s verdict on one rules file's text (tests): what it loads, or every diagnostic as
+/// printed.
+#[cfg(test)]
+pub(crate) fn checked(yaml: &str) -> Result<Loaded, Vec<String>> {
+    load_texts(
+        vec![std::path::PathBuf::from("rules.yaml")],
+        &[yaml.to_string()],
+        Mode::Check,
+        &|_| None,
+    )
+    .map_err(|e| match e {
+        LoadError::Invalid(diags) => diags.iter().map(ToString::to_string).collect(),
+        LoadError::Unreadable(m) => vec![m],
+    })
+}
+
 /// The config of one rules file's text, which must load (tests). `mode` as the command that
 /// would load it: `Check` reports what `Run` would also refuse, without needing the environment.
 #[cfg(test)]

@@ -389,21 +389,10 @@ mod tests {
 
     use chrono::{DateTime, Utc};
 
-    use crate::config::{LoadError, Loaded, Mode, load_texts};
+    use crate::config::{LoadError, Mode, load_texts};
     use crate::quiet_hours::Release;
 
-    fn check(yaml: &str) -> Result<Loaded, Vec<String>> {
-        load_texts(
-            vec![PathBuf::from("rules.yaml")],
-            &[yaml.to_string()],
-            Mode::Check,
-            &|_| None,
-        )
-        .map_err(|e| match e {
-            LoadError::Invalid(diags) => diags.iter().map(ToString::to_string).collect(),
-            LoadError::Unreadable(m) => vec![m],
-        })
-    }
+    use crate::config::checked as check;
 
     #[test]
     fn quiet_hours_windows_channels_and_rules_load() {

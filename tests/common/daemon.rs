@@ -63,6 +63,24 @@ where
     command
 }
 
+/// `keywatch history --json` of the Redis at `url` under the rules at `rules`, with `extra`
+/// arguments (`--shadow`, `--rule R` …): its lines, parsed. Panics if it fails.
+pub fn history_json(url: &str, rules: &Path, extra: &[&str]) -> Vec<serde_json::Value> {
+    let rules = rules.to_string_lossy().into_owned();
+    let mut args = vec!["history", "--json", "--redis", url, "-r", &rules];
+    args.extend_from_slice(extra);
+    let out = run_keywatch(args, &[]);
+    assert!(
+        out.status.success(),
+        "keywatch history failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
 /// Runs a one-shot command to completion and returns its output. Panics if it runs longer than a
 /// minute (a hung CLI must fail the test, not hang the suite).
 pub fn run_keywatch<I, S>(args: I, envs: &[(&str, &str)]) -> Output

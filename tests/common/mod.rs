@@ -55,8 +55,8 @@ pub use commands::{
 };
 pub use daemon::{
     ATTEMPTED, DEAD_LETTERED, Daemon, KeywatchProcess, Logs, Rig, SUBSCRIBED, assert_no_secret,
-    field_is, field_u64, keywatch_bin, keywatch_command, run_keywatch, run_on, run_subscribed,
-    spawn_keywatch, spawn_run,
+    field_is, field_u64, history_json, keywatch_bin, keywatch_command, run_keywatch, run_on,
+    run_subscribed, spawn_keywatch, spawn_run,
 };
 pub use endpoint::{endpoint, get, metric, post, wait_for_endpoint};
 pub use forged::forge_job;

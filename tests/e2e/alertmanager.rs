@@ -39,19 +39,7 @@ rules:
 }
 
 fn history(daemon: &Daemon) -> Vec<Value> {
-    let url = daemon.redis.url();
-    let rules = daemon.rules.path.to_string_lossy().into_owned();
-    let out = run_keywatch(["history", "--json", "--redis", &url, "-r", &rules], &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    common::history_json(&daemon.redis.url(), &daemon.rules.path, &[])
 }
 
 #[test]

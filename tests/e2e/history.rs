@@ -11,21 +11,7 @@ use common::{
 use serde_json::Value;
 
 fn history(daemon: &Daemon, extra: &[&str]) -> Vec<Value> {
-    let url = daemon.redis.url();
-    let rules = daemon.rules.path.to_string_lossy().into_owned();
-    let mut args = vec!["history", "--json", "--redis", &url, "-r", &rules];
-    args.extend_from_slice(extra);
-    let out = run_keywatch(args, &[]);
-    assert!(
-        out.status.success(),
-        "keywatch history failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-        .collect()
+    common::history_json(&daemon.redis.url(), &daemon.rules.path, extra)
 }
 
 fn keys(list: &[Value]) -> Vec<&str> {

@@ -624,7 +624,7 @@ fn a_round_of_the_poker_says_when_the_next_deadline_is() {
     });
 }
 
-/// SPEC §5 "Quiet when idle" (docs/performance.md#an-idle-instance): with far deadlines learnt
+/// Quiet when idle (docs/performance.md#an-idle-instance): with far deadlines learnt
 /// and nothing due, an instance sends the watched Redis a few commands a second, not a poll
 /// every 2 ms per database. The bound leaves room for start-up's tail (a busy engine looks for
 /// take-overs every second for 15 s after the last event); `examples/idle` gives the figures.

@@ -13,9 +13,7 @@ use serde_json::Value;
 
 use crate::common;
 
-use common::{
-    Daemon, HttpReceiver, Logs, PATIENCE, RedisServer, run_keywatch, run_subscribed, wait_until,
-};
+use common::{Daemon, HttpReceiver, Logs, PATIENCE, RedisServer, run_subscribed, wait_until};
 
 /// How long before the end of its minute quiet hours' clock reads when a drill starts: time for
 /// keywatch to start and the keys to expire, while the window is still open.
@@ -63,19 +61,7 @@ fn redis_now(redis: &RedisServer) -> DateTime<Utc> {
 
 /// `keywatch history --json` of `daemon`'s Redis.
 fn history(daemon: &Daemon) -> Vec<Value> {
-    let url = daemon.redis.url();
-    let rules = daemon.rules.path.to_string_lossy().into_owned();
-    let out = run_keywatch(["history", "--json", "--redis", &url, "-r", &rules], &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    common::history_json(&daemon.redis.url(), &daemon.rules.path, &[])
 }
 
 /// The outcomes history shows for `key`'s actions.

@@ -10,8 +10,7 @@ use serde_json::Value;
 use crate::common;
 
 use common::{
-    HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisServer, run_keywatch, spawn_keywatch,
-    wait_until,
+    HttpReceiver, KeywatchProcess, Logs, PATIENCE, RedisServer, spawn_keywatch, wait_until,
 };
 
 /// A lock's expiry notifies `hook`; an unpaid order's task reloads with its detail (removed once
@@ -61,23 +60,8 @@ fn shadow(redis: &RedisServer, rules: &std::path::Path) -> KeywatchProcess {
 
 /// `keywatch history --json` (`--shadow`: the shadow's), by key.
 fn history(redis: &RedisServer, rules: &std::path::Path, shadow: bool) -> Vec<Value> {
-    let url = redis.url();
-    let rules = rules.to_string_lossy().into_owned();
-    let mut args = vec!["history", "--json", "--redis", &url, "-r", &rules];
-    if shadow {
-        args.push("--shadow");
-    }
-    let out = run_keywatch(args, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
+    let extra: &[&str] = if shadow { &["--shadow"] } else { &[] };
+    common::history_json(&redis.url(), rules, extra)
 }
 
 /// The `(action, outcome, rendered)` of `key`'s firing in `list`.
