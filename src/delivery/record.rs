@@ -345,8 +345,10 @@ mod tests {
                 .filter(|r| r.keys == [key.clone()])
                 .map(|r| r.at)
                 .collect();
+            // Ten first attempts at once on a loaded machine: the last of them was seen 105 ms
+            // after, past `LATE`, at a load average of 10.
             assert!(
-                attempts.first().is_some_and(|a| *a <= LATE),
+                attempts.first().is_some_and(|a| *a <= LATE * 3),
                 "{key}: the first attempt comes at once: {attempts:?}"
             );
             let last = *attempts.last().unwrap();
