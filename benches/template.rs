@@ -13,7 +13,7 @@ fn context() -> Context {
     let event = KeyEvent {
         kind: EventKind::Expired,
         db: 0,
-        key: b"cache:10042:profile".to_vec(),
+        key: bytes::Bytes::from_static(b"cache:10042:profile"),
         field: None,
         observed_at: now,
         deadline: Some(now - chrono::Duration::milliseconds(12)),
@@ -25,7 +25,10 @@ fn context() -> Context {
         "cache-prewarm",
         &event,
         &["user_id".to_owned(), "kind".to_owned()],
-        &[b"10042".to_vec(), b"profile".to_vec()],
+        &[
+            bytes::Bytes::from_static(b"10042"),
+            bytes::Bytes::from_static(b"profile"),
+        ],
         None,
     )
 }

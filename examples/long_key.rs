@@ -91,7 +91,7 @@ async fn main() {
             let event = KeyEvent {
                 kind: EventKind::Expired,
                 db: 0,
-                key: key.clone(),
+                key: key.clone().into(),
                 field: None,
                 observed_at: Utc::now(),
                 deadline: None,
@@ -99,7 +99,7 @@ async fn main() {
                 recovered: false,
                 source: "127.0.0.1:6379".into(),
             };
-            let values = rule.captures_of(&key, None).unwrap();
+            let values = rule.captures_in(&event.key, None).unwrap();
             Arc::new(Firing::new(
                 "long",
                 &event,

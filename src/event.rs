@@ -81,7 +81,9 @@ impl fmt::Display for EventKind {
 pub struct KeyEvent {
     pub kind: EventKind,
     pub db: u32,
-    pub key: Vec<u8>,
+    /// Shared, not copied, by the record, the firings and their captures of the event: a key
+    /// may be megabytes long (docs/reliability.md#bounded-whatever-the-key).
+    pub key: bytes::Bytes,
     /// The hash field, for `hexpired` events.
     pub field: Option<Vec<u8>>,
     /// When keywatch received or produced the event.

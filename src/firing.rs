@@ -22,8 +22,9 @@ pub struct Firing {
     pub rule: String,
     pub kind: EventKind,
     pub db: u32,
+    /// The event's key, shared with it (docs/reliability.md#bounded-whatever-the-key).
     #[serde(with = "b64")]
-    pub key: Vec<u8>,
+    pub key: bytes::Bytes,
     /// The hash field of a `hexpired` event.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_opt")]
     pub field: Option<Vec<u8>>,
@@ -238,8 +239,9 @@ impl<'de> Deserialize<'de> for Detail {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capture {
     pub name: String,
+    /// A slice of the event's key (or field), shared with it.
     #[serde(with = "b64")]
-    pub value: Vec<u8>,
+    pub value: bytes::Bytes,
 }
 
 /// The id of one event of one rule: a hash of what identifies the event, so every instance that
@@ -289,7 +291,7 @@ impl Firing {
         rule: &str,
         event: &KeyEvent,
         names: &[String],
-        values: Vec<Vec<u8>>,
+        values: Vec<bytes::Bytes>,
         detail: Option<Detail>,
     ) -> Firing {
         let instant = event.deadline.unwrap_or(event.observed_at);
@@ -354,7 +356,7 @@ impl Firing {
         self.captures.iter().map(|c| c.name.clone()).collect()
     }
 
-    pub fn capture_values(&self) -> Vec<Vec<u8>> {
+    pub fn capture_values(&self) -> Vec<bytes::Bytes> {
         self.captures.iter().map(|c| c.value.clone()).collect()
     }
 
@@ -404,7 +406,7 @@ impl Firing {
         if self.apart.is_some() {
             return Vec::new();
         }
-        [Some(self.key.as_slice()), self.field.as_deref()]
+        [Some(&self.key[..]), self.field.as_deref()]
             .into_iter()
             .flatten()
             .filter(|v| crate::long_key::is_long(v))
@@ -468,9 +470,10 @@ impl Firing {
             ));
         };
         let same = values.len() == self.captures.len()
-            && values.iter().zip(&self.captures).all(|(v, c)| {
-                crate::long_key::view(v, crate::long_key::IN_TEXT) == c.value.as_slice()
-            });
+            && values
+                .iter()
+                .zip(&self.captures)
+                .all(|(v, c)| crate::long_key::view(v, crate::long_key::IN_TEXT) == &c.value[..]);
         if !same {
             return Err(format!(
                 "its captures are not the ones the pattern of rule `{}` takes from its key",
@@ -493,7 +496,7 @@ impl Firing {
             rule: self.rule.clone(),
             kind: self.kind,
             db: self.db,
-            key,
+            key: key.into(),
             field,
             captures: self
                 .captures
@@ -501,7 +504,7 @@ impl Firing {
                 .zip(values)
                 .map(|(c, value)| Capture {
                     name: c.name.clone(),
-                    value,
+                    value: value.into(),
                 })
                 .collect(),
             detail: self.detail.clone(),
@@ -819,9 +822,30 @@ pub(crate) mod b64 {
         s.serialize_str(&STANDARD.encode(v))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>, T: From<Vec<u8>>>(d: D) -> Result<T, D::Error> {
         let s = String::deserialize(d)?;
-        STANDARD.decode(s).map_err(serde::de::Error::custom)
+        STANDARD
+            .decode(s)
+            .map(T::from)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// [`b64`] of a value's cut view ([`crate::long_key::view`] to [`crate::long_key::IN_TEXT`])
+/// when it is longer than [`crate::long_key::EXACT`], for what keeps such a value apart.
+pub(crate) mod b64_view {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        if crate::long_key::is_long(v) {
+            super::b64::serialize(&crate::long_key::view(v, crate::long_key::IN_TEXT), s)
+        } else {
+            super::b64::serialize(v, s)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: From<Vec<u8>>>(d: D) -> Result<T, D::Error> {
+        super::b64::deserialize(d)
     }
 }
 
@@ -850,7 +874,7 @@ pub(crate) fn expiry(rule: &str, key: &str, observed_at: &str) -> Firing {
     let event = KeyEvent {
         kind: EventKind::Expired,
         db: 0,
-        key: key.as_bytes().to_vec(),
+        key: bytes::Bytes::from(key.as_bytes().to_vec()),
         field: None,
         observed_at: observed_at.parse().unwrap(),
         deadline: None,
@@ -869,7 +893,7 @@ mod tests {
         KeyEvent {
             kind: EventKind::Expired,
             db: 0,
-            key: b"order_lock:\xff42".to_vec(),
+            key: bytes::Bytes::from(b"order_lock:\xff42".to_vec()),
             field: None,
             observed_at: "2026-11-29T10:15:00.012Z".parse().unwrap(),
             deadline: Some("2026-11-29T10:15:00.000Z".parse().unwrap()),
@@ -882,8 +906,8 @@ mod tests {
     #[test]
     fn ids_are_stable_and_distinct() {
         let e = event();
-        let a = Firing::new("r", &e, &["id".into()], vec![b"42".to_vec()], None);
-        let b = Firing::new("r", &e, &["id".into()], vec![b"42".to_vec()], None);
+        let a = Firing::new("r", &e, &["id".into()], vec![b"42".to_vec().into()], None);
+        let b = Firing::new("r", &e, &["id".into()], vec![b"42".to_vec().into()], None);
         assert_eq!(a.id, b.id);
         assert_eq!(a.id.len(), 32);
         assert_ne!(a.id, Firing::new("other", &e, &[], vec![], None).id);
@@ -902,7 +926,7 @@ mod tests {
             "order-lock-timeout",
             &event(),
             &["order_id".into()],
-            vec![b"\xff42".to_vec()],
+            vec![b"\xff42".to_vec().into()],
             None,
         );
         let j = f.to_json();
@@ -973,7 +997,11 @@ mod tests {
             &field,
             // Two captures of one name: the last wins, as in an object.
             &["z".into(), "a".into(), "z".into()],
-            vec![b"1".to_vec(), b"\xff@all".to_vec(), b"3".to_vec()],
+            vec![
+                b"1".to_vec().into(),
+                b"\xff@all".to_vec().into(),
+                b"3".to_vec().into(),
+            ],
             Some(serde_json::json!({"user": "u\n1", "n": [1, 2.5, null], "b": {"x": true}}).into()),
         );
         for f in [plain, rich] {
@@ -987,7 +1015,7 @@ mod tests {
             "r",
             &event(),
             &["id".into()],
-            vec![vec![b'x'; 4000]],
+            vec![vec![b'x'; 4000].into()],
             Some(serde_json::json!({"order": 42}).into()),
         );
         let f = Arc::new(f);
@@ -1082,8 +1110,14 @@ mod tests {
     #[test]
     fn a_cut_firing_shows_long_values_cut_and_keeps_the_rest() {
         let mut e = event();
-        e.key = [b"big:".as_slice(), &[b'k'; 3000]].concat();
-        let f = Firing::new("r", &e, &["rest".into()], vec![vec![b'k'; 3000]], None);
+        e.key = bytes::Bytes::from([b"big:".as_slice(), &[b'k'; 3000]].concat());
+        let f = Firing::new(
+            "r",
+            &e,
+            &["rest".into()],
+            vec![vec![b'k'; 3000].into()],
+            None,
+        );
         assert!(f.cut(4000).is_none(), "everything fits");
         let cut = f.cut(1024).unwrap();
         assert_eq!(cut.id, f.id);
@@ -1103,8 +1137,14 @@ mod tests {
     fn a_long_keys_firing_is_stored_cut_and_made_whole_only_by_its_exact_key() {
         let mut e = event();
         let long = [b"big:".as_slice(), &[b'k'; 100_000]].concat();
-        e.key = long.clone();
-        let f = Firing::new("r", &e, &["rest".into()], vec![vec![b'k'; 100_000]], None);
+        e.key = bytes::Bytes::from(long.clone());
+        let f = Firing::new(
+            "r",
+            &e,
+            &["rest".into()],
+            vec![vec![b'k'; 100_000].into()],
+            None,
+        );
         let text = f.text();
         assert!(
             text.len() < 4096,
@@ -1135,7 +1175,7 @@ mod tests {
 
         // Captures written by hand into the stored firing are not the key's: refused.
         let mut forged = stored.clone();
-        forged.captures[0].value = b"FORGED".to_vec();
+        forged.captures[0].value = bytes::Bytes::from_static(b"FORGED");
         let why = forged.whole(Some(long), None, big_captures).unwrap_err();
         assert!(why.contains("captures are not the ones"), "{why}");
     }
@@ -1146,7 +1186,7 @@ mod tests {
             "r",
             &event(),
             &["id".into()],
-            vec![b"\xff42".to_vec()],
+            vec![b"\xff42".to_vec().into()],
             Some(serde_json::json!({"a": 1}).into()),
         );
         let stored = serde_json::to_string(&f).unwrap();

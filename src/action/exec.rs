@@ -85,7 +85,7 @@ pub async fn run(a: &ActionContext, f: &Firing, rule: &Rule, step: &ExecStep) ->
     // `KEYWATCH_` name in `env`), and may be replaced by nothing the rule says.
     cmd.envs(env);
     cmd.args(args)
-        .env("KEYWATCH_KEY", OsString::from_vec(f.key.clone()))
+        .env("KEYWATCH_KEY", OsString::from_vec(f.key.to_vec()))
         .env("KEYWATCH_RULE", &rule.name)
         .env("KEYWATCH_EVENT", f.kind.as_str())
         .env("KEYWATCH_DB", f.db.to_string())
@@ -361,7 +361,7 @@ rules:
         let event = crate::event::KeyEvent {
             kind: crate::event::EventKind::Expired,
             db: 0,
-            key: b"job:1".to_vec(),
+            key: bytes::Bytes::from(b"job:1".to_vec()),
             field: None,
             observed_at: chrono::Utc::now(),
             deadline: None,

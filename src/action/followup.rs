@@ -86,25 +86,43 @@ pub fn marker_cmd(prefix: &str, f: &Firing, ms: i64) -> redis::Cmd {
     followups::marker_cmd(prefix, &f.rule, f.db, &f.key, &f.id, ms)
 }
 
-/// `key` in `db` was heard existing again: the follow-ups of alerts of it by `rules` that wait
-/// in the queue become due now, and their markers go.
+/// The names of the markers of alerts of `key` in `db` by `rules`, for [`bring_forward`].
+pub fn markers_of(prefix: &str, rules: &[Rule], db: u32, key: &[u8]) -> Vec<Vec<u8>> {
+    rules
+        .iter()
+        .map(|r| followups::marker_key(prefix, &r.name, db, key))
+        .collect()
+}
+
+/// A key in `db` was heard existing again: the follow-ups of alerts of it by `rules` (whose
+/// markers are `markers`, [`markers_of`]) that wait in the queue become due now, and their
+/// markers go. `key`: the key, to make sure it exists (`None`: a key over
+/// [`crate::long_key::EXACT`], heard again in an `expire` event, is taken as existing: sending
+/// megabytes to ask is what docs/reliability.md#bounded-whatever-the-key rules out, and a key
+/// re-created with a TTL was re-created even if it expired again meanwhile).
 pub async fn bring_forward(
     keyspace: &crate::keyspace::Keyspace,
     state: crate::keyspace::Conn,
     prefix: &str,
     rules: &[Rule],
     db: u32,
-    key: &[u8],
+    markers: Vec<Vec<u8>>,
+    key: Option<&[u8]>,
 ) -> redis::RedisResult<()> {
-    // An `expire` event of the key before its own expiry is no re-creation.
-    let mut conn = keyspace.conn(db).await?;
-    let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await?;
-    if n == 0 {
+    // Markers first: nearly always there are none (no alert of the key waits).
+    let markers = followups::Markers::new(state, prefix, markers);
+    let ids = markers.read().await?;
+    if ids.iter().all(Option::is_none) {
         return Ok(());
     }
-    let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
-    let markers = followups::Markers::new(state, prefix, &names, db, key);
-    let ids = markers.read().await?;
+    // An `expire` event of the key before its own expiry is no re-creation.
+    if let Some(key) = key {
+        let mut conn = keyspace.conn(db).await?;
+        let n: i64 = redis::cmd("EXISTS").arg(key).query_async(&mut conn).await?;
+        if n == 0 {
+            return Ok(());
+        }
+    }
     let mut due = Vec::new();
     for (rule, id) in rules.iter().zip(ids) {
         if let Some(id) = id {
@@ -295,12 +313,12 @@ async fn exists(a: &ActionContext, f: &Firing) -> Result<bool, String> {
     let cmd = match &f.field {
         Some(field) => {
             let mut c = redis::cmd("HEXISTS");
-            c.arg(&f.key).arg(field);
+            c.arg(&f.key[..]).arg(field);
             c
         }
         None => {
             let mut c = redis::cmd("EXISTS");
-            c.arg(&f.key);
+            c.arg(&f.key[..]);
             c
         }
     };

@@ -51,7 +51,7 @@ pub fn refused(rule: &Rule, f: &Firing) -> Option<String> {
             shown(
                 f.captures
                     .iter()
-                    .map(|c| (c.name.as_str(), c.value.as_slice()))
+                    .map(|c| (c.name.as_str(), &c.value[..]))
                     .collect()
             ),
             rule.name,

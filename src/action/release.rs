@@ -457,7 +457,7 @@ rules:
         let event = KeyEvent {
             kind: EventKind::Expired,
             db: 0,
-            key: format!("{prefix}:{id}").into_bytes(),
+            key: bytes::Bytes::from(format!("{prefix}:{id}").into_bytes()),
             field: None,
             observed_at: observed,
             deadline: Some(observed - chrono::Duration::seconds(1)),
@@ -469,7 +469,7 @@ rules:
             rule,
             &event,
             &["id".into()],
-            vec![id.as_bytes().to_vec()],
+            vec![id.as_bytes().to_vec().into()],
             None,
         );
         Job::first(

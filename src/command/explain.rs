@@ -172,7 +172,7 @@ fn explain_rule(
     let event = KeyEvent {
         kind,
         db,
-        key: key.to_vec(),
+        key: key.to_vec().into(),
         field: field.map(<[u8]>::to_vec),
         observed_at: now,
         deadline: ttl_ms.map(|ms| now + chrono::Duration::milliseconds(ms)),
@@ -180,7 +180,8 @@ fn explain_rule(
         recovered: false,
         source: "explain".into(),
     };
-    let ctx = Context::for_event(&rule.name, &event, rule.capture_names(), captures, None)
+    let values: Vec<bytes::Bytes> = captures.iter().cloned().map(bytes::Bytes::from).collect();
+    let ctx = Context::for_event(&rule.name, &event, rule.capture_names(), &values, None)
         .with_sample_detail();
     let t = &config.templates;
     let render = |id: TemplateId| -> String {
@@ -315,7 +316,7 @@ fn explain_rule(
                     &rule.name,
                     &event,
                     rule.capture_names(),
-                    captures.to_vec(),
+                    values.clone(),
                     None,
                 );
                 explain_alert(config, rule, n, &firing, ch, &text, out);

@@ -28,6 +28,29 @@ impl Rule {
         Some(out)
     }
 
+    /// [`Rule::captures_of`] sharing `key`'s bytes: a key's captures are slices of it.
+    pub fn captures_in(
+        &self,
+        key: &bytes::Bytes,
+        field: Option<&[u8]>,
+    ) -> Option<Vec<bytes::Bytes>> {
+        let mut out: Vec<bytes::Bytes> = self
+            .pattern
+            .capture_ranges(key)?
+            .into_iter()
+            .map(|r| key.slice(r))
+            .collect();
+        if let Some(f) = &self.field {
+            out.extend(
+                f.pattern
+                    .captures(field?)?
+                    .into_iter()
+                    .map(bytes::Bytes::from),
+            );
+        }
+        Some(out)
+    }
+
     /// Whether the rule fires when a field of a hash expires.
     pub fn watches_fields(&self) -> bool {
         self.on.contains(&EventKind::Hexpired)

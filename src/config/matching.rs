@@ -18,12 +18,20 @@ impl Config {
     }
 
     /// The rules that fire for `kind` in database `db` on `key`, with their captures.
-    pub fn rules_for(&self, kind: EventKind, db: u32, key: &[u8]) -> Vec<(usize, Vec<Vec<u8>>)> {
+    pub fn rules_for(
+        &self,
+        kind: EventKind,
+        db: u32,
+        key: &[u8],
+    ) -> Vec<(usize, Vec<bytes::Bytes>)> {
         let mut idx = Vec::new();
         self.matching_rules(key, &mut idx);
         idx.into_iter()
             .filter(|&i| self.rules[i].fires_on(kind, db))
-            .filter_map(|i| self.rules[i].pattern.captures(key).map(|c| (i, c)))
+            .filter_map(|i| {
+                let c = self.rules[i].pattern.captures(key)?;
+                Some((i, c.into_iter().map(bytes::Bytes::from).collect()))
+            })
             .collect()
     }
 
@@ -40,14 +48,14 @@ impl Config {
 
     /// The rules that fire for `e`, with their captures: [`Config::rules_for`] with the field's
     /// pattern applied to `hexpired` events.
-    pub fn rules_for_event(&self, e: &KeyEvent) -> Vec<(usize, Vec<Vec<u8>>)> {
+    pub fn rules_for_event(&self, e: &KeyEvent) -> Vec<(usize, Vec<bytes::Bytes>)> {
         let mut idx = Vec::new();
         self.matching_rules(&e.key, &mut idx);
         idx.into_iter()
             .filter(|&i| self.rules[i].fires_on(e.kind, e.db))
             .filter_map(|i| {
                 self.rules[i]
-                    .captures_of(&e.key, e.field.as_deref())
+                    .captures_in(&e.key, e.field.as_deref())
                     .map(|c| (i, c))
             })
             .collect()

@@ -217,13 +217,26 @@ impl Delivery {
             return;
         };
         let prefix = config.state.prefix.clone();
-        let key = key.to_vec();
+        // Named now, so that the task holds no copy of a key of megabytes
+        // (docs/reliability.md#bounded-whatever-the-key).
+        let markers = followup::markers_of(&prefix, &rules, db, key);
+        let key = (!crate::long_key::is_long(key)).then(|| key.to_vec());
         let keyspace = self.chain.actions.keyspace.clone();
         let conn = self.chain.queue.conn();
         let next = self.chain.next.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match followup::bring_forward(&keyspace, conn, &prefix, &rules, db, &key).await {
+            match followup::bring_forward(
+                &keyspace,
+                conn,
+                &prefix,
+                &rules,
+                db,
+                markers,
+                key.as_deref(),
+            )
+            .await
+            {
                 Ok(()) => next.job_due_in(0),
                 Err(e) => {
                     tracing::warn!(error = %e, "Cannot bring the follow-ups of a key heard again forward; they run at their due time.")
@@ -263,10 +276,6 @@ impl Delivery {
             for letter in letters {
                 keep.extend(self.chain.dead_letter_cmds(&letter, &firing));
             }
-            keep.extend(crate::store::long_keys::keep_cmds(
-                &config.state.prefix,
-                [&firing],
-            ));
         }
         keep
     }

@@ -237,7 +237,7 @@ mod tests {
     #[test]
     fn the_log_line_names_a_key_by_its_bytes() {
         let mut firing = crate::delivery::testkit::firing("r", "k");
-        firing.key = b"k:\xff\x1b".to_vec();
+        firing.key = bytes::Bytes::from(b"k:\xff\x1b".to_vec());
         let work = Work::Job {
             firing: Arc::new(firing),
             action: Action::Exec,

@@ -49,7 +49,7 @@ impl Location {
 pub struct Vars<'a> {
     pub key: &'a [u8],
     pub capture_names: &'a [String],
-    pub capture_values: &'a [Vec<u8>],
+    pub capture_values: &'a [bytes::Bytes],
     pub context: &'a dyn Fn() -> Context,
 }
 
@@ -280,7 +280,7 @@ mod tests {
         crate::event::KeyEvent {
             kind: crate::event::EventKind::Expired,
             db: 0,
-            key,
+            key: bytes::Bytes::from(key),
             field: None,
             observed_at: chrono::Utc::now(),
             deadline: None,
@@ -306,7 +306,7 @@ rules:
         let own = config.state.prefix.as_bytes();
         let request_for = |id: &[u8]| {
             let event = expired([b"task:".as_slice(), id].concat());
-            let values = [id.to_vec()];
+            let values = [bytes::Bytes::copy_from_slice(id)];
             let context = || Context::for_event("r", &event, rule.capture_names(), &values, None);
             let vars = Vars {
                 key: &event.key,
@@ -348,7 +348,7 @@ rules:
 "#;
         let config = config_of(yaml);
         let key = b"task:\xffAB".to_vec();
-        let values = [b"\xffAB".to_vec()];
+        let values = [bytes::Bytes::from_static(b"\xffAB")];
         let event = expired(key.clone());
         let located = |i: usize| {
             let rule = &config.rules[i];
@@ -374,7 +374,7 @@ rules:
             (
                 Location::Hash {
                     key: hash.clone(),
-                    field: values[0].clone()
+                    field: values[0].to_vec()
                 },
                 0
             )

@@ -81,8 +81,14 @@ pub enum Mode {
 pub struct Record {
     pub kind: EventKind,
     pub db: u32,
-    #[serde(with = "crate::firing::b64")]
-    pub key: Vec<u8>,
+    /// Written as its cut view when longer than [`crate::long_key::EXACT`]: the exact bytes
+    /// are kept apart ([`Record::key_apart`]) and read back by a taker after a crash.
+    #[serde(with = "crate::firing::b64_view")]
+    pub key: bytes::Bytes,
+    /// A long key's length and SHA-256: where its exact bytes are kept
+    /// (docs/reliability.md#bounded-whatever-the-key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_apart: Option<crate::firing::Exact>,
     /// The hash field of a `hexpired` event.
     #[serde(
         default,
@@ -119,6 +125,7 @@ impl Record {
             kind: e.kind,
             db: e.db,
             key: e.key.clone(),
+            key_apart: crate::long_key::is_long(&e.key).then(|| crate::firing::Exact::of(&e.key)),
             field: e.field.clone(),
             observed_ms: e.observed_at.timestamp_millis(),
             ttl_ms: e.ttl_ms,
@@ -372,7 +379,19 @@ impl Intake {
         // event's kind, key, given deadline and extra. In a storm every event is a live expiry:
         // two arguments each, not five.
         let mut modes = String::with_capacity(events.len());
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(events.len());
+        let mut args: Vec<bytes::Bytes> = Vec::with_capacity(events.len());
+        // A long key is kept before the script, which reads it there: its argument names where
+        // (docs/reliability.md#bounded-whatever-the-key). Its record holds its cut view.
+        let mut long: Vec<usize> = Vec::new();
+        let mut uploads: Vec<(&bytes::Bytes, &str)> = Vec::new();
+        let mut key_arg =
+            |args: &mut Vec<bytes::Bytes>, r: &Record, e: &'_ KeyEvent| match &r.key_apart {
+                Some(x) => {
+                    long.push(args.len());
+                    args.push(crate::store::long_keys::key(&self.prefix, &x.sha256).into());
+                }
+                None => args.push(e.key.clone()),
+            };
         for (e, mode) in events {
             if let (Mode::Field { fire }, Some(field)) = (mode, &e.field) {
                 // The member names the field, so the claim is the field's; the index entry
@@ -380,10 +399,10 @@ impl Intake {
                 let r = Record::of(e, None);
                 line(&r);
                 modes.push(if *fire { 'F' } else { 'f' });
-                args.push(e.kind.as_str().as_bytes().to_vec());
-                args.push(crate::store::fields::member(&e.key, field));
-                args.push(field.clone());
-                args.push(crate::store::fields::index(&self.prefix, db, &e.key));
+                args.push(e.kind.as_str().as_bytes().to_vec().into());
+                args.push(crate::store::fields::member(&e.key, field).into());
+                args.push(field.clone().into());
+                args.push(crate::store::fields::index(&self.prefix, db, &e.key).into());
                 records.push(r);
                 continue;
             }
@@ -391,8 +410,12 @@ impl Intake {
                 let r = Record::of(e, None);
                 line(&r);
                 modes.push(if *fire { 'L' } else { 'l' });
-                args.push(e.key.clone());
-                args.push(at.map(|s| s.to_string().into_bytes()).unwrap_or_default());
+                key_arg(&mut args, &r, e);
+                args.push(
+                    at.map(|s| s.to_string().into_bytes())
+                        .unwrap_or_default()
+                        .into(),
+                );
                 records.push(r);
                 continue;
             }
@@ -412,19 +435,30 @@ impl Intake {
             line(&r);
             modes.push(code);
             match extra {
-                None => args.push(e.key.clone()),
+                None => key_arg(&mut args, &r, e),
                 Some(extra) => {
-                    args.push(e.kind.as_str().as_bytes().to_vec());
-                    args.push(e.key.clone());
+                    args.push(e.kind.as_str().as_bytes().to_vec().into());
+                    key_arg(&mut args, &r, e);
                     args.push(
                         given
                             .map(|d| d.timestamp_millis().to_string().into_bytes())
-                            .unwrap_or_default(),
+                            .unwrap_or_default()
+                            .into(),
                     );
-                    args.push(extra);
+                    args.push(extra.into());
                 }
             }
             records.push(r);
+        }
+        for ((e, _), r) in events.iter().zip(&records) {
+            if let Some(x) = &r.key_apart
+                && !uploads.iter().any(|(_, sha)| *sha == x.sha256)
+            {
+                uploads.push((&e.key, &x.sha256));
+            }
+        }
+        for (exact, sha256) in uploads {
+            self.store.keep_long(&self.instance, exact, sha256).await?;
         }
         // The events won, `n:deadline` joined by commas (n counts from 1).
         let won = self
@@ -438,6 +472,7 @@ impl Intake {
                 blob: &blob,
                 modes: &modes,
                 args: &args,
+                long: &long,
             })
             .await?;
         let mut deadlines: Vec<Option<Option<i64>>> = vec![None; records.len()];
@@ -471,6 +506,26 @@ impl Intake {
         Ok(taken)
     }
 
+    /// Keeps the exact bytes of the long keys and fields of `events` (a key kept at its take is
+    /// only renewed), for the jobs and dead letters that name them by their hash
+    /// (docs/reliability.md#bounded-whatever-the-key).
+    pub async fn keep_long_values(&self, events: &[KeyEvent]) -> redis::RedisResult<()> {
+        let mut kept: Vec<String> = Vec::new();
+        for e in events {
+            for v in std::iter::once(&e.key[..]).chain(e.field.as_deref()) {
+                if !crate::long_key::is_long(v) {
+                    continue;
+                }
+                let sha = crate::long_key::sha256_hex(v);
+                if !kept.contains(&sha) {
+                    self.store.keep_long(&self.instance, v, &sha).await?;
+                    kept.push(sha);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// When the first record's lease ends or its retry is due (Redis's clock, ms).
     pub async fn earliest(&self) -> redis::RedisResult<Option<i64>> {
         self.store.earliest().await
@@ -485,7 +540,11 @@ impl Intake {
         let mut out = Vec::new();
         let mut broken = Vec::new();
         for pair in pairs.chunks_exact(2) {
-            match decode_stored(&pair[0], &pair[1]) {
+            let decoded = match decode_stored(&pair[0], &pair[1]) {
+                Ok(events) => self.whole_keys(events).await?,
+                Err(e) => Err(e),
+            };
+            match decoded {
                 Ok(events) => {
                     self.held().insert(pair[0].clone());
                     out.extend(events.into_iter().map(|(event, record, json)| Taken {
@@ -505,6 +564,43 @@ impl Intake {
             self.clear(&broken).await?;
         }
         Ok(out)
+    }
+
+    /// `events` with their long keys read back where their take kept them (their records hold
+    /// cut views, docs/reliability.md#bounded-whatever-the-key): `Err` (the record cannot be
+    /// run) when one is gone or is not the bytes its record names.
+    async fn whole_keys(
+        &self,
+        events: Vec<Stored>,
+    ) -> redis::RedisResult<Result<Vec<Stored>, String>> {
+        let mut out = Vec::with_capacity(events.len());
+        for (event, mut record, json) in events {
+            if let Some(x) = &record.key_apart {
+                match self.store.read_long(&x.sha256).await? {
+                    Some(exact)
+                        if exact.len() == x.len
+                            && crate::long_key::sha256_hex(&exact) == x.sha256 =>
+                    {
+                        record.key = exact.into()
+                    }
+                    Some(_) => {
+                        return Ok(Err(format!(
+                            "the long key kept as {} is not the bytes its record names",
+                            x.sha256
+                        )));
+                    }
+                    None => {
+                        return Ok(Err(format!(
+                            "the long key kept as {} is gone (kept {} days after its take)",
+                            x.sha256,
+                            crate::store::long_keys::KEEP.as_secs() / 86_400
+                        )));
+                    }
+                }
+            }
+            out.push((event, record, json));
+        }
+        Ok(Ok(out))
     }
 
     /// The commands that, run in one transaction with storing the events' jobs, move each
@@ -635,12 +731,68 @@ impl Intake {
 mod tests {
     use super::*;
 
+    /// A long key crosses to Redis once, kept apart: its record holds the cut view, and a taker
+    /// after a crash reads the exact bytes back; a record whose kept key is gone is dropped
+    /// saying so, not run with the cut view (docs/reliability.md#bounded-whatever-the-key).
+    #[tokio::test]
+    async fn a_long_keys_record_holds_its_cut_view_and_a_taker_reads_the_key_back() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let long = bytes::Bytes::from([b"big:".as_slice(), &[b'k'; 3 << 20]].concat());
+        let e = KeyEvent {
+            kind: EventKind::Deleted,
+            db: 0,
+            key: long.clone(),
+            field: None,
+            observed_at: chrono::Utc::now(),
+            deadline: None,
+            ttl_ms: None,
+            recovered: false,
+            source: "here".into(),
+        };
+        let a = Intake::new(conn.clone(), "kw:", "a");
+        let taken = a.take(0, &[(&e, Mode::Plain)]).await.unwrap();
+        let t = taken[0].as_ref().expect("taken");
+        assert_eq!(t.record.key, long, "the taker keeps the exact key");
+        let mut c = conn.clone();
+        let stored: Vec<String> = redis::cmd("HVALS")
+            .arg("kw:intake:events")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(
+            stored[0].len() < 4096,
+            "the record holds the cut view: {} bytes",
+            stored[0].len()
+        );
+        // The taker dies; another takes the record over with the exact key.
+        a.hand_back().await.unwrap();
+        let b = Intake::new(conn.clone(), "kw:", "b");
+        let over = b.take_over(10).await.unwrap();
+        assert_eq!(over.len(), 1);
+        assert_eq!(over[0].record.key, long);
+        // Its kept key gone (a week later), the record cannot be run: dropped, not run cut.
+        b.hand_back().await.unwrap();
+        let sha = crate::long_key::sha256_hex(&long);
+        let _: () = redis::cmd("DEL")
+            .arg(crate::store::long_keys::key("kw:", &sha))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(a.take_over(10).await.unwrap().is_empty());
+        let left: usize = redis::cmd("HLEN")
+            .arg("kw:intake:events")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(left, 0);
+    }
+
     #[test]
     fn a_record_keeps_the_deadline_beside_its_json_and_any_key_bytes() {
         let e = KeyEvent {
             kind: EventKind::Expired,
             db: 3,
-            key: b"k\n\xff\0".to_vec(),
+            key: bytes::Bytes::from(b"k\n\xff\0".to_vec()),
             field: None,
             observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
             deadline: chrono::DateTime::from_timestamp_millis(4_990),
@@ -671,7 +823,7 @@ mod tests {
             &KeyEvent {
                 kind: EventKind::Expired,
                 db: 0,
-                key: b"a\t\nb".to_vec(),
+                key: bytes::Bytes::from(b"a\t\nb".to_vec()),
                 field: None,
                 observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
                 deadline: chrono::DateTime::from_timestamp_millis(4_990),
@@ -707,7 +859,7 @@ mod tests {
         KeyEvent {
             kind: EventKind::Expired,
             db,
-            key: key.to_vec(),
+            key: bytes::Bytes::from(key.to_vec()),
             field: None,
             observed_at: chrono::DateTime::from_timestamp_millis(5_000).unwrap(),
             deadline: None,
@@ -728,7 +880,7 @@ mod tests {
         let back = decode_stored("b:z", &format!("C\n1:4990,3:\n{blob}")).unwrap();
         let got: Vec<(&str, &[u8], Option<i64>)> = back
             .iter()
-            .map(|(id, r, _)| (id.as_str(), r.key.as_slice(), r.deadline_ms))
+            .map(|(id, r, _)| (id.as_str(), &r.key[..], r.deadline_ms))
             .collect();
         assert_eq!(got, [("1", &b"a"[..], Some(4990)), ("3", &b"c"[..], None)]);
         assert!(decode_stored("b:z", &format!("C\n4:1\n{blob}")).is_err());
@@ -775,7 +927,7 @@ mod tests {
             ]
         );
         assert_eq!(back[0].1.event(), a.record.event());
-        assert_eq!(back[1].1.key, b"*");
+        assert_eq!(back[1].1.key, &b"*"[..]);
         assert_eq!(&*back[0].2, &*a.json);
         assert!(decode_stored("b:1", "B\n1\t\t{}\tnot json").is_err());
     }

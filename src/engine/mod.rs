@@ -257,7 +257,7 @@ impl Engine {
                     if self.ledger().is_some()
                         && matches!(e.kind, EventKind::Evicted | EventKind::Deleted)
                     {
-                        forget.push((e.db, e.key.clone()));
+                        forget.push((e.db, e.key.to_vec()));
                     }
                     events.push(e);
                 }
@@ -447,7 +447,7 @@ impl Engine {
             let event = KeyEvent {
                 kind: EventKind::Expired,
                 db: m.db,
-                key: m.key,
+                key: m.key.into(),
                 field: None,
                 observed_at: crate::keyspace::clock::now(),
                 deadline: chrono::DateTime::from_timestamp_millis(m.deadline_ms),

@@ -63,7 +63,7 @@ pub(crate) fn skipped_without_detail(
 }
 
 /// A rule's index in the config and the captures of its pattern.
-pub type RuleMatch = (usize, Vec<Vec<u8>>);
+pub type RuleMatch = (usize, Vec<bytes::Bytes>);
 
 /// A taken event and the rules it fires.
 pub struct Item {
@@ -85,7 +85,7 @@ pub struct FiringStage {
 /// One rule of one item that fires (not silenced), with its detail request if it has one.
 struct Fires {
     rule: usize,
-    captures: Vec<Vec<u8>>,
+    captures: Vec<bytes::Bytes>,
     /// Index into the stage's detail requests.
     detail: Option<usize>,
 }
@@ -250,13 +250,14 @@ impl FiringStage {
         if let Some(h) = self.status.history() {
             also.extend(h.firing_cmds(firings.iter().zip(actions)));
         }
-        // A long key's exact bytes, kept once for all the jobs that name it by its hash
+        // The exact bytes of a long key (kept at its take: renewed) or field, kept once for all
+        // the jobs and dead letters that name them by their hash
         // (docs/reliability.md#bounded-whatever-the-key).
-        also.extend(crate::store::long_keys::keep_cmds(
-            &config.state.prefix,
-            &firings,
-        ));
-        let written = if stores {
+        let kept = self.intake.keep_long_values(&events).await;
+        let written = if let Err(e) = kept {
+            tracing::warn!(error = %e, "Cannot keep a long key's exact bytes; its event is taken again.");
+            false
+        } else if stores {
             self.delivery.accept_with(firings, also).await.is_ok()
         } else {
             match self.intake.apply(also).await {
@@ -296,7 +297,7 @@ impl FiringStage {
         &self,
         rule: &crate::config::Rule,
         e: &crate::event::KeyEvent,
-        captures: &[Vec<u8>],
+        captures: &[bytes::Bytes],
         why: &str,
     ) {
         if let Some(h) = self.status.history() {

@@ -243,19 +243,30 @@ impl Pattern {
     /// The captured values of a matching key, aligned with [`Pattern::capture_names`]. A named
     /// group of a `regex:` rule that took no part in the match yields an empty value.
     pub fn captures(&self, key: &[u8]) -> Option<Vec<Vec<u8>>> {
+        Some(
+            self.capture_ranges(key)?
+                .into_iter()
+                .map(|r| key[r].to_vec())
+                .collect(),
+        )
+    }
+
+    /// Where in `key` each of [`Pattern::captures`] is: what shares a long key's bytes rather
+    /// than copy them (docs/reliability.md#bounded-whatever-the-key).
+    pub fn capture_ranges(&self, key: &[u8]) -> Option<Vec<std::ops::Range<usize>>> {
         if let Kind::Shape(shape) = &self.kind {
             if !shape.is_match(key) {
                 return None;
             }
             if shape.tail_capture {
-                return Some(vec![key[shape.head.len()..].to_vec()]);
+                return Some(std::iter::once(shape.head.len()..key.len()).collect());
             }
         }
         let caps = self.regex.captures(key)?;
         Some(
             self.capture_groups
                 .iter()
-                .map(|&g| caps.get(g).map_or_else(Vec::new, |m| m.as_bytes().to_vec()))
+                .map(|&g| caps.get(g).map_or(0..0, |m| m.range()))
                 .collect(),
         )
     }

@@ -258,7 +258,7 @@ impl FieldLedger {
         Signal::Event(KeyEvent {
             kind: EventKind::Hexpired,
             db,
-            key: key.to_vec(),
+            key: key.to_vec().into(),
             field: Some(field.to_vec()),
             observed_at: crate::keyspace::clock::now(),
             deadline: chrono::DateTime::from_timestamp_millis(deadline_ms),

@@ -104,7 +104,7 @@ pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal
         Some((db, Feed::Event(kind))) => Signal::Event(KeyEvent {
             kind,
             db,
-            key,
+            key: key.into(),
             field: None,
             observed_at: now,
             deadline: None,

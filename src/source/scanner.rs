@@ -559,7 +559,7 @@ impl Scanner {
             let event = KeyEvent {
                 kind: EventKind::Expiring,
                 db,
-                key: key.clone(),
+                key: key.clone().into(),
                 field: None,
                 observed_at,
                 deadline: DateTime::from_timestamp_millis(*deadline),

@@ -91,14 +91,12 @@ pub struct Markers<'a> {
 }
 
 impl<'a> Markers<'a> {
-    pub fn new(state: Conn, prefix: &'a str, rules: &[&str], db: u32, key: &[u8]) -> Markers<'a> {
+    /// The markers named `keys` ([`marker_key`]).
+    pub fn new(state: Conn, prefix: &'a str, keys: Vec<Vec<u8>>) -> Markers<'a> {
         Markers {
             state,
             prefix,
-            keys: rules
-                .iter()
-                .map(|r| marker_key(prefix, r, db, key))
-                .collect(),
+            keys,
         }
     }
 

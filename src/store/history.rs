@@ -965,7 +965,7 @@ mod tests {
         let e = crate::event::KeyEvent {
             kind: crate::event::EventKind::Expired,
             db: 3,
-            key: b"order:\xff\n*<!channel>".to_vec(),
+            key: bytes::Bytes::from(b"order:\xff\n*<!channel>".to_vec()),
             field: None,
             observed_at: at,
             deadline: Some(at - chrono::Duration::milliseconds(7)),
@@ -977,7 +977,7 @@ mod tests {
             "orders \u{1f512}",
             &e,
             &["id".into()],
-            vec![b"\xfe@all".to_vec()],
+            vec![b"\xfe@all".to_vec().into()],
             Some(serde_json::json!({"user": "u\n1", "n": [1, 2.5, null]}).into()),
         );
         w.try_store(&[Entry::Firing {

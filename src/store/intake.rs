@@ -64,7 +64,10 @@ pub struct Batch<'a> {
     /// One letter per event: how it is taken (see the script).
     pub modes: &'a str,
     /// The events' arguments, in the order of `modes`.
-    pub args: &'a [Vec<u8>],
+    pub args: &'a [bytes::Bytes],
+    /// Which of `args` name where a long key is kept ([`Records::keep_long`]) rather than
+    /// carry it: the script reads them there.
+    pub long: &'a [usize],
 }
 
 impl Records {
@@ -108,10 +111,29 @@ impl Records {
             .arg(LATE_MS)
             .arg(ledger::TAKEN_SLACK_MS)
             .arg(fields::names(p, db).seconds);
+        // The events' arguments start at ARGV[19] (`intake/take.lua`).
+        let long: Vec<String> = batch.long.iter().map(|i| (19 + i).to_string()).collect();
+        inv.arg(long.join(","));
         for a in batch.args {
-            inv.arg(a);
+            inv.arg(&a[..]);
         }
         inv.invoke_async(&mut self.conn.clone()).await
+    }
+
+    /// Keeps a long key (whose SHA-256 is `sha256`) where the take script and a taker after a
+    /// crash read it ([`crate::store::long_keys::keep`]); returns that name.
+    pub async fn keep_long(
+        &self,
+        uploader: &str,
+        exact: &[u8],
+        sha256: &str,
+    ) -> redis::RedisResult<String> {
+        crate::store::long_keys::keep(&self.conn, &self.prefix, uploader, exact, sha256).await
+    }
+
+    /// The exact bytes of a long key kept as [`Records::keep_long`] did, `None` if gone.
+    pub async fn read_long(&self, sha256: &str) -> redis::RedisResult<Option<Vec<u8>>> {
+        crate::store::long_keys::read(&self.conn, &self.prefix, sha256).await
     }
 
     /// When the first record's lease ends (or its retry is due), `None` when there is none: one
@@ -271,6 +293,10 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "hmget", SCRIPT)
             .on(Keys::State("ledger:*:at:*"), Access::Read)
             .args("{key} k"),
+        // A long key, read where it is kept rather than carried in the arguments.
+        Use::new(Server::State, "get", SCRIPT)
+            .on(Keys::State("long:*"), Access::Read)
+            .args("{key}"),
         Use::new(Server::State, "hget", SCRIPT)
             .on(Keys::State("ledger:*:at:*"), Access::Read)
             .args("{key} k"),

@@ -21,42 +21,90 @@ pub fn key(prefix: &str, sha256: &str) -> String {
     format!("{prefix}long:{sha256}")
 }
 
-/// Keeps the exact values `firings` will be stored without ([`crate::firing::Firing::apart`]),
-/// each once however many firings (one per rule that matched the key) name it, for the
-/// transaction that stores their jobs.
-pub fn keep_cmds<'a>(
+/// How much of a long value one command carries, to Redis or back: a 16 MB key written or read
+/// whole went through four buffers of redis-rs at once (the command, its packed form, the
+/// connection's buffer, which keeps its size), and each was as long as the key.
+pub const CHUNK: usize = 1 << 20;
+
+/// Upload names are unique per process (the instance's name and start make them unique across).
+static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Keeps `exact` (for [`KEEP`] from now) and returns where: its name, by SHA-256. Written a
+/// [`CHUNK`] at a time under a name of this upload's own, renamed once whole, so that a crash
+/// midway leaves no partial value under the SHA-256's name (the partial one expires). Already kept
+/// (another instance heard the same event), it is only renewed.
+pub async fn keep(
+    state: &Conn,
     prefix: &str,
-    firings: impl IntoIterator<Item = &'a crate::firing::Firing>,
-) -> Vec<redis::Cmd> {
-    let mut kept: Vec<&[u8]> = Vec::new();
-    for exact in firings.into_iter().flat_map(|f| f.kept_apart()) {
-        if !kept.contains(&exact) {
-            kept.push(exact);
-        }
-    }
-    kept.into_iter()
-        .map(|exact| keep_cmd(prefix, exact))
-        .collect()
-}
-
-/// Keeps `exact`, named by its SHA-256.
-fn keep_cmd(prefix: &str, exact: &[u8]) -> redis::Cmd {
-    let mut set = redis::cmd("SET");
-    set.arg(key(prefix, &crate::long_key::sha256_hex(exact)))
-        .arg(exact)
-        .arg("PX")
-        .arg(KEEP.as_millis() as u64);
-    set
-}
-
-/// The exact bytes whose SHA-256 is `sha256`, if they are still kept (their time renewed).
-pub async fn read(state: &Conn, prefix: &str, sha256: &str) -> redis::RedisResult<Option<Vec<u8>>> {
-    redis::cmd("GETEX")
-        .arg(key(prefix, sha256))
-        .arg("PX")
+    uploader: &str,
+    exact: &[u8],
+    sha256: &str,
+) -> redis::RedisResult<String> {
+    let name = key(prefix, sha256);
+    let mut conn = state.clone();
+    let renewed: bool = redis::cmd("PEXPIRE")
+        .arg(&name)
         .arg(KEEP.as_millis() as u64)
-        .query_async(&mut state.clone())
-        .await
+        .query_async(&mut conn)
+        .await?;
+    if renewed {
+        return Ok(name);
+    }
+    let n = UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let upload = format!("{name}:up:{uploader}:{n}");
+    for (i, chunk) in exact.chunks(CHUNK).enumerate() {
+        let mut c = if i == 0 {
+            redis::cmd("SET")
+        } else {
+            redis::cmd("APPEND")
+        };
+        c.arg(&upload).arg(chunk);
+        if i == 0 {
+            c.arg("PX").arg(KEEP.as_millis() as u64);
+        }
+        c.exec_async(&mut conn).await?;
+    }
+    redis::cmd("RENAME")
+        .arg(&upload)
+        .arg(&name)
+        .exec_async(&mut conn)
+        .await?;
+    Ok(name)
+}
+
+/// The exact bytes whose SHA-256 is `sha256`, if they are still kept (their time renewed), read
+/// a [`CHUNK`] at a time. A value is never changed under its name (it is its hash), so the
+/// chunks of one read are of one value; [`crate::firing`] checks the hash of what it gets.
+pub async fn read(state: &Conn, prefix: &str, sha256: &str) -> redis::RedisResult<Option<Vec<u8>>> {
+    let name = key(prefix, sha256);
+    let mut conn = state.clone();
+    let (renewed, len): (bool, usize) = redis::pipe()
+        .cmd("PEXPIRE")
+        .arg(&name)
+        .arg(KEEP.as_millis() as u64)
+        .cmd("STRLEN")
+        .arg(&name)
+        .query_async(&mut conn)
+        .await?;
+    if !renewed {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        let end = (out.len() + CHUNK).min(len) - 1;
+        let part: Vec<u8> = redis::cmd("GETRANGE")
+            .arg(&name)
+            .arg(out.len())
+            .arg(end)
+            .query_async(&mut conn)
+            .await?;
+        if part.is_empty() {
+            // Gone meanwhile: its 7 days ended during the read.
+            return Ok(None);
+        }
+        out.extend_from_slice(&part);
+    }
+    Ok(Some(out))
 }
 
 crate::keyspace::commands::declare! {
@@ -64,40 +112,80 @@ crate::keyspace::commands::declare! {
     /// ([`crate::keyspace::commands`]).
     const WHY = "long keys: their exact bytes kept once";
     [
+        Use::new(Server::State, "pexpire", WHY)
+            .on(Keys::State("long:*"), Access::Write)
+            .args("{key} 1000"),
         Use::new(Server::State, "set", WHY)
             .on(Keys::State("long:*"), Access::Write)
             .args("{key} bytes PX 1000"),
-        Use::new(Server::State, "getex", WHY)
+        Use::new(Server::State, "append", WHY)
+            .on(Keys::State("long:*"), Access::Write)
+            .args("{key} bytes"),
+        Use::new(Server::State, "rename", WHY)
             .on(Keys::State("long:*"), Access::ReadWrite)
-            .args("{key} PX 1000"),
+            .args("{key} {key}"),
+        Use::new(Server::State, "strlen", WHY)
+            .on(Keys::State("long:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Server::State, "getrange", WHY)
+            .on(Keys::State("long:*"), Access::Read)
+            .args("{key} 0 1"),
     ]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::firing::expiry;
 
-    #[test]
-    fn a_long_key_is_kept_once_however_many_rules_fire_and_a_short_one_not_at_all() {
-        let long = format!("big:{}", "k".repeat(crate::long_key::EXACT + 1));
-        let at = "2026-12-06T10:00:00Z";
-        let (a, b, short) = (
-            expiry("a", &long, at),
-            expiry("b", &long, at),
-            expiry("c", "k:1", at),
+    /// A value of several chunks crosses whole; a crash midway (an upload never renamed) leaves
+    /// nothing under the hash's name; kept again, it is only renewed; gone, it reads as `None`.
+    #[tokio::test]
+    async fn a_long_value_is_kept_in_chunks_under_its_hash_and_read_back_whole() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let exact: Vec<u8> = (0..CHUNK * 2 + 123).map(|i| (i % 251) as u8).collect();
+        let sha = crate::long_key::sha256_hex(&exact);
+        assert_eq!(read(&conn, "kw:", &sha).await.unwrap(), None);
+        let name = keep(&conn, "kw:", "me", &exact, &sha).await.unwrap();
+        assert_eq!(name, format!("kw:long:{sha}"));
+        assert_eq!(
+            read(&conn, "kw:", &sha).await.unwrap().as_deref(),
+            Some(&exact[..])
         );
-        let cmds = keep_cmds("kw:", [&a, &b, &short]);
-        assert_eq!(cmds.len(), 1);
-        let packed = String::from_utf8_lossy(&cmds[0].get_packed_command()).into_owned();
-        let sha = crate::long_key::sha256_hex(long.as_bytes());
+        let mut c = conn.clone();
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("kw:*")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(keys, vec![name.clone()], "no upload left behind");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&name)
+            .query_async(&mut c)
+            .await
+            .unwrap();
         assert!(
-            packed.contains(&format!("kw:long:{sha}")),
-            "named by its hash"
+            ttl > (KEEP.as_millis() as i64) - 60_000,
+            "kept for {ttl} ms"
         );
-        assert!(packed.contains(&long), "the exact bytes");
-        // Stored, a firing names the key apart and keeps nothing more.
-        let stored: crate::firing::Firing = serde_json::from_str(&a.text()).unwrap();
-        assert!(keep_cmds("kw:", [&stored]).is_empty());
+        // Kept again (another instance, the stage after the take): renewed, not written.
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(&name)
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        keep(&conn, "kw:", "other", b"not these bytes", &sha)
+            .await
+            .unwrap();
+        assert_eq!(
+            read(&conn, "kw:", &sha).await.unwrap().as_deref(),
+            Some(&exact[..])
+        );
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&name)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(ttl > 1000, "renewed: {ttl} ms");
     }
 }

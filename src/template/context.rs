@@ -40,7 +40,7 @@ pub fn verbatim<'a>(
     name: &str,
     key: &'a [u8],
     capture_names: &[String],
-    capture_values: &'a [Vec<u8>],
+    capture_values: &'a [bytes::Bytes],
 ) -> Option<&'a [u8]> {
     if name == "key" {
         return Some(key);
@@ -53,7 +53,7 @@ pub fn verbatim<'a>(
         .zip(capture_values)
         .rev()
         .find(|(n, _)| n.as_str() == name)
-        .map(|(_, v)| v.as_slice())
+        .map(|(_, v)| &v[..])
 }
 
 /// The values one event offers its templates.
@@ -79,7 +79,7 @@ impl Context {
         rule: &str,
         event: &KeyEvent,
         capture_names: &[String],
-        capture_values: &[Vec<u8>],
+        capture_values: &[bytes::Bytes],
         detail: Option<serde_json::Value>,
     ) -> Context {
         debug_assert_eq!(capture_names.len(), capture_values.len());

@@ -85,7 +85,7 @@ mod tests {
         let event = KeyEvent {
             kind: EventKind::Expired,
             db: 0,
-            key: b"order_lock:42".to_vec(),
+            key: bytes::Bytes::from(b"order_lock:42".to_vec()),
             field: None,
             observed_at: at("2026-12-06T10:30:05.012Z"),
             deadline: deadline.map(at),

@@ -11,7 +11,7 @@ fn event(key: &[u8]) -> KeyEvent {
     KeyEvent {
         kind: EventKind::Expired,
         db: 0,
-        key: key.to_vec(),
+        key: bytes::Bytes::from(key.to_vec()),
         field: None,
         observed_at: at("2026-11-29T10:15:00.012Z"),
         deadline: Some(at("2026-11-29T10:15:00Z")),
@@ -27,7 +27,13 @@ fn at(s: &str) -> DateTime<Utc> {
 
 /// A context whose key is `key` and whose one capture `x` is `value`.
 fn ctx_with(key: &[u8], value: &[u8]) -> Context {
-    Context::for_event("r", &event(key), &["x".to_owned()], &[value.to_vec()], None)
+    Context::for_event(
+        "r",
+        &event(key),
+        &["x".to_owned()],
+        &[value.to_vec().into()],
+        None,
+    )
 }
 
 fn ctx(value: &[u8]) -> Context {
@@ -203,7 +209,7 @@ fn every_interpolation_is_escaped_not_only_captures() {
             "r",
             &event(b"@all"),
             &["x".to_owned()],
-            &[b"@all".to_vec()],
+            &[b"@all".to_vec().into()],
             Some(serde_json::json!({"note": "<at user_id=\"all\">"})),
         ),
     );
@@ -394,7 +400,7 @@ fn context_values() {
         "order-lock",
         &e,
         &["order_id".to_owned()],
-        &[b"42".to_vec()],
+        &[b"42".to_vec().into()],
         None,
     );
     assert_eq!(
@@ -724,7 +730,7 @@ proptest! {
             "r",
             &event(b"k"),
             &["x".to_owned(), "y".to_owned()],
-            &[x.clone(), y.clone()],
+            &[x.clone().into(), y.clone().into()],
             None,
         );
         let out = render("http://h:1/reload/{{ x }}?y={{ y }}&z=1", Escape::Url, &c);
@@ -754,7 +760,7 @@ proptest! {
             "r",
             &event(a.as_bytes()),
             &["a".to_owned(), "b".to_owned()],
-            &[a.clone().into_bytes(), b.clone().into_bytes()],
+            &[a.clone().into_bytes().into(), b.clone().into_bytes().into()],
             None,
         );
         for mode in [Escape::Slack, Escape::Text, Escape::Markdown] {
@@ -838,7 +844,11 @@ fn verbatim_names_are_the_key_and_captures_the_context_does_not_shadow() {
     // value is the one a template sees, so the plain path leaves such names to it.
     let key = b"task:\xffAB".to_vec();
     let names = ["rule".to_string(), "id".to_string(), "id".to_string()];
-    let vals = [b"1".to_vec(), b"2".to_vec(), b"3".to_vec()];
+    let vals = [
+        b"1".to_vec().into(),
+        b"2".to_vec().into(),
+        b"3".to_vec().into(),
+    ];
     assert_eq!(verbatim("rule", &key, &names, &vals), None);
     assert_eq!(verbatim("key", &key, &names, &vals), Some(key.as_slice()));
     assert_eq!(

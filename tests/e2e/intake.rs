@@ -17,7 +17,7 @@ fn expired(key: &str, deadline_ms: Option<i64>) -> KeyEvent {
     KeyEvent {
         kind: EventKind::Expired,
         db: 0,
-        key: key.as_bytes().to_vec(),
+        key: key.as_bytes().to_vec().into(),
         field: None,
         observed_at: Utc::now(),
         deadline: deadline_ms.and_then(DateTime::from_timestamp_millis),

@@ -58,7 +58,7 @@ fn expired(key: &str, deadline_ms: Option<i64>, recovered: bool) -> keywatch::ev
     keywatch::event::KeyEvent {
         kind: keywatch::event::EventKind::Expired,
         db: 0,
-        key: key.as_bytes().to_vec(),
+        key: key.as_bytes().to_vec().into(),
         field: None,
         observed_at: chrono::Utc::now(),
         deadline: deadline_ms.and_then(chrono::DateTime::from_timestamp_millis),

@@ -287,11 +287,11 @@ fn rule_fills(config: &Config, rule: &Rule, u: &Use) -> Vec<Fill> {
     // Templates are rendered with a stand-in for every capture, so the glob of each key an
     // action touches comes out with `*` where the key's own text goes.
     let names = rule.capture_names();
-    let values = vec![SAMPLE.as_bytes().to_vec(); names.len()];
+    let values = vec![bytes::Bytes::from_static(SAMPLE.as_bytes()); names.len()];
     let event = KeyEvent {
         kind: rule.on.first().copied().unwrap_or(EventKind::Expired),
         db: 0,
-        key: sample_of(glob),
+        key: sample_of(glob).into(),
         field: rule.watches_fields().then(|| SAMPLE.as_bytes().to_vec()),
         observed_at: chrono::Utc::now(),
         deadline: None,

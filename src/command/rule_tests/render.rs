@@ -80,7 +80,7 @@ fn key_event(config: &Config, now: DateTime<Utc>, e: &Event, source: &str) -> Ke
     KeyEvent {
         kind: e.kind,
         db: e.db,
-        key: e.key.clone(),
+        key: e.key.clone().into(),
         field: e.field.clone(),
         observed_at,
         deadline,

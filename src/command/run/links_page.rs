@@ -54,7 +54,7 @@ pub async fn key_of(
         return (None, None);
     }
     let shown = crate::event::printable(&f.key).into_owned();
-    let exact = (crate::long_key::sha256_hex(&f.key) == claim.sha256).then_some(f.key);
+    let exact = (crate::long_key::sha256_hex(&f.key) == claim.sha256).then_some(f.key.to_vec());
     (Some(shown), exact)
 }
 

@@ -34,7 +34,17 @@ local late = tonumber(ARGV[15])
 local slack = tonumber(ARGV[16])
 -- The field ledger's hashes (without their second).
 local field_pre = ARGV[17]
-local first = 18
+-- The places (comma separated) of the arguments below that name where a long key is kept
+-- (`store/long_keys.rs`) instead of carrying it: read here, so that a key of megabytes crosses
+-- to Redis once, in chunks, not again in this script's arguments
+-- (docs/reliability.md#bounded-whatever-the-key).
+for p in string.gmatch(ARGV[18], '%d+') do
+  local i = tonumber(p)
+  local exact = redis.call('GET', ARGV[i])
+  if not exact then return redis.error_reply('KEYWATCH long key gone: ' .. ARGV[i]) end
+  ARGV[i] = exact
+end
+local first = 19
 local n = #modes
 local minute = math.floor(now / 60000)
 local B_L, B_l, B_R, B_r, B_F, B_f, B_W = string.byte('LlRrFfW', 1, 7)
