@@ -641,10 +641,17 @@ impl Deadlines {
     }
 
     /// The earliest deadline `db`'s seconds may hold (see [`Names::earliest`]), and when its
-    /// earliest far bucket is to be refined: one round trip.
-    pub async fn earliest(&self, db: u32) -> redis::RedisResult<(Option<i64>, Option<i64>)> {
+    /// earliest far bucket is to be refined (`None` inside: none), read only if `far`.
+    pub async fn earliest(
+        &self,
+        db: u32,
+        far: bool,
+    ) -> redis::RedisResult<(Option<i64>, Option<Option<i64>>)> {
         let names = self.names(db);
-        let f = far(&self.prefix, db);
+        if !far {
+            return Ok((names.earliest(&mut self.conn()).await?, None));
+        }
+        let f = self::far(&self.prefix, db);
         let mut pipe = redis::pipe();
         for zset in [&names.minutes, &f.hours] {
             pipe.cmd("ZRANGE")
@@ -657,13 +664,15 @@ impl Deadlines {
                 .arg(1)
                 .arg("WITHSCORES");
         }
-        let (seconds, hours): (Vec<(Vec<u8>, f64)>, Vec<(Vec<u8>, f64)>) =
-            pipe.query_async(&mut self.conn()).await?;
+        type Firsts = Vec<(Vec<u8>, f64)>;
+        let (seconds, hours): (Firsts, Firsts) = pipe.query_async(&mut self.conn()).await?;
         Ok((
             seconds.first().map(|(_, score)| *score as i64),
-            hours
-                .first()
-                .map(|(_, start)| *start as i64 - REFINE_AHEAD_MS),
+            Some(
+                hours
+                    .first()
+                    .map(|(_, start)| *start as i64 - REFINE_AHEAD_MS),
+            ),
         ))
     }
 

@@ -794,6 +794,11 @@ fn far_deadlines_are_kept_per_hour_and_refined_exactly() {
             .query(&mut c)
             .unwrap();
         b.learn(0, &[b"s:4".to_vec()]).await.unwrap();
+        let far: i64 = redis::cmd("EXISTS")
+            .arg("kw:ledger:0:far")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(far, 0, "a write of a refined hour made it far again");
         assert_eq!(common::ledger::places(&mut c, "kw:"), 296);
         assert_eq!(common::ledger::entries(&mut c, "kw:")["s:4"], moved + 1);
     });

@@ -55,6 +55,9 @@ pub const POKE_EVERY: Duration = Duration::from_millis(2);
 /// ledger's minutes hold (one command per database), for deadlines written by another instance
 /// that this one heard of no other way (its fill at start-up, a field ledger's walk).
 pub const SAFETY_EVERY: Duration = Duration::from_secs(1);
+/// Every how many safety rounds the poker reads the far buckets' first hour too
+/// (docs/how-it-works.md#far-deadlines).
+const FAR_SAFETY_EVERY: u64 = 10;
 /// How often a marker is published while the poked set holds something: recovers entries whose
 /// own marker was lost (published while the subscriber was reconnecting, or never, the instance
 /// that moved them having died in between).
@@ -496,13 +499,21 @@ impl Ledger {
     }
 
     /// The earliest deadline `db`'s ledger may hold, or when its earliest far bucket is to be
-    /// refined if that is sooner, read from Redis (the poker's safety round).
-    pub async fn earliest(&self, db: u32) -> redis::RedisResult<Option<i64>> {
-        let (seconds, refine) = self.inner.store.earliest(db).await?;
-        self.refine_at().insert(db, refine.unwrap_or(i64::MAX));
-        Ok(match (seconds, refine) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+    /// refined if that is sooner, read from Redis (the poker's safety round); the far buckets
+    /// are read only if `far`, else this instance's plan for them stands.
+    pub async fn earliest(&self, db: u32, far: bool) -> redis::RedisResult<Option<i64>> {
+        let (seconds, refine) = self.inner.store.earliest(db, far).await?;
+        let refine = match refine {
+            Some(r) => {
+                let r = r.unwrap_or(i64::MAX);
+                self.refine_at().insert(db, r);
+                r
+            }
+            None => self.refine_at().get(&db).copied().unwrap_or(i64::MIN),
+        };
+        Ok(match seconds {
+            Some(a) => Some(a.min(refine)),
+            None => Some(refine).filter(|r| *r < i64::MAX),
         })
     }
 
@@ -776,6 +787,7 @@ pub async fn run_poker(
     let mut last_round = tokio::time::Instant::now();
     let mut last_recorded = tokio::time::Instant::now();
     let mut grace = Grace::default();
+    let mut safety_rounds: u64 = 0;
     // Per database, the least time of its next round (see POKE_EVERY).
     let mut not_before: HashMap<u32, tokio::time::Instant> = HashMap::new();
     loop {
@@ -862,8 +874,13 @@ pub async fn run_poker(
             _ = shutdown.cancelled() => return,
             _ = alarm.woken() => {}
             _ = safety.tick() => {
+                // The far buckets every FAR_SAFETY_EVERY rounds: another instance's far hour is
+                // refined minutes before it starts, so reading it each second would only add a
+                // command a second per database to an idle Redis.
+                safety_rounds += 1;
+                let far = safety_rounds % FAR_SAFETY_EVERY == 0;
                 for &db in &dbs {
-                    match ledger.earliest(db).await {
+                    match ledger.earliest(db, far).await {
                         Ok(Some(at)) => alarm.lower(db, at),
                         Ok(None) => {}
                         Err(e) => tracing::debug!(db, error = %e, "Deadline poker: cannot read the ledger's earliest deadline."),
