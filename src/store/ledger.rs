@@ -486,17 +486,19 @@ impl Deadlines {
         self.far_writes(db, &removals, &[]).await
     }
 
-    /// Refines the far buckets of `db` whose hour starts by `now_ms` plus [`REFINE_AHEAD_MS`],
-    /// a batch per script; returns when the next one is due (`None`: no far bucket is left).
+    /// One step of the poker's refinement of `db`'s far buckets whose hour starts by `now_ms`
+    /// plus [`REFINE_AHEAD_MS`] (a script, about [`REFINE_BATCH`] deadlines): returns when the
+    /// next step is due, `now_ms` if some are left now (the poker's next round goes on, its
+    /// pokes in between), `None` when no far bucket is left.
     pub async fn refine(&self, db: u32, now_ms: i64) -> redis::RedisResult<Option<i64>> {
-        loop {
-            let (more, next) = self
-                .refine_step(db, now_ms + REFINE_AHEAD_MS, REFINE_BATCH)
-                .await?;
-            if !more {
-                return Ok(next.map(|start| start - REFINE_AHEAD_MS));
-            }
-        }
+        let (more, next) = self
+            .refine_step(db, now_ms + REFINE_AHEAD_MS, REFINE_BATCH)
+            .await?;
+        Ok(if more {
+            Some(now_ms)
+        } else {
+            next.map(|start| start - REFINE_AHEAD_MS)
+        })
     }
 
     /// One script of a refinement: moves about `most` deadlines (whole shards) of the far
@@ -813,6 +815,10 @@ crate::keyspace::commands::declare! {
             .args("{key} k")
             .when(When::Ledger),
         Use::new(Server::State, "hget", WHY)
+            .on(Keys::State("ledger:*:far:*"), Access::Read)
+            .args("{key} 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "hmget", SCRIPTS)
             .on(Keys::State("ledger:*:far:*"), Access::Read)
             .args("{key} 0")
             .when(When::Ledger),

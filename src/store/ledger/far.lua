@@ -47,6 +47,30 @@ local function split(b)
 end
 local first = 6
 local last_removal = first + 2 * removals - 1
+-- Every hour's shard count read at once: a fill's page of a thousand keys spread over a year
+-- touches nearly a thousand hours.
+do
+  local hours, seen = {}, {}
+  for i = first, #ARGV, 2 do
+    local b
+    if i <= last_removal then
+      b = math.floor(tonumber(ARGV[i]) * 1000 / width)
+    else
+      b = math.floor(tonumber(ARGV[i]) / width)
+    end
+    if b > frontier and not seen[b] then
+      seen[b] = true
+      hours[#hours + 1] = b
+    end
+  end
+  for j = 1, #hours, 1000 do
+    local last = math.min(j + 999, #hours)
+    local got = redis.call('HMGET', KEYS[2], unpack(hours, j, last))
+    for x = j, last do
+      counts[hours[x]] = tonumber(got[x - j + 1]) or false
+    end
+  end
+end
 for i = first, last_removal, 2 do
   local s, k = tonumber(ARGV[i]), ARGV[i + 1]
   redis.call('HDEL', bucket(pre, s, k), k)
