@@ -878,7 +878,7 @@ pub async fn run_poker(
                 // refined minutes before it starts, so reading it each second would only add a
                 // command a second per database to an idle Redis.
                 safety_rounds += 1;
-                let far = safety_rounds % FAR_SAFETY_EVERY == 0;
+                let far = safety_rounds.is_multiple_of(FAR_SAFETY_EVERY);
                 for &db in &dbs {
                     match ledger.earliest(db, far).await {
                         Ok(Some(at)) => alarm.lower(db, at),
