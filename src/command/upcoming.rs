@@ -143,7 +143,7 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
         let conn = keyspace.conn(db).await.map_err(cannot)?;
         if let (true, Some(l)) = (from_ledger, &ledger) {
             crate::internal_events::DeadlinesRead { db, from: "ledger" }.emit();
-            let mut after = None;
+            let mut after = crate::store::ledger::Cursor::default();
             let start = found.len();
             loop {
                 let rows = l

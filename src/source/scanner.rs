@@ -456,7 +456,7 @@ impl Scanner {
     ) -> redis::RedisResult<()> {
         let now = now_ms();
         let conn = self.keyspace.conn(db).await?;
-        let mut after = None;
+        let mut after = crate::store::ledger::Cursor::default();
         loop {
             let rows = ledger
                 .between(db, now, now + horizon, &mut after, LEDGER_PAGE)

@@ -19,10 +19,21 @@ const DUE: &str = include_str!("ledger/due.lua");
 const MOVE_POKED: &str = include_str!("ledger/move_poked.lua");
 /// Converts an earlier keywatch's ledger (one sorted set) to this form.
 const CONVERT: &str = include_str!("ledger/convert.lua");
+/// Names a far deadline's shard: put after [`BUCKET`] in front of the far buckets' scripts.
+const FAR_SHARD: &str = include_str!("ledger/far_shard.lua");
+/// Removes deadlines wherever they are, and writes far ones to their hour's shard.
+const FAR: &str = include_str!("ledger/far.lua");
+/// Moves the far buckets due soon into their seconds' hashes.
+const REFINE: &str = include_str!("ledger/refine.lua");
 
 /// A script with [`BUCKET`] in front.
 fn with_bucket(lua: &str) -> redis::Script {
     redis::Script::new(&format!("{BUCKET}{lua}"))
+}
+
+/// A script with [`BUCKET`] and [`FAR_SHARD`] in front.
+fn with_far(lua: &str) -> redis::Script {
+    redis::Script::new(&format!("{BUCKET}{FAR_SHARD}{lua}"))
 }
 
 /// The scripts the key and the field ledger share: the poker's read and the conversion.
@@ -210,6 +221,88 @@ pub const LONG_KEY: usize = 64;
 /// Entries converted from an earlier ledger per script call.
 const CONVERT_BATCH: usize = 1000;
 
+/// A far bucket's width: an hour (docs/how-it-works.md#far-deadlines). 1,000,000 deadlines
+/// spread over a year are 114 an hour, enough to share a bucket's own cost (a Redis key, about
+/// 80 bytes); denser hours are split into shards.
+pub const FAR_WIDTH_MS: i64 = 3_600_000;
+
+/// How long before its hour starts the poker refines a far bucket into its seconds' hashes:
+/// time enough for the densest hour, a shard per script, and for a poker that was busy.
+pub const REFINE_AHEAD_MS: i64 = 300_000;
+
+/// How much later than [`REFINE_AHEAD_MS`] an hour must start for an instance to send its
+/// deadlines to the far buckets: a write that reaches Redis after the refinement began goes to
+/// its second anyway (`ledger/far.lua` reads the frontier), so this only spares that script
+/// deadlines it would not keep far.
+const FAR_MARGIN_MS: i64 = 60_000;
+
+/// A shard holding more keys than this is split (`ledger/far.lua`): shards then hold 64 to 128
+/// keys, a listpack under Redis's default `hash-max-listpack-entries` (512), short enough that
+/// walking it (an `HSET` into a listpack is linear) costs little.
+const SPLIT_ABOVE: usize = 128;
+
+/// About how many deadlines one refinement script moves: a millisecond or so of Redis's time,
+/// so on-time pokes beside it are not held up.
+const REFINE_BATCH: usize = 500;
+
+/// Far deadlines written per script: the script costs Redis about 15 µs per deadline (it names
+/// the shard, writes, checks the length, splits), and a fill's page of a thousand in one script
+/// would hold every other client up for 15 ms.
+const FAR_BATCH: usize = 200;
+
+/// The start of the hour a deadline's far bucket covers.
+pub fn far_start(deadline_ms: i64) -> i64 {
+    deadline_ms.div_euclid(FAR_WIDTH_MS) * FAR_WIDTH_MS
+}
+
+/// Whether a deadline written at `now_ms` goes to the far buckets (a long key never does: see
+/// `ledger/far.lua`).
+pub fn goes_far(deadline_ms: i64, key: &[u8], now_ms: i64) -> bool {
+    key.len() <= LONG_KEY && far_start(deadline_ms) > now_ms + REFINE_AHEAD_MS + FAR_MARGIN_MS
+}
+
+/// When the poker must look after a deadline is written at `now_ms`: at the deadline, or at its
+/// far bucket's refinement.
+pub fn wake_for(deadline_ms: i64, key: &[u8], now_ms: i64) -> i64 {
+    if goes_far(deadline_ms, key, now_ms) {
+        far_start(deadline_ms) - REFINE_AHEAD_MS
+    } else {
+        deadline_ms
+    }
+}
+
+/// The far buckets' names in one database (see `ledger/far_shard.lua`).
+pub struct Far {
+    /// The hours that hold far deadlines, scored by their start.
+    pub hours: String,
+    /// Each hour's shard count.
+    pub counts: String,
+    /// The latest hour the poker began to refine.
+    pub frontier: String,
+    /// The shards' prefix: `…:far:HOUR:SHARD`.
+    pub shards: String,
+}
+
+/// The key ledger's far buckets in `db`.
+pub fn far(prefix: &str, db: u32) -> Far {
+    let base = format!("{}:far", old_ledger(prefix, db));
+    Far {
+        counts: format!("{base}:shards"),
+        frontier: format!("{base}:frontier"),
+        shards: format!("{base}:"),
+        hours: base,
+    }
+}
+
+/// Where a walk of the ledger is ([`Deadlines::between`]): the seconds' minutes first, then
+/// the far buckets, an hour at a time.
+#[derive(Default)]
+pub struct Cursor {
+    minute: Option<i64>,
+    seconds_done: bool,
+    hour: Option<i64>,
+}
+
 /// The second a deadline falls in: the hash that holds it.
 pub fn second_of(deadline_ms: i64) -> i64 {
     deadline_ms.div_euclid(1000)
@@ -227,6 +320,8 @@ pub struct Deadlines {
     prefix: String,
     record: redis::Script,
     move_poked: redis::Script,
+    far: redis::Script,
+    refine: redis::Script,
 }
 
 /// One deadline to record: the key, its deadline as `PEXPIRETIME` answered (-1: no TTL, -2:
@@ -244,6 +339,8 @@ impl Deadlines {
             prefix: prefix.to_string(),
             record: with_bucket(RECORD),
             move_poked: with_bucket(MOVE_POKED),
+            far: with_far(FAR),
+            refine: with_far(REFINE),
         }
     }
 
@@ -258,7 +355,7 @@ impl Deadlines {
     /// Records `entries` (see [`Entry`]; -1: the key has no TTL, and leaves; -2: it is gone, and
     /// its deadline stays for the poker to judge), but not a deadline the handled memory says
     /// was taken already; `now_ms` by this instance's estimate of Redis's clock. A deadline that
-    /// left the second it was known in leaves that second's hash.
+    /// left the second it was known in leaves that second's hash (or its far bucket).
     pub async fn record(
         &self,
         db: u32,
@@ -287,18 +384,22 @@ impl Deadlines {
         // A deadline further ahead than NEAR_MS cannot have been taken yet: the handled memory
         // has nothing to say about it, and it is written without the script (a fill's page is
         // nearly all such; the script's Lua cost more than the writes themselves,
-        // docs/performance.md#the-ledgers-compact-form).
-        let (near, far): (Vec<_>, Vec<_>) = writes
+        // docs/performance.md#the-ledgers-compact-form). One whose hour the poker refines
+        // later goes to the far buckets, through the script that names its shard.
+        let (near, rest): (Vec<_>, Vec<_>) = writes
             .into_iter()
             .partition(|(d, _)| *d <= now_ms + NEAR_MS);
+        let (far, plain): (Vec<_>, Vec<_>) =
+            rest.into_iter().partition(|(d, k)| goes_far(*d, k, now_ms));
         let plain = async {
-            if removals.is_empty() && far.is_empty() {
+            if plain.is_empty() {
                 return Ok(());
             }
-            self.plain_writes(db, &removals, &far)
+            self.plain_writes(db, &plain)
                 .exec_async(&mut self.conn())
                 .await
         };
+        let far = self.far_writes(db, &removals, &far);
         let checked = async {
             if near.is_empty() {
                 return Ok(());
@@ -316,29 +417,18 @@ impl Deadlines {
             }
             inv.invoke_async::<()>(&mut self.conn()).await
         };
-        let (plain, checked) = tokio::join!(plain, checked);
-        plain.and(checked)
+        let (plain, far, checked) = tokio::join!(plain, far, checked);
+        plain.and(far).and(checked)
     }
 
-    /// One transaction that removes `removals` (second, key) and writes `far` (deadline, key,
-    /// sorted by hash): an `HDEL` per removal, an `HSET` per hash, one `ZADD LT` of the minutes.
-    fn plain_writes(
-        &self,
-        db: u32,
-        removals: &[(i64, &[u8])],
-        far: &[(i64, &[u8])],
-    ) -> redis::Pipeline {
+    /// One transaction that writes `writes` (deadline, key, sorted by hash) to their seconds:
+    /// an `HSET` per hash, one `ZADD LT` of the minutes.
+    fn plain_writes(&self, db: u32, writes: &[(i64, &[u8])]) -> redis::Pipeline {
         let names = self.names(db);
         let mut pipe = redis::pipe();
         pipe.atomic();
-        for (second, key) in removals {
-            pipe.cmd("HDEL")
-                .arg(names.bucket(*second, key))
-                .arg(*key)
-                .ignore();
-        }
         let mut lows: Vec<(i64, i64)> = Vec::new();
-        for run in far.chunk_by(|a, b| bucket_of(a.0, a.1) == bucket_of(b.0, b.1)) {
+        for run in writes.chunk_by(|a, b| bucket_of(a.0, a.1) == bucket_of(b.0, b.1)) {
             let (d, k) = run[0];
             let mut hset = redis::cmd("HSET");
             hset.arg(names.bucket(second_of(d), k));
@@ -363,17 +453,140 @@ impl Deadlines {
         pipe
     }
 
-    /// Drops the deadlines of `keys`, each from the second given.
-    pub async fn forget(&self, db: u32, keys: &[(&[u8], i64)]) -> redis::RedisResult<()> {
-        let names = self.names(db);
-        let mut pipe = redis::pipe();
-        for (key, second) in keys {
-            pipe.cmd("HDEL")
-                .arg(names.bucket(*second, key))
-                .arg(*key)
-                .ignore();
+    /// Removes `removals` (second, key) from wherever they are, its second's hash or its far
+    /// bucket, and writes `far` (deadline, key) to the far buckets (`ledger/far.lua`), at most
+    /// [`FAR_BATCH`] of them per script.
+    async fn far_writes(
+        &self,
+        db: u32,
+        removals: &[(i64, &[u8])],
+        far: &[(i64, &[u8])],
+    ) -> redis::RedisResult<()> {
+        if removals.is_empty() && far.is_empty() {
+            return Ok(());
         }
-        pipe.exec_async(&mut self.conn()).await
+        let mut removals = removals;
+        let mut chunks = far.chunks(FAR_BATCH);
+        loop {
+            let writes = chunks.next().unwrap_or(&[]);
+            let mut inv = self.far_invoke(&self.far, db);
+            inv.arg(SPLIT_ABOVE).arg(removals.len());
+            for (second, key) in removals {
+                inv.arg(*second).arg(*key);
+            }
+            for (deadline, key) in writes {
+                inv.arg(*deadline).arg(*key);
+            }
+            inv.invoke_async::<()>(&mut self.conn()).await?;
+            removals = &[];
+            if chunks.len() == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// An invocation of a far buckets' script (`ledger/far.lua`, `ledger/refine.lua`) for `db`:
+    /// the keys and the first arguments both take.
+    fn far_invoke<'a>(&self, script: &'a redis::Script, db: u32) -> redis::ScriptInvocation<'a> {
+        let names = self.names(db);
+        let f = far(&self.prefix, db);
+        let mut inv = script.prepare_invoke();
+        inv.key(&f.hours)
+            .key(&f.counts)
+            .key(&f.frontier)
+            .key(&names.minutes)
+            .arg(&names.seconds)
+            .arg(&f.shards)
+            .arg(FAR_WIDTH_MS);
+        inv
+    }
+
+    /// Drops the deadlines of `keys`, each from the second given (or its far bucket).
+    pub async fn forget(&self, db: u32, keys: &[(&[u8], i64)]) -> redis::RedisResult<()> {
+        let removals: Vec<(i64, &[u8])> = keys.iter().map(|(k, s)| (*s, *k)).collect();
+        self.far_writes(db, &removals, &[]).await
+    }
+
+    /// One step of the poker's refinement of `db`'s far buckets whose hour starts by `now_ms`
+    /// plus [`REFINE_AHEAD_MS`] (a script, about [`REFINE_BATCH`] deadlines): returns when the
+    /// next step is due, `now_ms` if some are left now (the poker's next round goes on, its
+    /// pokes in between), `None` when no far bucket is left.
+    pub async fn refine(&self, db: u32, now_ms: i64) -> redis::RedisResult<Option<i64>> {
+        let (more, next) = self
+            .refine_step(db, now_ms + REFINE_AHEAD_MS, REFINE_BATCH)
+            .await?;
+        Ok(if more {
+            Some(now_ms)
+        } else {
+            next.map(|start| start - REFINE_AHEAD_MS)
+        })
+    }
+
+    /// One script of a refinement: moves about `most` deadlines (whole shards) of the far
+    /// hours that start by `until_ms`, earliest first. Returns whether some are left, and the
+    /// start of the earliest hour still far.
+    pub async fn refine_step(
+        &self,
+        db: u32,
+        until_ms: i64,
+        most: usize,
+    ) -> redis::RedisResult<(bool, Option<i64>)> {
+        let (more, next): (i64, i64) = self
+            .far_invoke(&self.refine, db)
+            .arg(until_ms)
+            .arg(most)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok((more == 1, (next >= 0).then_some(next)))
+    }
+
+    /// The deadlines of the next far hour of `db` after `hour` (`None`: from the one `from_ms`
+    /// falls in) that starts by `until_ms`, unordered; `None` when there is none.
+    async fn far_hour(
+        &self,
+        db: u32,
+        from_ms: i64,
+        until_ms: i64,
+        hour: &mut Option<i64>,
+    ) -> redis::RedisResult<Option<Vec<(Vec<u8>, i64)>>> {
+        let f = far(&self.prefix, db);
+        let mut conn = self.conn();
+        let low = match *hour {
+            Some(h) => format!("({}", h * FAR_WIDTH_MS),
+            None if from_ms == i64::MIN => "-inf".to_string(),
+            None => far_start(from_ms).to_string(),
+        };
+        let first: Vec<i64> = redis::cmd("ZRANGE")
+            .arg(&f.hours)
+            .arg(low)
+            .arg(until_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
+        let Some(&h) = first.first() else {
+            return Ok(None);
+        };
+        *hour = Some(h);
+        let n: Option<usize> = redis::cmd("HGET")
+            .arg(&f.counts)
+            .arg(h)
+            .query_async(&mut conn)
+            .await?;
+        let mut pipe = redis::pipe();
+        for j in 0..n.unwrap_or(0) {
+            pipe.cmd("HGETALL").arg(format!("{}{h}:{j}", f.shards));
+        }
+        let shards: Vec<Vec<(Vec<u8>, i64)>> = pipe.query_async(&mut conn).await?;
+        Ok(Some(
+            shards
+                .into_iter()
+                .flatten()
+                .map(|(k, off)| (k, h * FAR_WIDTH_MS + off))
+                .collect(),
+        ))
     }
 
     /// Up to `limit` poked keys numbered at most `seq`, lowest first, with their deadlines.
@@ -441,9 +654,40 @@ impl Deadlines {
             .await
     }
 
-    /// The earliest deadline `db`'s ledger may hold (see [`Names::earliest`]).
-    pub async fn earliest(&self, db: u32) -> redis::RedisResult<Option<i64>> {
-        self.names(db).earliest(&mut self.conn()).await
+    /// The earliest deadline `db`'s seconds may hold (see [`Names::earliest`]), and when its
+    /// earliest far bucket is to be refined (`None` inside: none), read only if `far`.
+    pub async fn earliest(
+        &self,
+        db: u32,
+        far: bool,
+    ) -> redis::RedisResult<(Option<i64>, Option<Option<i64>>)> {
+        let names = self.names(db);
+        if !far {
+            return Ok((names.earliest(&mut self.conn()).await?, None));
+        }
+        let f = self::far(&self.prefix, db);
+        let mut pipe = redis::pipe();
+        for zset in [&names.minutes, &f.hours] {
+            pipe.cmd("ZRANGE")
+                .arg(zset)
+                .arg("-inf")
+                .arg("+inf")
+                .arg("BYSCORE")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(1)
+                .arg("WITHSCORES");
+        }
+        type Firsts = Vec<(Vec<u8>, f64)>;
+        let (seconds, hours): (Firsts, Firsts) = pipe.query_async(&mut self.conn()).await?;
+        Ok((
+            seconds.first().map(|(_, score)| *score as i64),
+            Some(
+                hours
+                    .first()
+                    .map(|(_, start)| *start as i64 - REFINE_AHEAD_MS),
+            ),
+        ))
     }
 
     /// Moves keys found gone (`gone`: key, deadline as seen) to the poked set, only those whose
@@ -461,27 +705,56 @@ impl Deadlines {
         inv.invoke_async(&mut self.conn()).await
     }
 
-    /// Deadlines of `db` in `(from_ms, until_ms]`, soonest first, a page at a time (see
-    /// [`Names::between`]).
+    /// Deadlines of `db` in `(from_ms, until_ms]`, a page at a time: the seconds' soonest first
+    /// (see [`Names::between`]), then the far buckets', an hour at a time, each hour's soonest
+    /// first. At least `at_least` unless none are left; an empty page is the end.
     pub async fn between(
         &self,
         db: u32,
         from_ms: i64,
         until_ms: i64,
-        after: &mut Option<i64>,
+        cursor: &mut Cursor,
         at_least: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        self.names(db)
-            .between(&mut self.conn(), from_ms, until_ms, after, at_least)
-            .await
+        if !cursor.seconds_done {
+            let rows = self
+                .names(db)
+                .between(
+                    &mut self.conn(),
+                    from_ms,
+                    until_ms,
+                    &mut cursor.minute,
+                    at_least,
+                )
+                .await?;
+            if !rows.is_empty() {
+                return Ok(rows);
+            }
+            cursor.seconds_done = true;
+        }
+        let mut out = Vec::new();
+        while out.len() < at_least {
+            let Some(mut rows) = self
+                .far_hour(db, from_ms, until_ms, &mut cursor.hour)
+                .await?
+            else {
+                break;
+            };
+            rows.retain(|(_, d)| *d > from_ms && *d <= until_ms);
+            rows.sort_unstable_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+            out.extend(rows);
+        }
+        Ok(out)
     }
 
     /// Whether `db` holds any deadline.
     pub async fn any(&self, db: u32) -> redis::RedisResult<bool> {
-        redis::cmd("EXISTS")
+        let n: usize = redis::cmd("EXISTS")
             .arg(self.names(db).minutes)
+            .arg(far(&self.prefix, db).hours)
             .query_async(&mut self.conn())
-            .await
+            .await?;
+        Ok(n > 0)
     }
 
     /// Converts up to a batch of an earlier keywatch's ledger of `db` (one sorted set); returns
@@ -538,6 +811,67 @@ crate::keyspace::commands::declare! {
             .when(When::Ledger),
         Use::new(Server::State, "exists", WHY)
             .on(Keys::State("ledger:*:minutes"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        // The far buckets (`ledger/far.lua`, `ledger/refine.lua`, docs/how-it-works.md#far-deadlines).
+        Use::new(Server::State, "hsetnx", SCRIPTS)
+            .on(Keys::State("ledger:*:at:*"), Access::Write)
+            .args("{key} k 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "hset", SCRIPTS)
+            .on(Keys::State("ledger:*:far:*"), Access::Write)
+            .args("{key} k 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "hdel", SCRIPTS)
+            .on(Keys::State("ledger:*:far:*"), Access::ReadWrite)
+            .args("{key} k")
+            .when(When::Ledger),
+        Use::new(Server::State, "hget", WHY)
+            .on(Keys::State("ledger:*:far:*"), Access::Read)
+            .args("{key} 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "hmget", SCRIPTS)
+            .on(Keys::State("ledger:*:far:*"), Access::Read)
+            .args("{key} 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "hlen", SCRIPTS)
+            .on(Keys::State("ledger:*:far:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Server::State, "hgetall", WHY)
+            .on(Keys::State("ledger:*:far:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Server::State, "exists", SCRIPTS)
+            .on(Keys::State("ledger:*:far:*"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Server::State, "del", SCRIPTS)
+            .on(Keys::State("ledger:*:far:*"), Access::Write)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Server::State, "get", SCRIPTS)
+            .on(Keys::State("ledger:*:far:frontier"), Access::Read)
+            .args("{key}")
+            .when(When::Ledger),
+        Use::new(Server::State, "set", SCRIPTS)
+            .on(Keys::State("ledger:*:far:frontier"), Access::Write)
+            .args("{key} 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "zadd", SCRIPTS)
+            .on(Keys::State("ledger:*:far"), Access::Write)
+            .args("{key} 0 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "zrem", SCRIPTS)
+            .on(Keys::State("ledger:*:far"), Access::Write)
+            .args("{key} 0")
+            .when(When::Ledger),
+        Use::new(Server::State, "zrange", WHY)
+            .on(Keys::State("ledger:*:far"), Access::Read)
+            .args("{key} -inf +inf BYSCORE LIMIT 0 1 WITHSCORES")
+            .when(When::Ledger),
+        Use::new(Server::State, "exists", WHY)
+            .on(Keys::State("ledger:*:far"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
         // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).

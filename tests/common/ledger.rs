@@ -1,7 +1,9 @@
 //! The deadline ledger as the tests read it: per database, a hash per second of deadlines
 //! (`{prefix}ledger:DB:at:SECOND[:long]`, key → ms within the second) and the minutes that hold
-//! some (`{prefix}ledger:DB:minutes`), as docs/how-it-works.md#what-keywatch-keeps-in-redis
-//! describes them.
+//! some (`{prefix}ledger:DB:minutes`), and the far buckets of the hours not refined yet
+//! (`{prefix}ledger:DB:far`, the hours; `…:far:shards`, their shard counts;
+//! `…:far:HOUR:SHARD`, key → ms within the hour), as
+//! docs/how-it-works.md#what-keywatch-keeps-in-redis describes them.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +46,22 @@ fn entries_under(conn: &mut impl ConnectionLike, base: &str) -> BTreeMap<String,
             }
         }
     }
+    let hours: Vec<(i64, i64)> = redis::cmd("HGETALL")
+        .arg(format!("{base}:far:shards"))
+        .query(conn)
+        .unwrap_or_else(|e| panic!("the ledger's far buckets: {e}"));
+    for (hour, shards) in hours {
+        for shard in 0..shards {
+            let hash = format!("{base}:far:{hour}:{shard}");
+            let fields: Vec<(String, i64)> = redis::cmd("HGETALL")
+                .arg(&hash)
+                .query(conn)
+                .unwrap_or_else(|e| panic!("HGETALL {hash}: {e}"));
+            for (k, ms) in fields {
+                out.insert(k, hour * 3_600_000 + ms);
+            }
+        }
+    }
     out
 }
 
@@ -80,4 +98,45 @@ pub fn put(conn: &mut impl ConnectionLike, prefix: &str, key: &str, deadline_ms:
         .ignore()
         .query(conn)
         .unwrap_or_else(|e| panic!("writing {key}'s deadline: {e}"));
+}
+
+/// Writes `key`'s deadline into database 0 of the ledger under `prefix` as a far deadline, in
+/// the only shard of its hour (for tests that set up an hour the poker has not refined: its
+/// instances were down). The hour must hold no far deadline yet.
+pub fn put_far(conn: &mut impl ConnectionLike, prefix: &str, key: &str, deadline_ms: i64) {
+    let hour = deadline_ms.div_euclid(3_600_000);
+    let base = format!("{prefix}ledger:0:far");
+    let () = redis::pipe()
+        .cmd("HSET")
+        .arg(format!("{base}:{hour}:0"))
+        .arg(key)
+        .arg(deadline_ms - hour * 3_600_000)
+        .ignore()
+        .cmd("HSET")
+        .arg(format!("{base}:shards"))
+        .arg(hour)
+        .arg(1)
+        .ignore()
+        .cmd("ZADD")
+        .arg(&base)
+        .arg(hour * 3_600_000)
+        .arg(hour)
+        .ignore()
+        .query(conn)
+        .unwrap_or_else(|e| panic!("writing {key}'s far deadline: {e}"));
+}
+
+/// How many deadlines database 0 of the ledger under `prefix` holds in all, every place
+/// counted (a deadline in two places counts twice): its seconds' hashes and its far shards.
+pub fn places(conn: &mut impl ConnectionLike, prefix: &str) -> usize {
+    let base = format!("{prefix}ledger:0");
+    let mut n = 0;
+    for pattern in [format!("{base}:at:*"), format!("{base}:far:*:*")] {
+        let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query(conn).unwrap();
+        for k in keys {
+            let len: usize = redis::cmd("HLEN").arg(&k).query(conn).unwrap();
+            n += len;
+        }
+    }
+    n
 }

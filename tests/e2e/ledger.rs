@@ -682,3 +682,174 @@ fn an_idle_instance_does_not_poll_redis() {
         "an idle instance sent {per_second:.1} commands a second: {sent:?}"
     );
 }
+
+/// Redis's clock, ms.
+fn redis_now(redis: &RedisServer) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut redis.conn()).unwrap();
+    s * 1000 + us / 1000
+}
+
+/// docs/how-it-works.md#far-deadlines: deadlines whose hour the poker refines later are kept in
+/// that hour's far bucket, in shards that split as it fills so each stays a listpack; each
+/// deadline is in exactly one place, found there by a removal, and the refinement moves it to
+/// its second's hash exactly. A refinement stopped between two of its scripts (an instance
+/// killed) leaves every deadline in one place, where removals and writes still find it, and
+/// another instance finishes it.
+#[test]
+fn far_deadlines_are_kept_per_hour_and_refined_exactly() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        // 300 keys due within the hour that starts in two hours.
+        let hour = redis_now(&redis).div_euclid(3_600_000) + 2;
+        let keys: Vec<Vec<u8>> = (0..300).map(|i| format!("s:{i}").into_bytes()).collect();
+        let mut c = redis.conn();
+        for (i, k) in keys.iter().enumerate() {
+            let at = hour * 3_600_000 + 1_000 + i as i64 * 7_919;
+            let () = redis::cmd("SET")
+                .arg(k)
+                .arg("x")
+                .arg("PXAT")
+                .arg(at)
+                .query(&mut c)
+                .unwrap();
+        }
+        a.learn(0, &keys).await.unwrap();
+        let entries = common::ledger::entries(&mut c, "kw:");
+        assert_eq!(entries.len(), 300);
+        for (i, k) in keys.iter().enumerate() {
+            let k = String::from_utf8(k.clone()).unwrap();
+            assert_eq!(entries[&k], hour * 3_600_000 + 1_000 + i as i64 * 7_919);
+        }
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 300);
+        let minutes: i64 = redis::cmd("ZCARD")
+            .arg("kw:ledger:0:minutes")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(minutes, 0, "no far deadline is in a second's hash");
+        let shards: i64 = redis::cmd("HGET")
+            .arg("kw:ledger:0:far:shards")
+            .arg(hour)
+            .query(&mut c)
+            .unwrap();
+        assert!(shards >= 3, "the hour split as it filled: {shards} shards");
+        for j in 0..shards {
+            let name = format!("kw:ledger:0:far:{hour}:{j}");
+            let len: i64 = redis::cmd("HLEN").arg(&name).query(&mut c).unwrap();
+            let encoding: String = redis::cmd("OBJECT")
+                .arg("ENCODING")
+                .arg(&name)
+                .query(&mut c)
+                .unwrap();
+            assert!(
+                len <= 128 && encoding == "listpack",
+                "{name}: {len}, {encoding}"
+            );
+        }
+        // A removal finds a far deadline.
+        a.forget(0, &[b"s:0".to_vec()]).await.unwrap();
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 299);
+
+        // Instance A refines one shard of the hour, and is killed.
+        assert!(a.refine_until(0, hour * 3_600_000, 1).await.unwrap());
+        assert_eq!(
+            common::ledger::places(&mut c, "kw:"),
+            299,
+            "each deadline in one place"
+        );
+        // Meanwhile an instance B that never knew the keys (its index empty) hears of them:
+        // every key's removal and write finds its one place, refined or not.
+        let b = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        b.reconcile(0).await.unwrap();
+        b.forget(0, &[b"s:1".to_vec(), b"s:2".to_vec(), b"s:299".to_vec()])
+            .await
+            .unwrap();
+        let moved = hour * 3_600_000 + 3_599_000;
+        let () = redis::cmd("PEXPIREAT")
+            .arg("s:3")
+            .arg(moved)
+            .query(&mut c)
+            .unwrap();
+        b.learn(0, &[b"s:3".to_vec()]).await.unwrap();
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 296);
+        // B finishes the refinement.
+        while b.refine_until(0, hour * 3_600_000, 1).await.unwrap() {}
+        let entries = common::ledger::entries(&mut c, "kw:");
+        assert_eq!(entries.len(), 296);
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 296);
+        assert_eq!(entries["s:3"], moved);
+        assert_eq!(entries["s:10"], hour * 3_600_000 + 1_000 + 10 * 7_919);
+        let far: i64 = redis::cmd("EXISTS")
+            .arg("kw:ledger:0:far")
+            .arg("kw:ledger:0:far:shards")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(far, 0, "the refined hour left the far buckets");
+        // A deadline of the refined hour written now goes to its second.
+        let () = redis::cmd("PEXPIREAT")
+            .arg("s:4")
+            .arg(moved + 1)
+            .query(&mut c)
+            .unwrap();
+        b.learn(0, &[b"s:4".to_vec()]).await.unwrap();
+        let far: i64 = redis::cmd("EXISTS")
+            .arg("kw:ledger:0:far")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(far, 0, "a write of a refined hour made it far again");
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 296);
+        assert_eq!(common::ledger::entries(&mut c, "kw:")["s:4"], moved + 1);
+    });
+}
+
+/// docs/how-it-works.md#far-deadlines: an expiry taken while its deadline was still in a far
+/// bucket (no instance refined its hour in time: all were down) is not fired a second time when
+/// the refinement brings the deadline near and the poker finds the key gone.
+#[test]
+fn a_take_before_the_refinement_does_not_fire_again() {
+    use keywatch::engine::intake::{Intake, Mode};
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let ledger = Ledger::new(state.clone(), keyspace, "keywatch:", metrics);
+        common::set_px(&mut redis.conn(), "k:1", 300);
+        let deadline: i64 = redis::cmd("PEXPIRETIME")
+            .arg("k:1")
+            .query(&mut redis.conn())
+            .unwrap();
+        common::ledger::put_far(&mut redis.conn(), "keywatch:", "k:1", deadline);
+        touch_until_gone(&mut redis.conn(), &["k:1"]);
+        // The `expired` is taken: the deadline is not in a second's hash yet.
+        let heard = expired("k:1", None, false);
+        let intake = Intake::new(state, "keywatch:", "a");
+        let took = intake
+            .take(
+                0,
+                &[(
+                    &heard,
+                    Mode::Live {
+                        fire: true,
+                        at: None,
+                    },
+                )],
+            )
+            .await
+            .unwrap();
+        assert!(took[0].is_some(), "the live expiry fires");
+        // The poker refines the overdue hour, finds the key gone, and records it as poked.
+        assert_eq!(ledger.poke(0).await.unwrap(), 1);
+        let seq = ledger.mark(0).await.unwrap();
+        let missed = ledger.missed(0, seq, 100).await.unwrap();
+        assert_eq!(missed.len(), 1, "{missed:?}");
+        let again = expired("k:1", Some(missed[0].deadline_ms), true);
+        let took = intake
+            .take(0, &[(&again, Mode::Recovered { fire: true })])
+            .await
+            .unwrap();
+        assert!(took[0].is_none(), "fired a second time as recovered");
+        assert_eq!(ledger_size(&redis), 0);
+    });
+}

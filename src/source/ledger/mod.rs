@@ -35,7 +35,7 @@ pub(crate) mod grace;
 pub(crate) mod index;
 pub(crate) mod markers;
 
-use crate::store::ledger::{self as store, Deadlines, Entry, second_of};
+use crate::store::ledger::{self as store, Cursor, Deadlines, Entry, second_of};
 use alarm::{Alarm, until_past};
 pub use grace::{GRACE, Grace};
 use index::LedgerIndex;
@@ -55,6 +55,9 @@ pub const POKE_EVERY: Duration = Duration::from_millis(2);
 /// ledger's minutes hold (one command per database), for deadlines written by another instance
 /// that this one heard of no other way (its fill at start-up, a field ledger's walk).
 pub const SAFETY_EVERY: Duration = Duration::from_secs(1);
+/// Every how many safety rounds the poker reads the far buckets' first hour too
+/// (docs/how-it-works.md#far-deadlines).
+const FAR_SAFETY_EVERY: u64 = 10;
 /// How often a marker is published while the poked set holds something: recovers entries whose
 /// own marker was lost (published while the subscriber was reconnecting, or never, the instance
 /// that moved them having died in between).
@@ -121,6 +124,10 @@ struct Inner {
     forgotten: std::sync::Mutex<HashSet<(u32, Vec<u8>)>>,
     /// When the poker looks next, and its wake-up for a deadline written earlier than that.
     alarm: Alarm,
+    /// Per database, when the earliest far bucket is to be refined (`i64::MAX`: none is
+    /// left; absent: not known yet, the poker's next round refines). A far deadline this
+    /// instance writes lowers it; the poker's safety round reads it from Redis.
+    refine_at: std::sync::Mutex<HashMap<u32, i64>>,
 }
 
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
@@ -143,6 +150,7 @@ impl Ledger {
                 index: LedgerIndex::default(),
                 forgotten: std::sync::Mutex::new(HashSet::new()),
                 alarm: Alarm::default(),
+                refine_at: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -221,8 +229,26 @@ impl Ledger {
     /// a TTL (-1) leaves it, a deadline moves it to its second, a gone key (-2) stays.
     async fn write(&self, db: u32, entries: &[Entry<'_>]) -> redis::RedisResult<()> {
         let index = &self.inner.index;
-        self.inner.store.record(db, entries, now_ms()).await?;
-        if let Some(earliest) = entries.iter().map(|e| e.deadline).filter(|d| *d > 0).min() {
+        let now = now_ms();
+        self.inner.store.record(db, entries, now).await?;
+        // The poker looks at a deadline when it is due, or at a far one's refinement.
+        let far = entries
+            .iter()
+            .filter(|e| e.deadline > 0 && store::goes_far(e.deadline, e.key, now))
+            .map(|e| store::wake_for(e.deadline, e.key, now))
+            .min();
+        if let Some(at) = far {
+            let mut refine_at = self.refine_at();
+            if let Some(r) = refine_at.get_mut(&db) {
+                *r = (*r).min(at);
+            }
+        }
+        let earliest = entries
+            .iter()
+            .filter(|e| e.deadline > 0)
+            .map(|e| store::wake_for(e.deadline, e.key, now))
+            .min();
+        if let Some(earliest) = earliest {
             self.inner.alarm.learnt(db, earliest);
         }
         for e in entries {
@@ -266,6 +292,39 @@ impl Ledger {
             return Ok(());
         }
         self.inner.store.forget(db, &known).await
+    }
+
+    fn refine_at(&self) -> std::sync::MutexGuard<'_, HashMap<u32, i64>> {
+        self.inner
+            .refine_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refines `db`'s far buckets due for it (docs/how-it-works.md#far-deadlines); returns when
+    /// the next one is due.
+    async fn refine(&self, db: u32) -> redis::RedisResult<i64> {
+        let now = now_ms();
+        let due = self.refine_at().get(&db).copied();
+        if due.is_some_and(|at| at > now) {
+            return Ok(due.unwrap_or(i64::MAX));
+        }
+        let next = self.inner.store.refine(db, now).await?.unwrap_or(i64::MAX);
+        self.refine_at().insert(db, next);
+        Ok(next)
+    }
+
+    /// One step of a refinement (docs/how-it-works.md#far-deadlines): moves about `most`
+    /// deadlines of `db`'s far hours that start by `until_ms` to their seconds, whole shards at
+    /// a time; returns whether some are left. The poker refines an hour
+    /// [`store::REFINE_AHEAD_MS`] before it starts; drills choose the hour and the steps.
+    pub async fn refine_until(
+        &self,
+        db: u32,
+        until_ms: i64,
+        most: usize,
+    ) -> redis::RedisResult<bool> {
+        Ok(self.inner.store.refine_step(db, until_ms, most).await?.0)
     }
 
     fn forgotten(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, Vec<u8>)>> {
@@ -346,13 +405,17 @@ impl Ledger {
         mut grace: Option<&mut Grace>,
     ) -> redis::RedisResult<(usize, Option<i64>)> {
         let store = &self.inner.store;
+        // Far buckets whose hour is near move to their seconds first: what they hold is read
+        // below like any deadline.
+        let refine_at = self.refine(db).await?;
         let mut offset = 0;
         let mut next;
         let due = loop {
             // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
             let read = store.due(db, now_ms() - 1, offset, POKE_BATCH).await?;
             let page = read.rows;
-            next = read.next;
+            next =
+                Some(read.next.map_or(refine_at, |n| n.min(refine_at))).filter(|n| *n < i64::MAX);
             let len = page.len();
             let Some(g) = grace.as_deref_mut() else {
                 break page;
@@ -435,9 +498,23 @@ impl Ledger {
         Ok((due.len(), next))
     }
 
-    /// The earliest deadline `db`'s ledger may hold, read from Redis (the poker's safety round).
-    pub async fn earliest(&self, db: u32) -> redis::RedisResult<Option<i64>> {
-        self.inner.store.earliest(db).await
+    /// The earliest deadline `db`'s ledger may hold, or when its earliest far bucket is to be
+    /// refined if that is sooner, read from Redis (the poker's safety round); the far buckets
+    /// are read only if `far`, else this instance's plan for them stands.
+    pub async fn earliest(&self, db: u32, far: bool) -> redis::RedisResult<Option<i64>> {
+        let (seconds, refine) = self.inner.store.earliest(db, far).await?;
+        let refine = match refine {
+            Some(r) => {
+                let r = r.unwrap_or(i64::MAX);
+                self.refine_at().insert(db, r);
+                r
+            }
+            None => self.refine_at().get(&db).copied().unwrap_or(i64::MIN),
+        };
+        Ok(match seconds {
+            Some(a) => Some(a.min(refine)),
+            None => Some(refine).filter(|r| *r < i64::MAX),
+        })
     }
 
     /// Whether `db`'s poked set holds anything (a marker is then worth publishing).
@@ -461,7 +538,7 @@ impl Ledger {
                 "Ledger: converted an earlier keywatch's ledger to the compact form."
             );
         }
-        let mut after = None;
+        let mut after = Cursor::default();
         let mut dropped = 0;
         loop {
             let rows = self
@@ -596,15 +673,16 @@ impl Ledger {
         self.inner.filled.load(Ordering::SeqCst)
     }
 
-    /// Deadlines of `db` in `(from_ms, until_ms]`, soonest first, a page at a time: at least
-    /// `at_least` (whole minutes of them) unless none are left, from the minute after `after`
-    /// (`None`: the first), which is moved on. An empty page is the end.
+    /// Deadlines of `db` in `(from_ms, until_ms]`, a page at a time: at least `at_least` unless
+    /// none are left, from where `after` says (`Cursor::default()`: the first), which is moved
+    /// on; the seconds' soonest first, then the far buckets' an hour at a time (see
+    /// [`Deadlines::between`]). An empty page is the end.
     pub async fn between(
         &self,
         db: u32,
         from_ms: i64,
         until_ms: i64,
-        after: &mut Option<i64>,
+        after: &mut Cursor,
         at_least: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
         self.inner
@@ -621,7 +699,7 @@ impl Ledger {
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
         let mut rows = self
-            .between(db, i64::MIN, until_ms, &mut None, limit)
+            .between(db, i64::MIN, until_ms, &mut Cursor::default(), limit)
             .await?;
         rows.truncate(limit);
         Ok(rows)
@@ -709,6 +787,7 @@ pub async fn run_poker(
     let mut last_round = tokio::time::Instant::now();
     let mut last_recorded = tokio::time::Instant::now();
     let mut grace = Grace::default();
+    let mut safety_rounds: u64 = 0;
     // Per database, the least time of its next round (see POKE_EVERY).
     let mut not_before: HashMap<u32, tokio::time::Instant> = HashMap::new();
     loop {
@@ -795,8 +874,13 @@ pub async fn run_poker(
             _ = shutdown.cancelled() => return,
             _ = alarm.woken() => {}
             _ = safety.tick() => {
+                // The far buckets every FAR_SAFETY_EVERY rounds: another instance's far hour is
+                // refined minutes before it starts, so reading it each second would only add a
+                // command a second per database to an idle Redis.
+                safety_rounds += 1;
+                let far = safety_rounds.is_multiple_of(FAR_SAFETY_EVERY);
                 for &db in &dbs {
-                    match ledger.earliest(db).await {
+                    match ledger.earliest(db, far).await {
                         Ok(Some(at)) => alarm.lower(db, at),
                         Ok(None) => {}
                         Err(e) => tracing::debug!(db, error = %e, "Deadline poker: cannot read the ledger's earliest deadline."),

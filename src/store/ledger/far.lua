@@ -1,0 +1,109 @@
+-- Removes and writes deadlines where the far buckets may hold them (run after
+-- `ledger/bucket.lua` and `ledger/far_shard.lua`). KEYS: the far buckets (a sorted set of hours,
+-- scored by their start), their shard counts, the frontier (the latest hour the poker began
+-- to refine), the minutes. ARGV: the seconds' prefix, the far buckets' prefix, a bucket's width
+-- (ms), the split size, how many removals, then that many second/key pairs (the second a
+-- deadline was known in), then deadline/key pairs to write.
+--
+-- A deadline is in exactly one place: its second's hash, or the shard of its hour that the
+-- hour's shard count names; both are read here, atomically with the write, so a removal removes
+-- it wherever it is. An hour the poker began to refine (at or before the frontier) takes no new
+-- far deadlines: they go to their second's hash, and so does a long key's (its own shard's
+-- listpack would become a hashtable, as a second's `:long` hash is kept apart).
+local pre, far_pre = ARGV[1], ARGV[2]
+local width, split_above = tonumber(ARGV[3]), tonumber(ARGV[4])
+local removals = tonumber(ARGV[5])
+local frontier = tonumber(redis.call('GET', KEYS[3])) or -1
+local counts = {}
+local function count(b)
+  local n = counts[b]
+  if n == nil then
+    n = tonumber(redis.call('HGET', KEYS[2], b)) or false
+    counts[b] = n
+  end
+  return n
+end
+-- Splits the next shard of hour b in turn (linear hashing): its keys whose hash names the new
+-- shard move there.
+local function split(b)
+  local n = counts[b]
+  local p2 = far_p2(n)
+  local from, to = far_pre .. b .. ':' .. (n - p2), far_pre .. b .. ':' .. n
+  local rows = redis.call('HGETALL', from)
+  local moved, gone = {}, {}
+  for x = 1, #rows, 2 do
+    if far_hash(rows[x]) % (2 * p2) == n then
+      moved[#moved + 1] = rows[x]
+      moved[#moved + 1] = rows[x + 1]
+      gone[#gone + 1] = rows[x]
+    end
+  end
+  if #gone > 0 then
+    redis.call('HSET', to, unpack(moved))
+    redis.call('HDEL', from, unpack(gone))
+  end
+  counts[b] = n + 1
+  redis.call('HSET', KEYS[2], b, n + 1)
+end
+local first = 6
+local last_removal = first + 2 * removals - 1
+-- Every hour's shard count read at once: a fill's page of a thousand keys spread over a year
+-- touches nearly a thousand hours.
+do
+  local hours, seen = {}, {}
+  for i = first, #ARGV, 2 do
+    local b
+    if i <= last_removal then
+      b = math.floor(tonumber(ARGV[i]) * 1000 / width)
+    else
+      b = math.floor(tonumber(ARGV[i]) / width)
+    end
+    if b > frontier and not seen[b] then
+      seen[b] = true
+      hours[#hours + 1] = b
+    end
+  end
+  for j = 1, #hours, 1000 do
+    local last = math.min(j + 999, #hours)
+    local got = redis.call('HMGET', KEYS[2], unpack(hours, j, last))
+    for x = j, last do
+      counts[hours[x]] = tonumber(got[x - j + 1]) or false
+    end
+  end
+end
+for i = first, last_removal, 2 do
+  local s, k = tonumber(ARGV[i]), ARGV[i + 1]
+  redis.call('HDEL', bucket(pre, s, k), k)
+  if not long_key(k) then
+    local b = math.floor(s * 1000 / width)
+    local n = count(b)
+    if n then redis.call('HDEL', far_pre .. b .. ':' .. far_shard(n, k), k) end
+  end
+end
+local lows = {}
+for i = last_removal + 1, #ARGV, 2 do
+  local d, k = tonumber(ARGV[i]), ARGV[i + 1]
+  local b = math.floor(d / width)
+  if b <= frontier or long_key(k) then
+    local s = math.floor(d / 1000)
+    redis.call('HSET', bucket(pre, s, k), k, d - s * 1000)
+    local m = math.floor(s / 60)
+    if not lows[m] or d < lows[m] then lows[m] = d end
+  else
+    if not count(b) then
+      counts[b] = 1
+      redis.call('HSET', KEYS[2], b, 1)
+      redis.call('ZADD', KEYS[1], b * width, b)
+    end
+    local name = far_pre .. b .. ':' .. far_shard(counts[b], k)
+    redis.call('HSET', name, k, d - b * width)
+    -- Past the split size the shard would soon stop being a listpack: split shards in turn
+    -- until this key's holds no more than that.
+    while redis.call('HLEN', name) > split_above do
+      split(b)
+      name = far_pre .. b .. ':' .. far_shard(counts[b], k)
+    end
+  end
+end
+for m, d in pairs(lows) do redis.call('ZADD', KEYS[4], 'LT', d, m) end
+return 0
