@@ -34,7 +34,7 @@ use stage::{FiringStage, Item};
 pub const BATCH: usize = 1024;
 
 /// PINGs (250 ms apart) that give the command connection time to reconnect before the flags are
-/// checked again after a resubscription.
+/// checked again after a resubscription; and tries of the reconcile walk, as far apart.
 const RECHECK_PINGS: u32 = 8;
 
 /// Batches whose firing stages may overlap (see [`Engine::run`]).
@@ -325,6 +325,18 @@ impl Engine {
                     self.metrics.forget_subscriber(&node);
                     self.status.forget_node(&node);
                 }
+                // A flush or a swap took keys away without a keyevent: the ledger drops their
+                // deadlines rather than recover them (docs/how-it-works.md#flushes-and-swaps).
+                Signal::Emptied {
+                    node,
+                    swapped,
+                    since_ms,
+                } => {
+                    if let Some(l) = self.ledger() {
+                        let only = self.keyspace.is_cluster().then_some(node);
+                        l.emptied(&self.live, only, swapped, since_ms);
+                    }
+                }
             }
         }
         if let Some(l) = self.ledger() {
@@ -507,7 +519,21 @@ impl Engine {
             loop {
                 let config = live.current();
                 for &db in &config.redis.databases {
-                    match l.reconcile(db).await {
+                    // The command connections may have been cut with the subscriber's: one
+                    // finds out at its first command, then reconnects. Given up on, the walk
+                    // left the deadlines of keys deleted meanwhile to be recovered as expiries.
+                    let mut tries = 1;
+                    let walked = loop {
+                        match l.reconcile(db).await {
+                            Err(e) if tries < RECHECK_PINGS => {
+                                tracing::debug!(db, error = %e, "Ledger: reconcile failed; trying again.");
+                                tries += 1;
+                                tokio::time::sleep(Duration::from_millis(250)).await;
+                            }
+                            walked => break walked,
+                        }
+                    };
+                    match walked {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(
                             db,

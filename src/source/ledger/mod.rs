@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
 pub(crate) mod alarm;
+pub(crate) mod emptied;
 pub(crate) mod grace;
 pub(crate) mod index;
 pub(crate) mod markers;
@@ -121,6 +122,8 @@ struct Inner {
     forgotten: std::sync::Mutex<HashSet<(u32, Vec<u8>)>>,
     /// When the poker looks next, and its wake-up for a deadline written earlier than that.
     alarm: Alarm,
+    /// Databases a flush or a swap emptied without a keyevent, and the walk that follows.
+    emptied: std::sync::Mutex<emptied::Emptied>,
 }
 
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
@@ -143,6 +146,7 @@ impl Ledger {
                 index: LedgerIndex::default(),
                 forgotten: std::sync::Mutex::new(HashSet::new()),
                 alarm: Alarm::default(),
+                emptied: Default::default(),
             }),
         }
     }
@@ -379,6 +383,8 @@ impl Ledger {
         // Corrections, recorded as a read would: the deadline now (-1: none), from the second
         // the poker found it in.
         let mut fixes = Vec::new();
+        // A flush or a swap took keys away without a keyevent: those are not missed expiries.
+        let cut_off = self.cut_offs().get(&db).copied();
         {
             let forgotten = self.forgotten();
             for ((k, deadline), t) in due.iter().zip(now) {
@@ -392,6 +398,7 @@ impl Ledger {
                     -2 if !forgotten.is_empty() && forgotten.contains(&(db, k.clone())) => {
                         fixes.push(fix(-1))
                     }
+                    -2 if cut_off.is_some_and(|c| *deadline >= c) => fixes.push(fix(-1)),
                     -2 if record_gone => {
                         if grace
                             .as_deref_mut()
@@ -488,12 +495,14 @@ impl Ledger {
         let conn = self.inner.keyspace.conn(db).await?;
         let exists: Vec<i64> = conn.each(per_key("EXISTS", &keys)).await?;
         let now = now_ms();
+        // Due ones too, when a flush or a swap may have taken them (see `emptied`).
+        let cut_off = self.cut_offs().get(&db).copied().unwrap_or(i64::MAX);
         let stale: Vec<Entry> = {
             let forgotten = self.forgotten();
             rows.iter()
                 .zip(&exists)
                 .filter(|((k, d), e)| {
-                    **e == 0 && (*d > now || forgotten.contains(&(db, k.clone())))
+                    **e == 0 && (*d > now || *d >= cut_off || forgotten.contains(&(db, k.clone())))
                 })
                 .map(|((k, d), _)| Entry {
                     key: k,
