@@ -61,7 +61,7 @@ pub async fn connect(
     let mut conn = match opened {
         Ok(conn) => conn,
         Err(e) => {
-            // `HELLO 3` refused (an ACL without `+hello`, a server before 6.0): go on without.
+            // `HELLO 3` refused (a server before 6.0, or one that forbids RESP3): go on without.
             let conn = client
                 .get_multiplexed_async_connection_with_config(config)
                 .await?;
@@ -151,14 +151,10 @@ impl Calls {
 }
 
 crate::keyspace::commands::declare! {
-    /// The commands that tell the subscriber of flushes and swaps ([`crate::keyspace::commands`]).
-    /// Optional: refused, keywatch notices flushes a second later and says so.
+    /// The commands that tell the subscriber of flushes and swaps ([`crate::keyspace::commands`]),
+    /// with `HELLO 3`, which the client sends and every user may (as `AUTH`). Tracking is
+    /// optional: refused, keywatch notices flushes within a second and says so.
     [
-        Use::new(Server::Watched, "hello", "ledger: hears of flushes at once (RESP3, for client-side tracking)")
-            .args("3")
-            .access(Access::Write)
-            .when(When::Ledger)
-            .optional(),
         Use::new(Server::Watched, "client|tracking", "ledger: hears of flushes at once (client-side tracking, no key read)")
             .args("on")
             .access(Access::Write)

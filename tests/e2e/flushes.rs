@@ -64,10 +64,14 @@ fn wait_past_deadlines(redis: &RedisServer, until_ms: i64) {
     );
 }
 
-/// What arrived before the sentinel (expired in database 1 after everything else): key,
-/// database and whether it was recovered, each once, sorted.
-fn reported(redis: &RedisServer, receiver: &HttpReceiver) -> Vec<(String, u64, bool)> {
-    set_and_expire_now(&mut conn_in(redis, 1), &[SENTINEL]);
+/// What arrived before the sentinel (expired in watched database `db` after everything else):
+/// key, database and whether it was recovered, each once, sorted.
+fn reported_past(
+    redis: &RedisServer,
+    db: u32,
+    receiver: &HttpReceiver,
+) -> Vec<(String, u64, bool)> {
+    set_and_expire_now(&mut conn_in(redis, db), &[SENTINEL]);
     let got = receiver.wait_past(&[SENTINEL], PATIENCE);
     let counts = delivered(&got);
     assert!(counts.values().all(|(n, _)| *n == 1), "{counts:?}");
@@ -86,30 +90,109 @@ fn reported(redis: &RedisServer, receiver: &HttpReceiver) -> Vec<(String, u64, b
     out
 }
 
+/// [`reported_past`] a sentinel in database 1.
+fn reported(redis: &RedisServer, receiver: &HttpReceiver) -> Vec<(String, u64, bool)> {
+    reported_past(redis, 1, receiver)
+}
+
+/// keywatch watching database `db` of `redis` as `url`'s user, with its state at `state`, and
+/// five keys `lock:N` there due `ttl_ms` on, whose deadlines the ledger knows.
+struct FiveLocks {
+    receiver: HttpReceiver,
+    kw: common::KeywatchProcess,
+    /// The latest of their deadlines (Redis's clock).
+    last: i64,
+    _dir: tempfile::TempDir,
+}
+
+impl FiveLocks {
+    fn start(
+        redis: &RedisServer,
+        url: &str,
+        db: u32,
+        state: &RedisServer,
+        ttl_ms: u64,
+    ) -> FiveLocks {
+        let receiver = HttpReceiver::start();
+        let dir = tempfile::tempdir().unwrap();
+        let state_url = match state.url() == redis.url() {
+            true => String::new(),
+            false => format!("state:\n  url: \"{}\"\n", state.url()),
+        };
+        let rules = rules_in(dir.path(), &receiver, &db.to_string(), &state_url);
+        let kw = common::run_subscribed(url, &rules, common::Logs::Text, &[]);
+        let mut c = conn_in(redis, db);
+        for i in 0..5 {
+            common::set_px(&mut c, format!("lock:{i}"), ttl_ms);
+        }
+        let last = redis_ms(redis) + ttl_ms as i64;
+        wait_until("the ledger knows the 5 deadlines", PATIENCE, || {
+            ledger_in(state, db).len() == 5
+        });
+        FiveLocks {
+            receiver,
+            kw,
+            last,
+            _dir: dir,
+        }
+    }
+}
+
 /// FLUSHDB of a watched database: the keys it took away (deadlines 1.5 s on, soon after the
 /// flush) are reported neither as expired nor as recovered, and their deadlines leave the ledger.
 #[test]
 fn a_flushed_database_reports_no_expiry() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
-    let receiver = HttpReceiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = rules_in(dir.path(), &receiver, "1", "");
-    let mut kw = common::run_on(&redis, &rules);
-    let mut c = conn_in(&redis, 1);
-    for i in 0..5 {
-        common::set_px(&mut c, format!("lock:{i}"), 1500);
-    }
-    let last = redis_ms(&redis) + 1500;
-    wait_until("the ledger knows the 5 deadlines", PATIENCE, || {
-        ledger_in(&redis, 1).len() == 5
-    });
-    let () = redis::cmd("FLUSHDB").query(&mut c).unwrap();
-    kw.wait_for_event("keys_left_unannounced", "after FLUSHDB", |e| {
+    let mut t = FiveLocks::start(&redis, &redis.url(), 1, &redis, 1500);
+    let () = redis::cmd("FLUSHDB")
+        .query(&mut conn_in(&redis, 1))
+        .unwrap();
+    t.kw.wait_for_event("keys_left_unannounced", "after FLUSHDB", |e| {
         e["how"] == "flush"
     });
-    wait_past_deadlines(&redis, last);
+    wait_past_deadlines(&redis, t.last);
     assert_eq!(ledger_in(&redis, 1), Vec::<String>::new());
-    assert_eq!(reported(&redis, &receiver), []);
+    assert_eq!(reported(&redis, &t.receiver), []);
+}
+
+/// Where the user may not turn client-side tracking on (docs/redis.md#least-privilege-acl
+/// without `+client|tracking`), keywatch is ready all the same, says what it does without, and notices a
+/// flush by `INFO commandstats` within a second: keys due 2.5 s after it are not reported.
+#[test]
+fn without_client_tracking_a_flush_is_noticed_all_the_same() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let state = RedisServer::builder().start();
+    let mut admin = redis.conn();
+    for line in common::documented_acl_lines() {
+        let mut cmd = redis::cmd("ACL");
+        for w in line.split_whitespace().skip(1) {
+            cmd.arg(w.replace("PASSWORD", "kw-pass"));
+        }
+        let () = cmd.query(&mut admin).unwrap();
+    }
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("keywatch")
+        .arg("-client|tracking")
+        .query(&mut admin)
+        .unwrap();
+    let url = format!("redis://keywatch:kw-pass@{}", redis.addr());
+    let mut t = FiveLocks::start(&redis, &url, 0, &state, 2500);
+    t.kw.wait_for_event(
+        "flush_tracking_refused",
+        "under a user without +client|tracking",
+        |_| true,
+    );
+    t.kw.wait_for_event("readiness", "ready without tracking", |e| {
+        e["ready"] == true || e["ready"] == "true"
+    });
+    let () = redis::cmd("FLUSHDB").query(&mut admin).unwrap();
+    t.kw.wait_for_event("keys_left_unannounced", "after FLUSHDB", |e| {
+        e["how"] == "flush"
+    });
+    wait_past_deadlines(&redis, t.last);
+    assert_eq!(ledger_in(&state, 0), Vec::<String>::new());
+    assert_eq!(reported_past(&redis, 0, &t.receiver), []);
 }
 
 /// FLUSHALL with two watched databases (keywatch's state on a server of its own): nothing
@@ -222,19 +305,9 @@ fn a_swap_with_an_unwatched_database_follows_the_keys() {
 #[test]
 fn a_flush_while_disconnected_reports_no_expiry() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
-    let receiver = HttpReceiver::start();
-    let dir = tempfile::tempdir().unwrap();
-    let rules = rules_in(dir.path(), &receiver, "1", "");
-    let mut kw = common::run_on(&redis, &rules);
-    let mut c = conn_in(&redis, 1);
-    for i in 0..5 {
-        common::set_px(&mut c, format!("lock:{i}"), 4000);
-    }
-    let last = redis_ms(&redis) + 4000;
-    wait_until("the ledger knows the 5 deadlines", PATIENCE, || {
-        ledger_in(&redis, 1).len() == 5
-    });
-    kw.signal(common::Signal::STOP);
+    let mut t = FiveLocks::start(&redis, &redis.url(), 1, &redis, 4000);
+    let mut c = redis.conn();
+    t.kw.signal(common::Signal::STOP);
     for kind in ["pubsub", "normal"] {
         let _: i64 = redis::cmd("CLIENT")
             .arg("KILL")
@@ -245,15 +318,13 @@ fn a_flush_while_disconnected_reports_no_expiry() {
             .query(&mut c)
             .unwrap();
     }
-    let () = redis::cmd("FLUSHDB").query(&mut c).unwrap();
-    kw.signal(common::Signal::CONT);
-    kw.wait_for_events("subscribed", 2, "after the reconnect", |_| true);
-    wait_past_deadlines(&redis, last);
-    assert_eq!(
-        ledger_in(&redis, 1),
-        Vec::<String>::new(),
-        "{}",
-        kw.describe_output()
-    );
-    assert_eq!(reported(&redis, &receiver), [], "{}", kw.describe_output());
+    let () = redis::cmd("FLUSHDB")
+        .query(&mut conn_in(&redis, 1))
+        .unwrap();
+    t.kw.signal(common::Signal::CONT);
+    t.kw.wait_for_events("subscribed", 2, "after the reconnect", |_| true);
+    wait_past_deadlines(&redis, t.last);
+    let output = t.kw.describe_output();
+    assert_eq!(ledger_in(&redis, 1), Vec::<String>::new(), "{output}");
+    assert_eq!(reported(&redis, &t.receiver), [], "{output}");
 }

@@ -41,7 +41,6 @@ const HELPERS: &[(&str, &[&str])] = &[
     ("ClusterClientBuilder", &["cluster|slots", "asking"]),
     (".ping::<", &["ping"]),
     (".atomic()", &["multi", "exec"]),
-    ("ProtocolVersion::RESP3", &["hello"]),
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
