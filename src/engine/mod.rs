@@ -284,7 +284,11 @@ impl Engine {
                 Signal::Hash { db, key, change } => self.notice_hash(db, &key, change),
                 Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker { node, payload } => {
-                    if let Some((db, seq)) = self.ledger().and_then(|l| l.own_marker(&payload)) {
+                    if let Some(notice) = crate::store::notices::Notice::parse(&payload) {
+                        self.noticed(notice);
+                    } else if let Some((db, seq)) =
+                        self.ledger().and_then(|l| l.own_marker(&payload))
+                    {
                         markers.extend(self.markers().heard(&node, db, seq));
                     }
                 }
@@ -296,6 +300,9 @@ impl Engine {
                     // between is not published at all.
                     self.recheck_flags(&node).await;
                     self.status.set_subscribed(&node, true);
+                    // Notices published while it was away are lost: read what they tell of.
+                    self.noticed(crate::store::notices::Notice::Silences);
+                    self.noticed(crate::store::notices::Notice::Work);
                     self.after_subscribe(&node);
                     if let Some(f) = self
                         .fields
@@ -479,6 +486,14 @@ impl Engine {
         // Every entry read leaves the poked set when taken (fired or not); a page that took
         // nothing (another instance is on it) is not read again at once.
         (taken, full && n > 0)
+    }
+
+    /// Acts on a notice of another instance, or of `keywatch silence` ([`crate::store::notices`]).
+    fn noticed(&self, notice: crate::store::notices::Notice) {
+        match notice {
+            crate::store::notices::Notice::Silences => self.silenced.read_again(),
+            crate::store::notices::Notice::Work => self.delivery.look_now(),
+        }
     }
 
     /// Tells the field ledger of a keyevent about a hash some `hexpired` rule watches.

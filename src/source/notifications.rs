@@ -502,10 +502,10 @@ async fn session(
     }
 }
 
-/// Whether the subscription includes the ledger's marker channel (the only channel that is no
-/// keyevent's): the ledger is kept, and flushes and swaps matter.
+/// Whether the subscription includes what only the ledger listens to (`expire`): the ledger is
+/// kept, and flushes and swaps matter.
 fn keeps_ledger(subscribed: &[String]) -> bool {
-    subscribed.iter().any(|c| !c.starts_with("__keyevent@"))
+    subscribed.iter().any(|c| c.ends_with("__:expire"))
 }
 
 /// The next push of client-side tracking; never, where tracking is off. `None`: the connection
@@ -625,10 +625,9 @@ crate::keyspace::commands::declare! {
         Use::new(Server::Watched, "subscribe", "keyevent subscription")
             .channel(PubSub::Keyevent)
             .args("{channel}"),
-        Use::new(Server::Watched, "subscribe", "ledger: marker subscription")
+        Use::new(Server::Watched, "subscribe", "keywatch's own channel: ledger markers, notices")
             .channel(PubSub::Marker)
-            .args("{channel}")
-            .when(When::Ledger),
+            .args("{channel}"),
         // Redis checks no channel permission on leaving one.
         Use::new(
             Server::Watched,

@@ -147,6 +147,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::alert_ends::REDIS,
     &crate::store::followups::REDIS,
     &crate::store::silences::REDIS,
+    &crate::store::notices::REDIS,
     &crate::store::links::REDIS,
     &crate::store::long_keys::REDIS,
     &crate::store::rate::REDIS,
