@@ -8,17 +8,15 @@
 //! cut-off is dropped from the ledger, by the poker as by the walk, never recorded as missed. Then,
 //! one run at a time, each database that lost keys is walked as at a reconnect
 //! ([`Ledger::reconcile`]) and, after a swap, the deadlines of the keys it brought are learnt
-//! ([`super::fill_all`]).
+//! ([`super::fill_all`]). The walk and the run are the ledger's (`Ledger::emptied`); this is their
+//! bookkeeping.
 
 use std::collections::HashMap;
-
-use super::Ledger;
-use crate::config::LiveConfig;
 
 /// Deadlines of the soonest keys looked at to tell whether a database lost its keys: a flush
 /// takes every key, so one of them gone is enough to walk the whole ledger, and none gone (a
 /// flush of a database keywatch does not watch) spares the walk.
-const SAMPLE: usize = 256;
+pub(super) const SAMPLE: usize = 256;
 
 /// Cut-offs in force, and the run that follows them (one at a time: a script that flushes in a
 /// loop must not stack walks).
@@ -33,104 +31,54 @@ pub(super) struct Emptied {
     again: Option<bool>,
 }
 
-impl Ledger {
-    fn emptied_state(&self) -> std::sync::MutexGuard<'_, Emptied> {
-        self.inner.emptied.lock().unwrap_or_else(|p| p.into_inner())
+impl Emptied {
+    /// Keys may have left `dbs` from `since_ms` on (`swapped`: by a swap): their cut-offs are set;
+    /// `true` when a run is to start now (none runs).
+    pub(super) fn begin(&mut self, dbs: &[u32], since_ms: i64, swapped: bool) -> bool {
+        for &db in dbs {
+            let at = self.since.entry(db).or_insert(since_ms);
+            *at = (*at).min(since_ms);
+        }
+        if self.running {
+            self.again = Some(self.again.unwrap_or(false) || swapped);
+            return false;
+        }
+        self.running = true;
+        true
     }
 
-    /// The cut-offs in force, per database: taken once per round by the poker and the walk.
-    pub(super) fn cut_offs(&self) -> HashMap<u32, i64> {
-        let state = self.emptied_state();
-        if state.since.is_empty() {
-            return HashMap::new();
+    /// A run ended: `Some(swapped)` for the one asked for meanwhile, or `None`, and the cut-offs
+    /// are lifted (the walk has dropped what they covered).
+    pub(super) fn after_run(&mut self) -> Option<bool> {
+        let again = self.again.take();
+        if again.is_none() {
+            self.running = false;
+            self.since.clear();
         }
-        state.since.clone()
+        again
     }
 
-    /// Keys may have left every database of `live`'s rules from `since_ms` on (a flush, or a swap
-    /// if `swapped`), with no keyevent: until the walk that follows is done, a key found gone
-    /// whose deadline is that late is dropped, not recovered; then each database that lost keys
-    /// is walked (all of them after a swap, whose keys are learnt again too). `only`: the cluster
-    /// master it was heard on, whose keys alone are learnt again.
-    pub fn emptied(&self, live: &LiveConfig, only: Option<String>, swapped: bool, since_ms: i64) {
-        let config = live.current();
-        if !config.uses_ledger() {
-            return;
-        }
-        {
-            let mut state = self.emptied_state();
-            for &db in &config.redis.databases {
-                let at = state.since.entry(db).or_insert(since_ms);
-                *at = (*at).min(since_ms);
-            }
-            if state.running {
-                state.again = Some(state.again.unwrap_or(false) || swapped);
-                return;
-            }
-            state.running = true;
-        }
-        let ledger = self.clone();
-        let live = live.clone();
-        tokio::spawn(async move {
-            let mut swapped = swapped;
-            loop {
-                ledger.settle(&live, only.as_deref(), swapped).await;
-                let mut state = ledger.emptied_state();
-                match state.again.take() {
-                    Some(s) => swapped = s,
-                    None => {
-                        state.running = false;
-                        state.since.clear();
-                        return;
-                    }
-                }
-            }
-        });
+    /// The cut-off of `db`, if one is in force.
+    pub(super) fn cut_off(&self, db: u32) -> Option<i64> {
+        self.since.get(&db).copied()
     }
+}
 
-    /// One run after a flush or a swap: walks what lost keys, learns what came in.
-    async fn settle(&self, live: &LiveConfig, only: Option<&str>, swapped: bool) {
-        let config = live.current();
-        for &db in &config.redis.databases {
-            let lost = match swapped {
-                true => Ok(true),
-                false => self.lost_keys(db).await,
-            };
-            let walked = match lost {
-                Ok(false) => Ok(0),
-                Ok(true) => self.reconcile(db).await,
-                Err(e) => Err(e),
-            };
-            match walked {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(
-                    db,
-                    dropped = n,
-                    swapped,
-                    "Ledger: dropped the deadlines of keys a flush or a swap took away; none is reported as expired."
-                ),
-                // Its cut-off stays until the run ends; what is left is found at its deadline.
-                Err(e) => {
-                    tracing::warn!(db, error = %e, "Ledger: cannot walk a database after a flush or a swap.")
-                }
-            }
-        }
-        if swapped {
-            super::fill_all(self, &config, only).await;
-        }
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// Whether `db` lost keys whose deadlines the ledger holds: one of the soonest future ones
-    /// is gone.
-    async fn lost_keys(&self, db: u32) -> redis::RedisResult<bool> {
-        let now = super::now_ms();
-        let rows = self.between(db, now, i64::MAX, &mut None, SAMPLE).await?;
-        let keys: Vec<Vec<u8>> = rows.into_iter().take(SAMPLE).map(|(k, _)| k).collect();
-        if keys.is_empty() {
-            return Ok(false);
-        }
-        let conn = self.inner.keyspace.conn(db).await?;
-        let exists: Vec<i64> = conn.each(crate::keyspace::per_key("EXISTS", &keys)).await?;
-        Ok(exists.contains(&0))
+    #[test]
+    fn cut_offs_last_until_the_last_run_asked_for_ends() {
+        let mut e = Emptied::default();
+        assert!(e.begin(&[1, 2], 1_000, false), "a run starts");
+        assert!(!e.begin(&[1], 500, true), "one runs: asked for again");
+        assert_eq!(e.cut_off(1), Some(500), "the earlier cut-off holds");
+        assert_eq!(e.cut_off(2), Some(1_000));
+        assert_eq!(e.after_run(), Some(true), "again, as a swap");
+        assert_eq!(e.cut_off(1), Some(500));
+        assert_eq!(e.after_run(), None);
+        assert_eq!(e.cut_off(1), None, "lifted");
+        assert!(e.begin(&[1], 2_000, false), "a new run starts");
     }
 }
