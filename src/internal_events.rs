@@ -108,6 +108,39 @@ impl FellBehind<'_> {
     }
 }
 
+/// `node` emptied databases without a keyevent: a `FLUSHDB` or `FLUSHALL` (`how` = `flush`) or a
+/// `SWAPDB` (`swap`). The ledger drops the deadlines of the keys that left rather than report
+/// them as expired (docs/how-it-works.md#flushes-and-swaps).
+pub struct KeysLeftUnannounced<'a> {
+    pub node: &'a str,
+    pub how: &'a str,
+}
+
+impl KeysLeftUnannounced<'_> {
+    pub const NAME: &'static str = "keys_left_unannounced";
+
+    pub fn emit(self) {
+        tracing::info!(internal_event = Self::NAME, node = %self.node, how = %self.how, "Keys left a database without a keyevent (FLUSHDB, FLUSHALL or SWAPDB): the ledger drops their deadlines rather than report them as expired.");
+    }
+}
+
+/// `node` refused client-side tracking (`HELLO 3` or `CLIENT TRACKING`), which is how a flush is
+/// heard at once: flushes are then noticed by `INFO commandstats`, within a second, and a key
+/// flushed in that second may be reported as a recovered expiry
+/// (docs/how-it-works.md#flushes-and-swaps). Emitted when the reason changes.
+pub struct FlushTrackingRefused<'a> {
+    pub node: &'a str,
+    pub reason: &'a str,
+}
+
+impl FlushTrackingRefused<'_> {
+    pub const NAME: &'static str = "flush_tracking_refused";
+
+    pub fn emit(self) {
+        tracing::warn!(internal_event = Self::NAME, node = %self.node, reason = %self.reason, "Client-side tracking refused: a FLUSHDB or FLUSHALL is noticed within a second (INFO commandstats) instead of at once. `keywatch doctor` says which grant is missing.");
+    }
+}
+
 /// `node` is not watched, and why (a replica, a Sentinel): readiness stays false while it is
 /// asked again. Emitted when the reason changes, not at every attempt.
 pub struct NodeRefused<'a> {
@@ -858,6 +891,20 @@ mod tests {
                     node: "127.0.0.1:6379",
                     waiting: 70_000,
                     mib: 16,
+                }
+                .emit()
+            }),
+            Box::new(|| {
+                KeysLeftUnannounced {
+                    node: "127.0.0.1:6379",
+                    how: "flush",
+                }
+                .emit()
+            }),
+            Box::new(|| {
+                FlushTrackingRefused {
+                    node: "127.0.0.1:6379",
+                    reason: "HELLO 3: NOPERM",
                 }
                 .emit()
             }),

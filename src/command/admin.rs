@@ -14,6 +14,36 @@ use crate::keyspace::connect;
 use crate::pattern::Pattern;
 use crate::store::dead::DeadStore;
 
+/// Tells running instances what a command changed (a silence, dead letters back in the queue),
+/// with a notice on the watched Redis, so that they act at once rather than at their next safety
+/// round (docs/performance.md#an-idle-instance). Not heard, it is found by then: a warning only.
+pub async fn announce(
+    config: &Config,
+    redis_flag: Option<&str>,
+    notice: crate::store::notices::Notice,
+) {
+    let url = connect::pick_url(
+        redis_flag,
+        std::env::var("KEYWATCH_REDIS_URL").ok(),
+        &config.redis,
+    );
+    let published = async {
+        let keyspace =
+            crate::keyspace::Keyspace::new(url, config.redis.clone()).map_err(|e| e.to_string())?;
+        keyspace.locate().await.map_err(|e| e.to_string())?;
+        let mut conn = keyspace.conn(0).await.map_err(|e| e.to_string())?;
+        crate::store::notices::publish(&mut conn, &config.state.prefix, notice)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(10), published)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 10 s".into()))
+    {
+        eprintln!("keywatch: running instances were not told ({e}); they read it within 30 s.");
+    }
+}
+
 /// The rules (for their state settings) and a connection to the state Redis.
 pub async fn open(paths: &[PathBuf], redis_flag: Option<&str>) -> Result<(Config, Conn), String> {
     let env = |name: &str| std::env::var(name).ok();

@@ -488,51 +488,74 @@ pub fn run(cli: Cli) -> ExitCode {
                 }
             }
         }
-        Command::Silence { command, target } => admin(target, |config, mut conn| async move {
-            match command {
-                SilenceCommand::Add {
-                    rule,
-                    pattern,
-                    duration,
-                    comment,
-                } => {
-                    crate::command::admin::silence_add(
-                        &config,
-                        &mut conn,
-                        &rule,
-                        pattern.as_deref(),
+        Command::Silence { command, target } => {
+            let redis_flag = target.redis.clone();
+            admin(target, |config, mut conn| async move {
+                let changes = !matches!(command, SilenceCommand::List { .. });
+                let out = match command {
+                    SilenceCommand::Add {
+                        rule,
+                        pattern,
                         duration,
-                        &comment,
+                        comment,
+                    } => {
+                        crate::command::admin::silence_add(
+                            &config,
+                            &mut conn,
+                            &rule,
+                            pattern.as_deref(),
+                            duration,
+                            &comment,
+                        )
+                        .await
+                    }
+                    SilenceCommand::List { json } => {
+                        crate::command::admin::silence_list(&config, &mut conn, json).await
+                    }
+                    SilenceCommand::Remove { id } => {
+                        crate::command::admin::silence_remove(&config, &mut conn, &id).await
+                    }
+                }?;
+                if changes {
+                    crate::command::admin::announce(
+                        &config,
+                        redis_flag.as_deref(),
+                        crate::store::notices::Notice::Silences,
                     )
-                    .await
+                    .await;
                 }
-                SilenceCommand::List { json } => {
-                    crate::command::admin::silence_list(&config, &mut conn, json).await
-                }
-                SilenceCommand::Remove { id } => {
-                    crate::command::admin::silence_remove(&config, &mut conn, &id).await
-                }
-            }
-        }),
-        Command::Dead { command, target } => admin(target, |config, conn| async move {
-            match command {
-                DeadCommand::List { json, limit } => {
-                    crate::command::admin::dead_list(&config, &conn, json, limit).await
-                }
-                DeadCommand::Retry { ids, all } => {
-                    if ids.is_empty() && !all {
-                        return Err("name the dead letters to retry, or --all".into());
+                Ok(out)
+            })
+        }
+        Command::Dead { command, target } => {
+            let redis_flag = target.redis.clone();
+            admin(target, |config, conn| async move {
+                match command {
+                    DeadCommand::List { json, limit } => {
+                        crate::command::admin::dead_list(&config, &conn, json, limit).await
                     }
-                    crate::command::admin::dead_retry(&config, &conn, &ids).await
-                }
-                DeadCommand::Drop { ids, all } => {
-                    if ids.is_empty() && !all {
-                        return Err("name the dead letters to drop, or --all".into());
+                    DeadCommand::Retry { ids, all } => {
+                        if ids.is_empty() && !all {
+                            return Err("name the dead letters to retry, or --all".into());
+                        }
+                        let out = crate::command::admin::dead_retry(&config, &conn, &ids).await?;
+                        crate::command::admin::announce(
+                            &config,
+                            redis_flag.as_deref(),
+                            crate::store::notices::Notice::Work,
+                        )
+                        .await;
+                        Ok(out)
                     }
-                    crate::command::admin::dead_drop(&config, &conn, &ids).await
+                    DeadCommand::Drop { ids, all } => {
+                        if ids.is_empty() && !all {
+                            return Err("name the dead letters to drop, or --all".into());
+                        }
+                        crate::command::admin::dead_drop(&config, &conn, &ids).await
+                    }
                 }
-            }
-        }),
+            })
+        }
         Command::History {
             key,
             rule,

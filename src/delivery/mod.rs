@@ -78,6 +78,9 @@ pub struct Parts {
 }
 
 /// The delivery stage, started: cheap to clone.
+/// The least time between two notices of jobs waiting ([`Chain::tell_others`]).
+const NOTICE_EVERY: Duration = Duration::from_millis(100);
+
 #[derive(Clone)]
 pub struct Delivery {
     chain: Arc<Chain>,
@@ -97,6 +100,8 @@ struct Chain {
     held: Arc<Held>,
     /// When the take loop next looks at Redis.
     next: Arc<NextLook>,
+    /// When this instance last told the others of jobs waiting ([`Chain::tell_others`]).
+    work_noticed: std::sync::Mutex<Option<Instant>>,
     waiting_targets: WaitingTargets,
     deferral: Deferral,
     /// Wakes the take loop: a place came free, or jobs wait that it may take now.
@@ -162,6 +167,7 @@ impl Delivery {
             actions,
             held,
             next,
+            work_noticed: Default::default(),
             waiting_targets: WaitingTargets::default(),
             deferral: Deferral::new(intake_behind),
             wake,
@@ -194,6 +200,12 @@ impl Delivery {
     #[cfg(test)]
     pub async fn accept(&self, firings: Vec<Firing>) {
         let _ = self.accept_with(firings, Vec::new()).await;
+    }
+
+    /// Another instance, or `keywatch dead retry`, left work waiting in Redis: look at the queue
+    /// now rather than at the next safety round ([`crate::store::notices`]).
+    pub fn look_now(&self) {
+        self.chain.next.look_now();
     }
 
     /// `key` in `db` was heard existing again (an `expire` event: set again with a TTL): the
@@ -622,6 +634,17 @@ impl Chain {
         // it edited or removed held.
         let mut released_under = self.actions.live.current();
         loop {
+            let quiet = self
+                .actions
+                .live
+                .current()
+                .channels
+                .iter()
+                .any(|c| c.quiet.is_some());
+            self.next.set_round(match quiet {
+                true => take::SAFETY_ROUND,
+                false => crate::store::renew_every(),
+            });
             let read_at = self.next.at(last_look);
             let renew_at = last_renew + crate::store::renew_every();
             let woken = tokio::select! {
@@ -936,6 +959,35 @@ impl Chain {
                     "they come due again when their lease ends",
                 );
             }
+        }
+        self.tell_others().await;
+    }
+
+    /// Tells the other instances that jobs wait for a free place (a notice: they look at the
+    /// queue at once instead of at their next safety round), at most every [`NOTICE_EVERY`]: an
+    /// instance that looked keeps taking what waits as its requests finish.
+    async fn tell_others(&self) {
+        {
+            let mut last = self.work_noticed.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|at| at.elapsed() < NOTICE_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let prefix = self.actions.live.current().state.prefix.clone();
+        let published = match self.actions.keyspace.conn(0).await {
+            Ok(mut conn) => {
+                crate::store::notices::publish(
+                    &mut conn,
+                    &prefix,
+                    crate::store::notices::Notice::Work,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = published {
+            tracing::debug!(error = %e, "Cannot tell the other instances of jobs waiting; they find them at their next look.");
         }
     }
 

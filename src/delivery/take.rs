@@ -115,13 +115,17 @@ impl Held {
 }
 
 /// When the take stage next reads the queue: at the earliest due time it knows of, or a
-/// [`SAFETY_ROUND`] after its last full look, whichever comes first. Two kinds of due times: a
+/// safety round after its last full look, whichever comes first. Two kinds of due times: a
 /// job's (a retry, a follow-up, what the last read said comes next), for which it takes due jobs
 /// (one script that also says when the next one is due); and a digest window's end, for which
-/// it looks at everything (windows, targets waiting, the queue). An idle instance sends the
-/// state server one command a second for the safety round (docs/performance.md#an-idle-instance).
+/// it looks at everything (windows, targets waiting, the queue). What another instance sends to
+/// wait comes with a notice that asks for a look at once ([`crate::store::notices`]); the safety
+/// round is for what no notice tells of: the lease of a job whose instance died, a window or a
+/// retry it left (docs/performance.md#an-idle-instance).
 pub(super) struct NextLook {
     due: Mutex<Due>,
+    /// The safety round in force, in ms ([`NextLook::set_round`]).
+    round_ms: std::sync::atomic::AtomicU64,
     /// Told when a due time known moves earlier: the take loop sleeps until the one it knew.
     earlier: Notify,
 }
@@ -145,9 +149,11 @@ pub(super) enum Read {
     Look,
 }
 
-/// The longest the take stage goes without a full look at Redis: for what another instance put
-/// there (a storm it had no free place for, a retry of an instance that died) that nothing here
-/// told it of.
+/// The longest the take stage goes without a full look at Redis while some channel has quiet
+/// hours: their end releases what they held, found by that look. Otherwise the round is a third
+/// of a lease ([`crate::store::renew_every`]): a job whose instance died is taken over at most
+/// that long after its lease ends, and a window or retry it left is found that long ahead of its
+/// due time (a shorter one as late), as the engine finds the records of a dead instance.
 pub(super) const SAFETY_ROUND: Duration = Duration::from_secs(1);
 
 impl NextLook {
@@ -158,7 +164,25 @@ impl NextLook {
                 windows: Some(Instant::now()),
             }),
             earlier: Notify::new(),
+            round_ms: std::sync::atomic::AtomicU64::new(SAFETY_ROUND.as_millis() as u64),
         }
+    }
+
+    /// The safety round from now on.
+    pub(super) fn set_round(&self, round: Duration) {
+        self.round_ms.store(
+            round.as_millis() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    fn round(&self) -> Duration {
+        Duration::from_millis(self.round_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// Asks for a full look at once (a notice: work waits in Redis).
+    pub(super) fn look_now(&self) {
+        self.window_due_in(0);
     }
 
     /// A job comes due `in_ms` from now (Redis's clock; 0 or less: now).
@@ -181,14 +205,15 @@ impl NextLook {
         }
     }
 
-    /// When to wake next, at most a [`SAFETY_ROUND`] after the last full look, `last`.
+    /// When to wake next, at most a safety round after the last full look, `last`.
     pub(super) fn at(&self, last: Instant) -> Instant {
         let due = *self.lock();
-        [due.jobs, due.windows, Some(last + SAFETY_ROUND)]
+        let round = last + self.round();
+        [due.jobs, due.windows, Some(round)]
             .into_iter()
             .flatten()
             .min()
-            .unwrap_or(last + SAFETY_ROUND)
+            .unwrap_or(round)
     }
 
     /// What is due now (the last full look was at `last`), forgetting the due times it answers
@@ -197,7 +222,7 @@ impl NextLook {
         let now = Instant::now();
         let mut due = self.lock();
         let past = |d: Option<Instant>| d.is_some_and(|d| d <= now);
-        let read = if past(due.windows) || last + SAFETY_ROUND <= now {
+        let read = if past(due.windows) || last + self.round() <= now {
             Read::Look
         } else if past(due.jobs) {
             Read::Jobs

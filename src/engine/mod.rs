@@ -34,7 +34,7 @@ use stage::{FiringStage, Item};
 pub const BATCH: usize = 1024;
 
 /// PINGs (250 ms apart) that give the command connection time to reconnect before the flags are
-/// checked again after a resubscription.
+/// checked again after a resubscription; and tries of the reconcile walk, as far apart.
 const RECHECK_PINGS: u32 = 8;
 
 /// Batches whose firing stages may overlap (see [`Engine::run`]).
@@ -284,7 +284,11 @@ impl Engine {
                 Signal::Hash { db, key, change } => self.notice_hash(db, &key, change),
                 Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker { node, payload } => {
-                    if let Some((db, seq)) = self.ledger().and_then(|l| l.own_marker(&payload)) {
+                    if let Some(notice) = crate::store::notices::Notice::parse(&payload) {
+                        self.noticed(notice);
+                    } else if let Some((db, seq)) =
+                        self.ledger().and_then(|l| l.own_marker(&payload))
+                    {
                         markers.extend(self.markers().heard(&node, db, seq));
                     }
                 }
@@ -296,6 +300,9 @@ impl Engine {
                     // between is not published at all.
                     self.recheck_flags(&node).await;
                     self.status.set_subscribed(&node, true);
+                    // Notices published while it was away are lost: read what they tell of.
+                    self.noticed(crate::store::notices::Notice::Silences);
+                    self.noticed(crate::store::notices::Notice::Work);
                     self.after_subscribe(&node);
                     if let Some(f) = self
                         .fields
@@ -324,6 +331,18 @@ impl Engine {
                     markers.extend(self.markers().down(&node));
                     self.metrics.forget_subscriber(&node);
                     self.status.forget_node(&node);
+                }
+                // A flush or a swap took keys away without a keyevent: the ledger drops their
+                // deadlines rather than recover them (docs/how-it-works.md#flushes-and-swaps).
+                Signal::Emptied {
+                    node,
+                    swapped,
+                    since_ms,
+                } => {
+                    if let Some(l) = self.ledger() {
+                        let only = self.keyspace.is_cluster().then_some(node);
+                        l.emptied(&self.live, only, swapped, since_ms);
+                    }
                 }
             }
         }
@@ -469,6 +488,14 @@ impl Engine {
         (taken, full && n > 0)
     }
 
+    /// Acts on a notice of another instance, or of `keywatch silence` ([`crate::store::notices`]).
+    fn noticed(&self, notice: crate::store::notices::Notice) {
+        match notice {
+            crate::store::notices::Notice::Silences => self.silenced.read_again(),
+            crate::store::notices::Notice::Work => self.delivery.look_now(),
+        }
+    }
+
     /// Tells the field ledger of a keyevent about a hash some `hexpired` rule watches.
     fn notice_hash(&self, db: u32, key: &[u8], change: crate::source::Change) {
         if let Some(f) = &self.fields
@@ -507,7 +534,21 @@ impl Engine {
             loop {
                 let config = live.current();
                 for &db in &config.redis.databases {
-                    match l.reconcile(db).await {
+                    // The command connections may have been cut with the subscriber's: one
+                    // finds out at its first command, then reconnects. Given up on, the walk
+                    // left the deadlines of keys deleted meanwhile to be recovered as expiries.
+                    let mut tries = 1;
+                    let walked = loop {
+                        match l.reconcile(db).await {
+                            Err(e) if tries < RECHECK_PINGS => {
+                                tracing::debug!(db, error = %e, "Ledger: reconcile failed; trying again.");
+                                tries += 1;
+                                tokio::time::sleep(Duration::from_millis(250)).await;
+                            }
+                            walked => break walked,
+                        }
+                    };
+                    match walked {
                         Ok(0) => {}
                         Ok(n) => tracing::info!(
                             db,

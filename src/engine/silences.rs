@@ -32,9 +32,21 @@ enum Scope {
 #[derive(Default)]
 pub struct Active {
     list: RwLock<Vec<(Silence, Scope)>>,
+    /// Told to read them again: a notice that one was added or removed, a resubscription.
+    changed: tokio::sync::Notify,
 }
 
+/// How often silences are read without a notice: for one written by hand (`HSET`) or by a
+/// keywatch older than notices. One added with `keywatch silence` or a link is read at once.
+const SAFETY_EVERY: Duration = Duration::from_secs(30);
+
 impl Active {
+    /// Reads them again now: one was added or removed ([`crate::store::notices`]), or notices
+    /// may have been missed (a resubscription).
+    pub fn read_again(&self) {
+        self.changed.notify_one();
+    }
+
     /// Whether an event of `rule` on `key` is silenced now.
     pub fn mutes(&self, rule: &str, key: &[u8]) -> bool {
         let now = Utc::now();
@@ -73,7 +85,7 @@ impl Active {
             .into_iter()
             .map(|s| {
                 if let Some(why) = s.refused(now) {
-                    // Read every second: said once, when it first appears.
+                    // Read again and again: said once, when it first appears.
                     let known = list
                         .iter()
                         .any(|(old, scope)| old.id == s.id && matches!(scope, Scope::Refused));
@@ -99,17 +111,28 @@ impl Active {
     }
 }
 
-/// Keeps `active` current (every second) until `stop`: a silence added anywhere applies within
-/// a second, and one that ends is lifted at its `until`, checked at each event.
+/// Keeps `active` current until `stop`: read when told a silence was added or removed (a
+/// notice, published by whoever added it: it applies on every instance within milliseconds), after
+/// every resubscription, and every [`SAFETY_EVERY`]; one that ends is lifted at its `until`,
+/// checked at each event. Read every second before, whether anything changed or not
+/// (docs/performance.md#an-idle-instance).
 pub async fn follow(mut conn: Conn, prefix: String, active: Arc<Active>, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(SAFETY_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tick.tick() => match list(&mut conn, &prefix).await {
-                Ok(all) => active.set(all),
-                Err(e) => tracing::warn!(error = %e, "Cannot read silences; keeping the last known ones."),
-            },
+            _ = tick.tick() => {}
+            _ = active.changed.notified() => {}
+        }
+        match list(&mut conn, &prefix).await {
+            Ok(all) => active.set(all),
+            Err(e) => {
+                tracing::warn!(error = %e, "Cannot read silences; keeping the last known ones, trying again in a second.");
+                // Not given up until the next safety round: a notice read nothing.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                active.read_again();
+            }
         }
     }
 }

@@ -135,6 +135,9 @@ pub struct Use {
     pub when: When,
     /// Why keywatch sends it, for the operator reading a refusal.
     pub why: &'static str,
+    /// `run` does without it when refused, and says what that costs: readiness does not wait
+    /// for it, and `doctor` warns rather than fails.
+    pub optional: bool,
 }
 
 impl Use {
@@ -149,7 +152,13 @@ impl Use {
             channel: None,
             when: When::Always,
             why,
+            optional: false,
         }
+    }
+
+    pub const fn optional(mut self) -> Use {
+        self.optional = true;
+        self
     }
 
     pub const fn on(mut self, keys: Keys, access: Access) -> Use {

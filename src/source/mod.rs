@@ -1,13 +1,15 @@
 //! Where events come from, each reporting [`Signal`]s on a channel it is given: Redis keyspace
 //! notifications ([`notifications`]), checked against what the rules need ([`flags`]); the
 //! deadline ledger that makes expiries punctual and recovers missed ones ([`ledger`]); the
-//! scanner that warns before deadlines ([`scanner`]); on a Redis Cluster, a subscriber per
+//! scanner that warns before deadlines ([`scanner`]); flushes and swaps, which publish no
+//! keyevent ([`flushes`]); on a Redis Cluster, a subscriber per
 //! master that follows failovers and reshards ([`cluster`]); and with Sentinel, a subscriber
 //! that follows the master ([`sentinel`]).
 
 pub(crate) mod cluster;
 pub(crate) mod fields;
 pub(crate) mod flags;
+pub mod flushes;
 pub mod ledger;
 
 pub mod notifications;
@@ -72,5 +74,12 @@ pub enum Signal {
     /// ([`crate::source::cluster`]).
     Gone {
         node: String,
+    },
+    /// Keys may have left databases of `node` from `since_ms` on (Redis's clock) without a
+    /// keyevent: a `FLUSHDB` or `FLUSHALL`, or a `SWAPDB` when `swapped` ([`flushes`]).
+    Emptied {
+        node: String,
+        swapped: bool,
+        since_ms: i64,
     },
 }

@@ -22,10 +22,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::event::{EventKind, KeyEvent};
+use crate::keyspace::clock::now_ms;
 use crate::keyspace::role;
 use crate::metrics::Metrics;
-use crate::source::Signal;
 use crate::source::ledger::Note;
+use crate::source::{Signal, flushes};
 
 /// The keyevent channels for `kinds` in `dbs` (`__keyevent@0__:expired`, …), plus, when
 /// `ledger` is on, those that change deadlines and keywatch's marker channel.
@@ -231,12 +232,14 @@ pub async fn subscribe(
     let mut waits = backoff.waits();
     // A refusal repeats at every attempt; it is logged as an error when its text changes.
     let mut refused_for = String::new();
+    // The same for client-side tracking's, logged as a warning.
+    let mut tracking_refused = String::new();
     loop {
         let started = Instant::now();
         let ended = tokio::select! {
             biased;
             _ = shutdown.cancelled() => return,
-            r = session(&client, &node, &mut channels, &tx, &shutdown) => r,
+            r = session(&client, &node, &mut channels, &tx, &mut tracking_refused, &shutdown) => r,
         };
         let signal = match ended {
             None => return,
@@ -310,18 +313,33 @@ async fn session(
     node: &str,
     channels: &mut watch::Receiver<Vec<String>>,
     tx: &mpsc::Sender<Signal>,
+    tracking_refused: &mut String,
     shutdown: &CancellationToken,
 ) -> Option<Ended> {
     let config = redis::AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
         .set_response_timeout(Some(PING_TIMEOUT));
-    let mut commands = match client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-    {
+    // Also hears of flushes, where the node lets it track ([`flushes`]).
+    let flushes::Commands {
+        conn: mut commands,
+        mut pushes,
+        refused,
+    } = match flushes::connect(client, &config).await {
         Ok(c) => c,
         Err(e) => return Some(Ended::Lost(format!("cannot connect: {e}"))),
     };
+    match refused {
+        Some(reason) if *tracking_refused != reason => {
+            crate::internal_events::FlushTrackingRefused {
+                node,
+                reason: &reason,
+            }
+            .emit();
+            *tracking_refused = reason;
+        }
+        Some(_) => {}
+        None => tracking_refused.clear(),
+    }
     if let Err(ended) = check_role(&mut commands, node).await {
         return Some(ended);
     }
@@ -365,6 +383,15 @@ async fn session(
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut role_check = tokio::time::interval_at(Instant::now() + ROLE_EVERY, ROLE_EVERY);
     role_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // The calls of the commands that empty databases, and when they were read: a change says
+    // one ran since (a swap; a flush where tracking is refused).
+    let mut stats =
+        tokio::time::interval_at(Instant::now() + flushes::STATS_EVERY, flushes::STATS_EVERY);
+    stats.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut calls: Option<(flushes::Calls, i64)> = None;
+    if keeps_ledger(&subscribed) {
+        calls = read_calls(&mut commands, node).await;
+    }
     // Signals read while the engine's channel is full, oldest first: the socket keeps being
     // read (redis-rs would buffer it anyway), but into a buffer that has a limit.
     let mut held = Held::default();
@@ -425,6 +452,40 @@ async fn session(
                 }
                 .emit();
             }
+            push = next_push(&mut pushes) => {
+                let signal = match push.as_ref().map(flushes::push) {
+                    Some(flushes::Push::Flush) => Signal::Emptied {
+                        node: node.to_string(),
+                        swapped: false,
+                        since_ms: now_ms() - flushes::HEARD_WITHIN_MS,
+                    },
+                    Some(flushes::Push::Other) => continue,
+                    None | Some(flushes::Push::Closed) => {
+                        return held.hand_on(tx).await.then(|| Ended::Lost("the command connection closed".into()));
+                    }
+                };
+                if !offer(&mut held, tx, node, signal) {
+                    return None;
+                }
+            }
+            _ = stats.tick(), if keeps_ledger(&subscribed) => {
+                let Some((now, at)) = read_calls(&mut commands, node).await else { continue };
+                let before = calls.replace((now, at));
+                let Some((before, read_at)) = before else { continue };
+                let swapped = now.swaps != before.swaps;
+                // With tracking on, the push told of the flush already.
+                let flushed = pushes.is_none() && now.flushes != before.flushes;
+                if swapped || flushed {
+                    let signal = Signal::Emptied {
+                        node: node.to_string(),
+                        swapped,
+                        since_ms: read_at - flushes::HEARD_WITHIN_MS,
+                    };
+                    if !offer(&mut held, tx, node, signal) {
+                        return None;
+                    }
+                }
+            }
             _ = role_check.tick() => {
                 if let Err(ended) = check_role(&mut commands, node).await {
                     return Some(ended);
@@ -439,6 +500,61 @@ async fn session(
             }
         }
     }
+}
+
+/// Whether the subscription includes what only the ledger listens to (`expire`): the ledger is
+/// kept, and flushes and swaps matter.
+fn keeps_ledger(subscribed: &[String]) -> bool {
+    subscribed.iter().any(|c| c.ends_with("__:expire"))
+}
+
+/// The next push of client-side tracking; never, where tracking is off. `None`: the connection
+/// ended.
+async fn next_push(
+    pushes: &mut Option<mpsc::UnboundedReceiver<redis::PushInfo>>,
+) -> Option<redis::PushInfo> {
+    match pushes {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The calls of flushes and swaps, with when they were read (Redis's clock); `None` when they
+/// cannot be read (the role check notices a dead connection).
+async fn read_calls(
+    commands: &mut redis::aio::MultiplexedConnection,
+    node: &str,
+) -> Option<(flushes::Calls, i64)> {
+    match tokio::time::timeout(PING_TIMEOUT, flushes::Calls::read(commands)).await {
+        Ok(Ok(calls)) => Some((calls, now_ms())),
+        Ok(Err(e)) => {
+            tracing::debug!(%node, error = %e, "Cannot read INFO commandstats: a SWAPDB goes unnoticed until the next fill.");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Hands `signal` (a flush or a swap) on, or holds it behind what is held already; `false` when
+/// nobody listens any more.
+fn offer(held: &mut Held, tx: &mpsc::Sender<Signal>, node: &str, signal: Signal) -> bool {
+    if let Signal::Emptied { swapped, .. } = &signal {
+        crate::internal_events::KeysLeftUnannounced {
+            node,
+            how: if *swapped { "swap" } else { "flush" },
+        }
+        .emit();
+    }
+    if held.is_empty() {
+        match tx.try_send(signal) {
+            Ok(()) => return true,
+            Err(mpsc::error::TrySendError::Full(s)) => held.push(s),
+            Err(mpsc::error::TrySendError::Closed(_)) => return false,
+        }
+    } else {
+        held.push(signal);
+    }
+    true
 }
 
 /// The signals a subscriber read while the engine could take no more, with their [`weight`].
@@ -509,10 +625,9 @@ crate::keyspace::commands::declare! {
         Use::new(Server::Watched, "subscribe", "keyevent subscription")
             .channel(PubSub::Keyevent)
             .args("{channel}"),
-        Use::new(Server::Watched, "subscribe", "ledger: marker subscription")
+        Use::new(Server::Watched, "subscribe", "keywatch's own channel: ledger markers, notices")
             .channel(PubSub::Marker)
-            .args("{channel}")
-            .when(When::Ledger),
+            .args("{channel}"),
         // Redis checks no channel permission on leaving one.
         Use::new(
             Server::Watched,

@@ -18,6 +18,7 @@ pub mod intake;
 pub mod ledger;
 pub(crate) mod links;
 pub(crate) mod long_keys;
+pub(crate) mod notices;
 pub(crate) mod queue;
 pub(crate) mod rate;
 pub mod scanner;

@@ -65,6 +65,11 @@ fn entries_under(conn: &mut impl ConnectionLike, base: &str) -> BTreeMap<String,
     out
 }
 
+/// Every deadline in database `db` of the ledger under `prefix`, by key.
+pub fn entries_in(conn: &mut impl ConnectionLike, prefix: &str, db: u32) -> BTreeMap<String, i64> {
+    entries_under(conn, &format!("{prefix}ledger:{db}"))
+}
+
 /// How many deadlines database 0 of the ledger under `prefix` holds.
 pub fn len(conn: &mut impl ConnectionLike, prefix: &str) -> i64 {
     entries(conn, prefix).len() as i64

@@ -4,7 +4,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{HttpReceiver, RedisServer, Response, run_keywatch, wait_until};
+use common::{HttpReceiver, PATIENCE, RedisServer, Response, run_keywatch, wait_until};
 
 fn cli(redis: &RedisServer, rules: &std::path::Path, args: &[&str]) -> (i32, String) {
     let mut all: Vec<&str> = args.to_vec();
@@ -43,14 +43,43 @@ fn queue_drained(redis: &RedisServer) {
     });
 }
 
-#[test]
-fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
+/// Two instances on one Redis, with the lock rule posting to a receiver.
+struct TwoInstances {
+    redis: RedisServer,
+    receiver: HttpReceiver,
+    rules: std::path::PathBuf,
+    a: common::KeywatchProcess,
+    b: common::KeywatchProcess,
+    _dir: tempfile::TempDir,
+}
+
+fn two_instances() -> TwoInstances {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
     let dir = tempfile::tempdir().unwrap();
     let rules = common::lock_rules(dir.path(), &receiver, "");
     let a = common::run_on(&redis, &rules);
     let b = common::run_on(&redis, &rules);
+    TwoInstances {
+        redis,
+        receiver,
+        rules,
+        a,
+        b,
+        _dir: dir,
+    }
+}
+
+#[test]
+fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
+    let TwoInstances {
+        redis,
+        receiver,
+        rules,
+        a,
+        b,
+        _dir,
+    } = two_instances();
 
     let (code, out) = cli(
         &redis,
@@ -128,6 +157,61 @@ fn silences_are_obeyed_by_every_instance_and_lifted_on_time() {
     expire(&redis, "lock:11");
     receiver.wait_for(3, Duration::from_secs(10));
     assert_eq!(receiver.requests()[2].json()["key"], "lock:11");
+}
+
+/// Whether the status page of `kw` lists a silence with `comment`.
+fn holds_silence(kw: &common::KeywatchProcess, comment: &str) -> bool {
+    let (_, page) = common::get(&common::endpoint(kw), "/");
+    page.split_once("<section id=\"silences\">")
+        .is_some_and(|(_, silences)| silences.contains(comment))
+}
+
+/// docs/operations.md#silences-and-dead-letters: a silence added or removed with `keywatch
+/// silence` applies on every running instance at once (the command's notice), not at their next
+/// read of silences (every 30 s without one; every second before notices, whatever changed).
+#[test]
+fn a_silence_added_or_removed_applies_on_every_instance_at_once() {
+    let t = two_instances();
+    let (redis, rules, a, b) = (&t.redis, &t.rules, &t.a, &t.b);
+    let add = |comment: &str| {
+        let args = [
+            "silence",
+            "add",
+            "--rule",
+            "lock-expired",
+            "--for",
+            "1h",
+            "--comment",
+        ];
+        let (code, out) = cli(redis, rules, &[&args[..], &[comment]].concat());
+        assert_eq!(code, 0, "{out}");
+        out.split_whitespace().nth(1).unwrap().to_string()
+    };
+    // Both instances settled: they hold a first silence, however they came to read it.
+    let first = add("first");
+    for kw in [a, b] {
+        wait_until("the instance holds the first silence", PATIENCE, || {
+            holds_silence(kw, "first")
+        });
+    }
+    // Within a second of the notice (3 s for a loaded machine).
+    add("second");
+    for kw in [a, b] {
+        wait_until(
+            "the instance holds the second silence",
+            Duration::from_secs(3),
+            || holds_silence(kw, "second"),
+        );
+    }
+    let (code, out) = cli(redis, rules, &["silence", "remove", &first]);
+    assert_eq!(code, 0, "{out}");
+    for kw in [a, b] {
+        wait_until(
+            "the instance dropped the first silence",
+            Duration::from_secs(3),
+            || !holds_silence(kw, "first"),
+        );
+    }
 }
 
 #[test]

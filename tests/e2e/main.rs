@@ -33,6 +33,7 @@ mod drills;
 mod email;
 mod endpoint_protection;
 mod endpoints;
+mod flushes;
 mod followups;
 mod forged_state;
 mod guarantees;

@@ -367,20 +367,23 @@ async fn permissions(
         }
     };
     let (user, how) = (&g.user, &g.how);
-    if g.refused.is_empty() {
+    if g.refused.iter().all(|r| r.optional) {
         report.ok(
             "permissions",
             format!(
                 "user {user:?} may send the {} commands keywatch sends ({how})",
-                g.needs - g.unchecked.len()
+                g.needs - g.unchecked.len() - g.refused.len()
             ),
         );
     }
     // One line per kind of refusal, with one fix granting all of it: a missing `~prefix*`
     // refuses dozens of commands at once.
     for kind in ["command", "key", "channel", "other"] {
-        let group: Vec<&permissions::Refusal> =
-            g.refused.iter().filter(|r| r.kind == kind).collect();
+        let group: Vec<&permissions::Refusal> = g
+            .refused
+            .iter()
+            .filter(|r| r.kind == kind && !r.optional)
+            .collect();
         if group.is_empty() {
             continue;
         }
@@ -400,6 +403,24 @@ async fn permissions(
             &format!("permissions ({kind})"),
             detail,
             permissions::fixes(&group),
+        );
+    }
+    // What `run` does without, and says what that costs.
+    let optional: Vec<&permissions::Refusal> = g.refused.iter().filter(|r| r.optional).collect();
+    if !optional.is_empty() {
+        let mut detail = format!(
+            "{} optional command(s) refused ({how}); keywatch runs without them:",
+            optional.len()
+        );
+        for r in &optional {
+            detail.push('\n');
+            detail.push_str(&r.what);
+        }
+        detail.push_str("\nwithout client-side tracking a FLUSHDB or FLUSHALL is noticed within a second (INFO commandstats), not at once, and a key it took away whose deadline fell in that second may be reported as a recovered expiry (docs/how-it-works.md#flushes-and-swaps)");
+        report.warn(
+            "permissions (optional)",
+            detail,
+            permissions::fixes(&optional),
         );
     }
     if !g.unchecked.is_empty() {

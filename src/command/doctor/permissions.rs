@@ -43,6 +43,8 @@ pub struct Need {
     pub channel: Option<String>,
     /// Running it for real has no effect (it reads, or touches nothing that exists).
     pub harmless: bool,
+    /// `run` does without it when refused ([`Use::optional`]).
+    pub optional: bool,
 }
 
 impl Need {
@@ -126,6 +128,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::engine::REDIS,
     &crate::source::flags::REDIS,
     &crate::source::notifications::REDIS,
+    &crate::source::flushes::REDIS,
     &crate::keyspace::REDIS,
     &crate::keyspace::connect::REDIS,
     &crate::keyspace::role::REDIS,
@@ -144,6 +147,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::store::alert_ends::REDIS,
     &crate::store::followups::REDIS,
     &crate::store::silences::REDIS,
+    &crate::store::notices::REDIS,
     &crate::store::links::REDIS,
     &crate::store::long_keys::REDIS,
     &crate::store::rate::REDIS,
@@ -384,6 +388,7 @@ fn need(config: &Config, u: &Use, fill: &Fill) -> Need {
             .map(|(g, a)| (String::from_utf8_lossy(g).into_owned(), *a)),
         channel: u.channel.map(|_| fill.channel.clone()),
         harmless: u.access == Access::Read,
+        optional: u.optional,
     }
 }
 
@@ -467,6 +472,8 @@ pub struct Refusal {
     pub what: String,
     /// `command`, `key`, `channel` (refused by the ACL) or `other` (by the server).
     pub kind: &'static str,
+    /// `run` does without it ([`Need::optional`]): readiness does not wait for it.
+    pub optional: bool,
 }
 
 impl Refusal {
@@ -578,6 +585,7 @@ pub async fn grants(
                         _ => format!("{} ({})", need.shown(), need.purpose),
                     },
                     kind,
+                    optional: need.optional,
                 })
             }
             Outcome::Unchecked(why) => unchecked.push(format!("{}: {why}", need.shown())),
@@ -836,6 +844,7 @@ mod tests {
             args: args.iter().map(|a| a.as_bytes().to_vec()).collect(),
             key: key.map(|(g, a)| (g.to_string(), a)),
             channel: channel.map(str::to_string),
+            optional: false,
             harmless: false,
         }
     }

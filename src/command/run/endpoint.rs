@@ -42,6 +42,9 @@ pub struct Shared {
     /// The messages quiet hours hold: `keywatch_held{channel}` and the status page's "held
     /// until 08:00, 14 messages", read when someone looks, as the queue's gauges are.
     pub held: Option<crate::store::held::HeldStore>,
+    /// The watched Redis, where a link's silence is announced to every instance
+    /// ([`crate::store::notices`]); `None` in tests of the page alone.
+    pub watched: Option<crate::keyspace::Conn>,
 }
 
 impl Shared {
@@ -225,6 +228,13 @@ async fn link_act(
     match super::links_page::act(conn, &prefix, &claim, &token).await {
         Ok(done) => {
             tracing::info!(rule = %claim.rule, id = %claim.id, act = ?claim.act, "Acted on a signed link.");
+            // Every instance reads silences again at once (an acknowledgement changes none).
+            if let Some(mut w) = s.watched.clone() {
+                let notice = crate::store::notices::Notice::Silences;
+                if let Err(e) = crate::store::notices::publish(&mut w, &prefix, notice).await {
+                    tracing::warn!(error = %e, "Cannot tell the other instances of a link's silence; they read it within 30 s.");
+                }
+            }
             (
                 [(header::CACHE_CONTROL, "no-store")],
                 Html(super::links_page::page("keywatch", &done, None)),

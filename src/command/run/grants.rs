@@ -41,8 +41,11 @@ pub async fn keep(
         let config = live.current();
         let missing = match check(&config, &keyspace).await {
             Ok(g) => {
-                let refused: Vec<&permissions::Refusal> =
-                    g.refused.iter().filter(|r| r.by_acl()).collect();
+                let refused: Vec<&permissions::Refusal> = g
+                    .refused
+                    .iter()
+                    .filter(|r| r.by_acl() && !r.optional)
+                    .collect();
                 if refused.is_empty() {
                     status.unblock(BLOCKER);
                     if shown != "ok" {

@@ -305,6 +305,7 @@ pub async fn run(
         }
     };
 
+    let watched = keyspace.conn(0).await.ok();
     let engine = Engine {
         config: config.clone(),
         live: live.clone(),
@@ -337,6 +338,7 @@ pub async fn run(
                 state.clone(),
                 &config.state.prefix,
             )),
+            watched,
         },
         bound,
         http_stop.clone(),

@@ -315,11 +315,16 @@ pub struct ReloadRequests {
 /// The channels the subscriber needs for `config`.
 pub fn subscriptions(config: &Config) -> Vec<String> {
     let marker = Ledger::marker_channel(&config.state.prefix);
-    notifications::channels(
+    let mut channels = notifications::channels(
         &config.redis.databases,
         &config.event_kinds(),
         config.uses_ledger().then_some(marker.as_str()),
-    )
+    );
+    // Notices come there too, whatever the rules (`store::notices`).
+    if !channels.contains(&marker) {
+        channels.push(marker);
+    }
+    channels
 }
 
 /// Databases, and (pattern, rule databases) of the rules that want deadlines.

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use crate::keyspace::{Conn, per_key};
 pub(crate) mod alarm;
+pub(crate) mod emptied;
 pub(crate) mod grace;
 pub(crate) mod index;
 pub(crate) mod markers;
@@ -128,6 +129,8 @@ struct Inner {
     /// left; absent: not known yet, the poker's next round refines). A far deadline this
     /// instance writes lowers it; the poker's safety round reads it from Redis.
     refine_at: std::sync::Mutex<HashMap<u32, i64>>,
+    /// Databases a flush or a swap emptied without a keyevent, and the walk that follows.
+    emptied: std::sync::Mutex<emptied::Emptied>,
 }
 
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
@@ -151,6 +154,7 @@ impl Ledger {
                 forgotten: std::sync::Mutex::new(HashSet::new()),
                 alarm: Alarm::default(),
                 refine_at: std::sync::Mutex::new(HashMap::new()),
+                emptied: Default::default(),
             }),
         }
     }
@@ -442,6 +446,8 @@ impl Ledger {
         // Corrections, recorded as a read would: the deadline now (-1: none), from the second
         // the poker found it in.
         let mut fixes = Vec::new();
+        // A flush or a swap took keys away without a keyevent: those are not missed expiries.
+        let cut_off = self.cut_off(db);
         {
             let forgotten = self.forgotten();
             for ((k, deadline), t) in due.iter().zip(now) {
@@ -455,6 +461,7 @@ impl Ledger {
                     -2 if !forgotten.is_empty() && forgotten.contains(&(db, k.clone())) => {
                         fixes.push(fix(-1))
                     }
+                    -2 if cut_off.is_some_and(|c| *deadline >= c) => fixes.push(fix(-1)),
                     -2 if record_gone => {
                         if grace
                             .as_deref_mut()
@@ -517,6 +524,100 @@ impl Ledger {
         })
     }
 
+    fn emptied_state(&self) -> std::sync::MutexGuard<'_, emptied::Emptied> {
+        self.inner.emptied.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The cut-off of `db` in force after a flush or a swap ([`emptied`]).
+    fn cut_off(&self, db: u32) -> Option<i64> {
+        self.emptied_state().cut_off(db)
+    }
+
+    /// Keys may have left every database of `live`'s rules from `since_ms` on (a flush, or a swap
+    /// if `swapped`), with no keyevent ([`emptied`]): until the walk that follows is done, a key
+    /// found gone whose deadline is that late is dropped, not recovered; then each database that
+    /// lost keys is walked (all of them after a swap, whose keys are learnt again too). `only`:
+    /// the cluster master it was heard on, whose keys alone are learnt again.
+    pub fn emptied(&self, live: &LiveConfig, only: Option<String>, swapped: bool, since_ms: i64) {
+        let config = live.current();
+        if !config.uses_ledger()
+            || !self
+                .emptied_state()
+                .begin(&config.redis.databases, since_ms, swapped)
+        {
+            return;
+        }
+        let ledger = self.clone();
+        let live = live.clone();
+        tokio::spawn(async move {
+            let mut swapped = swapped;
+            loop {
+                ledger.settle(&live, only.as_deref(), swapped).await;
+                match ledger.emptied_state().after_run() {
+                    Some(s) => swapped = s,
+                    None => return,
+                }
+            }
+        });
+    }
+
+    /// One run after a flush or a swap: walks what lost keys, learns what came in.
+    async fn settle(&self, live: &LiveConfig, only: Option<&str>, swapped: bool) {
+        let config = live.current();
+        for &db in &config.redis.databases {
+            let lost = match swapped {
+                true => Ok(true),
+                false => self.lost_keys(db).await,
+            };
+            let walked = match lost {
+                Ok(false) => Ok(0),
+                Ok(true) => self.reconcile(db).await,
+                Err(e) => Err(e),
+            };
+            match walked {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    db,
+                    dropped = n,
+                    swapped,
+                    "Ledger: dropped the deadlines of keys a flush or a swap took away; none is reported as expired."
+                ),
+                // Its cut-off stays until the run ends; what is left is found at its deadline.
+                Err(e) => {
+                    tracing::warn!(db, error = %e, "Ledger: cannot walk a database after a flush or a swap.")
+                }
+            }
+        }
+        if swapped {
+            fill_all(self, &config, only).await;
+        }
+    }
+
+    /// Whether `db` lost keys whose deadlines the ledger holds: one of the soonest future ones
+    /// ([`emptied::SAMPLE`]) is gone.
+    async fn lost_keys(&self, db: u32) -> redis::RedisResult<bool> {
+        let rows = self
+            .between(
+                db,
+                now_ms(),
+                i64::MAX,
+                &mut Cursor::default(),
+                emptied::SAMPLE,
+            )
+            .await?;
+        let keys: Vec<Vec<u8>> = rows
+            .into_iter()
+            .take(emptied::SAMPLE)
+            .map(|(k, _)| k)
+            .collect();
+        if keys.is_empty() {
+            return Ok(false);
+        }
+        let conn = self.inner.keyspace.conn(db).await?;
+        let exists: Vec<i64> = conn.each(per_key("EXISTS", &keys)).await?;
+        Ok(exists.contains(&0))
+    }
+
     /// Whether `db`'s poked set holds anything (a marker is then worth publishing).
     async fn any_poked(&self, db: u32) -> redis::RedisResult<bool> {
         self.inner.store.any_poked(db).await
@@ -565,12 +666,14 @@ impl Ledger {
         let conn = self.inner.keyspace.conn(db).await?;
         let exists: Vec<i64> = conn.each(per_key("EXISTS", &keys)).await?;
         let now = now_ms();
+        // Due ones too, when a flush or a swap may have taken them (see `emptied`).
+        let cut_off = self.cut_off(db).unwrap_or(i64::MAX);
         let stale: Vec<Entry> = {
             let forgotten = self.forgotten();
             rows.iter()
                 .zip(&exists)
                 .filter(|((k, d), e)| {
-                    **e == 0 && (*d > now || forgotten.contains(&(db, k.clone())))
+                    **e == 0 && (*d > now || *d >= cut_off || forgotten.contains(&(db, k.clone())))
                 })
                 .map(|((k, d), _)| Entry {
                     key: k,
