@@ -506,17 +506,19 @@ impl Intake {
         Ok(taken)
     }
 
-    /// Keeps the exact bytes of the long keys and fields of `events` (a key kept at its take is
-    /// only renewed), for the jobs and dead letters that name them by their hash
-    /// (docs/reliability.md#bounded-whatever-the-key).
-    pub async fn keep_long_values(&self, events: &[KeyEvent]) -> redis::RedisResult<()> {
+    /// Keeps the exact bytes of the long keys and fields of `records` (a key kept at its take is
+    /// only renewed, by the hash its record holds), for the jobs and dead letters that name them
+    /// by their hash (docs/reliability.md#bounded-whatever-the-key).
+    pub async fn keep_long_values(&self, records: &[&Record]) -> redis::RedisResult<()> {
         let mut kept: Vec<String> = Vec::new();
-        for e in events {
-            for v in std::iter::once(&e.key[..]).chain(e.field.as_deref()) {
-                if !crate::long_key::is_long(v) {
-                    continue;
-                }
-                let sha = crate::long_key::sha256_hex(v);
+        for r in records {
+            let key = r.key_apart.as_ref().map(|x| (&r.key[..], x.sha256.clone()));
+            let field = r
+                .field
+                .as_deref()
+                .filter(|f| crate::long_key::is_long(f))
+                .map(|f| (f, crate::long_key::sha256_hex(f)));
+            for (v, sha) in key.into_iter().chain(field) {
                 if !kept.contains(&sha) {
                     self.store.keep_long(&self.instance, v, &sha).await?;
                     kept.push(sha);

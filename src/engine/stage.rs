@@ -253,7 +253,9 @@ impl FiringStage {
         // The exact bytes of a long key (kept at its take: renewed) or field, kept once for all
         // the jobs and dead letters that name them by their hash
         // (docs/reliability.md#bounded-whatever-the-key).
-        let kept = self.intake.keep_long_values(&events).await;
+        let records: Vec<&crate::engine::intake::Record> =
+            items.iter().map(|i| &i.taken.record).collect();
+        let kept = self.intake.keep_long_values(&records).await;
         let written = if let Err(e) = kept {
             tracing::warn!(error = %e, "Cannot keep a long key's exact bytes; its event is taken again.");
             false
