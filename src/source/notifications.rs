@@ -502,10 +502,12 @@ async fn session(
     }
 }
 
-/// Whether the subscription includes what only the ledger listens to (`expire`): the ledger is
-/// kept, and flushes and swaps matter.
+/// Whether the subscription includes what only the ledgers listen to (`expire`, `hexpire`): the
+/// key or the field ledger is kept, and flushes and swaps matter.
 fn keeps_ledger(subscribed: &[String]) -> bool {
-    subscribed.iter().any(|c| c.ends_with("__:expire"))
+    subscribed
+        .iter()
+        .any(|c| c.ends_with("__:expire") || c.ends_with("__:hexpire"))
 }
 
 /// The next push of client-side tracking; never, where tracking is off. `None`: the connection
