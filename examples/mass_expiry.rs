@@ -24,17 +24,20 @@
 //!
 //! `--save` writes the figures as JSON; `--compare` reads such a file and prints the change.
 //!
-//! Side by side with another build, in one run: `--baseline PATH` names this example built from
-//! another commit (copy `target/release/examples/mass_expiry` aside before rebuilding); `--rounds N`
-//! runs Redis's pace, the baseline and this build N times, alternating, and prints each run and
-//! the medians: seconds to take over and to deliver, keywatch's CPU µs per task, each
-//! redis-server's CPU µs per task (the watched one, and the state one with `--state-redis`), peak
-//! RSS; and each process's CPU µs per task until every task was taken over. The naive subscriber
-//! is skipped in that mode.
+//! Side by side with other builds, in one run: `--baseline PATH` names this example built from
+//! another commit (copy `target/release/examples/mass_expiry` aside before rebuilding; given
+//! more than once, for several builds, each named in the tables by what follows `mass_expiry.`
+//! in its file name); `--rounds N` runs Redis's pace, each baseline and this build N times,
+//! alternating, and prints each run and the medians: seconds to take over and to deliver,
+//! keywatch's CPU µs per task, each redis-server's CPU µs per task (the watched one, and the
+//! state one with `--state-redis`), peak RSS; and each process's CPU µs per task until every
+//! task was taken over. The naive subscriber is skipped in that mode.
 //!
 //! ```text
 //! cp target/release/examples/mass_expiry /tmp/mass_expiry.main    # on the older commit
 //! cargo run --release --example mass_expiry -- --baseline /tmp/mass_expiry.main --rounds 3
+//! cargo run --release --example mass_expiry -- --baseline /tmp/mass_expiry.54fcf99 \
+//!     --baseline /tmp/mass_expiry.main --rounds 5
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -95,8 +98,9 @@ struct Args {
     state_redis: bool,
     /// One digest rule (`notify` with `group`) instead of one `reload` per task.
     digest: bool,
-    /// Another build of this example, run alternately with this one.
-    baseline: Option<PathBuf>,
+    /// Other builds of this example (`--baseline` given once per build), run alternately with
+    /// this one.
+    baselines: Vec<PathBuf>,
     rounds: usize,
 }
 
@@ -118,7 +122,12 @@ fn parse_args() -> Args {
         python: value("--python").unwrap_or_else(|| "python3".into()),
         state_redis: args.iter().any(|a| a == "--state-redis"),
         digest: args.iter().any(|a| a == "--digest"),
-        baseline: value("--baseline").map(PathBuf::from),
+        baselines: args
+            .iter()
+            .zip(args.iter().skip(1))
+            .filter(|(a, _)| *a == "--baseline")
+            .map(|(_, v)| PathBuf::from(v))
+            .collect(),
         rounds: value("--rounds")
             .and_then(|v| v.parse().ok())
             .unwrap_or(1)
@@ -630,7 +639,7 @@ fn print_slowlog(url: &str) {
     let mut sums: Vec<_> = sums.into_iter().collect();
     sums.sort_by_key(|s| std::cmp::Reverse(s.1.1));
     eprintln!("  SLOWLOG (every command; by command and first key):");
-    for (what, (calls, usec)) in sums.iter().take(25) {
+    for (what, (calls, usec)) in sums.iter().take(40) {
         eprintln!(
             "    {what:<48} {calls:>9} calls {:>9.3} s",
             *usec as f64 / 1e6
@@ -643,7 +652,7 @@ fn print_commands(server: &str, cpu_s: f64, commands: &[(String, u64, f64)]) {
     eprintln!(
         "{server} from the due instant to the last request: {cpu_s:.2} CPU s; the commands of that span, most time first:"
     );
-    for (name, calls, usec) in commands.iter().take(10) {
+    for (name, calls, usec) in commands.iter().take(30) {
         eprintln!("  {name:<16} {calls:>9} calls {:>9.3} s", usec / 1e6);
     }
 }
@@ -840,19 +849,38 @@ fn median(mut xs: Vec<f64>) -> f64 {
     }
 }
 
-/// `--baseline`: Redis's pace, the baseline build and this one, alternating, `--rounds` times.
-fn side_by_side(args: &Args, baseline: &Path) -> std::process::ExitCode {
+/// A baseline build's name in the tables: what follows `mass_expiry.` in its file name (the
+/// commit or branch it was built from, as the header's `cp` names it), else the file name.
+fn build_name(path: &Path) -> String {
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    match file.strip_prefix("mass_expiry.") {
+        Some(rest) if !rest.is_empty() => rest.to_string(),
+        _ => file,
+    }
+}
+
+/// `--baseline`: Redis's pace, each baseline build and this one, alternating, `--rounds` times.
+fn side_by_side(args: &Args, baselines: &[PathBuf]) -> std::process::ExitCode {
     let this = std::env::current_exe().expect("this example's path");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let mut pace = Vec::new();
-    let mut runs: [Vec<KeywatchRun>; 2] = [Vec::new(), Vec::new()];
-    let names = ["baseline", "this build"];
+    let exes: Vec<&Path> = baselines
+        .iter()
+        .map(PathBuf::as_path)
+        .chain([this.as_path()])
+        .collect();
+    let mut runs: Vec<Vec<KeywatchRun>> = exes.iter().map(|_| Vec::new()).collect();
+    let mut names: Vec<String> = baselines.iter().map(|b| build_name(b)).collect();
+    names.push("this build".to_string());
     rt.block_on(async {
         for round in 1..=args.rounds {
             let p = redis_pace(args.tasks).await;
             eprintln!("round {round}: Redis's pace {p:.2} s");
             pace.push(p);
-            for (i, exe) in [baseline, this.as_path()].into_iter().enumerate() {
+            for (i, exe) in exes.iter().enumerate() {
                 let kw = keywatch_run(exe, args.tasks, args.state_redis, args.digest).await;
                 eprintln!(
                     "round {round}: {}: taken over {:.2} s, delivered {:.2} s, {} of {} delivered",
@@ -966,8 +994,8 @@ fn main() -> std::process::ExitCode {
         return keywatch::command::run(cli);
     }
     let args = parse_args();
-    if let Some(baseline) = &args.baseline {
-        return side_by_side(&args, baseline);
+    if !args.baselines.is_empty() {
+        return side_by_side(&args, &args.baselines);
     }
     let old = args.compare.as_ref().map(|p| {
         let text = std::fs::read_to_string(p)
