@@ -3,15 +3,23 @@
 //! answer "did the alert for order 42 go out, and what did DingTalk answer?" after a restart
 //! and for every instance.
 //!
-//! Layout under `state.prefix`: a sorted set `history` (member = event id, score = when it was
-//! observed, ms) and one hash per minute of observation, `history:@MINUTE` (the observed ms
-//! divided by 60,000), holding for each firing of that minute the field `ID`: a line naming its
-//! actions' fields (a JSON array: `a:reload`, `a:notify:oncall`, its follow-ups' `a:escalate:…`
-//! too), then the event JSON of docs/rules.md#event-json; and one field `ID:a:…` per action, its latest outcome. One hash per minute rather than per firing, written with plain `HSET`s
-//! of many fields: in a storm a key of its own, created and given a TTL per firing and again
-//! per outcome, was a quarter of what the state server spent. Memory is bounded twice: each
-//! minute's hash lasts `history.keep` after the latest firing in it, and the index is trimmed by
-//! time and to [`MAX_FIRINGS`] entries (the trimmed firings' fields removed).
+//! Layout under `state.prefix`: one hash per minute of observation, `history:@MINUTE` (the
+//! observed ms divided by 60,000), holding the firings of that minute and one field `ID:a:…` per
+//! action of each, its latest outcome; and an index, the sorted set `history`. The firings one
+//! write stores in a minute are one *group*: one field `@TOKEN` of the minute's hash holding, per
+//! firing, its id, a line naming its actions' fields (a JSON array: `a:reload`,
+//! `a:notify:oncall`, its follow-ups' `a:escalate:…` too) and its firing JSON (turned into the
+//! event JSON of docs/rules.md#event-json when read); and one index entry, `@MINUTE:TOKEN` followed
+//! by a line `ID OBSERVED_MS` per firing, scored by the newest of them. In a mass expiry a field
+//! and an index entry per firing were two of the state server's largest per-task costs
+//! (docs/performance.md#mass-expiry): a batch of a thousand firings is now one of each. Entries
+//! written before (member = event id, score = when observed; field `ID` holding the names and
+//! the JSON) still read, and are trimmed like groups. One hash per minute rather than per
+//! firing: in a storm a key of its own, created and given a TTL per firing and again per outcome,
+//! was a quarter of what the state server spent. Memory is bounded twice: each minute's hash
+//! lasts `history.keep` after the latest firing in it, and the index is trimmed by time and to
+//! [`MAX_FIRINGS`] firings (the trimmed firings' fields removed); `history:n` counts the firings
+//! the index holds beyond one per entry, so that the count is its `ZCARD` plus that.
 //!
 //! A firing whose jobs are stored is kept in history by the same transaction
 //! ([`Recorder::firing_cmds`]): whichever instance runs its actions, and whenever the one that
@@ -127,6 +135,226 @@ fn index_key(prefix: &str) -> String {
     format!("{prefix}history")
 }
 
+/// How many firings the index holds beyond one per entry (each group's firings less one).
+fn extra_key(prefix: &str) -> String {
+    format!("{prefix}history:n")
+}
+
+/// Trims the index by time and count, see `history/trim.lua`.
+const TRIM: &str = include_str!("history/trim.lua");
+
+/// The firings of one write in one minute, kept together: one field of the minute's hash and one
+/// index entry (see the module's header).
+#[derive(Default)]
+struct Group {
+    /// The newest firing's observed ms: the entry's score.
+    newest: i64,
+    /// The entry's lines after its first: `\nID OBSERVED_MS` per firing.
+    lines: String,
+    /// The field's value: `ID\nNAMES\nJSON\n` per firing.
+    value: String,
+    firings: usize,
+}
+
+impl Group {
+    fn add(&mut self, id: &str, at_ms: i64, names: &str, event: &str) {
+        use std::fmt::Write;
+        self.newest = if self.firings == 0 {
+            at_ms
+        } else {
+            self.newest.max(at_ms)
+        };
+        let _ = write!(self.lines, "\n{id} {at_ms}");
+        self.value.reserve(id.len() + names.len() + event.len() + 3);
+        for part in [id, names, event] {
+            self.value.push_str(part);
+            self.value.push('\n');
+        }
+        self.firings += 1;
+    }
+
+    /// The commands that store it in the hash `key` of `minute` (its expiry is the caller's).
+    fn cmds(self, prefix: &str, key: &str, minute: i64) -> [redis::Cmd; 3] {
+        let token = format!("{:016x}", fastrand::u64(..));
+        let mut hset = redis::cmd("HSET");
+        hset.arg(key).arg(format!("@{token}")).arg(self.value);
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(index_key(prefix))
+            .arg(self.newest)
+            .arg(format!("@{minute}:{token}{}", self.lines));
+        let mut more = redis::cmd("INCRBY");
+        more.arg(extra_key(prefix)).arg(self.firings as i64 - 1);
+        [hset, zadd, more]
+    }
+}
+
+/// Where the index says a firing is kept.
+#[derive(Clone, Debug, PartialEq)]
+enum Place {
+    /// Its own field `ID` (written before groups).
+    Own,
+    /// In its group's field.
+    Group(String),
+}
+
+/// A firing the index names: when it was observed, its id, and where it is kept.
+#[derive(Clone, Debug, PartialEq)]
+struct Indexed {
+    at_ms: i64,
+    id: String,
+    place: Place,
+}
+
+impl Indexed {
+    fn key(&self, prefix: &str) -> String {
+        minute_key(prefix, self.at_ms)
+    }
+}
+
+/// The firings an index entry names: a group's, or the one firing of an entry written before
+/// groups (`score`: when it was observed).
+fn entry_firings(member: &str, score: f64) -> Vec<Indexed> {
+    let Some(group) = member.strip_prefix('@') else {
+        return vec![Indexed {
+            at_ms: score as i64,
+            id: member.to_string(),
+            place: Place::Own,
+        }];
+    };
+    let mut lines = group.split('\n');
+    let Some((_, token)) = lines.next().and_then(|head| head.split_once(':')) else {
+        return Vec::new();
+    };
+    let field = format!("@{token}");
+    lines
+        .filter_map(|line| {
+            let (id, at) = line.rsplit_once(' ')?;
+            Some(Indexed {
+                at_ms: at.parse().ok()?,
+                id: id.to_string(),
+                place: Place::Group(field.clone()),
+            })
+        })
+        .collect()
+}
+
+/// A group's field as (id, stored) pairs, stored as a firing's own field holds it: the names'
+/// line, then the JSON.
+fn group_firings(value: &str) -> impl Iterator<Item = (&str, String)> {
+    let mut lines = value.split('\n');
+    std::iter::from_fn(move || {
+        let id = lines.next()?;
+        let names = lines.next()?;
+        let event = lines.next()?;
+        Some((id, format!("{names}\n{event}")))
+    })
+}
+
+/// A Redis glob matching `text` only.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Where the index says the firing `id` is: its own entry, else the group naming it.
+async fn locate(conn: &mut Conn, prefix: &str, id: &str) -> redis::RedisResult<Option<Indexed>> {
+    let index = index_key(prefix);
+    let at: Option<f64> = redis::cmd("ZSCORE")
+        .arg(&index)
+        .arg(id)
+        .query_async(conn)
+        .await?;
+    if let Some(at) = at {
+        return Ok(Some(Indexed {
+            at_ms: at as i64,
+            id: id.to_string(),
+            place: Place::Own,
+        }));
+    }
+    let pattern = format!("@*\n{} *", glob_escape(id));
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, found): (u64, Vec<(String, f64)>) = redis::cmd("ZSCAN")
+            .arg(&index)
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        for (member, score) in found {
+            if let Some(f) = entry_firings(&member, score)
+                .into_iter()
+                .find(|f| f.id == id)
+            {
+                return Ok(Some(f));
+            }
+        }
+        if next == 0 {
+            return Ok(None);
+        }
+        cursor = next;
+    }
+}
+
+/// What is stored of each firing (the names' line, then the JSON), `None` where nothing is;
+/// a group's field read once for all its firings.
+async fn stored_of(
+    conn: &mut Conn,
+    prefix: &str,
+    firings: &[Indexed],
+) -> redis::RedisResult<Vec<Option<String>>> {
+    let mut fields: Vec<(String, String)> = Vec::new();
+    for f in firings {
+        let field = match &f.place {
+            Place::Own => f.id.clone(),
+            Place::Group(g) => g.clone(),
+        };
+        let at = (f.key(prefix), field);
+        if !fields.contains(&at) {
+            fields.push(at);
+        }
+    }
+    let mut p = redis::pipe();
+    for (key, field) in &fields {
+        p.cmd("HGET").arg(key).arg(field);
+    }
+    let values: Vec<Option<String>> = if fields.is_empty() {
+        Vec::new()
+    } else {
+        p.query_async(conn).await?
+    };
+    let mut groups: HashMap<&(String, String), HashMap<&str, String>> = HashMap::new();
+    let mut own: HashMap<&(String, String), &str> = HashMap::new();
+    for (at, value) in fields.iter().zip(&values) {
+        let Some(value) = value else { continue };
+        if at.1.starts_with('@') {
+            groups.insert(at, group_firings(value).collect());
+        } else {
+            own.insert(at, value);
+        }
+    }
+    Ok(firings
+        .iter()
+        .map(|f| {
+            let key = f.key(prefix);
+            match &f.place {
+                Place::Own => own.get(&(key, f.id.clone())).map(|s| s.to_string()),
+                Place::Group(g) => groups
+                    .get(&(key, g.clone()))
+                    .and_then(|m| m.get(f.id.as_str()).cloned()),
+            }
+        })
+        .collect())
+}
+
 /// The hash field of an action: `a:reload`, `a:notify:oncall`.
 fn action_field(action: &Action) -> String {
     if let (Some(channel), Some(target)) = (action.channel(), action.target()) {
@@ -186,6 +414,7 @@ impl Recorder {
             conn,
             prefix: prefix.to_string(),
             keep_ms: keep.as_millis().min(i64::MAX as u128) as i64,
+            trim: redis::Script::new(TRIM),
         };
         let keep_ms = writer.keep_ms;
         let handle = tokio::spawn(writer.run(rx, stop));
@@ -224,12 +453,10 @@ impl Recorder {
         &self,
         firings: impl IntoIterator<Item = (&'a Firing, Vec<Action>)>,
     ) -> Vec<redis::Cmd> {
-        // Per minute's hash: its entries, and the latest moment one of them is kept until. A
-        // mass expiry stores thousands of firings in one transaction: four commands per minute,
-        // not four per firing (docs/performance.md).
-        let mut minutes: std::collections::BTreeMap<String, (Vec<(String, String)>, i64)> =
-            Default::default();
-        let mut index: Vec<(i64, String)> = Vec::new();
+        // Per minute's hash: its group, and the latest moment one of them is kept until. A
+        // mass expiry stores thousands of firings in one transaction: five commands per
+        // minute, not a field and an index entry per firing (docs/performance.md).
+        let mut minutes: BTreeMap<i64, (Group, i64)> = BTreeMap::new();
         for (f, actions) in firings {
             let names: Vec<String> = actions.iter().map(action_field).collect();
             let at_ms = f.observed_at.timestamp_millis();
@@ -240,40 +467,23 @@ impl Recorder {
                 None => f.text(),
             };
             let names = serde_json::to_string(&names).unwrap_or_default();
-            let mut stored = String::with_capacity(names.len() + 1 + event.len());
-            stored.push_str(&names);
-            stored.push('\n');
-            stored.push_str(&event);
             let until = at_ms.saturating_add(self.keep_ms);
             let minute = minutes
-                .entry(minute_key(&self.prefix, at_ms))
-                .or_insert_with(|| (Vec::new(), until));
-            minute.0.push((f.id.clone(), stored));
+                .entry(at_ms.div_euclid(MINUTE_MS))
+                .or_insert_with(|| (Group::default(), until));
+            minute.0.add(&f.id, at_ms, &names, &event);
             minute.1 = minute.1.max(until);
-            index.push((at_ms, f.id.clone()));
         }
         let mut cmds = Vec::new();
-        for (key, (entries, until)) in minutes {
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&key);
-            for (id, stored) in entries {
-                hset.arg(id).arg(stored);
-            }
-            cmds.push(hset);
+        for (minute, (group, until)) in minutes {
+            let key = minute_key(&self.prefix, minute * MINUTE_MS);
+            cmds.extend(group.cmds(&self.prefix, &key, minute));
             // A new hash gets its expiry (NX), one that has an earlier one a later (GT).
             for when in ["NX", "GT"] {
                 let mut expire = redis::cmd("PEXPIREAT");
                 expire.arg(&key).arg(until).arg(when);
                 cmds.push(expire);
             }
-        }
-        if !index.is_empty() {
-            let mut zadd = redis::cmd("ZADD");
-            zadd.arg(index_key(&self.prefix));
-            for (at_ms, id) in index {
-                zadd.arg(at_ms).arg(id);
-            }
-            cmds.push(zadd);
         }
         cmds
     }
@@ -392,6 +602,7 @@ struct Writer {
     conn: Conn,
     prefix: String,
     keep_ms: i64,
+    trim: redis::Script,
 }
 
 impl Writer {
@@ -438,7 +649,6 @@ impl Writer {
     }
 
     async fn try_store(&mut self, batch: &[Entry]) -> redis::RedisResult<()> {
-        let index = index_key(&self.prefix);
         let now = clock::now_ms();
         // A dead letter keeps the attempts already counted: read them first.
         let dead: Vec<(String, String)> = batch
@@ -469,13 +679,11 @@ impl Writer {
             }
         }
         // One `HSET` per minute's hash, however many firings and outcomes of the batch it holds,
-        // and its expiry moved only ever later: `keep` after its latest firing.
-        let mut minutes: BTreeMap<String, (redis::Cmd, i64)> = BTreeMap::new();
-        let mut index_add = redis::cmd("ZADD");
-        index_add.arg(&index);
+        // and its expiry moved only ever later: `keep` after its latest firing. The batch's
+        // firings of a minute are one group (see the module's header).
+        let mut minutes: BTreeMap<i64, (redis::Cmd, Group, i64)> = BTreeMap::new();
         // Whether the index grew: it is trimmed then.
         let mut indexed = false;
-        let mut firings = 0;
         for e in batch {
             let (id, at_ms) = match e {
                 Entry::Firing { id, at_ms, .. } | Entry::Action { id, at_ms, .. } => (id, *at_ms),
@@ -484,25 +692,17 @@ impl Writer {
                     continue;
                 }
             };
-            let (hset, until) = minutes
-                .entry(minute_key(&self.prefix, at_ms))
-                .or_insert_with_key(|key| {
-                    let mut c = redis::cmd("HSET");
-                    c.arg(key);
-                    (c, i64::MIN)
-                });
+            let (hset, group, until) =
+                minutes
+                    .entry(at_ms.div_euclid(MINUTE_MS))
+                    .or_insert_with(|| {
+                        let mut c = redis::cmd("HSET");
+                        c.arg(minute_key(&self.prefix, at_ms));
+                        (c, Group::default(), i64::MIN)
+                    });
             *until = (*until).max(at_ms.saturating_add(self.keep_ms));
             match e {
-                Entry::Firing { event, names, .. } => {
-                    firings += 1;
-                    index_add.arg(at_ms).arg(id);
-                    // JSON holds no raw newline: the first one ends the names.
-                    let mut stored = String::with_capacity(names.len() + 1 + event.len());
-                    stored.push_str(names);
-                    stored.push('\n');
-                    stored.push_str(event);
-                    hset.arg(id).arg(stored);
-                }
+                Entry::Firing { event, names, .. } => group.add(id, at_ms, names, event),
                 Entry::Indexed => {}
                 Entry::Action { field, record, .. } => {
                     let mut record = record.clone();
@@ -519,77 +719,80 @@ impl Writer {
             }
         }
         let mut p = redis::pipe();
-        for (key, (hset, until)) in minutes {
-            p.add_command(hset).ignore();
+        // A group's field, its index entry and the count beside it land together.
+        p.atomic();
+        for (minute, (hset, group, until)) in minutes {
+            let key = minute_key(&self.prefix, minute * MINUTE_MS);
+            // An `HSET` of the key alone (a batch of only firings) is no command.
+            if hset.args_iter().count() > 2 {
+                p.add_command(hset).ignore();
+            }
+            if group.firings > 0 {
+                indexed = true;
+                for c in group.cmds(&self.prefix, &key, minute) {
+                    p.add_command(c).ignore();
+                }
+            }
             // A new hash gets its expiry (NX), one that has an earlier one a later (GT).
             for when in ["NX", "GT"] {
                 p.cmd("PEXPIREAT").arg(&key).arg(until).arg(when).ignore();
             }
         }
-        if firings == 0 && !indexed {
-            return p.query_async(&mut self.conn).await;
-        }
-        if firings > 0 {
-            p.add_command(index_add).ignore();
-        }
-        let mut trim = redis::cmd("ZREMRANGEBYSCORE");
-        trim.arg(&index)
-            .arg("-inf")
-            .arg(format!("({}", now - self.keep_ms));
-        p.add_command(trim).ignore();
-        let mut card = redis::cmd("ZCARD");
-        card.arg(&index);
-        p.add_command(card);
-        let (count,): (usize,) = p.query_async(&mut self.conn).await?;
-        if count > MAX_FIRINGS {
-            self.trim_count(count - MAX_FIRINGS).await?;
+        p.query_async::<()>(&mut self.conn).await?;
+        if indexed {
+            self.trim(now - self.keep_ms, MAX_FIRINGS).await?;
         }
         Ok(())
     }
 
-    /// Drops the `excess` oldest firings: their fields in their minutes' hashes.
-    async fn trim_count(&mut self, excess: usize) -> redis::RedisResult<()> {
-        let index = index_key(&self.prefix);
-        let mut range = redis::cmd("ZRANGE");
-        range
-            .arg(&index)
-            .arg(0)
-            .arg(excess as i64 - 1)
-            .arg("WITHSCORES");
-        let old: Vec<(String, f64)> = range.query_async(&mut self.conn).await?;
+    /// Trims the index to the firings observed at `cut` (ms) or later and to `max` firings, the
+    /// oldest going first; the entries trimmed by count have their fields removed (those
+    /// trimmed by time go with their minute's hash).
+    async fn trim(&mut self, cut: i64, max: usize) -> redis::RedisResult<()> {
+        let old: Vec<(String, f64)> = self
+            .trim
+            .key(index_key(&self.prefix))
+            .key(extra_key(&self.prefix))
+            .arg(cut)
+            .arg(max)
+            .invoke_async(&mut self.conn)
+            .await?;
         if old.is_empty() {
             return Ok(());
         }
-        let mut p = redis::pipe();
-        for (id, at) in &old {
-            p.cmd("HGET")
-                .arg(minute_key(&self.prefix, *at as i64))
-                .arg(id);
-        }
-        let stored: Vec<Option<String>> = p.query_async(&mut self.conn).await?;
+        let firings: Vec<Indexed> = old
+            .iter()
+            .flat_map(|(member, at)| entry_firings(member, *at))
+            .collect();
+        let stored = stored_of(&mut self.conn, &self.prefix, &firings).await?;
         let mut by_minute: BTreeMap<String, redis::Cmd> = BTreeMap::new();
-        for ((id, at), stored) in old.iter().zip(stored) {
-            let hdel = by_minute
-                .entry(minute_key(&self.prefix, *at as i64))
-                .or_insert_with_key(|key| {
-                    let mut c = redis::cmd("HDEL");
-                    c.arg(key);
-                    c
-                });
-            hdel.arg(id);
+        let mut groups = std::collections::HashSet::new();
+        for (f, stored) in firings.iter().zip(stored) {
+            let key = f.key(&self.prefix);
+            let hdel = by_minute.entry(key.clone()).or_insert_with_key(|key| {
+                let mut c = redis::cmd("HDEL");
+                c.arg(key);
+                c
+            });
+            match &f.place {
+                Place::Own => {
+                    hdel.arg(&f.id);
+                }
+                Place::Group(g) => {
+                    if groups.insert((key, g.clone())) {
+                        hdel.arg(g);
+                    }
+                }
+            }
             let (names, _) = split_stored(stored.as_deref().unwrap_or(""));
             for name in names {
-                hdel.arg(outcome_field(id, &name));
+                hdel.arg(outcome_field(&f.id, &name));
             }
         }
         let mut p = redis::pipe();
         for hdel in by_minute.into_values() {
             p.add_command(hdel).ignore();
         }
-        let mut zrem = redis::cmd("ZREM");
-        zrem.arg(&index)
-            .arg(old.iter().map(|(id, _)| id).collect::<Vec<_>>());
-        p.add_command(zrem).ignore();
         p.query_async(&mut self.conn).await
     }
 }
@@ -604,20 +807,15 @@ fn split_stored(stored: &str) -> (Vec<String>, &str) {
 /// The firing of the event `id` as history keeps it (a key longer than
 /// [`crate::long_key::EXACT`] cut), if it still does: what a signed link shows of its event.
 pub async fn firing(conn: &mut Conn, prefix: &str, id: &str) -> redis::RedisResult<Option<Firing>> {
-    let at: Option<f64> = redis::cmd("ZSCORE")
-        .arg(index_key(prefix))
-        .arg(id)
-        .query_async(conn)
-        .await?;
-    let Some(at) = at else {
+    let Some(f) = locate(conn, prefix, id).await? else {
         return Ok(None);
     };
-    let stored: Option<String> = redis::cmd("HGET")
-        .arg(minute_key(prefix, at as i64))
-        .arg(id)
-        .query_async(conn)
-        .await?;
-    Ok(stored.and_then(|s| serde_json::from_str(split_stored(&s).1).ok()))
+    let stored = stored_of(conn, prefix, &[f]).await?;
+    Ok(stored
+        .into_iter()
+        .next()
+        .flatten()
+        .and_then(|s| serde_json::from_str(split_stored(&s).1).ok()))
 }
 
 /// The firings `filter` selects, newest first, read from what every instance recorded.
@@ -628,31 +826,51 @@ pub async fn list(
 ) -> redis::RedisResult<Vec<Record>> {
     const PAGE: usize = 256;
     let index = index_key(prefix);
-    let mut min = match filter.since {
-        Some(d) => (clock::now_ms() - d.as_millis() as i64).to_string(),
-        None => "-inf".to_string(),
-    };
-    let mut max = "+inf".to_string();
-    // One firing: only the firings observed in its millisecond are read.
-    if let Some(id) = &filter.id {
-        let at: Option<f64> = redis::cmd("ZSCORE")
-            .arg(&index)
-            .arg(id)
-            .query_async(conn)
-            .await?;
-        let Some(at) = at else {
-            return Ok(Vec::new());
-        };
-        min = at.to_string();
-        max = at.to_string();
-    }
+    let since = filter.since.map(|d| clock::now_ms() - d.as_millis() as i64);
+    let wanted = |f: &Indexed| since.is_none_or(|s| f.at_ms >= s);
     let mut out = Vec::new();
+    // One firing: read where the index says it is.
+    if let Some(id) = &filter.id {
+        if let Some(f) = locate(conn, prefix, id).await?
+            && wanted(&f)
+        {
+            read_records(conn, prefix, &[f], filter, &mut out).await?;
+        }
+        return Ok(out);
+    }
+    let min = since.map_or_else(|| "-inf".to_string(), |s| s.to_string());
+    // Firings the index named that are not listed yet. The entries not read yet hold none
+    // observed after `bound`, the score of the last entry read (an entry's score is its newest
+    // firing's): what is newer than that is next, newest first.
+    let mut pending: Vec<Indexed> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut bound = f64::INFINITY;
+    let mut read_all = false;
     let mut offset = 0;
     while out.len() < filter.limit {
+        // Newest first, firings of one millisecond by id, descending: the order the index
+        // gives entries of one score.
+        pending.sort_by(|a, b| (b.at_ms, &b.id).cmp(&(a.at_ms, &a.id)));
+        let ready = if read_all {
+            pending.len()
+        } else {
+            pending
+                .iter()
+                .take_while(|f| f.at_ms as f64 > bound)
+                .count()
+        };
+        if ready > 0 {
+            let next: Vec<Indexed> = pending.drain(..ready.min(PAGE)).collect();
+            read_records(conn, prefix, &next, filter, &mut out).await?;
+            continue;
+        }
+        if read_all {
+            break;
+        }
         let mut range = redis::cmd("ZRANGE");
         range
             .arg(&index)
-            .arg(&max)
+            .arg("+inf")
             .arg(&min)
             .arg("BYSCORE")
             .arg("REV")
@@ -661,82 +879,98 @@ pub async fn list(
             .arg(PAGE)
             .arg("WITHSCORES");
         let page: Vec<(String, f64)> = range.query_async(conn).await?;
-        if page.is_empty() {
-            break;
-        }
         offset += page.len();
-        let mut p = redis::pipe();
-        for (id, at) in &page {
-            p.cmd("HGET").arg(minute_key(prefix, *at as i64)).arg(id);
+        match page.last() {
+            Some((_, score)) => bound = *score,
+            None => read_all = true,
         }
-        let stored: Vec<Option<String>> = p.query_async(conn).await?;
-        // Each firing's event, and the names of its actions' outcome fields.
-        let (found, names): (Vec<Option<String>>, Vec<Vec<String>>) = stored
-            .into_iter()
-            .map(|s| match s {
-                Some(s) => {
-                    let (names, event) = split_stored(&s);
-                    (Some(event.to_string()), names)
+        for (member, score) in &page {
+            for f in entry_firings(member, *score) {
+                if wanted(&f) && seen.insert(f.id.clone()) {
+                    pending.push(f);
                 }
-                None => (None, Vec::new()),
-            })
-            .unzip();
-        let mut p = redis::pipe();
-        let mut asked = 0;
-        for (((id, at), event), names) in page.iter().zip(&found).zip(&names) {
-            if event.is_some() && !names.is_empty() {
-                let mut c = redis::cmd("HMGET");
-                c.arg(minute_key(prefix, *at as i64));
-                for n in names {
-                    c.arg(outcome_field(id, n));
-                }
-                p.add_command(c);
-                asked += 1;
-            }
-        }
-        let mut outcomes: std::vec::IntoIter<Vec<Option<String>>> = if asked > 0 {
-            let got: Vec<Vec<Option<String>>> = p.query_async(conn).await?;
-            got.into_iter()
-        } else {
-            Vec::new().into_iter()
-        };
-        let mut hashes = Vec::with_capacity(page.len());
-        for (event, names) in found.into_iter().zip(names) {
-            let Some(event) = event else { continue };
-            let got = if names.is_empty() {
-                Vec::new()
-            } else {
-                outcomes.next().unwrap_or_default()
-            };
-            hashes.push(stored_fields(event, names, got));
-        }
-        for fields in hashes {
-            let Some(r) = parse_record(fields) else {
-                continue;
-            };
-            if filter
-                .rule
-                .as_deref()
-                .is_some_and(|rule| r.str_field("rule") != rule)
-                || filter
-                    .id
-                    .as_deref()
-                    .is_some_and(|id| r.str_field("id") != id)
-            {
-                continue;
-            }
-            if let Some(p) = &filter.key
-                && !p.is_match(r.str_field("key").as_bytes())
-            {
-                continue;
-            }
-            out.push(r);
-            if out.len() == filter.limit {
-                break;
             }
         }
     }
     Ok(out)
+}
+
+/// Reads the records of `firings` (in their order) and adds those `filter` selects to `out`,
+/// up to its limit.
+async fn read_records(
+    conn: &mut Conn,
+    prefix: &str,
+    firings: &[Indexed],
+    filter: &Filter,
+    out: &mut Vec<Record>,
+) -> redis::RedisResult<()> {
+    let stored = stored_of(conn, prefix, firings).await?;
+    // Each firing's event, and the names of its actions' outcome fields.
+    let (found, names): (Vec<Option<String>>, Vec<Vec<String>>) = stored
+        .into_iter()
+        .map(|s| match s {
+            Some(s) => {
+                let (names, event) = split_stored(&s);
+                (Some(event.to_string()), names)
+            }
+            None => (None, Vec::new()),
+        })
+        .unzip();
+    let mut p = redis::pipe();
+    let mut asked = 0;
+    for ((f, event), names) in firings.iter().zip(&found).zip(&names) {
+        if event.is_some() && !names.is_empty() {
+            let mut c = redis::cmd("HMGET");
+            c.arg(f.key(prefix));
+            for n in names {
+                c.arg(outcome_field(&f.id, n));
+            }
+            p.add_command(c);
+            asked += 1;
+        }
+    }
+    let mut outcomes: std::vec::IntoIter<Vec<Option<String>>> = if asked > 0 {
+        let got: Vec<Vec<Option<String>>> = p.query_async(conn).await?;
+        got.into_iter()
+    } else {
+        Vec::new().into_iter()
+    };
+    let mut hashes = Vec::with_capacity(firings.len());
+    for (event, names) in found.into_iter().zip(names) {
+        let Some(event) = event else { continue };
+        let got = if names.is_empty() {
+            Vec::new()
+        } else {
+            outcomes.next().unwrap_or_default()
+        };
+        hashes.push(stored_fields(event, names, got));
+    }
+    for fields in hashes {
+        let Some(r) = parse_record(fields) else {
+            continue;
+        };
+        if filter
+            .rule
+            .as_deref()
+            .is_some_and(|rule| r.str_field("rule") != rule)
+            || filter
+                .id
+                .as_deref()
+                .is_some_and(|id| r.str_field("id") != id)
+        {
+            continue;
+        }
+        if let Some(p) = &filter.key
+            && !p.is_match(r.str_field("key").as_bytes())
+        {
+            continue;
+        }
+        out.push(r);
+        if out.len() == filter.limit {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// A firing's fields in its minute's hash, as the fields of a hash of its own (what
@@ -797,6 +1031,7 @@ fn parse_record(fields: Vec<(String, String)>) -> Option<Record> {
 crate::keyspace::commands::declare! {
     /// The commands history sends ([`crate::keyspace::commands`]).
     const WHY = "history of firings and outcomes";
+    const TRIMMING = "history of firings and outcomes: trimming (script)";
     [
         Use::new(Server::State, "zadd", WHY)
             .on(Keys::State("history"), Access::Write)
@@ -810,24 +1045,49 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "pexpireat", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} 1000 NX"),
-        Use::new(Server::State, "zremrangebyscore", WHY)
-            .on(Keys::State("history"), Access::ReadWrite)
-            .args("{key} -inf 0"),
-        Use::new(Server::State, "zcard", WHY)
-            .on(Keys::State("history"), Access::Read)
-            .args("{key}"),
         Use::new(Server::State, "zrange", WHY)
             .on(Keys::State("history"), Access::Read)
-            .args("{key} 0 0 WITHSCORES"),
+            .args("{key} +inf -inf BYSCORE REV LIMIT 0 1 WITHSCORES"),
         Use::new(Server::State, "zscore", WHY)
             .on(Keys::State("history"), Access::Read)
             .args("{key} id"),
+        // A firing's group, by its id (a signed link, `history --id`).
+        Use::new(Server::State, "zscan", WHY)
+            .on(Keys::State("history"), Access::Read)
+            .args("{key} 0 MATCH x COUNT 10"),
+        // The firings the index holds beyond one per entry.
+        Use::new(Server::State, "incrby", WHY)
+            .on(Keys::State("history:n"), Access::ReadWrite)
+            .args("{key} 1"),
+        Use::new(Server::State, "multi", WHY),
+        Use::new(Server::State, "exec", WHY),
         Use::new(Server::State, "hdel", WHY)
             .on(Keys::State("history:*"), Access::Write)
             .args("{key} id id:a:reload"),
-        Use::new(Server::State, "zrem", WHY)
+        Use::new(Server::State, "script|load", WHY)
+            .access(Access::Write)
+            .args("return(1)"),
+        Use::new(Server::State, "evalsha", TRIMMING)
+            .on(Keys::State("history"), Access::ReadWrite)
+            .args("{sha} 2 {prefix}history {prefix}history:n"),
+        Use::new(Server::State, "get", TRIMMING)
+            .on(Keys::State("history:n"), Access::Read)
+            .args("{key}"),
+        Use::new(Server::State, "set", TRIMMING)
+            .on(Keys::State("history:n"), Access::Write)
+            .args("{key} 0"),
+        Use::new(Server::State, "zrange", TRIMMING)
+            .on(Keys::State("history"), Access::Read)
+            .args("{key} -inf (0 BYSCORE"),
+        Use::new(Server::State, "zrem", TRIMMING)
             .on(Keys::State("history"), Access::Write)
             .args("{key} id"),
+        Use::new(Server::State, "zcard", TRIMMING)
+            .on(Keys::State("history"), Access::Read)
+            .args("{key}"),
+        Use::new(Server::State, "zpopmin", TRIMMING)
+            .on(Keys::State("history"), Access::Write)
+            .args("{key}"),
         Use::new(Server::State, "hmget", WHY)
             .on(Keys::State("history:*"), Access::Read)
             .args("{key} id:a:reload"),
@@ -846,6 +1106,7 @@ mod tests {
             conn: conn.clone(),
             prefix: "kw:".into(),
             keep_ms,
+            trim: redis::Script::new(TRIM),
         };
         (server, w, conn)
     }
@@ -1025,7 +1286,7 @@ mod tests {
         ])
         .await
         .unwrap();
-        w.trim_count(1).await.unwrap();
+        w.trim(now - 3_600_000, 1).await.unwrap();
         let got = all(&conn).await;
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].event["id"], "new");
@@ -1038,6 +1299,126 @@ mod tests {
             left, 0,
             "the old firing's event and outcome fields are gone"
         );
+    }
+
+    /// An entry written before groups: the firing's own field and index entry.
+    async fn stored_alone(conn: &Conn, id: &str, at_ms: i64) {
+        let stored = format!("[\"a:reload\"]\n{}", firing_text(id));
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(minute_key("kw:", at_ms))
+            .arg(id)
+            .arg(stored)
+            .ignore()
+            .cmd("ZADD")
+            .arg("kw:history")
+            .arg(at_ms)
+            .arg(id)
+            .ignore()
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+    }
+
+    fn ids(records: &[Record]) -> Vec<String> {
+        records
+            .iter()
+            .map(|r| r.str_field("id").to_string())
+            .collect()
+    }
+
+    /// Groups overlap in time (two instances write at once) and sit beside entries written
+    /// before groups: the list is newest first all the same, a firing of one millisecond after
+    /// another by id (descending, as the index orders entries of one score), and every firing
+    /// is found by its id.
+    #[tokio::test]
+    async fn groups_and_single_entries_list_newest_first_and_each_is_found_by_id() {
+        let (_server, mut w, conn) = writer(3_600_000).await;
+        let t = clock::now_ms() - 10_000;
+        w.try_store(&[fired("a", t + 1), fired("d", t + 4), fired("f", t + 6)])
+            .await
+            .unwrap();
+        w.try_store(&[fired("b", t + 2), fired("e", t + 4), fired("g", t + 7)])
+            .await
+            .unwrap();
+        stored_alone(&conn, "c", t + 3).await;
+        stored_alone(&conn, "h", t + 8).await;
+        w.try_store(&[outcome("d", t + 4, "a:reload", "sent", 1)])
+            .await
+            .unwrap();
+        let got = all(&conn).await;
+        assert_eq!(ids(&got), ["h", "g", "f", "e", "d", "c", "b", "a"]);
+        assert_eq!(got[4].actions.len(), 1, "{:?}", got[4]);
+        for limit in 1..=8 {
+            let filter = Filter {
+                limit,
+                ..Default::default()
+            };
+            let page = list(&mut conn.clone(), "kw:", &filter).await.unwrap();
+            assert_eq!(ids(&page), ids(&got[..limit]));
+        }
+        for id in ["a", "c", "e", "h"] {
+            let filter = Filter {
+                id: Some(id.into()),
+                limit: 10,
+                ..Default::default()
+            };
+            let one = list(&mut conn.clone(), "kw:", &filter).await.unwrap();
+            assert_eq!(ids(&one), [id]);
+            let f = firing(&mut conn.clone(), "kw:", id).await.unwrap().unwrap();
+            assert_eq!(f.id, id);
+        }
+        assert!(
+            firing(&mut conn.clone(), "kw:", "*")
+                .await
+                .unwrap()
+                .is_none()
+        );
+        // Since 5 ms after t: the groups' older firings are left out.
+        let filter = Filter {
+            since: Some(std::time::Duration::from_millis(
+                (clock::now_ms() - (t + 5)) as u64,
+            )),
+            limit: 10,
+            ..Default::default()
+        };
+        let recent = list(&mut conn.clone(), "kw:", &filter).await.unwrap();
+        assert_eq!(ids(&recent), ["h", "g", "f"]);
+    }
+
+    /// The bound counts firings, not index entries: groups go whole, oldest first, until at
+    /// most `max` firings are left, entries written before groups counting one each.
+    #[tokio::test]
+    async fn trimming_by_count_counts_a_groups_firings() {
+        let (_server, mut w, conn) = writer(3_600_000).await;
+        let t = clock::now_ms() - 200_000;
+        stored_alone(&conn, "old", t - 60_000).await;
+        w.try_store(&[fired("a1", t), fired("a2", t + 1)])
+            .await
+            .unwrap();
+        w.try_store(&[fired("b1", t + 61_000), fired("b2", t + 61_001)])
+            .await
+            .unwrap();
+        w.try_store(&[fired("c1", t + 122_000), fired("c2", t + 122_001)])
+            .await
+            .unwrap();
+        w.trim(t - 120_000, 4).await.unwrap();
+        assert_eq!(ids(&all(&conn).await), ["c2", "c1", "b2", "b1"]);
+        let left: usize = redis::cmd("HLEN")
+            .arg(minute_key("kw:", t))
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(left, 0, "the trimmed group's field is gone");
+        let extra: i64 = redis::cmd("GET")
+            .arg("kw:history:n")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap();
+        assert_eq!(extra, 2, "two groups of two left");
+        // By time: the groups observed before the cut go.
+        w.trim(t + 100_000, 100).await.unwrap();
+        assert_eq!(ids(&all(&conn).await), ["c2", "c1"]);
     }
 
     #[test]
