@@ -2,15 +2,15 @@
 -- docs/how-it-works.md#keywatchs-own-keys): the entries whose newest firing was observed before
 -- the cut go, then the oldest entries until it holds at most `max` firings. An entry is a group
 -- (`@MINUTE:TOKEN`, then a line per firing) or, written before groups, one firing (its id).
--- The index holds ZCARD entries and KEYS[2] more firings (each group's firings less one), kept
--- right here, in one step, whichever instance trims. Returns the entries trimmed by count, with
--- their scores, for their fields to be removed (those trimmed by time go with their minute's
--- hash).
+-- The index holds ZCARD entries and KEYS[2]'s field `n` more firings (each group's firings
+-- less one), kept right here, in one step, whichever instance trims. Returns the entries trimmed
+-- by count, with their scores, for their fields to be removed (those trimmed by time go with
+-- their minute's hash).
 --
 -- KEYS: the index, its count of firings beyond one per entry. ARGV: the cut (ms), max.
 local index, extra_key = KEYS[1], KEYS[2]
 local cut, max = ARGV[1], tonumber(ARGV[2])
-local extra = tonumber(redis.call('GET', extra_key) or '0')
+local extra = tonumber(redis.call('HGET', extra_key, 'n') or '0')
 -- The firings of an entry beyond its first.
 local function more(member)
   if string.byte(member, 1) ~= 64 then return 0 end
@@ -36,5 +36,5 @@ while n > 0 and n + extra > max do
   n = n - 1
 end
 if extra < 0 then extra = 0 end
-redis.call('SET', extra_key, extra)
+redis.call('HSET', extra_key, 'n', extra)
 return trimmed
