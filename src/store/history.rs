@@ -842,6 +842,8 @@ pub async fn list(
     let mut bound = f64::INFINITY;
     let mut read_all = false;
     let mut offset = 0;
+    // Entries read per page: a few at first (a group may name a thousand firings), then more.
+    let mut page_len = 8;
     while out.len() < filter.limit {
         // Newest first, firings of one millisecond by id, descending: the order the index
         // gives entries of one score.
@@ -871,10 +873,11 @@ pub async fn list(
             .arg("REV")
             .arg("LIMIT")
             .arg(offset)
-            .arg(PAGE)
+            .arg(page_len)
             .arg("WITHSCORES");
         let page: Vec<(String, f64)> = range.query_async(conn).await?;
         offset += page.len();
+        page_len = (page_len * 2).min(PAGE);
         match page.last() {
             Some((_, score)) => bound = *score,
             None => read_all = true,
