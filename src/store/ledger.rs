@@ -236,19 +236,31 @@ pub const REFINE_AHEAD_MS: i64 = 300_000;
 /// deadlines it would not keep far.
 const FAR_MARGIN_MS: i64 = 60_000;
 
-/// A shard holding more keys than this is split (`ledger/far.lua`): shards then hold 64 to 128
-/// keys, a listpack under Redis's default `hash-max-listpack-entries` (512), short enough that
-/// walking it (an `HSET` into a listpack is linear) costs little.
-const SPLIT_ABOVE: usize = 128;
+/// How many keys an hour's shards hold on average: an hour is split a shard further
+/// (`ledger/far.lua`) when it holds more. Linear hashing leaves the shards not yet split in a
+/// round about twice as full as the split ones, so shards hold up to about twice this, a listpack
+/// well under Redis's default `hash-max-listpack-entries` (512); fewer keys per shard would walk
+/// shorter listpacks but pay a Redis key (about 100 bytes) among fewer keys
+/// (docs/performance.md#far-deadlines-in-hourly-buckets-42).
+const FAR_LOAD: usize = 96;
 
 /// About how many deadlines one refinement script moves: a millisecond or so of Redis's time,
 /// so on-time pokes beside it are not held up.
 const REFINE_BATCH: usize = 500;
 
-/// Far deadlines written per script: the script costs Redis about 15 µs per deadline (it names
-/// the shard, writes, checks the length, splits), and a fill's page of a thousand in one script
-/// would hold every other client up for 15 ms.
-const FAR_BATCH: usize = 200;
+/// Far deadlines written per script: the script costs Redis about 3 µs per deadline (one `HSET`
+/// and Lua's own work, splits amortised), so a script of 250 holds every other client up for
+/// under a millisecond. A page's scripts are sent together, not one after the other.
+const FAR_BATCH: usize = 250;
+
+/// A key's hash for naming its far shard: its bytes as a polynomial modulo the prime
+/// 4294967291, base 1000003, as `ledger/far_shard.lua` computes it (every product stays below
+/// 2^52, exact in Lua's doubles). Computed here and passed in with the key, so Redis's one
+/// thread hashes a key only when a split moves it.
+pub fn far_hash(key: &[u8]) -> u64 {
+    key.iter()
+        .fold(0u64, |h, &b| (h * 1_000_003 + u64::from(b)) % 4_294_967_291)
+}
 
 /// The start of the hour a deadline's far bucket covers.
 pub fn far_start(deadline_ms: i64) -> i64 {
@@ -277,6 +289,8 @@ pub struct Far {
     pub hours: String,
     /// Each hour's shard count.
     pub counts: String,
+    /// How many keys each hour's shards hold (what splits them, `ledger/far.lua`).
+    pub keys: String,
     /// The latest hour the poker began to refine.
     pub frontier: String,
     /// The shards' prefix: `…:far:HOUR:SHARD`.
@@ -288,6 +302,7 @@ pub fn far(prefix: &str, db: u32) -> Far {
     let base = format!("{}:far", old_ledger(prefix, db));
     Far {
         counts: format!("{base}:shards"),
+        keys: format!("{base}:keys"),
         frontier: format!("{base}:frontier"),
         shards: format!("{base}:"),
         hours: base,
@@ -465,24 +480,30 @@ impl Deadlines {
         if removals.is_empty() && far.is_empty() {
             return Ok(());
         }
-        let mut removals = removals;
         let mut chunks = far.chunks(FAR_BATCH);
-        loop {
-            let writes = chunks.next().unwrap_or(&[]);
+        let script = |removals: &[(i64, &[u8])], writes: &[(i64, &[u8])]| {
             let mut inv = self.far_invoke(&self.far, db);
-            inv.arg(SPLIT_ABOVE).arg(removals.len());
+            inv.arg(FAR_LOAD).arg(removals.len());
             for (second, key) in removals {
-                inv.arg(*second).arg(*key);
+                inv.arg(*second).arg(*key).arg(far_hash(key));
             }
             for (deadline, key) in writes {
-                inv.arg(*deadline).arg(*key);
+                inv.arg(*deadline).arg(*key).arg(far_hash(key));
             }
-            inv.invoke_async::<()>(&mut self.conn()).await?;
-            removals = &[];
-            if chunks.len() == 0 {
-                return Ok(());
-            }
+            let mut conn = self.conn();
+            async move { inv.invoke_async::<()>(&mut conn).await }
+        };
+        // Removals go first, alone with the first writes: a later script may write a key's new
+        // deadline into the shard its old one is removed from.
+        if !removals.is_empty() {
+            script(removals, chunks.next().unwrap_or(&[])).await?;
         }
+        // The rest are sent together on the multiplexed connection: Redis runs them one after the
+        // other, other clients' commands in between, without a round trip each.
+        for done in futures_util::future::join_all(chunks.map(|w| script(&[], w))).await {
+            done?;
+        }
+        Ok(())
     }
 
     /// An invocation of a far buckets' script (`ledger/far.lua`, `ledger/refine.lua`) for `db`:
@@ -495,6 +516,7 @@ impl Deadlines {
             .key(&f.counts)
             .key(&f.frontier)
             .key(&names.minutes)
+            .key(&f.keys)
             .arg(&names.seconds)
             .arg(&f.shards)
             .arg(FAR_WIDTH_MS);
@@ -834,9 +856,9 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:far:*"), Access::Read)
             .args("{key} 0")
             .when(When::Ledger),
-        Use::new(Server::State, "hlen", SCRIPTS)
-            .on(Keys::State("ledger:*:far:*"), Access::Read)
-            .args("{key}")
+        Use::new(Server::State, "hincrby", SCRIPTS)
+            .on(Keys::State("ledger:*:far:keys"), Access::Write)
+            .args("{key} 0 1")
             .when(When::Ledger),
         Use::new(Server::State, "hgetall", WHY)
             .on(Keys::State("ledger:*:far:*"), Access::Read)
