@@ -1042,4 +1042,16 @@ mod tests {
         assert_eq!(second_of(1_999), 1);
         assert_eq!(second_of(-1), -1);
     }
+
+    #[test]
+    fn rust_and_lua_hash_a_far_key_alike() {
+        // The same polynomial in `ledger/far_shard.lua` (checked against Redis by the drill
+        // `ledger::far_shards_are_named_alike_by_every_instance_while_hours_split`).
+        assert!(FAR_SHARD.contains("h = (h * 1000003 + string.byte(key, i)) % 4294967291"));
+        assert_eq!(far_hash(b""), 0);
+        assert_eq!(far_hash(b"a"), 97);
+        assert_eq!(far_hash(b"ab"), (97 * 1_000_003 + 98) % 4_294_967_291);
+        // Every product Lua's doubles hold exactly: below 2^53.
+        assert!(4_294_967_290u64 * 1_000_003 + 255 < 1 << 53);
+    }
 }

@@ -832,7 +832,7 @@ fn far_shards_are_named_alike_by_every_instance_while_hours_split() {
             let mut k = format!("s:{i}:");
             for j in 0..i % 40 {
                 let c = ['\0', 'é', '€', '😀', 'z', '\u{7f}'][(i + j) % 6];
-                if k.len() + c.len_utf8() > keywatch::store::ledger::LONG_KEY {
+                if k.len() + c.len_utf8() > keywatch::source::ledger::LONG_KEY {
                     break;
                 }
                 k.push(c);
@@ -867,7 +867,7 @@ fn far_shards_are_named_alike_by_every_instance_while_hours_split() {
             .unwrap();
         assert!(shards >= 8, "the hour split as it filled: {shards} shards");
         for k in &first {
-            let h = keywatch::store::ledger::far_hash(k);
+            let h = keywatch::source::ledger::far_hash(k);
             let name = format!("kw:ledger:0:far:{hour}:{}", far_shard(shards, h));
             let there: bool = redis::cmd("HEXISTS")
                 .arg(&name)

@@ -37,6 +37,9 @@ pub(crate) mod index;
 pub(crate) mod markers;
 
 use crate::store::ledger::{self as store, Cursor, Deadlines, Entry, second_of};
+/// How a far deadline's shard is named (docs/how-it-works.md#far-deadlines), for the drills that
+/// check every instance names the same one.
+pub use crate::store::ledger::{LONG_KEY, far_hash};
 use alarm::{Alarm, until_past};
 pub use grace::{GRACE, Grace};
 use index::LedgerIndex;

@@ -99,24 +99,42 @@ for i = first, last_removal, 3 do
   end
 end
 local lows = {}
+-- Each hour's shard names' prefix and its count's power of two, made once per script, not per
+-- key: the loop below is what Redis spends per far key besides the `HSET`.
+local prefixes, p2s = {}, {}
+local call, floor = redis.call, math.floor
 for i = last_removal + 1, #ARGV, 3 do
   local d, k = tonumber(ARGV[i]), ARGV[i + 1]
-  local b = math.floor(d / width)
+  local b = floor(d / width)
   if b <= frontier or long_key(k) then
-    local s = math.floor(d / 1000)
-    redis.call('HSET', bucket(pre, s, k), k, d - s * 1000)
-    local m = math.floor(s / 60)
+    local s = floor(d / 1000)
+    call('HSET', bucket(pre, s, k), k, d - s * 1000)
+    local m = floor(s / 60)
     if not lows[m] or d < lows[m] then lows[m] = d end
   else
     local n = counts[b]
     if not n then
       n = 1
       counts[b] = 1
-      redis.call('HSET', KEYS[2], b, 1)
-      redis.call('ZADD', KEYS[1], b * width, b)
+      call('HSET', KEYS[2], b, 1)
+      call('ZADD', KEYS[1], b * width, b)
     end
-    local name = far_pre .. b .. ':' .. far_shard(n, tonumber(ARGV[i + 2]))
-    add(b, redis.call('HSET', name, k, d - b * width))
+    local hp = prefixes[b]
+    if not hp then
+      hp = far_pre .. b .. ':'
+      prefixes[b] = hp
+      p2s[b] = far_p2(n)
+    end
+    local p2, h = p2s[b], tonumber(ARGV[i + 2])
+    local j = h % (2 * p2)
+    if j >= n then j = h % p2 end
+    local x = call('HSET', hp .. j, k, d - b * width)
+    local was = added[b]
+    if was then
+      added[b] = was + x
+    else
+      add(b, x)
+    end
   end
 end
 -- Past the load factor an hour's shards would soon stop being listpacks: split shards in turn
