@@ -240,8 +240,8 @@ const FAR_MARGIN_MS: i64 = 60_000;
 /// (`ledger/far.lua`) when it holds more. Linear hashing leaves the shards not yet split in a
 /// round about twice as full as the split ones, so shards hold up to about twice this, a listpack
 /// well under Redis's default `hash-max-listpack-entries` (512); fewer keys per shard would walk
-/// shorter listpacks but pay a Redis key (about 100 bytes) among fewer keys
-/// (docs/performance.md#far-deadlines-in-hourly-buckets-42).
+/// shorter listpacks but pay a Redis key (about 100 bytes) among fewer keys (docs/performance.md,
+/// "Learning far deadlines": the walk is an eighth of Redis's time per key).
 const FAR_LOAD: usize = 96;
 
 /// About how many deadlines one refinement script moves: a millisecond or so of Redis's time,
@@ -1050,8 +1050,9 @@ mod tests {
         assert!(FAR_SHARD.contains("h = (h * 1000003 + string.byte(key, i)) % 4294967291"));
         assert_eq!(far_hash(b""), 0);
         assert_eq!(far_hash(b"a"), 97);
-        assert_eq!(far_hash(b"ab"), (97 * 1_000_003 + 98) % 4_294_967_291);
-        // Every product Lua's doubles hold exactly: below 2^53.
-        assert!(4_294_967_290u64 * 1_000_003 + 255 < 1 << 53);
+        assert_eq!(far_hash(b"ab"), 97_000_389);
+        // Below the prime: each step's product, under 2^32 times 1000003, is exact in Lua.
+        let top = far_hash(&[0xff; LONG_KEY]);
+        assert!(top < 4_294_967_291);
     }
 }

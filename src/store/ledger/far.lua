@@ -12,10 +12,9 @@
 -- far deadlines: they go to their second's hash, and so does a long key's (its own shard's
 -- listpack would become a hashtable, as a second's `:long` hash is kept apart).
 --
--- What Redis does per far key is one `HSET`
--- (docs/performance.md#far-deadlines-in-hourly-buckets-42): the hash comes in with the key, and
--- an hour's key count (KEYS[5]) is moved once per script (`HINCRBY`), not a shard's length read
--- after every write (`HLEN`); splits follow the hour's count.
+-- What Redis does per far key is one `HSET`: the hash comes in with the key, and an hour's key
+-- count (KEYS[5]) is moved once per script (`HINCRBY`), not a shard's length read after every
+-- write (`HLEN`); splits follow the hour's count (docs/performance.md, "Learning far deadlines").
 local pre, far_pre = ARGV[1], ARGV[2]
 local width, load = tonumber(ARGV[3]), tonumber(ARGV[4])
 local removals = tonumber(ARGV[5])
@@ -125,9 +124,7 @@ for i = last_removal + 1, #ARGV, 3 do
       prefixes[b] = hp
       p2s[b] = far_p2(n)
     end
-    local p2, h = p2s[b], tonumber(ARGV[i + 2])
-    local j = h % (2 * p2)
-    if j >= n then j = h % p2 end
+    local j = far_shard_p2(n, p2s[b], tonumber(ARGV[i + 2]))
     local x = call('HSET', hp .. j, k, d - b * width)
     local was = added[b]
     if was then

@@ -26,10 +26,14 @@ local function far_p2(n)
   while p2 * 2 <= n do p2 = p2 * 2 end
   return p2
 end
--- The shard of a key hashed `h` in a bucket of n shards (linear hashing).
-local function far_shard(n, h)
-  local p2 = far_p2(n)
+-- The shard of a key hashed `h` in a bucket of n shards, p2 the largest power of two no greater
+-- than n (linear hashing): a writer of many keys finds p2 once per hour.
+local function far_shard_p2(n, p2, h)
   local j = h % (2 * p2)
   if j >= n then j = h % p2 end
   return j
+end
+-- The shard of a key hashed `h` in a bucket of n shards.
+local function far_shard(n, h)
+  return far_shard_p2(n, far_p2(n), h)
 end
