@@ -710,7 +710,7 @@ impl Ledger {
         let mut scanned: u64 = 0;
         let nodes = match only {
             Some(node) if self.inner.keyspace.is_cluster() => {
-                vec![Conn::Node(self.inner.keyspace.node_conn(node).await?)]
+                vec![Conn::Node(self.inner.keyspace.node_conn(node).await?, None)]
             }
             _ => self.inner.keyspace.scan_conns(db).await?,
         };
