@@ -36,6 +36,10 @@ fn with_far(lua: &str) -> redis::Script {
     redis::Script::new(&format!("{BUCKET}{FAR_SHARD}{lua}"))
 }
 
+/// [`RECORD`] with [`BUCKET`] in front, for a script sent whole where it is not loaded yet.
+static RECORD_CODE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{BUCKET}{RECORD}"));
+
 /// The scripts the key and the field ledger share: the poker's read and the conversion.
 static DUE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(DUE));
@@ -48,6 +52,8 @@ static CONVERT_SCRIPT: std::sync::LazyLock<redis::Script> =
 pub struct Names {
     pub minutes: String,
     pub seconds: String,
+    /// Where the poker's read copies a due long key (`ledger/due.lua`), by its SHA-1.
+    pub copies: String,
 }
 
 impl Names {
@@ -56,6 +62,7 @@ impl Names {
         Names {
             minutes: format!("{base}:minutes"),
             seconds: format!("{base}:at:"),
+            copies: format!("{base}:copy:"),
         }
     }
 
@@ -78,14 +85,23 @@ impl Names {
         offset: usize,
         limit: usize,
     ) -> redis::RedisResult<Due> {
-        let (rows, next): (Vec<(Vec<u8>, i64)>, i64) = DUE_SCRIPT
-            .key(&self.minutes)
-            .arg(&self.seconds)
-            .arg(until_ms)
-            .arg(offset)
-            .arg(limit)
-            .invoke_async(conn)
-            .await?;
+        let (mut rows, next, copies): (Vec<(Vec<u8>, i64)>, i64, Vec<(String, i64, usize)>) =
+            DUE_SCRIPT
+                .key(&self.minutes)
+                .arg(&self.seconds)
+                .arg(until_ms)
+                .arg(offset)
+                .arg(limit)
+                .arg(crate::long_key::EXACT)
+                .arg(&self.copies)
+                .invoke_async(conn)
+                .await?;
+        for (copy, deadline, len) in copies {
+            // Gone meanwhile (its minute ended): the next round copies it again.
+            if let Some(key) = crate::store::long_keys::read_at(conn, &copy, len).await? {
+                rows.push((key, deadline));
+            }
+        }
         Ok(Due {
             rows,
             next: (next >= 0).then_some(next),
@@ -374,12 +390,19 @@ impl Deadlines {
                 moved.then_some((was, e.key))
             })
             .collect();
-        // Sorted by the hash they go to, so each hash is written once, in one command.
+        // Sorted by the hash they go to, so each hash is written once, in one command. A key
+        // longer than `long_key::EXACT` goes on its own (see `Deadlines::record_long`).
         let mut writes: Vec<(i64, &[u8])> = entries
             .iter()
-            .filter(|e| e.deadline > 0)
+            .filter(|e| e.deadline > 0 && !crate::long_key::is_long(e.key))
             .map(|e| (e.deadline, e.key))
             .collect();
+        for e in entries
+            .iter()
+            .filter(|e| e.deadline > 0 && crate::long_key::is_long(e.key))
+        {
+            self.record_long(db, e.deadline, e.key, now_ms).await?;
+        }
         writes.sort_by_key(|(d, k)| bucket_of(*d, k));
         // A deadline further ahead than NEAR_MS cannot have been taken yet: the handled memory
         // has nothing to say about it, and it is written without the script (a fill's page is
@@ -419,6 +442,43 @@ impl Deadlines {
         };
         let (plain, far, checked) = tokio::join!(plain, far, checked);
         plain.and(far).and(checked)
+    }
+
+    /// Records the deadline of one key longer than `long_key::EXACT` (megabytes, maybe) through
+    /// `ledger/record.lua`, however far ahead it is, on a connection of its own with the key
+    /// written as it is ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key):
+    /// through the shared connection the key was held three more times, and its write buffer
+    /// kept the key's length.
+    async fn record_long(
+        &self,
+        db: u32,
+        deadline: i64,
+        key: &[u8],
+        now_ms: i64,
+    ) -> redis::RedisResult<()> {
+        use bytes::Bytes;
+        let names = self.names(db);
+        let mut args: Vec<Bytes> = vec![
+            Bytes::from_static(b"EVALSHA"),
+            Bytes::from(self.record.get_hash().to_string()),
+            Bytes::from_static(b"1"),
+            Bytes::from(names.minutes),
+            Bytes::from(TAKEN_SLACK_MS.to_string()),
+            Bytes::from(handled::memory(&self.prefix, db)),
+            Bytes::from(now_ms.div_euclid(60_000).to_string()),
+            Bytes::from(handled::HANDLED_MINUTES.to_string()),
+            Bytes::from(names.seconds),
+            Bytes::from(deadline.to_string()),
+            Bytes::copy_from_slice(key),
+        ];
+        match self.conn.direct(args.clone()).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                args[0] = Bytes::from_static(b"EVAL");
+                args[1] = Bytes::from(RECORD_CODE.as_str());
+                self.conn.direct(args).await.map(drop)
+            }
+            r => r.map(drop),
+        }
     }
 
     /// One transaction that writes `writes` (deadline, key, sorted by hash) to their seconds:
@@ -874,6 +934,16 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:far"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
+        // A due long key's copy (`ledger/due.lua`), read a MiB at a time
+        // (docs/reliability.md#bounded-whatever-the-key).
+        Use::new(Server::State, "set", SCRIPTS)
+            .on(Keys::State("ledger:*:copy:*"), Access::Write)
+            .args("{key} k NX PX 60000")
+            .when(When::Ledger),
+        Use::new(Server::State, "getrange", WHY)
+            .on(Keys::State("ledger:*:copy:*"), Access::Read)
+            .args("{key} 0 1")
+            .when(When::Ledger),
         // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).
         Use::new(Server::State, "multi", WHY).when(When::Ledger),
         Use::new(Server::State, "exec", WHY).when(When::Ledger),
@@ -934,6 +1004,15 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "zrange", FIELDS)
             .on(Keys::State("fields:*:minutes"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
+            .when(When::Fields),
+        // A due long member's copy (`ledger/due.lua`), read a MiB at a time.
+        Use::new(Server::State, "set", FIELDS)
+            .on(Keys::State("fields:*:copy:*"), Access::Write)
+            .args("{key} k NX PX 60000")
+            .when(When::Fields),
+        Use::new(Server::State, "getrange", FIELDS)
+            .on(Keys::State("fields:*:copy:*"), Access::Read)
+            .args("{key} 0 1")
             .when(When::Fields),
         // The conversion of an earlier keywatch's field ledger (docs/operations.md#upgrading).
         Use::new(Server::State, "type", FIELDS)

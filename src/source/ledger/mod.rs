@@ -29,6 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::keyspace::{Conn, per_key};
 pub(crate) mod alarm;
 pub(crate) mod emptied;
@@ -133,6 +135,44 @@ struct Inner {
     emptied: std::sync::Mutex<emptied::Emptied>,
 }
 
+/// `PEXPIRETIME` of each of `keys`, in order: the short ones in one pipeline, each key longer
+/// than [`crate::long_key::EXACT`] on a connection of its own, written as it is
+/// ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key); `bytes` gives a long key
+/// as `Bytes`.
+async fn deadlines<K: AsRef<[u8]>>(
+    conn: &Conn,
+    keys: &[K],
+    bytes: impl Fn(&K) -> Bytes,
+) -> redis::RedisResult<Vec<i64>> {
+    let is_long = |k: &K| crate::long_key::is_long(k.as_ref());
+    let short: Vec<redis::Cmd> = keys
+        .iter()
+        .filter(|k| !is_long(k))
+        .map(|k| {
+            let mut c = redis::cmd("PEXPIRETIME");
+            c.arg(k.as_ref());
+            c
+        })
+        .collect();
+    let short = conn.each::<i64>(short).await?;
+    if short.len() == keys.len() {
+        return Ok(short);
+    }
+    let mut short = short.into_iter();
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if is_long(k) {
+            let t = conn
+                .direct(vec![Bytes::from_static(b"PEXPIRETIME"), bytes(k)])
+                .await?;
+            out.push(redis::from_redis_value(t)?);
+        } else {
+            out.push(short.next().unwrap_or(-2));
+        }
+    }
+    Ok(out)
+}
+
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
 /// deleted key's deadline may be recovered as missed, as before a walk had read it.
 const FORGOTTEN_MAX: usize = 100_000;
@@ -192,7 +232,7 @@ impl Ledger {
     /// [`Ledger::learn`].
     pub async fn read(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<i64>> {
         let conn = self.inner.keyspace.conn(db).await?;
-        conn.each(per_key("PEXPIRETIME", keys)).await
+        deadlines(&conn, keys, |k| Bytes::copy_from_slice(k)).await
     }
 
     /// Records deadlines read by [`Ledger::read`], the second half of [`Ledger::learn`]. Between
@@ -417,14 +457,19 @@ impl Ledger {
         let due = loop {
             // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
             let read = store.due(db, now_ms() - 1, offset, POKE_BATCH).await?;
-            let page = read.rows;
+            // As `Bytes`: a long key is then handed to its touch without a copy.
+            let page: Vec<(Bytes, i64)> = read
+                .rows
+                .into_iter()
+                .map(|(k, d)| (Bytes::from(k), d))
+                .collect();
             next =
                 Some(read.next.map_or(refine_at, |n| n.min(refine_at))).filter(|n| *n < i64::MAX);
             let len = page.len();
             let Some(g) = grace.as_deref_mut() else {
                 break page;
             };
-            let open: Vec<(Vec<u8>, i64)> = page
+            let open: Vec<(Bytes, i64)> = page
                 .into_iter()
                 .filter(|(k, deadline)| !g.waiting(db, k, *deadline))
                 .collect();
@@ -439,9 +484,10 @@ impl Ledger {
             return Ok((0, next));
         }
         let mut conn = self.inner.keyspace.conn(db).await?;
-        let keys: Vec<Vec<u8>> = due.iter().map(|(k, _)| k.clone()).collect();
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
-        let now: Vec<i64> = conn.each(per_key("PEXPIRETIME", &keys)).await?;
+        // The keys shared, not copied.
+        let keys: Vec<Bytes> = due.iter().map(|(k, _)| k.clone()).collect();
+        let now = deadlines(&conn, &keys, Bytes::clone).await?;
         let mut gone = Vec::new();
         // Corrections, recorded as a read would: the deadline now (-1: none), from the second
         // the poker found it in.
@@ -458,7 +504,7 @@ impl Ledger {
                 };
                 match t {
                     // Deleted while the index did not know it: dropped, as the `del` would have.
-                    -2 if !forgotten.is_empty() && forgotten.contains(&(db, k.clone())) => {
+                    -2 if !forgotten.is_empty() && forgotten.contains(&(db, k.to_vec())) => {
                         fixes.push(fix(-1))
                     }
                     -2 if cut_off.is_some_and(|c| *deadline >= c) => fixes.push(fix(-1)),
@@ -469,7 +515,7 @@ impl Ledger {
                         {
                             continue;
                         }
-                        gone.push((k.as_slice(), *deadline));
+                        gone.push((&k[..], *deadline));
                     }
                     -2 => {}
                     // A plain SET dropped the TTL (Redis says nothing about that): no expiry
