@@ -50,7 +50,7 @@ impl Conn {
     /// Sends `args` (the command's name first), which carry a long value, on a connection of
     /// their own ([`direct`]); where no node's client is known (a cluster), through this
     /// connection as any command.
-    pub async fn direct(&self, args: Vec<bytes::Bytes>) -> RedisResult<Value> {
+    pub async fn direct(&self, args: &[&[u8]]) -> RedisResult<Value> {
         let client = match self {
             Conn::Node(_, Some(client)) => Some(client.clone()),
             // The master in force, once the promotion under way is over, as for every command.
@@ -60,9 +60,9 @@ impl Conn {
         match client {
             Some(client) => direct::send(client, args).await,
             None => {
-                let mut cmd = redis::cmd(std::str::from_utf8(&args[0]).unwrap_or("PING"));
+                let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap_or("PING"));
                 for a in &args[1..] {
-                    cmd.arg(&a[..]);
+                    cmd.arg(*a);
                 }
                 cmd.query_async(&mut self.clone()).await
             }

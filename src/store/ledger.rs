@@ -456,26 +456,34 @@ impl Deadlines {
         key: &[u8],
         now_ms: i64,
     ) -> redis::RedisResult<()> {
-        use bytes::Bytes;
         let names = self.names(db);
-        let mut args: Vec<Bytes> = vec![
-            Bytes::from_static(b"EVALSHA"),
-            Bytes::from(self.record.get_hash().to_string()),
-            Bytes::from_static(b"1"),
-            Bytes::from(names.minutes),
-            Bytes::from(TAKEN_SLACK_MS.to_string()),
-            Bytes::from(handled::memory(&self.prefix, db)),
-            Bytes::from(now_ms.div_euclid(60_000).to_string()),
-            Bytes::from(handled::HANDLED_MINUTES.to_string()),
-            Bytes::from(names.seconds),
-            Bytes::from(deadline.to_string()),
-            Bytes::copy_from_slice(key),
+        let (slack, memory) = (
+            TAKEN_SLACK_MS.to_string(),
+            handled::memory(&self.prefix, db),
+        );
+        let (minute, minutes) = (
+            now_ms.div_euclid(60_000).to_string(),
+            handled::HANDLED_MINUTES.to_string(),
+        );
+        let (sha, deadline) = (self.record.get_hash().to_string(), deadline.to_string());
+        let mut args: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            sha.as_bytes(),
+            b"1",
+            names.minutes.as_bytes(),
+            slack.as_bytes(),
+            memory.as_bytes(),
+            minute.as_bytes(),
+            minutes.as_bytes(),
+            names.seconds.as_bytes(),
+            deadline.as_bytes(),
+            key,
         ];
-        match self.conn.direct(args.clone()).await {
+        match self.conn.direct(&args).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                args[0] = Bytes::from_static(b"EVAL");
-                args[1] = Bytes::from(RECORD_CODE.as_str());
-                self.conn.direct(args).await.map(drop)
+                args[0] = b"EVAL";
+                args[1] = RECORD_CODE.as_bytes();
+                self.conn.direct(&args).await.map(drop)
             }
             r => r.map(drop),
         }

@@ -124,7 +124,7 @@ struct Inner {
     /// Keys deleted while the index did not know them (before a reconcile walk read their
     /// second), per database: a walk or the poker that finds them gone drops them, as the
     /// `del` would have, rather than recovering them as missed. Cleared by a completed walk.
-    forgotten: std::sync::Mutex<HashSet<(u32, Vec<u8>)>>,
+    forgotten: std::sync::Mutex<HashSet<(u32, Forgotten)>>,
     /// When the poker looks next, and its wake-up for a deadline written earlier than that.
     alarm: Alarm,
     /// Per database, when the earliest far bucket is to be refined (`i64::MAX`: none is
@@ -137,13 +137,8 @@ struct Inner {
 
 /// `PEXPIRETIME` of each of `keys`, in order: the short ones in one pipeline, each key longer
 /// than [`crate::long_key::EXACT`] on a connection of its own, written as it is
-/// ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key); `bytes` gives a long key
-/// as `Bytes`.
-async fn deadlines<K: AsRef<[u8]>>(
-    conn: &Conn,
-    keys: &[K],
-    bytes: impl Fn(&K) -> Bytes,
-) -> redis::RedisResult<Vec<i64>> {
+/// ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key).
+async fn deadlines<K: AsRef<[u8]>>(conn: &Conn, keys: &[K]) -> redis::RedisResult<Vec<i64>> {
     let is_long = |k: &K| crate::long_key::is_long(k.as_ref());
     let short: Vec<redis::Cmd> = keys
         .iter()
@@ -162,15 +157,33 @@ async fn deadlines<K: AsRef<[u8]>>(
     let mut out = Vec::with_capacity(keys.len());
     for k in keys {
         if is_long(k) {
-            let t = conn
-                .direct(vec![Bytes::from_static(b"PEXPIRETIME"), bytes(k)])
-                .await?;
+            let t = conn.direct(&[b"PEXPIRETIME", k.as_ref()]).await?;
             out.push(redis::from_redis_value(t)?);
         } else {
             out.push(short.next().unwrap_or(-2));
         }
     }
     Ok(out)
+}
+
+/// How [`Inner::forgotten`] remembers a key: by its bytes, or, longer than
+/// [`crate::long_key::EXACT`], by their SHA-256, so that deleting long keys over and over cannot
+/// make it hold megabytes each (docs/reliability.md#bounded-whatever-the-key).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Forgotten {
+    Key(Vec<u8>),
+    Long([u8; 32]),
+}
+
+impl Forgotten {
+    fn of(key: &[u8]) -> Forgotten {
+        if crate::long_key::is_long(key) {
+            use sha2::Digest;
+            Forgotten::Long(sha2::Sha256::digest(key).into())
+        } else {
+            Forgotten::Key(key.to_vec())
+        }
+    }
 }
 
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
@@ -232,7 +245,7 @@ impl Ledger {
     /// [`Ledger::learn`].
     pub async fn read(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<i64>> {
         let conn = self.inner.keyspace.conn(db).await?;
-        deadlines(&conn, keys, |k| Bytes::copy_from_slice(k)).await
+        deadlines(&conn, keys).await
     }
 
     /// Records deadlines read by [`Ledger::read`], the second half of [`Ledger::learn`]. Between
@@ -308,7 +321,7 @@ impl Ledger {
         if !forgotten.is_empty() {
             // Set again after a delete: its new deadline is not the deleted one's.
             for e in entries.iter().filter(|e| e.deadline > 0) {
-                forgotten.remove(&(db, e.key.to_vec()));
+                forgotten.remove(&(db, Forgotten::of(e.key)));
             }
         }
         Ok(())
@@ -328,7 +341,7 @@ impl Ledger {
             let mut forgotten = self.forgotten();
             for k in unknown {
                 if forgotten.len() < FORGOTTEN_MAX {
-                    forgotten.insert((db, k.clone()));
+                    forgotten.insert((db, Forgotten::of(k)));
                 }
             }
         }
@@ -371,7 +384,7 @@ impl Ledger {
         Ok(self.inner.store.refine_step(db, until_ms, most).await?.0)
     }
 
-    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, Vec<u8>)>> {
+    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, Forgotten)>> {
         self.inner
             .forgotten
             .lock()
@@ -487,7 +500,7 @@ impl Ledger {
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
         // The keys shared, not copied.
         let keys: Vec<Bytes> = due.iter().map(|(k, _)| k.clone()).collect();
-        let now = deadlines(&conn, &keys, Bytes::clone).await?;
+        let now = deadlines(&conn, &keys).await?;
         let mut gone = Vec::new();
         // Corrections, recorded as a read would: the deadline now (-1: none), from the second
         // the poker found it in.
@@ -504,7 +517,7 @@ impl Ledger {
                 };
                 match t {
                     // Deleted while the index did not know it: dropped, as the `del` would have.
-                    -2 if !forgotten.is_empty() && forgotten.contains(&(db, k.to_vec())) => {
+                    -2 if !forgotten.is_empty() && forgotten.contains(&(db, Forgotten::of(k))) => {
                         fixes.push(fix(-1))
                     }
                     -2 if cut_off.is_some_and(|c| *deadline >= c) => fixes.push(fix(-1)),
@@ -719,7 +732,7 @@ impl Ledger {
             rows.iter()
                 .zip(&exists)
                 .filter(|((k, d), e)| {
-                    **e == 0 && (*d > now || *d >= cut_off || forgotten.contains(&(db, k.clone())))
+                    **e == 0 && (*d > now || *d >= cut_off || forgotten.contains(&(db, Forgotten::of(k))))
                 })
                 .map(|((k, d), _)| Entry {
                     key: k,
