@@ -95,7 +95,11 @@ pub async fn read(state: &Conn, prefix: &str, sha256: &str) -> redis::RedisResul
 /// The `len` bytes of the string `name`, read a [`CHUNK`] at a time, or `None` if it is gone
 /// before they are all read: a reply of a whole long value would double the connection's read
 /// buffer, which then keeps its size.
-pub async fn read_at(conn: &mut Conn, name: &str, len: usize) -> redis::RedisResult<Option<Vec<u8>>> {
+pub async fn read_at(
+    conn: &mut Conn,
+    name: &str,
+    len: usize,
+) -> redis::RedisResult<Option<Vec<u8>>> {
     let mut out = Vec::with_capacity(len);
     while out.len() < len {
         let end = (out.len() + CHUNK).min(len) - 1;

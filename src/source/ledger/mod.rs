@@ -732,7 +732,10 @@ impl Ledger {
             rows.iter()
                 .zip(&exists)
                 .filter(|((k, d), e)| {
-                    **e == 0 && (*d > now || *d >= cut_off || forgotten.contains(&(db, Forgotten::of(k))))
+                    **e == 0
+                        && (*d > now
+                            || *d >= cut_off
+                            || forgotten.contains(&(db, Forgotten::of(k))))
                 })
                 .map(|((k, d), _)| Entry {
                     key: k,
