@@ -384,15 +384,17 @@ impl Firing {
             return None;
         }
         let view = |v: &[u8]| crate::long_key::view(v, limit).into_owned();
-        Some(self.with_values(
-            view(&self.key).into(),
-            self.field.as_deref().map(view),
-            self.captures
-                .iter()
-                .map(|c| view(&c.value).into())
-                .collect(),
-            self.apart.clone(),
-        ))
+        Some(
+            self.with_values(
+                view(&self.key).into(),
+                self.field.as_deref().map(view),
+                self.captures
+                    .iter()
+                    .map(|c| view(&c.value).into())
+                    .collect(),
+                self.apart.clone(),
+            ),
+        )
     }
 
     /// Whether this firing's key or field is longer than [`crate::long_key::EXACT`], as it came

@@ -114,7 +114,7 @@ pub(super) async fn stage_as_user(config: Config, policy: RetryPolicy, acl: &str
         redis::aio::ConnectionManager::new(client.clone())
             .await
             .unwrap(),
-        Some(client),
+        Some(std::sync::Arc::new(client)),
     );
     let mut s = on(redis, as_user, config, policy, MAX_WAIT).await;
     s.state = state;

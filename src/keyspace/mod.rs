@@ -37,7 +37,7 @@ const CLUSTER_IN_FLIGHT: usize = 128;
 #[derive(Clone)]
 pub enum Conn {
     /// One node, and (where known) the client it was opened with, for [`Conn::direct`].
-    Node(ConnectionManager, Option<redis::Client>),
+    Node(ConnectionManager, Option<Arc<redis::Client>>),
     Cluster(ClusterConnection),
     /// Database `db` of whichever node the sentinels last named master: each command goes to
     /// the connection in force when it is sent, and waits while a replica is being promoted
@@ -52,7 +52,7 @@ impl Conn {
     /// connection as any command.
     pub async fn direct(&self, args: &[&[u8]]) -> RedisResult<Value> {
         let client = match self {
-            Conn::Node(_, Some(client)) => Some(client.clone()),
+            Conn::Node(_, Some(client)) => Some(redis::Client::clone(client)),
             // The master in force, once the promotion under way is over, as for every command.
             Conn::Master(k, db) => Some(k.db_conn(*db).await?.1),
             _ => None,
@@ -387,7 +387,7 @@ impl Keyspace {
         }
         self.db_conn(db)
             .await
-            .map(|(c, client)| Conn::Node(c, Some(client)))
+            .map(|(c, client)| Conn::Node(c, Some(Arc::new(client))))
     }
 
     /// The URL node's connection for database `db`; with Sentinel, once the master named is
@@ -530,7 +530,7 @@ pub async fn state_conn(
             let (client, node) = connect::client(url, settings, 0).map_err(|e| e.to_string())?;
             connect::manager(&client)
                 .await
-                .map(|c| Conn::Node(c, Some(client)))
+                .map(|c| Conn::Node(c, Some(Arc::new(client))))
                 .map_err(|e| {
                     let e = connect::explain(url, &e);
                     format!("cannot connect to the state Redis at {node}: {e}")

@@ -140,7 +140,7 @@ pub async fn throwaway() -> (LocalRedis, crate::keyspace::Conn) {
         redis::aio::ConnectionManager::new(client.clone())
             .await
             .unwrap(),
-        Some(client),
+        Some(std::sync::Arc::new(client)),
     );
     (server, conn)
 }

@@ -85,17 +85,16 @@ impl Names {
         offset: usize,
         limit: usize,
     ) -> redis::RedisResult<Due> {
-        let (mut rows, next, copies): (Vec<(Vec<u8>, i64)>, i64, Vec<(String, i64, usize)>) =
-            DUE_SCRIPT
-                .key(&self.minutes)
-                .arg(&self.seconds)
-                .arg(until_ms)
-                .arg(offset)
-                .arg(limit)
-                .arg(crate::long_key::EXACT)
-                .arg(&self.copies)
-                .invoke_async(conn)
-                .await?;
+        let (mut rows, next, copies): (Rows, i64, Vec<Copy>) = DUE_SCRIPT
+            .key(&self.minutes)
+            .arg(&self.seconds)
+            .arg(until_ms)
+            .arg(offset)
+            .arg(limit)
+            .arg(crate::long_key::EXACT)
+            .arg(&self.copies)
+            .invoke_async(conn)
+            .await?;
         for (copy, deadline, len) in copies {
             // Gone meanwhile (its minute ended): the next round copies it again.
             if let Some(key) = crate::store::long_keys::read_at(conn, &copy, len).await? {
@@ -211,6 +210,12 @@ impl Names {
             .await
     }
 }
+
+/// A due long key's copy, as `ledger/due.lua` names it: its name, the deadline, the key's length.
+type Copy = (String, i64, usize);
+
+/// Due keys and their deadlines.
+type Rows = Vec<(Vec<u8>, i64)>;
 
 /// What the poker's read of due deadlines answers ([`Names::due`]).
 pub struct Due {
