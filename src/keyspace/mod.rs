@@ -60,7 +60,7 @@ impl Conn {
         match client {
             Some(client) => direct::send(client, args).await,
             None => {
-                let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap_or("PING"));
+                let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap_or_default());
                 for a in &args[1..] {
                     cmd.arg(*a);
                 }

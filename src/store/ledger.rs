@@ -947,15 +947,11 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:far"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
-        // A due long key's copy (`ledger/due.lua`), read a MiB at a time
-        // (docs/reliability.md#bounded-whatever-the-key).
+        // A due long key's copy (`ledger/due.lua`), read a MiB at a time (`store::long_keys`,
+        // docs/reliability.md#bounded-whatever-the-key).
         Use::new(Server::State, "set", SCRIPTS)
             .on(Keys::State("ledger:*:copy:*"), Access::Write)
             .args("{key} k NX PX 60000")
-            .when(When::Ledger),
-        Use::new(Server::State, "getrange", WHY)
-            .on(Keys::State("ledger:*:copy:*"), Access::Read)
-            .args("{key} 0 1")
             .when(When::Ledger),
         // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).
         Use::new(Server::State, "multi", WHY).when(When::Ledger),
@@ -1018,14 +1014,10 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("fields:*:minutes"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
             .when(When::Fields),
-        // A due long member's copy (`ledger/due.lua`), read a MiB at a time.
+        // A due long member's copy (`ledger/due.lua`), read a MiB at a time (`store::long_keys`).
         Use::new(Server::State, "set", FIELDS)
             .on(Keys::State("fields:*:copy:*"), Access::Write)
             .args("{key} k NX PX 60000")
-            .when(When::Fields),
-        Use::new(Server::State, "getrange", FIELDS)
-            .on(Keys::State("fields:*:copy:*"), Access::Read)
-            .args("{key} 0 1")
             .when(When::Fields),
         // The conversion of an earlier keywatch's field ledger (docs/operations.md#upgrading).
         Use::new(Server::State, "type", FIELDS)

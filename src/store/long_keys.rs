@@ -141,6 +141,15 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "getrange", WHY)
             .on(Keys::State("long:*"), Access::Read)
             .args("{key} 0 1"),
+        // The poker's copies of due long keys (and members), `store::ledger`'s `due.lua`.
+        Use::new(Server::State, "getrange", "ledger: a due long key's copy, a MiB at a time")
+            .on(Keys::State("ledger:*:copy:*"), Access::Read)
+            .args("{key} 0 1")
+            .when(When::Ledger),
+        Use::new(Server::State, "getrange", "field ledger: a due long member's copy, a MiB at a time")
+            .on(Keys::State("fields:*:copy:*"), Access::Read)
+            .args("{key} 0 1")
+            .when(When::Fields),
     ]
 }
 
