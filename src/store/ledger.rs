@@ -77,7 +77,8 @@ impl Names {
     }
 
     /// Deadlines up to `until_ms`, `limit` after skipping `offset` of them, earliest minute
-    /// first, and the earliest the ledger may hold after them (see `ledger/due.lua`).
+    /// first, and the earliest the ledger may hold after them (see `ledger/due.lua`). A due key
+    /// longer than `long_key::EXACT` comes as its copy, to be read with [`Due::resolve`].
     pub async fn due(
         &self,
         conn: &mut Conn,
@@ -85,7 +86,7 @@ impl Names {
         offset: usize,
         limit: usize,
     ) -> redis::RedisResult<Due> {
-        let (mut rows, next, copies): (Rows, i64, Vec<Copy>) = DUE_SCRIPT
+        let (rows, next, copies): (Rows, i64, Vec<Copy>) = DUE_SCRIPT
             .key(&self.minutes)
             .arg(&self.seconds)
             .arg(until_ms)
@@ -95,14 +96,12 @@ impl Names {
             .arg(&self.copies)
             .invoke_async(conn)
             .await?;
-        for (copy, deadline, len) in copies {
-            // Gone meanwhile (its minute ended): the next round copies it again.
-            if let Some(key) = crate::store::long_keys::read_at(conn, &copy, len).await? {
-                rows.push((key, deadline));
-            }
-        }
         Ok(Due {
-            rows,
+            rows: rows
+                .into_iter()
+                .map(|(k, d)| (bytes::Bytes::from(k), d))
+                .collect(),
+            copies,
             next: (next >= 0).then_some(next),
         })
     }
@@ -219,11 +218,41 @@ type Rows = Vec<(Vec<u8>, i64)>;
 
 /// What the poker's read of due deadlines answers ([`Names::due`]).
 pub struct Due {
-    /// Due (key, deadline) pairs, earliest minute first.
-    pub rows: Vec<(Vec<u8>, i64)>,
+    /// Due (key, deadline) pairs, earliest minute first, but for the long keys.
+    pub rows: Vec<(bytes::Bytes, i64)>,
+    /// The due keys longer than `long_key::EXACT`, each as its copy's name, its deadline and its
+    /// length: read a MiB at a time ([`read_copy`]), and only when the poker touches it (not
+    /// at each round of its grace, 16 MiB every 2 ms; docs/reliability.md#bounded-whatever-the-key).
+    pub copies: Vec<(String, i64, usize)>,
     /// The earliest deadline the ledger may hold after this read (a minute's score: no later
     /// than its earliest deadline), `None` when it holds none.
     pub next: Option<i64>,
+}
+
+impl Due {
+    /// Every due key, the long ones read from their copies (one gone meanwhile, its minute over,
+    /// is left for the next round, which copies it again).
+    pub async fn resolve(self, conn: &mut Conn) -> redis::RedisResult<Vec<(bytes::Bytes, i64)>> {
+        let mut rows = self.rows;
+        for (copy, deadline, len) in self.copies {
+            if let Some(key) = read_copy(conn, &copy, len).await? {
+                rows.push((key, deadline));
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// The due long key of the copy `name` (`len` bytes), read a MiB at a time; `None` if the copy is
+/// gone.
+pub async fn read_copy(
+    conn: &mut Conn,
+    name: &str,
+    len: usize,
+) -> redis::RedisResult<Option<bytes::Bytes>> {
+    Ok(crate::store::long_keys::read_at(conn, name, len)
+        .await?
+        .map(bytes::Bytes::from))
 }
 
 /// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
@@ -725,6 +754,15 @@ impl Deadlines {
         self.names(db)
             .due(&mut self.conn(), until_ms, offset, limit)
             .await
+    }
+
+    /// The due long key of the copy `name` ([`Due::copies`]).
+    pub async fn read_copy(
+        &self,
+        name: &str,
+        len: usize,
+    ) -> redis::RedisResult<Option<bytes::Bytes>> {
+        read_copy(&mut self.conn(), name, len).await
     }
 
     /// The earliest deadline `db`'s seconds may hold (see [`Names::earliest`]), and when its

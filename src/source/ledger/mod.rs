@@ -467,39 +467,53 @@ impl Ledger {
         let refine_at = self.refine(db).await?;
         let mut offset = 0;
         let mut next;
-        let due = loop {
+        // Each due key with what its grace knows it by: the key, or a long key's copy's name
+        // (read only once it is to be touched, docs/reliability.md#bounded-whatever-the-key).
+        let (open, copies) = loop {
             // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
             let read = store.due(db, now_ms() - 1, offset, POKE_BATCH).await?;
-            // As `Bytes`: a long key is then handed to its touch without a copy.
-            let page: Vec<(Bytes, i64)> = read
-                .rows
-                .into_iter()
-                .map(|(k, d)| (Bytes::from(k), d))
-                .collect();
             next =
                 Some(read.next.map_or(refine_at, |n| n.min(refine_at))).filter(|n| *n < i64::MAX);
-            let len = page.len();
+            let len = read.rows.len() + read.copies.len();
             let Some(g) = grace.as_deref_mut() else {
-                break page;
+                break (read.rows, read.copies);
             };
-            let open: Vec<(Bytes, i64)> = page
+            let open: Vec<(Bytes, i64)> = read
+                .rows
                 .into_iter()
                 .filter(|(k, deadline)| !g.waiting(db, k, *deadline))
                 .collect();
+            let copies: Vec<(String, i64, usize)> = read
+                .copies
+                .into_iter()
+                .filter(|(name, deadline, _)| !g.waiting(db, name.as_bytes(), *deadline))
+                .collect();
             // A page of keys all within their grace: the due keys behind them must not wait.
-            if open.is_empty() && len == POKE_BATCH && offset < GRACE_PAGES * POKE_BATCH {
+            if open.is_empty()
+                && copies.is_empty()
+                && len == POKE_BATCH
+                && offset < GRACE_PAGES * POKE_BATCH
+            {
                 offset += POKE_BATCH;
                 continue;
             }
-            break open;
+            break (open, copies);
         };
+        // (key, deadline, what the grace knows it by).
+        let mut due: Vec<(Bytes, i64, Bytes)> =
+            open.into_iter().map(|(k, d)| (k.clone(), d, k)).collect();
+        for (name, deadline, len) in copies {
+            if let Some(key) = store.read_copy(&name, len).await? {
+                due.push((key, deadline, Bytes::from(name)));
+            }
+        }
         if due.is_empty() {
             return Ok((0, next));
         }
         let mut conn = self.inner.keyspace.conn(db).await?;
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
         // The keys shared, not copied.
-        let keys: Vec<Bytes> = due.iter().map(|(k, _)| k.clone()).collect();
+        let keys: Vec<Bytes> = due.iter().map(|(k, ..)| k.clone()).collect();
         let now = deadlines(&conn, &keys).await?;
         let mut gone = Vec::new();
         // Corrections, recorded as a read would: the deadline now (-1: none), from the second
@@ -509,7 +523,7 @@ impl Ledger {
         let cut_off = self.cut_off(db);
         {
             let forgotten = self.forgotten();
-            for ((k, deadline), t) in due.iter().zip(now) {
+            for ((k, deadline, known_as), t) in due.iter().zip(now) {
                 let fix = |t| Entry {
                     key: k,
                     deadline: t,
@@ -524,7 +538,7 @@ impl Ledger {
                     -2 if record_gone => {
                         if grace
                             .as_deref_mut()
-                            .is_some_and(|g| g.begin(db, k, *deadline))
+                            .is_some_and(|g| g.begin(db, known_as, *deadline))
                         {
                             continue;
                         }
