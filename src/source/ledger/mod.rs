@@ -536,10 +536,15 @@ impl Ledger {
                     }
                     -2 if cut_off.is_some_and(|c| *deadline >= c) => fixes.push(fix(-1)),
                     -2 if record_gone => {
-                        if grace
-                            .as_deref_mut()
-                            .is_some_and(|g| g.begin(db, known_as, *deadline))
-                        {
+                        if grace.as_deref_mut().is_some_and(|g| {
+                            let long = crate::long_key::is_long(k);
+                            g.begin(
+                                db,
+                                known_as,
+                                *deadline,
+                                if long { grace::GRACE_LONG } else { GRACE },
+                            )
+                        }) {
                             continue;
                         }
                         gone.push((&k[..], *deadline));
