@@ -339,6 +339,13 @@ impl Engine {
                     swapped,
                     since_ms,
                 } => {
+                    if let Some(f) = self
+                        .fields
+                        .as_ref()
+                        .filter(|_| self.config.watches_fields())
+                    {
+                        f.emptied(swapped, since_ms);
+                    }
                     if let Some(l) = self.ledger() {
                         let only = self.keyspace.is_cluster().then_some(node);
                         l.emptied(&self.live, only, swapped, since_ms);

@@ -147,6 +147,9 @@ struct Inner {
     dirty: Mutex<BTreeMap<(u32, Vec<u8>), Change>>,
     /// Set by a (re)subscription: walk every watched hash again.
     fill: std::sync::atomic::AtomicBool,
+    /// Set by a flush or a swap heard ([`FieldLedger::emptied`]): whether by a swap, and the
+    /// earliest moment it may have happened (server's clock, ms).
+    emptied: Mutex<Option<(bool, i64)>>,
     wake: Notify,
     /// When the poker looks next, and its wake-up for a deadline written earlier.
     alarm: Alarm,
@@ -166,6 +169,7 @@ impl FieldLedger {
                 prefix: prefix.to_string(),
                 dirty: Mutex::default(),
                 fill: std::sync::atomic::AtomicBool::new(false),
+                emptied: Mutex::default(),
                 wake: Notify::new(),
                 alarm: Alarm::default(),
                 started_ms: now_ms(),
@@ -193,6 +197,23 @@ impl FieldLedger {
         self.inner
             .fill
             .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.inner.wake.notify_one();
+    }
+
+    /// Hashes may have left the watched databases from `since_ms` on without a keyevent (a
+    /// `FLUSHDB`, `FLUSHALL`, or a `SWAPDB` if `swapped`): every hash with known field deadlines
+    /// is looked at again, and after a swap the hashes it brought in are learnt
+    /// (docs/how-it-works.md#flushes-and-swaps).
+    pub fn emptied(&self, swapped: bool, since_ms: i64) {
+        let mut e = self.inner.emptied.lock().unwrap_or_else(|p| p.into_inner());
+        *e = Some(match *e {
+            Some((s, at)) => (s || swapped, at.min(since_ms)),
+            None => (swapped, since_ms),
+        });
+        drop(e);
+        if swapped {
+            self.resync();
+        }
         self.inner.wake.notify_one();
     }
 
@@ -338,6 +359,133 @@ impl FieldLedger {
         self.judge(db, key, &known, &now, tx).await
     }
 
+    /// After a flush or a swap ([`FieldLedger::emptied`]): in each watched database that lost
+    /// hashes, every hash with known field deadlines is judged again. A hash the server no
+    /// longer holds while one of its known deadlines is still to come was taken by the flush or
+    /// the swap, not expired: its fields due from `since_ms` on are forgotten, never reported
+    /// (those due earlier expired before it and are judged as usual). After a swap, a hash that
+    /// is still there is walked (it may be another hash of the same name).
+    async fn settle(
+        &self,
+        config: &Config,
+        swapped: bool,
+        since_ms: i64,
+        per_second: u64,
+        tx: &mpsc::Sender<Signal>,
+    ) -> redis::RedisResult<bool> {
+        for &db in &config.redis.databases {
+            if !swapped && !self.lost_hashes(db).await? {
+                continue;
+            }
+            let names = store::names(&self.inner.prefix, db);
+            let mut keys: Vec<Vec<u8>> = Vec::new();
+            let mut after = None;
+            loop {
+                let rows = names
+                    .between(&mut self.state(), i64::MIN, i64::MAX, &mut after, PAGE)
+                    .await?;
+                if rows.is_empty() {
+                    break;
+                }
+                keys.extend(
+                    rows.into_iter()
+                        .filter_map(|(m, _)| split(&m).map(|(k, _)| k)),
+                );
+            }
+            keys.sort();
+            keys.dedup();
+            let mut taken = 0;
+            for key in keys {
+                let known: Vec<(Vec<u8>, i64)> = self.known(db, &key).await?.into_iter().collect();
+                if known.is_empty() {
+                    continue;
+                }
+                let fields: Vec<Vec<u8>> = known.iter().map(|(f, _)| f.clone()).collect();
+                let now = self.deadlines(db, &key, &fields, per_second).await?;
+                if was_taken(&known, &now) {
+                    let (gone, due): (Vec<_>, Vec<_>) = known
+                        .into_iter()
+                        .zip(now)
+                        .partition(|((_, d), _)| *d >= since_ms);
+                    taken += gone.len();
+                    let forget: Vec<(Vec<u8>, Option<i64>)> =
+                        gone.into_iter().map(|((f, _), _)| (f, None)).collect();
+                    self.write(db, &key, &forget).await?;
+                    let (due, now): (Vec<_>, Vec<_>) = due.into_iter().unzip();
+                    if !self.judge(db, &key, &due, &now, tx).await? {
+                        return Ok(false);
+                    }
+                } else {
+                    // After a swap a hash still there may be another of the same name: walked.
+                    let judged = self.judge(db, &key, &known, &now, tx).await?;
+                    let walked = judged
+                        && (!swapped || self.learn(db, &key, config, per_second, tx).await?);
+                    if !walked {
+                        return Ok(false);
+                    }
+                }
+            }
+            if taken > 0 {
+                tracing::info!(
+                    db,
+                    dropped = taken,
+                    swapped,
+                    "Field ledger: dropped the deadlines of fields a flush or a swap took away; none is reported as expired."
+                );
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether `db` lost hashes with known field deadlines: one of the soonest future ones
+    /// ([`SAMPLE`]) is gone with its hash. A flush takes every hash, so one is enough; none (a
+    /// flush of a database keywatch does not watch) spares the walk.
+    async fn lost_hashes(&self, db: u32) -> redis::RedisResult<bool> {
+        let rows = store::names(&self.inner.prefix, db)
+            .between(&mut self.state(), now_ms(), i64::MAX, &mut None, SAMPLE)
+            .await?;
+        let mut by_key: BTreeMap<Vec<u8>, Vec<(Vec<u8>, i64)>> = BTreeMap::new();
+        for (m, d) in rows.into_iter().take(SAMPLE) {
+            if let Some((k, f)) = split(&m) {
+                by_key.entry(k).or_default().push((f, d));
+            }
+        }
+        if by_key.is_empty() {
+            return Ok(false);
+        }
+        let answers = self.now_of(db, &by_key).await?;
+        Ok(by_key
+            .values()
+            .zip(answers)
+            .any(|(fs, now)| was_taken(fs, &now)))
+    }
+
+    /// What the server says now of the fields of each hash of `by_key` (in its order): per
+    /// field its deadline (`-2` gone, `-1` none) with the server's time just before the read.
+    async fn now_of(
+        &self,
+        db: u32,
+        by_key: &BTreeMap<Vec<u8>, Vec<(Vec<u8>, i64)>>,
+    ) -> redis::RedisResult<Vec<Vec<(i64, i64)>>> {
+        let conn = self.inner.keyspace.conn(db).await?;
+        let cmds = by_key
+            .iter()
+            .map(|(k, fs)| {
+                let mut c = redis::cmd("HPEXPIRETIME");
+                c.arg(k).arg("FIELDS").arg(fs.len());
+                for (f, _) in fs {
+                    c.arg(f);
+                }
+                c
+            })
+            .collect();
+        let (at, answers) = timed(&conn, cmds).await?;
+        Ok(answers
+            .into_iter()
+            .map(|now| now.into_iter().map(|t| (t, at)).collect())
+            .collect())
+    }
+
     /// Walks hash `key` and records the deadlines of the fields the rules watch, at most
     /// `per_second` fields a second; then judges the known fields the walk did not meet.
     async fn learn(
@@ -407,7 +555,9 @@ impl FieldLedger {
         db: u32,
         tx: &mpsc::Sender<Signal>,
     ) -> redis::RedisResult<(usize, Option<i64>)> {
-        let crate::store::ledger::Due { rows: due, next } = store::due(
+        let crate::store::ledger::Due {
+            rows: due, next, ..
+        } = store::due(
             &mut self.state(),
             &self.inner.prefix,
             db,
@@ -419,7 +569,7 @@ impl FieldLedger {
         {
             let sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
             for (m, d) in due {
-                if was_sent(sent.get(&m), d) {
+                if was_sent(sent.get(&m[..]), d) {
                     continue;
                 }
                 if let Some((k, f)) = split(&m) {
@@ -433,21 +583,8 @@ impl FieldLedger {
         if n == 0 {
             return Ok((0, next));
         }
-        let conn = self.inner.keyspace.conn(db).await?;
-        let cmds = by_key
-            .iter()
-            .map(|(k, fs)| {
-                let mut c = redis::cmd("HPEXPIRETIME");
-                c.arg(k).arg("FIELDS").arg(fs.len());
-                for (f, _) in fs {
-                    c.arg(f);
-                }
-                c
-            })
-            .collect();
-        let (at, answers) = timed(&conn, cmds).await?;
+        let answers = self.now_of(db, &by_key).await?;
         for ((k, fs), now) in by_key.iter().zip(answers) {
-            let now: Vec<(i64, i64)> = now.into_iter().map(|d| (d, at)).collect();
             if !self.judge(db, k, fs, &now, tx).await? {
                 break;
             }
@@ -724,6 +861,22 @@ impl FieldLedger {
                 }
             }
         }
+        let emptied = self
+            .inner
+            .emptied
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((swapped, since_ms)) = emptied {
+            match self.settle(&config, swapped, since_ms, pace, tx).await {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => {
+                    self.emptied(swapped, since_ms);
+                    return Err(e);
+                }
+            }
+        }
         if self
             .inner
             .fill
@@ -765,6 +918,21 @@ impl FieldLedger {
             .filter_map(|(m, d)| split(&m).map(|(k, f)| (k, f, d)))
             .collect())
     }
+}
+
+/// Known future field deadlines looked at to tell whether a database lost its hashes
+/// ([`FieldLedger::emptied`]).
+const SAMPLE: usize = 256;
+
+/// Whether a hash whose `known` fields the server answered `now` (deadline, server time) was
+/// taken without a keyevent: every field is gone and one was not due yet. A hash whose every
+/// field was due is judged as usual: that is what expiring looks like too.
+fn was_taken(known: &[(Vec<u8>, i64)], now: &[(i64, i64)]) -> bool {
+    now.iter().all(|(t, _)| *t == -2)
+        && known
+            .iter()
+            .zip(now)
+            .any(|((_, d), (_, at))| *d > at + SKEW_MS)
 }
 
 /// A field read gone this much before its recorded deadline, on the server's clock, still counts
@@ -819,6 +987,32 @@ crate::keyspace::commands::declare! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hash_is_taken_when_every_field_is_gone_and_one_was_not_due() {
+        let known = |ds: &[i64]| -> Vec<(Vec<u8>, i64)> {
+            ds.iter()
+                .map(|d| (d.to_string().into_bytes(), *d))
+                .collect()
+        };
+        let at = |ts: &[i64]| -> Vec<(i64, i64)> { ts.iter().map(|t| (*t, 1_000)).collect() };
+        assert!(
+            was_taken(&known(&[900, 2_000]), &at(&[-2, -2])),
+            "one still to come"
+        );
+        assert!(
+            !was_taken(&known(&[900, 1_000]), &at(&[-2, -2])),
+            "all due: what expiring looks like"
+        );
+        assert!(
+            !was_taken(&known(&[2_000, 3_000]), &at(&[-2, 3_000])),
+            "the hash is still there"
+        );
+        assert!(
+            !was_taken(&known(&[1_004]), &at(&[-2])),
+            "within the clock's skew: due"
+        );
+    }
 
     #[test]
     fn members_keep_any_bytes_of_key_and_field() {

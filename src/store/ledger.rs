@@ -36,6 +36,10 @@ fn with_far(lua: &str) -> redis::Script {
     redis::Script::new(&format!("{BUCKET}{FAR_SHARD}{lua}"))
 }
 
+/// [`RECORD`] with [`BUCKET`] in front, for a script sent whole where it is not loaded yet.
+static RECORD_CODE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{BUCKET}{RECORD}"));
+
 /// The scripts the key and the field ledger share: the poker's read and the conversion.
 static DUE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(DUE));
@@ -48,6 +52,8 @@ static CONVERT_SCRIPT: std::sync::LazyLock<redis::Script> =
 pub struct Names {
     pub minutes: String,
     pub seconds: String,
+    /// Where the poker's read copies a due long key (`ledger/due.lua`), by its SHA-1.
+    pub copies: String,
 }
 
 impl Names {
@@ -56,6 +62,7 @@ impl Names {
         Names {
             minutes: format!("{base}:minutes"),
             seconds: format!("{base}:at:"),
+            copies: format!("{base}:copy:"),
         }
     }
 
@@ -70,7 +77,8 @@ impl Names {
     }
 
     /// Deadlines up to `until_ms`, `limit` after skipping `offset` of them, earliest minute
-    /// first, and the earliest the ledger may hold after them (see `ledger/due.lua`).
+    /// first, and the earliest the ledger may hold after them (see `ledger/due.lua`). A due key
+    /// longer than `long_key::EXACT` comes as its copy, to be read with [`Due::resolve`].
     pub async fn due(
         &self,
         conn: &mut Conn,
@@ -78,16 +86,22 @@ impl Names {
         offset: usize,
         limit: usize,
     ) -> redis::RedisResult<Due> {
-        let (rows, next): (Vec<(Vec<u8>, i64)>, i64) = DUE_SCRIPT
+        let (rows, next, copies): (Rows, i64, Vec<Copy>) = DUE_SCRIPT
             .key(&self.minutes)
             .arg(&self.seconds)
             .arg(until_ms)
             .arg(offset)
             .arg(limit)
+            .arg(crate::long_key::EXACT)
+            .arg(&self.copies)
             .invoke_async(conn)
             .await?;
         Ok(Due {
-            rows,
+            rows: rows
+                .into_iter()
+                .map(|(k, d)| (bytes::Bytes::from(k), d))
+                .collect(),
+            copies,
             next: (next >= 0).then_some(next),
         })
     }
@@ -196,13 +210,49 @@ impl Names {
     }
 }
 
+/// A due long key's copy, as `ledger/due.lua` names it: its name, the deadline, the key's length.
+type Copy = (String, i64, usize);
+
+/// Due keys and their deadlines.
+type Rows = Vec<(Vec<u8>, i64)>;
+
 /// What the poker's read of due deadlines answers ([`Names::due`]).
 pub struct Due {
-    /// Due (key, deadline) pairs, earliest minute first.
-    pub rows: Vec<(Vec<u8>, i64)>,
+    /// Due (key, deadline) pairs, earliest minute first, but for the long keys.
+    pub rows: Vec<(bytes::Bytes, i64)>,
+    /// The due keys longer than `long_key::EXACT`, each as its copy's name, its deadline and its
+    /// length: read a MiB at a time ([`read_copy`]), and only when the poker touches it (not
+    /// at each round of its grace, 16 MiB every 2 ms; docs/reliability.md#bounded-whatever-the-key).
+    pub copies: Vec<(String, i64, usize)>,
     /// The earliest deadline the ledger may hold after this read (a minute's score: no later
     /// than its earliest deadline), `None` when it holds none.
     pub next: Option<i64>,
+}
+
+impl Due {
+    /// Every due key, the long ones read from their copies (one gone meanwhile, its minute over,
+    /// is left for the next round, which copies it again).
+    pub async fn resolve(self, conn: &mut Conn) -> redis::RedisResult<Vec<(bytes::Bytes, i64)>> {
+        let mut rows = self.rows;
+        for (copy, deadline, len) in self.copies {
+            if let Some(key) = read_copy(conn, &copy, len).await? {
+                rows.push((key, deadline));
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// The due long key of the copy `name` (`len` bytes), read a MiB at a time; `None` if the copy is
+/// gone.
+pub async fn read_copy(
+    conn: &mut Conn,
+    name: &str,
+    len: usize,
+) -> redis::RedisResult<Option<bytes::Bytes>> {
+    Ok(crate::store::long_keys::read_at(conn, name, len)
+        .await?
+        .map(bytes::Bytes::from))
 }
 
 /// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
@@ -389,12 +439,19 @@ impl Deadlines {
                 moved.then_some((was, e.key))
             })
             .collect();
-        // Sorted by the hash they go to, so each hash is written once, in one command.
+        // Sorted by the hash they go to, so each hash is written once, in one command. A key
+        // longer than `long_key::EXACT` goes on its own (see `Deadlines::record_long`).
         let mut writes: Vec<(i64, &[u8])> = entries
             .iter()
-            .filter(|e| e.deadline > 0)
+            .filter(|e| e.deadline > 0 && !crate::long_key::is_long(e.key))
             .map(|e| (e.deadline, e.key))
             .collect();
+        for e in entries
+            .iter()
+            .filter(|e| e.deadline > 0 && crate::long_key::is_long(e.key))
+        {
+            self.record_long(db, e.deadline, e.key, now_ms).await?;
+        }
         writes.sort_by_key(|(d, k)| bucket_of(*d, k));
         // A deadline further ahead than NEAR_MS cannot have been taken yet: the handled memory
         // has nothing to say about it, and it is written without the script (a fill's page is
@@ -434,6 +491,51 @@ impl Deadlines {
         };
         let (plain, far, checked) = tokio::join!(plain, far, checked);
         plain.and(far).and(checked)
+    }
+
+    /// Records the deadline of one key longer than `long_key::EXACT` (megabytes, maybe) through
+    /// `ledger/record.lua`, however far ahead it is, on a connection of its own with the key
+    /// written as it is ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key):
+    /// through the shared connection the key was held three more times, and its write buffer
+    /// kept the key's length.
+    async fn record_long(
+        &self,
+        db: u32,
+        deadline: i64,
+        key: &[u8],
+        now_ms: i64,
+    ) -> redis::RedisResult<()> {
+        let names = self.names(db);
+        let (slack, memory) = (
+            TAKEN_SLACK_MS.to_string(),
+            handled::memory(&self.prefix, db),
+        );
+        let (minute, minutes) = (
+            now_ms.div_euclid(60_000).to_string(),
+            handled::HANDLED_MINUTES.to_string(),
+        );
+        let (sha, deadline) = (self.record.get_hash().to_string(), deadline.to_string());
+        let mut args: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            sha.as_bytes(),
+            b"1",
+            names.minutes.as_bytes(),
+            slack.as_bytes(),
+            memory.as_bytes(),
+            minute.as_bytes(),
+            minutes.as_bytes(),
+            names.seconds.as_bytes(),
+            deadline.as_bytes(),
+            key,
+        ];
+        match self.conn.direct(&args).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                args[0] = b"EVAL";
+                args[1] = RECORD_CODE.as_bytes();
+                self.conn.direct(&args).await.map(drop)
+            }
+            r => r.map(drop),
+        }
     }
 
     /// One transaction that writes `writes` (deadline, key, sorted by hash) to their seconds:
@@ -676,6 +778,15 @@ impl Deadlines {
             .await
     }
 
+    /// The due long key of the copy `name` ([`Due::copies`]).
+    pub async fn read_copy(
+        &self,
+        name: &str,
+        len: usize,
+    ) -> redis::RedisResult<Option<bytes::Bytes>> {
+        read_copy(&mut self.conn(), name, len).await
+    }
+
     /// The earliest deadline `db`'s seconds may hold (see [`Names::earliest`]), and when its
     /// earliest far bucket is to be refined (`None` inside: none), read only if `far`.
     pub async fn earliest(
@@ -896,6 +1007,12 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:far"), Access::Read)
             .args("{key}")
             .when(When::Ledger),
+        // A due long key's copy (`ledger/due.lua`), read a MiB at a time (`store::long_keys`,
+        // docs/reliability.md#bounded-whatever-the-key).
+        Use::new(Server::State, "set", SCRIPTS)
+            .on(Keys::State("ledger:*:copy:*"), Access::Write)
+            .args("{key} k NX PX 60000")
+            .when(When::Ledger),
         // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).
         Use::new(Server::State, "multi", WHY).when(When::Ledger),
         Use::new(Server::State, "exec", WHY).when(When::Ledger),
@@ -956,6 +1073,11 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "zrange", FIELDS)
             .on(Keys::State("fields:*:minutes"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
+            .when(When::Fields),
+        // A due long member's copy (`ledger/due.lua`), read a MiB at a time (`store::long_keys`).
+        Use::new(Server::State, "set", FIELDS)
+            .on(Keys::State("fields:*:copy:*"), Access::Write)
+            .args("{key} k NX PX 60000")
             .when(When::Fields),
         // The conversion of an earlier keywatch's field ledger (docs/operations.md#upgrading).
         Use::new(Server::State, "type", FIELDS)

@@ -18,7 +18,12 @@ pub fn entries(conn: &mut impl ConnectionLike, prefix: &str) -> BTreeMap<String,
 /// Every field deadline in database 0 of the field ledger under `prefix`, by member (the key's
 /// length, a colon, the key, the field).
 pub fn fields(conn: &mut impl ConnectionLike, prefix: &str) -> BTreeMap<String, i64> {
-    entries_under(conn, &format!("{prefix}fields:0"))
+    fields_in(conn, prefix, 0)
+}
+
+/// The field ledger's deadlines of database `db`, member → deadline.
+pub fn fields_in(conn: &mut impl ConnectionLike, prefix: &str, db: u32) -> BTreeMap<String, i64> {
+    entries_under(conn, &format!("{prefix}fields:{db}"))
 }
 
 /// The deadlines kept under `base` (`{prefix}ledger:0`, `{prefix}fields:0`).

@@ -647,15 +647,112 @@ fn a_hash_moved_away_takes_its_fields_deadlines_along() {
     wait_until("the moved hash's fields are forgotten", PATIENCE, || {
         known_fields(&mut conn) == 1
     });
+    only_alerted(&receiver, &mut conn, ("holds:stayed", "sku-3:order-3"), &kw);
+    kw.stop();
+}
+
+/// Waits for one alert, then for no work left, and checks it was the `hold` rule's of `field`
+/// and that nothing else was sent.
+fn only_alerted(
+    receiver: &HttpReceiver,
+    state: &mut redis::Connection,
+    field: (&str, &str),
+    kw: &common::KeywatchProcess,
+) {
     receiver.wait_for(1, PATIENCE);
-    common::wait_no_work_left(&mut conn);
+    common::wait_no_work_left(state);
     let alerts = field_alerts(&receiver.requests());
     assert_eq!(
         alerts.keys().collect::<Vec<_>>(),
-        [&("holds:stayed".to_string(), "sku-3:order-3".to_string())],
+        [&(field.0.to_string(), field.1.to_string())],
         "{}",
         kw.describe_output()
     );
     assert_eq!(receiver.count(), 1, "nothing else was sent");
+}
+
+/// The `hold` rule of [`RULES`] alone (no key ledger: the field ledger must hear of flushes and
+/// swaps by itself), watching database 1 only: keywatch's state stays in database 0, out of what
+/// a `FLUSHDB` or `SWAPDB` of database 1 takes.
+fn rules_in_db_1(receiver: &HttpReceiver) -> Rules {
+    let hold_only = RULES
+        .split("  - name: lock")
+        .next()
+        .unwrap()
+        .replace("@RECEIVER@", &receiver.url());
+    Rules::new(&format!("redis: {{ databases: [1] }}\n{hold_only}"))
+}
+
+/// The field ledger's size in `db` (kept in database 0).
+fn known_fields_in(conn: &mut redis::Connection, db: u32) -> usize {
+    common::ledger::fields_in(conn, "keywatch:", db).len()
+}
+
+/// A connection to database `db`.
+fn conn_in(redis: &RedisServer, db: u32) -> redis::Connection {
+    let mut c = redis.conn();
+    let () = redis::cmd("SELECT").arg(db).query(&mut c).unwrap();
+    c
+}
+
+/// A `FLUSHDB` takes hashes away without a keyevent (docs/how-it-works.md#flushes-and-swaps):
+/// their fields' deadlines are forgotten at once, and none is reported as expired when it comes,
+/// while a field set after the flush is alerted at its deadline.
+#[test]
+fn a_flushdb_takes_its_hashes_fields_deadlines_away() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_in_db_1(&receiver);
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut state = redis.conn();
+    let mut db1 = conn_in(&redis, 1);
+    let start = server_ms(&mut db1) + 3000;
+    hold(&mut db1, "holds:flushed", "sku-1:order-1", start);
+    hold(&mut db1, "holds:flushed", "sku-2:order-2", start + 10);
+    hold(&mut db1, "holds:also", "sku-3:order-3", start + 20);
+    wait_until("keywatch learnt the 3 field deadlines", PATIENCE, || {
+        known_fields_in(&mut state, 1) == 3
+    });
+    let () = redis::cmd("FLUSHDB").query(&mut db1).unwrap();
+    wait_until("the flushed hashes' fields are forgotten", PATIENCE, || {
+        known_fields_in(&mut state, 1) == 0
+    });
+    hold(&mut db1, "holds:after", "sku-4:order-4", start + 500);
+    only_alerted(&receiver, &mut state, ("holds:after", "sku-4:order-4"), &kw);
+    kw.stop();
+}
+
+/// A `SWAPDB` of a watched database with an unwatched one: the hashes it took away are forgotten
+/// there, and those it brought in are learnt and alerted at their deadlines, once.
+#[test]
+fn a_swapdb_takes_fields_deadlines_out_and_brings_others_in() {
+    let redis = valkey();
+    let receiver = HttpReceiver::start();
+    let rules = rules_in_db_1(&receiver);
+    let mut kw = run_subscribed(&redis.url(), &rules.path, Logs::Text, &[]);
+    let mut state = redis.conn();
+    let mut db1 = conn_in(&redis, 1);
+    let mut db2 = conn_in(&redis, 2);
+    let start = server_ms(&mut db1) + 3000;
+    hold(&mut db1, "holds:left", "sku-1:order-1", start);
+    hold(&mut db2, "holds:came", "sku-2:order-2", start + 500);
+    wait_until(
+        "keywatch learnt the watched field's deadline",
+        PATIENCE,
+        || known_fields_in(&mut state, 1) == 1,
+    );
+    let () = redis::cmd("SWAPDB").arg(1).arg(2).query(&mut db1).unwrap();
+    wait_until(
+        "the field that left is forgotten, the one that came is learnt",
+        PATIENCE,
+        || {
+            common::ledger::fields_in(&mut state, "keywatch:", 1)
+                .keys()
+                .map(|m| m.contains("holds:came"))
+                .collect::<Vec<_>>()
+                == [true]
+        },
+    );
+    only_alerted(&receiver, &mut state, ("holds:came", "sku-2:order-2"), &kw);
     kw.stop();
 }
