@@ -381,12 +381,17 @@ impl Firing {
             return None;
         }
         let view = |v: &[u8]| crate::long_key::view(v, limit).into_owned();
-        Some(self.with_values(
-            view(&self.key),
-            self.field.as_deref().map(view),
-            self.captures.iter().map(|c| view(&c.value)).collect(),
-            self.apart.clone(),
-        ))
+        Some(
+            self.with_values(
+                view(&self.key).into(),
+                self.field.as_deref().map(view),
+                self.captures
+                    .iter()
+                    .map(|c| view(&c.value).into())
+                    .collect(),
+                self.apart.clone(),
+            ),
+        )
     }
 
     /// Whether this firing's key or field is longer than [`crate::long_key::EXACT`], as it came
@@ -435,7 +440,7 @@ impl Firing {
         &self,
         key: Option<Vec<u8>>,
         field: Option<Vec<u8>>,
-        captures: impl Fn(&[u8], Option<&[u8]>) -> Option<Vec<Vec<u8>>>,
+        captures: impl Fn(&bytes::Bytes, Option<&[u8]>) -> Option<Vec<bytes::Bytes>>,
     ) -> Result<Firing, String> {
         let Some(apart) = &self.apart else {
             return Ok(self.clone());
@@ -454,7 +459,9 @@ impl Firing {
                 e.len, e.sha256,
             )),
         };
-        let key = exact("key", &apart.key, key, &self.key)?;
+        // Shared from here on: the captures are slices of it, not copies
+        // (docs/reliability.md#bounded-whatever-the-key).
+        let key = bytes::Bytes::from(exact("key", &apart.key, key, &self.key)?);
         let field = match &self.field {
             None => None,
             Some(cut) => Some(exact("field", &apart.field, field, cut)?),
@@ -483,9 +490,9 @@ impl Firing {
     /// This firing with other values of its key, field, captures (in order) and `apart`.
     fn with_values(
         &self,
-        key: Vec<u8>,
+        key: bytes::Bytes,
         field: Option<Vec<u8>>,
-        values: Vec<Vec<u8>>,
+        values: Vec<bytes::Bytes>,
         apart: Option<Apart>,
     ) -> Firing {
         Firing {
@@ -493,7 +500,7 @@ impl Firing {
             rule: self.rule.clone(),
             kind: self.kind,
             db: self.db,
-            key: key.into(),
+            key,
             field,
             captures: self
                 .captures
@@ -501,7 +508,7 @@ impl Firing {
                 .zip(values)
                 .map(|(c, value)| Capture {
                     name: c.name.clone(),
-                    value: value.into(),
+                    value,
                 })
                 .collect(),
             detail: self.detail.clone(),
@@ -1126,8 +1133,8 @@ mod tests {
     }
 
     /// The captures `big:{rest}` takes from a key.
-    fn big_captures(key: &[u8], _: Option<&[u8]>) -> Option<Vec<Vec<u8>>> {
-        key.strip_prefix(b"big:").map(|rest| vec![rest.to_vec()])
+    fn big_captures(key: &bytes::Bytes, _: Option<&[u8]>) -> Option<Vec<bytes::Bytes>> {
+        key.starts_with(b"big:").then(|| vec![key.slice(4..)])
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl ActionContext {
             .await
             .map_err(|e| Unwhole::Unread(format!("cannot read the exact field: {e}")))?;
         firing
-            .whole(key, field, |k, f| rule.captures_of(k, f))
+            .whole(key, field, |k, f| rule.captures_in(k, f))
             .map_err(Unwhole::Refused)
     }
 

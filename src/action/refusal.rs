@@ -25,7 +25,8 @@ pub fn refused(rule: &Rule, f: &Firing) -> Option<String> {
         // from its cut view (docs/reliability.md#bounded-whatever-the-key).
         return None;
     }
-    let Some(values) = rule.captures_of(&f.key, f.field.as_deref()) else {
+    // Slices of the key, not copies (docs/reliability.md#bounded-whatever-the-key).
+    let Some(values) = rule.captures_in(&f.key, f.field.as_deref()) else {
         return Some(format!(
             "the key {} does not match the pattern of rule `{}`",
             crate::event::printable(&f.key),
@@ -59,7 +60,7 @@ pub fn refused(rule: &Rule, f: &Firing) -> Option<String> {
                 names
                     .iter()
                     .map(String::as_str)
-                    .zip(values.iter().map(Vec::as_slice))
+                    .zip(values.iter().map(|v| &v[..]))
                     .collect()
             ),
         ));

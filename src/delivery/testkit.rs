@@ -110,7 +110,12 @@ pub(super) async fn stage_as_user(config: Config, policy: RetryPolicy, acl: &str
         .expect("ACL SETUSER");
     let url = redis.url().replacen("redis://", "redis://kw:kw-pass@", 1);
     let client = redis::Client::open(url).unwrap();
-    let as_user = Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+    let as_user = Conn::Node(
+        redis::aio::ConnectionManager::new(client.clone())
+            .await
+            .unwrap(),
+        Some(std::sync::Arc::new(client)),
+    );
     let mut s = on(redis, as_user, config, policy, MAX_WAIT).await;
     s.state = state;
     s

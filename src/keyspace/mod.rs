@@ -11,6 +11,7 @@ pub(crate) mod clock;
 pub(crate) mod cluster;
 pub(crate) mod commands;
 pub(crate) mod connect;
+pub(crate) mod direct;
 pub(crate) mod role;
 pub(crate) mod sentinel;
 
@@ -35,7 +36,8 @@ const CLUSTER_IN_FLIGHT: usize = 128;
 /// through it alike. Cheap to clone; reconnects by itself.
 #[derive(Clone)]
 pub enum Conn {
-    Node(ConnectionManager),
+    /// One node, and (where known) the client it was opened with, for [`Conn::direct`].
+    Node(ConnectionManager, Option<Arc<redis::Client>>),
     Cluster(ClusterConnection),
     /// Database `db` of whichever node the sentinels last named master: each command goes to
     /// the connection in force when it is sent, and waits while a replica is being promoted
@@ -45,16 +47,38 @@ pub enum Conn {
 }
 
 impl Conn {
+    /// Sends `args` (the command's name first), which carry a long value, on a connection of
+    /// their own ([`direct`]); where no node's client is known (a cluster), through this
+    /// connection as any command.
+    pub async fn direct(&self, args: &[&[u8]]) -> RedisResult<Value> {
+        let client = match self {
+            Conn::Node(_, Some(client)) => Some(redis::Client::clone(client)),
+            // The master in force, once the promotion under way is over, as for every command.
+            Conn::Master(k, db) => Some(k.db_conn(*db).await?.1),
+            _ => None,
+        };
+        match client {
+            Some(client) => direct::send(client, args).await,
+            None => {
+                let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap_or_default());
+                for a in &args[1..] {
+                    cmd.arg(*a);
+                }
+                cmd.query_async(&mut self.clone()).await
+            }
+        }
+    }
+
     /// The connection a command goes to now: the one of a followed master in force.
     async fn current(keyspace: &Keyspace, db: u32) -> RedisResult<ConnectionManager> {
-        keyspace.db_conn(db).await
+        keyspace.db_conn(db).await.map(|(c, _)| c)
     }
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Node(c, _) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Master(k, db) => Box::pin(async move {
                 let mut c = Conn::current(k, *db).await?;
@@ -70,7 +94,7 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Node(c, _) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Master(k, db) => Box::pin(async move {
                 let mut c = Conn::current(k, *db).await?;
@@ -81,7 +105,7 @@ impl ConnectionLike for Conn {
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Node(c) => c.get_db(),
+            Conn::Node(c, _) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
             Conn::Master(_, db) => i64::from(*db),
         }
@@ -100,7 +124,7 @@ impl Conn {
             return Ok(Vec::new());
         }
         match self {
-            Conn::Node(_) | Conn::Master(..) => {
+            Conn::Node(..) | Conn::Master(..) => {
                 let mut pipe = redis::pipe();
                 for cmd in cmds {
                     pipe.add_command(cmd);
@@ -129,7 +153,7 @@ impl Conn {
             return Ok(Vec::new());
         }
         match self {
-            Conn::Node(_) | Conn::Master(..) => {
+            Conn::Node(..) | Conn::Master(..) => {
                 let mut pipe = redis::pipe();
                 pipe.ignore_errors();
                 for cmd in cmds {
@@ -158,7 +182,8 @@ struct Inner {
     url: Secret,
     settings: RedisSettings,
     node: String,
-    conns: Mutex<HashMap<u32, ConnectionManager>>,
+    /// Each database's connection, and the client it was opened with ([`Conn::direct`]).
+    conns: Mutex<HashMap<u32, (ConnectionManager, redis::Client)>>,
     cluster: Option<Cluster>,
     sentinel: Option<Followed>,
 }
@@ -360,12 +385,14 @@ impl Keyspace {
             self.db_conn(db).await?;
             return Ok(Conn::Master(self.clone(), db));
         }
-        self.db_conn(db).await.map(Conn::Node)
+        self.db_conn(db)
+            .await
+            .map(|(c, client)| Conn::Node(c, Some(Arc::new(client))))
     }
 
     /// The URL node's connection for database `db`; with Sentinel, once the master named is
     /// no replica being promoted ([`Keyspace::promoting`]).
-    async fn db_conn(&self, db: u32) -> RedisResult<ConnectionManager> {
+    async fn db_conn(&self, db: u32) -> RedisResult<(ConnectionManager, redis::Client)> {
         loop {
             self.until_open().await;
             let mut conns = self.inner.conns.lock().await;
@@ -383,8 +410,8 @@ impl Keyspace {
             }
             let client = self.client(db).map_err(settings_error)?;
             let c = connect::manager(&client).await?;
-            conns.insert(db, c.clone());
-            return Ok(c);
+            conns.insert(db, (c.clone(), client.clone()));
+            return Ok((c, client));
         }
     }
 
@@ -400,7 +427,7 @@ impl Keyspace {
     /// `notify-keyspace-events`). On a single node, its database 0.
     pub async fn node_conn(&self, addr: &str) -> RedisResult<ConnectionManager> {
         let Some(cluster) = &self.inner.cluster else {
-            return self.db_conn(0).await;
+            return self.db_conn(0).await.map(|(c, _)| c);
         };
         let mut nodes = cluster.nodes.lock().await;
         if let Some(c) = nodes.get(addr) {
@@ -420,7 +447,7 @@ impl Keyspace {
         }
         let mut out = Vec::new();
         for m in self.masters() {
-            out.push(Conn::Node(self.node_conn(&m.addr).await?));
+            out.push(Conn::Node(self.node_conn(&m.addr).await?, None));
         }
         Ok(out)
     }
@@ -503,7 +530,7 @@ pub async fn state_conn(
             let (client, node) = connect::client(url, settings, 0).map_err(|e| e.to_string())?;
             connect::manager(&client)
                 .await
-                .map(Conn::Node)
+                .map(|c| Conn::Node(c, Some(Arc::new(client))))
                 .map_err(|e| {
                     let e = connect::explain(url, &e);
                     format!("cannot connect to the state Redis at {node}: {e}")

@@ -136,7 +136,11 @@ pub async fn throwaway() -> (LocalRedis, crate::keyspace::Conn) {
         .unwrap()
         .expect("a throwaway redis-server");
     let client = redis::Client::open(server.url()).unwrap();
-    let conn =
-        crate::keyspace::Conn::Node(redis::aio::ConnectionManager::new(client).await.unwrap());
+    let conn = crate::keyspace::Conn::Node(
+        redis::aio::ConnectionManager::new(client.clone())
+            .await
+            .unwrap(),
+        Some(std::sync::Arc::new(client)),
+    );
     (server, conn)
 }

@@ -555,7 +555,9 @@ impl FieldLedger {
         db: u32,
         tx: &mpsc::Sender<Signal>,
     ) -> redis::RedisResult<(usize, Option<i64>)> {
-        let crate::store::ledger::Due { rows: due, next } = store::due(
+        let crate::store::ledger::Due {
+            rows: due, next, ..
+        } = store::due(
             &mut self.state(),
             &self.inner.prefix,
             db,
@@ -567,7 +569,7 @@ impl FieldLedger {
         {
             let sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
             for (m, d) in due {
-                if was_sent(sent.get(&m), d) {
+                if was_sent(sent.get(&m[..]), d) {
                     continue;
                 }
                 if let Some((k, f)) = split(&m) {

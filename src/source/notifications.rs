@@ -99,8 +99,18 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Feed)> {
 /// Every message on a channel that is not a keyevent channel is a marker: the subscriber is
 /// subscribed to nothing else.
 pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal> {
-    let key = msg.get_payload_bytes().to_vec();
-    let channel = msg.get_channel_name();
+    decode_owned(
+        msg.get_channel_name(),
+        msg.get_payload_bytes().to_vec(),
+        node,
+        now,
+    )
+}
+
+/// [`decode`] of a message's channel and payload, the payload taken as it was read: a RESP3
+/// push hands it over, where redis-rs's RESP2 message can only lend it, and a key of megabytes
+/// is then not copied (docs/reliability.md#bounded-whatever-the-key).
+pub fn decode_owned(channel: &str, key: Vec<u8>, node: &str, now: DateTime<Utc>) -> Option<Signal> {
     Some(match parse_channel(channel) {
         Some((db, Feed::Event(kind))) => Signal::Event(KeyEvent {
             kind,
@@ -343,20 +353,13 @@ async fn session(
     if let Err(ended) = check_role(&mut commands, node).await {
         return Some(ended);
     }
-    let pubsub = match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub()).await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return Some(Ended::Lost(format!("cannot connect: {e}"))),
-        Err(_) => {
-            return Some(Ended::Lost(format!(
-                "cannot connect within {}s",
-                CONNECT_TIMEOUT.as_secs()
-            )));
-        }
+    let mut sub = match Subscription::open(client, &config).await {
+        Ok(sub) => sub,
+        Err(e) => return Some(Ended::Lost(e)),
     };
-    let (mut sink, mut stream) = pubsub.split();
     let mut subscribed: Vec<String> = Vec::new();
     let wanted = channels.borrow_and_update().clone();
-    if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
+    if let Err(e) = follow(&mut sub, &mut subscribed, wanted).await {
         return Some(Ended::Lost(e));
     }
     // The role again, now that the subscription is in place: a failover between the first
@@ -405,11 +408,11 @@ async fn session(
                     permit.send(signal);
                 }
             }
-            msg = stream.next() => {
-                let Some(msg) = msg else {
+            msg = sub.next() => {
+                let Some((channel, payload)) = msg else {
                     return held.hand_on(tx).await.then(|| Ended::Lost("connection closed by the server".into()));
                 };
-                let Some(signal) = decode(&msg, node, crate::keyspace::clock::now()) else { continue };
+                let Some(signal) = decode_owned(&channel, payload, node, crate::keyspace::clock::now()) else { continue };
                 let signal = if held.is_empty() {
                     match tx.try_send(signal) {
                         Ok(()) => continue,
@@ -432,7 +435,7 @@ async fn session(
                         held.signals.len(),
                         held.weight >> 20
                     );
-                    drop((sink, stream));
+                    drop(sub);
                     return held.hand_on(tx).await.then_some(Ended::Lost(reason));
                 }
             }
@@ -443,7 +446,7 @@ async fn session(
                     continue;
                 }
                 let wanted = channels.borrow_and_update().clone();
-                if let Err(e) = follow(&mut sink, &mut subscribed, wanted).await {
+                if let Err(e) = follow(&mut sub, &mut subscribed, wanted).await {
                     return Some(Ended::Lost(e));
                 }
                 crate::internal_events::SubscriptionsChanged {
@@ -492,7 +495,7 @@ async fn session(
                 }
             }
             _ = ping.tick() => {
-                match tokio::time::timeout(PING_TIMEOUT, sink.ping::<()>()).await {
+                match tokio::time::timeout(PING_TIMEOUT, sub.ping()).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => return Some(Ended::Lost(format!("PING failed: {e}"))),
                     Err(_) => return Some(Ended::Lost(format!("no answer to PING within {}s", PING_TIMEOUT.as_secs()))),
@@ -595,10 +598,126 @@ impl Held {
     }
 }
 
+/// The subscribed connection of a session. RESP3 where the node speaks it: a message comes as a
+/// push whose payload redis-rs hands over as read, where the RESP2 connection's message only
+/// lends it, to be copied (a 16 MiB key was held twice more at once,
+/// docs/reliability.md#bounded-whatever-the-key). A connection of its own either way: a
+/// subscribed one is of Redis's "pubsub" class, whose output-buffer limit command replies must
+/// not count against.
+enum Subscription {
+    Resp3 {
+        conn: redis::aio::MultiplexedConnection,
+        pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+    },
+    Resp2 {
+        sink: redis::aio::PubSubSink,
+        stream: redis::aio::PubSubStream,
+    },
+}
+
+impl Subscription {
+    /// Connects to `client`'s node: RESP3, or RESP2 where `HELLO 3` is refused (a server
+    /// before 6.0). The error is the reason a session ends.
+    async fn open(
+        client: &redis::Client,
+        config: &redis::AsyncConnectionConfig,
+    ) -> Result<Subscription, String> {
+        let within = |e: String| format!("cannot connect: {e}");
+        let late = || format!("cannot connect within {}s", CONNECT_TIMEOUT.as_secs());
+        let (tx, pushes) = mpsc::unbounded_channel();
+        let info = client.get_connection_info().clone();
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(redis::ProtocolVersion::RESP3);
+        let resp3 = redis::Client::open(info.set_redis_settings(settings))
+            .map_err(|e| within(e.to_string()))?;
+        let opened = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            resp3.get_multiplexed_async_connection_with_config(&config.clone().set_push_sender(tx)),
+        )
+        .await;
+        match opened {
+            Ok(Ok(conn)) => return Ok(Subscription::Resp3 { conn, pushes }),
+            // The node cannot be reached: RESP2 would not fare better.
+            Ok(Err(e)) if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() => {
+                return Err(within(e.to_string()));
+            }
+            Err(_) => return Err(late()),
+            // `HELLO 3` refused: as before RESP3.
+            Ok(Err(_)) => {}
+        }
+        match tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub()).await {
+            Ok(Ok(p)) => {
+                let (sink, stream) = p.split();
+                Ok(Subscription::Resp2 { sink, stream })
+            }
+            Ok(Err(e)) => Err(within(e.to_string())),
+            Err(_) => Err(late()),
+        }
+    }
+
+    /// The next message's channel and payload; `None` once the connection is closed.
+    async fn next(&mut self) -> Option<(String, Vec<u8>)> {
+        match self {
+            Subscription::Resp2 { stream, .. } => {
+                let msg = stream.next().await?;
+                Some((
+                    msg.get_channel_name().to_string(),
+                    msg.get_payload_bytes().to_vec(),
+                ))
+            }
+            Subscription::Resp3 { pushes, .. } => loop {
+                let push = pushes.recv().await?;
+                match push.kind {
+                    redis::PushKind::Message => {
+                        let mut data = push.data.into_iter();
+                        let channel = match data.next() {
+                            Some(redis::Value::BulkString(c)) => {
+                                String::from_utf8_lossy(&c).into_owned()
+                            }
+                            _ => continue,
+                        };
+                        let payload = match data.next() {
+                            Some(redis::Value::BulkString(p)) => p,
+                            _ => continue,
+                        };
+                        return Some((channel, payload));
+                    }
+                    redis::PushKind::Disconnection => return None,
+                    // Confirmations of (un)subscriptions, which redis-rs awaits itself.
+                    _ => continue,
+                }
+            },
+        }
+    }
+
+    async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Subscription::Resp3 { conn, .. } => conn.subscribe(channel).await,
+            Subscription::Resp2 { sink, .. } => sink.subscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> redis::RedisResult<()> {
+        match self {
+            Subscription::Resp3 { conn, .. } => conn.unsubscribe(channel).await,
+            Subscription::Resp2 { sink, .. } => sink.unsubscribe(channel).await,
+        }
+    }
+
+    async fn ping(&mut self) -> redis::RedisResult<()> {
+        match self {
+            Subscription::Resp3 { conn, .. } => redis::cmd("PING").query_async::<()>(conn).await,
+            Subscription::Resp2 { sink, .. } => sink.ping::<()>().await,
+        }
+    }
+}
+
 /// Brings the subscriptions of one connection from `subscribed` to `wanted`: subscribes first,
 /// then leaves, so a channel kept by both sets is never dropped in between.
 async fn follow(
-    sink: &mut redis::aio::PubSubSink,
+    sink: &mut Subscription,
     subscribed: &mut Vec<String>,
     wanted: Vec<String>,
 ) -> Result<(), String> {

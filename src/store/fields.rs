@@ -89,7 +89,13 @@ pub async fn due(
     until_ms: i64,
     limit: usize,
 ) -> redis::RedisResult<Due> {
-    names(prefix, db).due(state, until_ms, 0, limit).await
+    let due = names(prefix, db).due(state, until_ms, 0, limit).await?;
+    let next = due.next;
+    Ok(Due {
+        rows: due.resolve(state).await?,
+        copies: Vec::new(),
+        next,
+    })
 }
 
 /// The earliest deadline `db`'s field ledger may hold (the poker's safety round).

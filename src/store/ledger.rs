@@ -36,6 +36,10 @@ fn with_far(lua: &str) -> redis::Script {
     redis::Script::new(&format!("{BUCKET}{FAR_SHARD}{lua}"))
 }
 
+/// [`RECORD`] with [`BUCKET`] in front, for a script sent whole where it is not loaded yet.
+static RECORD_CODE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{BUCKET}{RECORD}"));
+
 /// The scripts the key and the field ledger share: the poker's read and the conversion.
 static DUE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(DUE));
@@ -48,6 +52,8 @@ static CONVERT_SCRIPT: std::sync::LazyLock<redis::Script> =
 pub struct Names {
     pub minutes: String,
     pub seconds: String,
+    /// Where the poker's read copies a due long key (`ledger/due.lua`), by its SHA-1.
+    pub copies: String,
 }
 
 impl Names {
@@ -56,6 +62,7 @@ impl Names {
         Names {
             minutes: format!("{base}:minutes"),
             seconds: format!("{base}:at:"),
+            copies: format!("{base}:copy:"),
         }
     }
 
@@ -70,7 +77,8 @@ impl Names {
     }
 
     /// Deadlines up to `until_ms`, `limit` after skipping `offset` of them, earliest minute
-    /// first, and the earliest the ledger may hold after them (see `ledger/due.lua`).
+    /// first, and the earliest the ledger may hold after them (see `ledger/due.lua`). A due key
+    /// longer than `long_key::EXACT` comes as its copy, to be read with [`Due::resolve`].
     pub async fn due(
         &self,
         conn: &mut Conn,
@@ -78,16 +86,22 @@ impl Names {
         offset: usize,
         limit: usize,
     ) -> redis::RedisResult<Due> {
-        let (rows, next): (Vec<(Vec<u8>, i64)>, i64) = DUE_SCRIPT
+        let (rows, next, copies): (Rows, i64, Vec<Copy>) = DUE_SCRIPT
             .key(&self.minutes)
             .arg(&self.seconds)
             .arg(until_ms)
             .arg(offset)
             .arg(limit)
+            .arg(crate::long_key::EXACT)
+            .arg(&self.copies)
             .invoke_async(conn)
             .await?;
         Ok(Due {
-            rows,
+            rows: rows
+                .into_iter()
+                .map(|(k, d)| (bytes::Bytes::from(k), d))
+                .collect(),
+            copies,
             next: (next >= 0).then_some(next),
         })
     }
@@ -196,13 +210,49 @@ impl Names {
     }
 }
 
+/// A due long key's copy, as `ledger/due.lua` names it: its name, the deadline, the key's length.
+type Copy = (String, i64, usize);
+
+/// Due keys and their deadlines.
+type Rows = Vec<(Vec<u8>, i64)>;
+
 /// What the poker's read of due deadlines answers ([`Names::due`]).
 pub struct Due {
-    /// Due (key, deadline) pairs, earliest minute first.
-    pub rows: Vec<(Vec<u8>, i64)>,
+    /// Due (key, deadline) pairs, earliest minute first, but for the long keys.
+    pub rows: Vec<(bytes::Bytes, i64)>,
+    /// The due keys longer than `long_key::EXACT`, each as its copy's name, its deadline and its
+    /// length: read a MiB at a time ([`read_copy`]), and only when the poker touches it (not
+    /// at each round of its grace, 16 MiB every 2 ms; docs/reliability.md#bounded-whatever-the-key).
+    pub copies: Vec<(String, i64, usize)>,
     /// The earliest deadline the ledger may hold after this read (a minute's score: no later
     /// than its earliest deadline), `None` when it holds none.
     pub next: Option<i64>,
+}
+
+impl Due {
+    /// Every due key, the long ones read from their copies (one gone meanwhile, its minute over,
+    /// is left for the next round, which copies it again).
+    pub async fn resolve(self, conn: &mut Conn) -> redis::RedisResult<Vec<(bytes::Bytes, i64)>> {
+        let mut rows = self.rows;
+        for (copy, deadline, len) in self.copies {
+            if let Some(key) = read_copy(conn, &copy, len).await? {
+                rows.push((key, deadline));
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// The due long key of the copy `name` (`len` bytes), read a MiB at a time; `None` if the copy is
+/// gone.
+pub async fn read_copy(
+    conn: &mut Conn,
+    name: &str,
+    len: usize,
+) -> redis::RedisResult<Option<bytes::Bytes>> {
+    Ok(crate::store::long_keys::read_at(conn, name, len)
+        .await?
+        .map(bytes::Bytes::from))
 }
 
 /// How far the clock estimate an instance stamped a deadline-less take with may lag Redis's.
@@ -236,19 +286,31 @@ pub const REFINE_AHEAD_MS: i64 = 300_000;
 /// deadlines it would not keep far.
 const FAR_MARGIN_MS: i64 = 60_000;
 
-/// A shard holding more keys than this is split (`ledger/far.lua`): shards then hold 64 to 128
-/// keys, a listpack under Redis's default `hash-max-listpack-entries` (512), short enough that
-/// walking it (an `HSET` into a listpack is linear) costs little.
-const SPLIT_ABOVE: usize = 128;
+/// How many keys an hour's shards hold on average: an hour is split a shard further
+/// (`ledger/far.lua`) when it holds more. Linear hashing leaves the shards not yet split in a
+/// round about twice as full as the split ones, so shards hold up to about twice this, a listpack
+/// well under Redis's default `hash-max-listpack-entries` (512); fewer keys per shard would walk
+/// shorter listpacks but pay a Redis key (about 100 bytes) among fewer keys (docs/performance.md,
+/// "Learning far deadlines": the walk is an eighth of Redis's time per key).
+const FAR_LOAD: usize = 96;
 
 /// About how many deadlines one refinement script moves: a millisecond or so of Redis's time,
 /// so on-time pokes beside it are not held up.
 const REFINE_BATCH: usize = 500;
 
-/// Far deadlines written per script: the script costs Redis about 15 µs per deadline (it names
-/// the shard, writes, checks the length, splits), and a fill's page of a thousand in one script
-/// would hold every other client up for 15 ms.
-const FAR_BATCH: usize = 200;
+/// Far deadlines written per script: the script costs Redis about 3 µs per deadline (one `HSET`
+/// and Lua's own work, splits amortised), so a script of 250 holds every other client up for
+/// under a millisecond. A page's scripts are sent together, not one after the other.
+const FAR_BATCH: usize = 250;
+
+/// A key's hash for naming its far shard: its bytes as a polynomial modulo the prime
+/// 4294967291, base 1000003, as `ledger/far_shard.lua` computes it (every product stays below
+/// 2^52, exact in Lua's doubles). Computed here and passed in with the key, so Redis's one
+/// thread hashes a key only when a split moves it.
+pub fn far_hash(key: &[u8]) -> u64 {
+    key.iter()
+        .fold(0u64, |h, &b| (h * 1_000_003 + u64::from(b)) % 4_294_967_291)
+}
 
 /// The start of the hour a deadline's far bucket covers.
 pub fn far_start(deadline_ms: i64) -> i64 {
@@ -277,6 +339,8 @@ pub struct Far {
     pub hours: String,
     /// Each hour's shard count.
     pub counts: String,
+    /// How many keys each hour's shards hold (what splits them, `ledger/far.lua`).
+    pub keys: String,
     /// The latest hour the poker began to refine.
     pub frontier: String,
     /// The shards' prefix: `…:far:HOUR:SHARD`.
@@ -288,6 +352,7 @@ pub fn far(prefix: &str, db: u32) -> Far {
     let base = format!("{}:far", old_ledger(prefix, db));
     Far {
         counts: format!("{base}:shards"),
+        keys: format!("{base}:keys"),
         frontier: format!("{base}:frontier"),
         shards: format!("{base}:"),
         hours: base,
@@ -374,12 +439,19 @@ impl Deadlines {
                 moved.then_some((was, e.key))
             })
             .collect();
-        // Sorted by the hash they go to, so each hash is written once, in one command.
+        // Sorted by the hash they go to, so each hash is written once, in one command. A key
+        // longer than `long_key::EXACT` goes on its own (see `Deadlines::record_long`).
         let mut writes: Vec<(i64, &[u8])> = entries
             .iter()
-            .filter(|e| e.deadline > 0)
+            .filter(|e| e.deadline > 0 && !crate::long_key::is_long(e.key))
             .map(|e| (e.deadline, e.key))
             .collect();
+        for e in entries
+            .iter()
+            .filter(|e| e.deadline > 0 && crate::long_key::is_long(e.key))
+        {
+            self.record_long(db, e.deadline, e.key, now_ms).await?;
+        }
         writes.sort_by_key(|(d, k)| bucket_of(*d, k));
         // A deadline further ahead than NEAR_MS cannot have been taken yet: the handled memory
         // has nothing to say about it, and it is written without the script (a fill's page is
@@ -419,6 +491,51 @@ impl Deadlines {
         };
         let (plain, far, checked) = tokio::join!(plain, far, checked);
         plain.and(far).and(checked)
+    }
+
+    /// Records the deadline of one key longer than `long_key::EXACT` (megabytes, maybe) through
+    /// `ledger/record.lua`, however far ahead it is, on a connection of its own with the key
+    /// written as it is ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key):
+    /// through the shared connection the key was held three more times, and its write buffer
+    /// kept the key's length.
+    async fn record_long(
+        &self,
+        db: u32,
+        deadline: i64,
+        key: &[u8],
+        now_ms: i64,
+    ) -> redis::RedisResult<()> {
+        let names = self.names(db);
+        let (slack, memory) = (
+            TAKEN_SLACK_MS.to_string(),
+            handled::memory(&self.prefix, db),
+        );
+        let (minute, minutes) = (
+            now_ms.div_euclid(60_000).to_string(),
+            handled::HANDLED_MINUTES.to_string(),
+        );
+        let (sha, deadline) = (self.record.get_hash().to_string(), deadline.to_string());
+        let mut args: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            sha.as_bytes(),
+            b"1",
+            names.minutes.as_bytes(),
+            slack.as_bytes(),
+            memory.as_bytes(),
+            minute.as_bytes(),
+            minutes.as_bytes(),
+            names.seconds.as_bytes(),
+            deadline.as_bytes(),
+            key,
+        ];
+        match self.conn.direct(&args).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                args[0] = b"EVAL";
+                args[1] = RECORD_CODE.as_bytes();
+                self.conn.direct(&args).await.map(drop)
+            }
+            r => r.map(drop),
+        }
     }
 
     /// One transaction that writes `writes` (deadline, key, sorted by hash) to their seconds:
@@ -465,24 +582,30 @@ impl Deadlines {
         if removals.is_empty() && far.is_empty() {
             return Ok(());
         }
-        let mut removals = removals;
         let mut chunks = far.chunks(FAR_BATCH);
-        loop {
-            let writes = chunks.next().unwrap_or(&[]);
+        let script = |removals: &[(i64, &[u8])], writes: &[(i64, &[u8])]| {
             let mut inv = self.far_invoke(&self.far, db);
-            inv.arg(SPLIT_ABOVE).arg(removals.len());
+            inv.arg(FAR_LOAD).arg(removals.len());
             for (second, key) in removals {
-                inv.arg(*second).arg(*key);
+                inv.arg(*second).arg(*key).arg(far_hash(key));
             }
             for (deadline, key) in writes {
-                inv.arg(*deadline).arg(*key);
+                inv.arg(*deadline).arg(*key).arg(far_hash(key));
             }
-            inv.invoke_async::<()>(&mut self.conn()).await?;
-            removals = &[];
-            if chunks.len() == 0 {
-                return Ok(());
-            }
+            let mut conn = self.conn();
+            async move { inv.invoke_async::<()>(&mut conn).await }
+        };
+        // Removals go first, alone with the first writes: a later script may write a key's new
+        // deadline into the shard its old one is removed from.
+        if !removals.is_empty() {
+            script(removals, chunks.next().unwrap_or(&[])).await?;
         }
+        // The rest are sent together on the multiplexed connection: Redis runs them one after the
+        // other, other clients' commands in between, without a round trip each.
+        for done in futures_util::future::join_all(chunks.map(|w| script(&[], w))).await {
+            done?;
+        }
+        Ok(())
     }
 
     /// An invocation of a far buckets' script (`ledger/far.lua`, `ledger/refine.lua`) for `db`:
@@ -495,6 +618,7 @@ impl Deadlines {
             .key(&f.counts)
             .key(&f.frontier)
             .key(&names.minutes)
+            .key(&f.keys)
             .arg(&names.seconds)
             .arg(&f.shards)
             .arg(FAR_WIDTH_MS);
@@ -652,6 +776,15 @@ impl Deadlines {
         self.names(db)
             .due(&mut self.conn(), until_ms, offset, limit)
             .await
+    }
+
+    /// The due long key of the copy `name` ([`Due::copies`]).
+    pub async fn read_copy(
+        &self,
+        name: &str,
+        len: usize,
+    ) -> redis::RedisResult<Option<bytes::Bytes>> {
+        read_copy(&mut self.conn(), name, len).await
     }
 
     /// The earliest deadline `db`'s seconds may hold (see [`Names::earliest`]), and when its
@@ -834,9 +967,9 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:far:*"), Access::Read)
             .args("{key} 0")
             .when(When::Ledger),
-        Use::new(Server::State, "hlen", SCRIPTS)
-            .on(Keys::State("ledger:*:far:*"), Access::Read)
-            .args("{key}")
+        Use::new(Server::State, "hincrby", SCRIPTS)
+            .on(Keys::State("ledger:*:far:keys"), Access::Write)
+            .args("{key} 0 1")
             .when(When::Ledger),
         Use::new(Server::State, "hgetall", WHY)
             .on(Keys::State("ledger:*:far:*"), Access::Read)
@@ -873,6 +1006,12 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "exists", WHY)
             .on(Keys::State("ledger:*:far"), Access::Read)
             .args("{key}")
+            .when(When::Ledger),
+        // A due long key's copy (`ledger/due.lua`), read a MiB at a time (`store::long_keys`,
+        // docs/reliability.md#bounded-whatever-the-key).
+        Use::new(Server::State, "set", SCRIPTS)
+            .on(Keys::State("ledger:*:copy:*"), Access::Write)
+            .args("{key} k NX PX 60000")
             .when(When::Ledger),
         // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).
         Use::new(Server::State, "multi", WHY).when(When::Ledger),
@@ -934,6 +1073,11 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "zrange", FIELDS)
             .on(Keys::State("fields:*:minutes"), Access::Read)
             .args("{key} -inf 0 BYSCORE LIMIT 0 1 WITHSCORES")
+            .when(When::Fields),
+        // A due long member's copy (`ledger/due.lua`), read a MiB at a time (`store::long_keys`).
+        Use::new(Server::State, "set", FIELDS)
+            .on(Keys::State("fields:*:copy:*"), Access::Write)
+            .args("{key} k NX PX 60000")
             .when(When::Fields),
         // The conversion of an earlier keywatch's field ledger (docs/operations.md#upgrading).
         Use::new(Server::State, "type", FIELDS)
@@ -1019,5 +1163,18 @@ mod tests {
         assert_eq!(names.bucket(17, &long[1..]), "kw:ledger:0:at:17");
         assert_eq!(second_of(1_999), 1);
         assert_eq!(second_of(-1), -1);
+    }
+
+    #[test]
+    fn rust_and_lua_hash_a_far_key_alike() {
+        // The same polynomial in `ledger/far_shard.lua` (checked against Redis by the drill
+        // `ledger::far_shards_are_named_alike_by_every_instance_while_hours_split`).
+        assert!(FAR_SHARD.contains("h = (h * 1000003 + string.byte(key, i)) % 4294967291"));
+        assert_eq!(far_hash(b""), 0);
+        assert_eq!(far_hash(b"a"), 97);
+        assert_eq!(far_hash(b"ab"), 97_000_389);
+        // Below the prime: each step's product, under 2^32 times 1000003, is exact in Lua.
+        let top = far_hash(&[0xff; LONG_KEY]);
+        assert!(top < 4_294_967_291);
     }
 }

@@ -89,17 +89,28 @@ pub async fn read(state: &Conn, prefix: &str, sha256: &str) -> redis::RedisResul
     if !renewed {
         return Ok(None);
     }
+    read_at(&mut conn, &name, len).await
+}
+
+/// The `len` bytes of the string `name`, read a [`CHUNK`] at a time, or `None` if it is gone
+/// before they are all read: a reply of a whole long value would double the connection's read
+/// buffer, which then keeps its size.
+pub async fn read_at(
+    conn: &mut Conn,
+    name: &str,
+    len: usize,
+) -> redis::RedisResult<Option<Vec<u8>>> {
     let mut out = Vec::with_capacity(len);
     while out.len() < len {
         let end = (out.len() + CHUNK).min(len) - 1;
         let part: Vec<u8> = redis::cmd("GETRANGE")
-            .arg(&name)
+            .arg(name)
             .arg(out.len())
             .arg(end)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await?;
         if part.is_empty() {
-            // Gone meanwhile: its 7 days ended during the read.
+            // Gone meanwhile: its time ended during the read.
             return Ok(None);
         }
         out.extend_from_slice(&part);
@@ -130,6 +141,15 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "getrange", WHY)
             .on(Keys::State("long:*"), Access::Read)
             .args("{key} 0 1"),
+        // The poker's copies of due long keys (and members), `store::ledger`'s `due.lua`.
+        Use::new(Server::State, "getrange", "ledger: a due long key's copy, a MiB at a time")
+            .on(Keys::State("ledger:*:copy:*"), Access::Read)
+            .args("{key} 0 1")
+            .when(When::Ledger),
+        Use::new(Server::State, "getrange", "field ledger: a due long member's copy, a MiB at a time")
+            .on(Keys::State("fields:*:copy:*"), Access::Read)
+            .args("{key} 0 1")
+            .when(When::Fields),
     ]
 }
 

@@ -804,6 +804,124 @@ fn far_deadlines_are_kept_per_hour_and_refined_exactly() {
     });
 }
 
+/// The shard linear hashing names for a key hashed `h` in an hour of `n` shards (as
+/// `ledger/far_shard.lua` does).
+fn far_shard(n: u64, h: u64) -> u64 {
+    let p2 = 1u64 << (63 - n.leading_zeros());
+    let j = h % (2 * p2);
+    if j >= n { h % p2 } else { j }
+}
+
+/// docs/how-it-works.md#far-deadlines: the far shard of a key is named from a hash keywatch
+/// computes and passes in, and Lua computes the same hash when a split moves the key, so every
+/// key is where the hash names it, whatever its bytes. Two instances writing, moving and removing
+/// the same keys while the hour splits, one of them with a view of the ledger read before the
+/// splits: nothing is lost, nothing is doubled.
+#[test]
+fn far_shards_are_named_alike_by_every_instance_while_hours_split() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        let hour = redis_now(&redis).div_euclid(3_600_000) + 2;
+        let at = |i: usize| hour * 3_600_000 + 500 + i as i64 * 1_777;
+        // Keys of every length up to the long keys' limit, with bytes above 127 and zero bytes
+        // (UTF-8 all, as the test reads them back as strings).
+        let key = |i: usize| -> Vec<u8> {
+            let mut k = format!("s:{i}:");
+            for j in 0..i % 40 {
+                let c = ['\0', 'é', '€', '😀', 'z', '\u{7f}'][(i + j) % 6];
+                if k.len() + c.len_utf8() > keywatch::source::ledger::LONG_KEY {
+                    break;
+                }
+                k.push(c);
+            }
+            k.into_bytes()
+        };
+        let mut c = redis.conn();
+        let set = |c: &mut redis::Connection, k: &[u8], d: i64| {
+            let () = redis::cmd("SET")
+                .arg(k)
+                .arg("x")
+                .arg("PXAT")
+                .arg(d)
+                .query(c)
+                .unwrap();
+        };
+        let first: Vec<Vec<u8>> = (0..1_000).map(key).collect();
+        for (i, k) in first.iter().enumerate() {
+            set(&mut c, k, at(i));
+        }
+        // B reads the ledger before the hour splits: its index has the first 200 keys.
+        a.learn(0, &first[..200]).await.unwrap();
+        let b = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        b.reconcile(0).await.unwrap();
+        for page in first[200..].chunks(100) {
+            a.learn(0, page).await.unwrap();
+        }
+        let shards: u64 = redis::cmd("HGET")
+            .arg("kw:ledger:0:far:shards")
+            .arg(hour)
+            .query(&mut c)
+            .unwrap();
+        assert!(shards >= 8, "the hour split as it filled: {shards} shards");
+        for k in &first {
+            let h = keywatch::source::ledger::far_hash(k);
+            let name = format!("kw:ledger:0:far:{hour}:{}", far_shard(shards, h));
+            let there: bool = redis::cmd("HEXISTS")
+                .arg(&name)
+                .arg(k)
+                .query(&mut c)
+                .unwrap();
+            assert!(there, "{k:?} is in {name}, the shard its hash names");
+        }
+        // B moves the deadlines of 100 of the keys it knows within the hour and removes 50
+        // more, while A learns 500 new keys and moves 100 of the later ones (the hour splits on).
+        let moved = |i: usize| at(i) + 900_000;
+        for (i, k) in first.iter().enumerate().take(100) {
+            set(&mut c, k, moved(i));
+        }
+        for (i, k) in first.iter().enumerate().skip(600).take(100) {
+            set(&mut c, k, moved(i));
+        }
+        let second: Vec<Vec<u8>> = (1_000..1_500).map(key).collect();
+        for (i, k) in second.iter().enumerate() {
+            set(&mut c, k, at(1_000 + i));
+        }
+        let (b_moves, b_removes) = (first[..100].to_vec(), first[100..150].to_vec());
+        let a_work = async {
+            for page in second.chunks(100) {
+                a.learn(0, page).await.unwrap();
+            }
+            a.learn(0, &first[600..700]).await.unwrap();
+        };
+        let b_work = async {
+            for page in b_moves.chunks(10) {
+                b.learn(0, page).await.unwrap();
+            }
+            b.forget(0, &b_removes).await.unwrap();
+        };
+        tokio::join!(a_work, b_work);
+        let entries = common::ledger::entries(&mut c, "kw:");
+        assert_eq!(
+            common::ledger::places(&mut c, "kw:"),
+            1_450,
+            "nothing doubled"
+        );
+        assert_eq!(entries.len(), 1_450, "nothing lost");
+        for (i, k) in first.iter().chain(&second).enumerate() {
+            let name = String::from_utf8_lossy(k).into_owned();
+            let want = match i {
+                0..100 | 600..700 => Some(moved(i)),
+                100..150 => None,
+                _ => Some(at(i)),
+            };
+            assert_eq!(entries.get(&name).copied(), want, "{k:?}");
+        }
+    });
+}
+
 /// docs/how-it-works.md#far-deadlines: an expiry taken while its deadline was still in a far
 /// bucket (no instance refined its hour in time: all were down) is not fired a second time when
 /// the refinement brings the deadline near and the poker finds the key gone.

@@ -14,10 +14,17 @@ use common::{Daemon, HttpReceiver, PATIENCE, Request, Response, Rules, SmtpServe
 use serde_json::{Value, json};
 
 /// How far keywatch's peak resident memory may rise above its idle one while it handles long
-/// keys (docs/reliability.md#bounded-whatever-the-key): what this design holds for 16 MB of long
-/// keys in flight (78–144 MiB measured, a debug build, the most with two drills at once on a
-/// loaded machine), not yet the 100 MiB it aims at for a 16 MiB key.
-const BOUND_MIB: f64 = 250.0;
+/// keys (docs/reliability.md#bounded-whatever-the-key): 100 MiB, for one 16 MiB key as for eight
+/// 2 MiB keys at once, against redis-server. Against Valkey 9.1.2 (the CI's second pass) the
+/// 16 MiB drill peaks at 98–105 MiB, 15–20 more than against Redis for reasons not found yet:
+/// bounded there at 125 MiB until they are.
+fn bound_mib() -> f64 {
+    let server = common::tools::redis_server_bin();
+    let valkey = server
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().contains("valkey"));
+    if valkey { 125.0 } else { 100.0 }
+}
 
 /// A field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`), in MiB.
 fn status_mib(pid: u32, field: &str) -> f64 {
@@ -239,7 +246,7 @@ fn link_tokens(text: &str) -> Vec<String> {
 }
 
 /// A 16 MB key on a rule with every type of channel, links and an escalation: keywatch's
-/// memory stays within [`BOUND_MIB`] of its idle memory, every channel gets exactly one message
+/// memory stays within [`bound_mib`] of its idle memory, every channel gets exactly one message
 /// within its service's limit with the key cut and marked, and both links act on the event.
 #[test]
 fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
@@ -332,7 +339,7 @@ fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
     );
     // Memory last, so that everything else is seen whatever it says.
     assert!(
-        peak - idle <= BOUND_MIB,
+        peak - idle <= bound_mib(),
         "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
         peak - idle
     );
@@ -378,7 +385,7 @@ fn eight_2_mb_keys_at_once_stay_within_the_bound() {
         peak - idle
     );
     assert!(
-        peak - idle <= BOUND_MIB,
+        peak - idle <= bound_mib(),
         "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
         peak - idle
     );

@@ -29,6 +29,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::keyspace::{Conn, per_key};
 pub(crate) mod alarm;
 pub(crate) mod emptied;
@@ -37,6 +39,9 @@ pub(crate) mod index;
 pub(crate) mod markers;
 
 use crate::store::ledger::{self as store, Cursor, Deadlines, Entry, second_of};
+/// How a far deadline's shard is named (docs/how-it-works.md#far-deadlines), for the drills that
+/// check every instance names the same one.
+pub use crate::store::ledger::{LONG_KEY, far_hash};
 use alarm::{Alarm, until_past};
 pub use grace::{GRACE, Grace};
 use index::LedgerIndex;
@@ -122,7 +127,7 @@ struct Inner {
     /// Keys deleted while the index did not know them (before a reconcile walk read their
     /// second), per database: a walk or the poker that finds them gone drops them, as the
     /// `del` would have, rather than recovering them as missed. Cleared by a completed walk.
-    forgotten: std::sync::Mutex<HashSet<(u32, Vec<u8>)>>,
+    forgotten: std::sync::Mutex<HashSet<(u32, Forgotten)>>,
     /// When the poker looks next, and its wake-up for a deadline written earlier than that.
     alarm: Alarm,
     /// Per database, when the earliest far bucket is to be refined (`i64::MAX`: none is
@@ -131,6 +136,57 @@ struct Inner {
     refine_at: std::sync::Mutex<HashMap<u32, i64>>,
     /// Databases a flush or a swap emptied without a keyevent, and the walk that follows.
     emptied: std::sync::Mutex<emptied::Emptied>,
+}
+
+/// `PEXPIRETIME` of each of `keys`, in order: the short ones in one pipeline, each key longer
+/// than [`crate::long_key::EXACT`] on a connection of its own, written as it is
+/// ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key).
+async fn deadlines<K: AsRef<[u8]>>(conn: &Conn, keys: &[K]) -> redis::RedisResult<Vec<i64>> {
+    let is_long = |k: &K| crate::long_key::is_long(k.as_ref());
+    let short: Vec<redis::Cmd> = keys
+        .iter()
+        .filter(|k| !is_long(k))
+        .map(|k| {
+            let mut c = redis::cmd("PEXPIRETIME");
+            c.arg(k.as_ref());
+            c
+        })
+        .collect();
+    let short = conn.each::<i64>(short).await?;
+    if short.len() == keys.len() {
+        return Ok(short);
+    }
+    let mut short = short.into_iter();
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if is_long(k) {
+            let t = conn.direct(&[b"PEXPIRETIME", k.as_ref()]).await?;
+            out.push(redis::from_redis_value(t)?);
+        } else {
+            out.push(short.next().unwrap_or(-2));
+        }
+    }
+    Ok(out)
+}
+
+/// How [`Inner::forgotten`] remembers a key: by its bytes, or, longer than
+/// [`crate::long_key::EXACT`], by their SHA-256, so that deleting long keys over and over cannot
+/// make it hold megabytes each (docs/reliability.md#bounded-whatever-the-key).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Forgotten {
+    Key(Vec<u8>),
+    Long([u8; 32]),
+}
+
+impl Forgotten {
+    fn of(key: &[u8]) -> Forgotten {
+        if crate::long_key::is_long(key) {
+            use sha2::Digest;
+            Forgotten::Long(sha2::Sha256::digest(key).into())
+        } else {
+            Forgotten::Key(key.to_vec())
+        }
+    }
 }
 
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
@@ -192,7 +248,7 @@ impl Ledger {
     /// [`Ledger::learn`].
     pub async fn read(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<i64>> {
         let conn = self.inner.keyspace.conn(db).await?;
-        conn.each(per_key("PEXPIRETIME", keys)).await
+        deadlines(&conn, keys).await
     }
 
     /// Records deadlines read by [`Ledger::read`], the second half of [`Ledger::learn`]. Between
@@ -268,7 +324,7 @@ impl Ledger {
         if !forgotten.is_empty() {
             // Set again after a delete: its new deadline is not the deleted one's.
             for e in entries.iter().filter(|e| e.deadline > 0) {
-                forgotten.remove(&(db, e.key.to_vec()));
+                forgotten.remove(&(db, Forgotten::of(e.key)));
             }
         }
         Ok(())
@@ -288,7 +344,7 @@ impl Ledger {
             let mut forgotten = self.forgotten();
             for k in unknown {
                 if forgotten.len() < FORGOTTEN_MAX {
-                    forgotten.insert((db, k.clone()));
+                    forgotten.insert((db, Forgotten::of(k)));
                 }
             }
         }
@@ -331,7 +387,7 @@ impl Ledger {
         Ok(self.inner.store.refine_step(db, until_ms, most).await?.0)
     }
 
-    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, Vec<u8>)>> {
+    fn forgotten(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, Forgotten)>> {
         self.inner
             .forgotten
             .lock()
@@ -414,34 +470,54 @@ impl Ledger {
         let refine_at = self.refine(db).await?;
         let mut offset = 0;
         let mut next;
-        let due = loop {
+        // Each due key with what its grace knows it by: the key, or a long key's copy's name
+        // (read only once it is to be touched, docs/reliability.md#bounded-whatever-the-key).
+        let (open, copies) = loop {
             // Redis expires a key when now > deadline, strictly: touch from deadline + 1 ms.
             let read = store.due(db, now_ms() - 1, offset, POKE_BATCH).await?;
-            let page = read.rows;
             next =
                 Some(read.next.map_or(refine_at, |n| n.min(refine_at))).filter(|n| *n < i64::MAX);
-            let len = page.len();
+            let len = read.rows.len() + read.copies.len();
             let Some(g) = grace.as_deref_mut() else {
-                break page;
+                break (read.rows, read.copies);
             };
-            let open: Vec<(Vec<u8>, i64)> = page
+            let open: Vec<(Bytes, i64)> = read
+                .rows
                 .into_iter()
                 .filter(|(k, deadline)| !g.waiting(db, k, *deadline))
                 .collect();
+            let copies: Vec<(String, i64, usize)> = read
+                .copies
+                .into_iter()
+                .filter(|(name, deadline, _)| !g.waiting(db, name.as_bytes(), *deadline))
+                .collect();
             // A page of keys all within their grace: the due keys behind them must not wait.
-            if open.is_empty() && len == POKE_BATCH && offset < GRACE_PAGES * POKE_BATCH {
+            if open.is_empty()
+                && copies.is_empty()
+                && len == POKE_BATCH
+                && offset < GRACE_PAGES * POKE_BATCH
+            {
                 offset += POKE_BATCH;
                 continue;
             }
-            break open;
+            break (open, copies);
         };
+        // (key, deadline, what the grace knows it by).
+        let mut due: Vec<(Bytes, i64, Bytes)> =
+            open.into_iter().map(|(k, d)| (k.clone(), d, k)).collect();
+        for (name, deadline, len) in copies {
+            if let Some(key) = store.read_copy(&name, len).await? {
+                due.push((key, deadline, Bytes::from(name)));
+            }
+        }
         if due.is_empty() {
             return Ok((0, next));
         }
         let mut conn = self.inner.keyspace.conn(db).await?;
-        let keys: Vec<Vec<u8>> = due.iter().map(|(k, _)| k.clone()).collect();
         // Reading the TTL makes the master delete a due key and publish `expired` at once.
-        let now: Vec<i64> = conn.each(per_key("PEXPIRETIME", &keys)).await?;
+        // The keys shared, not copied.
+        let keys: Vec<Bytes> = due.iter().map(|(k, ..)| k.clone()).collect();
+        let now = deadlines(&conn, &keys).await?;
         let mut gone = Vec::new();
         // Corrections, recorded as a read would: the deadline now (-1: none), from the second
         // the poker found it in.
@@ -450,7 +526,7 @@ impl Ledger {
         let cut_off = self.cut_off(db);
         {
             let forgotten = self.forgotten();
-            for ((k, deadline), t) in due.iter().zip(now) {
+            for ((k, deadline, known_as), t) in due.iter().zip(now) {
                 let fix = |t| Entry {
                     key: k,
                     deadline: t,
@@ -458,18 +534,23 @@ impl Ledger {
                 };
                 match t {
                     // Deleted while the index did not know it: dropped, as the `del` would have.
-                    -2 if !forgotten.is_empty() && forgotten.contains(&(db, k.clone())) => {
+                    -2 if !forgotten.is_empty() && forgotten.contains(&(db, Forgotten::of(k))) => {
                         fixes.push(fix(-1))
                     }
                     -2 if cut_off.is_some_and(|c| *deadline >= c) => fixes.push(fix(-1)),
                     -2 if record_gone => {
-                        if grace
-                            .as_deref_mut()
-                            .is_some_and(|g| g.begin(db, k, *deadline))
-                        {
+                        if grace.as_deref_mut().is_some_and(|g| {
+                            let long = crate::long_key::is_long(k);
+                            g.begin(
+                                db,
+                                known_as,
+                                *deadline,
+                                if long { grace::GRACE_LONG } else { GRACE },
+                            )
+                        }) {
                             continue;
                         }
-                        gone.push((k.as_slice(), *deadline));
+                        gone.push((&k[..], *deadline));
                     }
                     -2 => {}
                     // A plain SET dropped the TTL (Redis says nothing about that): no expiry
@@ -673,7 +754,10 @@ impl Ledger {
             rows.iter()
                 .zip(&exists)
                 .filter(|((k, d), e)| {
-                    **e == 0 && (*d > now || *d >= cut_off || forgotten.contains(&(db, k.clone())))
+                    **e == 0
+                        && (*d > now
+                            || *d >= cut_off
+                            || forgotten.contains(&(db, Forgotten::of(k))))
                 })
                 .map(|((k, d), _)| Entry {
                     key: k,
@@ -710,7 +794,7 @@ impl Ledger {
         let mut scanned: u64 = 0;
         let nodes = match only {
             Some(node) if self.inner.keyspace.is_cluster() => {
-                vec![Conn::Node(self.inner.keyspace.node_conn(node).await?)]
+                vec![Conn::Node(self.inner.keyspace.node_conn(node).await?, None)]
             }
             _ => self.inner.keyspace.scan_conns(db).await?,
         };

@@ -1,8 +1,14 @@
 -- The poker's read of due deadlines (run after `ledger/bucket.lua`). KEYS[1]: the minutes.
--- ARGV: the buckets' prefix, now, how many due entries to skip, how many to return. Returns
--- the key, deadline pairs due by now, and the earliest score left in the minutes (-1: none),
--- which is when the poker looks next unless it learns of an earlier deadline meanwhile
--- (docs/how-it-works.md#the-poker).
+-- ARGV: the buckets' prefix, now, how many due entries to skip, how many to return, the length
+-- past which a key is long, the long keys' copies' prefix. Returns the key, deadline pairs due
+-- by now, the earliest score left in the minutes (-1: none), which is when the poker looks next
+-- unless it learns of an earlier deadline meanwhile (docs/how-it-works.md#the-poker), and the
+-- copy, deadline, length triples of the due keys longer than that.
+--
+-- A long key (megabytes: docs/reliability.md#bounded-whatever-the-key) is not returned whole:
+-- a reply that long doubles the connection's read buffer, which then keeps its size. It is
+-- copied to a string of its own (for a minute; named by its SHA-1, so a copy of it is never
+-- written twice), which the poker reads a MiB at a time.
 --
 -- Each minute that holds deadlines has a score no later than the earliest of them, so a minute
 -- whose score is in the future holds nothing due and is not read. A minute read whole gets its
@@ -12,7 +18,9 @@
 -- until one does.
 local pre, now = ARGV[1], tonumber(ARGV[2])
 local skip, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+local long, copies = tonumber(ARGV[5]), ARGV[6]
 local out = {}
+local refs = {}
 local full = false
 local minutes = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, 64, 'WITHSCORES')
 for j = 1, #minutes, 2 do
@@ -34,6 +42,14 @@ for j = 1, #minutes, 2 do
           if d <= now then
             if skip > 0 then
               skip = skip - 1
+            elseif #got[x] > long then
+              local copy = copies .. redis.sha1hex(got[x])
+              redis.call('SET', copy, got[x], 'NX', 'PX', 60000)
+              refs[#refs + 1] = copy
+              refs[#refs + 1] = d
+              refs[#refs + 1] = #got[x]
+              out[#out + 1] = false
+              out[#out + 1] = false
             else
               out[#out + 1] = got[x]
               out[#out + 1] = d
@@ -77,4 +93,12 @@ for j = 1, #minutes, 2 do
   if full then break end
 end
 local first = redis.call('ZRANGE', KEYS[1], '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
-return { out, first[2] and tonumber(first[2]) or -1 }
+-- The long keys' places counted against the limit, but not returned.
+local rows = {}
+for i = 1, #out, 2 do
+  if out[i] then
+    rows[#rows + 1] = out[i]
+    rows[#rows + 1] = out[i + 1]
+  end
+end
+return { rows, first[2] and tonumber(first[2]) or -1, refs }

@@ -1,6 +1,6 @@
 -- Refines the far buckets due soon into their seconds' hashes (run after `ledger/bucket.lua`),
 -- earliest hour first, a shard at a time. KEYS: the far buckets, their shard counts, the
--- frontier, the minutes. ARGV: the seconds' prefix, the far buckets' prefix, a bucket's width
+-- frontier, the minutes, each hour's key count. ARGV: the seconds' prefix, the far buckets' prefix, a bucket's width
 -- (ms), the latest start of an hour to refine now, about how many deadlines to move at most.
 -- Returns whether some are left to refine now (1 or 0), and the start of the earliest hour
 -- still far (-1: none).
@@ -51,6 +51,7 @@ while true do
     break
   end
   redis.call('HDEL', KEYS[2], b)
+  redis.call('HDEL', KEYS[5], b)
   redis.call('ZREM', KEYS[1], b)
 end
 local next = redis.call('ZRANGE', KEYS[1], '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
