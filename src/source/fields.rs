@@ -363,8 +363,8 @@ impl FieldLedger {
     /// hashes, every hash with known field deadlines is judged again. A hash the server no
     /// longer holds while one of its known deadlines is still to come was taken by the flush or
     /// the swap, not expired: its fields due from `since_ms` on are forgotten, never reported
-    /// (those due earlier expired before it and are judged as usual). After a swap, a hash that
-    /// is still there is walked (it may be another hash of the same name).
+    /// (those due earlier expired before it and are judged as usual). After a swap the fill that
+    /// follows ([`FieldLedger::emptied`] asks for it) walks every hash still there.
     async fn settle(
         &self,
         config: &Config,
@@ -415,14 +415,10 @@ impl FieldLedger {
                     if !self.judge(db, &key, &due, &now, tx).await? {
                         return Ok(false);
                     }
-                } else {
-                    // After a swap a hash still there may be another of the same name: walked.
-                    let judged = self.judge(db, &key, &known, &now, tx).await?;
-                    let walked = judged
-                        && (!swapped || self.learn(db, &key, config, per_second, tx).await?);
-                    if !walked {
-                        return Ok(false);
-                    }
+                } else if !self.judge(db, &key, &known, &now, tx).await? {
+                    // After a swap a hash still there may be another of the same name: the fill
+                    // that follows walks it, with every hash the swap brought in.
+                    return Ok(false);
                 }
             }
             if taken > 0 {
