@@ -20,6 +20,7 @@ fn context() -> Context {
         ttl_ms: None,
         recovered: false,
         source: "127.0.0.1:6379".to_owned(),
+        place: None,
     };
     Context::for_event(
         "cache-prewarm",

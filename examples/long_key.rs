@@ -98,6 +98,7 @@ async fn main() {
                 ttl_ms: None,
                 recovered: false,
                 source: "127.0.0.1:6379".into(),
+                place: None,
             };
             let values = rule.captures_in(&event.key, None).unwrap();
             Arc::new(Firing::new(

@@ -96,6 +96,25 @@ pub struct KeyEvent {
     pub recovered: bool,
     /// The node that published or held the key, `host:port`.
     pub source: String,
+    /// Where the event lies in its node's stream, for an event that may come without a
+    /// deadline (`del`, `evicted`, `expired`): how instances tell one such event from another
+    /// (`crate::source::places`). `None` from any other source.
+    pub place: Option<Place>,
+}
+
+/// An event's place in its node's stream (`crate::source::places`): the mark before it (hex of
+/// the mark's SHA-256, 16 digits) and its number among the events of its kind, database and key
+/// since that mark.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub mark: std::sync::Arc<str>,
+    pub n: u32,
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.mark, self.n)
+    }
 }
 
 /// Bytes as one line of text for people and logs: control characters (C0, DEL, C1: ESC, BEL,

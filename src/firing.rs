@@ -346,6 +346,7 @@ impl Firing {
             ttl_ms: self.ttl_ms,
             recovered: self.recovered,
             source: self.source.clone(),
+            place: None,
         }
     }
 
@@ -885,6 +886,7 @@ pub(crate) fn expiry(rule: &str, key: &str, observed_at: &str) -> Firing {
         ttl_ms: None,
         recovered: false,
         source: "127.0.0.1:1".into(),
+        place: None,
     };
     Firing::new(rule, &event, &[], vec![], None)
 }
@@ -904,6 +906,7 @@ mod tests {
             ttl_ms: None,
             recovered: false,
             source: "127.0.0.1:6379".into(),
+            place: None,
         }
     }
 

@@ -368,6 +368,7 @@ rules:
             ttl_ms: None,
             recovered: false,
             source: "127.0.0.1:1".into(),
+            place: None,
         };
         let firing = Firing::new("job", &event, &[], vec![], None);
         let (outcome, logs) = logged(actions.run(&firing, &crate::firing::Action::Exec)).await;

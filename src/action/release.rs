@@ -464,6 +464,7 @@ rules:
             ttl_ms: None,
             recovered: false,
             source: "127.0.0.1:6379".into(),
+            place: None,
         };
         let firing = Firing::new(
             rule,

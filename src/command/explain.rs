@@ -179,6 +179,7 @@ fn explain_rule(
         ttl_ms,
         recovered: false,
         source: "explain".into(),
+        place: None,
     };
     let values: Vec<bytes::Bytes> = captures.iter().cloned().map(bytes::Bytes::from).collect();
     let ctx = Context::for_event(&rule.name, &event, rule.capture_names(), &values, None)

@@ -287,6 +287,7 @@ mod tests {
             ttl_ms: None,
             recovered: false,
             source: "test".into(),
+            place: None,
         }
     }
 

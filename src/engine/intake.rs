@@ -154,6 +154,7 @@ impl Record {
             ttl_ms: self.ttl_ms,
             recovered: self.recovered,
             source: self.source.clone(),
+            place: None,
         }
     }
 }
@@ -409,13 +410,23 @@ impl Intake {
             if let Mode::Live { fire, at } = mode {
                 let r = Record::of(e, None);
                 line(&r);
-                modes.push(if *fire { 'L' } else { 'l' });
+                // With its place (`M`, `m`) when the subscriber gave one: the claim if the
+                // ledger turns out not to know its deadline.
+                modes.push(match (fire, &e.place) {
+                    (true, None) => 'L',
+                    (false, None) => 'l',
+                    (true, Some(_)) => 'M',
+                    (false, Some(_)) => 'm',
+                });
                 key_arg(&mut args, &r, e);
                 args.push(
                     at.map(|s| s.to_string().into_bytes())
                         .unwrap_or_default()
                         .into(),
                 );
+                if let Some(place) = &e.place {
+                    args.push(place.to_string().into_bytes().into());
+                }
                 records.push(r);
                 continue;
             }
@@ -423,7 +434,19 @@ impl Intake {
                 Mode::Live { .. } => unreachable!("taken above"),
                 Mode::Recovered { fire: true } => ('R', None, None, None),
                 Mode::Recovered { fire: false } => ('r', None, None, None),
-                Mode::Plain | Mode::Field { .. } => ('P', e.deadline, Some(Vec::new()), None),
+                // Without a deadline, its place (if any) names its claim.
+                Mode::Plain | Mode::Field { .. } => (
+                    'P',
+                    e.deadline,
+                    Some(
+                        e.place
+                            .as_ref()
+                            .filter(|_| e.deadline.is_none())
+                            .map(|p| p.to_string().into_bytes())
+                            .unwrap_or_default(),
+                    ),
+                    None,
+                ),
                 Mode::Warning { rule } => {
                     let d = e.deadline.map_or(0, |d| d.timestamp_millis());
                     let claim = crate::store::intake::warned(&self.prefix, e.db, rule, d, &e.key);
@@ -750,6 +773,7 @@ mod tests {
             ttl_ms: None,
             recovered: false,
             source: "here".into(),
+            place: None,
         };
         let a = Intake::new(conn.clone(), "kw:", "a");
         let taken = a.take(0, &[(&e, Mode::Plain)]).await.unwrap();
@@ -801,6 +825,7 @@ mod tests {
             ttl_ms: None,
             recovered: true,
             source: "n:1".into(),
+            place: None,
         };
         let (r, json) = decode(&encode(&Record::of(&e, None))).unwrap();
         assert_eq!(r.event(), e);
@@ -832,6 +857,7 @@ mod tests {
                 ttl_ms: None,
                 recovered: false,
                 source: "n:1".into(),
+                place: None,
             },
             None,
         );
@@ -868,6 +894,7 @@ mod tests {
             ttl_ms: None,
             recovered: false,
             source: "n:1".into(),
+            place: None,
         }
     }
 

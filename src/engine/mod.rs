@@ -480,6 +480,7 @@ impl Engine {
                 ttl_ms: None,
                 recovered: true,
                 source: self.keyspace.node(),
+                place: None,
             };
             let rules = self.config.rules_for(event.kind, event.db, &event.key);
             tracing::info!(db, key = %event.key_lossy(), deadline = ?event.deadline, "Recovered an expiry whose notification was missed.");

@@ -286,6 +286,7 @@ impl FieldLedger {
             ttl_ms: None,
             recovered: deadline_ms < self.inner.started_ms,
             source: self.inner.keyspace.node(),
+            place: None,
         })
     }
 

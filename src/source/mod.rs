@@ -13,6 +13,7 @@ pub mod flushes;
 pub mod ledger;
 
 pub mod notifications;
+pub mod places;
 pub mod scanner;
 pub(crate) mod sentinel;
 

@@ -26,6 +26,7 @@ use crate::keyspace::clock::now_ms;
 use crate::keyspace::role;
 use crate::metrics::Metrics;
 use crate::source::ledger::Note;
+use crate::source::places::{self, Places};
 use crate::source::{Signal, flushes};
 
 /// The keyevent channels for `kinds` in `dbs` (`__keyevent@0__:expired`, …), plus, when
@@ -122,6 +123,7 @@ pub fn decode_owned(channel: &str, key: Vec<u8>, node: &str, now: DateTime<Utc>)
             ttl_ms: None,
             recovered: false,
             source: node.to_string(),
+            place: None,
         }),
         Some((db, Feed::Deadline(note))) => Signal::Deadline { db, key, note },
         Some((db, Feed::Hash(change))) => Signal::Hash { db, key, change },
@@ -367,21 +369,19 @@ async fn session(
     if let Err(ended) = check_role(&mut commands, node).await {
         return Some(ended);
     }
-    crate::internal_events::Subscribed {
-        node,
-        channels: subscribed.len(),
-    }
-    .emit();
-    let mut following = true;
-    if tx
-        .send(Signal::Up {
-            node: node.to_string(),
-        })
-        .await
-        .is_err()
+    // Up once a mark is heard, so that every event from then on has its place (unless marks
+    // cannot be published: then events are claimed by name, as without places).
+    let mut places = Places::default();
+    let marker = marker_channel(&subscribed);
+    let mut up = false;
+    if !publish_mark(&mut commands, marker.as_deref(), node).await
+        && !announce(node, &subscribed, tx, &mut up).await
     {
         return None;
     }
+    let marked_within = tokio::time::sleep(PING_TIMEOUT);
+    tokio::pin!(marked_within);
+    let mut following = true;
     let mut ping = tokio::time::interval_at(Instant::now() + PING_EVERY, PING_EVERY);
     ping.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut role_check = tokio::time::interval_at(Instant::now() + ROLE_EVERY, ROLE_EVERY);
@@ -412,7 +412,23 @@ async fn session(
                 let Some((channel, payload)) = msg else {
                     return held.hand_on(tx).await.then(|| Ended::Lost("connection closed by the server".into()));
                 };
-                let Some(signal) = decode_owned(&channel, payload, node, crate::keyspace::clock::now()) else { continue };
+                let Some(mut signal) = decode_owned(&channel, payload, node, crate::keyspace::clock::now()) else { continue };
+                match &mut signal {
+                    Signal::Marker { payload, .. } => {
+                        // The first mark after subscribing: from here on every event has its place.
+                        let first = places.heard(payload) && !up;
+                        if first && !announce(node, &subscribed, tx, &mut up).await {
+                            return None;
+                        }
+                    }
+                    Signal::Event(e) => {
+                        places.place(&channel, e);
+                        if places.ask() {
+                            publish_mark(&mut commands, marker.as_deref(), node).await;
+                        }
+                    }
+                    _ => {}
+                }
                 let signal = if held.is_empty() {
                     match tx.try_send(signal) {
                         Ok(()) => continue,
@@ -446,8 +462,13 @@ async fn session(
                     continue;
                 }
                 let wanted = channels.borrow_and_update().clone();
+                let before = subscribed.clone();
                 if let Err(e) = follow(&mut sub, &mut subscribed, wanted).await {
                     return Some(Ended::Lost(e));
+                }
+                places.subscribed(subscribed.iter().filter(|c| !before.contains(c)).cloned());
+                if places.ask() {
+                    publish_mark(&mut commands, marker.as_deref(), node).await;
                 }
                 crate::internal_events::SubscriptionsChanged {
                     node,
@@ -489,6 +510,12 @@ async fn session(
                     }
                 }
             }
+            _ = &mut marked_within, if !up => {
+                return Some(Ended::Lost(format!(
+                    "keywatch's own mark, published after subscribing, did not come back within {}s",
+                    PING_TIMEOUT.as_secs()
+                )));
+            }
             _ = role_check.tick() => {
                 if let Err(ended) = check_role(&mut commands, node).await {
                     return Some(ended);
@@ -503,6 +530,63 @@ async fn session(
             }
         }
     }
+}
+
+/// keywatch's own channel among the subscribed ones (marks, ledger markers, notices).
+fn marker_channel(subscribed: &[String]) -> Option<String> {
+    subscribed
+        .iter()
+        .find(|c| !c.starts_with("__keyevent@"))
+        .cloned()
+}
+
+/// Publishes a mark on the marker channel ([`places`]); `false` when none went out (no such
+/// channel, or the node refused: the places ask again later).
+async fn publish_mark(
+    commands: &mut redis::aio::MultiplexedConnection,
+    marker: Option<&str>,
+    node: &str,
+) -> bool {
+    let Some(marker) = marker else {
+        return false;
+    };
+    let published = tokio::time::timeout(
+        PING_TIMEOUT,
+        redis::cmd("PUBLISH")
+            .arg(marker)
+            .arg(places::mark_payload(node))
+            .query_async::<i64>(commands),
+    )
+    .await;
+    match published {
+        Ok(Ok(_)) => true,
+        Ok(Err(e)) => {
+            tracing::warn!(%node, error = %e, "Cannot publish a mark: events without a deadline are told apart for 5 s only (docs/how-it-works.md#events-without-a-deadline).");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// Tells that the subscription is in place: logged, and `Up` to the engine. `false` when nobody
+/// listens any more.
+async fn announce(
+    node: &str,
+    subscribed: &[String],
+    tx: &mpsc::Sender<Signal>,
+    up: &mut bool,
+) -> bool {
+    *up = true;
+    crate::internal_events::Subscribed {
+        node,
+        channels: subscribed.len(),
+    }
+    .emit();
+    tx.send(Signal::Up {
+        node: node.to_string(),
+    })
+    .await
+    .is_ok()
 }
 
 /// Whether the subscription includes what only the ledgers listen to (`expire`, `hexpire`): the
@@ -758,6 +842,10 @@ crate::keyspace::commands::declare! {
         .access(Access::Write)
         .args("__keyevent@0__:keywatch-doctor"),
         Use::new(Server::Watched, "ping", "subscriber: health checks"),
+        Use::new(Server::Watched, "publish", "subscriber: marks, which place events without a deadline")
+            .access(Access::Write)
+            .channel(PubSub::Marker)
+            .args("{channel} keywatch-doctor"),
 
     ]
 }

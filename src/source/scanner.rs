@@ -566,6 +566,7 @@ impl Scanner {
                 ttl_ms: Some((deadline - observed_at.timestamp_millis()).max(0)),
                 recovered: false,
                 source: node.clone(),
+                place: None,
             };
             if self.tx.send(Signal::Warn { event, rules }).await.is_err() {
                 break; // the engine is gone: shutting down

@@ -1231,6 +1231,7 @@ mod tests {
             ttl_ms: None,
             recovered: true,
             source: "127.0.0.1:1".into(),
+            place: None,
         };
         let f = Firing::new(
             "orders \u{1f512}",

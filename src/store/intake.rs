@@ -3,7 +3,10 @@
 //! - `{prefix}intake`, a sorted set: the intake records, scored by the end of their lease (or
 //!   by when a record waiting for a retry comes due); `{prefix}intake:events`, a hash: each
 //!   record's events (the codec is the engine's, [`crate::engine`]).
-//! - `{prefix}claim:ID` (`SET NX PX 5000`): the claim of an event without a known deadline;
+//! - `{prefix}claim:ID` (`SET NX PX 5000`): the claim of an event without a known deadline
+//!   that has no place in its node's stream (`crate::source::places`); `{prefix}claims:at:MARK`,
+//!   hashes (`HSETNX`): the claims of those that have one, one hash per mark, dropped ten
+//!   minutes after its last claim;
 //!   `{prefix}claims:MINUTE:DIGIT`, hashes (`HSETNX`): the claims of events with a deadline, one
 //!   per deadline minute and first hex digit of the claim, dropped ten minutes after it;
 //!   `{prefix}warned:DB:RULE:DEADLINE:KEY` (`SET NX PXAT`): a scanner warning's claim.
@@ -336,9 +339,17 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "pexpireat", SCRIPT)
             .on(Keys::State("claims:*:*"), Access::Write)
             .args("{key} 1000"),
+        // A placed claim's hash lasts ten minutes after its last claim.
+        Use::new(Server::State, "pexpire", SCRIPT)
+            .on(Keys::State("claims:*:*"), Access::Write)
+            .args("{key} 1000"),
         Use::new(Server::State, "set", SCRIPT)
             .on(Keys::State("claim:*"), Access::Write)
             .args("{key} 1 NX PX 1000"),
+        // A placed claim yields to a claim by name of an instance before places (an upgrade).
+        Use::new(Server::State, "get", SCRIPT)
+            .on(Keys::State("claim:*"), Access::Read)
+            .args("{key}"),
         Use::new(Server::State, "set", SCRIPT)
             .on(Keys::State("warned:*"), Access::Write)
             .args("{key} 1 NX PXAT 1"),

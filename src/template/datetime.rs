@@ -92,6 +92,7 @@ mod tests {
             ttl_ms: None,
             recovered: false,
             source: "127.0.0.1:6379".to_owned(),
+            place: None,
         };
         Context::for_event("r", &event, &[], &[], None)
     }

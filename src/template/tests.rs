@@ -18,6 +18,7 @@ fn event(key: &[u8]) -> KeyEvent {
         ttl_ms: None,
         recovered: false,
         source: "127.0.0.1:6379".to_owned(),
+        place: None,
     }
 }
 

@@ -379,7 +379,7 @@ impl HttpReceiver {
 
     /// Waits until `done` holds for the requests so far and returns them. Panics after `timeout`
     /// with `what`, listing what did arrive.
-    fn wait_until(
+    pub fn wait_until(
         &self,
         what: &str,
         timeout: Duration,

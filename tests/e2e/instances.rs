@@ -5,7 +5,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{HttpReceiver, RedisServer, jobs_in, write_rules};
+use common::{HttpReceiver, RedisServer, jobs_in, set_and_expire_now, wait_until, write_rules};
 
 #[test]
 fn three_instances_fire_each_event_once() {
@@ -534,5 +534,122 @@ fn a_failed_window_digest_is_retried_by_any_instance() {
         got[0].header("idempotency-key"),
         got[1].header("idempotency-key"),
         "the retry is the same digest"
+    );
+}
+
+/// Sets each of `keys`, then deletes it: a `del` each.
+fn set_and_delete(c: &mut redis::Connection, keys: impl IntoIterator<Item = String>) {
+    for k in keys {
+        let () = redis::cmd("SET").arg(&k).arg("w").query(c).unwrap();
+        let _: i64 = redis::cmd("DEL").arg(&k).query(c).unwrap();
+    }
+}
+
+/// Redis's clock, in milliseconds.
+fn redis_ms(c: &mut redis::Connection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(c).unwrap();
+    s * 1000 + us / 1000
+}
+
+/// The events of a `deleted` rule keyed by key, counting each delivery.
+fn deliveries_by_key(requests: &[common::Request]) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for r in requests {
+        let j = r.json();
+        *seen
+            .entry(j["key"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    seen
+}
+
+/// An event without a deadline (a `DEL`, an `expired` the ledger did not know) has nothing in
+/// Redis to claim but its name: an instance frozen while another takes it must not take it again
+/// when it reads it seconds later, however late. And a key deleted again is a new event that
+/// fires again, on whichever instance.
+#[test]
+fn an_instance_that_reads_events_late_does_not_fire_them_again() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    let receiver = HttpReceiver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let rule = |extra: &str| {
+        format!(
+            r#"
+channels:
+  hook:
+    type: webhook
+    url: "{}"
+rules:
+  - name: job-deleted
+    match: "job:{{id}}"
+    on: [deleted]
+    notify: {{ to: [hook] }}
+  - name: lock-expired
+    match: "lock:{{id}}"
+    notify: {{ to: [hook] }}
+{extra}"#,
+            receiver.url_for("/hook")
+        )
+    };
+    let rules_a = write_rules(dir.path(), "a.yaml", &rule(""));
+    // Only the late instance has a rule for `late:*`: its sentinel goes through its pipeline
+    // after everything it read before.
+    let rules_b = write_rules(
+        dir.path(),
+        "b.yaml",
+        &rule(
+            r#"  - name: late-sentinel
+    match: "late:{id}"
+    on: [deleted]
+    notify: { to: [hook] }
+"#,
+        ),
+    );
+    let _a = common::run_on(&redis, &rules_a);
+    let mut b = common::run_on(&redis, &rules_b);
+    let mut c = redis.conn();
+
+    b.signal(common::Signal::STOP);
+    set_and_delete(&mut c, (0..10).map(|i| format!("job:{i}")));
+    receiver.wait_for(10, common::PATIENCE);
+    // The late instance reads them longer after than a claim that tells copies from repeats by
+    // time lasted (5 s): a freeze, a stall of the VM, a storm's backlog.
+    let deleted_at = redis_ms(&mut c);
+    wait_until("the freeze has lasted 6 s", Duration::from_secs(30), || {
+        redis_ms(&mut c) >= deleted_at + 6_000
+    });
+    b.signal(common::Signal::CONT);
+    set_and_delete(&mut c, ["late:sentinel".to_string()]);
+    receiver.wait_until("the late instance's sentinel", common::PATIENCE, |r| {
+        r.iter().any(|r| r.body_str().contains("late:sentinel"))
+    });
+    wait_until("nothing left in the queue", common::PATIENCE, || {
+        queued(&redis) == 0
+    });
+    let seen = deliveries_by_key(&receiver.requests());
+    let doubled: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(doubled.is_empty(), "fired more than once: {doubled:?}");
+    assert_eq!(seen.len(), 11, "{seen:?}");
+
+    // The same keys deleted again, twice in a row, are new events: each fires again.
+    for _ in 0..2 {
+        set_and_delete(&mut c, (0..10).map(|i| format!("job:{i}")));
+    }
+    receiver.wait_for(31, common::PATIENCE);
+    set_and_expire_now(&mut c, &["lock:sentinel"]);
+    receiver.wait_until("the sentinel", common::PATIENCE, |r| {
+        r.iter().any(|r| r.body_str().contains("lock:sentinel"))
+    });
+    wait_until("nothing left in the queue", common::PATIENCE, || {
+        queued(&redis) == 0
+    });
+    let seen = deliveries_by_key(&receiver.requests());
+    let wrong: Vec<_> = seen
+        .iter()
+        .filter(|(k, n)| k.starts_with("job:") && **n != 3)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "each key deleted three times fired: {wrong:?}"
     );
 }

@@ -24,6 +24,7 @@ fn expired(key: &str, deadline_ms: Option<i64>) -> KeyEvent {
         ttl_ms: None,
         recovered: false,
         source: "test".into(),
+        place: None,
     }
 }
 

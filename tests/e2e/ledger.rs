@@ -65,6 +65,7 @@ fn expired(key: &str, deadline_ms: Option<i64>, recovered: bool) -> keywatch::ev
         ttl_ms: None,
         recovered,
         source: String::new(),
+        place: None,
     }
 }
 

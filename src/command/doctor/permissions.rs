@@ -302,6 +302,7 @@ fn rule_fills(config: &Config, rule: &Rule, u: &Use) -> Vec<Fill> {
         ttl_ms: None,
         recovered: false,
         source: "doctor".into(),
+        place: None,
     };
     let ctx = Context::for_event(&rule.name, &event, names, &values, None).with_sample_detail();
     let render = |id| config.templates.render(id, &ctx).ok();

@@ -87,6 +87,7 @@ fn key_event(config: &Config, now: DateTime<Utc>, e: &Event, source: &str) -> Ke
         ttl_ms,
         recovered: e.recovered,
         source: source.to_string(),
+        place: None,
     }
 }
 

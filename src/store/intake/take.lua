@@ -21,9 +21,10 @@ local batch = ARGV[10]
 -- naming those won, so the script neither copies nor joins them one by one.
 local blob = ARGV[11]
 -- One letter per event, its mode. A live expiry (`L`, `l`) has two arguments, its key and the
--- second its deadline falls in as the instance's index knows it (empty: not known); a recovery
--- (`R`, `r`) one, its key; any other event four: its kind, key, given deadline and extra (a
--- claim key, a field).
+-- second its deadline falls in as the instance's index knows it (empty: not known), or three
+-- (`M`, `m`) with its place in the node's stream (`MARK:N`, see `src/source/places.rs`); a
+-- recovery (`R`, `r`) one, its key; any other event four: its kind, key, given deadline and
+-- extra (a claim key, a field, or for an event without a deadline its place, maybe empty).
 local modes = ARGV[12]
 -- The ledger's hashes (without their second), how far back a live expiry of a key the index
 -- did not know is looked for, and how old a deadline taken by a live expiry must be for the take
@@ -47,10 +48,10 @@ end
 local first = 19
 local n = #modes
 local minute = math.floor(now / 60000)
-local B_L, B_l, B_R, B_r, B_F, B_f, B_W = string.byte('LlRrFfW', 1, 7)
--- Where each event's arguments start, and the live expiries: their event, key and second.
+local B_L, B_l, B_R, B_r, B_F, B_f, B_W, B_M, B_m = string.byte('LlRrFfWMm', 1, 9)
+-- Where each event's arguments start, and the live expiries: their event, key, second and place.
 local at = {}
-local live, live_at, live_second = {}, {}, {}
+local live, live_at, live_second, live_place = {}, {}, {}, {}
 do
   local a = first
   for i = 1, n do
@@ -61,6 +62,12 @@ do
       live_at[#live] = i
       live_second[#live] = ARGV[a + 1]
       a = a + 2
+    elseif m == B_M or m == B_m then
+      live[#live + 1] = ARGV[a]
+      live_at[#live] = i
+      live_second[#live] = ARGV[a + 1]
+      live_place[#live] = ARGV[a + 2]
+      a = a + 3
     elseif m == B_R or m == B_r then
       a = a + 1
     else
@@ -156,6 +163,32 @@ for li = 1, #live do
     end
   end
 end
+-- The claim of an event without a deadline. With its place in the node's stream (`MARK:N`),
+-- a field of the mark's hash that lasts ten minutes after its last claim, so that an instance
+-- reading the event minutes late still finds it taken, and the key deleted again is another
+-- field; without one (a subscriber that has heard no mark yet), a key of its own named by the
+-- event, for 5 s: a copy read later than that is taken again, a repeat within it is lost.
+-- A placed claim writes that key as well (`@` and the instance), for instances of a version
+-- before places (an upgrade), and yields to one such an instance wrote.
+local placed, placed_order = {}, {}
+local function claim(kind, key, place)
+  local by_name = claim_prefix .. redis.sha1hex(db .. '|' .. kind .. '||' .. key)
+  local mark, nth = string.match(place or '', '^(%x+):(%d+)$')
+  if not mark then
+    return redis.call('SET', by_name, me, 'NX', 'PX', 5000) and true or false
+  end
+  local other = redis.call('GET', by_name)
+  if other and string.sub(other, 1, 1) ~= '@' then return false end
+  local hk = claims_prefix .. 'at:' .. mark
+  if not placed[hk] then
+    placed[hk] = true
+    placed_order[#placed_order + 1] = hk
+  end
+  local id = redis.sha1hex(db .. '|' .. kind .. '|' .. nth .. '|' .. key)
+  if redis.call('HSETNX', hk, id, me) == 0 then return false end
+  redis.call('SET', by_name, '@' .. me, 'PX', 5000)
+  return true
+end
 -- Takes key's deadline out of the poked set (the removal written once for the batch).
 local unpoked = {}
 local function take_poked(key)
@@ -190,7 +223,7 @@ local li = 0
 for i = 1, n do
   local m = string.byte(modes, i)
   local p = at[i]
-  if m == B_L or m == B_l then
+  if m == B_L or m == B_l or m == B_M or m == B_m then
     li = li + 1
     local key = ARGV[p]
     local s = due[li]
@@ -223,7 +256,7 @@ for i = 1, n do
       handled[hn + 1] = key
       handled[hn + 2] = d
       here[key] = d
-      if m == B_L then
+      if m == B_L or m == B_M then
         local wn = #won_parts
         if wn > 0 then
           won_parts[wn + 1] = ','
@@ -239,12 +272,8 @@ for i = 1, n do
         -- Taken without a known deadline: a deadline of this key learnt late (a fill or
         -- another instance read it before the key went) must not come back as a miss.
         remember(key, '~' .. now)
-        if m == B_L then
-          -- Claimed by a key shared by every instance, named by the event.
-          local id = redis.sha1hex(db .. '|expired||' .. key)
-          if redis.call('SET', claim_prefix .. id, me, 'NX', 'PX', 5000) then
-            won(i, false)
-          end
+        if (m == B_L or m == B_M) and claim('expired', key, live_place[li]) then
+          won(i, false)
         end
       end
     end
@@ -283,7 +312,7 @@ for i = 1, n do
         if redis.call('PEXPIRETIME', hk) < until_ms then
           redis.call('PEXPIREAT', hk, until_ms)
         end
-      elseif redis.call('SET', claim_prefix .. id, me, 'NX', 'PX', 5000) then
+      elseif claim(kind, key, extra) then
         w = 1
       end
       if w == 1 then won(i, d) end
@@ -295,6 +324,9 @@ for _, b in ipairs(unledgered_order) do
   chunked(g, 1, #g, 1000, function(...)
     redis.call('HDEL', b, ...)
   end)
+end
+for _, hk in ipairs(placed_order) do
+  redis.call('PEXPIRE', hk, 600000)
 end
 chunked(unpoked, 1, #unpoked, 1000, function(...)
   redis.call('ZREM', KEYS[2], ...)
