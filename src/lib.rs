@@ -73,14 +73,8 @@
 //!   fetched (a pinned, hash-checked build) where none is installed.
 //! - [`drill`]: the crash drill's hook (a kill at a chosen step of an event's path).
 
-/// A storm of expiries allocates and frees small buffers on every worker thread (firings,
-/// rendered templates, HTTP requests); glibc's allocator spent about a third of a mass expiry's
-/// CPU in malloc and free. Declared here, not in `main.rs`, so the examples that run
-/// `keywatch run` in-process measure the allocator the binary ships with.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 pub mod action;
+pub(crate) mod allocator;
 pub(crate) mod backoff;
 pub mod channel;
 pub mod command;

@@ -375,6 +375,7 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
 }
 
 pub fn run(cli: Cli) -> ExitCode {
+    crate::allocator::tune();
     // One TLS provider for reqwest and redis, chosen before either builds a TLS config.
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let default_level = match cli.command {

@@ -17,22 +17,37 @@ impl Config {
         self.matcher.matching(key, out);
     }
 
-    /// The rules that fire for `kind` in database `db` on `key`, with their captures.
+    /// The rules that fire for `kind` in database `db` on `key`, with their captures: slices of
+    /// `key`, not copies (a rule's `{id}` is nearly all of a long key,
+    /// docs/reliability.md#bounded-whatever-the-key).
     pub fn rules_for(
         &self,
         kind: EventKind,
         db: u32,
-        key: &[u8],
+        key: &bytes::Bytes,
     ) -> Vec<(usize, Vec<bytes::Bytes>)> {
+        self.firing(kind, db, key)
+            .filter_map(|i| {
+                let ranges = self.rules[i].pattern.capture_ranges(key)?;
+                Some((i, ranges.into_iter().map(|r| key.slice(r)).collect()))
+            })
+            .collect()
+    }
+
+    /// [`Config::rules_for`] without the captures, where only which rules fire matters.
+    pub fn rules_firing(&self, kind: EventKind, db: u32, key: &[u8]) -> Vec<usize> {
+        self.firing(kind, db, key)
+            .filter(|&i| self.rules[i].pattern.is_match(key))
+            .collect()
+    }
+
+    /// The rules that fire for `kind` in `db` among those [`Config::matching_rules`] finds for
+    /// `key`, whose patterns are yet to be applied.
+    fn firing(&self, kind: EventKind, db: u32, key: &[u8]) -> impl Iterator<Item = usize> + '_ {
         let mut idx = Vec::new();
         self.matching_rules(key, &mut idx);
         idx.into_iter()
-            .filter(|&i| self.rules[i].fires_on(kind, db))
-            .filter_map(|i| {
-                let c = self.rules[i].pattern.captures(key)?;
-                Some((i, c.into_iter().map(bytes::Bytes::from).collect()))
-            })
-            .collect()
+            .filter(move |&i| self.rules[i].fires_on(kind, db))
     }
 
     /// Whether a deadline of `key` in `db` is worth keeping: some rule fires on its expiry or

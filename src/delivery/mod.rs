@@ -214,10 +214,10 @@ impl Delivery {
     /// follow-ups.
     pub fn heard_again(&self, config: &Config, db: u32, key: &[u8]) {
         let rules: Vec<crate::config::Rule> = config
-            .rules_for(EventKind::Expired, db, key)
+            .rules_firing(EventKind::Expired, db, key)
             .into_iter()
-            .chain(config.rules_for(EventKind::Evicted, db, key))
-            .map(|(i, _)| config.rules[i].clone())
+            .chain(config.rules_firing(EventKind::Evicted, db, key))
+            .map(|i| config.rules[i].clone())
             .filter(|r| r.escalate.is_some() || r.resolved.is_some())
             .collect();
         if rules.is_empty() {

@@ -452,6 +452,33 @@ impl Keyspace {
         Ok(out)
     }
 
+    /// Connections of their own that together SCAN database `db` (of the cluster master `only`,
+    /// when given), for one walk: a page holding a key of megabytes grows a connection's read
+    /// buffer to twice its length, which it keeps as long as it lives
+    /// (docs/reliability.md#bounded-whatever-the-key), so the walk's go when it ends instead of
+    /// staying with the connections every command shares.
+    pub async fn walk_conns(&self, db: u32, only: Option<&str>) -> RedisResult<Vec<Conn>> {
+        let clients = match (&self.inner.cluster, only) {
+            (Some(_), Some(node)) => vec![self.client_for(node)],
+            (Some(_), None) => self
+                .masters()
+                .iter()
+                .map(|m| self.client_for(&m.addr))
+                .collect(),
+            (None, _) => {
+                // With Sentinel, once the promotion under way is over, as for every command.
+                self.until_open().await;
+                vec![self.client(db)]
+            }
+        };
+        let mut out = Vec::new();
+        for client in clients {
+            let client = client.map_err(settings_error)?;
+            out.push(Conn::Node(connect::manager(&client).await?, None));
+        }
+        Ok(out)
+    }
+
     /// The masters as last discovered (empty on a single node).
     pub fn masters(&self) -> Vec<Master> {
         match &self.inner.cluster {

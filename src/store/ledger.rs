@@ -15,6 +15,8 @@ pub const BUCKET: &str = include_str!("ledger/bucket.lua");
 const RECORD: &str = include_str!("ledger/record.lua");
 /// Reads the due deadlines for the poker.
 const DUE: &str = include_str!("ledger/due.lua");
+/// Reads a minute's deadlines for the walks, its long keys as copies.
+const MINUTE: &str = include_str!("ledger/minute.lua");
 /// Moves touched-and-gone keys to the poked set.
 const MOVE_POKED: &str = include_str!("ledger/move_poked.lua");
 /// Converts an earlier keywatch's ledger (one sorted set) to this form.
@@ -40,9 +42,12 @@ fn with_far(lua: &str) -> redis::Script {
 static RECORD_CODE: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("{BUCKET}{RECORD}"));
 
-/// The scripts the key and the field ledger share: the poker's read and the conversion.
+/// The scripts the key and the field ledger share: the poker's read, the walks' and the
+/// conversion.
 static DUE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(DUE));
+static MINUTE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| with_bucket(MINUTE));
 static CONVERT_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(CONVERT));
 
@@ -145,25 +150,29 @@ impl Names {
             .await
     }
 
-    /// Every deadline in `minute`, in one round trip (unordered).
+    /// Every deadline in `minute`, in one round trip (unordered) but for the keys longer than
+    /// `long_key::EXACT`, which come as copies (`ledger/minute.lua`) read a MiB at a time: the
+    /// walks that read the ledger whole (docs/reliability.md#bounded-whatever-the-key). A copy
+    /// gone meanwhile (deleted by hand) leaves its key out of this reading.
     pub async fn in_minute(
         &self,
         conn: &mut Conn,
         minute: i64,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        let mut pipe = redis::pipe();
-        let pre = &self.seconds;
-        for s in minute * 60..minute * 60 + 60 {
-            pipe.cmd("HGETALL").arg(format!("{pre}{s}"));
-            pipe.cmd("HGETALL").arg(format!("{pre}{s}:long"));
+        let (mut rows, copies): (Rows, Vec<Copy>) = MINUTE_SCRIPT
+            .key(&self.minutes)
+            .arg(&self.seconds)
+            .arg(minute)
+            .arg(crate::long_key::EXACT)
+            .arg(&self.copies)
+            .invoke_async(conn)
+            .await?;
+        for (copy, deadline, len) in copies {
+            if let Some(key) = crate::store::long_keys::read_at(conn, &copy, len).await? {
+                rows.push((key, deadline));
+            }
         }
-        let hashes: Vec<Vec<(Vec<u8>, i64)>> = pipe.query_async(conn).await?;
-        let mut out = Vec::new();
-        for (i, fields) in hashes.into_iter().enumerate() {
-            let second = minute * 60 + (i / 2) as i64;
-            out.extend(fields.into_iter().map(|(k, ms)| (k, second * 1000 + ms)));
-        }
-        Ok(out)
+        Ok(rows)
     }
 
     /// Deadlines in `(from_ms, until_ms]`, soonest first, a page at a time: at least

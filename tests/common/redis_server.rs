@@ -222,6 +222,22 @@ enum Failure {
 }
 
 impl RedisServer {
+    /// Cuts every client's connection (subscribers and command connections alike, `CLIENT
+    /// KILL`): keywatch finds out and reconnects, as after a network cut.
+    pub fn cut_clients(&self) {
+        let mut c = self.conn();
+        for kind in ["pubsub", "normal"] {
+            let _: i64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg(kind)
+                .arg("SKIPME")
+                .arg("yes")
+                .query(&mut c)
+                .expect("CLIENT KILL");
+        }
+    }
+
     /// A plain server: no persistence, no keyspace notifications.
     pub fn start() -> RedisServer {
         Self::builder().start()

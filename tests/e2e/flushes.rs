@@ -306,18 +306,8 @@ fn a_swap_with_an_unwatched_database_follows_the_keys() {
 fn a_flush_while_disconnected_reports_no_expiry() {
     let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let mut t = FiveLocks::start(&redis, &redis.url(), 1, &redis, 4000);
-    let mut c = redis.conn();
     t.kw.signal(common::Signal::STOP);
-    for kind in ["pubsub", "normal"] {
-        let _: i64 = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg(kind)
-            .arg("SKIPME")
-            .arg("yes")
-            .query(&mut c)
-            .unwrap();
-    }
+    redis.cut_clients();
     let () = redis::cmd("FLUSHDB")
         .query(&mut conn_in(&redis, 1))
         .unwrap();

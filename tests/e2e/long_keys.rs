@@ -15,16 +15,8 @@ use serde_json::{Value, json};
 
 /// How far keywatch's peak resident memory may rise above its idle one while it handles long
 /// keys (docs/reliability.md#bounded-whatever-the-key): 100 MiB, for one 16 MiB key as for eight
-/// 2 MiB keys at once, against redis-server. Against Valkey 9.1.2 (the CI's second pass) the
-/// 16 MiB drill peaks at 98–105 MiB, 15–20 more than against Redis for reasons not found yet:
-/// bounded there at 125 MiB until they are.
-fn bound_mib() -> f64 {
-    let server = common::tools::redis_server_bin();
-    let valkey = server
-        .file_name()
-        .is_some_and(|n| n.to_string_lossy().contains("valkey"));
-    if valkey { 125.0 } else { 100.0 }
-}
+/// 2 MiB keys at once and through a reconnect, against redis-server as against Valkey.
+const BOUND_MIB: f64 = 100.0;
 
 /// A field of `/proc/PID/status` (`VmRSS:`, `VmHWM:`), in MiB.
 fn status_mib(pid: u32, field: &str) -> f64 {
@@ -119,6 +111,25 @@ rules:
         pd = u("/pd"),
         smtp = smtp.port(),
     )
+}
+
+/// keywatch with [`every_channel`] on a [`long_key_server`], subscribed.
+fn launch(http: &HttpReceiver, smtp: &SmtpServer) -> Daemon {
+    Daemon::launch(
+        long_key_server(),
+        Rules::new(&every_channel(http, smtp)),
+        Logs::Json,
+        &[],
+    )
+}
+
+/// Fails unless the peak RSS is within [`BOUND_MIB`] of the idle one (MiB both).
+fn within_bound(idle: f64, peak: f64) {
+    assert!(
+        peak - idle <= BOUND_MIB,
+        "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
+        peak - idle
+    );
 }
 
 /// The daemon's resident memory once it is up and has nothing to do, MiB.
@@ -246,18 +257,13 @@ fn link_tokens(text: &str) -> Vec<String> {
 }
 
 /// A 16 MB key on a rule with every type of channel, links and an escalation: keywatch's
-/// memory stays within [`bound_mib`] of its idle memory, every channel gets exactly one message
+/// memory stays within [`BOUND_MIB`] of its idle memory, every channel gets exactly one message
 /// within its service's limit with the key cut and marked, and both links act on the event.
 #[test]
 fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
     let http = services();
     let smtp = SmtpServer::start();
-    let daemon = Daemon::launch(
-        long_key_server(),
-        Rules::new(&every_channel(&http, &smtp)),
-        Logs::Json,
-        &[],
-    );
+    let daemon = launch(&http, &smtp);
     let idle = idle_rss(&daemon);
     let mut key = b"long:".to_vec();
     key.extend(std::iter::repeat_n(b'k', 16 << 20));
@@ -338,11 +344,56 @@ fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
         "the silence link silenced the rule: {list}"
     );
     // Memory last, so that everything else is seen whatever it says.
-    assert!(
-        peak - idle <= bound_mib(),
-        "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
+    within_bound(idle, peak);
+    daemon.stop();
+}
+
+/// A 16 MB key present while keywatch's connections to Redis are cut and come back, then
+/// expiring: the reconnect's walk of the ledger and its fill read the key (docs/reliability.md#bounded-whatever-the-key),
+/// and keywatch's memory stays within [`BOUND_MIB`] of its idle memory through all of it.
+#[test]
+fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
+    let http = services();
+    let smtp = SmtpServer::start();
+    let daemon = launch(&http, &smtp);
+    let idle = idle_rss(&daemon);
+    let addr = common::endpoint(&daemon.process);
+    let scanned = || {
+        common::metric(
+            &common::get(&addr, "/metrics").1,
+            "keywatch_scan_keys_total",
+        )
+    };
+    let before = scanned();
+    let mut key = b"long:".to_vec();
+    key.extend(std::iter::repeat_n(b'k', 16 << 20));
+    let mut conn = daemon.conn();
+    // Due well after the reconnect, whose walk and fill must find it there.
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg("v")
+        .arg("PX")
+        .arg(8000)
+        .query(&mut conn)
+        .expect("SET");
+    common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
+        common::ledger::len(&mut conn, "keywatch:") == 1
+    });
+    daemon.redis.cut_clients();
+    daemon.wait_for_events("subscribed", 2, "after the reconnect", |_| true);
+    common::wait_until("the reconnect's fill read the long key", PATIENCE, || {
+        scanned() > before
+    });
+    // The poker touches it at its deadline: Redis expires it and publishes `expired`.
+    delivered(&daemon, &http, HTTP_CHANNELS.len());
+    smtp.wait_for_mails(1, PATIENCE * 6);
+    daemon.attempt_on("log", "sent");
+    let peak = status_mib(daemon.process.pid(), "VmHWM:");
+    println!(
+        "reconnect: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
         peak - idle
     );
+    within_bound(idle, peak);
     daemon.stop();
 }
 
@@ -351,12 +402,7 @@ fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
 fn eight_2_mb_keys_at_once_stay_within_the_bound() {
     let http = services();
     let smtp = SmtpServer::start();
-    let daemon = Daemon::launch(
-        long_key_server(),
-        Rules::new(&every_channel(&http, &smtp)),
-        Logs::Json,
-        &[],
-    );
+    let daemon = launch(&http, &smtp);
     let idle = idle_rss(&daemon);
     let keys: Vec<Vec<u8>> = (0..8u8)
         .map(|i| {
@@ -384,11 +430,7 @@ fn eight_2_mb_keys_at_once_stay_within_the_bound() {
         "idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
         peak - idle
     );
-    assert!(
-        peak - idle <= bound_mib(),
-        "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
-        peak - idle
-    );
+    within_bound(idle, peak);
     for (name, rs) in by_channel(&http.requests()) {
         assert_eq!(rs.len(), 8, "{name}");
         for r in rs {

@@ -138,16 +138,25 @@ struct Inner {
     emptied: std::sync::Mutex<emptied::Emptied>,
 }
 
-/// `PEXPIRETIME` of each of `keys`, in order: the short ones in one pipeline, each key longer
-/// than [`crate::long_key::EXACT`] on a connection of its own, written as it is
-/// ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key).
+/// `PEXPIRETIME` of each of `keys`, in order (see [`each_key`]).
 async fn deadlines<K: AsRef<[u8]>>(conn: &Conn, keys: &[K]) -> redis::RedisResult<Vec<i64>> {
+    each_key(conn, "PEXPIRETIME", keys).await
+}
+
+/// `command key` (`PEXPIRETIME`, `EXISTS`) for each of `keys`, answers in order: the short ones
+/// in one pipeline, each key longer than [`crate::long_key::EXACT`] on a connection of its own,
+/// written as it is ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key).
+async fn each_key<K: AsRef<[u8]>>(
+    conn: &Conn,
+    command: &str,
+    keys: &[K],
+) -> redis::RedisResult<Vec<i64>> {
     let is_long = |k: &K| crate::long_key::is_long(k.as_ref());
     let short: Vec<redis::Cmd> = keys
         .iter()
         .filter(|k| !is_long(k))
         .map(|k| {
-            let mut c = redis::cmd("PEXPIRETIME");
+            let mut c = redis::cmd(command);
             c.arg(k.as_ref());
             c
         })
@@ -160,7 +169,7 @@ async fn deadlines<K: AsRef<[u8]>>(conn: &Conn, keys: &[K]) -> redis::RedisResul
     let mut out = Vec::with_capacity(keys.len());
     for k in keys {
         if is_long(k) {
-            let t = conn.direct(&[b"PEXPIRETIME", k.as_ref()]).await?;
+            let t = conn.direct(&[command.as_bytes(), k.as_ref()]).await?;
             out.push(redis::from_redis_value(t)?);
         } else {
             out.push(short.next().unwrap_or(-2));
@@ -743,9 +752,9 @@ impl Ledger {
     /// Drops the deadlines of `rows` whose key is gone: those still in the future (due ones are
     /// the poker's to judge), and those of keys deleted while the index did not know them.
     async fn drop_deleted(&self, db: u32, rows: &[(Vec<u8>, i64)]) -> redis::RedisResult<usize> {
-        let keys: Vec<Vec<u8>> = rows.iter().map(|(k, _)| k.clone()).collect();
+        let keys: Vec<&[u8]> = rows.iter().map(|(k, _)| k.as_slice()).collect();
         let conn = self.inner.keyspace.conn(db).await?;
-        let exists: Vec<i64> = conn.each(per_key("EXISTS", &keys)).await?;
+        let exists = each_key(&conn, "EXISTS", &keys).await?;
         let now = now_ms();
         // Due ones too, when a flush or a swap may have taken them (see `emptied`).
         let cut_off = self.cut_off(db).unwrap_or(i64::MAX);
@@ -777,8 +786,9 @@ impl Ledger {
     /// `wanted` accepts that has a TTL. Paced to `max_per_second` keys so start-up does not
     /// hurt other clients.
     ///
-    /// Three steps overlap, each a round trip to its own connection: the SCAN of a page, the
-    /// `PEXPIRETIME` of the page before it, the record of the one before that. One after the
+    /// Three steps overlap, each a round trip to its own connection: the SCAN of a page (on
+    /// connections of the fill's own, [`Keyspace::walk_conns`]: a page may carry a key of
+    /// megabytes), the `PEXPIRETIME` of the page before it, the record of the one before that. One after the
     /// other they learnt 56,000 keys a second however high the pace
     /// (docs/performance.md#learning-a-big-keyspace).
     pub async fn fill(
@@ -792,12 +802,7 @@ impl Ledger {
         let mut learnt = 0;
         let started = tokio::time::Instant::now();
         let mut scanned: u64 = 0;
-        let nodes = match only {
-            Some(node) if self.inner.keyspace.is_cluster() => {
-                vec![Conn::Node(self.inner.keyspace.node_conn(node).await?, None)]
-            }
-            _ => self.inner.keyspace.scan_conns(db).await?,
-        };
+        let nodes = self.inner.keyspace.walk_conns(db, only).await?;
         for node in &nodes {
             for glob in globs {
                 let mut conn = node.clone();

@@ -33,3 +33,14 @@ local function group_add(groups, order, name, v)
   end
   g[#g + 1] = v
 end
+-- A key longer than a reply should carry (docs/reliability.md#bounded-whatever-the-key), copied
+-- to a string of its own for a minute, named by its SHA-1 under `copies` (a copy of it is never
+-- written twice), for the caller to read a MiB at a time: appends the copy's name, `d` and the
+-- key's length to `refs`.
+local function refer(refs, copies, key, d)
+  local copy = copies .. redis.sha1hex(key)
+  redis.call('SET', copy, key, 'NX', 'PX', 60000)
+  refs[#refs + 1] = copy
+  refs[#refs + 1] = d
+  refs[#refs + 1] = #key
+end

@@ -43,11 +43,7 @@ for j = 1, #minutes, 2 do
             if skip > 0 then
               skip = skip - 1
             elseif #got[x] > long then
-              local copy = copies .. redis.sha1hex(got[x])
-              redis.call('SET', copy, got[x], 'NX', 'PX', 60000)
-              refs[#refs + 1] = copy
-              refs[#refs + 1] = d
-              refs[#refs + 1] = #got[x]
+              refer(refs, copies, got[x], d)
               out[#out + 1] = false
               out[#out + 1] = false
             else
