@@ -588,9 +588,21 @@ impl Deadlines {
         removals: &[(i64, &[u8])],
         far: &[(i64, &[u8])],
     ) -> redis::RedisResult<()> {
+        // A key longer than `long_key::EXACT` is never far (`ledger/far.lua`): its old second's
+        // `:long` hash is all it leaves, by an `HDEL` on a connection of its own, so that no
+        // shared connection carries it (docs/reliability.md#bounded-whatever-the-key).
+        let (long, removals): (Vec<_>, Vec<_>) = removals
+            .iter()
+            .copied()
+            .partition(|(_, k)| crate::long_key::is_long(k));
+        for (second, key) in long {
+            let hash = self.names(db).bucket(second, key);
+            self.conn.direct(&[b"HDEL", hash.as_bytes(), key]).await?;
+        }
         if removals.is_empty() && far.is_empty() {
             return Ok(());
         }
+        let removals = &removals[..];
         let mut chunks = far.chunks(FAR_BATCH);
         let script = |removals: &[(i64, &[u8])], writes: &[(i64, &[u8])]| {
             let mut inv = self.far_invoke(&self.far, db);

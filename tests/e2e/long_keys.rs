@@ -397,6 +397,52 @@ fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
     daemon.stop();
 }
 
+/// A long key's deadline moved, then dropped: the ledger takes the old deadline out of its
+/// second's hash each time, which names the key too.
+#[test]
+fn a_16_mb_key_whose_deadline_moves_and_goes_stays_within_the_bound() {
+    let http = services();
+    let smtp = SmtpServer::start();
+    let daemon = launch(&http, &smtp);
+    let idle = idle_rss(&daemon);
+    let key = format!("long:{}", "k".repeat(16 << 20));
+    let mut conn = daemon.conn();
+    let deadline = |conn: &mut redis::Connection| common::ledger::deadline(conn, "keywatch:", &key);
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg("v")
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut conn)
+        .expect("SET");
+    common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
+        deadline(&mut conn).is_some()
+    });
+    let first = deadline(&mut conn).unwrap();
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(1_200_000)
+        .query(&mut conn)
+        .expect("PEXPIRE");
+    common::wait_until("the deadline moved in the ledger", PATIENCE, || {
+        deadline(&mut conn).is_some_and(|d| d > first + 300_000)
+    });
+    let _: i64 = redis::cmd("PERSIST")
+        .arg(&key)
+        .query(&mut conn)
+        .expect("PERSIST");
+    common::wait_until("the deadline left the ledger", PATIENCE, || {
+        common::ledger::len(&mut conn, "keywatch:") == 0
+    });
+    let peak = status_mib(daemon.process.pid(), "VmHWM:");
+    println!(
+        "moved and gone: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
+        peak - idle
+    );
+    within_bound(idle, peak);
+    daemon.stop();
+}
+
 /// Eight 2 MB keys at once: within the same bound as one.
 #[test]
 fn eight_2_mb_keys_at_once_stay_within_the_bound() {
