@@ -19,6 +19,8 @@ const DUE: &str = include_str!("ledger/due.lua");
 const MINUTE: &str = include_str!("ledger/minute.lua");
 /// Moves touched-and-gone keys to the poked set.
 const MOVE_POKED: &str = include_str!("ledger/move_poked.lua");
+/// Reads the poked set up to a marker, its long keys as copies.
+const POKED: &str = include_str!("ledger/poked.lua");
 /// Converts an earlier keywatch's ledger (one sorted set) to this form.
 const CONVERT: &str = include_str!("ledger/convert.lua");
 /// Names a far deadline's shard: put after [`BUCKET`] in front of the far buckets' scripts.
@@ -48,6 +50,11 @@ static DUE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(DUE));
 static MINUTE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(MINUTE));
+static POKED_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| with_bucket(POKED));
+/// [`MOVE_POKED`] with [`BUCKET`] in front, for a script sent whole where it is not loaded yet.
+static MOVE_POKED_CODE: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{BUCKET}{MOVE_POKED}"));
 static CONVERT_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| with_bucket(CONVERT));
 
@@ -523,27 +530,47 @@ impl Deadlines {
             now_ms.div_euclid(60_000).to_string(),
             handled::HANDLED_MINUTES.to_string(),
         );
-        let (sha, deadline) = (self.record.get_hash().to_string(), deadline.to_string());
-        let mut args: Vec<&[u8]> = vec![
-            b"EVALSHA",
-            sha.as_bytes(),
-            b"1",
-            names.minutes.as_bytes(),
-            slack.as_bytes(),
-            memory.as_bytes(),
-            minute.as_bytes(),
-            minutes.as_bytes(),
-            names.seconds.as_bytes(),
-            deadline.as_bytes(),
-            key,
-        ];
-        match self.conn.direct(&args).await {
+        let deadline = deadline.to_string();
+        self.direct_script(
+            &self.record,
+            &RECORD_CODE,
+            &[names.minutes.as_bytes()],
+            &[
+                slack.as_bytes(),
+                memory.as_bytes(),
+                minute.as_bytes(),
+                minutes.as_bytes(),
+                names.seconds.as_bytes(),
+                deadline.as_bytes(),
+                key,
+            ],
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Runs `script` (whose whole code is `code`) on a connection of its own, its arguments
+    /// written as they are: for a key longer than `long_key::EXACT`
+    /// (docs/reliability.md#bounded-whatever-the-key). Through the shared connection the key was
+    /// held three more times, and its write buffer kept the key's length.
+    async fn direct_script(
+        &self,
+        script: &redis::Script,
+        code: &str,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> redis::RedisResult<redis::Value> {
+        let (sha, n) = (script.get_hash().to_string(), keys.len().to_string());
+        let mut all: Vec<&[u8]> = vec![b"EVALSHA", sha.as_bytes(), n.as_bytes()];
+        all.extend_from_slice(keys);
+        all.extend_from_slice(args);
+        match self.conn.direct(&all).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                args[0] = b"EVAL";
-                args[1] = RECORD_CODE.as_bytes();
-                self.conn.direct(&args).await.map(drop)
+                all[0] = b"EVAL";
+                all[1] = code.as_bytes();
+                self.conn.direct(&all).await
             }
-            r => r.map(drop),
+            r => r,
         }
     }
 
@@ -741,32 +768,24 @@ impl Deadlines {
         seq: u64,
         limit: usize,
     ) -> redis::RedisResult<Vec<(Vec<u8>, i64)>> {
-        let keys: Vec<Vec<u8>> = redis::cmd("ZRANGE")
-            .arg(poked(&self.prefix, db))
-            .arg("-inf")
+        // A long key comes as a copy (`ledger/poked.lua`), read a MiB at a time
+        // (docs/reliability.md#bounded-whatever-the-key); one gone meanwhile is left out.
+        let mut conn = self.conn();
+        let (mut rows, copies): (Rows, Vec<Copy>) = POKED_SCRIPT
+            .key(poked(&self.prefix, db))
+            .key(poked_deadlines(&self.prefix, db))
             .arg(seq)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
             .arg(limit)
-            .query_async(&mut self.conn())
+            .arg(crate::long_key::EXACT)
+            .arg(self.names(db).copies)
+            .invoke_async(&mut conn)
             .await?;
-        if keys.is_empty() {
-            return Ok(Vec::new());
+        for (copy, deadline, len) in copies {
+            if let Some(key) = crate::store::long_keys::read_at(&mut conn, &copy, len).await? {
+                rows.push((key, deadline));
+            }
         }
-        let deadlines: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(poked_deadlines(&self.prefix, db))
-            .arg(&keys)
-            .query_async(&mut self.conn())
-            .await?;
-        Ok(keys
-            .into_iter()
-            .zip(deadlines)
-            .map(|(key, d)| {
-                let d = d.and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0) as i64;
-                (key, d)
-            })
-            .collect())
+        Ok(rows)
     }
 
     /// Whether `db`'s poked set holds anything.
@@ -846,17 +865,40 @@ impl Deadlines {
 
     /// Moves keys found gone (`gone`: key, deadline as seen) to the poked set, only those whose
     /// deadline the ledger still holds; returns the marker number they were given.
+    /// A key longer than `long_key::EXACT` is moved by a script of its own on a connection of
+    /// its own ([`Deadlines::direct_script`]); the number returned is then the greatest given.
     pub async fn move_poked(&self, db: u32, gone: &[(&[u8], i64)]) -> redis::RedisResult<u64> {
         let p = &self.prefix;
-        let mut inv = self.move_poked.prepare_invoke();
-        inv.key(poked(p, db))
-            .key(poked_deadlines(p, db))
-            .key(seq(p, db))
-            .arg(names(p, db).seconds);
-        for (k, d) in gone {
-            inv.arg(*k).arg(*d);
+        let (long, short): (Vec<_>, Vec<_>) =
+            gone.iter().partition(|(k, _)| crate::long_key::is_long(k));
+        let (poked, deadlines, seq, seconds) = (
+            poked(p, db),
+            poked_deadlines(p, db),
+            seq(p, db),
+            names(p, db).seconds,
+        );
+        let mut given = 0;
+        if !short.is_empty() || long.is_empty() {
+            let mut inv = self.move_poked.prepare_invoke();
+            inv.key(&poked).key(&deadlines).key(&seq).arg(&seconds);
+            for (k, d) in short {
+                inv.arg(k).arg(d);
+            }
+            given = inv.invoke_async(&mut self.conn()).await?;
         }
-        inv.invoke_async(&mut self.conn()).await
+        for (k, d) in long {
+            let d = d.to_string();
+            let n = self
+                .direct_script(
+                    &self.move_poked,
+                    &MOVE_POKED_CODE,
+                    &[poked.as_bytes(), deadlines.as_bytes(), seq.as_bytes()],
+                    &[seconds.as_bytes(), k, d.as_bytes()],
+                )
+                .await?;
+            given = given.max(redis::from_redis_value::<u64>(n)?);
+        }
+        Ok(given)
     }
 
     /// Deadlines of `db` in `(from_ms, until_ms]`, a page at a time: the seconds' soonest first

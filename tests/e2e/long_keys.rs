@@ -443,6 +443,59 @@ fn a_16_mb_key_whose_deadline_moves_and_goes_stays_within_the_bound() {
     daemon.stop();
 }
 
+/// A long key whose `expired` never comes (notifications off for a moment): the poker finds it
+/// gone, moves it to the poked set after its grace, and it is recovered.
+#[test]
+fn a_16_mb_key_found_gone_and_recovered_stays_within_the_bound() {
+    let http = services();
+    let smtp = SmtpServer::start();
+    let daemon = launch(&http, &smtp);
+    let idle = idle_rss(&daemon);
+    let key = format!("long:{}", "k".repeat(16 << 20));
+    let mut conn = daemon.conn();
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg("v")
+        .arg("PX")
+        .arg(3_000)
+        .query(&mut conn)
+        .expect("SET");
+    common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
+        common::ledger::len(&mut conn, "keywatch:") == 1
+    });
+    // Expired without a keyevent: the poker's touch finds it gone.
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    common::wait_until("the long key expired unannounced", PATIENCE, || {
+        let left: i64 = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
+        left == 0
+    });
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Exg")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let got = delivered(&daemon, &http, HTTP_CHANNELS.len());
+    assert!(
+        got.iter()
+            .any(|r| r.body_str().contains("\"recovered\":true")),
+        "recovered"
+    );
+    smtp.wait_for_mails(1, PATIENCE * 6);
+    let peak = status_mib(daemon.process.pid(), "VmHWM:");
+    println!(
+        "found gone: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
+        peak - idle
+    );
+    within_bound(idle, peak);
+    daemon.stop();
+}
+
 /// Eight 2 MB keys at once: within the same bound as one.
 #[test]
 fn eight_2_mb_keys_at_once_stay_within_the_bound() {
