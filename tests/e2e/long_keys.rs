@@ -169,6 +169,20 @@ fn expire_long(daemon: &Daemon, key: &[u8]) {
     });
 }
 
+/// Sets `key` to live `px` ms and waits until keywatch's ledger holds its deadline.
+fn set_learnt(conn: &mut redis::Connection, key: &[u8], px: i64) {
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg("v")
+        .arg("PX")
+        .arg(px)
+        .query(conn)
+        .expect("SET");
+    common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
+        common::ledger::len(conn, "keywatch:") == 1
+    });
+}
+
 /// The requests of `http` once there are `n`, showing keywatch's log if they do not come.
 fn delivered(daemon: &Daemon, http: &HttpReceiver, n: usize) -> Vec<Request> {
     common::poll(
@@ -369,16 +383,7 @@ fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
     key.extend(std::iter::repeat_n(b'k', 16 << 20));
     let mut conn = daemon.conn();
     // Due well after the reconnect, whose walk and fill must find it there.
-    let () = redis::cmd("SET")
-        .arg(&key)
-        .arg("v")
-        .arg("PX")
-        .arg(8000)
-        .query(&mut conn)
-        .expect("SET");
-    common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
-        common::ledger::len(&mut conn, "keywatch:") == 1
-    });
+    set_learnt(&mut conn, key.as_ref(), 8000);
     daemon.redis.cut_clients();
     daemon.wait_for_events("subscribed", 2, "after the reconnect", |_| true);
     common::wait_until("the reconnect's fill read the long key", PATIENCE, || {
@@ -408,16 +413,7 @@ fn a_16_mb_key_whose_deadline_moves_and_goes_stays_within_the_bound() {
     let key = format!("long:{}", "k".repeat(16 << 20));
     let mut conn = daemon.conn();
     let deadline = |conn: &mut redis::Connection| common::ledger::deadline(conn, "keywatch:", &key);
-    let () = redis::cmd("SET")
-        .arg(&key)
-        .arg("v")
-        .arg("PX")
-        .arg(600_000)
-        .query(&mut conn)
-        .expect("SET");
-    common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
-        deadline(&mut conn).is_some()
-    });
+    set_learnt(&mut conn, key.as_ref(), 600_000);
     let first = deadline(&mut conn).unwrap();
     let _: i64 = redis::cmd("PEXPIRE")
         .arg(&key)
@@ -453,16 +449,7 @@ fn a_16_mb_key_found_gone_and_recovered_stays_within_the_bound() {
     let idle = idle_rss(&daemon);
     let key = format!("long:{}", "k".repeat(16 << 20));
     let mut conn = daemon.conn();
-    let () = redis::cmd("SET")
-        .arg(&key)
-        .arg("v")
-        .arg("PX")
-        .arg(3_000)
-        .query(&mut conn)
-        .expect("SET");
-    common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
-        common::ledger::len(&mut conn, "keywatch:") == 1
-    });
+    set_learnt(&mut conn, key.as_ref(), 3_000);
     // Expired without a keyevent: the poker's touch finds it gone.
     let () = redis::cmd("CONFIG")
         .arg("SET")
