@@ -574,26 +574,25 @@ impl Deadlines {
         dense.extend(hours.iter().map(|h| (db, *h)));
     }
 
-    /// One transaction that writes `writes` (deadline, key, sorted by hash) to their seconds:
-    /// an `HSET` per hash, one `ZADD LT` of the minutes.
+    /// The commands that write `writes` (deadline, key, sorted by hash, each more than
+    /// [`NEAR_MS`] ahead) to their seconds: one `ZADD LT` of the minutes, then an `HSET` per hash.
+    ///
+    /// No transaction: the minutes go first, so a write cut off halfway (a connection lost)
+    /// leaves a minute scored earlier than what it holds, never a deadline in a minute not
+    /// listed; and the poker reads a minute (and drops it if empty) only once its score is due,
+    /// a minute or more after these writes, which have all landed by then. `MULTI` and the
+    /// queuing of each `HSET` cost Redis about 0.3 µs per key learnt
+    /// (docs/performance.md#learning-a-big-keyspace).
     fn plain_writes(&self, db: u32, writes: &[(i64, &[u8])]) -> redis::Pipeline {
         let names = self.names(db);
         let mut pipe = redis::pipe();
-        pipe.atomic();
         let mut lows: Vec<(i64, i64)> = Vec::new();
-        for run in writes.chunk_by(|a, b| bucket_of(a.0, a.1) == bucket_of(b.0, b.1)) {
-            let (d, k) = run[0];
-            let mut hset = redis::cmd("HSET");
-            hset.arg(names.bucket(second_of(d), k));
-            for &(d, k) in run {
-                hset.arg(k).arg(d - second_of(d) * 1000);
-                let minute = d.div_euclid(60_000);
-                match lows.last_mut() {
-                    Some((m, low)) if *m == minute => *low = (*low).min(d),
-                    _ => lows.push((minute, d)),
-                }
+        for &(d, _) in writes {
+            let minute = d.div_euclid(60_000);
+            match lows.last_mut() {
+                Some((m, low)) if *m == minute => *low = (*low).min(d),
+                _ => lows.push((minute, d)),
             }
-            pipe.add_command(hset).ignore();
         }
         if !lows.is_empty() {
             let mut zadd = redis::cmd("ZADD");
@@ -602,6 +601,15 @@ impl Deadlines {
                 zadd.arg(*low).arg(*m);
             }
             pipe.add_command(zadd).ignore();
+        }
+        for run in writes.chunk_by(|a, b| bucket_of(a.0, a.1) == bucket_of(b.0, b.1)) {
+            let (d, k) = run[0];
+            let mut hset = redis::cmd("HSET");
+            hset.arg(names.bucket(second_of(d), k));
+            for &(d, k) in run {
+                hset.arg(k).arg(d - second_of(d) * 1000);
+            }
+            pipe.add_command(hset).ignore();
         }
         pipe
     }
@@ -1081,9 +1089,6 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:copy:*"), Access::Write)
             .args("{key} k NX PX 60000")
             .when(When::Ledger),
-        // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).
-        Use::new(Server::State, "multi", WHY).when(When::Ledger),
-        Use::new(Server::State, "exec", WHY).when(When::Ledger),
         Use::new(Server::State, "incr", "ledger: marker sequence")
             .on(Keys::State("ledger:*:seq"), Access::ReadWrite)
             .args("{key}")
