@@ -29,6 +29,8 @@ const FAR_SHARD: &str = include_str!("ledger/far_shard.lua");
 const FAR: &str = include_str!("ledger/far.lua");
 /// Moves the far buckets due soon into their seconds' hashes.
 const REFINE: &str = include_str!("ledger/refine.lua");
+/// Marks a far hour dense, and moves its shards into their seconds' hashes.
+const DENSE: &str = include_str!("ledger/dense.lua");
 
 /// A script with [`BUCKET`] in front.
 fn with_bucket(lua: &str) -> redis::Script {
@@ -310,6 +312,12 @@ const FAR_MARGIN_MS: i64 = 60_000;
 /// "Learning far deadlines": the walk is an eighth of Redis's time per key).
 const FAR_LOAD: usize = 96;
 
+/// How many deadlines an hour must be expected to hold for a fill to mark it dense
+/// (docs/how-it-works.md#dense-hours): 40 a second. Its seconds' hashes then cost about what its
+/// shards would (docs/performance.md, "Learning a big keyspace"), and its deadlines are written
+/// without a script; 1,000,000 keys over a day are 11.6 a second, and stay in shards.
+pub const DENSE_HOUR: u64 = 144_000;
+
 /// About how many deadlines one refinement script moves: a millisecond or so of Redis's time,
 /// so on-time pokes beside it are not held up.
 const REFINE_BATCH: usize = 500;
@@ -403,6 +411,12 @@ pub struct Deadlines {
     move_poked: redis::Script,
     far: redis::Script,
     refine: redis::Script,
+    dense: redis::Script,
+    /// The far hours (database, hour) this instance has seen marked dense: their deadlines go
+    /// to their seconds' hashes with plain writes. The mark never goes back before the hour is
+    /// refined, and a refined hour's writes go to its seconds anyway, so this may be stale
+    /// without harm (docs/how-it-works.md#dense-hours).
+    dense_hours: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(u32, i64)>>>,
 }
 
 /// One deadline to record: the key, its deadline as `PEXPIRETIME` answered (-1: no TTL, -2:
@@ -422,6 +436,8 @@ impl Deadlines {
             move_poked: with_bucket(MOVE_POKED),
             far: with_far(FAR),
             refine: with_far(REFINE),
+            dense: with_far(DENSE),
+            dense_hours: Default::default(),
         }
     }
 
@@ -473,12 +489,17 @@ impl Deadlines {
         // has nothing to say about it, and it is written without the script (a fill's page is
         // nearly all such; the script's Lua cost more than the writes themselves,
         // docs/performance.md#the-ledgers-compact-form). One whose hour the poker refines
-        // later goes to the far buckets, through the script that names its shard.
+        // later goes to the far buckets, through the script that names its shard, unless its
+        // hour is dense.
         let (near, rest): (Vec<_>, Vec<_>) = writes
             .into_iter()
             .partition(|(d, _)| *d <= now_ms + NEAR_MS);
-        let (far, plain): (Vec<_>, Vec<_>) =
-            rest.into_iter().partition(|(d, k)| goes_far(*d, k, now_ms));
+        let (far, plain): (Vec<_>, Vec<_>) = {
+            let dense = self.dense_hours();
+            rest.into_iter().partition(|(d, k)| {
+                goes_far(*d, k, now_ms) && !dense.contains(&(db, d.div_euclid(FAR_WIDTH_MS)))
+            })
+        };
         let plain = async {
             if plain.is_empty() {
                 return Ok(());
@@ -574,26 +595,40 @@ impl Deadlines {
         }
     }
 
-    /// One transaction that writes `writes` (deadline, key, sorted by hash) to their seconds:
-    /// an `HSET` per hash, one `ZADD LT` of the minutes.
+    fn dense_hours(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(u32, i64)>> {
+        self.dense_hours.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes `hours` of `db` as dense, and forgets the hours already past.
+    fn saw_dense(&self, db: u32, hours: &[i64]) {
+        if hours.is_empty() {
+            return;
+        }
+        let mut dense = self.dense_hours();
+        let past = crate::keyspace::clock::now_ms().div_euclid(FAR_WIDTH_MS);
+        dense.retain(|(_, h)| *h >= past);
+        dense.extend(hours.iter().map(|h| (db, *h)));
+    }
+
+    /// The commands that write `writes` (deadline, key, sorted by hash, each more than
+    /// [`NEAR_MS`] ahead) to their seconds: one `ZADD LT` of the minutes, then an `HSET` per hash.
+    ///
+    /// No transaction: the minutes go first, so a write cut off halfway (a connection lost)
+    /// leaves a minute scored earlier than what it holds, never a deadline in a minute not
+    /// listed; and the poker reads a minute (and drops it if empty) only once its score is due,
+    /// a minute or more after these writes, which have all landed by then. `MULTI` and the
+    /// queuing of each `HSET` cost Redis about 0.3 µs per key learnt
+    /// (docs/performance.md#learning-a-big-keyspace).
     fn plain_writes(&self, db: u32, writes: &[(i64, &[u8])]) -> redis::Pipeline {
         let names = self.names(db);
         let mut pipe = redis::pipe();
-        pipe.atomic();
         let mut lows: Vec<(i64, i64)> = Vec::new();
-        for run in writes.chunk_by(|a, b| bucket_of(a.0, a.1) == bucket_of(b.0, b.1)) {
-            let (d, k) = run[0];
-            let mut hset = redis::cmd("HSET");
-            hset.arg(names.bucket(second_of(d), k));
-            for &(d, k) in run {
-                hset.arg(k).arg(d - second_of(d) * 1000);
-                let minute = d.div_euclid(60_000);
-                match lows.last_mut() {
-                    Some((m, low)) if *m == minute => *low = (*low).min(d),
-                    _ => lows.push((minute, d)),
-                }
+        for &(d, _) in writes {
+            let minute = d.div_euclid(60_000);
+            match lows.last_mut() {
+                Some((m, low)) if *m == minute => *low = (*low).min(d),
+                _ => lows.push((minute, d)),
             }
-            pipe.add_command(hset).ignore();
         }
         if !lows.is_empty() {
             let mut zadd = redis::cmd("ZADD");
@@ -602,6 +637,15 @@ impl Deadlines {
                 zadd.arg(*low).arg(*m);
             }
             pipe.add_command(zadd).ignore();
+        }
+        for run in writes.chunk_by(|a, b| bucket_of(a.0, a.1) == bucket_of(b.0, b.1)) {
+            let (d, k) = run[0];
+            let mut hset = redis::cmd("HSET");
+            hset.arg(names.bucket(second_of(d), k));
+            for &(d, k) in run {
+                hset.arg(k).arg(d - second_of(d) * 1000);
+            }
+            pipe.add_command(hset).ignore();
         }
         pipe
     }
@@ -641,7 +685,11 @@ impl Deadlines {
                 inv.arg(*deadline).arg(*key).arg(far_hash(key));
             }
             let mut conn = self.conn();
-            async move { inv.invoke_async::<()>(&mut conn).await }
+            async move {
+                let dense: Vec<i64> = inv.invoke_async(&mut conn).await?;
+                self.saw_dense(db, &dense);
+                Ok::<_, redis::RedisError>(())
+            }
         };
         // Removals go first, alone with the first writes: a later script may write a key's new
         // deadline into the shard its old one is removed from.
@@ -694,6 +742,33 @@ impl Deadlines {
         })
     }
 
+    /// Marks `db`'s far hour `hour` dense (docs/how-it-works.md#dense-hours) and moves what its
+    /// shards hold into their seconds' hashes, a script of about [`REFINE_BATCH`] deadlines at
+    /// a time, so due deadlines are poked in between. From then on this instance writes that
+    /// hour's deadlines without a script. An hour already refining is left as it is.
+    pub async fn make_dense(&self, db: u32, hour: i64) -> redis::RedisResult<()> {
+        while self.make_dense_step(db, hour, REFINE_BATCH).await? {}
+        Ok(())
+    }
+
+    /// One script of [`Deadlines::make_dense`], moving about `most` deadlines: returns whether
+    /// the hour's shards still hold some.
+    pub async fn make_dense_step(
+        &self,
+        db: u32,
+        hour: i64,
+        most: usize,
+    ) -> redis::RedisResult<bool> {
+        let left: i64 = self
+            .far_invoke(&self.dense, db)
+            .arg(hour)
+            .arg(most)
+            .invoke_async(&mut self.conn())
+            .await?;
+        self.saw_dense(db, &[hour]);
+        Ok(left == 1)
+    }
+
     /// One script of a refinement: moves about `most` deadlines (whole shards) of the far
     /// hours that start by `until_ms`, earliest first. Returns whether some are left, and the
     /// start of the earliest hour still far.
@@ -742,13 +817,14 @@ impl Deadlines {
             return Ok(None);
         };
         *hour = Some(h);
-        let n: Option<usize> = redis::cmd("HGET")
+        // Negative once the hour is dense: its shards may still hold as many.
+        let n: Option<i64> = redis::cmd("HGET")
             .arg(&f.counts)
             .arg(h)
             .query_async(&mut conn)
             .await?;
         let mut pipe = redis::pipe();
-        for j in 0..n.unwrap_or(0) {
+        for j in 0..n.unwrap_or(0).unsigned_abs() {
             pipe.cmd("HGETALL").arg(format!("{}{h}:{j}", f.shards));
         }
         let shards: Vec<Vec<(Vec<u8>, i64)>> = pipe.query_async(&mut conn).await?;
@@ -1076,9 +1152,6 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("ledger:*:copy:*"), Access::Write)
             .args("{key} k NX PX 60000")
             .when(When::Ledger),
-        // Deadlines further ahead than a minute go as one transaction (`Deadlines::record`).
-        Use::new(Server::State, "multi", WHY).when(When::Ledger),
-        Use::new(Server::State, "exec", WHY).when(When::Ledger),
         Use::new(Server::State, "incr", "ledger: marker sequence")
             .on(Keys::State("ledger:*:seq"), Access::ReadWrite)
             .args("{key}")

@@ -55,8 +55,9 @@ fn entries_under(conn: &mut impl ConnectionLike, base: &str) -> BTreeMap<String,
         .arg(format!("{base}:far:shards"))
         .query(conn)
         .unwrap_or_else(|e| panic!("the ledger's far buckets: {e}"));
+    // A dense hour's count is negative: its shards may still hold that many.
     for (hour, shards) in hours {
-        for shard in 0..shards {
+        for shard in 0..shards.abs() {
             let hash = format!("{base}:far:{hour}:{shard}");
             let fields: Vec<(String, i64)> = redis::cmd("HGETALL")
                 .arg(&hash)

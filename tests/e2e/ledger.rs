@@ -841,15 +841,7 @@ fn far_shards_are_named_alike_by_every_instance_while_hours_split() {
             k.into_bytes()
         };
         let mut c = redis.conn();
-        let set = |c: &mut redis::Connection, k: &[u8], d: i64| {
-            let () = redis::cmd("SET")
-                .arg(k)
-                .arg("x")
-                .arg("PXAT")
-                .arg(d)
-                .query(c)
-                .unwrap();
-        };
+        let set = |c: &mut redis::Connection, k: &[u8], d: i64| set_at(c, k, d);
         let first: Vec<Vec<u8>> = (0..1_000).map(key).collect();
         for (i, k) in first.iter().enumerate() {
             set(&mut c, k, at(i));
@@ -970,5 +962,169 @@ fn a_take_before_the_refinement_does_not_fire_again() {
             .unwrap();
         assert!(took[0].is_none(), "fired a second time as recovered");
         assert_eq!(ledger_size(&redis), 0);
+    });
+}
+
+/// Sets `key` with a deadline at `deadline_ms`.
+fn set_at(c: &mut redis::Connection, key: impl redis::ToRedisArgs, deadline_ms: i64) {
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg("x")
+        .arg("PXAT")
+        .arg(deadline_ms)
+        .query(c)
+        .unwrap();
+}
+
+/// The far hour `hour`'s shard count (negative once it is dense), 0 when it has none.
+fn shard_count(c: &mut redis::Connection, hour: i64) -> i64 {
+    redis::cmd("HGET")
+        .arg("kw:ledger:0:far:shards")
+        .arg(hour)
+        .query::<Option<i64>>(c)
+        .unwrap()
+        .unwrap_or(0)
+}
+
+/// How many scripts redis-server has run (`INFO commandstats`): whether a write went through one.
+fn scripts_run(redis: &RedisServer) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// docs/how-it-works.md#dense-hours: a far hour marked dense takes its deadlines in its seconds'
+/// hashes, written without a script by an instance that has seen the mark and through the far
+/// script by one that has not; a marking stopped halfway (an instance killed) leaves every
+/// deadline in one place, found by removals written before and after the mark, and the hour's
+/// refinement moves what its shards still hold. An hour the poker began to refine is not marked.
+#[test]
+fn a_dense_hour_keeps_every_deadline_in_one_place_before_and_after_its_mark() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        let hour = redis_now(&redis).div_euclid(3_600_000) + 2;
+        let at = |i: usize| hour * 3_600_000 + 1_000 + i as i64 * 7_919;
+        let mut c = redis.conn();
+        let set = set_at;
+        let keys = |p: &str, n: usize| -> Vec<Vec<u8>> {
+            (0..n).map(|i| format!("{p}:{i}").into_bytes()).collect()
+        };
+        let old = keys("s", 300);
+        for (i, k) in old.iter().enumerate() {
+            set(&mut c, std::str::from_utf8(k).unwrap(), at(i));
+        }
+        a.learn(0, &old).await.unwrap();
+        // B knows the keys (its index) but will never have seen the mark.
+        let b = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        b.reconcile(0).await.unwrap();
+        let shards: i64 = shard_count(&mut c, hour);
+        assert!(shards >= 3, "the hour split as it filled: {shards} shards");
+
+        // A marks the hour dense, moves one shard, and is killed.
+        assert!(a.make_dense(0, hour, 1).await.unwrap());
+        let marked: i64 = shard_count(&mut c, hour);
+        assert_eq!(marked, -shards, "marked, its shards still counted");
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 300);
+        assert_eq!(common::ledger::entries(&mut c, "kw:").len(), 300);
+
+        // A, which saw the mark, writes new deadlines of the hour without a script.
+        let plain = keys("p", 50);
+        for (i, k) in plain.iter().enumerate() {
+            set(&mut c, std::str::from_utf8(k).unwrap(), at(i) + 3);
+        }
+        let scripts = scripts_run(&redis);
+        a.learn(0, &plain).await.unwrap();
+        assert_eq!(scripts_run(&redis), scripts, "a dense hour written plain");
+        // B, which did not, writes through the far script: the mark sends them to their seconds.
+        let late = keys("n", 50);
+        for (i, k) in late.iter().enumerate() {
+            set(&mut c, std::str::from_utf8(k).unwrap(), at(i) + 5);
+        }
+        b.learn(0, &late).await.unwrap();
+        let far_before = common::ledger::entries(&mut c, "kw:");
+        assert_eq!(far_before.len(), 400);
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 400);
+
+        // Removals and moves by both, of deadlines written before the mark (in a shard or moved
+        // already) and after it (in a second's hash).
+        a.forget(0, &[b"s:1".to_vec(), b"s:250".to_vec(), b"p:0".to_vec()])
+            .await
+            .unwrap();
+        b.forget(0, &[b"s:2".to_vec(), b"s:251".to_vec(), b"n:0".to_vec()])
+            .await
+            .unwrap();
+        let moved = |i: usize| at(i) + 900_000;
+        for (k, i) in [("s:3", 3), ("s:252", 252), ("p:1", 1), ("n:1", 1)] {
+            set(&mut c, k, moved(i));
+        }
+        a.learn(0, &[b"s:3".to_vec(), b"p:1".to_vec()])
+            .await
+            .unwrap();
+        b.learn(0, &[b"s:252".to_vec(), b"n:1".to_vec()])
+            .await
+            .unwrap();
+        let check = |c: &mut redis::Connection| {
+            let entries = common::ledger::entries(c, "kw:");
+            assert_eq!(entries.len(), 394, "nothing lost");
+            assert_eq!(common::ledger::places(c, "kw:"), 394, "nothing doubled");
+            for k in ["s:1", "s:250", "p:0", "s:2", "s:251", "n:0"] {
+                assert!(!entries.contains_key(k), "{k} was removed");
+            }
+            assert_eq!(entries["s:3"], moved(3));
+            assert_eq!(entries["s:252"], moved(252));
+            assert_eq!(entries["p:1"], moved(1));
+            assert_eq!(entries["n:1"], moved(1));
+            assert_eq!(entries["s:10"], at(10));
+            assert_eq!(entries["p:10"], at(10) + 3);
+            assert_eq!(entries["n:10"], at(10) + 5);
+        };
+        check(&mut c);
+
+        // The hour's refinement moves what the shards still hold, and clears the mark.
+        while b.refine_until(0, hour * 3_600_000, 1).await.unwrap() {}
+        check(&mut c);
+        let far: i64 = redis::cmd("EXISTS")
+            .arg("kw:ledger:0:far")
+            .arg("kw:ledger:0:far:shards")
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(far, 0, "the refined hour left the far buckets");
+        let shards_left: Vec<String> = redis::cmd("KEYS")
+            .arg("kw:ledger:0:far:*:*")
+            .query(&mut c)
+            .unwrap();
+        assert!(shards_left.is_empty(), "{shards_left:?}");
+
+        // An hour the poker began to refine is not marked: its writes go to its seconds
+        // already, and its shards are the refinement's.
+        let next = hour + 1;
+        let more = keys("r", 300);
+        for (i, k) in more.iter().enumerate() {
+            set(&mut c, std::str::from_utf8(k).unwrap(), at(i) + 3_600_000);
+        }
+        a.learn(0, &more).await.unwrap();
+        assert!(a.refine_until(0, next * 3_600_000, 1).await.unwrap());
+        assert!(!b.make_dense(0, next, 1_000).await.unwrap());
+        let count: i64 = shard_count(&mut c, next);
+        assert!(count > 0, "not marked while refining: {count}");
+        while a.refine_until(0, next * 3_600_000, 1).await.unwrap() {}
+        assert_eq!(common::ledger::entries(&mut c, "kw:").len(), 694);
+        assert_eq!(common::ledger::places(&mut c, "kw:"), 694);
     });
 }

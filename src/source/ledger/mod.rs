@@ -33,6 +33,7 @@ use bytes::Bytes;
 
 use crate::keyspace::{Conn, per_key};
 pub(crate) mod alarm;
+pub(crate) mod density;
 pub(crate) mod emptied;
 pub(crate) mod grace;
 pub(crate) mod index;
@@ -81,6 +82,8 @@ const RECORD_AT_MOST: Duration = Duration::from_secs(10);
 
 /// Keys walked per `SCAN` of a fill.
 const FILL_COUNT: usize = 1000;
+/// A fill's pages whose `PEXPIRETIME`s are read at once (see [`Ledger::fill`]).
+const READS_IN_FLIGHT: usize = 2;
 /// Pages of due keys all within their grace that one round looks past.
 const GRACE_PAGES: usize = 4;
 
@@ -196,6 +199,11 @@ impl Forgotten {
             Forgotten::Key(key.to_vec())
         }
     }
+}
+
+/// A fill's task that panicked or was cancelled, as the error its caller logs.
+fn joined(e: tokio::task::JoinError) -> redis::RedisError {
+    redis::RedisError::from((redis::ErrorKind::Io, "a fill's task ended", e.to_string()))
 }
 
 /// Keys remembered as deleted-while-unindexed at most (see [`Inner::forgotten`]); past that a
@@ -394,6 +402,14 @@ impl Ledger {
         most: usize,
     ) -> redis::RedisResult<bool> {
         Ok(self.inner.store.refine_step(db, until_ms, most).await?.0)
+    }
+
+    /// One step of marking `db`'s far hour `hour` dense (docs/how-it-works.md#dense-hours):
+    /// marks it and moves about `most` deadlines of its shards to their seconds; returns whether
+    /// its shards still hold some. A fill marks the hours it finds dense; drills choose the hour
+    /// and the steps.
+    pub async fn make_dense(&self, db: u32, hour: i64, most: usize) -> redis::RedisResult<bool> {
+        self.inner.store.make_dense_step(db, hour, most).await
     }
 
     fn forgotten(&self) -> std::sync::MutexGuard<'_, HashSet<(u32, Forgotten)>> {
@@ -786,11 +802,16 @@ impl Ledger {
     /// `wanted` accepts that has a TTL. Paced to `max_per_second` keys so start-up does not
     /// hurt other clients.
     ///
-    /// Three steps overlap, each a round trip to its own connection: the SCAN of a page (on
-    /// connections of the fill's own, [`Keyspace::walk_conns`]: a page may carry a key of
-    /// megabytes), the `PEXPIRETIME` of the page before it, the record of the one before that. One after the
-    /// other they learnt 56,000 keys a second however high the pace
+    /// Three steps overlap, each on its own: the SCAN of a page (here, on connections of the
+    /// fill's own, [`Keyspace::walk_conns`]: a page may carry a key of megabytes; each page's
+    /// cursor is the next one's), the `PEXPIRETIME` of the pages before it ([`READS_IN_FLIGHT`]
+    /// at a time), and the records, one page after the other in the order read (a task of their
+    /// own, so that a key SCAN returns twice keeps the deadline read last). Each step waiting for
+    /// the slowest of the three, as they did, left Redis idle a third of the time
     /// (docs/performance.md#learning-a-big-keyspace).
+    ///
+    /// A far hour the SCAN's sample says will be dense is marked so as soon as it says so
+    /// ([`density`]): its deadlines are then written without a script.
     pub async fn fill(
         &self,
         db: u32,
@@ -803,55 +824,84 @@ impl Ledger {
         let started = tokio::time::Instant::now();
         let mut scanned: u64 = 0;
         let nodes = self.inner.keyspace.walk_conns(db, only).await?;
-        for node in &nodes {
-            for glob in globs {
-                let mut conn = node.clone();
-                let mut cursor: Option<u64> = Some(0);
-                // The keys whose deadlines the next round reads, and those it records.
-                let mut to_read: Vec<Vec<u8>> = Vec::new();
-                let mut to_record: (Vec<Vec<u8>>, Vec<i64>) = (Vec::new(), Vec::new());
-                while cursor.is_some() || !to_read.is_empty() || !to_record.0.is_empty() {
-                    let scan = async {
-                        match cursor {
-                            Some(c) => crate::keyspace::scan_page(&mut conn, c, glob, FILL_COUNT)
-                                .await
-                                .map(Some),
-                            None => Ok(None),
+        type Read = tokio::task::JoinHandle<redis::RedisResult<(Vec<Vec<u8>>, Vec<i64>)>>;
+        let (pages, mut to_record) = tokio::sync::mpsc::channel::<(Vec<Vec<u8>>, Vec<i64>)>(2);
+        let recorder = {
+            let ledger = self.clone();
+            tokio::spawn(async move {
+                while let Some((keys, deadlines)) = to_record.recv().await {
+                    ledger.record(db, &keys, &deadlines).await?;
+                }
+                Ok::<_, redis::RedisError>(())
+            })
+        };
+        // Hands the oldest read page to the recorder; `false` once the recorder failed.
+        let record_oldest = async |reads: &mut std::collections::VecDeque<Read>,
+                                   density: &mut density::Density|
+               -> redis::RedisResult<bool> {
+            let Some(read) = reads.pop_front() else {
+                return Ok(true);
+            };
+            let (keys, deadlines) = read.await.map_err(joined)??;
+            density.saw(&deadlines, now_ms());
+            Ok(pages.send((keys, deadlines)).await.is_ok())
+        };
+        let walked = async {
+            for node in &nodes {
+                for glob in globs {
+                    let mut conn = node.clone();
+                    let mut cursor: u64 = 0;
+                    let mut reads: std::collections::VecDeque<Read> = Default::default();
+                    let mut density = density::Density::default();
+                    loop {
+                        let (next, keys) =
+                            crate::keyspace::scan_page(&mut conn, cursor, glob, FILL_COUNT).await?;
+                        scanned += FILL_COUNT as u64;
+                        self.inner.metrics.scan_keys.inc_by(keys.len() as u64);
+                        let to_read: Vec<Vec<u8>> = keys
+                            .into_iter()
+                            .filter(|k| !k.starts_with(self.inner.prefix.as_bytes()) && wanted(k))
+                            .collect();
+                        learnt += to_read.len();
+                        if !to_read.is_empty() {
+                            let ledger = self.clone();
+                            reads.push_back(tokio::spawn(async move {
+                                let deadlines = ledger.read(db, &to_read).await?;
+                                Ok((to_read, deadlines))
+                            }));
                         }
-                    };
-                    let read = async {
-                        if to_read.is_empty() {
-                            Ok(Vec::new())
-                        } else {
-                            self.read(db, &to_read).await
+                        while reads.len() > READS_IN_FLIGHT {
+                            if !record_oldest(&mut reads, &mut density).await? {
+                                return Ok(());
+                            }
                         }
-                    };
-                    let record = self.record(db, &to_record.0, &to_record.1);
-                    let (page, deadlines, recorded) = tokio::join!(scan, read, record);
-                    recorded?;
-                    to_record = (std::mem::take(&mut to_read), deadlines?);
-                    let Some((next, keys)) = page? else {
-                        continue;
-                    };
-                    scanned += FILL_COUNT as u64;
-                    self.inner.metrics.scan_keys.inc_by(keys.len() as u64);
-                    to_read = keys
-                        .into_iter()
-                        .filter(|k| !k.starts_with(self.inner.prefix.as_bytes()) && wanted(k))
-                        .collect();
-                    learnt += to_read.len();
-                    cursor = (next != 0).then_some(next);
-                    if cursor.is_none() {
-                        continue;
+                        if next == 0 {
+                            break;
+                        }
+                        cursor = next;
+                        for hour in density.turned_dense(next) {
+                            self.inner.store.make_dense(db, hour).await?;
+                        }
+                        let should_take =
+                            Duration::from_secs_f64(scanned as f64 / max_per_second.max(1) as f64);
+                        if let Some(wait) = should_take.checked_sub(started.elapsed()) {
+                            tokio::time::sleep(wait).await;
+                        }
                     }
-                    let should_take =
-                        Duration::from_secs_f64(scanned as f64 / max_per_second.max(1) as f64);
-                    if let Some(wait) = should_take.checked_sub(started.elapsed()) {
-                        tokio::time::sleep(wait).await;
+                    while !reads.is_empty() {
+                        if !record_oldest(&mut reads, &mut density).await? {
+                            return Ok(());
+                        }
                     }
                 }
             }
-        }
+            Ok::<_, redis::RedisError>(())
+        };
+        let walked = walked.await;
+        drop(pages);
+        // The recorder's error first: a page handed to it is lost only if it failed.
+        recorder.await.map_err(joined)??;
+        walked?;
         Ok(learnt)
     }
 

@@ -4,13 +4,16 @@
 -- to refine), the minutes, each hour's key count. ARGV: the seconds' prefix, the far buckets'
 -- prefix, a bucket's width (ms), the load factor (keys per shard), how many removals, then that
 -- many second/key/hash triples (the second a deadline was known in, the key's `far_hash`), then
--- deadline/key/hash triples to write.
+-- deadline/key/hash triples to write. Returns the dense hours it met (below).
 --
 -- A deadline is in exactly one place: its second's hash, or the shard of its hour that the
 -- hour's shard count names; both are read here, atomically with the write, so a removal removes
 -- it wherever it is. An hour the poker began to refine (at or before the frontier) takes no new
 -- far deadlines: they go to their second's hash, and so does a long key's (its own shard's
--- listpack would become a hashtable, as a second's `:long` hash is kept apart).
+-- listpack would become a hashtable, as a second's `:long` hash is kept apart). Nor does an hour
+-- marked dense (its shard count negative, `ledger/dense.lua`): its deadlines go to their
+-- seconds' hashes for good, and the caller, told so, writes them there itself from then on,
+-- without a script.
 --
 -- What Redis does per far key is one `HSET`: the hash comes in with the key, and an hour's key
 -- count (KEYS[5]) is moved once per script (`HINCRBY`), not a shard's length read after every
@@ -52,6 +55,7 @@ local function split(b)
 end
 local first = 6
 local last_removal = first + 3 * removals - 1
+local dense, met = {}, {}
 -- Every hour's shard count read at once: a fill's page of a thousand keys spread over a year
 -- touches nearly a thousand hours.
 do
@@ -72,7 +76,12 @@ do
     local last = math.min(j + 999, #hours)
     local got = redis.call('HMGET', KEYS[2], unpack(hours, j, last))
     for x = j, last do
-      counts[hours[x]] = tonumber(got[x - j + 1]) or false
+      local n = tonumber(got[x - j + 1]) or false
+      counts[hours[x]] = n
+      if n and n < 0 and not met[hours[x]] then
+        met[hours[x]] = true
+        dense[#dense + 1] = hours[x]
+      end
     end
   end
 end
@@ -92,8 +101,9 @@ for i = first, last_removal, 3 do
     local b = math.floor(s * 1000 / width)
     local n = count(b)
     if n then
-      local name = far_pre .. b .. ':' .. far_shard(n, tonumber(ARGV[i + 2]))
-      add(b, -redis.call('HDEL', name, k))
+      local name = far_pre .. b .. ':' .. far_shard(far_shards(n), tonumber(ARGV[i + 2]))
+      local x = redis.call('HDEL', name, k)
+      if n > 0 then add(b, -x) end
     end
   end
 end
@@ -105,7 +115,7 @@ local call, floor = redis.call, math.floor
 for i = last_removal + 1, #ARGV, 3 do
   local d, k = tonumber(ARGV[i]), ARGV[i + 1]
   local b = floor(d / width)
-  if b <= frontier or long_key(k) then
+  if b <= frontier or long_key(k) or (counts[b] and counts[b] < 0) then
     local s = floor(d / 1000)
     call('HSET', bucket(pre, s, k), k, d - s * 1000)
     local m = floor(s / 60)
@@ -145,4 +155,4 @@ for _, b in ipairs(touched) do
   end
 end
 for m, d in pairs(lows) do redis.call('ZADD', KEYS[4], 'LT', d, m) end
-return 0
+return dense

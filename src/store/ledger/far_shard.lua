@@ -37,3 +37,42 @@ end
 local function far_shard(n, h)
   return far_shard_p2(n, far_p2(n), h)
 end
+-- An hour's shard count is kept negative once the hour is dense (`ledger/dense.lua`): its
+-- shards take no more deadlines and never split again, but may still hold some until they are
+-- moved, so removals and refinements still look in that many.
+local function far_shards(n)
+  return math.abs(n)
+end
+-- Moves the shard `name` of hour b whole into its deadlines' seconds' hashes (`pre`), the
+-- minutes (`minutes`) lowered as any writer does, and returns how many it moved. A deadline a
+-- second's hash holds already was written there later than the shard's copy (writes of an hour
+-- go to its seconds once it is dense or near) and is kept (`HSETNX`).
+local function far_move(name, b, width, pre, minutes)
+  local rows = redis.call('HGETALL', name)
+  local lows = {}
+  for x = 1, #rows, 2 do
+    local k = rows[x]
+    local d = b * width + tonumber(rows[x + 1])
+    local s = math.floor(d / 1000)
+    redis.call('HSETNX', bucket(pre, s, k), k, d - s * 1000)
+    local m = math.floor(s / 60)
+    if not lows[m] or d < lows[m] then lows[m] = d end
+  end
+  for m, d in pairs(lows) do redis.call('ZADD', minutes, 'LT', d, m) end
+  if #rows > 0 then redis.call('DEL', name) end
+  return #rows / 2
+end
+-- Moves the shards of hour b (n of them) into their seconds, whole ones, until about `most`
+-- deadlines moved: returns how many moved and whether some shard is left.
+local function far_drain(b, n, most, far_pre, width, pre, minutes)
+  local moved = 0
+  for j = 0, n - 1 do
+    local name = far_pre .. b .. ':' .. j
+    if moved >= most then
+      if redis.call('EXISTS', name) == 1 then return moved, true end
+    else
+      moved = moved + far_move(name, b, width, pre, minutes)
+    end
+  end
+  return moved, false
+end
