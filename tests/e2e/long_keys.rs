@@ -123,6 +123,15 @@ fn launch(http: &HttpReceiver, smtp: &SmtpServer) -> Daemon {
     )
 }
 
+/// The services, keywatch on its own server with a rule on every channel, and its idle RSS.
+fn started() -> (HttpReceiver, SmtpServer, Daemon, f64) {
+    let http = services();
+    let smtp = SmtpServer::start();
+    let daemon = launch(&http, &smtp);
+    let idle = idle_rss(&daemon);
+    (http, smtp, daemon, idle)
+}
+
 /// Fails unless the peak RSS is within [`BOUND_MIB`] of the idle one (MiB both).
 fn within_bound(idle: f64, peak: f64) {
     assert!(
@@ -130,6 +139,17 @@ fn within_bound(idle: f64, peak: f64) {
         "peak RSS {peak:.1} MiB is {:.1} MiB above idle {idle:.1} MiB",
         peak - idle
     );
+}
+
+/// Reads the daemon's peak RSS, shows it beside `idle` under `what`, and fails unless it is
+/// within the bound ([`within_bound`]).
+fn peak_within_bound(what: &str, daemon: &Daemon, idle: f64) {
+    let peak = status_mib(daemon.process.pid(), "VmHWM:");
+    println!(
+        "{what}: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
+        peak - idle
+    );
+    within_bound(idle, peak);
 }
 
 /// The daemon's resident memory once it is up and has nothing to do, MiB.
@@ -275,10 +295,7 @@ fn link_tokens(text: &str) -> Vec<String> {
 /// within its service's limit with the key cut and marked, and both links act on the event.
 #[test]
 fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
-    let http = services();
-    let smtp = SmtpServer::start();
-    let daemon = launch(&http, &smtp);
-    let idle = idle_rss(&daemon);
+    let (http, smtp, daemon, idle) = started();
     let mut key = b"long:".to_vec();
     key.extend(std::iter::repeat_n(b'k', 16 << 20));
     expire_long(&daemon, &key);
@@ -367,10 +384,7 @@ fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
 /// and keywatch's memory stays within [`BOUND_MIB`] of its idle memory through all of it.
 #[test]
 fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
-    let http = services();
-    let smtp = SmtpServer::start();
-    let daemon = launch(&http, &smtp);
-    let idle = idle_rss(&daemon);
+    let (http, smtp, daemon, idle) = started();
     let addr = common::endpoint(&daemon.process);
     let scanned = || {
         common::metric(
@@ -393,12 +407,7 @@ fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
     delivered(&daemon, &http, HTTP_CHANNELS.len());
     smtp.wait_for_mails(1, PATIENCE * 6);
     daemon.attempt_on("log", "sent");
-    let peak = status_mib(daemon.process.pid(), "VmHWM:");
-    println!(
-        "reconnect: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
-        peak - idle
-    );
-    within_bound(idle, peak);
+    peak_within_bound("reconnect", &daemon, idle);
     daemon.stop();
 }
 
@@ -406,10 +415,7 @@ fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
 /// second's hash each time, which names the key too.
 #[test]
 fn a_16_mb_key_whose_deadline_moves_and_goes_stays_within_the_bound() {
-    let http = services();
-    let smtp = SmtpServer::start();
-    let daemon = launch(&http, &smtp);
-    let idle = idle_rss(&daemon);
+    let (_http, _smtp, daemon, idle) = started();
     let key = format!("long:{}", "k".repeat(16 << 20));
     let mut conn = daemon.conn();
     let deadline = |conn: &mut redis::Connection| common::ledger::deadline(conn, "keywatch:", &key);
@@ -430,12 +436,7 @@ fn a_16_mb_key_whose_deadline_moves_and_goes_stays_within_the_bound() {
     common::wait_until("the deadline left the ledger", PATIENCE, || {
         common::ledger::len(&mut conn, "keywatch:") == 0
     });
-    let peak = status_mib(daemon.process.pid(), "VmHWM:");
-    println!(
-        "moved and gone: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
-        peak - idle
-    );
-    within_bound(idle, peak);
+    peak_within_bound("moved and gone", &daemon, idle);
     daemon.stop();
 }
 
@@ -443,10 +444,7 @@ fn a_16_mb_key_whose_deadline_moves_and_goes_stays_within_the_bound() {
 /// gone, moves it to the poked set after its grace, and it is recovered.
 #[test]
 fn a_16_mb_key_found_gone_and_recovered_stays_within_the_bound() {
-    let http = services();
-    let smtp = SmtpServer::start();
-    let daemon = launch(&http, &smtp);
-    let idle = idle_rss(&daemon);
+    let (http, smtp, daemon, idle) = started();
     let key = format!("long:{}", "k".repeat(16 << 20));
     let mut conn = daemon.conn();
     set_learnt(&mut conn, key.as_ref(), 3_000);
@@ -474,22 +472,14 @@ fn a_16_mb_key_found_gone_and_recovered_stays_within_the_bound() {
         "recovered"
     );
     smtp.wait_for_mails(1, PATIENCE * 6);
-    let peak = status_mib(daemon.process.pid(), "VmHWM:");
-    println!(
-        "found gone: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
-        peak - idle
-    );
-    within_bound(idle, peak);
+    peak_within_bound("found gone", &daemon, idle);
     daemon.stop();
 }
 
 /// Eight 2 MB keys at once: within the same bound as one.
 #[test]
 fn eight_2_mb_keys_at_once_stay_within_the_bound() {
-    let http = services();
-    let smtp = SmtpServer::start();
-    let daemon = launch(&http, &smtp);
-    let idle = idle_rss(&daemon);
+    let (http, smtp, daemon, idle) = started();
     let keys: Vec<Vec<u8>> = (0..8u8)
         .map(|i| {
             let mut k = format!("long:{i}").into_bytes();
@@ -511,12 +501,7 @@ fn eight_2_mb_keys_at_once_stay_within_the_bound() {
     });
     delivered(&daemon, &http, HTTP_CHANNELS.len() * 8);
     smtp.wait_for_mails(8, PATIENCE * 6);
-    let peak = status_mib(daemon.process.pid(), "VmHWM:");
-    println!(
-        "idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
-        peak - idle
-    );
-    within_bound(idle, peak);
+    peak_within_bound("eight 2 MiB keys", &daemon, idle);
     for (name, rs) in by_channel(&http.requests()) {
         assert_eq!(rs.len(), 8, "{name}");
         for r in rs {
