@@ -193,7 +193,7 @@ impl Group {
 
 /// Where the index says a firing is kept.
 #[derive(Clone, Debug, PartialEq)]
-enum Place {
+enum Kept {
     /// Its own field `ID` (written before groups).
     Own,
     /// In its group's field.
@@ -205,7 +205,7 @@ enum Place {
 struct Indexed {
     at_ms: i64,
     id: String,
-    place: Place,
+    kept: Kept,
 }
 
 impl Indexed {
@@ -221,7 +221,7 @@ fn entry_firings(member: &str, score: f64) -> Vec<Indexed> {
         return vec![Indexed {
             at_ms: score as i64,
             id: member.to_string(),
-            place: Place::Own,
+            kept: Kept::Own,
         }];
     };
     let mut lines = group.split('\n');
@@ -235,7 +235,7 @@ fn entry_firings(member: &str, score: f64) -> Vec<Indexed> {
             Some(Indexed {
                 at_ms: at.parse().ok()?,
                 id: id.to_string(),
-                place: Place::Group(field.clone()),
+                kept: Kept::Group(field.clone()),
             })
         })
         .collect()
@@ -265,7 +265,7 @@ async fn locate(conn: &mut Conn, prefix: &str, id: &str) -> redis::RedisResult<O
         return Ok(Some(Indexed {
             at_ms: at as i64,
             id: id.to_string(),
-            place: Place::Own,
+            kept: Kept::Own,
         }));
     }
     // Else the group naming it, read a page of entries at a time (a signed link, `history
@@ -308,9 +308,9 @@ async fn stored_of(
 ) -> redis::RedisResult<Vec<Option<String>>> {
     let mut fields: Vec<(String, String)> = Vec::new();
     for f in firings {
-        let field = match &f.place {
-            Place::Own => f.id.clone(),
-            Place::Group(g) => g.clone(),
+        let field = match &f.kept {
+            Kept::Own => f.id.clone(),
+            Kept::Group(g) => g.clone(),
         };
         let at = (f.key(prefix), field);
         if !fields.contains(&at) {
@@ -340,9 +340,9 @@ async fn stored_of(
         .iter()
         .map(|f| {
             let key = f.key(prefix);
-            match &f.place {
-                Place::Own => own.get(&(key, f.id.clone())).map(|s| s.to_string()),
-                Place::Group(g) => groups
+            match &f.kept {
+                Kept::Own => own.get(&(key, f.id.clone())).map(|s| s.to_string()),
+                Kept::Group(g) => groups
                     .get(&(key, g.clone()))
                     .and_then(|m| m.get(f.id.as_str()).cloned()),
             }
@@ -769,11 +769,11 @@ impl Writer {
                 c.arg(key);
                 c
             });
-            match &f.place {
-                Place::Own => {
+            match &f.kept {
+                Kept::Own => {
                     hdel.arg(&f.id);
                 }
-                Place::Group(g) => {
+                Kept::Group(g) => {
                     if groups.insert((key, g.clone())) {
                         hdel.arg(g);
                     }

@@ -176,11 +176,7 @@ impl Names {
             .arg(&self.copies)
             .invoke_async(conn)
             .await?;
-        for (copy, deadline, len) in copies {
-            if let Some(key) = crate::store::long_keys::read_at(conn, &copy, len).await? {
-                rows.push((key, deadline));
-            }
-        }
+        read_copies(conn, copies, &mut rows).await?;
         Ok(rows)
     }
 
@@ -252,13 +248,24 @@ impl Due {
     /// is left for the next round, which copies it again).
     pub async fn resolve(self, conn: &mut Conn) -> redis::RedisResult<Vec<(bytes::Bytes, i64)>> {
         let mut rows = self.rows;
-        for (copy, deadline, len) in self.copies {
-            if let Some(key) = read_copy(conn, &copy, len).await? {
-                rows.push((key, deadline));
-            }
-        }
+        read_copies(conn, self.copies, &mut rows).await?;
         Ok(rows)
     }
+}
+
+/// Reads each of `copies` (a long key's copy, its deadline and length) a MiB at a time and adds
+/// it to `rows`; a copy gone meanwhile (its minute over, deleted by hand) is left out.
+async fn read_copies<K: From<Vec<u8>>>(
+    conn: &mut Conn,
+    copies: Vec<Copy>,
+    rows: &mut Vec<(K, i64)>,
+) -> redis::RedisResult<()> {
+    for (copy, deadline, len) in copies {
+        if let Some(key) = crate::store::long_keys::read_at(conn, &copy, len).await? {
+            rows.push((K::from(key), deadline));
+        }
+    }
+    Ok(())
 }
 
 /// The due long key of the copy `name` (`len` bytes), read a MiB at a time; `None` if the copy is
@@ -856,11 +863,7 @@ impl Deadlines {
             .arg(self.names(db).copies)
             .invoke_async(&mut conn)
             .await?;
-        for (copy, deadline, len) in copies {
-            if let Some(key) = crate::store::long_keys::read_at(&mut conn, &copy, len).await? {
-                rows.push((key, deadline));
-            }
-        }
+        read_copies(&mut conn, copies, &mut rows).await?;
         Ok(rows)
     }
 
