@@ -35,6 +35,44 @@ pub struct View {
     pub masters: Vec<Master>,
     /// Every address in the answer (replicas too): where to ask next time if the seed is gone.
     pub known: Vec<String>,
+    /// The slots each of `masters` serves, as ranges: where a command for one key goes
+    /// ([`crate::keyspace::Conn::direct`]), sorted by their first slot.
+    pub slots: Vec<Slots>,
+}
+
+/// Slots `first..=last`, served by the master at `addr`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Slots {
+    pub first: u16,
+    pub last: u16,
+    pub addr: String,
+}
+
+/// The slots of a cluster: 16,384, each served by one master.
+const SLOTS: u16 = 16384;
+
+/// The slot of `key`: CRC16 (XMODEM) of its hash tag, the part between the first `{` and the
+/// next `}` when that is not empty, or of the whole key (the cluster specification's
+/// `HASH_SLOT`).
+pub fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty());
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % SLOTS
+}
+
+/// The master of `slot` in `slots` (as [`View::slots`] holds them), if one serves it.
+pub fn master_of(slots: &[Slots], slot: u16) -> Option<&str> {
+    let i = slots.partition_point(|s| s.first <= slot).checked_sub(1)?;
+    let s = &slots[i];
+    (slot <= s.last).then_some(s.addr.as_str())
 }
 
 /// Parses `CLUSTER NODES`: `<id> <ip:port@cport[,hostname]> <flags> <master> <ping> <pong>
@@ -63,14 +101,30 @@ pub fn parse_nodes(text: &str) -> View {
             && !flags
                 .iter()
                 .any(|f| matches!(*f, "fail" | "handshake" | "noaddr"));
-        let serves = fields[8..].iter().any(|s| !s.starts_with('['));
-        if usable && serves {
+        // `[slot->-id]` and `[slot-<-id]` are slots on the move: the node named owns them
+        // until the move ends, and answers `ASK` for keys already moved.
+        let ranges: Vec<(u16, u16)> = fields[8..]
+            .iter()
+            .filter(|s| !s.starts_with('['))
+            .filter_map(|s| match s.split_once('-') {
+                Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                None => s.parse().ok().map(|a| (a, a)),
+            })
+            .collect();
+        if usable && !ranges.is_empty() {
             view.masters.push(Master {
                 addr: addr.to_string(),
                 id: fields[0].to_string(),
             });
+            view.slots
+                .extend(ranges.into_iter().map(|(first, last)| Slots {
+                    first,
+                    last,
+                    addr: addr.to_string(),
+                }));
         }
     }
+    view.slots.sort();
     view.masters.sort();
     view.known.sort();
     view.known.dedup();
@@ -155,5 +209,29 @@ aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa :0@0 master,noaddr - 0 0 0 disconnected
         );
         assert_eq!(v.known.len(), 6);
         assert_eq!(v.masters[0].host_port(), Some(("127.0.0.1", 30001)));
+        // A slot on the move belongs to the node that has it until the move ends.
+        assert_eq!(master_of(&v.slots, 0), Some("127.0.0.1:30001"));
+        assert_eq!(master_of(&v.slots, 5460), Some("127.0.0.1:30001"));
+        assert_eq!(master_of(&v.slots, 5461), Some("127.0.0.1:30002"));
+        assert_eq!(master_of(&v.slots, 16383), Some("127.0.0.1:30003"));
+        // Those of the failed and the address-less masters are served by nobody known.
+        let v = parse_nodes("a 127.0.0.1:1@2 master - 0 0 1 connected 100 200-300\n");
+        assert_eq!(master_of(&v.slots, 99), None);
+        assert_eq!(master_of(&v.slots, 100), Some("127.0.0.1:1"));
+        assert_eq!(master_of(&v.slots, 101), None);
+        assert_eq!(master_of(&v.slots, 250), Some("127.0.0.1:1"));
+        assert_eq!(master_of(&v.slots, 301), None);
+    }
+
+    /// Slots as Redis computes them (`CLUSTER KEYSLOT`), hash tags included.
+    #[test]
+    fn a_key_s_slot_is_redis_s() {
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"123456789"), 12739);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"user1000"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        assert_eq!(slot(b"{keywatch}:ledger:0:at:1"), slot(b"keywatch"));
     }
 }

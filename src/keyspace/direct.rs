@@ -22,19 +22,20 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const GATHER: usize = 64 * 1024;
 
 /// Sends `args` (the command's name first) to `client`'s node on a connection of its own and
-/// returns the answer; an error answer is an error. On a multi-threaded runtime the arguments
+/// returns the answer; an error answer is an error. `asking`: preceded by `ASKING` (a cluster
+/// node's `ASK` redirection: the key is on a slot being imported there). On a multi-threaded runtime the arguments
 /// are written from where they lie, this thread given over to the command meanwhile
 /// ([`tokio::task::block_in_place`]: the runtime's other tasks go on on other threads); else
 /// (tests' single-threaded runtimes) they are copied once for a blocking task.
-pub async fn send(client: redis::Client, args: &[&[u8]]) -> RedisResult<Value> {
+pub async fn send(client: redis::Client, args: &[&[u8]], asking: bool) -> RedisResult<Value> {
     use tokio::runtime::{Handle, RuntimeFlavor};
     if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
-        return tokio::task::block_in_place(|| blocking(&client, args));
+        return tokio::task::block_in_place(|| blocking(&client, args, asking));
     }
     let owned: Vec<Bytes> = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();
     tokio::task::spawn_blocking(move || {
         let args: Vec<&[u8]> = owned.iter().map(|a| &a[..]).collect();
-        blocking(&client, &args)
+        blocking(&client, &args, asking)
     })
     .await
     .map_err(|e| {
@@ -47,10 +48,16 @@ pub async fn send(client: redis::Client, args: &[&[u8]]) -> RedisResult<Value> {
 }
 
 /// [`send`], blocking this thread.
-fn blocking(client: &redis::Client, args: &[&[u8]]) -> RedisResult<Value> {
+fn blocking(client: &redis::Client, args: &[&[u8]], asking: bool) -> RedisResult<Value> {
     let mut conn = client.get_connection_with_timeout(TIMEOUT)?;
     conn.set_write_timeout(Some(TIMEOUT))?;
     conn.set_read_timeout(Some(TIMEOUT))?;
+    if asking {
+        conn.send_packed_command(&redis::cmd("ASKING").get_packed_command())?;
+        if let Value::ServerError(e) = conn.recv_response()? {
+            return Err(e.into());
+        }
+    }
     let mut head = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
         head.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
@@ -68,6 +75,14 @@ fn blocking(client: &redis::Client, args: &[&[u8]]) -> RedisResult<Value> {
         Value::ServerError(e) => Err(e.into()),
         v => Ok(v),
     }
+}
+
+crate::keyspace::commands::declare! {
+    /// The commands this plumbing sends besides its callers' ([`crate::keyspace::commands`]).
+    [
+        Use::new(Server::Watched, "asking", "a long key's command sent again to the node a slot moves to")
+            .when(When::Cluster),
+    ]
 }
 
 #[cfg(test)]
@@ -90,9 +105,13 @@ mod tests {
         let (server, conn) = crate::local_redis::throwaway().await;
         let client = redis::Client::open(server.url()).unwrap();
         let long: Vec<u8> = (0..GATHER * 3 + 7).map(|i| (i % 251) as u8).collect();
-        let set = send(client.clone(), &[b"SET", &long, b"v", b"PX", b"60000"])
-            .await
-            .unwrap();
+        let set = send(
+            client.clone(),
+            &[b"SET", &long, b"v", b"PX", b"60000"],
+            false,
+        )
+        .await
+        .unwrap();
         assert_eq!(set, Value::Okay);
         let mut c = conn.clone();
         let got: String = redis::cmd("GET")
@@ -101,11 +120,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(got, "v");
-        let t = send(client.clone(), &[b"PEXPIRETIME", &long])
+        let t = send(client.clone(), &[b"PEXPIRETIME", &long], false)
             .await
             .unwrap();
         assert!(matches!(t, Value::Int(n) if n > 0), "{t:?}");
-        let wrong = send(client, &[b"NOSUCHCOMMAND"]).await;
+        let wrong = send(client, &[b"NOSUCHCOMMAND"], false).await;
         assert!(wrong.is_err(), "{wrong:?}");
     }
 }

@@ -25,7 +25,7 @@ use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
 use tokio::sync::{Mutex, Notify, OnceCell, watch};
 
 use crate::config::{RedisSettings, Secret};
-use crate::keyspace::cluster::{DiscoverError, Master};
+use crate::keyspace::cluster::{DiscoverError, Master, Slots};
 use connect::ConnectError;
 use sentinel::{Found, SentinelError, Sentinels};
 
@@ -38,7 +38,9 @@ const CLUSTER_IN_FLIGHT: usize = 128;
 pub enum Conn {
     /// One node, and (where known) the client it was opened with, for [`Conn::direct`].
     Node(ConnectionManager, Option<Arc<redis::Client>>),
-    Cluster(ClusterConnection),
+    /// The cluster's connection, and the keyspace that knows which master serves which slot
+    /// (for [`Conn::direct`]).
+    Cluster(ClusterConnection, Keyspace),
     /// Database `db` of whichever node the sentinels last named master: each command goes to
     /// the connection in force when it is sent, and waits while a replica is being promoted
     /// ([`Keyspace::promoting`]). A `ConnectionManager` alone would reconnect to the old
@@ -48,17 +50,24 @@ pub enum Conn {
 
 impl Conn {
     /// Sends `args` (the command's name first), which carry a long value, on a connection of
-    /// their own ([`direct`]); where no node's client is known (a cluster), through this
-    /// connection as any command.
+    /// their own ([`direct`]): on a cluster, to the master of the slot of the command's key
+    /// ([`routing_key`]); where no node is known (a connection made without its client, a
+    /// cluster whose slots are not read yet), through this connection as any command.
     pub async fn direct(&self, args: &[&[u8]]) -> RedisResult<Value> {
         let client = match self {
             Conn::Node(_, Some(client)) => Some(redis::Client::clone(client)),
             // The master in force, once the promotion under way is over, as for every command.
             Conn::Master(k, db) => Some(k.db_conn(*db).await?.1),
-            _ => None,
+            Conn::Cluster(_, k) => {
+                if let Some(answer) = k.direct_to_slot(args).await {
+                    return answer;
+                }
+                None
+            }
+            Conn::Node(_, None) => None,
         };
         match client {
-            Some(client) => direct::send(client, args).await,
+            Some(client) => direct::send(client, args, false).await,
             None => {
                 let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap_or_default());
                 for a in &args[1..] {
@@ -79,7 +88,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Node(c, _) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c, _) => c.req_packed_command(cmd),
             Conn::Master(k, db) => Box::pin(async move {
                 let mut c = Conn::current(k, *db).await?;
                 c.req_packed_command(cmd).await
@@ -95,7 +104,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Node(c, _) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c, _) => c.req_packed_commands(pipeline, offset, count),
             Conn::Master(k, db) => Box::pin(async move {
                 let mut c = Conn::current(k, *db).await?;
                 c.req_packed_commands(pipeline, offset, count).await
@@ -106,7 +115,7 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Node(c, _) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
+            Conn::Cluster(c, _) => c.get_db(),
             Conn::Master(_, db) => i64::from(*db),
         }
     }
@@ -131,7 +140,7 @@ impl Conn {
                 }
                 pipe.query_async(&mut self.clone()).await
             }
-            Conn::Cluster(c) => {
+            Conn::Cluster(c, _) => {
                 futures_util::stream::iter(cmds)
                     .map(|cmd| {
                         let mut c = c.clone();
@@ -161,7 +170,7 @@ impl Conn {
                 }
                 pipe.query_async(&mut self.clone()).await
             }
-            Conn::Cluster(c) => Ok(futures_util::stream::iter(cmds)
+            Conn::Cluster(c, _) => Ok(futures_util::stream::iter(cmds)
                 .map(|cmd| {
                     let mut c = c.clone();
                     async move { cmd.query_async::<Value>(&mut c).await }
@@ -206,6 +215,8 @@ struct Cluster {
     conn: OnceCell<ClusterConnection>,
     /// The masters as last discovered ([`crate::source::cluster`] keeps this current).
     masters: RwLock<Vec<Master>>,
+    /// Which master serves which slots, as last discovered.
+    slots: RwLock<Vec<Slots>>,
     /// Every node address seen in the last discovery: asked after the seed, which may be gone.
     known: RwLock<Vec<String>>,
     /// Direct connections to single nodes, by `host:port`.
@@ -237,6 +248,7 @@ impl Keyspace {
                 client: connect::cluster_client(&url, &settings)?,
                 conn: OnceCell::new(),
                 masters: RwLock::new(Vec::new()),
+                slots: RwLock::new(Vec::new()),
                 known: RwLock::new(Vec::new()),
                 nodes: Mutex::new(HashMap::new()),
                 suspect: Notify::new(),
@@ -378,7 +390,7 @@ impl Keyspace {
                 .conn
                 .get_or_try_init(|| cluster.client.get_async_connection())
                 .await?;
-            return Ok(Conn::Cluster(c.clone()));
+            return Ok(Conn::Cluster(c.clone(), self.clone()));
         }
         if self.inner.sentinel.is_some() {
             // Connects now, so that a master that cannot be reached fails here as on one node.
@@ -520,6 +532,7 @@ impl Keyspace {
             .await
             .retain(|addr, _| view.masters.iter().any(|m| &m.addr == addr));
         *cluster.known.write().unwrap_or_else(|p| p.into_inner()) = view.known;
+        *cluster.slots.write().unwrap_or_else(|p| p.into_inner()) = view.slots;
         *cluster.masters.write().unwrap_or_else(|p| p.into_inner()) = view.masters.clone();
         Ok(view.masters)
     }
@@ -542,6 +555,69 @@ impl Keyspace {
             _ => std::future::pending().await,
         }
     }
+}
+
+impl Keyspace {
+    /// [`Conn::direct`] on a cluster: `args` sent on a connection of their own to the master
+    /// of their key's slot, following `MOVED` and `ASK` (a slot moved since the last
+    /// discovery) a few times; `None` when no master is known for the slot yet.
+    async fn direct_to_slot(&self, args: &[&[u8]]) -> Option<RedisResult<Value>> {
+        let cluster = self.inner.cluster.as_ref()?;
+        let slot = crate::keyspace::cluster::slot(routing_key(args));
+        let mut addr = {
+            let slots = cluster.slots.read().unwrap_or_else(|p| p.into_inner());
+            crate::keyspace::cluster::master_of(&slots, slot)?.to_string()
+        };
+        let mut asking = false;
+        let mut redirects = 0;
+        loop {
+            let client = match self.client_for(&addr) {
+                Ok(c) => c,
+                Err(e) => return Some(Err(settings_error(e))),
+            };
+            let answer = direct::send(client, args, asking).await;
+            let Err(e) = &answer else {
+                return Some(answer);
+            };
+            let Some((to, _)) = e.redirect_node() else {
+                return Some(answer);
+            };
+            if redirects == REDIRECTS {
+                return Some(answer);
+            }
+            redirects += 1;
+            // `MOVED`: the slot has a new master for good, which the next discovery records;
+            // `ASK`: this one key is already on the node the slot is moving to.
+            asking = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::Ask);
+            if !asking {
+                cluster.suspect.notify_one();
+            }
+            addr = to.to_string();
+        }
+    }
+}
+
+/// Redirections one [`Conn::direct`] command follows on a cluster before its answer is the
+/// last redirection's error: a slot moves once per reshard step.
+const REDIRECTS: usize = 3;
+
+/// The key whose slot a command is sent to: the first key of a script (`EVAL`, `EVALSHA`,
+/// `FCALL`: after the script and the number of keys), else the first argument. Every key of
+/// one command must share a slot on a cluster anyway.
+fn routing_key<'a>(args: &[&'a [u8]]) -> &'a [u8] {
+    let name = args.first().copied().unwrap_or_default();
+    let script = [
+        &b"EVALSHA"[..],
+        b"EVAL",
+        b"FCALL",
+        b"EVALSHA_RO",
+        b"EVAL_RO",
+        b"FCALL_RO",
+    ]
+    .iter()
+    .any(|n| name.eq_ignore_ascii_case(n));
+    let at = if script { 3 } else { 1 };
+    args.get(at).copied().unwrap_or_default()
 }
 
 /// Where keywatch keeps its own state: `state.url` (always a single node), or the watched Redis
@@ -676,6 +752,144 @@ mod tests {
         k.move_to("127.0.0.1:6379").await;
         assert!(k.until_open().now_or_never().is_some());
         assert_eq!(k.node(), "127.0.0.1:6379");
+    }
+
+    /// Two nodes started in cluster mode, each serving half of the slots, once each sees the
+    /// other and says the cluster is up; and each one's node id.
+    fn two_node_cluster() -> [(crate::local_redis::LocalRedis, String); 2] {
+        let start = || {
+            crate::local_redis::LocalRedis::start(&["--cluster-enabled", "yes"])
+                .expect("a redis-server in cluster mode")
+        };
+        let (a, b) = (start(), start());
+        let conn = |s: &crate::local_redis::LocalRedis| {
+            redis::Client::open(s.url())
+                .unwrap()
+                .get_connection()
+                .unwrap()
+        };
+        let id = |s: &crate::local_redis::LocalRedis| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut conn(s))
+                .unwrap()
+        };
+        for (s, (first, last)) in [(&a, (0, 8191)), (&b, (8192, 16383))] {
+            let () = redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(first)
+                .arg(last)
+                .query(&mut conn(s))
+                .unwrap();
+        }
+        let () = redis::cmd("CLUSTER")
+            .arg("MEET")
+            .arg("127.0.0.1")
+            .arg(b.port())
+            .query(&mut conn(&a))
+            .unwrap();
+        for _ in 0..400 {
+            let known = |s| -> usize {
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut conn(s))
+                    .unwrap();
+                cluster::parse_nodes(&nodes).masters.len()
+            };
+            let ok = |s| {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut conn(s))
+                    .unwrap();
+                info.contains("cluster_state:ok")
+            };
+            if known(&a) == 2 && known(&b) == 2 && ok(&a) && ok(&b) {
+                let (ia, ib) = (id(&a), id(&b));
+                return [(a, ia), (b, ib)];
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("the two nodes never saw each other");
+    }
+
+    /// A long key's command on a cluster goes to its slot's master, and follows the slot when
+    /// it is moving (`ASK`) and once it has moved (`MOVED`) since the slots were last read.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_direct_command_follows_its_slot_on_a_cluster() {
+        let [(a, a_id), (b, b_id)] = tokio::task::spawn_blocking(two_node_cluster).await.unwrap();
+        let mut set = settings(false);
+        set.cluster = true;
+        let k = Keyspace::new(Secret::new(a.url()), set).unwrap();
+        k.discover().await.unwrap();
+        let conn = k.conn(0).await.unwrap();
+        // A key of the first half (A's), and one of its slot's neighbours for later.
+        let key = (0..)
+            .map(|n| format!("long:{n}"))
+            .find(|k| cluster::slot(k.as_bytes()) < 8192)
+            .unwrap();
+        let slot = cluster::slot(key.as_bytes());
+        let on = |s: &crate::local_redis::LocalRedis, cmd: &mut redis::Cmd| -> redis::Value {
+            let mut c = redis::Client::open(s.url())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            cmd.query(&mut c).unwrap()
+        };
+        let keys_in =
+            |s| -> redis::Value { on(s, redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot)) };
+        // Where the slots say.
+        let got = conn.direct(&[b"SET", key.as_bytes(), b"1"]).await.unwrap();
+        assert_eq!(got, Value::Okay);
+        assert_eq!(keys_in(&a), Value::Int(1));
+        let _ = conn.direct(&[b"DEL", key.as_bytes()]).await.unwrap();
+        // Moving from A to B, the key not on A: A answers `ASK`.
+        on(
+            &b,
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("IMPORTING")
+                .arg(&a_id),
+        );
+        on(
+            &a,
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("MIGRATING")
+                .arg(&b_id),
+        );
+        let got = conn.direct(&[b"SET", key.as_bytes(), b"2"]).await.unwrap();
+        assert_eq!(got, Value::Okay);
+        assert_eq!(keys_in(&b), Value::Int(1));
+        assert_eq!(keys_in(&a), Value::Int(0));
+        // Moved: A answers `MOVED`, the slots as read say A still.
+        for s in [&a, &b] {
+            on(
+                s,
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&b_id),
+            );
+        }
+        let got = conn
+            .direct(&[b"GETSET", key.as_bytes(), b"3"])
+            .await
+            .unwrap();
+        assert_eq!(got, Value::BulkString(b"2".to_vec()));
+        // A script's key is its routing key.
+        let got = conn
+            .direct(&[
+                b"EVAL",
+                b"return redis.call('GET', KEYS[1])",
+                b"1",
+                key.as_bytes(),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(got, Value::BulkString(b"3".to_vec()));
     }
 
     #[tokio::test]

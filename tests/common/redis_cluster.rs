@@ -110,6 +110,12 @@ impl RedisClusterBuilder {
         self
     }
 
+    /// `CONFIG SET name value` on every node at start.
+    pub fn config(mut self, name: &str, value: &str) -> Self {
+        self.node = self.node.config(name, value);
+        self
+    }
+
     pub fn start(self) -> RedisCluster {
         assert!(self.masters >= 1, "a cluster needs at least one master");
         let mode = ClusterMode {

@@ -10,7 +10,10 @@ use crate::common;
 use std::collections::BTreeMap;
 
 use common::daemon::Logs;
-use common::{Daemon, HttpReceiver, PATIENCE, Request, Response, Rules, SmtpServer};
+use common::{
+    Daemon, HttpReceiver, KeywatchProcess, PATIENCE, RedisCluster, Request, Response, Rules,
+    SmtpServer,
+};
 use serde_json::{Value, json};
 
 /// How far keywatch's peak resident memory may rise above its idle one while it handles long
@@ -128,7 +131,7 @@ fn started() -> (HttpReceiver, SmtpServer, Daemon, f64) {
     let http = services();
     let smtp = SmtpServer::start();
     let daemon = launch(&http, &smtp);
-    let idle = idle_rss(&daemon);
+    let idle = idle_rss(&daemon.process);
     (http, smtp, daemon, idle)
 }
 
@@ -143,8 +146,8 @@ fn within_bound(idle: f64, peak: f64) {
 
 /// Reads the daemon's peak RSS, shows it beside `idle` under `what`, and fails unless it is
 /// within the bound ([`within_bound`]).
-fn peak_within_bound(what: &str, daemon: &Daemon, idle: f64) {
-    let peak = status_mib(daemon.process.pid(), "VmHWM:");
+fn peak_within_bound(what: &str, process: &KeywatchProcess, idle: f64) {
+    let peak = status_mib(process.pid(), "VmHWM:");
     println!(
         "{what}: idle {idle:.1} MiB, peak {peak:.1} MiB ({:.1} above)",
         peak - idle
@@ -153,12 +156,12 @@ fn peak_within_bound(what: &str, daemon: &Daemon, idle: f64) {
 }
 
 /// The daemon's resident memory once it is up and has nothing to do, MiB.
-fn idle_rss(daemon: &Daemon) -> f64 {
-    let addr = common::endpoint(&daemon.process);
+fn idle_rss(process: &KeywatchProcess) -> f64 {
+    let addr = common::endpoint(process);
     common::wait_until("keywatch ready", PATIENCE, || {
         common::get(&addr, "/readyz").0 == 200
     });
-    status_mib(daemon.process.pid(), "VmRSS:")
+    status_mib(process.pid(), "VmRSS:")
 }
 
 /// A server whose subscribers may fall 64 MB behind: Redis's default pubsub limit (32 MB) closes
@@ -190,7 +193,12 @@ fn expire_long(daemon: &Daemon, key: &[u8]) {
 }
 
 /// Sets `key` to live `px` ms and waits until keywatch's ledger holds its deadline.
-fn set_learnt(conn: &mut redis::Connection, key: &[u8], px: i64) {
+fn set_learnt(conn: &mut impl redis::ConnectionLike, key: &[u8], px: i64) {
+    set_learnt_under(conn, "keywatch:", key, px)
+}
+
+/// [`set_learnt`] with the state under `prefix`.
+fn set_learnt_under(conn: &mut impl redis::ConnectionLike, prefix: &str, key: &[u8], px: i64) {
     let () = redis::cmd("SET")
         .arg(key)
         .arg("v")
@@ -199,12 +207,32 @@ fn set_learnt(conn: &mut redis::Connection, key: &[u8], px: i64) {
         .query(conn)
         .expect("SET");
     common::wait_until("keywatch learnt the long key's deadline", PATIENCE, || {
-        common::ledger::len(conn, "keywatch:") == 1
+        common::ledger::len(conn, prefix) == 1
+    });
+}
+
+/// `key` set and learnt, its deadline moved by `PEXPIRE` (the ledger takes the old one out of
+/// its second's hash, which names the key too), then dropped by `PERSIST`; returns once the
+/// ledger under `prefix` has followed both.
+fn moved_then_dropped(conn: &mut impl redis::ConnectionLike, prefix: &str, key: &str) {
+    set_learnt_under(conn, prefix, key.as_ref(), 600_000);
+    let first = common::ledger::deadline(conn, prefix, key).unwrap();
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(key)
+        .arg(1_200_000)
+        .query(conn)
+        .expect("PEXPIRE");
+    common::wait_until("the deadline moved in the ledger", PATIENCE, || {
+        common::ledger::deadline(conn, prefix, key).is_some_and(|d| d > first + 300_000)
+    });
+    let _: i64 = redis::cmd("PERSIST").arg(key).query(conn).expect("PERSIST");
+    common::wait_until("the deadline left the ledger", PATIENCE, || {
+        common::ledger::len(conn, prefix) == 0
     });
 }
 
 /// The requests of `http` once there are `n`, showing keywatch's log if they do not come.
-fn delivered(daemon: &Daemon, http: &HttpReceiver, n: usize) -> Vec<Request> {
+fn delivered(process: &KeywatchProcess, http: &HttpReceiver, n: usize) -> Vec<Request> {
     common::poll(
         &format!("{n} requests"),
         PATIENCE * 6,
@@ -213,7 +241,7 @@ fn delivered(daemon: &Daemon, http: &HttpReceiver, n: usize) -> Vec<Request> {
             (got.len() >= n).then_some(got)
         },
         || {
-            let log = daemon.stderr();
+            let log = process.stderr();
             let tail: String = log
                 .chars()
                 .rev()
@@ -300,7 +328,7 @@ fn a_16_mb_key_reaches_every_channel_within_limits_and_bounded_memory() {
     key.extend(std::iter::repeat_n(b'k', 16 << 20));
     expire_long(&daemon, &key);
 
-    let requests = delivered(&daemon, &http, HTTP_CHANNELS.len());
+    let requests = delivered(&daemon.process, &http, HTTP_CHANNELS.len());
     let mails = smtp.wait_for_mails(1, PATIENCE * 6);
     daemon.attempt_on("log", "sent");
     let peak = status_mib(daemon.process.pid(), "VmHWM:");
@@ -404,10 +432,10 @@ fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
         scanned() > before
     });
     // The poker touches it at its deadline: Redis expires it and publishes `expired`.
-    delivered(&daemon, &http, HTTP_CHANNELS.len());
+    delivered(&daemon.process, &http, HTTP_CHANNELS.len());
     smtp.wait_for_mails(1, PATIENCE * 6);
     daemon.attempt_on("log", "sent");
-    peak_within_bound("reconnect", &daemon, idle);
+    peak_within_bound("reconnect", &daemon.process, idle);
     daemon.stop();
 }
 
@@ -417,26 +445,8 @@ fn a_16_mb_key_through_a_reconnect_stays_within_the_bound() {
 fn a_16_mb_key_whose_deadline_moves_and_goes_stays_within_the_bound() {
     let (_http, _smtp, daemon, idle) = started();
     let key = format!("long:{}", "k".repeat(16 << 20));
-    let mut conn = daemon.conn();
-    let deadline = |conn: &mut redis::Connection| common::ledger::deadline(conn, "keywatch:", &key);
-    set_learnt(&mut conn, key.as_ref(), 600_000);
-    let first = deadline(&mut conn).unwrap();
-    let _: i64 = redis::cmd("PEXPIRE")
-        .arg(&key)
-        .arg(1_200_000)
-        .query(&mut conn)
-        .expect("PEXPIRE");
-    common::wait_until("the deadline moved in the ledger", PATIENCE, || {
-        deadline(&mut conn).is_some_and(|d| d > first + 300_000)
-    });
-    let _: i64 = redis::cmd("PERSIST")
-        .arg(&key)
-        .query(&mut conn)
-        .expect("PERSIST");
-    common::wait_until("the deadline left the ledger", PATIENCE, || {
-        common::ledger::len(&mut conn, "keywatch:") == 0
-    });
-    peak_within_bound("moved and gone", &daemon, idle);
+    moved_then_dropped(&mut daemon.conn(), "keywatch:", &key);
+    peak_within_bound("moved and gone", &daemon.process, idle);
     daemon.stop();
 }
 
@@ -465,14 +475,14 @@ fn a_16_mb_key_found_gone_and_recovered_stays_within_the_bound() {
         .arg("Exg")
         .query(&mut conn)
         .expect("CONFIG SET");
-    let got = delivered(&daemon, &http, HTTP_CHANNELS.len());
+    let got = delivered(&daemon.process, &http, HTTP_CHANNELS.len());
     assert!(
         got.iter()
             .any(|r| r.body_str().contains("\"recovered\":true")),
         "recovered"
     );
     smtp.wait_for_mails(1, PATIENCE * 6);
-    peak_within_bound("found gone", &daemon, idle);
+    peak_within_bound("found gone", &daemon.process, idle);
     daemon.stop();
 }
 
@@ -499,9 +509,9 @@ fn eight_2_mb_keys_at_once_stay_within_the_bound() {
             ttl == -2
         })
     });
-    delivered(&daemon, &http, HTTP_CHANNELS.len() * 8);
+    delivered(&daemon.process, &http, HTTP_CHANNELS.len() * 8);
     smtp.wait_for_mails(8, PATIENCE * 6);
-    peak_within_bound("eight 2 MiB keys", &daemon, idle);
+    peak_within_bound("eight 2 MiB keys", &daemon.process, idle);
     for (name, rs) in by_channel(&http.requests()) {
         assert_eq!(rs.len(), 8, "{name}");
         for r in rs {
@@ -511,4 +521,43 @@ fn eight_2_mb_keys_at_once_stay_within_the_bound() {
         }
     }
     daemon.stop();
+}
+
+/// On a Redis Cluster, a 16 MB key whose deadline moves, goes, and then comes back and expires:
+/// the ledger's writes that name the key go on connections of their own to the master of the
+/// slot they write (docs/reliability.md#bounded-whatever-the-key), not through the cluster
+/// connection every command shares, and every channel gets its one message.
+#[test]
+fn on_a_cluster_a_16_mb_key_whose_deadline_moves_goes_and_expires_stays_within_the_bound() {
+    let cluster = RedisCluster::builder()
+        .masters(3)
+        .notify_keyspace_events("Exg")
+        .config("client-output-buffer-limit", "pubsub 256mb 64mb 60")
+        .start();
+    let http = services();
+    let smtp = SmtpServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!("redis:\n  cluster: true\n{}", every_channel(&http, &smtp));
+    let rules = common::write_rules(dir.path(), "rules.yaml", &yaml);
+    let mut kw = common::spawn_run(&cluster.seed_url(), &rules, common::Logs::Json, &[]);
+    kw.wait_for_events(common::SUBSCRIBED, 3, "on every master", |_| true);
+    let idle = idle_rss(&kw);
+    let mut conn = cluster
+        .client()
+        .get_connection()
+        .expect("cluster connection");
+    let key = format!("long:{}", "k".repeat(16 << 20));
+    moved_then_dropped(&mut conn, "{keywatch}:", &key);
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg(&key)
+        .arg(3_000)
+        .query(&mut conn)
+        .expect("PEXPIRE");
+    delivered(&kw, &http, HTTP_CHANNELS.len());
+    smtp.wait_for_mails(1, PATIENCE * 6);
+    peak_within_bound("cluster", &kw, idle);
+    for (name, rs) in by_channel(&http.requests()) {
+        assert_eq!(rs.len(), 1, "{name}");
+    }
+    kw.stop();
 }

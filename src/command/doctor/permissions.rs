@@ -131,6 +131,7 @@ pub const REGISTRY: &[&Uses] = &[
     &crate::source::flushes::REDIS,
     &crate::keyspace::REDIS,
     &crate::keyspace::connect::REDIS,
+    &crate::keyspace::direct::REDIS,
     &crate::keyspace::role::REDIS,
     &crate::keyspace::sentinel::REDIS,
     &crate::source::sentinel::REDIS,
