@@ -178,8 +178,14 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
                 .scanner
                 .as_ref()
                 .map_or(50_000, |s| s.max_keys_per_second);
-            for node in keyspace.scan_conns(db).await.map_err(cannot)? {
-                let mut walk = ScanWalk::new(node, globs.clone(), &config.state.prefix, pace);
+            for node in keyspace.walk_conns(db, None).await.map_err(cannot)? {
+                let mut walk = ScanWalk::new(
+                    node,
+                    conn.clone(),
+                    globs.clone(),
+                    &config.state.prefix,
+                    pace,
+                );
                 while let Some(batch) = walk.next().await.map_err(cannot)? {
                     found.extend(batch.into_iter().map(|(k, d)| (db, k, d)));
                 }

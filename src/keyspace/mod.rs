@@ -661,6 +661,41 @@ pub fn per_key(name: &str, keys: &[Vec<u8>]) -> Vec<Cmd> {
         .collect()
 }
 
+/// `command key` (`PEXPIRETIME`, `EXISTS`) for each of `keys`, answers in order: the short ones
+/// in one pipeline, each key longer than [`crate::long_key::EXACT`] on a connection of its own,
+/// written as it is ([`Conn::direct`], docs/reliability.md#bounded-whatever-the-key).
+pub async fn each_key<K: AsRef<[u8]>>(
+    conn: &Conn,
+    command: &str,
+    keys: &[K],
+) -> redis::RedisResult<Vec<i64>> {
+    let is_long = |k: &K| crate::long_key::is_long(k.as_ref());
+    let short: Vec<redis::Cmd> = keys
+        .iter()
+        .filter(|k| !is_long(k))
+        .map(|k| {
+            let mut c = redis::cmd(command);
+            c.arg(k.as_ref());
+            c
+        })
+        .collect();
+    let short = conn.each::<i64>(short).await?;
+    if short.len() == keys.len() {
+        return Ok(short);
+    }
+    let mut short = short.into_iter();
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if is_long(k) {
+            let t = conn.direct(&[command.as_bytes(), k.as_ref()]).await?;
+            out.push(redis::from_redis_value(t)?);
+        } else {
+            out.push(short.next().unwrap_or(-2));
+        }
+    }
+    Ok(out)
+}
+
 /// One page of `SCAN cursor MATCH glob COUNT count`: the next cursor (0 when done) and the keys.
 pub async fn scan_page(
     conn: &mut impl redis::aio::ConnectionLike,

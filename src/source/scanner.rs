@@ -175,6 +175,9 @@ pub fn covering_globs(mut globs: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
 /// A paced `SCAN MATCH` walk over one database, reading each returned key's deadline.
 pub struct ScanWalk {
     conn: Conn,
+    /// Where a key longer than [`crate::long_key::EXACT`] has its deadline read, on a
+    /// connection of its own ([`Conn::direct`]).
+    long: Conn,
     globs: Vec<Vec<u8>>,
     glob: usize,
     cursor: u64,
@@ -189,15 +192,20 @@ pub struct ScanWalk {
 }
 
 impl ScanWalk {
-    /// Walks `globs` in turn; keys under `skip_prefix` (keywatch's own) are never returned.
+    /// Walks `globs` in turn on `conn` (one node's, made for the walk: a page may hold a key of
+    /// megabytes, which grows its read buffer for as long as it lives); keys under
+    /// `skip_prefix` (keywatch's own) are never returned. A long key's deadline is read through
+    /// `long` ([`Conn::direct`]), never pipelined (docs/reliability.md#bounded-whatever-the-key).
     pub fn new(
         conn: Conn,
+        long: Conn,
         globs: Vec<Vec<u8>>,
         skip_prefix: &str,
         max_keys_per_second: u64,
     ) -> ScanWalk {
         ScanWalk {
             conn,
+            long,
             globs,
             glob: 0,
             cursor: 0,
@@ -220,8 +228,9 @@ impl ScanWalk {
             return Ok(None);
         }
         let asked = std::mem::take(&mut self.pending);
+        let is_long = |k: &[u8]| crate::long_key::is_long(k);
         let mut pipe = redis::pipe();
-        for k in &asked {
+        for k in asked.iter().filter(|k| !is_long(k)) {
             pipe.cmd("PEXPIRETIME").arg(k);
         }
         if let Some(glob) = &glob {
@@ -247,7 +256,12 @@ impl ScanWalk {
             self.pending = keys;
         }
         let mut found = Vec::with_capacity(asked.len());
-        for (k, d) in asked.into_iter().zip(replies) {
+        let mut replies = replies.into_iter();
+        for k in asked {
+            let d = match is_long(&k) {
+                true => self.long.direct(&[b"PEXPIRETIME", &k]).await?,
+                false => replies.next().unwrap_or(redis::Value::Int(-2)),
+            };
             let d: i64 = redis::from_redis_value(d)?;
             if d > 0 {
                 found.push((k, d));
@@ -260,10 +274,10 @@ impl ScanWalk {
     }
 }
 
-/// `PEXPIRETIME` of each key, pipelined: the deadline in ms, -1 without a TTL, -2 when gone.
+/// `PEXPIRETIME` of each key, pipelined (a long one on a connection of its own,
+/// [`crate::keyspace::each_key`]): the deadline in ms, -1 without a TTL, -2 when gone.
 pub async fn pexpiretime(conn: &Conn, keys: &[Vec<u8>]) -> redis::RedisResult<Vec<i64>> {
-    conn.each(crate::keyspace::per_key("PEXPIRETIME", keys))
-        .await
+    crate::keyspace::each_key(conn, "PEXPIRETIME", keys).await
 }
 
 /// What one run did, for the log.
@@ -496,8 +510,15 @@ impl Scanner {
             .scanner
             .as_ref()
             .map_or(50_000, |s| s.max_keys_per_second);
-        for conn in self.keyspace.scan_conns(db).await? {
-            let mut walk = ScanWalk::new(conn, globs.clone(), &self.config.state.prefix, pace);
+        let long = self.keyspace.conn(db).await?;
+        for conn in self.keyspace.walk_conns(db, None).await? {
+            let mut walk = ScanWalk::new(
+                conn,
+                long.clone(),
+                globs.clone(),
+                &self.config.state.prefix,
+                pace,
+            );
             let mut read = 0;
             while let Some(found) = walk.next().await? {
                 self.metrics.scan_keys.inc_by(walk.read - read);

@@ -9,7 +9,8 @@
 //!   minutes after its last claim;
 //!   `{prefix}claims:MINUTE:DIGIT`, hashes (`HSETNX`): the claims of events with a deadline, one
 //!   per deadline minute and first hex digit of the claim, dropped ten minutes after it;
-//!   `{prefix}warned:DB:RULE:DEADLINE:KEY` (`SET NX PXAT`): a scanner warning's claim.
+//!   `{prefix}warned:DB:RULE:DEADLINE:KEY` (`SET NX PXAT`): a scanner warning's claim
+//!   (`{prefix}warned:long:DB:RULE:DEADLINE:SHA256` for a long key, [`warned`]).
 //!
 //! The take is one script ([`TAKE`], after the handled memory's prelude): the ledger's
 //! bookkeeping, the claims and the record, atomic per event. What is taken how is the engine's
@@ -33,8 +34,16 @@ const RETRY: &str = include_str!("intake/retry.lua");
 /// Takes over records whose lease ended.
 const TAKE_OVER: &str = include_str!("intake/take_over.lua");
 
-/// The claim of a scanner warning of `rule` for `key` in `db` due at `deadline_ms` (0: none).
+/// The claim of a scanner warning of `rule` for `key` in `db` due at `deadline_ms` (0: none):
+/// named by the key, or for a key longer than [`crate::long_key::EXACT`] by its SHA-256 under
+/// `warned:long:` (no database is named `long`), so that a key of megabytes makes no claim of
+/// megabytes in Redis, nor a script argument and a write buffer as long in keywatch, at every
+/// scan (docs/reliability.md#bounded-whatever-the-key).
 pub fn warned(prefix: &str, db: u32, rule: &str, deadline_ms: i64, key: &[u8]) -> Vec<u8> {
+    if crate::long_key::is_long(key) {
+        let sha = crate::long_key::sha256_hex(key);
+        return format!("{prefix}warned:long:{db}:{rule}:{deadline_ms}:{sha}").into_bytes();
+    }
     let mut claim = format!("{prefix}warned:{db}:{rule}:{deadline_ms}:").into_bytes();
     claim.extend_from_slice(key);
     claim
@@ -360,4 +369,24 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("fields:*"), Access::ReadWrite)
             .args("{key} f"),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long key's warning claim is short and its own; a short key's names the key.
+    #[test]
+    fn a_long_key_s_warning_claim_is_named_by_its_hash() {
+        let long = |c: u8| vec![c; crate::long_key::EXACT + 1];
+        let a = warned("kw:", 0, "soon", 5, &long(b'a'));
+        let b = warned("kw:", 0, "soon", 5, &long(b'b'));
+        assert!(a.len() < 128, "{}", a.len());
+        assert!(a.starts_with(b"kw:warned:long:0:soon:5:"));
+        assert_ne!(a, b);
+        assert_eq!(
+            warned("kw:", 1, "soon", 5, b"lock:1"),
+            b"kw:warned:1:soon:5:lock:1"
+        );
+    }
 }

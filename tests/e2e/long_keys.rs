@@ -561,3 +561,39 @@ fn on_a_cluster_a_16_mb_key_whose_deadline_moves_goes_and_expires_stays_within_t
     }
     kw.stop();
 }
+
+/// A 16 MB key the scanner warns about before its deadline, walked again every second: the
+/// warning's claim names the key by its SHA-256, and the walk's pages and `PEXPIRETIME`s go on
+/// connections of their own (docs/reliability.md#bounded-whatever-the-key); it is warned once.
+#[test]
+fn a_16_mb_key_the_scanner_warns_about_stays_within_the_bound() {
+    let http = services();
+    let smtp = SmtpServer::start();
+    let yaml = format!(
+        "{}  - name: long-soon\n    match: \"long:{{id}}\"\n    on: [expiring]\n    warn_before: 1h\n    notify: {{ to: [hook] }}\nscanner:\n  schedule: \"@every 1s\"\n",
+        every_channel(&http, &smtp)
+    );
+    let daemon = Daemon::launch(long_key_server(), Rules::new(&yaml), Logs::Json, &[]);
+    let idle = idle_rss(&daemon.process);
+    let addr = common::endpoint(&daemon.process);
+    let scanned = || {
+        common::metric(
+            &common::get(&addr, "/metrics").1,
+            "keywatch_scan_keys_total",
+        )
+    };
+    let key = format!("long:{}", "k".repeat(16 << 20));
+    set_learnt(&mut daemon.conn(), key.as_ref(), 1_800_000);
+    let warned = delivered(&daemon.process, &http, 1);
+    assert!(
+        warned[0].path().starts_with("/hook"),
+        "{}",
+        warned[0].path()
+    );
+    // Three more walks that read the key.
+    let after = scanned();
+    common::wait_until("three more walks", PATIENCE, || scanned() >= after + 3.0);
+    peak_within_bound("scanner", &daemon.process, idle);
+    assert_eq!(http.count(), 1, "one warning");
+    daemon.stop();
+}
