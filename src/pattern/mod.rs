@@ -330,13 +330,24 @@ impl Pattern {
 /// `^` and `-` need nothing: they are special only inside `[...]`, which cannot open.
 pub fn glob_escape(raw: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.len() + raw.len() / 8);
+    glob_escape_into(&mut out, raw);
+    out
+}
+
+/// [`glob_escape`] appended to `out` (a value of megabytes escaped where it goes, not copied
+/// twice).
+pub fn glob_escape_into(out: &mut Vec<u8>, raw: &[u8]) {
+    let specials = raw
+        .iter()
+        .filter(|&&b| matches!(b, b'*' | b'?' | b'[' | b']' | b'\\'))
+        .count();
+    out.reserve_exact(raw.len() + specials);
     for &b in raw {
         if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
             out.push(b'\\');
         }
         out.push(b);
     }
-    out
 }
 
 /// What a Redis glob's keys all start with, escapes resolved: up to its first unescaped `*`, `?`
@@ -358,6 +369,84 @@ pub fn glob_literal_start(glob: &[u8]) -> (Vec<u8>, bool) {
         }
     }
     (out, true)
+}
+
+/// Whether `key` matches the Redis glob `glob` as `SCAN MATCH` and `KEYS` match it (Redis's
+/// `stringmatchlen`, case-sensitive): `*`, `?`, `[...]` with `^` and ranges, `\` escaping the
+/// next byte. For a glob too long to send with every page of a `SCAN`: the walk sends a short
+/// glob that covers it and checks each key it returns here
+/// (docs/reliability.md#bounded-whatever-the-key).
+pub fn glob_matches(glob: &[u8], key: &[u8]) -> bool {
+    // Greedy, with one backtrack point: the last `*` and where the key stood when it was met.
+    // Every other token matches exactly one byte, so nothing before that `*` needs revisiting.
+    let (mut g, mut k) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while k < key.len() {
+        if glob.get(g) == Some(&b'*') {
+            while glob.get(g) == Some(&b'*') {
+                g += 1;
+            }
+            star = Some((g, k));
+            continue;
+        }
+        if let Some((true, next)) = one_byte(glob, g, key[k]) {
+            g = next;
+            k += 1;
+            continue;
+        }
+        match star {
+            Some((sg, sk)) => {
+                star = Some((sg, sk + 1));
+                g = sg;
+                k = sk + 1;
+            }
+            None => return false,
+        }
+    }
+    glob[g.min(glob.len())..].iter().all(|&b| b == b'*')
+}
+
+/// Whether the one-byte token of `glob` at `g` (not `*`) matches `c`, and where the next token
+/// starts; `None` at the end of the glob.
+fn one_byte(glob: &[u8], g: usize, c: u8) -> Option<(bool, usize)> {
+    match *glob.get(g)? {
+        b'?' => Some((true, g + 1)),
+        b'\\' if g + 1 < glob.len() => Some((glob[g + 1] == c, g + 2)),
+        b'[' => {
+            let mut i = g + 1;
+            let not = glob.get(i) == Some(&b'^');
+            if not {
+                i += 1;
+            }
+            let mut hit = false;
+            loop {
+                match glob.get(i) {
+                    // Unclosed: what was read is the class (as Redis reads it).
+                    None => break,
+                    Some(b']') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(b'\\') if i + 1 < glob.len() => {
+                        hit |= glob[i + 1] == c;
+                        i += 2;
+                    }
+                    Some(&a) if glob.get(i + 1) == Some(&b'-') && i + 2 < glob.len() => {
+                        let b = glob[i + 2];
+                        let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+                        hit |= (lo..=hi).contains(&c);
+                        i += 3;
+                    }
+                    Some(&a) => {
+                        hit |= a == c;
+                        i += 1;
+                    }
+                }
+            }
+            Some((hit != not, i))
+        }
+        b => Some((b == c, g + 1)),
+    }
 }
 
 fn tokenize(src: &str) -> Result<(Vec<Token>, Vec<String>), PatternError> {

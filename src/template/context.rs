@@ -86,12 +86,7 @@ impl Context {
         let captures = capture_names
             .iter()
             .zip(capture_values)
-            .map(|(name, value)| {
-                (
-                    name.clone(),
-                    Value::from(bytestr::encode(value).into_owned()),
-                )
-            })
+            .map(|(name, value)| (name.clone(), Value::from(&*bytestr::encode(value))))
             .collect();
         let detail = match detail {
             None => Value::from(()),
@@ -102,7 +97,7 @@ impl Context {
             _ => None,
         };
         Context::build(Parts {
-            key: Value::from(bytestr::encode(&event.key).into_owned()),
+            key: Value::from(&*bytestr::encode(&event.key)),
             event: event.kind,
             db: event.db,
             rule,
@@ -115,7 +110,7 @@ impl Context {
             field: event
                 .field
                 .as_ref()
-                .map(|f| Value::from(bytestr::encode(f).into_owned())),
+                .map(|f| Value::from(&*bytestr::encode(f))),
         })
     }
 

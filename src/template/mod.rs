@@ -56,7 +56,7 @@ struct Entry {
     /// The name in the environment: `{index}.{escape tag}`.
     name: String,
     /// The template as literal text and bare names, when it is only that and its mode writes
-    /// values as they are (see [`TemplateSet::render_plain`]).
+    /// values as they are, or glob-escaped (see [`TemplateSet::render_plain`]).
     plain: Option<Vec<Piece>>,
 }
 
@@ -178,7 +178,7 @@ impl TemplateSet {
         self.env
             .add_template_owned(name.clone(), encoded)
             .map_err(|e| convert_error(&e, source))?;
-        let plain = matches!(escape, Escape::RedisKey | Escape::Raw)
+        let plain = matches!(escape, Escape::RedisKey | Escape::Raw | Escape::Glob)
             .then(|| plain_pieces(source))
             .flatten();
         self.entries.push(Entry {
@@ -243,21 +243,27 @@ impl TemplateSet {
     }
 
     /// [`TemplateSet::render`] without a context, for a template of literal text and bare names
-    /// in a mode that writes values as they are (`order:{{ id }}` as a detail location): each
-    /// name's bytes come from `value`. `None` when the template is not of that form or `value`
+    /// in a mode that writes values as they are (`order:{{ id }}` as a detail location) or
+    /// glob-escaped (`session:{{ id }}:*` in a cleanup): each name's bytes come from `value`. `None` when the template is not of that form or `value`
     /// does not know a name; the caller then renders it the usual way (which also reports an
     /// undefined name as it always has). A mass expiry rendered a whole context per event to
-    /// place one capture in a hash field, a tenth of the intake's CPU.
+    /// place one capture in a hash field, a tenth of the intake's CPU; and a cleanup of a key of
+    /// megabytes held the key and its captures several times over in the context and the
+    /// renderer's output (docs/reliability.md#bounded-whatever-the-key).
     pub fn render_plain<'v>(
         &self,
         id: TemplateId,
         value: impl Fn(&str) -> Option<&'v [u8]>,
     ) -> Option<Vec<u8>> {
-        let pieces = self.entry(id).plain.as_ref()?;
+        let entry = self.entry(id);
+        let pieces = entry.plain.as_ref()?;
         let mut out = Vec::new();
         for piece in pieces {
             match piece {
                 Piece::Text(t) => out.extend_from_slice(t.as_bytes()),
+                Piece::Name(n) if matches!(entry.escape, Escape::Glob) => {
+                    crate::pattern::glob_escape_into(&mut out, value(n)?)
+                }
                 Piece::Name(n) => out.extend_from_slice(value(n)?),
             }
         }

@@ -834,8 +834,11 @@ fn only_literal_text_and_bare_names_are_plain() {
         let (plain, _) = plain_and_full(source, Escape::RedisKey, b"k", b"42");
         assert_eq!(plain, None, "{source:?}");
     }
-    // A mode that escapes values is never plain.
-    let (plain, _) = plain_and_full("{{ x }}", Escape::Glob, b"k", b"*");
+    // Glob-escaped values (a cleanup's `delete`) are plain too; a chat mode never is.
+    let (plain, full) = plain_and_full("s:{{ x }}:*", Escape::Glob, b"k", b"*?[]\\");
+    assert_eq!(plain.as_deref(), Some(full.as_slice()));
+    assert_eq!(full, b"s:\\*\\?\\[\\]\\\\:*");
+    let (plain, _) = plain_and_full("{{ x }}", Escape::Slack, b"k", b"<");
     assert_eq!(plain, None);
 }
 
@@ -870,10 +873,10 @@ proptest! {
     fn plain_rendering_is_the_full_rendering(
         key in proptest::collection::vec(any::<u8>(), 0..32),
         x in proptest::collection::vec(any::<u8>(), 0..32),
-        before in "[a-z:{}%#\\-\u{f700}-\u{f7ff} ]{0,8}",
+        before in "[a-z:{}%#*?\\-\u{f700}-\u{f7ff} ]{0,8}",
         after in "[a-z:{}%#\\-\u{f700}-\u{f7ff}\n ]{0,8}",
     ) {
-        for escape in [Escape::RedisKey, Escape::Raw] {
+        for escape in [Escape::RedisKey, Escape::Raw, Escape::Glob] {
             let source = format!("{before}{{{{ x }}}}{after}{{{{key}}}}");
             let mut set = TemplateSet::new();
             // Random text may itself be a tag or a syntax error: only what compiles compares.

@@ -597,3 +597,55 @@ fn a_16_mb_key_the_scanner_warns_about_stays_within_the_bound() {
     assert_eq!(http.count(), 1, "one warning");
     daemon.stop();
 }
+
+/// A 16 MB key whose rule's cleanup names it in every target: a `SCAN` glob walked over a
+/// keyspace of 5,000 keys, a key to `UNLINK` and a hash field to `HDEL`. The commands that carry
+/// its 16 MB stay within the bound, and the field named by the exact bytes goes. (The related
+/// keys do not exist: deleting a key of 16 MB would bring its own `del` event.)
+#[test]
+fn a_16_mb_key_s_cleanup_stays_within_the_bound() {
+    let http = services();
+    let yaml = format!(
+        r#"
+channels:
+  hook: {{ type: webhook, url: "{hook}" }}
+rules:
+  - name: long
+    match: "long:{{id}}"
+    cleanup:
+      delete: ["side:{{{{ id }}}}:*", "cart:{{{{ id }}}}"]
+      hdel: [{{ key: "online", field: "{{{{ id }}}}" }}]
+    notify: {{ to: [hook] }}
+"#,
+        hook = http.url_for("/hook")
+    );
+    let daemon = Daemon::launch(long_key_server(), Rules::new(&yaml), Logs::Json, &[]);
+    let idle = idle_rss(&daemon.process);
+    let id = "k".repeat(16 << 20);
+    let mut conn = daemon.conn();
+    let mut pipe = redis::pipe();
+    for i in 0..5_000 {
+        pipe.cmd("SET").arg(format!("side:{i}")).arg("v").ignore();
+    }
+    pipe.cmd("HSET").arg("online").arg(&id).arg("v").ignore();
+    pipe.cmd("HSET")
+        .arg("online")
+        .arg("someone")
+        .arg("v")
+        .ignore();
+    let () = pipe.query(&mut conn).unwrap();
+    expire_long(&daemon, format!("long:{id}").as_bytes());
+    let sent = daemon.wait_for_event(common::ATTEMPTED, "of the cleanup, sent", |e| {
+        e["action"] == "cleanup" && e["outcome"] == "sent"
+    });
+    delivered(&daemon.process, &http, 1);
+    peak_within_bound("cleanup", &daemon.process, idle);
+    assert!(
+        sent.to_string()
+            .contains("deleted 0 key(s) and 1 hash field(s)"),
+        "{sent}"
+    );
+    let fields: Vec<String> = redis::cmd("HKEYS").arg("online").query(&mut conn).unwrap();
+    assert_eq!(fields, ["someone"]);
+    daemon.stop();
+}

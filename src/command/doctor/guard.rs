@@ -4,8 +4,8 @@
 //! more grants too much.
 //!
 //! The code is read as text. A file's commands are what it names in `redis::cmd("X")`,
-//! `.cmd("X")`, `per_key("X", …)` and its Lua's `redis.call('X', …)` (the Lua of the `.lua`
-//! files it loads with `include_str!` included; with a subcommand,
+//! `.cmd("X")`, `per_key("X", …)`, `each_key(conn, "X", …)` and its Lua's `redis.call('X', …)`
+//! (the Lua of the `.lua` files it loads with `include_str!` included; with a subcommand,
 //! `CONFIG GET`, as `config|get`), the pub/sub calls, the scripts it runs (`EVALSHA`,
 //! `SCRIPT LOAD`), and what the client library sends for the helpers it calls.
 
@@ -120,6 +120,15 @@ fn sent(code: &str) -> BTreeSet<String> {
             if let Some(name) = literal(code, at, '"') {
                 out.insert(acl_name(name, &code[at + name.len()..]));
             }
+        }
+    }
+    // `each_key(conn, "X", keys)`: the command is its second argument.
+    for (i, _) in code.match_indices("each_key(") {
+        let args = &code[i..code.len().min(i + 80)];
+        if let Some(q) = args.find('"')
+            && let Some(name) = literal(code, i + q + 1, '"')
+        {
+            out.insert(name.to_ascii_lowercase());
         }
     }
     for opener in ["redis.call('", "redis.pcall('"] {
