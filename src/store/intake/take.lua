@@ -242,7 +242,7 @@ end
 -- Writes of the hot path, sent once for the whole batch: the deadlines taken out of the
 -- ledger (by hash), the handled memory, the record of every event won.
 local unledgered, unledgered_order = {}, {}
-local unledgered_last, unledgered_list = nil, nil
+local unledgered_last, unledgered_list, unledgered_n = nil, nil, 0
 local handled, nh = {}, 0
 -- What this script remembered as handled, per key: a later event of the same key in the batch
 -- must find it as if it had been written already.
@@ -284,8 +284,10 @@ for i = 1, n do
           unledgered[b] = unledgered_list
           unledgered_order[#unledgered_order + 1] = b
         end
+        unledgered_n = #unledgered_list
       end
-      unledgered_list[#unledgered_list + 1] = key
+      unledgered_n = unledgered_n + 1
+      unledgered_list[unledgered_n] = key
       -- An instance whose index missed the key looks for it only `window` ms back: past that
       -- it claimed the expiry without a deadline (`~T`), which only the handled memory shows.
       -- Not asked on time: the storm's path.
