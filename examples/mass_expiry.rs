@@ -33,6 +33,11 @@
 //! state one with `--state-redis`), peak RSS; and each process's CPU µs per task until every
 //! task was taken over. The naive subscriber is skipped in that mode.
 //!
+//! Every run also prints, on stderr, the watched server's `INFO commandstats` from the due
+//! instant until every task was taken over (per task too) and how many requests the receiver
+//! had by then: what the take-over's µs went to, apart from the delivery after it. With
+//! `KEYWATCH_BENCH_SLOWLOG=1` the slow log's summary comes twice, until taken over and whole.
+//!
 //! ```text
 //! cp target/release/examples/mass_expiry /tmp/mass_expiry.main    # on the older commit
 //! cargo run --release --example mass_expiry -- --baseline /tmp/mass_expiry.main --rounds 3
@@ -297,8 +302,14 @@ async fn receiver(tasks: usize) -> (String, Arc<Mutex<Seen>>) {
     (url, seen)
 }
 
-/// When the hash of details became empty (unix ms): every task taken over.
-async fn watch_details(url: String, pids: Vec<u32>) -> (f64, Vec<f64>) {
+/// When the hash of details became empty (unix ms): every task taken over; the CPU seconds
+/// `pids` had used by then, the watched server's `INFO commandstats` then, and how many requests
+/// the receiver had by then (delivery running beside the take-over).
+async fn watch_details(
+    url: String,
+    pids: Vec<u32>,
+    seen: Arc<Mutex<Seen>>,
+) -> (f64, Vec<f64>, Vec<(String, u64, f64)>, usize) {
     let client = redis::Client::open(url).expect("redis url");
     let mut c = client
         .get_multiplexed_async_connection()
@@ -314,11 +325,28 @@ async fn watch_details(url: String, pids: Vec<u32>) -> (f64, Vec<f64>) {
         if n == 0 {
             // The CPU the processes had used by then: what taking over cost, apart from the
             // delivery that goes on after it.
-            return (unix_ms_f64(), pids.iter().map(|p| cpu_secs(*p)).collect());
+            let at = unix_ms_f64();
+            let cpu = pids.iter().map(|p| cpu_secs(*p)).collect();
+            if slowlog_wanted() {
+                // The last entry logged by then: the slow log's summary until taken over.
+                let last: Vec<redis::Value> = redis::cmd("SLOWLOG")
+                    .arg("GET")
+                    .arg(1)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap_or_default();
+                if let Some(redis::Value::Array(fields)) = last.first()
+                    && let Some(Ok(id)) = fields.first().map(|v| redis::from_redis_value(v.clone()))
+                {
+                    SLOWLOG_TAKEN.store(id, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+            let requests = seen.lock().unwrap_or_else(|p| p.into_inner()).requests;
+            return (at, cpu, command_stats(&mut c).await, requests);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    (f64::NAN, vec![f64::NAN; pids.len()])
+    (f64::NAN, vec![f64::NAN; pids.len()], Vec::new(), 0)
 }
 
 /// Waits until `n` clients subscribe to the expired channel (keywatch is listening).
@@ -434,6 +462,10 @@ struct KeywatchRun {
     taken_cpu_s: [f64; 3],
     /// `INFO commandstats` lines of the keywatch run, most time first.
     commands: Vec<(String, u64, f64)>,
+    /// The same, from the due instant until every task was taken over.
+    taken_commands: Vec<(String, u64, f64)>,
+    /// Requests the receiver had when every task was taken over.
+    requests_when_taken: usize,
     rss_mb: f64,
     delivered: usize,
     requests: usize,
@@ -464,7 +496,7 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool, digest: bool)
     let mut pids = vec![pid, server.pid()];
     pids.extend(state.as_ref().map(|s| s.pid()));
     let cpu_at: Vec<f64> = pids.iter().map(|p| cpu_secs(*p)).collect();
-    let taken = tokio::spawn(watch_details(server.url(), pids));
+    let taken = tokio::spawn(watch_details(server.url(), pids, seen.clone()));
     let give_up = Instant::now() + GIVE_UP;
     while seen.lock().unwrap_or_else(|p| p.into_inner()).distinct < tasks
         && Instant::now() < give_up
@@ -483,7 +515,9 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool, digest: bool)
         print_commands("the state's redis-server", cpu, &commands);
         state_cpu_s = Some(cpu);
     }
-    let (taken_ms, cpu_when_taken) = taken.await.unwrap_or((f64::NAN, Vec::new()));
+    let (taken_ms, cpu_when_taken, commands_when_taken, requests_when_taken) =
+        taken.await.unwrap_or((f64::NAN, Vec::new(), Vec::new(), 0));
+    let taken_commands = since(&watched.commands_at, commands_when_taken);
     let mut taken_cpu_s = [f64::NAN; 3];
     for (i, (then, at)) in cpu_when_taken.iter().zip(&cpu_at).enumerate() {
         taken_cpu_s[i] = then - at;
@@ -512,6 +546,8 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool, digest: bool)
         state_cpu_s,
         taken_cpu_s,
         commands,
+        taken_commands,
+        requests_when_taken,
         rss_mb,
         delivered,
         requests,
@@ -573,6 +609,9 @@ impl RedisSpan {
     }
 }
 
+/// The id of the slow log's last entry when every task was taken over (`KEYWATCH_BENCH_SLOWLOG`).
+static SLOWLOG_TAKEN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
 /// `KEYWATCH_BENCH_SLOWLOG=1`: every command of the span is logged (`SLOWLOG` at 0 µs) and
 /// summed by command and first key (digits masked), so that scripts can be told apart. The log
 /// itself costs Redis time: figures of such a run are for the breakdown, not the totals.
@@ -594,10 +633,16 @@ fn print_slowlog(url: &str) {
         }
     };
     let mut sums: std::collections::HashMap<String, (u64, u64)> = Default::default();
+    let mut until_taken: std::collections::HashMap<String, (u64, u64)> = Default::default();
+    let taken_id = SLOWLOG_TAKEN.load(std::sync::atomic::Ordering::Relaxed);
     for e in entries {
         let redis::Value::Array(fields) = e else {
             continue;
         };
+        let id: u64 = fields
+            .first()
+            .and_then(|v| redis::from_redis_value(v.clone()).ok())
+            .unwrap_or(u64::MAX);
         let usec: u64 = fields
             .get(2)
             .and_then(|v| redis::from_redis_value(v.clone()).ok())
@@ -632,18 +677,26 @@ fn print_slowlog(url: &str) {
         } else {
             String::new()
         };
-        let s = sums.entry(format!("{name} {key}{second}")).or_default();
+        let what = format!("{name} {key}{second}");
+        if id <= taken_id {
+            let s = until_taken.entry(what.clone()).or_default();
+            s.0 += 1;
+            s.1 += usec;
+        }
+        let s = sums.entry(what).or_default();
         s.0 += 1;
         s.1 += usec;
     }
-    let mut sums: Vec<_> = sums.into_iter().collect();
-    sums.sort_by_key(|s| std::cmp::Reverse(s.1.1));
-    eprintln!("  SLOWLOG (every command; by command and first key):");
-    for (what, (calls, usec)) in sums.iter().take(40) {
-        eprintln!(
-            "    {what:<48} {calls:>9} calls {:>9.3} s",
-            *usec as f64 / 1e6
-        );
+    for (when, sums) in [("", sums), (", until taken over", until_taken)] {
+        let mut sums: Vec<_> = sums.into_iter().collect();
+        sums.sort_by_key(|s| std::cmp::Reverse(s.1.1));
+        eprintln!("  SLOWLOG (every command{when}; by command and first key):");
+        for (what, (calls, usec)) in sums.iter().take(40) {
+            eprintln!(
+                "    {what:<48} {calls:>9} calls {:>9.3} s",
+                *usec as f64 / 1e6
+            );
+        }
     }
 }
 
@@ -654,6 +707,22 @@ fn print_commands(server: &str, cpu_s: f64, commands: &[(String, u64, f64)]) {
     );
     for (name, calls, usec) in commands.iter().take(30) {
         eprintln!("  {name:<16} {calls:>9} calls {:>9.3} s", usec / 1e6);
+    }
+}
+
+/// A server's CPU and commands from the due instant until every task was taken over, per task
+/// too: what the take-over's µs went to (a script's time includes the commands it runs).
+fn print_taken_commands(server: &str, cpu_s: f64, commands: &[(String, u64, f64)], tasks: usize) {
+    eprintln!(
+        "{server} from the due instant until taken over: {cpu_s:.2} CPU s ({:.1} µs per task); the commands of that span (a script's or EXEC's time includes the commands it runs):",
+        cpu_s * 1e6 / tasks as f64
+    );
+    for (name, calls, usec) in commands.iter().take(30) {
+        eprintln!(
+            "  {name:<16} {calls:>9} calls {:>9.3} s {:>6.2} µs per task",
+            usec / 1e6,
+            usec / tasks as f64
+        );
     }
 }
 
@@ -883,13 +952,19 @@ fn side_by_side(args: &Args, baselines: &[PathBuf]) -> std::process::ExitCode {
             for (i, exe) in exes.iter().enumerate() {
                 let kw = keywatch_run(exe, args.tasks, args.state_redis, args.digest).await;
                 eprintln!(
-                    "round {round}: {}: taken over {:.2} s, delivered {:.2} s, {} of {} delivered",
-                    names[i], kw.taken_s, kw.secs, kw.delivered, args.tasks
+                    "round {round}: {}: taken over {:.2} s ({} requests by then), delivered {:.2} s, {} of {} delivered",
+                    names[i], kw.taken_s, kw.requests_when_taken, kw.secs, kw.delivered, args.tasks
                 );
                 print_commands(
                     &format!("{} (watched redis-server)", names[i]),
                     kw.redis_cpu_s,
                     &kw.commands,
+                );
+                print_taken_commands(
+                    &format!("{} (watched redis-server)", names[i]),
+                    kw.taken_cpu_s[1],
+                    &kw.taken_commands,
+                    args.tasks,
                 );
                 runs[i].push(kw);
             }
@@ -1009,8 +1084,17 @@ fn main() -> std::process::ExitCode {
         eprintln!("Redis's pace: {redis_s:.2} s");
         let exe = std::env::current_exe().expect("this example's path");
         let kw = keywatch_run(&exe, args.tasks, args.state_redis, args.digest).await;
-        eprintln!("keywatch: {:.2} s", kw.secs);
+        eprintln!(
+            "keywatch: taken over {:.2} s ({} requests by then), delivered {:.2} s",
+            kw.taken_s, kw.requests_when_taken, kw.secs
+        );
         print_commands("redis-server", kw.redis_cpu_s, &kw.commands);
+        print_taken_commands(
+            "redis-server",
+            kw.taken_cpu_s[1],
+            &kw.taken_commands,
+            args.tasks,
+        );
         let naive_s = if args.skip_naive {
             None
         } else {

@@ -201,6 +201,62 @@ fn an_expiry_handled_minutes_late_still_finds_its_first_handling() {
     });
 }
 
+/// A deadline is kept in its second's hash as the milliseconds into that second; the take writes
+/// it back whole (the record's, the answer's, the handled memory's) by joining the two as text,
+/// not by computing it. Offsets of one, two and three digits, and 0, in a second on time and
+/// in one past the window a late instance looks in: each comes back exactly, and the handled
+/// memory holds the same text Redis would write for the number.
+#[test]
+fn a_deadline_taken_live_keeps_its_milliseconds_whatever_their_digits() {
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let i = intake(&redis, "a").await;
+        let now = Utc::now().timestamp_millis();
+        let on_time = (now - 2_000).div_euclid(1000) * 1000;
+        let late = (now - 70_000).div_euclid(1000) * 1000;
+        let mut deadlines = Vec::new();
+        for second in [on_time, late] {
+            for off in [0, 7, 42, 999] {
+                deadlines.push(second + off);
+            }
+        }
+        let events: Vec<KeyEvent> = deadlines
+            .iter()
+            .map(|d| {
+                let key = format!("k:{d}");
+                ledger::put(&mut redis.conn(), "kw:", &key, *d);
+                expired(&key, None)
+            })
+            .collect();
+        let with: Vec<(&KeyEvent, Mode)> = events
+            .iter()
+            .zip(&deadlines)
+            .map(|(e, d)| {
+                let at = Some(d.div_euclid(1000));
+                (e, Mode::Live { fire: true, at })
+            })
+            .collect();
+        let taken = i.take(0, &with).await.unwrap();
+        let got: Vec<Option<i64>> = taken
+            .iter()
+            .map(|t| t.as_ref().expect("taken").record.deadline_ms)
+            .collect();
+        let want: Vec<Option<i64>> = deadlines.iter().map(|d| Some(*d)).collect();
+        assert_eq!(got, want);
+        let mut c = redis.conn();
+        let memory = the_only_key(&mut c, "kw:ledger:0:handled:*");
+        for d in &deadlines {
+            let held: String = redis::cmd("HGET")
+                .arg(&memory)
+                .arg(format!("k:{d}"))
+                .query(&mut c)
+                .unwrap();
+            assert_eq!(held, d.to_string());
+            assert_eq!(ledger::deadline(&mut c, "kw:", &format!("k:{d}")), None);
+        }
+    });
+}
+
 /// The ledger's index lives in each instance's memory and may miss (an instance just started,
 /// another instance's fill recorded the key). An instance that misses claims the expiry without
 /// its deadline, or finds it where every instance looks (the last minute's hashes); one that

@@ -49,24 +49,27 @@ local first = 19
 local n = #modes
 local minute = math.floor(now / 60000)
 local B_L, B_l, B_R, B_r, B_F, B_f, B_W, B_M, B_m = string.byte('LlRrFfWMm', 1, 9)
--- Where each event's arguments start, and the live expiries: their event, key, second and place.
+-- Where each event's arguments start, and the live expiries: their key, second and place.
+-- Lists are appended to by a count kept beside them (here and below, on the storm's path): `#`
+-- is a search each time.
 local at = {}
-local live, live_at, live_second, live_place = {}, {}, {}, {}
+local live, live_second, live_place = {}, {}, {}
 do
   local a = first
+  local nl = 0
   for i = 1, n do
     at[i] = a
     local m = string.byte(modes, i)
     if m == B_L or m == B_l then
-      live[#live + 1] = ARGV[a]
-      live_at[#live] = i
-      live_second[#live] = ARGV[a + 1]
+      nl = nl + 1
+      live[nl] = ARGV[a]
+      live_second[nl] = ARGV[a + 1]
       a = a + 2
     elseif m == B_M or m == B_m then
-      live[#live + 1] = ARGV[a]
-      live_at[#live] = i
-      live_second[#live] = ARGV[a + 1]
-      live_place[#live] = ARGV[a + 2]
+      nl = nl + 1
+      live[nl] = ARGV[a]
+      live_second[nl] = ARGV[a + 1]
+      live_place[nl] = ARGV[a + 2]
       a = a + 3
     elseif m == B_R or m == B_r then
       a = a + 1
@@ -84,34 +87,71 @@ local function handled_before(key, d)
   if string.sub(h, 1, 1) == '~' then return d <= tonumber(string.sub(h, 2)) + slack end
   return d <= tonumber(h)
 end
--- The due deadline of each live expiry whose hash holds it (by its place among them), and the
+-- The due deadline of each live expiry whose hash holds it (by its place among them), as the
+-- text Redis would write for the number (the handled memory's value and the answer's), and the
 -- hash it is removed from. Read with one HMGET per hash and thousand keys: in a storm the keys
 -- of a batch share a second.
 local due, due_in = {}, {}
--- Notes live expiry li's deadline, `off` ms into second s of hash b, if it is due.
-local function found(li, b, s, off)
-  local d = tonumber(s) * 1000 + tonumber(off)
-  if d > due_limit then return false end
-  due[li] = d
+-- Live expiries whose deadline may be older than `late` (see below): only those are compared.
+local maybe_late = {}
+-- The deadline `off` ms into second s (both as written: digits), as text. Joined rather than
+-- computed: a number turned into text is a `%.14g` `sprintf`, three per event were a tenth of
+-- the script in a storm. An offset is 0 to 999 as every writer writes it; anything else (and
+-- a second before 1970, a sign) is computed.
+local function deadline_text(s, off)
+  local n = #off
+  if string.byte(s, 1) ~= 45 and string.byte(off, 1) ~= 45 then
+    if n == 3 then return s .. off end
+    if n == 2 then return s .. '0' .. off end
+    if n == 1 then return s .. '00' .. off end
+  end
+  return tostring(tonumber(s) * 1000 + tonumber(off))
+end
+-- Notes live expiry li's deadline, `off` ms into second s of hash b, if it is due. `all_due`:
+-- the whole second is, so the deadline need not be computed to be compared; `recent`: the
+-- whole second is later than `late` ago.
+local function found(li, b, s, off, all_due, recent)
+  if not all_due and tonumber(s) * 1000 + tonumber(off) > due_limit then return false end
+  due[li] = deadline_text(s, off)
   due_in[li] = b
+  if not recent then maybe_late[li] = true end
   return true
 end
 do
   local groups, order = {}, {}
+  -- The hash's name, made once per second rather than once per event.
+  local last_s, last_b = nil, nil
   for li = 1, #live do
     local s = live_second[li]
-    if s ~= '' then group_add(groups, order, bucket(pre, s, live[li]), li) end
+    if s ~= '' then
+      local key = live[li]
+      local b
+      if long_key(key) then
+        b = bucket(pre, s, key)
+      else
+        if s ~= last_s then
+          last_s, last_b = s, pre .. s
+        end
+        b = last_b
+      end
+      group_add(groups, order, b, li)
+    end
   end
   for _, b in ipairs(order) do
     local g = groups[b]
+    -- A hash's keys share their second: due whole, or compared one by one.
+    local s = live_second[g[1]]
+    local sn = tonumber(s)
+    local all_due = (sn + 1) * 1000 - 1 <= due_limit
+    local recent = sn * 1000 >= now - late
     for j = 1, #g, 1000 do
       local last = math.min(j + 999, #g)
       local keys = {}
-      for x = j, last do keys[#keys + 1] = live[g[x]] end
+      for x = j, last do keys[x - j + 1] = live[g[x]] end
       local got = redis.call('HMGET', b, unpack(keys))
       for x = j, last do
         local off = got[x - j + 1]
-        if off then found(g[x], b, live_second[g[x]], off) end
+        if off then found(g[x], b, s, off, all_due, recent) end
       end
     end
   end
@@ -158,7 +198,7 @@ for li = 1, #live do
       local b, s, of_long = bs[1], bs[2], bs[3]
       if of_long == long then
         local off = redis.call('HGET', b, key)
-        if off and found(li, b, s, off) then break end
+        if off and found(li, b, tostring(s), off, false, false) then break end
       end
     end
   end
@@ -202,23 +242,25 @@ end
 -- Writes of the hot path, sent once for the whole batch: the deadlines taken out of the
 -- ledger (by hash), the handled memory, the record of every event won.
 local unledgered, unledgered_order = {}, {}
-local handled = {}
+local unledgered_last, unledgered_list, unledgered_n = nil, nil, 0
+local handled, nh = {}, 0
 -- What this script remembered as handled, per key: a later event of the same key in the batch
 -- must find it as if it had been written already.
 local here = {}
 local function remember(key, d)
-  handled[#handled + 1] = key
-  handled[#handled + 1] = d
+  handled[nh + 1] = key
+  handled[nh + 2] = d
+  nh = nh + 2
   here[key] = d
 end
 -- The events won, as `n:deadline` joined by commas: the record's first line and the answer.
-local won_parts = {}
+-- Each written by `string.format`'s `%d`: a number turned into text otherwise is a `%.14g`.
+local won_parts, nw = {}, 0
 local function won(i, d)
-  if #won_parts > 0 then won_parts[#won_parts + 1] = ',' end
-  won_parts[#won_parts + 1] = i
-  won_parts[#won_parts + 1] = ':'
-  won_parts[#won_parts + 1] = d or ''
+  nw = nw + 1
+  won_parts[nw] = string.format('%d:%s', i, d or '')
 end
+local format = string.format
 local li = 0
 for i = 1, n do
   local m = string.byte(modes, i)
@@ -232,11 +274,24 @@ for i = 1, n do
     local taken = false
     -- `here`: the same key earlier in the batch took its deadline already.
     if s and not here[key] then
-      group_add(unledgered, unledgered_order, due_in[li], key)
+      -- `group_add` written out, the last hash's list at hand: in a storm they share one.
+      local b = due_in[li]
+      if b ~= unledgered_last then
+        unledgered_last = b
+        unledgered_list = unledgered[b]
+        if not unledgered_list then
+          unledgered_list = {}
+          unledgered[b] = unledgered_list
+          unledgered_order[#unledgered_order + 1] = b
+        end
+        unledgered_n = #unledgered_list
+      end
+      unledgered_n = unledgered_n + 1
+      unledgered_list[unledgered_n] = key
       -- An instance whose index missed the key looks for it only `window` ms back: past that
       -- it claimed the expiry without a deadline (`~T`), which only the handled memory shows.
       -- Not asked on time: the storm's path.
-      if s < now - late and handled_before(key, s) then
+      if maybe_late[li] and tonumber(s) < now - late and handled_before(key, tonumber(s)) then
         taken = true
       else
         d = s
@@ -252,19 +307,13 @@ for i = 1, n do
     if d then
       -- `remember` and `won` written out: this is a storm's path, once per expiry, and a Lua
       -- call per event each was a measurable share of the script.
-      local hn = #handled
-      handled[hn + 1] = key
-      handled[hn + 2] = d
+      handled[nh + 1] = key
+      handled[nh + 2] = d
+      nh = nh + 2
       here[key] = d
       if m == B_L or m == B_M then
-        local wn = #won_parts
-        if wn > 0 then
-          won_parts[wn + 1] = ','
-          wn = wn + 1
-        end
-        won_parts[wn + 1] = i
-        won_parts[wn + 2] = ':'
-        won_parts[wn + 3] = d
+        nw = nw + 1
+        won_parts[nw] = format('%d:%s', i, d)
       end
     elseif not taken then
       local h = here[key] or recalled(memory, minute, minutes, key)
@@ -332,16 +381,16 @@ chunked(unpoked, 1, #unpoked, 1000, function(...)
   redis.call('ZREM', KEYS[2], ...)
   redis.call('HDEL', KEYS[3], ...)
 end)
-if #handled > 0 then
+if nh > 0 then
   local hk = memory .. minute
-  chunked(handled, 1, #handled, 1000, function(...)
+  chunked(handled, 1, nh, 1000, function(...)
     redis.call('HSET', hk, ...)
   end)
   redis.call('PEXPIREAT', hk, (minute + minutes + 1) * 60000)
 end
 -- One record for every event this instance won: leased, renewed, taken over and cleared as one.
-local won_list = table.concat(won_parts)
-if #won_parts > 0 then
+local won_list = table.concat(won_parts, ',')
+if nw > 0 then
   redis.call('HSET', KEYS[5], batch, 'C\n' .. won_list .. '\n' .. blob)
   redis.call('ZADD', KEYS[4], lease_end, batch)
 end
