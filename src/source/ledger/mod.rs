@@ -409,28 +409,28 @@ impl Ledger {
     /// Records a fill's page read when [`Inner::emptied_count`] was `emptied`: as
     /// [`Ledger::record`], but the deadlines of dense far hours are held, to be written with
     /// those of the pages after it a second's hash at a time ([`held`]), unless a flush or a
-    /// swap was heard of since the page was read.
+    /// swap was heard of since the page was read. Returns whether what is held is due to be
+    /// written ([`held::Held::due`]).
     async fn record_filled(
         &self,
         db: u32,
         keys: Vec<Vec<u8>>,
         deadlines: Vec<i64>,
         emptied: u64,
-    ) -> redis::RedisResult<()> {
+    ) -> redis::RedisResult<bool> {
         let now = now_ms();
         let fresh = emptied == self.inner.emptied_count.load(Ordering::SeqCst);
         let holds = match fresh {
             true => self.inner.store.holds(db, &keys, &deadlines, now),
             false => vec![false; keys.len()],
         };
-        let index = &self.inner.index;
         let (mut rest, mut rest_deadlines) = (Vec::new(), Vec::new());
         let due = {
             let mut held = self.held();
             for ((k, d), holds) in keys.into_iter().zip(deadlines).zip(holds) {
-                // A deadline that moves from where the index knows it is written at once, with
-                // its removal.
-                if holds && index.get(db, &k).is_none_or(|s| s == second_of(d)) {
+                // Where the index knew it is read when it is written: a key's old deadline
+                // leaves then (its own second, if due before, finds it moved).
+                if holds {
                     held.hold(db, k, d);
                 } else {
                     rest.push(k);
@@ -442,10 +442,7 @@ impl Ledger {
         };
         // Drops what was held for these keys before: the page read later wins.
         self.record(db, &rest, &rest_deadlines).await?;
-        if due {
-            self.flush_held(None).await?;
-        }
-        Ok(())
+        Ok(due)
     }
 
     /// Whether a fill holds `key`'s deadline in `db`, read and not written yet ([`held`]): for
@@ -959,15 +956,27 @@ impl Ledger {
         let recorder = {
             let ledger = self.clone();
             tokio::spawn(async move {
+                // One flush of what is held at a time, beside the pages recorded meanwhile.
+                let mut flushing: Option<tokio::task::JoinHandle<redis::RedisResult<()>>> = None;
                 loop {
                     // What is held is written within `HOLD_FOR` however slow the pace.
-                    match tokio::time::timeout(held::HOLD_FOR, to_record.recv()).await {
+                    let due = match tokio::time::timeout(held::HOLD_FOR, to_record.recv()).await {
                         Ok(Some((keys, deadlines, emptied))) => {
                             ledger.record_filled(db, keys, deadlines, emptied).await?
                         }
                         Ok(None) => break,
-                        Err(_) => ledger.flush_held(None).await?,
+                        Err(_) => true,
+                    };
+                    if due {
+                        if let Some(f) = flushing.take() {
+                            f.await.map_err(joined)??;
+                        }
+                        let ledger = ledger.clone();
+                        flushing = Some(tokio::spawn(async move { ledger.flush_held(None).await }));
                     }
+                }
+                if let Some(f) = flushing {
+                    f.await.map_err(joined)??;
                 }
                 Ok::<_, redis::RedisError>(())
             })
