@@ -961,6 +961,8 @@ impl Ledger {
                 loop {
                     // What is held is written within `HOLD_FOR` however slow the pace.
                     let due = match tokio::time::timeout(held::HOLD_FOR, to_record.recv()).await {
+                        // A walk ended: what it held is written now, not after the next walk.
+                        Ok(Some((keys, _, _))) if keys.is_empty() => true,
                         Ok(Some((keys, deadlines, emptied))) => {
                             ledger.record_filled(db, keys, deadlines, emptied).await?
                         }
@@ -1039,6 +1041,11 @@ impl Ledger {
                         if !record_oldest(&mut reads, &mut density).await? {
                             return Ok(());
                         }
+                    }
+                    // An empty page: the walk is done, what it held is written (a walk of
+                    // another glob may find nothing for minutes).
+                    if pages.send((Vec::new(), Vec::new(), 0)).await.is_err() {
+                        return Ok(());
                     }
                 }
             }
