@@ -39,7 +39,14 @@ use lateness_stats::{Stats, arg, now_ms, stats};
 async fn load_far(url: &str, far: u64) {
     let over = arg("--far-over", 0) as i64;
     let client = redis::Client::open(url).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    // A pipeline of 10,000 `SET`s may take longer than the default half second while the keyspace's
+    // table grows on a loaded machine: it ended both builds' runs here in `timed out`.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(60)));
+    let mut c = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
     for chunk in (0..far).collect::<Vec<_>>().chunks(10_000) {
         let mut p = redis::pipe();
         for i in chunk {

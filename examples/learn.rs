@@ -67,9 +67,13 @@ async fn main() {
     let over = arg("--over").unwrap_or(86_400);
     let redis = LocalRedis::start(&[]).expect("a throwaway redis-server");
     let url = redis.url();
+    // A pipeline of 10,000 `SET`s may take longer than the default half second while the
+    // keyspace's table grows on a loaded machine: it ended runs of both builds in `timed out`.
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(60)));
     let mut c = redis::Client::open(url.as_str())
         .unwrap()
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .unwrap();
 

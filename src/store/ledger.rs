@@ -602,6 +602,23 @@ impl Deadlines {
         }
     }
 
+    /// Which of `keys` (with `deadlines` as `PEXPIRETIME` answered) [`Deadlines::record`] would
+    /// write at `now_ms` with a plain `HSET` to a dense far hour this instance knows of: a
+    /// deadline that cannot be due for minutes, which a fill may hold back to write with others
+    /// of its second (`source::ledger::held`).
+    pub fn holds(&self, db: u32, keys: &[Vec<u8>], deadlines: &[i64], now_ms: i64) -> Vec<bool> {
+        let dense = self.dense_hours();
+        keys.iter()
+            .zip(deadlines)
+            .map(|(k, &d)| {
+                d > now_ms + NEAR_MS
+                    && !crate::long_key::is_long(k)
+                    && goes_far(d, k, now_ms)
+                    && dense.contains(&(db, d.div_euclid(FAR_WIDTH_MS)))
+            })
+            .collect()
+    }
+
     fn dense_hours(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(u32, i64)>> {
         self.dense_hours.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -988,22 +988,7 @@ fn shard_count(c: &mut redis::Connection, hour: i64) -> i64 {
 
 /// How many scripts redis-server has run (`INFO commandstats`): whether a write went through one.
 fn scripts_run(redis: &RedisServer) -> u64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut redis.conn())
-        .unwrap();
-    stats
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    calls(redis, "evalsha") + calls(redis, "eval")
 }
 
 /// docs/how-it-works.md#dense-hours: a far hour marked dense takes its deadlines in its seconds'
@@ -1126,5 +1111,109 @@ fn a_dense_hour_keeps_every_deadline_in_one_place_before_and_after_its_mark() {
         while a.refine_until(0, next * 3_600_000, 1).await.unwrap() {}
         assert_eq!(common::ledger::entries(&mut c, "kw:").len(), 694);
         assert_eq!(common::ledger::places(&mut c, "kw:"), 694);
+    });
+}
+
+/// How many times redis-server has run `command` (`INFO commandstats`, lower case).
+fn calls(redis: &RedisServer, command: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// docs/how-it-works.md#dense-hours: a fill holds back the deadlines of a dense hour and writes
+/// them a second's hash at a time, several keys per `HSET` (a page of random deadlines touches
+/// as many seconds as it has keys); every deadline lands in one place, and a keyevent heard while
+/// the fill holds a key's deadline (a TTL moved, a key deleted) wins over what the fill read.
+#[test]
+fn a_fill_writes_a_dense_hours_deadlines_together_and_a_later_word_wins() {
+    use keywatch::source::ledger::Ledger;
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
+    runtime().block_on(async {
+        let (keyspace, state, metrics) = state_of(&redis).await;
+        let a = Ledger::new(state.clone(), keyspace.clone(), "kw:", metrics.clone());
+        let hour = redis_now(&redis).div_euclid(3_600_000) + 2;
+        // 3,000 keys in 300 seconds of the hour, 10 a second, among 30,000 keys without a TTL
+        // that the fill walks past (its pages are then held one after the other).
+        let n = 3_000;
+        let at = |i: usize| hour * 3_600_000 + (i % 300) as i64 * 1_000 + (i / 300) as i64;
+        let moved = |i: usize| at(i) + 1_234_567;
+        let key = |i: usize| format!("d:{i}").into_bytes();
+        let mut c = redis.conn();
+        for i in 0..n {
+            set_at(&mut c, key(i), at(i));
+        }
+        for chunk in (0..30_000).collect::<Vec<_>>().chunks(1_000) {
+            let mut mset = redis::cmd("MSET");
+            for i in chunk {
+                mset.arg(format!("x:{i}")).arg("x");
+            }
+            let () = mset.query(&mut c).unwrap();
+        }
+        a.make_dense(0, hour, 1_000).await.unwrap();
+        let hsets = calls(&redis, "hset");
+        // Paced to 10,000 keys walked a second: about 3 s.
+        let globs = [b"d:*".to_vec()];
+        let fill = a.fill(0, None, &globs, &|_| true, 10_000);
+        let words = async {
+            // Once the fill holds a third of them, some of those held move and some go.
+            let started = std::time::Instant::now();
+            let held = loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let held: Vec<usize> = (0..n).filter(|&i| a.is_held(0, &key(i))).collect();
+                if held.len() >= n / 3 || started.elapsed() > Duration::from_secs(10) {
+                    break held;
+                }
+            };
+            let changed: Vec<usize> = held.iter().copied().filter(|i| i % 5 == 0).collect();
+            let deleted: Vec<usize> = held.iter().copied().filter(|i| i % 5 == 1).collect();
+            let mut c = redis.conn();
+            for &i in &changed {
+                set_at(&mut c, key(i), moved(i));
+            }
+            let keys: Vec<Vec<u8>> = changed.iter().map(|&i| key(i)).collect();
+            a.learn(0, &keys).await.unwrap();
+            let keys: Vec<Vec<u8>> = deleted.iter().map(|&i| key(i)).collect();
+            let () = redis::cmd("DEL").arg(&keys).query(&mut c).unwrap();
+            a.forget(0, &keys).await.unwrap();
+            (changed, deleted)
+        };
+        let (learnt, (changed, deleted)) = tokio::join!(fill, words);
+        learnt.unwrap();
+        assert!(
+            !changed.is_empty() && !deleted.is_empty(),
+            "the fill held deadlines"
+        );
+        // 300 seconds, and the seconds the moved keys went to: a page at a time would take an
+        // `HSET` per key.
+        let written = calls(&redis, "hset") - hsets;
+        assert!(
+            written <= (300 + changed.len() + 50) as u64,
+            "{written} HSETs for {n} deadlines in 300 seconds"
+        );
+        let entries = common::ledger::entries(&mut c, "kw:");
+        assert_eq!(entries.len(), n - deleted.len(), "nothing lost");
+        assert_eq!(
+            common::ledger::places(&mut c, "kw:"),
+            n - deleted.len(),
+            "nothing doubled"
+        );
+        for i in 0..n {
+            let k = String::from_utf8(key(i)).unwrap();
+            match (changed.contains(&i), deleted.contains(&i)) {
+                (true, _) => assert_eq!(entries.get(&k), Some(&moved(i)), "{k} moved"),
+                (_, true) => assert!(!entries.contains_key(&k), "{k} was deleted"),
+                _ => assert_eq!(entries.get(&k), Some(&at(i)), "{k}"),
+            }
+        }
+        assert_eq!(a.indexed(), n - deleted.len());
+        assert!(!a.is_held(0, b"d:0"), "nothing held once the fill is done");
     });
 }

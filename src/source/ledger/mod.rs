@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -36,6 +36,7 @@ pub(crate) mod alarm;
 pub(crate) mod density;
 pub(crate) mod emptied;
 pub(crate) mod grace;
+pub(crate) mod held;
 pub(crate) mod index;
 pub(crate) mod markers;
 
@@ -139,6 +140,13 @@ struct Inner {
     refine_at: std::sync::Mutex<HashMap<u32, i64>>,
     /// Databases a flush or a swap emptied without a keyevent, and the walk that follows.
     emptied: std::sync::Mutex<emptied::Emptied>,
+    /// How many flushes and swaps were heard of: a fill's page read before one is not held
+    /// ([`held`]).
+    emptied_count: AtomicU64,
+    /// The dense hours' deadlines a fill holds back to write together ([`held`]).
+    held: std::sync::Mutex<held::Held>,
+    /// Whether [`Inner::held`] holds or writes anything: a later word on a key must then drop it.
+    holding: AtomicBool,
 }
 
 /// `PEXPIRETIME` of each of `keys`, in order (see [`each_key`]).
@@ -193,6 +201,9 @@ impl Ledger {
                 alarm: Alarm::default(),
                 refine_at: std::sync::Mutex::new(HashMap::new()),
                 emptied: Default::default(),
+                emptied_count: AtomicU64::new(0),
+                held: Default::default(),
+                holding: AtomicBool::new(false),
             }),
         }
     }
@@ -270,6 +281,12 @@ impl Ledger {
     /// Writes `entries` to the ledger and keeps this instance's index with them: a key without
     /// a TTL (-1) leaves it, a deadline moves it to its second, a gone key (-2) stays.
     async fn write(&self, db: u32, entries: &[Entry<'_>]) -> redis::RedisResult<()> {
+        self.unhold(db, entries.iter().map(|e| e.key));
+        self.write_unheld(db, entries).await
+    }
+
+    /// [`Ledger::write`] of deadlines a fill held ([`held`]).
+    async fn write_unheld(&self, db: u32, entries: &[Entry<'_>]) -> redis::RedisResult<()> {
         let index = &self.inner.index;
         let now = now_ms();
         self.inner.store.record(db, entries, now).await?;
@@ -314,6 +331,7 @@ impl Ledger {
 
     /// Drops the deadlines of `keys` (deleted, persisted, renamed away).
     pub async fn forget(&self, db: u32, keys: &[Vec<u8>]) -> redis::RedisResult<()> {
+        self.unhold(db, keys.iter().map(|k| k.as_slice()));
         let mut known = Vec::with_capacity(keys.len());
         let mut unknown = Vec::new();
         for k in keys {
@@ -334,6 +352,104 @@ impl Ledger {
             return Ok(());
         }
         self.inner.store.forget(db, &known).await
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, held::Held> {
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A later word on `keys` of `db` (a keyevent's record or forget, a take, a fill's later
+    /// page): deadlines a fill holds for them are not written ([`held`]).
+    fn unhold<'a>(&self, db: u32, keys: impl IntoIterator<Item = &'a [u8]>) {
+        if !self.inner.holding.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut held = self.held();
+        for k in keys {
+            held.drop_key(db, k);
+        }
+        self.inner.holding.store(held.active(), Ordering::SeqCst);
+    }
+
+    /// Records a fill's page read when [`Inner::emptied_count`] was `emptied`: as
+    /// [`Ledger::record`], but the deadlines of dense far hours are held, to be written with
+    /// those of the pages after it a second's hash at a time ([`held`]), unless a flush or a
+    /// swap was heard of since the page was read. Returns whether what is held is due to be
+    /// written ([`held::Held::due`]).
+    async fn record_filled(
+        &self,
+        db: u32,
+        keys: Vec<Vec<u8>>,
+        deadlines: Vec<i64>,
+        emptied: u64,
+    ) -> redis::RedisResult<bool> {
+        let now = now_ms();
+        let fresh = emptied == self.inner.emptied_count.load(Ordering::SeqCst);
+        let holds = match fresh {
+            true => self.inner.store.holds(db, &keys, &deadlines, now),
+            false => vec![false; keys.len()],
+        };
+        let (mut rest, mut rest_deadlines) = (Vec::new(), Vec::new());
+        let due = {
+            let mut held = self.held();
+            for ((k, d), holds) in keys.into_iter().zip(deadlines).zip(holds) {
+                // Where the index knew it is read when it is written: a key's old deadline
+                // leaves then (its own second, if due before, finds it moved).
+                if holds {
+                    held.hold(db, k, d);
+                } else {
+                    rest.push(k);
+                    rest_deadlines.push(d);
+                }
+            }
+            self.inner.holding.store(held.active(), Ordering::SeqCst);
+            held.due()
+        };
+        // Drops what was held for these keys before: the page read later wins.
+        self.record(db, &rest, &rest_deadlines).await?;
+        Ok(due)
+    }
+
+    /// Whether a fill holds `key`'s deadline in `db`, read and not written yet ([`held`]): for
+    /// the drills.
+    pub fn is_held(&self, db: u32, key: &[u8]) -> bool {
+        self.held().contains(db, key)
+    }
+
+    /// Writes what fills hold ([`held`]), of `only` or of every database.
+    async fn flush_held(&self, only: Option<u32>) -> redis::RedisResult<()> {
+        let taken = {
+            let mut held = self.held();
+            let taken = held.take(only);
+            self.inner.holding.store(held.active(), Ordering::SeqCst);
+            taken
+        };
+        let index = &self.inner.index;
+        let written = async {
+            for (db, rows) in &taken {
+                for slice in rows.chunks(held::FLUSH_SLICE) {
+                    let entries: Vec<Entry> = {
+                        let held = self.held();
+                        slice
+                            .iter()
+                            .filter(|(k, _)| held.still(*db, k))
+                            .map(|(k, d)| Entry {
+                                key: k,
+                                deadline: *d,
+                                was: index.get(*db, k),
+                            })
+                            .collect()
+                    };
+                    self.write_unheld(*db, &entries).await?;
+                }
+            }
+            Ok(())
+        }
+        .await;
+        let mut held = self.held();
+        held.done();
+        self.inner.holding.store(held.active(), Ordering::SeqCst);
+        written
     }
 
     fn refine_at(&self) -> std::sync::MutexGuard<'_, HashMap<u32, i64>> {
@@ -388,6 +504,7 @@ impl Ledger {
     /// here if that deadline is due (the take removes it from the ledger), kept if it is later
     /// (the `expired` was of an earlier incarnation of the key).
     pub fn taking(&self, db: u32, key: &[u8], due_limit_ms: i64) -> Option<i64> {
+        self.unhold(db, [key]);
         self.inner
             .index
             .remove_due(db, key, second_of(due_limit_ms))
@@ -610,6 +727,8 @@ impl Ledger {
     /// lost keys is walked (all of them after a swap, whose keys are learnt again too). `only`:
     /// the cluster master it was heard on, whose keys alone are learnt again.
     pub fn emptied(&self, live: &LiveConfig, only: Option<String>, swapped: bool, since_ms: i64) {
+        // A fill's page read before this is not held past the walk that follows ([`held`]).
+        self.inner.emptied_count.fetch_add(1, Ordering::SeqCst);
         let config = live.current();
         if !config.uses_ledger()
             || !self
@@ -635,6 +754,11 @@ impl Ledger {
     /// One run after a flush or a swap: walks what lost keys, learns what came in.
     async fn settle(&self, live: &LiveConfig, only: Option<&str>, swapped: bool) {
         let config = live.current();
+        // What fills hold was read before the flush or the swap: written before the walk, which
+        // drops what the flush took away, as it does a page recorded before it.
+        if let Err(e) = self.flush_held(None).await {
+            tracing::warn!(error = %e, "Ledger: cannot write the deadlines a fill held.");
+        }
         for &db in &config.redis.databases {
             let lost = match swapped {
                 true => Ok(true),
@@ -789,13 +913,37 @@ impl Ledger {
         let started = tokio::time::Instant::now();
         let mut scanned: u64 = 0;
         let nodes = self.inner.keyspace.walk_conns(db, only).await?;
-        type Read = tokio::task::JoinHandle<redis::RedisResult<(Vec<Vec<u8>>, Vec<i64>)>>;
-        let (pages, mut to_record) = tokio::sync::mpsc::channel::<(Vec<Vec<u8>>, Vec<i64>)>(2);
+        // A page: its keys, their deadlines, and how many flushes and swaps had been heard of
+        // when they were read.
+        type Page = (Vec<Vec<u8>>, Vec<i64>, u64);
+        type Read = tokio::task::JoinHandle<redis::RedisResult<Page>>;
+        let (pages, mut to_record) = tokio::sync::mpsc::channel::<Page>(2);
         let recorder = {
             let ledger = self.clone();
             tokio::spawn(async move {
-                while let Some((keys, deadlines)) = to_record.recv().await {
-                    ledger.record(db, &keys, &deadlines).await?;
+                // One flush of what is held at a time, beside the pages recorded meanwhile.
+                let mut flushing: Option<tokio::task::JoinHandle<redis::RedisResult<()>>> = None;
+                loop {
+                    // What is held is written within `HOLD_FOR` however slow the pace.
+                    let due = match tokio::time::timeout(held::HOLD_FOR, to_record.recv()).await {
+                        // A walk ended: what it held is written now, not after the next walk.
+                        Ok(Some((keys, _, _))) if keys.is_empty() => true,
+                        Ok(Some((keys, deadlines, emptied))) => {
+                            ledger.record_filled(db, keys, deadlines, emptied).await?
+                        }
+                        Ok(None) => break,
+                        Err(_) => true,
+                    };
+                    if due {
+                        if let Some(f) = flushing.take() {
+                            f.await.map_err(joined)??;
+                        }
+                        let ledger = ledger.clone();
+                        flushing = Some(tokio::spawn(async move { ledger.flush_held(None).await }));
+                    }
+                }
+                if let Some(f) = flushing {
+                    f.await.map_err(joined)??;
                 }
                 Ok::<_, redis::RedisError>(())
             })
@@ -807,9 +955,9 @@ impl Ledger {
             let Some(read) = reads.pop_front() else {
                 return Ok(true);
             };
-            let (keys, deadlines) = read.await.map_err(joined)??;
+            let (keys, deadlines, emptied) = read.await.map_err(joined)??;
             density.saw(&deadlines, now_ms());
-            Ok(pages.send((keys, deadlines)).await.is_ok())
+            Ok(pages.send((keys, deadlines, emptied)).await.is_ok())
         };
         let walked = async {
             for node in &nodes {
@@ -830,9 +978,10 @@ impl Ledger {
                         learnt += to_read.len();
                         if !to_read.is_empty() {
                             let ledger = self.clone();
+                            let emptied = self.inner.emptied_count.load(Ordering::SeqCst);
                             reads.push_back(tokio::spawn(async move {
                                 let deadlines = ledger.read(db, &to_read).await?;
-                                Ok((to_read, deadlines))
+                                Ok((to_read, deadlines, emptied))
                             }));
                         }
                         while reads.len() > READS_IN_FLIGHT {
@@ -858,15 +1007,25 @@ impl Ledger {
                             return Ok(());
                         }
                     }
+                    // An empty page: the walk is done, what it held is written (a walk of
+                    // another glob may find nothing for minutes).
+                    if pages.send((Vec::new(), Vec::new(), 0)).await.is_err() {
+                        return Ok(());
+                    }
                 }
             }
             Ok::<_, redis::RedisError>(())
         };
         let walked = walked.await;
         drop(pages);
+        let recorded = recorder.await.map_err(joined).and_then(|r| r);
+        // What is held is written whatever failed: it was read, and is not read again until the
+        // next fill.
+        let flushed = self.flush_held(Some(db)).await;
         // The recorder's error first: a page handed to it is lost only if it failed.
-        recorder.await.map_err(joined)??;
+        recorded?;
         walked?;
+        flushed?;
         Ok(learnt)
     }
 
