@@ -182,7 +182,7 @@ fn an_instance_killed_mid_run_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let rules = common::lock_rules(dir.path(), &receiver, "");
     let mut a = common::run_on(&redis, &rules);
-    let _b = common::run_on(&redis, &rules);
+    let b = common::run_on(&redis, &rules);
     let _c = common::run_on(&redis, &rules);
     let mut conn = redis.conn();
     // 300 keys expiring over 600 ms; the kill comes while their first attempts have failed and
@@ -207,15 +207,35 @@ fn an_instance_killed_mid_run_loses_nothing() {
     let failing_until = std::time::Instant::now();
     failing.store(false, std::sync::atomic::Ordering::SeqCst);
 
-    common::wait_until("every key delivered", Duration::from_secs(120), || {
-        let ok: std::collections::BTreeSet<String> = receiver
+    let delivered_keys = || -> std::collections::BTreeSet<String> {
+        receiver
             .requests()
             .iter()
             .filter(|r| r.received_instant >= failing_until)
             .map(|r| r.json()["key"].as_str().unwrap().to_string())
-            .collect();
-        ok.len() == KEYS
-    });
+            .collect()
+    };
+    // On a timeout, what is missing and where the work stands: a key lost and a key still
+    // waiting for its retry look alike from the receiver.
+    common::poll(
+        "every key delivered",
+        Duration::from_secs(120),
+        || (delivered_keys().len() == KEYS).then_some(()),
+        || {
+            let got = delivered_keys();
+            let missing: Vec<String> = (0..KEYS)
+                .map(|i| format!("lock:{i}"))
+                .filter(|k| !got.contains(k))
+                .collect();
+            format!(
+                "{} missing: {missing:?}; queued: {}; ledger: {}; instance b: {}",
+                missing.len(),
+                queued(&redis),
+                common::ledger::len(&mut redis.conn(), "keywatch:"),
+                b.describe_output()
+            )
+        },
+    );
     let delivered: Vec<String> = receiver
         .requests()
         .iter()
