@@ -171,34 +171,11 @@ pub async fn run(a: &ActionContext, f: &Firing, _rule: &Rule, step: &CleanupStep
 /// The key a glob stands for when it has no unescaped wildcard (saves a SCAN of the keyspace),
 /// its escapes resolved in place; else the glob, as it came.
 pub fn literal(mut glob: Vec<u8>) -> Result<Vec<u8>, Vec<u8>> {
-    let mut to = 0;
-    let mut i = 0;
-    while i < glob.len() {
-        let b = match glob[i] {
-            b'\\' if i + 1 < glob.len() => {
-                i += 1;
-                glob[i]
-            }
-            b'*' | b'?' | b'[' => {
-                // Put back what was unescaped so far: the glob goes to `SCAN` as it came.
-                return Err(escaped_again(glob, to, i));
-            }
-            b => b,
-        };
-        glob[to] = b;
-        to += 1;
-        i += 1;
+    if crate::pattern::glob_wildcard(&glob).is_some() {
+        return Err(glob);
     }
-    glob.truncate(to);
+    crate::pattern::glob_unescape(&mut glob);
     Ok(glob)
-}
-
-/// `glob` whose first `to` bytes hold the unescaped form of its first `from` bytes: the glob
-/// as it was.
-fn escaped_again(glob: Vec<u8>, to: usize, from: usize) -> Vec<u8> {
-    let mut out = crate::pattern::glob_escape(&glob[..to]);
-    out.extend_from_slice(&glob[from..]);
-    out
 }
 
 /// SCAN + UNLINK of `glob`'s keys, on the one node or on every master of a cluster; UNLINK

@@ -353,22 +353,38 @@ pub fn glob_escape_into(out: &mut Vec<u8>, raw: &[u8]) {
 /// What a Redis glob's keys all start with, escapes resolved: up to its first unescaped `*`, `?`
 /// or `[`; and whether that is the whole glob (it has no wildcard: one key, the literal).
 pub fn glob_literal_start(glob: &[u8]) -> (Vec<u8>, bool) {
-    let mut out = Vec::with_capacity(glob.len());
+    let end = glob_wildcard(glob);
+    let mut start = glob[..end.unwrap_or(glob.len())].to_vec();
+    glob_unescape(&mut start);
+    (start, end.is_none())
+}
+
+/// Where a Redis glob's first unescaped `*`, `?` or `[` is, if it has one.
+pub fn glob_wildcard(glob: &[u8]) -> Option<usize> {
     let mut i = 0;
     while i < glob.len() {
         match glob[i] {
-            b'\\' if i + 1 < glob.len() => {
-                out.push(glob[i + 1]);
-                i += 2;
-            }
-            b'*' | b'?' | b'[' => return (out, false),
-            b => {
-                out.push(b);
-                i += 1;
-            }
+            b'\\' if i + 1 < glob.len() => i += 2,
+            b'*' | b'?' | b'[' => return Some(i),
+            _ => i += 1,
         }
     }
-    (out, true)
+    None
+}
+
+/// Resolves a glob's escapes in place (`\\x` → `x`; a last lone `\\` stays): the key a glob
+/// without wildcards stands for, without a copy of a glob of megabytes.
+pub fn glob_unescape(glob: &mut Vec<u8>) {
+    let (mut from, mut to) = (0, 0);
+    while from < glob.len() {
+        if glob[from] == b'\\' && from + 1 < glob.len() {
+            from += 1;
+        }
+        glob[to] = glob[from];
+        to += 1;
+        from += 1;
+    }
+    glob.truncate(to);
 }
 
 /// Whether `key` matches the Redis glob `glob` as `SCAN MATCH` and `KEYS` match it (Redis's
