@@ -49,15 +49,13 @@ impl<'a> Renderer<'a> {
     }
 
     fn render(&self, id: crate::template::TemplateId) -> Result<Vec<u8>, String> {
-        let t = &self.a.config.templates;
         let verbatim =
             |n: &str| crate::template::verbatim(n, &self.f.key, &self.names, &self.values);
-        match t.render_plain(id, verbatim) {
-            Some(bytes) => Ok(bytes),
-            None => t
-                .render(id, self.ctx.get_or_init(|| self.a.context_of(self.f)))
-                .map_err(|e| e.message),
-        }
+        self.a
+            .config
+            .templates
+            .render_bytes(id, verbatim, &self.ctx, || self.a.context_of(self.f))
+            .map_err(|e| e.message)
     }
 
     fn delete(&self, id: crate::template::TemplateId) -> Result<Vec<u8>, Outcome> {

@@ -67,11 +67,10 @@ pub fn request(
     let context = std::cell::OnceCell::new();
     let verbatim =
         |n: &str| crate::template::verbatim(n, vars.key, vars.capture_names, vars.capture_values);
-    let render = |id| match templates.render_plain(id, verbatim) {
-        Some(bytes) => Ok(bytes),
-        None => templates
-            .render(id, context.get_or_init(vars.context))
-            .map_err(|e| format!("detail: {}", e.message)),
+    let render = |id| {
+        templates
+            .render_bytes(id, verbatim, &context, vars.context)
+            .map_err(|e| format!("detail: {}", e.message))
     };
     let at = match &d.source {
         DetailSource::Hash { key, field } => match (render(*key), render(*field)) {

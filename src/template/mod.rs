@@ -270,6 +270,22 @@ impl TemplateSet {
         Some(out)
     }
 
+    /// [`TemplateSet::render_plain`] where the template is plain, else [`TemplateSet::render`]
+    /// with the context in `ctx`, made by `make` on first need: a context holds the key and
+    /// each capture again, which a key of megabytes makes costly.
+    pub fn render_bytes<'v>(
+        &self,
+        id: TemplateId,
+        value: impl Fn(&str) -> Option<&'v [u8]>,
+        ctx: &std::cell::OnceCell<Context>,
+        make: impl FnOnce() -> Context,
+    ) -> Result<Vec<u8>, TemplateError> {
+        match self.render_plain(id, value) {
+            Some(bytes) => Ok(bytes),
+            None => self.render(id, ctx.get_or_init(make)),
+        }
+    }
+
     fn render_encoded(&self, id: TemplateId, ctx: &Context) -> Result<String, TemplateError> {
         let entry = self.entry(id);
         let template = self
