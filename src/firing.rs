@@ -253,14 +253,23 @@ pub fn event_id(
     key: &[u8],
     instant: DateTime<Utc>,
 ) -> String {
+    id_of(rule, kind, db, &[key], instant)
+}
+
+/// [`event_id`] of `parts` hashed one after the other as one key, so that a key of megabytes is
+/// never copied to be joined.
+fn id_of(rule: &str, kind: EventKind, db: u32, parts: &[&[u8]], instant: DateTime<Utc>) -> String {
     let mut h = Sha256::new();
     h.update(rule.as_bytes());
     h.update([0]);
     h.update(kind.as_str().as_bytes());
     h.update([0]);
     h.update(db.to_be_bytes());
-    h.update((key.len() as u64).to_be_bytes());
-    h.update(key);
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    h.update((len as u64).to_be_bytes());
+    for p in parts {
+        h.update(p);
+    }
     h.update(instant.timestamp_millis().to_be_bytes());
     let digest = h.finalize();
     // Hex by table, not a `write!` per byte: in a mass expiry the formatting was most of the
@@ -277,10 +286,8 @@ pub fn field_event_id(
     field: &[u8],
     instant: DateTime<Utc>,
 ) -> String {
-    let mut joined = (key.len() as u64).to_be_bytes().to_vec();
-    joined.extend_from_slice(key);
-    joined.extend_from_slice(field);
-    event_id(rule, EventKind::Hexpired, db, &joined, instant)
+    let len = (key.len() as u64).to_be_bytes();
+    id_of(rule, EventKind::Hexpired, db, &[&len, key, field], instant)
 }
 
 impl Firing {

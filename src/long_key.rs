@@ -14,6 +14,10 @@ use sha2::{Digest, Sha256};
 /// `exec` refuse them (no URL or argument of 64 KiB works anywhere).
 pub const EXACT: usize = 64 * 1024;
 
+/// The longest key (or value) Redis holds, 512 MiB: a length read back from keywatch's state is
+/// never trusted beyond it.
+pub const MOST: usize = 512 << 20;
+
 /// The most of one key (or any one value of key text) a log line, a terminal or a page shows.
 pub const IN_TEXT: usize = 1024;
 

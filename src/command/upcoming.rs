@@ -224,7 +224,7 @@ pub async fn collect(config: &Config, opts: &Options) -> Result<Vec<Row>, String
                     row.deadline_ms,
                     row.db,
                     crate::source::fields::member(
-                        &row.key,
+                        &crate::source::fields::HashId::Bytes(row.key.clone()),
                         row.field.as_deref().unwrap_or_default(),
                     ),
                 ),

@@ -80,9 +80,12 @@ impl Config {
     pub fn wants_field(&self, db: u32, key: &[u8], field: &[u8]) -> bool {
         let mut idx = Vec::new();
         self.matching_rules(key, &mut idx);
+        // Matched, not captured: a hash's name (megabytes, maybe) is not copied per field.
         idx.iter().any(|&i| {
             let r = &self.rules[i];
-            r.fires_on(EventKind::Hexpired, db) && r.captures_of(key, Some(field)).is_some()
+            r.fires_on(EventKind::Hexpired, db)
+                && r.pattern.is_match(key)
+                && r.field.as_ref().is_none_or(|f| f.pattern.is_match(field))
         })
     }
 

@@ -400,10 +400,18 @@ impl Intake {
                 let r = Record::of(e, None);
                 line(&r);
                 modes.push(if *fire { 'F' } else { 'f' });
+                // A long hash by the SHA-256 its record holds (`store::fields::HashId`).
+                let hash = match &r.key_apart {
+                    Some(x) => crate::store::fields::HashId::Long {
+                        len: e.key.len(),
+                        sha256: x.sha256.clone(),
+                    },
+                    None => crate::store::fields::HashId::Bytes(e.key.to_vec()),
+                };
                 args.push(e.kind.as_str().as_bytes().to_vec().into());
-                args.push(crate::store::fields::member(&e.key, field).into());
+                args.push(crate::store::fields::member(&hash, field).into());
                 args.push(field.clone().into());
-                args.push(crate::store::fields::index(&self.prefix, db, &e.key).into());
+                args.push(crate::store::fields::index(&self.prefix, db, &hash).into());
                 records.push(r);
                 continue;
             }

@@ -252,7 +252,7 @@ impl Engine {
             match s {
                 Signal::Event(e) => {
                     if e.kind == EventKind::Deleted {
-                        self.notice_hash(e.db, &e.key, crate::source::Change::Check);
+                        self.notice_hash(e.db, e.key.clone(), crate::source::Change::Check);
                     }
                     if self.ledger().is_some()
                         && matches!(e.kind, EventKind::Evicted | EventKind::Deleted)
@@ -270,8 +270,12 @@ impl Engine {
                     // it came, its known fields looked at again where it left (gone before
                     // their deadlines: forgotten, not expired).
                     match note {
-                        Note::RenameTo => self.notice_hash(db, &key, crate::source::Change::Learn),
-                        Note::Forget => self.notice_hash(db, &key, crate::source::Change::Check),
+                        Note::RenameTo => {
+                            self.notice_hash(db, key.clone().into(), crate::source::Change::Learn)
+                        }
+                        Note::Forget => {
+                            self.notice_hash(db, key.clone().into(), crate::source::Change::Check)
+                        }
                         Note::Expire => {}
                     }
                     if self.ledger().is_some() && self.config.wants_deadline(db, &key) {
@@ -281,7 +285,7 @@ impl Engine {
                         }
                     }
                 }
-                Signal::Hash { db, key, change } => self.notice_hash(db, &key, change),
+                Signal::Hash { db, key, change } => self.notice_hash(db, key.into(), change),
                 Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker { node, payload } => {
                     if let Some(notice) = crate::store::notices::Notice::parse(&payload) {
@@ -504,12 +508,13 @@ impl Engine {
         }
     }
 
-    /// Tells the field ledger of a keyevent about a hash some `hexpired` rule watches.
-    fn notice_hash(&self, db: u32, key: &[u8], change: crate::source::Change) {
+    /// Tells the field ledger of a keyevent about a hash some `hexpired` rule watches (the name
+    /// shared, not copied: it may be megabytes long).
+    fn notice_hash(&self, db: u32, key: bytes::Bytes, change: crate::source::Change) {
         if let Some(f) = &self.fields
-            && self.config.wants_hash(db, key)
+            && self.config.wants_hash(db, &key)
         {
-            f.notice(db, key.to_vec(), change);
+            f.notice(db, key, change);
         }
     }
 

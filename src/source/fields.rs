@@ -80,7 +80,27 @@ pub fn change_of(event: &str) -> Option<Change> {
 }
 
 use crate::store::fields as store;
-pub use crate::store::fields::{member, split};
+pub use crate::store::fields::{HashId, member, split};
+
+/// Fields of one hash with the deadlines the field ledger holds for them.
+type Known = Vec<(Vec<u8>, i64)>;
+
+/// A hash the field ledger works on: its name, one copy that its fields' events share, and how
+/// the ledger names it ([`HashId`]: by its SHA-256 when the name is long).
+#[derive(Clone)]
+struct Hash {
+    key: bytes::Bytes,
+    id: HashId,
+}
+
+impl Hash {
+    fn of(key: bytes::Bytes) -> Hash {
+        Hash {
+            id: HashId::of(&key),
+            key,
+        }
+    }
+}
 
 /// Whether the server expires hash fields: `Err` says which version is needed and what it runs.
 ///
@@ -144,7 +164,7 @@ struct Inner {
     keyspace: Keyspace,
     prefix: String,
     /// Hashes to look at again, with the most a keyevent asked (a walk covers a check).
-    dirty: Mutex<BTreeMap<(u32, Vec<u8>), Change>>,
+    dirty: Mutex<BTreeMap<(u32, bytes::Bytes), Change>>,
     /// Set by a (re)subscription: walk every watched hash again.
     fill: std::sync::atomic::AtomicBool,
     /// Set by a flush or a swap heard ([`FieldLedger::emptied`]): whether by a swap, and the
@@ -180,11 +200,11 @@ impl FieldLedger {
 
     /// The per-hash index of `key` in `db`: field → deadline.
     pub fn index(prefix: &str, db: u32, key: &[u8]) -> Vec<u8> {
-        crate::store::fields::index(prefix, db, key)
+        crate::store::fields::index(prefix, db, &HashId::of(key))
     }
 
     /// A keyevent about hash `key` (the engine calls this; the work happens in [`FieldLedger::run`]).
-    pub fn notice(&self, db: u32, key: Vec<u8>, change: Change) {
+    pub fn notice(&self, db: u32, key: bytes::Bytes, change: Change) {
         let mut dirty = self.inner.dirty.lock().unwrap_or_else(|p| p.into_inner());
         let e = dirty.entry((db, key)).or_insert(change);
         *e = (*e).max(change);
@@ -221,9 +241,78 @@ impl FieldLedger {
         self.inner.state.clone()
     }
 
-    /// The known deadlines of the fields of `key`.
-    async fn known(&self, db: u32, key: &[u8]) -> redis::RedisResult<HashMap<Vec<u8>, i64>> {
-        store::known(&mut self.state(), &self.inner.prefix, db, key).await
+    /// The known deadlines of the fields of `hash`.
+    async fn known(&self, db: u32, hash: &HashId) -> redis::RedisResult<HashMap<Vec<u8>, i64>> {
+        store::known(&mut self.state(), &self.inner.prefix, db, hash).await
+    }
+
+    /// The hash a ledger member names, with its name: a long one's read from where it is kept
+    /// (`None` if gone: its fields are forgotten). A long hash an earlier keywatch named by its
+    /// bytes is moved to its SHA-256 first, so that the take, which names it so, finds it.
+    async fn resolve(&self, db: u32, id: HashId) -> redis::RedisResult<Option<Hash>> {
+        match id {
+            HashId::Bytes(key) if crate::long_key::is_long(&key) => {
+                let old = HashId::Bytes(key);
+                let known: Vec<(Vec<u8>, i64)> = self.known(db, &old).await?.into_iter().collect();
+                let HashId::Bytes(key) = old.clone() else {
+                    unreachable!("matched above")
+                };
+                let hash = Hash::of(key.into());
+                let moved: Vec<_> = known.iter().map(|(f, d)| (f.clone(), Some(*d))).collect();
+                self.write(db, &hash, &moved).await?;
+                let forget: Vec<_> = known.into_iter().map(|(f, _)| (f, None)).collect();
+                store::write(
+                    &mut self.state(),
+                    &self.inner.prefix,
+                    db,
+                    &hash.key,
+                    &old,
+                    &forget,
+                )
+                .await?;
+                Ok(Some(hash))
+            }
+            HashId::Bytes(key) => Ok(Some(Hash {
+                key: key.clone().into(),
+                id: HashId::Bytes(key),
+            })),
+            HashId::Long { len, ref sha256 } => {
+                let name = store::name(&self.state(), &self.inner.prefix, db, len, sha256).await?;
+                match name {
+                    Some(key) => Ok(Some(Hash {
+                        key: key.into(),
+                        id,
+                    })),
+                    None => {
+                        // Its name is kept while its index holds a field: what is left of it
+                        // was written by hand or half-deleted by hand.
+                        let forget: Vec<_> = self
+                            .known(db, &id)
+                            .await?
+                            .into_keys()
+                            .map(|f| (f, None))
+                            .collect();
+                        tracing::warn!(
+                            db,
+                            sha256 = %sha256,
+                            fields = forget.len(),
+                            "Field ledger: the name of a long hash is gone; its fields are forgotten."
+                        );
+                        let empty = bytes::Bytes::new();
+                        store::write(
+                            &mut self.state(),
+                            &self.inner.prefix,
+                            db,
+                            &empty,
+                            &id,
+                            &forget,
+                        )
+                        .await?;
+                        Ok(None)
+                    }
+                }
+            }
+        }
     }
 
     /// Reads the deadlines of `fields` of `key` (`-2` gone, `-1` none), at most `per_second`
@@ -235,6 +324,9 @@ impl FieldLedger {
         fields: &[Vec<u8>],
         per_second: u64,
     ) -> redis::RedisResult<Vec<(i64, i64)>> {
+        if fields.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut out = Vec::with_capacity(fields.len());
         let conn = self.inner.keyspace.conn(db).await?;
         let started = Instant::now();
@@ -243,43 +335,43 @@ impl FieldLedger {
             if let Some(wait) = should_take.checked_sub(started.elapsed()) {
                 tokio::time::sleep(wait).await;
             }
-            let mut read = redis::cmd("HPEXPIRETIME");
-            read.arg(key).arg("FIELDS").arg(chunk.len()).arg(chunk);
-            let (at, mut answers) = timed(&conn, vec![read]).await?;
-            out.extend(
-                answers
-                    .pop()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|d| (d, at)),
-            );
+            let (at, answers) = read_fields(&conn, key, chunk).await?;
+            out.extend(answers.into_iter().map(|d| (d, at)));
         }
         Ok(out)
     }
 
-    /// Writes deadlines (`Some`) and forgets fields (`None`) of `key`.
+    /// Writes deadlines (`Some`) and forgets fields (`None`) of `hash`.
     async fn write(
         &self,
         db: u32,
-        key: &[u8],
+        hash: &Hash,
         changes: &[(Vec<u8>, Option<i64>)],
     ) -> redis::RedisResult<()> {
         if changes.is_empty() {
             return Ok(());
         }
-        store::write(&mut self.state(), &self.inner.prefix, db, key, changes).await?;
+        store::write(
+            &mut self.state(),
+            &self.inner.prefix,
+            db,
+            &hash.key,
+            &hash.id,
+            changes,
+        )
+        .await?;
         if let Some(earliest) = changes.iter().filter_map(|(_, d)| *d).min() {
             self.inner.alarm.learnt(db, earliest);
         }
         Ok(())
     }
 
-    /// The event of a field found gone at or after its deadline.
-    fn event(&self, db: u32, key: &[u8], field: &[u8], deadline_ms: i64) -> Signal {
+    /// The event of a field found gone at or after its deadline: it shares the hash's name.
+    fn event(&self, db: u32, hash: &Hash, field: &[u8], deadline_ms: i64) -> Signal {
         Signal::Event(KeyEvent {
             kind: EventKind::Hexpired,
             db,
-            key: key.to_vec().into(),
+            key: hash.key.clone(),
             field: Some(field.to_vec()),
             observed_at: crate::keyspace::clock::now(),
             deadline: chrono::DateTime::from_timestamp_millis(deadline_ms),
@@ -315,7 +407,7 @@ impl FieldLedger {
     async fn judge(
         &self,
         db: u32,
-        key: &[u8],
+        hash: &Hash,
         known: &[(Vec<u8>, i64)],
         now: &[(i64, i64)],
         tx: &mpsc::Sender<Signal>,
@@ -326,15 +418,15 @@ impl FieldLedger {
             match *t {
                 // Already reported and not yet taken: left alone, not forgotten.
                 -2 if *d <= at + SKEW_MS => events.extend(
-                    self.may_send(&member(key, f), *d)
-                        .then(|| self.event(db, key, f, *d)),
+                    self.may_send(&member(&hash.id, f), *d)
+                        .then(|| self.event(db, hash, f, *d)),
                 ),
                 -2 | -1 => changes.push((f.clone(), None)),
                 t if t > 0 && t != *d => changes.push((f.clone(), Some(t))),
                 _ => {}
             }
         }
-        self.write(db, key, &changes).await?;
+        self.write(db, hash, &changes).await?;
         for e in events {
             if tx.send(e).await.is_err() {
                 return Ok(false);
@@ -347,17 +439,17 @@ impl FieldLedger {
     async fn check(
         &self,
         db: u32,
-        key: &[u8],
+        hash: &Hash,
         per_second: u64,
         tx: &mpsc::Sender<Signal>,
     ) -> redis::RedisResult<bool> {
-        let known: Vec<(Vec<u8>, i64)> = self.known(db, key).await?.into_iter().collect();
+        let known: Vec<(Vec<u8>, i64)> = self.known(db, &hash.id).await?.into_iter().collect();
         if known.is_empty() {
             return Ok(true);
         }
         let fields: Vec<Vec<u8>> = known.iter().map(|(f, _)| f.clone()).collect();
-        let now = self.deadlines(db, key, &fields, per_second).await?;
-        self.judge(db, key, &known, &now, tx).await
+        let now = self.deadlines(db, &hash.key, &fields, per_second).await?;
+        self.judge(db, hash, &known, &now, tx).await
     }
 
     /// After a flush or a swap ([`FieldLedger::emptied`]): in each watched database that lost
@@ -379,7 +471,7 @@ impl FieldLedger {
                 continue;
             }
             let names = store::names(&self.inner.prefix, db);
-            let mut keys: Vec<Vec<u8>> = Vec::new();
+            let mut hashes: Vec<HashId> = Vec::new();
             let mut after = None;
             loop {
                 let rows = names
@@ -388,21 +480,26 @@ impl FieldLedger {
                 if rows.is_empty() {
                     break;
                 }
-                keys.extend(
+                hashes.extend(
                     rows.into_iter()
-                        .filter_map(|(m, _)| split(&m).map(|(k, _)| k)),
+                        .filter_map(|(m, _)| split(&m).map(|(h, _)| h)),
                 );
+                hashes.sort();
+                hashes.dedup();
             }
-            keys.sort();
-            keys.dedup();
             let mut taken = 0;
-            for key in keys {
-                let known: Vec<(Vec<u8>, i64)> = self.known(db, &key).await?.into_iter().collect();
+            // One hash at a time, a long one's name read when its turn comes.
+            for id in hashes {
+                let Some(hash) = self.resolve(db, id).await? else {
+                    continue;
+                };
+                let known: Vec<(Vec<u8>, i64)> =
+                    self.known(db, &hash.id).await?.into_iter().collect();
                 if known.is_empty() {
                     continue;
                 }
                 let fields: Vec<Vec<u8>> = known.iter().map(|(f, _)| f.clone()).collect();
-                let now = self.deadlines(db, &key, &fields, per_second).await?;
+                let now = self.deadlines(db, &hash.key, &fields, per_second).await?;
                 if was_taken(&known, &now) {
                     let (gone, due): (Vec<_>, Vec<_>) = known
                         .into_iter()
@@ -411,12 +508,12 @@ impl FieldLedger {
                     taken += gone.len();
                     let forget: Vec<(Vec<u8>, Option<i64>)> =
                         gone.into_iter().map(|((f, _), _)| (f, None)).collect();
-                    self.write(db, &key, &forget).await?;
+                    self.write(db, &hash, &forget).await?;
                     let (due, now): (Vec<_>, Vec<_>) = due.into_iter().unzip();
-                    if !self.judge(db, &key, &due, &now, tx).await? {
+                    if !self.judge(db, &hash, &due, &now, tx).await? {
                         return Ok(false);
                     }
-                } else if !self.judge(db, &key, &known, &now, tx).await? {
+                } else if !self.judge(db, &hash, &known, &now, tx).await? {
                     // After a swap a hash still there may be another of the same name: the fill
                     // that follows walks it, with every hash the swap brought in.
                     return Ok(false);
@@ -441,35 +538,51 @@ impl FieldLedger {
         let rows = store::names(&self.inner.prefix, db)
             .between(&mut self.state(), now_ms(), i64::MAX, &mut None, SAMPLE)
             .await?;
-        let mut by_key: BTreeMap<Vec<u8>, Vec<(Vec<u8>, i64)>> = BTreeMap::new();
+        let mut by_hash: BTreeMap<HashId, Vec<(Vec<u8>, i64)>> = BTreeMap::new();
         for (m, d) in rows.into_iter().take(SAMPLE) {
-            if let Some((k, f)) = split(&m) {
-                by_key.entry(k).or_default().push((f, d));
+            if let Some((h, f)) = split(&m) {
+                by_hash.entry(h).or_default().push((f, d));
             }
         }
-        if by_key.is_empty() {
-            return Ok(false);
-        }
-        let answers = self.now_of(db, &by_key).await?;
-        Ok(by_key
-            .values()
+        let (short, long) = by_name_length(by_hash);
+        let answers = self.now_of(db, &short).await?;
+        if short
+            .iter()
             .zip(answers)
-            .any(|(fs, now)| was_taken(fs, &now)))
+            .any(|((_, fs), now)| was_taken(fs, &now))
+        {
+            return Ok(true);
+        }
+        for (id, fs) in long {
+            let Some(hash) = self.resolve(db, id).await? else {
+                continue;
+            };
+            let fields: Vec<Vec<u8>> = fs.iter().map(|(f, _)| f.clone()).collect();
+            let now = self.deadlines(db, &hash.key, &fields, u64::MAX).await?;
+            if was_taken(&fs, &now) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
-    /// What the server says now of the fields of each hash of `by_key` (in its order): per
-    /// field its deadline (`-2` gone, `-1` none) with the server's time just before the read.
+    /// What the server says now of the fields of each hash of `hashes` (short names, in its
+    /// order), in one pipeline: per field its deadline (`-2` gone, `-1` none) with the server's
+    /// time just before the read.
     async fn now_of(
         &self,
         db: u32,
-        by_key: &BTreeMap<Vec<u8>, Vec<(Vec<u8>, i64)>>,
+        hashes: &[(Hash, Known)],
     ) -> redis::RedisResult<Vec<Vec<(i64, i64)>>> {
+        if hashes.is_empty() {
+            return Ok(Vec::new());
+        }
         let conn = self.inner.keyspace.conn(db).await?;
-        let cmds = by_key
+        let cmds = hashes
             .iter()
-            .map(|(k, fs)| {
+            .map(|(h, fs)| {
                 let mut c = redis::cmd("HPEXPIRETIME");
-                c.arg(k).arg("FIELDS").arg(fs.len());
+                c.arg(&h.key[..]).arg("FIELDS").arg(fs.len());
                 for (f, _) in fs {
                     c.arg(f);
                 }
@@ -488,25 +601,19 @@ impl FieldLedger {
     async fn learn(
         &self,
         db: u32,
-        key: &[u8],
+        hash: &Hash,
         config: &Config,
         per_second: u64,
         tx: &mpsc::Sender<Signal>,
     ) -> redis::RedisResult<bool> {
-        let mut known = self.known(db, key).await?;
-        let mut conn = self.inner.keyspace.conn(db).await?;
+        let key = &hash.key[..];
+        let mut known = self.known(db, &hash.id).await?;
+        let conn = self.inner.keyspace.conn(db).await?;
         let started = Instant::now();
         let mut walked: u64 = 0;
         let mut cursor: u64 = 0;
         loop {
-            let (next, page): (u64, Vec<Vec<u8>>) = redis::cmd("HSCAN")
-                .arg(key)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(PAGE)
-                .arg("NOVALUES")
-                .query_async(&mut conn)
-                .await?;
+            let (next, page) = hscan_page(&conn, key, cursor).await?;
             walked += page.len() as u64;
             let fields: Vec<Vec<u8>> = page
                 .into_iter()
@@ -524,7 +631,7 @@ impl FieldLedger {
                 }
                 known.remove(&f);
             }
-            self.write(db, key, &changes).await?;
+            self.write(db, hash, &changes).await?;
             if next == 0 {
                 break;
             }
@@ -541,7 +648,7 @@ impl FieldLedger {
         }
         let fields: Vec<Vec<u8>> = rest.iter().map(|(f, _)| f.clone()).collect();
         let now = self.deadlines(db, key, &fields, per_second).await?;
-        self.judge(db, key, &rest, &now, tx).await
+        self.judge(db, hash, &rest, &now, tx).await
     }
 
     /// One round of the poker for `db`: reads every due field again and reports those gone.
@@ -562,27 +669,40 @@ impl FieldLedger {
             POKE_BATCH,
         )
         .await?;
-        let mut by_key: BTreeMap<Vec<u8>, Vec<(Vec<u8>, i64)>> = BTreeMap::new();
+        let mut by_hash: BTreeMap<HashId, Vec<(Vec<u8>, i64)>> = BTreeMap::new();
         {
             let sent = self.inner.sent.lock().unwrap_or_else(|p| p.into_inner());
             for (m, d) in due {
                 if was_sent(sent.get(&m[..]), d) {
                     continue;
                 }
-                if let Some((k, f)) = split(&m) {
-                    by_key.entry(k).or_default().push((f, d));
+                if let Some((h, f)) = split(&m) {
+                    by_hash.entry(h).or_default().push((f, d));
                 }
             }
         }
         // Only fields read count: a batch of fields waiting for the engine is not a reason to
         // ask again at once.
-        let n = by_key.values().map(Vec::len).sum();
+        let n = by_hash.values().map(Vec::len).sum();
         if n == 0 {
             return Ok((0, next));
         }
-        let answers = self.now_of(db, &by_key).await?;
-        for ((k, fs), now) in by_key.iter().zip(answers) {
-            if !self.judge(db, k, fs, &now, tx).await? {
+        let (short, long) = by_name_length(by_hash);
+        let answers = self.now_of(db, &short).await?;
+        for ((hash, fs), now) in short.iter().zip(answers) {
+            if !self.judge(db, hash, fs, &now, tx).await? {
+                return Ok((n, next));
+            }
+        }
+        // A long name is read, and its fields' deadlines, one hash at a time: its events share
+        // the one copy (docs/reliability.md#bounded-whatever-the-key).
+        for (id, fs) in long {
+            let Some(hash) = self.resolve(db, id).await? else {
+                continue;
+            };
+            let fields: Vec<Vec<u8>> = fs.iter().map(|(f, _)| f.clone()).collect();
+            let now = self.deadlines(db, &hash.key, &fields, u64::MAX).await?;
+            if !self.judge(db, &hash, &fs, &now, tx).await? {
                 break;
             }
         }
@@ -592,24 +712,31 @@ impl FieldLedger {
     }
 
     /// What the server says now of each (key, field, _) of `known`: its deadline, `-1` none,
-    /// `-2` gone.
+    /// `-2` gone (a long hash's on a connection of its own).
     pub async fn deadlines_of(
         conn: &Conn,
         known: &[(Vec<u8>, Vec<u8>, i64)],
     ) -> redis::RedisResult<Vec<i64>> {
         let cmds = known
             .iter()
+            .filter(|(k, _, _)| !crate::long_key::is_long(k))
             .map(|(k, f, _)| {
                 let mut c = redis::cmd("HPEXPIRETIME");
                 c.arg(k).arg("FIELDS").arg(1).arg(f);
                 c
             })
             .collect();
-        let answers: Vec<Vec<i64>> = conn.each(cmds).await?;
-        Ok(answers
-            .into_iter()
-            .map(|a| a.first().copied().unwrap_or(-2))
-            .collect())
+        let mut short = conn.each::<Vec<i64>>(cmds).await?.into_iter();
+        let mut out = Vec::with_capacity(known.len());
+        for (k, f, _) in known {
+            let answer = if crate::long_key::is_long(k) {
+                read_fields(conn, k, std::slice::from_ref(f)).await?.1
+            } else {
+                short.next().unwrap_or_default()
+            };
+            out.push(answer.first().copied().unwrap_or(-2));
+        }
+        Ok(out)
     }
 
     /// Walks every hash the `hexpired` rules' key patterns may name (paced `SCAN … TYPE hash`).
@@ -651,7 +778,8 @@ impl FieldLedger {
                             !k.starts_with(self.inner.prefix.as_bytes()) && config.wants_hash(db, k)
                         }) {
                             hashes += 1;
-                            if !self.learn(db, k, config, per_second, tx).await? {
+                            let hash = Hash::of(k.clone().into());
+                            if !self.learn(db, &hash, config, per_second, tx).await? {
                                 return Ok(hashes);
                             }
                         }
@@ -845,15 +973,16 @@ impl FieldLedger {
             let Some(((db, key), change)) = next else {
                 break;
             };
+            let hash = Hash::of(key);
             let done = match change {
-                Change::Learn => self.learn(db, &key, &config, pace, tx).await,
-                Change::Check => self.check(db, &key, pace, tx).await,
+                Change::Learn => self.learn(db, &hash, &config, pace, tx).await,
+                Change::Check => self.check(db, &hash, pace, tx).await,
             };
             match done {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
                 Err(e) => {
-                    self.notice(db, key, change);
+                    self.notice(db, hash.key, change);
                     return Err(e);
                 }
             }
@@ -910,10 +1039,20 @@ impl FieldLedger {
             .between(state, i64::MIN, until_ms, &mut None, limit)
             .await?;
         rows.truncate(limit);
-        Ok(rows
-            .into_iter()
-            .filter_map(|(m, d)| split(&m).map(|(k, f)| (k, f, d)))
-            .collect())
+        let mut out = Vec::with_capacity(rows.len());
+        for (m, d) in rows {
+            let Some((hash, f)) = split(&m) else {
+                continue;
+            };
+            let key = match hash {
+                HashId::Bytes(key) => Some(key),
+                HashId::Long { len, sha256 } => {
+                    store::name(state, prefix, db, len, &sha256).await?
+                }
+            };
+            out.extend(key.map(|k| (k, f, d)));
+        }
+        Ok(out)
     }
 }
 
@@ -937,6 +1076,80 @@ fn was_taken(known: &[(Vec<u8>, i64)], now: &[(i64, i64)]) -> bool {
 /// cluster perhaps on another node), so a field may expire between the two. Gone earlier, it was
 /// deleted.
 const SKEW_MS: i64 = 5;
+
+/// Splits hashes by the length of their names: the short ones, named by their bytes, and the
+/// long ones, each read and worked on in turn (`FieldLedger::resolve`).
+#[allow(clippy::type_complexity)]
+fn by_name_length(
+    by_hash: BTreeMap<HashId, Vec<(Vec<u8>, i64)>>,
+) -> (
+    Vec<(Hash, Vec<(Vec<u8>, i64)>)>,
+    Vec<(HashId, Vec<(Vec<u8>, i64)>)>,
+) {
+    let mut short = Vec::new();
+    let mut long = Vec::new();
+    for (id, fs) in by_hash {
+        match id {
+            HashId::Bytes(key) if !crate::long_key::is_long(&key) => short.push((
+                Hash {
+                    key: key.clone().into(),
+                    id: HashId::Bytes(key),
+                },
+                fs,
+            )),
+            id => long.push((id, fs)),
+        }
+    }
+    (short, long)
+}
+
+/// The deadlines of `fields` of hash `key` (`-2` gone, `-1` none) and the server's time just
+/// before they were read. A long name goes on a connection of its own, after `TIME` on the
+/// shared one (docs/reliability.md#bounded-whatever-the-key).
+async fn read_fields(
+    conn: &Conn,
+    key: &[u8],
+    fields: &[Vec<u8>],
+) -> redis::RedisResult<(i64, Vec<i64>)> {
+    if !crate::long_key::is_long(key) {
+        let mut read = redis::cmd("HPEXPIRETIME");
+        read.arg(key).arg("FIELDS").arg(fields.len()).arg(fields);
+        let (at, mut answers) = timed(conn, vec![read]).await?;
+        return Ok((at, answers.pop().unwrap_or_default()));
+    }
+    let (at, _) = timed(conn, Vec::new()).await?;
+    let n = fields.len().to_string();
+    let mut args: Vec<&[u8]> = vec![b"HPEXPIRETIME", key, b"FIELDS", n.as_bytes()];
+    args.extend(fields.iter().map(Vec::as_slice));
+    let answer = conn.direct(&args).await?;
+    Ok((at, redis::from_redis_value(answer)?))
+}
+
+/// One page of `HSCAN key cursor COUNT PAGE NOVALUES`: the next cursor and the fields; a long
+/// name on a connection of its own.
+async fn hscan_page(
+    conn: &Conn,
+    key: &[u8],
+    cursor: u64,
+) -> redis::RedisResult<(u64, Vec<Vec<u8>>)> {
+    let (cursor, page) = (cursor.to_string(), PAGE.to_string());
+    let args: [&[u8]; 6] = [
+        b"HSCAN",
+        key,
+        cursor.as_bytes(),
+        b"COUNT",
+        page.as_bytes(),
+        b"NOVALUES",
+    ];
+    if crate::long_key::is_long(key) {
+        return Ok(redis::from_redis_value(conn.direct(&args).await?)?);
+    }
+    let mut cmd = redis::cmd("HSCAN");
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut conn.clone()).await
+}
 
 /// Runs `reads` after `TIME` (in one pipeline on a node): the server's time (unix ms) just
 /// before they ran, and their answers.
@@ -1019,10 +1232,39 @@ mod tests {
             (b"", b""),
             (b"\xff\n", b"12:x"),
         ] {
-            assert_eq!(split(&member(k, f)), Some((k.to_vec(), f.to_vec())));
+            let hash = HashId::of(k);
+            assert_eq!(split(&member(&hash, f)), Some((hash, f.to_vec())));
         }
         assert_eq!(split(b"9:ab"), None);
         assert_eq!(split(b"x:ab"), None);
+    }
+
+    /// A long hash's members and index name it by its SHA-256, whatever its length; a field
+    /// after it keeps any bytes, `#` and digits included; a member an earlier keywatch wrote
+    /// with a long name whole still reads back.
+    #[test]
+    fn a_long_hash_is_named_by_its_hash_in_members_and_index() {
+        let key = vec![b'k'; crate::long_key::EXACT + 1];
+        let hash = HashId::of(&key);
+        let HashId::Long { len, sha256 } = &hash else {
+            panic!("{hash:?}")
+        };
+        assert_eq!(*len, key.len());
+        for f in [&b""[..], b"f1", b"#12:x", b"\xff"] {
+            let m = member(&hash, f);
+            assert!(m.len() < 100 + f.len(), "{}", m.len());
+            assert_eq!(split(&m), Some((hash.clone(), f.to_vec())));
+        }
+        assert_eq!(
+            store::index("kw:", 3, &hash),
+            format!("kw:fields:3:hl:{sha256}").into_bytes()
+        );
+        let other = HashId::of(&vec![b'j'; crate::long_key::EXACT + 1]);
+        assert_ne!(member(&hash, b"f"), member(&other, b"f"));
+        let old = HashId::Bytes(key.clone());
+        assert_eq!(split(&member(&old, b"f")), Some((old, b"f".to_vec())));
+        assert_eq!(split(b"5#abc"), None, "too short for a SHA-256");
+        assert_eq!(split(&[b"5#".to_vec(), vec![b'z'; 64]].concat()), None);
     }
 
     #[test]

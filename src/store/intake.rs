@@ -365,9 +365,19 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "hget", SCRIPT)
             .on(Keys::State("fields:*:h:*"), Access::Read)
             .args("{key} f"),
+        Use::new(Server::State, "hget", SCRIPT)
+            .on(Keys::State("fields:*:hl:*"), Access::Read)
+            .args("{key} f"),
         Use::new(Server::State, "hdel", SCRIPT)
             .on(Keys::State("fields:*"), Access::ReadWrite)
             .args("{key} f"),
+        // A long hash's name leaves with the last field of its index.
+        Use::new(Server::State, "hlen", SCRIPT)
+            .on(Keys::State("fields:*:hl:*"), Access::Read)
+            .args("{key}"),
+        Use::new(Server::State, "del", SCRIPT)
+            .on(Keys::State("fields:*:name:*"), Access::Write)
+            .args("{key}"),
     ]
 }
 

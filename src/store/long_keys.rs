@@ -150,6 +150,11 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("fields:*:copy:*"), Access::Read)
             .args("{key} 0 1")
             .when(When::Fields),
+        // A long hash's name, `store::fields::name`.
+        Use::new(Server::State, "getrange", "field ledger: a long hash's name, a MiB at a time")
+            .on(Keys::State("fields:*:name:*"), Access::Read)
+            .args("{key} 0 1")
+            .when(When::Fields),
     ]
 }
 

@@ -649,3 +649,181 @@ rules:
     assert_eq!(fields, ["someone"]);
     daemon.stop();
 }
+
+/// A rule on every field of hashes `long:…` (`hexpired`), to the webhook of `http`.
+fn field_rules(http: &HttpReceiver) -> String {
+    format!(
+        r#"
+channels:
+  hook: {{ type: webhook, url: "{hook}" }}
+rules:
+  - name: long
+    match: "long:{{id}}"
+    field: "{{f}}"
+    on: [hexpired]
+    notify: {{ to: [hook] }}
+"#,
+        hook = http.url_for("/hook")
+    )
+}
+
+/// A Valkey (hash-field expiry) with the flags `hexpired` rules need, whose subscribers may fall
+/// 64 MB behind (as [`long_key_server`]).
+fn field_server() -> common::RedisServerBuilder {
+    common::RedisServer::builder()
+        .binary(common::tools::valkey_server_bin())
+        .notify_keyspace_events("Exgh")
+        .config("client-output-buffer-limit", "pubsub 256mb 64mb 60")
+}
+
+/// A hash of a 16 MB name with twenty fields that expire together (`hexpired`, Valkey): each
+/// field alerted once, keywatch within the bound, the field ledger keeps the name once in Redis
+/// (not once per field, in every member and in the index's name), and nothing of it is left
+/// once every field is taken.
+#[test]
+fn a_16_mb_hash_s_expiring_fields_stay_within_the_bound() {
+    let http = services();
+    let yaml = field_rules(&http);
+    let redis = field_server().start();
+    let daemon = Daemon::launch(redis, Rules::new(&yaml), Logs::Json, &[]);
+    let idle = idle_rss(&daemon.process);
+    let mut conn = daemon.conn();
+    let used = |conn: &mut redis::Connection| -> f64 {
+        let info: String = redis::cmd("INFO").arg("memory").query(conn).unwrap();
+        let n: f64 = info
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        n / (1 << 20) as f64
+    };
+    let key = format!("long:{}", "k".repeat(16 << 20));
+    let fields: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
+    let mut pipe = redis::pipe();
+    for f in &fields {
+        pipe.cmd("HSET").arg(&key).arg(f).arg("v").ignore();
+    }
+    let () = pipe.query(&mut conn).unwrap();
+    let before = used(&mut conn);
+    let _: Vec<i64> = redis::cmd("HPEXPIRE")
+        .arg(&key)
+        .arg(3000)
+        .arg("FIELDS")
+        .arg(fields.len())
+        .arg(&fields)
+        .query(&mut conn)
+        .unwrap();
+    common::wait_until("the field ledger learnt every field", PATIENCE, || {
+        common::ledger::fields(&mut conn, "keywatch:").len() == fields.len()
+    });
+    let learnt = used(&mut conn);
+    println!("redis used_memory: {before:.1} MiB before, {learnt:.1} once learnt");
+    let requests = delivered(&daemon.process, &http, fields.len());
+    let mut alerted: Vec<String> = requests
+        .iter()
+        .map(|r| r.json()["field"].as_str().unwrap_or_default().to_string())
+        .collect();
+    alerted.sort();
+    let mut want = fields.clone();
+    want.sort();
+    assert_eq!(alerted, want, "each field alerted once");
+    peak_within_bound("hash fields", &daemon.process, idle);
+    // The hash's name once (16 MiB), not once per field and again in its index's name.
+    assert!(
+        learnt - before < 20.0,
+        "{:.1} MiB more in Redis",
+        learnt - before
+    );
+    common::wait_until("the field ledger let go of the hash", PATIENCE, || {
+        let left: Vec<Vec<u8>> = redis::cmd("KEYS")
+            .arg("keywatch:fields:0:*")
+            .query(&mut conn)
+            .unwrap();
+        left.iter().all(|k| k.ends_with(b":minutes"))
+    });
+    daemon.stop();
+}
+
+/// Upgrading from a keywatch whose field ledger named a long hash by its bytes (in every member
+/// and in its index's name): the new instance moves it to its SHA-256 when the fields come due,
+/// so that a field gone while no instance ran is recovered and one still to come fires on time,
+/// each once, and nothing of the old naming is left.
+#[test]
+fn a_long_hash_an_earlier_keywatch_named_by_its_bytes_is_moved_without_losing_a_field() {
+    let http = services();
+    let yaml = field_rules(&http);
+    let redis = field_server().start();
+    let mut conn = redis.conn();
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut conn).unwrap();
+    let now = s * 1000 + us / 1000;
+    let key = format!("long:{}", "k".repeat(70_000));
+    let mut old = redis::pipe();
+    for (field, deadline) in [("gone", now - 2_000), ("soon", now + 3_000)] {
+        let second = deadline / 1000;
+        old.cmd("HSET")
+            .arg(format!("keywatch:fields:0:at:{second}:long"))
+            .arg(format!("{}:{key}{field}", key.len()))
+            .arg(deadline - second * 1000)
+            .ignore();
+        old.cmd("ZADD")
+            .arg("keywatch:fields:0:minutes")
+            .arg("LT")
+            .arg(deadline)
+            .arg(second / 60)
+            .ignore();
+        old.cmd("HSET")
+            .arg(format!("keywatch:fields:0:h:{key}"))
+            .arg(field)
+            .arg(deadline)
+            .ignore();
+    }
+    old.cmd("HSET").arg(&key).arg("soon").arg("v").ignore();
+    old.cmd("HPEXPIREAT")
+        .arg(&key)
+        .arg(now + 3_000)
+        .arg("FIELDS")
+        .arg(1)
+        .arg("soon")
+        .ignore();
+    let () = old.query(&mut conn).unwrap();
+    let daemon = Daemon::launch(redis, Rules::new(&yaml), Logs::Json, &[]);
+    let requests = delivered(&daemon.process, &http, 2);
+    common::wait_no_work_left(&mut conn);
+    let mut alerted: Vec<(String, bool)> = http
+        .requests()
+        .iter()
+        .map(|r| {
+            let j = r.json();
+            (
+                j["field"].as_str().unwrap_or_default().to_string(),
+                j["recovered"].as_bool().unwrap_or_default(),
+            )
+        })
+        .collect();
+    alerted.sort();
+    assert_eq!(
+        alerted,
+        [("gone".to_string(), true), ("soon".to_string(), false)],
+        "{} requests",
+        requests.len()
+    );
+    // The minutes' set, and the poker's copies of due long members, which live a minute.
+    let left: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("keywatch:fields:0:*")
+        .query(&mut conn)
+        .unwrap();
+    let lasting = |k: &Vec<u8>| {
+        let ttl: i64 = redis::cmd("PTTL").arg(k).query(&mut conn).unwrap();
+        !k.ends_with(b":minutes") && ttl < 0
+    };
+    assert!(
+        !left.iter().any(lasting),
+        "left: {:?}",
+        left.iter()
+            .map(|k| String::from_utf8_lossy(&k[..k.len().min(40)]).into_owned())
+            .collect::<Vec<_>>()
+    );
+    daemon.stop();
+}

@@ -33,8 +33,11 @@ local pre = ARGV[13]
 local window = tonumber(ARGV[14])
 local late = tonumber(ARGV[15])
 local slack = tonumber(ARGV[16])
--- The field ledger's hashes (without their second).
+-- The field ledger's hashes (without their second), and from them the start of the index of a
+-- hash with a long name and of where that name is kept (`store/fields.rs`).
 local field_pre = ARGV[17]
+local field_base = string.sub(field_pre, 1, #field_pre - 4)
+local long_index = field_base .. ':hl:'
 -- The places (comma separated) of the arguments below that name where a long key is kept
 -- (`store/long_keys.rs`) instead of carrying it: read here, so that a key of megabytes crosses
 -- to Redis once, in chunks, not again in this script's arguments
@@ -342,6 +345,10 @@ for i = 1, n do
       if s and tonumber(s) <= due_limit then
         redis.call('HDEL', extra, given)
         redis.call('HDEL', bucket(field_pre, math.floor(tonumber(s) / 1000), key), key)
+        -- A long hash's name leaves with its last field (`store/fields/write.lua`).
+        if string.sub(extra, 1, #long_index) == long_index and redis.call('HLEN', extra) == 0 then
+          redis.call('DEL', field_base .. ':name:' .. string.sub(extra, #long_index + 1))
+        end
         if m == B_F then won(i, s) end
       end
     elseif m == B_W then
