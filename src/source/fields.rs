@@ -292,12 +292,15 @@ impl FieldLedger {
                             .into_keys()
                             .map(|f| (f, None))
                             .collect();
-                        tracing::warn!(
-                            db,
-                            sha256 = %sha256,
-                            fields = forget.len(),
-                            "Field ledger: the name of a long hash is gone; its fields are forgotten."
-                        );
+                        // None left: the take of its last field deleted it meanwhile.
+                        if !forget.is_empty() {
+                            tracing::warn!(
+                                db,
+                                sha256 = %sha256,
+                                fields = forget.len(),
+                                "Field ledger: the name of a long hash is gone; its fields are forgotten."
+                            );
+                        }
                         let empty = bytes::Bytes::new();
                         store::write(
                             &mut self.state(),
