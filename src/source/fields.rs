@@ -252,11 +252,8 @@ impl FieldLedger {
     async fn resolve(&self, db: u32, id: HashId) -> redis::RedisResult<Option<Hash>> {
         match id {
             HashId::Bytes(key) if crate::long_key::is_long(&key) => {
-                let old = HashId::Bytes(key);
+                let old = HashId::Bytes(key.clone());
                 let known: Vec<(Vec<u8>, i64)> = self.known(db, &old).await?.into_iter().collect();
-                let HashId::Bytes(key) = old.clone() else {
-                    unreachable!("matched above")
-                };
                 let hash = Hash::of(key.into());
                 let moved: Vec<_> = known.iter().map(|(f, d)| (f.clone(), Some(*d))).collect();
                 self.write(db, &hash, &moved).await?;
