@@ -1,7 +1,7 @@
 //! The hasher of keywatch's in-memory tables keyed by Redis keys on a fill's path: the ledger's
-//! index of every tracked key, the deadlines a fill holds back, a page's keys
-//! (docs/performance.md#learning-a-big-keyspace). std's SipHash was 13 % of a fill's CPU at
-//! 10 M keys; foldhash (hashbrown's own default) is several times cheaper on short keys.
+//! index of every tracked key, the deadlines a fill holds back, a page's keys. std's SipHash was
+//! 10–13 % of a fill's CPU at 10 M keys; foldhash (hashbrown's own default) is several times
+//! cheaper on short keys (docs/performance.md#the-fills-own-cpu-the-indexs-parts-foldhash-42).
 //!
 //! Anyone who can write a key chooses its name, so the tables must not be made to collide by a
 //! chosen keyspace: the hash is seeded at random per process, as std's is, and from the same

@@ -17,7 +17,8 @@
 //! compares first (hashbrown's control byte) and its low bits where an entry goes, so the part a
 //! key is in is taken from neither: with the part from the top bits, as it was, every key of a
 //! part shared 6 of the control byte's 7 bits, and a lookup compared about half the entries of
-//! each group it probed, in cache lines of their own (docs/performance.md#learning-a-big-keyspace).
+//! each group it probed, in cache lines of their own
+//! (docs/performance.md#the-fills-own-cpu-the-indexs-parts-foldhash-42).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};
