@@ -85,6 +85,7 @@ pub mod engine;
 pub mod event;
 pub mod firing;
 pub(crate) mod internal_events;
+pub(crate) mod key_hash;
 pub mod keyspace;
 pub mod links;
 pub mod local_redis;

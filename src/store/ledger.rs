@@ -423,7 +423,7 @@ pub struct Deadlines {
     /// to their seconds' hashes with plain writes. The mark never goes back before the hour is
     /// refined, and a refined hour's writes go to its seconds anyway, so this may be stale
     /// without harm (docs/how-it-works.md#dense-hours).
-    dense_hours: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<(u32, i64)>>>,
+    dense_hours: std::sync::Arc<std::sync::Mutex<crate::key_hash::HashSet<(u32, i64)>>>,
 }
 
 /// One deadline to record: the key, its deadline as `PEXPIRETIME` answered (-1: no TTL, -2:
@@ -619,7 +619,7 @@ impl Deadlines {
             .collect()
     }
 
-    fn dense_hours(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(u32, i64)>> {
+    fn dense_hours(&self) -> std::sync::MutexGuard<'_, crate::key_hash::HashSet<(u32, i64)>> {
         self.dense_hours.lock().unwrap_or_else(|p| p.into_inner())
     }
 

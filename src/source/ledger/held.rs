@@ -13,7 +13,9 @@
 //! before that held past it: they are written before its walk (`Ledger::settle`), and a page
 //! read before it is written at once, as without holding.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+
+use crate::key_hash::{HashMap as KeyMap, HashSet as KeySet};
 use std::time::{Duration, Instant};
 
 /// How many deadlines a fill holds before writing them: at 10 M keys over a day (25 dense hours,
@@ -35,14 +37,14 @@ pub type Taken = (u32, Vec<(Vec<u8>, i64)>);
 /// What a fill holds back (see the module).
 #[derive(Default)]
 pub struct Held {
-    by_db: HashMap<u32, HashMap<Vec<u8>, i64>>,
+    by_db: HashMap<u32, KeyMap<Vec<u8>, i64>>,
     len: usize,
     /// When the oldest deadline still held was.
     since: Option<Instant>,
     /// Flushes under way.
     flushing: usize,
     /// Keys a later word dropped while a flush was under way: the flush skips them.
-    cancelled: HashSet<(u32, Vec<u8>)>,
+    cancelled: KeySet<(u32, Vec<u8>)>,
 }
 
 impl Held {

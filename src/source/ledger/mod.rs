@@ -260,7 +260,8 @@ impl Ledger {
         let index = &self.inner.index;
         // A key given twice keeps its last deadline, as if each were written in turn: the
         // script must not leave one in each of two seconds.
-        let mut last: HashMap<&[u8], usize> = HashMap::with_capacity(keys.len());
+        let mut last: crate::key_hash::HashMap<&[u8], usize> =
+            HashMap::with_capacity_and_hasher(keys.len(), Default::default());
         for (i, k) in keys.iter().enumerate() {
             last.insert(k.as_slice(), i);
         }
