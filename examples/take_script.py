@@ -2,8 +2,11 @@
 # this worktree's script and for the same script at other git revisions, alternating, on a
 # throwaway redis-server (docs/performance.md#mass-expiry). Every batch is 1,024 live expiries
 # (`M`: key, second, place) of keys whose deadlines share one second of a ledger holding all of
-# them, as `src/store/intake.rs` sends them in a storm. Redis's CPU is `INFO cpu` around the
-# batches. The first round checks that every script answers and writes the same, byte for byte.
+# them, as `src/store/intake.rs` sends them in a storm: this worktree's script with the events'
+# lines written beside it in one transaction (`MULTI`, `HSET … ID:b`, `EVALSHA`, `EXEC`: see
+# `LINES_APART`), a revision's as that revision sent them. Redis's CPU is `INFO cpu` around the
+# batches. The first round checks that every script answers and writes the same, byte for byte
+# (a record whose lines were kept apart compared as the one record they make).
 #
 # Usage: python3 examples/take_script.py [--rev REV]... [--batches 98] [--rounds 5]
 # No Python package needed: it speaks RESP itself.
@@ -71,6 +74,24 @@ class Conn:
         raise RuntimeError(f"unexpected reply {line!r}")
 
 
+# `src/store/intake.rs`: a batch's lines at least this long are written beside the script.
+LINES_APART = 8 * 1024
+
+
+def records(flat):
+    """The intake's records, each as one record: one that names only the events won (`S`) joined
+    with the lines its take kept apart (`ID:b`), as the take-over reads it."""
+    h = dict(zip(flat[::2], flat[1::2]))
+    out = []
+    for f, v in h.items():
+        if f.endswith(b":b"):
+            continue
+        if v.startswith(b"S\n"):
+            v = b"C\n" + v[2:] + b"\n" + h[f + b":b"]
+        out.append((f, v))
+    return sorted(out)
+
+
 def main():
     revs = [a for i, a in enumerate(sys.argv) if i > 0 and sys.argv[i - 1] == "--rev"]
     batches, rounds, size = int(arg("--batches", 98)), int(arg("--rounds", 5)), 1024
@@ -98,27 +119,35 @@ def main():
                 calls = []
                 for b in range(batches):
                     ks = keys[b * size:(b + 1) * size]
-                    blob = "\n".join('{"kind":"expired","db":0,"key":"%s","observed_ms":%d,"source":"x"}' % (k, now_ms) for k in ks)
+                    blob = "\n".join('{"kind":"expired","db":0,"key":"%s","observed_ms":%d,"ttl_ms":null,"recovered":false,"source":"127.0.0.1:6379","rule":null,"attempt":0,"failing_since":null}' % (k, now_ms) for k in ks)
                     events = []
                     for j, k in enumerate(ks):
                         events += [k, second, "00c0ffee00c0ffee:1"]
-                    calls.append(enc(["EVALSHA", sha, 6, f"{P}ledger:0:minutes", f"{P}ledger:0:poked", f"{P}ledger:0:poked-deadline",
-                                      f"{P}intake", f"{P}intake:events", f"{P}fields:0:minutes", now_ms, now_ms + 2000, 10,
-                                      now_ms + 30000, "me", f"{P}ledger:0:handled:", f"{P}claim:", f"{P}claims:", 0, f"b:{b}",
-                                      blob, "M" * size, f"{P}ledger:0:at:", 60000, 55000, 100, f"{P}fields:0:at:", ""] + events))
+                    apart = name == "this worktree" and len(blob) >= LINES_APART
+                    call = enc(["EVALSHA", sha, 6, f"{P}ledger:0:minutes", f"{P}ledger:0:poked", f"{P}ledger:0:poked-deadline",
+                                f"{P}intake", f"{P}intake:events", f"{P}fields:0:minutes", now_ms, now_ms + 2000, 10,
+                                now_ms + 30000, "me", f"{P}ledger:0:handled:", f"{P}claim:", f"{P}claims:", 0, f"b:{b}",
+                                "" if apart else blob, "M" * size, f"{P}ledger:0:at:", 60000, 55000, 100, f"{P}fields:0:at:", ""] + events)
+                    if apart:
+                        call = enc(["MULTI"]) + enc(["HSET", f"{P}intake:events", f"b:{b}:b", blob]) + call + enc(["EXEC"])
+                    calls.append((apart, call))
                 cpu = lambda: sum(float(l.split(":")[1]) for l in r.call("INFO", "cpu").decode().split("\r\n") if l.startswith(("used_cpu_user:", "used_cpu_sys:")))
                 before = cpu()
                 answers = []
-                for c in calls:
+                for apart, c in calls:
                     r.s.sendall(c)
-                    answers.append(r.read())
+                    if apart:
+                        r.read(), r.read(), r.read()
+                        answers.append(r.read()[1])
+                    else:
+                        answers.append(r.read())
                 us = (cpu() - before) * 1e6 / (batches * size)
                 per_event[name].append(us)
                 print(f"round {rnd + 1}: {name}: {us:.2f} µs of Redis CPU per event", flush=True)
                 if rnd == 0:
                     minute = now_ms // 60000
                     state = (answers, sorted(r.call("HGETALL", f"{P}ledger:0:handled:{minute}")),
-                             sorted(r.call("HGETALL", f"{P}intake:events")), r.call("ZRANGE", f"{P}intake", 0, -1, "WITHSCORES"),
+                             records(r.call("HGETALL", f"{P}intake:events")), r.call("ZRANGE", f"{P}intake", 0, -1, "WITHSCORES"),
                              sorted(r.call("KEYS", "*")))
                     if reference is None:
                         reference = state

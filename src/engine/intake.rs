@@ -222,10 +222,14 @@ fn decode(stored: &str) -> Result<(Record, Arc<str>), String> {
 /// One event of a stored record: its id within the record, the record, its JSON as stored.
 type Stored = (String, Record, Arc<str>);
 
-/// The events of the record stored as `id`.
-fn decode_stored(id: &str, stored: &str) -> Result<Vec<Stored>, String> {
+/// The events of the record stored as `id`; `apart`: the lines its take kept apart (see
+/// [`crate::store::intake::LINES_APART`]), for a record that names only the events won (`S`).
+fn decode_stored(id: &str, stored: &str, apart: &str) -> Result<Vec<Stored>, String> {
     if let Some(rest) = stored.strip_prefix("C\n") {
         return decode_taken(rest);
+    }
+    if let Some(won) = stored.strip_prefix("S\n") {
+        return decode_taken(&format!("{won}\n{apart}"));
     }
     let Some(lines) = stored.strip_prefix("B\n") else {
         let (r, json) = decode(stored)?;
@@ -569,11 +573,11 @@ impl Intake {
     /// A record that no longer decodes is cleared with an error in the log: it can never be run.
     pub async fn take_over(&self, max: usize) -> redis::RedisResult<Vec<Taken>> {
         let now = clock::now_ms();
-        let pairs = self.store.take_over(now, max).await?;
+        let triples = self.store.take_over(now, max).await?;
         let mut out = Vec::new();
         let mut broken = Vec::new();
-        for pair in pairs.chunks_exact(2) {
-            let decoded = match decode_stored(&pair[0], &pair[1]) {
+        for pair in triples.chunks_exact(3) {
+            let decoded = match decode_stored(&pair[0], &pair[1], &pair[2]) {
                 Ok(events) => self.whole_keys(events).await?,
                 Err(e) => Err(e),
             };
@@ -788,11 +792,7 @@ mod tests {
         let t = taken[0].as_ref().expect("taken");
         assert_eq!(t.record.key, long, "the taker keeps the exact key");
         let mut c = conn.clone();
-        let stored: Vec<String> = redis::cmd("HVALS")
-            .arg("kw:intake:events")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let stored: Vec<String> = records(&conn, "HVALS").await;
         assert!(
             stored[0].len() < 4096,
             "the record holds the cut view: {} bytes",
@@ -813,12 +813,67 @@ mod tests {
             .await
             .unwrap();
         assert!(a.take_over(10).await.unwrap().is_empty());
-        let left: usize = redis::cmd("HLEN")
-            .arg("kw:intake:events")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let left: usize = records(&conn, "HLEN").await;
         assert_eq!(left, 0);
+    }
+
+    /// `COMMAND kw:intake:events` (`HKEYS`, `HVALS`, `HLEN`): the intake's records as stored.
+    async fn records<T: redis::FromRedisValue>(conn: &Conn, command: &str) -> T {
+        redis::cmd(command)
+            .arg("kw:intake:events")
+            .query_async(&mut conn.clone())
+            .await
+            .unwrap()
+    }
+
+    /// A storm's batch keeps its events' lines apart from the record (`ID:b`, written beside the
+    /// take script: Redis's Lua hashes every byte it is given): a taker after a crash gets every
+    /// event won with its deadline, a take that wins nothing leaves no lines behind, and
+    /// clearing the record takes its lines with it.
+    #[tokio::test]
+    async fn a_storms_lines_kept_apart_come_back_with_its_record_and_go_with_it() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let events: Vec<KeyEvent> = (0..300)
+            .map(|i| {
+                let mut e = expired(0, format!("delay:task:{i}").as_bytes());
+                e.kind = EventKind::Deleted;
+                e.deadline = chrono::DateTime::from_timestamp_millis(4_000 + i);
+                e
+            })
+            .collect();
+        let batch: Vec<(&KeyEvent, Mode)> = events.iter().map(|e| (e, Mode::Plain)).collect();
+        let a = Intake::new(conn.clone(), "kw:", "a");
+        let taken = a.take(0, &batch).await.unwrap();
+        assert!(taken.iter().all(Option::is_some), "every event is won");
+        let id = taken[0].as_ref().unwrap().id.clone();
+        let fields: Vec<String> = records(&conn, "HKEYS").await;
+        assert_eq!(
+            fields.len(),
+            2,
+            "the record and its lines apart: {fields:?}"
+        );
+        assert!(fields.contains(&format!("{id}:b")), "{fields:?}");
+        // Taken again by another instance: nothing is won, and nothing is left behind.
+        let b = Intake::new(conn.clone(), "kw:", "b");
+        let again = b.take(0, &batch).await.unwrap();
+        assert!(again.iter().all(Option::is_none));
+        let left: usize = records(&conn, "HLEN").await;
+        assert_eq!(left, 2, "a take that wins nothing keeps no lines");
+        // The taker dies; another takes the record over whole.
+        a.hand_back().await.unwrap();
+        let over = b.take_over(10).await.unwrap();
+        assert_eq!(over.len(), events.len());
+        for (t, e) in over.iter().zip(&events) {
+            assert_eq!(t.id, id);
+            assert_eq!(t.record.key, e.key);
+            assert_eq!(
+                t.record.deadline_ms,
+                e.deadline.map(|d| d.timestamp_millis())
+            );
+        }
+        b.clear(std::slice::from_ref(&id)).await.unwrap();
+        let left: usize = records(&conn, "HLEN").await;
+        assert_eq!(left, 0, "the lines go with their record");
     }
 
     #[test]
@@ -874,7 +929,7 @@ mod tests {
         b.rule = Some("warn\tme".into());
         a.remove = Some(Vec::new());
         let stored = encode_batch([("e1", &a), ("e2", &b)]);
-        let back = decode_stored("b:x", &stored).unwrap();
+        let back = decode_stored("b:x", &stored, "").unwrap();
         assert_eq!(back.len(), 2);
         assert_eq!(back[0].0, "e1");
         assert_eq!(back[0].1.event(), a.event());
@@ -883,11 +938,11 @@ mod tests {
         assert_eq!(back[1].1.deadline_ms, None);
         assert_eq!(back[1].1.rule.as_deref(), Some("warn\tme"));
         // A record of one event (a retry's) is its own event.
-        let one = decode_stored("e3", &encode(&a)).unwrap();
+        let one = decode_stored("e3", &encode(&a), "").unwrap();
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].0, "e3");
         assert_eq!(one[0].1.event(), a.event());
-        assert!(decode_stored("b:y", "B\nno tabs here").is_err());
+        assert!(decode_stored("b:y", "B\nno tabs here", "").is_err());
     }
 
     /// An `expired` of `key` observed at 5 s, without a deadline.
@@ -914,13 +969,13 @@ mod tests {
             .map(|r| serde_json::to_string(r).unwrap())
             .collect::<Vec<_>>()
             .join("\n");
-        let back = decode_stored("b:z", &format!("C\n1:4990,3:\n{blob}")).unwrap();
+        let back = decode_stored("b:z", &format!("C\n1:4990,3:\n{blob}"), "").unwrap();
         let got: Vec<(&str, &[u8], Option<i64>)> = back
             .iter()
             .map(|(id, r, _)| (id.as_str(), &r.key[..], r.deadline_ms))
             .collect();
         assert_eq!(got, [("1", &b"a"[..], Some(4990)), ("3", &b"c"[..], None)]);
-        assert!(decode_stored("b:z", &format!("C\n4:1\n{blob}")).is_err());
+        assert!(decode_stored("b:z", &format!("C\n4:1\n{blob}"), "").is_err());
     }
 
     #[test]
@@ -951,7 +1006,7 @@ mod tests {
         let stored = encode_removals([(&a, ra.as_slice()), (&b, rb.as_slice())]);
         // The events' JSON is in the record as it was taken, byte for byte.
         assert!(stored.contains(&*a.json) && stored.contains(&*b.json));
-        let back = decode_stored("b:1", &stored).unwrap();
+        let back = decode_stored("b:1", &stored, "").unwrap();
         let got: Vec<(&str, Option<i64>, u32, &Option<Vec<_>>)> = back
             .iter()
             .map(|(id, r, _)| (id.as_str(), r.deadline_ms, r.attempt, &r.remove))
@@ -966,7 +1021,7 @@ mod tests {
         assert_eq!(back[0].1.event(), a.record.event());
         assert_eq!(back[1].1.key, &b"*"[..]);
         assert_eq!(&*back[0].2, &*a.json);
-        assert!(decode_stored("b:1", "B\n1\t\t{}\tnot json").is_err());
+        assert!(decode_stored("b:1", "B\n1\t\t{}\tnot json", "").is_err());
     }
 
     #[test]

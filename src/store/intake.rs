@@ -2,7 +2,9 @@
 //!
 //! - `{prefix}intake`, a sorted set: the intake records, scored by the end of their lease (or
 //!   by when a record waiting for a retry comes due); `{prefix}intake:events`, a hash: each
-//!   record's events (the codec is the engine's, [`crate::engine`]).
+//!   record's events (the codec is the engine's, [`crate::engine`]); a take's batch whose lines
+//!   are longer than [`LINES_APART`] keeps them in a field of their own, `ID:b`, written before
+//!   the take script in the same transaction.
 //! - `{prefix}claim:ID` (`SET NX PX 5000`): the claim of an event without a known deadline
 //!   that has no place in its node's stream (`crate::source::places`); `{prefix}claims:at:MARK`,
 //!   hashes (`HSETNX`): the claims of those that have one, one hash per mark, dropped ten
@@ -29,6 +31,12 @@ pub const WINDOW_MS: i64 = 60_000;
 /// [`WINDOW_MS`], less a margin for the instances' clock estimates.
 const LATE_MS: i64 = WINDOW_MS - 5_000;
 
+/// A batch's event lines at least this long are written beside the take script (`ID:b`, in its
+/// transaction) rather than passed through it: Redis's Lua hashes every byte of every string it
+/// makes, so a storm's 200 KB of lines cost it twice that in hashing (the argument, and the
+/// record joined from it), a sixth of the script (docs/performance.md#mass-expiry).
+pub const LINES_APART: usize = 8 * 1024;
+
 /// Puts a record back, due later, if it is still there.
 const RETRY: &str = include_str!("intake/retry.lua");
 /// Takes over records whose lease ended.
@@ -47,6 +55,11 @@ pub fn warned(prefix: &str, db: u32, rule: &str, deadline_ms: i64, key: &[u8]) -
     let mut claim = format!("{prefix}warned:{db}:{rule}:{deadline_ms}:").into_bytes();
     claim.extend_from_slice(key);
     claim
+}
+
+/// The fields where the takes of records `ids` may have kept their lines (see [`LINES_APART`]).
+fn lines_apart(ids: &[impl AsRef<str>]) -> Vec<String> {
+    ids.iter().map(|id| format!("{}:b", id.as_ref())).collect()
 }
 
 /// The intake's keys and scripts on the state server.
@@ -99,37 +112,91 @@ impl Records {
     /// (`n` counts from 1; the deadline empty when none is known).
     pub async fn take(&self, batch: &Batch<'_>) -> redis::RedisResult<String> {
         let (p, db) = (self.prefix.as_str(), batch.db);
-        let mut inv = self.take.prepare_invoke();
-        inv.key(ledger::names(p, db).minutes)
-            .key(ledger::poked(p, db))
-            .key(ledger::poked_deadlines(p, db))
-            .key(&self.zset)
-            .key(&self.records)
-            .key(fields::names(p, db).minutes)
-            .arg(batch.now_ms)
-            .arg(batch.due_limit_ms)
-            .arg(handled::HANDLED_MINUTES)
-            .arg(batch.now_ms + lease_ms())
-            .arg(batch.instance)
-            .arg(handled::memory(p, db))
-            .arg(format!("{p}claim:"))
-            .arg(format!("{p}claims:"))
-            .arg(db)
-            .arg(batch.id)
-            .arg(batch.blob)
-            .arg(batch.modes)
-            .arg(ledger::names(p, db).seconds)
-            .arg(WINDOW_MS)
-            .arg(LATE_MS)
-            .arg(ledger::TAKEN_SLACK_MS)
-            .arg(fields::names(p, db).seconds);
+        // A storm's lines go beside the script, not through it (see [`LINES_APART`]).
+        let apart = batch.blob.len() >= LINES_APART;
+        let keys = [
+            ledger::names(p, db).minutes,
+            ledger::poked(p, db),
+            ledger::poked_deadlines(p, db),
+            self.zset.clone(),
+            self.records.clone(),
+            fields::names(p, db).minutes,
+        ];
+        let mut args: Vec<Vec<u8>> = [
+            batch.now_ms.to_string(),
+            batch.due_limit_ms.to_string(),
+            handled::HANDLED_MINUTES.to_string(),
+            (batch.now_ms + lease_ms()).to_string(),
+            batch.instance.to_string(),
+            handled::memory(p, db),
+            format!("{p}claim:"),
+            format!("{p}claims:"),
+            db.to_string(),
+            batch.id.to_string(),
+            if apart {
+                String::new()
+            } else {
+                batch.blob.to_string()
+            },
+            batch.modes.to_string(),
+            ledger::names(p, db).seconds,
+            WINDOW_MS.to_string(),
+            LATE_MS.to_string(),
+            ledger::TAKEN_SLACK_MS.to_string(),
+            fields::names(p, db).seconds,
+        ]
+        .into_iter()
+        .map(String::into_bytes)
+        .collect();
         // The events' arguments start at ARGV[19] (`intake/take.lua`).
         let long: Vec<String> = batch.long.iter().map(|i| (19 + i).to_string()).collect();
-        inv.arg(long.join(","));
-        for a in batch.args {
-            inv.arg(&a[..]);
+        args.push(long.join(",").into_bytes());
+        if !apart {
+            let mut inv = self.take.prepare_invoke();
+            for k in &keys {
+                inv.key(k);
+            }
+            for a in args
+                .iter()
+                .map(Vec::as_slice)
+                .chain(batch.args.iter().map(|a| &a[..]))
+            {
+                inv.arg(a);
+            }
+            return inv.invoke_async(&mut self.conn.clone()).await;
         }
-        inv.invoke_async(&mut self.conn.clone()).await
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(self.take.get_hash()).arg(keys.len()).arg(&keys);
+        for a in args
+            .iter()
+            .map(Vec::as_slice)
+            .chain(batch.args.iter().map(|a| &a[..]))
+        {
+            evalsha.arg(a);
+        }
+        // The lines and the take in one transaction: the script names them in its record, or
+        // drops them when this instance won nothing (or the take fails).
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .cmd("HSET")
+            .arg(&self.records)
+            .arg(format!("{}:b", batch.id))
+            .arg(batch.blob)
+            .ignore()
+            .add_command(evalsha);
+        let mut conn = self.conn.clone();
+        match pipe.query_async::<(String,)>(&mut conn).await {
+            Ok((won,)) => Ok(won),
+            // Redis lost the script (a restart, `SCRIPT FLUSH`): the lines were written; the
+            // same record id writes them again, once the script is loaded.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                self.take.load_async(&mut conn).await?;
+                pipe.query_async::<(String,)>(&mut conn)
+                    .await
+                    .map(|(won,)| won)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Keeps a long key (whose SHA-256 is `sha256`) where the take script and a taker after a
@@ -165,7 +232,8 @@ impl Records {
         Ok(first.first().map(|(_, at)| at.floor() as i64))
     }
 
-    /// Takes over up to `max` records whose lease ended, leased anew: id, record pairs.
+    /// Takes over up to `max` records whose lease ended, leased anew: id, record, lines triples
+    /// (the lines a take kept apart for a record that names only the events won, else empty).
     pub async fn take_over(&self, now_ms: i64, max: usize) -> redis::RedisResult<Vec<String>> {
         self.take_over
             .key(&self.zset)
@@ -177,19 +245,20 @@ impl Records {
             .await
     }
 
-    /// The command that rewrites record `id` to `stored`.
+    /// The command that rewrites record `id` to `stored` (whole: lines its take kept apart stay
+    /// until it is cleared, unread).
     pub fn rewrite(&self, id: &str, stored: &str) -> redis::Cmd {
         let mut c = redis::cmd("HSET");
         c.arg(&self.records).arg(id).arg(stored);
         c
     }
 
-    /// The commands that clear records `ids`.
+    /// The commands that clear records `ids`, with the lines their takes kept apart.
     pub fn clearing(&self, ids: &[&str]) -> [redis::Cmd; 2] {
         let mut z = redis::cmd("ZREM");
         z.arg(&self.zset).arg(ids);
         let mut h = redis::cmd("HDEL");
-        h.arg(&self.records).arg(ids);
+        h.arg(&self.records).arg(ids).arg(lines_apart(ids));
         [z, h]
     }
 
@@ -215,7 +284,7 @@ impl Records {
         pipe.exec_async(&mut self.conn.clone()).await
     }
 
-    /// Clears records `ids`.
+    /// Clears records `ids`, with the lines their takes kept apart.
     pub async fn clear(&self, ids: &[String]) -> redis::RedisResult<()> {
         redis::pipe()
             .cmd("ZREM")
@@ -225,6 +294,7 @@ impl Records {
             .cmd("HDEL")
             .arg(&self.records)
             .arg(ids)
+            .arg(lines_apart(ids))
             .ignore()
             .exec_async(&mut self.conn.clone())
             .await

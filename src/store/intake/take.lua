@@ -18,8 +18,16 @@ local claims_prefix = ARGV[8]
 local db = ARGV[9]
 local batch = ARGV[10]
 -- The events' records, a line each in the order of the events: stored as they are, with a line
--- naming those won, so the script neither copies nor joins them one by one.
+-- naming those won, so the script neither copies nor joins them one by one. Empty: a batch's
+-- lines too long to pass through Lua, which hashes every byte of every string it makes (the
+-- argument, and the record joined from it: about a sixth of the script in a storm); the store
+-- wrote them beforehand, in the same transaction, as the field `batch:b` of the records
+-- (`store/intake.rs`), and the record names only the events won (`S`).
 local blob = ARGV[11]
+local apart = blob == ''
+local function drop_apart()
+  if apart then redis.call('HDEL', KEYS[5], ARGV[10] .. ':b') end
+end
 -- One letter per event, its mode. A live expiry (`L`, `l`) has two arguments, its key and the
 -- second its deadline falls in as the instance's index knows it (empty: not known), or three
 -- (`M`, `m`) with its place in the node's stream (`MARK:N`, see `src/source/places.rs`); a
@@ -45,7 +53,10 @@ local long_index = field_base .. ':hl:'
 for p in string.gmatch(ARGV[18], '%d+') do
   local i = tonumber(p)
   local exact = redis.call('GET', ARGV[i])
-  if not exact then return redis.error_reply('KEYWATCH long key gone: ' .. ARGV[i]) end
+  if not exact then
+    drop_apart()
+    return redis.error_reply('KEYWATCH long key gone: ' .. ARGV[i])
+  end
   ARGV[i] = exact
 end
 local first = 19
@@ -398,7 +409,13 @@ end
 -- One record for every event this instance won: leased, renewed, taken over and cleared as one.
 local won_list = table.concat(won_parts, ',')
 if nw > 0 then
-  redis.call('HSET', KEYS[5], batch, 'C\n' .. won_list .. '\n' .. blob)
+  if apart then
+    redis.call('HSET', KEYS[5], batch, 'S\n' .. won_list)
+  else
+    redis.call('HSET', KEYS[5], batch, 'C\n' .. won_list .. '\n' .. blob)
+  end
   redis.call('ZADD', KEYS[4], lease_end, batch)
+else
+  drop_apart()
 end
 return won_list
