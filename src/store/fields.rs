@@ -201,9 +201,15 @@ async fn keep_name(
     sha256: &str,
 ) -> redis::RedisResult<()> {
     static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    // Unique across instances, whatever host they run on (a process id is not): two uploads of
+    // one name side by side must not append to each other's.
+    static UPLOADER: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        use std::hash::BuildHasher;
+        std::hash::RandomState::new().hash_one(std::process::id())
+    });
     let name = name_key(prefix, db, sha256);
     let n = UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let upload = format!("{name}:up:{}:{n}", std::process::id());
+    let upload = format!("{name}:up:{:016x}:{n}", *UPLOADER);
     let mut conn = state.clone();
     for (i, chunk) in key.chunks(crate::store::long_keys::CHUNK).enumerate() {
         let mut c = redis::cmd(if i == 0 { "SET" } else { "APPEND" });
@@ -321,4 +327,93 @@ crate::keyspace::commands::declare! {
             .args("{key} LT 0 0")
             .when(When::Fields),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn keys(conn: &Conn, pattern: &str) -> Vec<String> {
+        let mut c = conn.clone();
+        let mut k: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        k.sort();
+        k
+    }
+
+    /// A long hash's name is kept once, for good, while its index holds a field: written with
+    /// the first field, left alone by a second, gone with the last; an upload that a crash left
+    /// behind is not taken for it, and a name written again after it went comes back whole.
+    #[tokio::test]
+    async fn a_long_hash_s_name_is_kept_while_it_has_fields() {
+        let (_server, conn) = crate::local_redis::throwaway().await;
+        let key = vec![b'k'; crate::long_key::EXACT + 1];
+        let hash = HashId::of(&key);
+        let HashId::Long { sha256, len } = &hash else {
+            panic!("{hash:?}")
+        };
+        let at = |s: i64| Some(4_000_000_000_000 + s * 1000);
+        let mut state = conn.clone();
+        write(&mut state, "kw:", 0, &key, &hash, &[(b"a".to_vec(), at(1))])
+            .await
+            .unwrap();
+        write(&mut state, "kw:", 0, &key, &hash, &[(b"b".to_vec(), at(2))])
+            .await
+            .unwrap();
+        let name = name_key("kw:", 0, sha256);
+        assert_eq!(
+            keys(&conn, "kw:fields:0:name:*").await,
+            std::slice::from_ref(&name)
+        );
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&name)
+            .query_async(&mut state)
+            .await
+            .unwrap();
+        assert_eq!(ttl, -1, "kept for good while it has fields");
+        assert_eq!(
+            super::name(&conn, "kw:", 0, *len, sha256).await.unwrap(),
+            Some(key.clone())
+        );
+        assert_eq!(known(&mut state, "kw:", 0, &hash).await.unwrap().len(), 2);
+
+        write(&mut state, "kw:", 0, &key, &hash, &[(b"a".to_vec(), None)])
+            .await
+            .unwrap();
+        assert_eq!(
+            keys(&conn, "kw:fields:0:name:*").await,
+            std::slice::from_ref(&name)
+        );
+        write(&mut state, "kw:", 0, &key, &hash, &[(b"b".to_vec(), None)])
+            .await
+            .unwrap();
+        assert!(keys(&conn, "kw:fields:0:*name*").await.is_empty());
+        assert!(keys(&conn, "kw:fields:0:hl:*").await.is_empty());
+
+        // Gone, then a field again: the name is uploaded again, whole.
+        write(&mut state, "kw:", 0, &key, &hash, &[(b"c".to_vec(), at(3))])
+            .await
+            .unwrap();
+        assert_eq!(
+            super::name(&conn, "kw:", 0, *len, sha256).await.unwrap(),
+            Some(key.clone())
+        );
+        // Not a name whose bytes are not its hash's (written by hand), nor a length no key has.
+        let _: () = redis::cmd("SET")
+            .arg(&name)
+            .arg("forged")
+            .query_async(&mut state)
+            .await
+            .unwrap();
+        assert_eq!(super::name(&conn, "kw:", 0, 6, sha256).await.unwrap(), None);
+        assert_eq!(
+            super::name(&conn, "kw:", 0, crate::long_key::MOST + 1, sha256)
+                .await
+                .unwrap(),
+            None
+        );
+    }
 }
