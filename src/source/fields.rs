@@ -100,6 +100,14 @@ impl Hash {
             key,
         }
     }
+
+    /// A hash the ledger names by its bytes (`HashId::Bytes`).
+    fn named(key: Vec<u8>) -> Hash {
+        Hash {
+            key: key.clone().into(),
+            id: HashId::Bytes(key),
+        }
+    }
 }
 
 /// Whether the server expires hash fields: `Err` says which version is needed and what it runs.
@@ -269,10 +277,7 @@ impl FieldLedger {
                 .await?;
                 Ok(Some(hash))
             }
-            HashId::Bytes(key) => Ok(Some(Hash {
-                key: key.clone().into(),
-                id: HashId::Bytes(key),
-            })),
+            HashId::Bytes(key) => Ok(Some(Hash::named(key))),
             HashId::Long { len, ref sha256 } => {
                 let name = store::name(&self.state(), &self.inner.prefix, db, len, sha256).await?;
                 match name {
@@ -1090,13 +1095,9 @@ fn by_name_length(
     let mut long = Vec::new();
     for (id, fs) in by_hash {
         match id {
-            HashId::Bytes(key) if !crate::long_key::is_long(&key) => short.push((
-                Hash {
-                    key: key.clone().into(),
-                    id: HashId::Bytes(key),
-                },
-                fs,
-            )),
+            HashId::Bytes(key) if !crate::long_key::is_long(&key) => {
+                short.push((Hash::named(key), fs))
+            }
             id => long.push((id, fs)),
         }
     }

@@ -211,14 +211,7 @@ async fn keep_name(
     let n = UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let upload = format!("{name}:up:{:016x}:{n}", *UPLOADER);
     let mut conn = state.clone();
-    for (i, chunk) in key.chunks(crate::store::long_keys::CHUNK).enumerate() {
-        let mut c = redis::cmd(if i == 0 { "SET" } else { "APPEND" });
-        c.arg(&upload).arg(chunk);
-        if i == 0 {
-            c.arg("PX").arg(UPLOAD_KEEP_MS);
-        }
-        c.exec_async(&mut conn).await?;
-    }
+    crate::store::long_keys::upload_to(&mut conn, &upload, key, UPLOAD_KEEP_MS).await?;
     let renamed: bool = redis::cmd("RENAMENX")
         .arg(&upload)
         .arg(&name)
@@ -289,14 +282,6 @@ crate::keyspace::commands::declare! {
         Use::new(Server::State, "hdel", SCRIPTS)
             .on(Keys::State("fields:*"), Access::ReadWrite)
             .args("{key} f")
-            .when(When::Fields),
-        Use::new(Server::State, "set", WHY)
-            .on(Keys::State("fields:*:name:*"), Access::Write)
-            .args("{key} bytes PX 1000")
-            .when(When::Fields),
-        Use::new(Server::State, "append", WHY)
-            .on(Keys::State("fields:*:name:*"), Access::Write)
-            .args("{key} bytes")
             .when(When::Fields),
         Use::new(Server::State, "renamenx", WHY)
             .on(Keys::State("fields:*:name:*"), Access::ReadWrite)

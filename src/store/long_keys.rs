@@ -52,24 +52,33 @@ pub async fn keep(
     }
     let n = UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let upload = format!("{name}:up:{uploader}:{n}");
-    for (i, chunk) in exact.chunks(CHUNK).enumerate() {
-        let mut c = if i == 0 {
-            redis::cmd("SET")
-        } else {
-            redis::cmd("APPEND")
-        };
-        c.arg(&upload).arg(chunk);
-        if i == 0 {
-            c.arg("PX").arg(KEEP.as_millis() as u64);
-        }
-        c.exec_async(&mut conn).await?;
-    }
+    upload_to(&mut conn, &upload, exact, KEEP.as_millis() as u64).await?;
     redis::cmd("RENAME")
         .arg(&upload)
         .arg(&name)
         .exec_async(&mut conn)
         .await?;
     Ok(name)
+}
+
+/// Writes `exact` to the string `upload` a [`CHUNK`] at a time (`SET … PX keep_ms`, then
+/// `APPEND`): the caller renames it into place once whole, so that a crash midway leaves only an
+/// upload that expires.
+pub async fn upload_to(
+    conn: &mut Conn,
+    upload: &str,
+    exact: &[u8],
+    keep_ms: u64,
+) -> redis::RedisResult<()> {
+    for (i, chunk) in exact.chunks(CHUNK).enumerate() {
+        let mut c = redis::cmd(if i == 0 { "SET" } else { "APPEND" });
+        c.arg(upload).arg(chunk);
+        if i == 0 {
+            c.arg("PX").arg(keep_ms);
+        }
+        c.exec_async(conn).await?;
+    }
+    Ok(())
 }
 
 /// The exact bytes whose SHA-256 is `sha256`, if they are still kept (their time renewed), read
@@ -150,7 +159,15 @@ crate::keyspace::commands::declare! {
             .on(Keys::State("fields:*:copy:*"), Access::Read)
             .args("{key} 0 1")
             .when(When::Fields),
-        // A long hash's name, `store::fields::name`.
+        // A long hash's name, uploaded (`store::fields::write`) and read (`store::fields::name`).
+        Use::new(Server::State, "set", "field ledger: a long hash's name, a MiB at a time")
+            .on(Keys::State("fields:*:name:*"), Access::Write)
+            .args("{key} bytes PX 1000")
+            .when(When::Fields),
+        Use::new(Server::State, "append", "field ledger: a long hash's name, a MiB at a time")
+            .on(Keys::State("fields:*:name:*"), Access::Write)
+            .args("{key} bytes")
+            .when(When::Fields),
         Use::new(Server::State, "getrange", "field ledger: a long hash's name, a MiB at a time")
             .on(Keys::State("fields:*:name:*"), Access::Read)
             .args("{key} 0 1")
