@@ -415,6 +415,9 @@ pub(super) struct Admit<'a> {
     pub(super) paces: &'a Paces,
     /// The places of each target that this round's jobs already count on.
     counted: HashMap<String, usize>,
+    /// Every target counts as full: the intake is behind (a mass expiry), and new firings' jobs
+    /// wait for their targets in Redis meanwhile (see `take::Deferral`).
+    deferring: bool,
 }
 
 impl<'a> Admit<'a> {
@@ -424,7 +427,14 @@ impl<'a> Admit<'a> {
             targets,
             paces,
             counted: HashMap::new(),
+            deferring: false,
         }
+    }
+
+    /// This round's jobs wait for their targets in Redis, whatever places are free.
+    pub(super) fn deferring(mut self, deferring: bool) -> Admit<'a> {
+        self.deferring = deferring;
+        self
     }
 
     /// Where each job of a new firing waits if it cannot start now: for its target in Redis
@@ -463,7 +473,7 @@ impl<'a> Admit<'a> {
         };
         let name = target.name();
         let n = self.counted.entry(name.clone()).or_default();
-        if c.free() <= *n {
+        if self.deferring || c.free() <= *n {
             return Err(name);
         }
         *n += 1;
@@ -479,7 +489,7 @@ impl<'a> Admit<'a> {
         let pace = self.paces.get(self.config, channel)?;
         let name = Target::Channel(channel.clone()).name();
         let n = self.counted.entry(name.clone()).or_default();
-        if !pace.has_room(*n) {
+        if self.deferring || !pace.has_room(*n) {
             return Some(Err(name));
         }
         *n += 1;

@@ -326,7 +326,10 @@ impl Chain {
         let actions = self.actions.refreshed();
         let config = &actions.config;
         self.followups_due_later(config, &firings, &mut also);
-        let mut admit = Admit::new(config, &self.targets, &self.paces);
+        // A mass expiry's firings wait for their targets in Redis while the intake is behind:
+        // their requests would take CPU from taking the rest over (see `take::Deferral`).
+        let mut admit =
+            Admit::new(config, &self.targets, &self.paces).deferring(self.deferral.holds_new());
         let mut now: Vec<(Vec<Job>, Vec<Seat>)> = Vec::new();
         // Jobs this instance has no free place for, and where each waits (see `Admit::places_for`).
         let mut later: Vec<(Job, Option<String>)> = Vec::new();
@@ -654,6 +657,9 @@ impl Chain {
                 _ = self.wake.notified() => true,
                 // Something comes due before the time slept until: sleep until it instead.
                 _ = self.next.moved_earlier() => continue,
+                // New firings' jobs wait for their targets until the intake catches up, which
+                // nothing else tells this loop.
+                _ = tokio::time::sleep(take::DEFER_RECHECK), if self.deferral.held_new() => true,
             };
             if last_renew.elapsed() >= crate::store::renew_every() {
                 last_renew = Instant::now();
@@ -786,7 +792,7 @@ impl Chain {
     /// as its concurrency (or pace) admits, within this instance's capacity. A target that no
     /// longer exists gets its jobs taken too, to be dead-lettered.
     async fn take_waiting(self: &Arc<Self>, looked: bool) {
-        if self.deferral.holds() {
+        if self.deferral.holds_waiting() {
             return;
         }
         let targets = match self.waiting_targets.fresh() {
@@ -1099,8 +1105,11 @@ static HEARING: Semaphore = Semaphore::const_new(64);
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::RetryPolicy;
-    use super::testkit::{self, firing, stage};
+    use super::testkit::{self, Recorder, firing, replace_integration, stage};
+    use crate::channel::Integration;
 
     /// A firing matched under the rules before a reload reaches delivery after the reload
     /// removed its rule: a dead letter that says so (nothing is dropped silently), and the
@@ -1122,5 +1131,48 @@ mod tests {
         assert_eq!(dead[0].key, "r:1");
         assert_eq!(dead[0].reason, "rule `removed` no longer exists");
         assert_eq!(s.status.counts("kept").sent, 1);
+    }
+
+    /// While the intake is behind (a mass expiry being taken), new firings' jobs wait for their
+    /// targets in Redis rather than start, however many places are free; once it has caught
+    /// up, the take loop finds out by itself (nothing else wakes it) and runs them, each once.
+    #[tokio::test]
+    async fn new_firings_wait_in_redis_while_the_intake_is_behind_and_run_once_it_caught_up() {
+        let mut config = testkit::config(
+            "channels:\n  chat: { type: log }\nrules:\n  - name: r\n    match: 'k:*'\n    notify: { to: [chat] }\n",
+        );
+        let rec = Recorder::answering(|_| crate::outcome::Outcome::Sent("ok".into()));
+        let r = rec.clone();
+        replace_integration(&mut config, "chat", move |_| r as Arc<dyn Integration>);
+        let behind = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let s = testkit::stage_behind(config, behind.clone()).await;
+        s.delivery
+            .accept(testkit::firings("r", &["k:1", "k:2", "k:3"]))
+            .await;
+        // Stored as waiting for the channel, not leased to this instance to run.
+        assert_eq!(
+            s.delivery.chain.queue.waiting_targets().await.unwrap(),
+            vec!["channel:chat"]
+        );
+        assert!(s.delivery.chain.held.is_empty(), "no job held here");
+        assert!(rec.received().is_empty());
+        // The take loop has been woken by the jobs sent to wait, and held them back: it sleeps
+        // until its next round (seconds away) unless it asks again by itself.
+        testkit::wait_until("the take loop held back twice", || {
+            s.delivery.chain.deferral.rounds_held() >= 2
+        })
+        .await;
+        behind.store(false, std::sync::atomic::Ordering::Relaxed);
+        rec.count_from_now();
+        rec.wait_for(3).await;
+        let caught_up_after = rec.elapsed();
+        assert!(
+            caught_up_after < crate::store::renew_every() / 2,
+            "{caught_up_after:?}: run at the take loop's next round, not when it caught up"
+        );
+        s.settled().await;
+        let mut keys: Vec<String> = rec.received().into_iter().flat_map(|m| m.keys).collect();
+        keys.sort();
+        assert_eq!(keys, ["k:1", "k:2", "k:3"]);
     }
 }

@@ -288,15 +288,24 @@ impl WaitingTargets {
 /// before it takes them anyway until the intake has caught up once.
 pub(super) const DEFER_AT_MOST: Duration = Duration::from_secs(2);
 
+/// How often the take loop asks again whether a deferral still holds while new firings' jobs
+/// wait in Redis because of it: nothing else wakes it when the intake catches up.
+pub(super) const DEFER_RECHECK: Duration = Duration::from_millis(50);
+
 /// Holding back while the intake is behind (more than a batch of events waits to be taken: a
 /// mass expiry), never for more than [`DEFER_AT_MOST`] at a stretch: events not yet taken are
 /// only in Redis's pub/sub buffers and the subscriber's, jobs in the queue are safe, and every
 /// request run meanwhile takes CPU from taking events over. An intake that never catches up must
 /// not stop delivery: after the stretch, it does not hold back again until the intake has caught
-/// up once.
+/// up once. Both what waits in Redis for a target and new firings' jobs are held back: the new
+/// ones wait for their targets in Redis meanwhile (docs/how-it-works.md#delivery).
 pub(super) struct Deferral {
     behind: Box<dyn Fn() -> bool + Send + Sync>,
     since: Mutex<Option<Instant>>,
+    /// New firings' jobs were sent to wait in Redis by a hold that has not been seen to end.
+    held_new: std::sync::atomic::AtomicBool,
+    /// Rounds of the take loop that found the hold in force (for the tests of the loop).
+    rounds_held: std::sync::atomic::AtomicU64,
 }
 
 impl Deferral {
@@ -304,12 +313,49 @@ impl Deferral {
         Deferral {
             behind: Box::new(behind),
             since: Mutex::new(None),
+            held_new: Default::default(),
+            rounds_held: Default::default(),
         }
     }
 
     /// Whether to hold back now.
     pub(super) fn holds(&self) -> bool {
         self.hold((self.behind)())
+    }
+
+    /// Whether to hold new firings' jobs back now; if so, the take loop asks again every
+    /// [`DEFER_RECHECK`] until the hold ends ([`Deferral::held_new`]).
+    pub(super) fn holds_new(&self) -> bool {
+        let holds = self.holds();
+        if holds {
+            self.held_new
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        holds
+    }
+
+    /// New firings' jobs wait in Redis for a hold that has not been seen to end.
+    pub(super) fn held_new(&self) -> bool {
+        self.held_new.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the take loop holds back what waits for its targets now: if not, the hold is
+    /// seen to end.
+    pub(super) fn holds_waiting(&self) -> bool {
+        if self.holds() {
+            self.rounds_held
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return true;
+        }
+        self.held_new
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        false
+    }
+
+    /// Rounds of the take loop that held back.
+    #[cfg(test)]
+    pub(super) fn rounds_held(&self) -> u64 {
+        self.rounds_held.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn hold(&self, behind: bool) -> bool {

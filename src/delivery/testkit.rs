@@ -91,7 +91,25 @@ pub(super) async fn stage_merging_within(
     max_wait: Duration,
 ) -> Stage {
     let (redis, state) = crate::local_redis::throwaway().await;
-    on(redis, state, config, policy, max_wait).await
+    on(redis, state, config, policy, max_wait, Box::new(|| false)).await
+}
+
+/// [`stage`] whose intake says it is behind while `behind` holds (a mass expiry being taken).
+pub(super) async fn stage_behind(
+    config: Config,
+    behind: Arc<std::sync::atomic::AtomicBool>,
+) -> Stage {
+    let (redis, state) = crate::local_redis::throwaway().await;
+    let behind = move || behind.load(std::sync::atomic::Ordering::Relaxed);
+    on(
+        redis,
+        state,
+        config,
+        RetryPolicy::default(),
+        MAX_WAIT,
+        Box::new(behind),
+    )
+    .await
 }
 
 /// [`stage`] whose state connection is that of a Redis user with only the grants `acl` gives
@@ -116,7 +134,7 @@ pub(super) async fn stage_as_user(config: Config, policy: RetryPolicy, acl: &str
             .unwrap(),
         Some(std::sync::Arc::new(client)),
     );
-    let mut s = on(redis, as_user, config, policy, MAX_WAIT).await;
+    let mut s = on(redis, as_user, config, policy, MAX_WAIT, Box::new(|| false)).await;
     s.state = state;
     s
 }
@@ -128,6 +146,7 @@ async fn on(
     config: Config,
     policy: RetryPolicy,
     max_wait: Duration,
+    intake_behind: Box<dyn Fn() -> bool + Send + Sync>,
 ) -> Stage {
     let keyspace = Keyspace::new(Secret::new(redis.url()), config.redis.clone())
         .expect("the throwaway Redis's URL");
@@ -145,7 +164,7 @@ async fn on(
             state: state.clone(),
             metrics: metrics.clone(),
             status: Some(status.clone()),
-            intake_behind: Box::new(|| false),
+            intake_behind,
             policy,
             shutdown: CancellationToken::new(),
         },
