@@ -66,8 +66,8 @@ struct Fields<'a> {
     field: Option<B64<'a>>,
     captures: &'a [Capture],
     detail: &'a Option<Detail>,
-    deadline: Option<DateTime<Utc>>,
-    observed_at: DateTime<Utc>,
+    deadline: Option<Rfc3339>,
+    observed_at: Rfc3339,
     ttl_ms: Option<i64>,
     recovered: bool,
     source: &'a str,
@@ -86,12 +86,73 @@ impl<'a> Fields<'a> {
             field: f.field.as_deref().map(B64),
             captures: &f.captures,
             detail: &f.detail,
-            deadline: f.deadline,
-            observed_at: f.observed_at,
+            deadline: f.deadline.map(Rfc3339),
+            observed_at: Rfc3339(f.observed_at),
             ttl_ms: f.ttl_ms,
             recovered: f.recovered,
             source: &f.source,
             apart: &f.apart,
+        }
+    }
+}
+
+/// An instant written as chrono writes a `DateTime<Utc>` (RFC 3339, `Z`, the fraction in
+/// milli-, micro- or nanoseconds as needed, none when whole), without `core::fmt`: a firing
+/// holds two, and chrono's formatting was 4 % of keywatch's CPU in a mass expiry's take-over
+/// (docs/performance.md#mass-expiry). Years outside 0–9999 and leap seconds are left to chrono.
+struct Rfc3339(DateTime<Utc>);
+
+impl Rfc3339 {
+    /// The text into `buf`, and its length; `None` where chrono writes it.
+    fn write(&self, buf: &mut [u8; 30]) -> Option<usize> {
+        use chrono::{Datelike, Timelike};
+        let t = &self.0;
+        let year = u32::try_from(t.year()).ok().filter(|y| *y <= 9999)?;
+        let nanos = t.nanosecond();
+        if nanos >= 1_000_000_000 {
+            return None;
+        }
+        fn digits(out: &mut [u8], mut v: u32) {
+            for b in out.iter_mut().rev() {
+                *b = b'0' + (v % 10) as u8;
+                v /= 10;
+            }
+        }
+        digits(&mut buf[0..4], year);
+        buf[4] = b'-';
+        digits(&mut buf[5..7], t.month());
+        buf[7] = b'-';
+        digits(&mut buf[8..10], t.day());
+        buf[10] = b'T';
+        digits(&mut buf[11..13], t.hour());
+        buf[13] = b':';
+        digits(&mut buf[14..16], t.minute());
+        buf[16] = b':';
+        digits(&mut buf[17..19], t.second());
+        let mut n = 19;
+        let (value, width) = match nanos {
+            0 => (0, 0),
+            _ if nanos.is_multiple_of(1_000_000) => (nanos / 1_000_000, 3),
+            _ if nanos.is_multiple_of(1_000) => (nanos / 1_000, 6),
+            _ => (nanos, 9),
+        };
+        if width > 0 {
+            buf[n] = b'.';
+            digits(&mut buf[n + 1..n + 1 + width], value);
+            n += 1 + width;
+        }
+        buf[n] = b'Z';
+        Some(n + 1)
+    }
+}
+
+impl Serialize for Rfc3339 {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut buf = [0u8; 30];
+        match self.write(&mut buf) {
+            // ASCII digits and separators only.
+            Some(n) => s.serialize_str(std::str::from_utf8(&buf[..n]).unwrap_or_default()),
+            None => self.0.serialize(s),
         }
     }
 }
@@ -900,6 +961,46 @@ pub(crate) fn expiry(rule: &str, key: &str, observed_at: &str) -> Firing {
 
 #[cfg(test)]
 mod tests {
+
+    /// Every instant is written as chrono writes it: whole seconds, milli-, micro- and
+    /// nanoseconds, the ends of the years keywatch writes itself, and those it leaves to chrono.
+    #[test]
+    fn instants_are_written_as_chrono_writes_them() {
+        use chrono::TimeZone;
+        let mut instants = vec![
+            Utc.timestamp_opt(0, 0).unwrap(),
+            Utc.timestamp_opt(1_796_605_856, 444_000_000).unwrap(),
+            Utc.timestamp_opt(1_796_605_856, 444_500_000).unwrap(),
+            Utc.timestamp_opt(1_796_605_856, 444_500_001).unwrap(),
+            Utc.timestamp_opt(1_796_605_856, 1).unwrap(),
+            Utc.timestamp_opt(1_796_605_856, 1_000).unwrap(),
+            Utc.with_ymd_and_hms(9999, 12, 31, 23, 59, 59).unwrap(),
+            Utc.with_ymd_and_hms(0, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(10000, 1, 1, 0, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(-1, 1, 1, 0, 0, 0).unwrap(),
+            chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+                .unwrap()
+                .and_hms_nano_opt(23, 59, 59, 1_500_000_000)
+                .unwrap()
+                .and_utc(),
+        ];
+        for _ in 0..2000 {
+            let secs = fastrand::i64(-62_000_000_000..300_000_000_000);
+            let nanos = match fastrand::u8(0..4) {
+                0 => 0,
+                1 => fastrand::u32(0..1000) * 1_000_000,
+                2 => fastrand::u32(0..1_000_000) * 1_000,
+                _ => fastrand::u32(0..1_000_000_000),
+            };
+            instants.push(Utc.timestamp_opt(secs, nanos).unwrap());
+        }
+        for t in instants {
+            assert_eq!(
+                serde_json::to_string(&Rfc3339(t)).unwrap(),
+                serde_json::to_string(&t).unwrap()
+            );
+        }
+    }
     use super::*;
 
     fn event() -> KeyEvent {

@@ -24,7 +24,7 @@ use crate::config::{Config, LiveConfig};
 use crate::delivery::Delivery;
 use crate::event::{EventKind, KeyEvent};
 use crate::keyspace::Keyspace;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Tally};
 use crate::source::Signal;
 use crate::source::ledger::{self, Ledger, Note};
 use crate::status::Status;
@@ -371,8 +371,9 @@ impl Engine {
             recovering.extend(markers);
         }
         let mut candidates = Vec::new();
+        let mut counted = Tally::default();
         for e in events {
-            self.metrics.event(e.kind.as_str(), e.db);
+            counted.add((e.kind, e.db));
             let rules = self.config.rules_for_event(&e);
             let mode = if e.kind == EventKind::Hexpired {
                 Mode::Field {
@@ -403,7 +404,7 @@ impl Engine {
         }
         // Scanner warnings: one claim per rule, key and deadline.
         for (e, names) in warnings {
-            self.metrics.event(e.kind.as_str(), e.db);
+            counted.add((e.kind, e.db));
             for (rule, captures) in self.config.rules_for(e.kind, e.db, &e.key) {
                 let name = &self.config.rules[rule].name;
                 if names.contains(name) {
@@ -414,6 +415,9 @@ impl Engine {
                     ));
                 }
             }
+        }
+        for ((kind, db), n) in counted.0 {
+            self.metrics.events_by(kind.as_str(), db, n);
         }
         self.take(candidates).await
     }

@@ -108,6 +108,7 @@ impl FiringStage {
         // Each item's event, rebuilt from its record once for both passes below.
         let events: Vec<crate::event::KeyEvent> =
             items.iter().map(|i| i.taken.record.event()).collect();
+        let mut matched = crate::metrics::Tally::default();
         for (item, e) in items.iter().zip(&events) {
             if item.rules.is_empty() {
                 // Taken over after a reload removed every rule that took it.
@@ -127,7 +128,7 @@ impl FiringStage {
             for (rule, captures) in &item.rules {
                 let r = &config.rules[*rule];
                 if first {
-                    self.metrics.matched(&r.name, e.kind.as_str());
+                    matched.add((*rule, e.kind));
                 }
                 if self.silenced.mutes(&r.name, &e.key) {
                     if first {
@@ -176,6 +177,10 @@ impl FiringStage {
                 });
             }
             plans.push(fires);
+        }
+        for ((rule, kind), n) in matched.0 {
+            self.metrics
+                .matched_by(&config.rules[rule].name, kind.as_str(), n);
         }
         let details = if requests.is_empty() {
             Vec::new()
