@@ -139,18 +139,30 @@ impl Record {
         }
     }
 
-    /// The event as it was taken.
+    /// The event as it was taken. An expiry is never observed before its deadline: Redis
+    /// publishes it at the deadline at the earliest, and an observation stamped earlier is the
+    /// error of keywatch's reading of Redis's clock (half a round trip, a millisecond or two
+    /// under load; `keyspace::clock`), so it is stamped with the deadline
+    /// (docs/rules.md#event-json).
     pub fn event(&self) -> KeyEvent {
+        let deadline = self
+            .deadline_ms
+            .and_then(chrono::DateTime::from_timestamp_millis);
+        let observed_at =
+            chrono::DateTime::from_timestamp_millis(self.observed_ms).unwrap_or_else(clock::now);
+        let observed_at = match deadline {
+            Some(d) if matches!(self.kind, EventKind::Expired | EventKind::Hexpired) => {
+                observed_at.max(d)
+            }
+            _ => observed_at,
+        };
         KeyEvent {
             kind: self.kind,
             db: self.db,
             key: self.key.clone(),
             field: self.field.clone(),
-            observed_at: chrono::DateTime::from_timestamp_millis(self.observed_ms)
-                .unwrap_or_else(clock::now),
-            deadline: self
-                .deadline_ms
-                .and_then(chrono::DateTime::from_timestamp_millis),
+            observed_at,
+            deadline,
             ttl_ms: self.ttl_ms,
             recovered: self.recovered,
             source: self.source.clone(),
@@ -959,6 +971,26 @@ mod tests {
             source: "n:1".into(),
             place: None,
         }
+    }
+
+    /// An expiry heard a millisecond "before" its deadline (keywatch's reading of Redis's clock
+    /// is off by half a round trip) is stamped with its deadline: `late_ms` 0, never a negative
+    /// lateness. A warning is heard before its deadline by design, and keeps its instant.
+    #[test]
+    fn an_expiry_is_never_observed_before_its_deadline() {
+        let at = |ms| chrono::DateTime::from_timestamp_millis(ms).unwrap();
+        let mut r = Record::of(&expired(0, b"k"), None);
+        r.deadline_ms = Some(5_001);
+        let e = r.event();
+        assert_eq!((e.observed_at, e.deadline), (at(5_001), Some(at(5_001))));
+        assert_eq!(e.late_ms(), Some(0));
+        r.deadline_ms = Some(4_990);
+        assert_eq!(r.event().observed_at, at(5_000), "heard after it: as heard");
+        let mut warning = expired(0, b"k");
+        warning.kind = EventKind::Expiring;
+        let mut w = Record::of(&warning, Some("r".into()));
+        w.deadline_ms = Some(65_000);
+        assert_eq!(w.event().observed_at, at(5_000));
     }
 
     #[test]
