@@ -13,8 +13,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
-/// Redis's clock minus the host's, in ms, as last learnt.
-static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+/// Redis's clock minus the host's, in µs, as last learnt. Kept in µs: cut to whole
+/// milliseconds on both sides before halving the round trip, the reading was up to a
+/// millisecond off, and an expiry came out observed before its deadline.
+static OFFSET_US: AtomicI64 = AtomicI64::new(0);
 
 /// How often the offset is learnt again: host clocks drift, and NTP steps them.
 const RELEARN_EVERY: Duration = Duration::from_secs(30);
@@ -24,7 +26,8 @@ const WORTH_A_WARNING_MS: i64 = 1000;
 
 /// Now, in Redis's clock (unix ms).
 pub fn now_ms() -> i64 {
-    host_ms().saturating_add(OFFSET_MS.load(Ordering::Relaxed))
+    // Whole milliseconds as Redis counts them (`mstime`): the µs floored.
+    now_us().div_euclid(1000)
 }
 
 /// Now, in Redis's clock.
@@ -34,24 +37,21 @@ pub fn now() -> DateTime<Utc> {
 
 /// Now, in Redis's clock (unix µs, to the host clock's precision): when to wake for a deadline.
 pub fn now_us() -> i64 {
-    Utc::now()
-        .timestamp_micros()
-        .saturating_add(OFFSET_MS.load(Ordering::Relaxed).saturating_mul(1000))
+    host_us().saturating_add(OFFSET_US.load(Ordering::Relaxed))
 }
 
-fn host_ms() -> i64 {
-    Utc::now().timestamp_millis()
+fn host_us() -> i64 {
+    Utc::now().timestamp_micros()
 }
 
-/// Reads `TIME` once and sets the offset from it; returns the offset.
+/// Reads `TIME` once and sets the offset from it; returns the offset in ms (rounded).
 pub async fn learn(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<i64> {
-    let before = host_ms();
+    let before = host_us();
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
-    let after = host_ms();
-    let redis_ms = secs * 1000 + micros / 1000;
-    let offset = redis_ms - (before + after) / 2;
-    OFFSET_MS.store(offset, Ordering::Relaxed);
-    Ok(offset)
+    let after = host_us();
+    let offset = secs * 1_000_000 + micros - before.midpoint(after);
+    OFFSET_US.store(offset, Ordering::Relaxed);
+    Ok((offset as f64 / 1000.0).round() as i64)
 }
 
 /// Learns the offset now and every [`RELEARN_EVERY`] until `stop`; says so when it is large.
