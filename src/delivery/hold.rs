@@ -7,11 +7,16 @@
 //! Releasing is leased as the queue's jobs are, so one instance of several releases a quiet
 //! period, and one that dies in the middle leaves it to another: a digest sent by an instance
 //! that died before recording it may be sent again, as any job may
-//! (docs/reliability.md#guarantees).
+//! (docs/reliability.md#guarantees). Each group taken is released in a task of its own that
+//! renews its lease from the moment it is taken: released one after the other by the take loop,
+//! a group waiting behind a slow digest lost its lease to another instance and went out twice,
+//! and the loop renewed none of the instance's other leases meanwhile
+//! (docs/how-it-works.md#held-messages).
 
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::action::ActionContext;
 use crate::action::release::{self as compose, Release};
@@ -29,8 +34,8 @@ use super::attempt::Attempt;
 use super::record::Record;
 use super::work::Work;
 
-/// Groups taken for release in one go.
-const TAKE_MAX: usize = 16;
+/// Groups one instance releases at once (each renews its own lease while it is sent).
+pub(super) const RELEASING_MAX: usize = 16;
 
 /// Where `work` is held now, if its channel is in its quiet hours: a message to people (a
 /// notification, an escalation, a resolved notice, or a window's digest) not released already,
@@ -71,6 +76,14 @@ pub(super) struct HoldStage {
     pub(super) queue: Queue,
     pub(super) prefix: String,
     pub(super) metrics: Arc<Metrics>,
+    /// A permit per group this instance is releasing ([`RELEASING_MAX`]).
+    pub(super) releasing: Arc<Semaphore>,
+}
+
+/// A group taken for release, with its place among this instance's releases.
+pub(super) struct Taken {
+    lease: Lease,
+    _permit: OwnedSemaphorePermit,
 }
 
 impl HoldStage {
@@ -132,19 +145,15 @@ impl HoldStage {
         Ok(())
     }
 
-    /// Releases what is due: quiet periods that ended, and those whose window a reload edited
-    /// or removed (`reloaded`: the rules changed since the last call). One command when nothing
-    /// is due.
-    pub(super) async fn release_due(
-        &self,
-        actions: &ActionContext,
-        attempt: &Attempt,
-        record: &Record,
-        reloaded: bool,
-    ) {
-        let config = actions.refreshed().config;
-        let now = crate::keyspace::clock::now();
+    /// Takes what is due for release, as far as this instance has places for releases: quiet
+    /// periods that ended, and those whose window a reload edited or removed (`reloaded`: the
+    /// rules changed since the last call). One command when nothing is due. The caller releases
+    /// each group taken ([`HoldStage::release`]) in a task of its own, at once: its lease runs
+    /// from now.
+    pub(super) async fn take_due(&self, actions: &ActionContext, reloaded: bool) -> Vec<Taken> {
         if reloaded {
+            let config = actions.refreshed().config;
+            let now = crate::keyspace::clock::now();
             match self.store.groups().await {
                 Ok(groups) => {
                     for g in groups.iter().filter(|g| !g.releasing) {
@@ -159,27 +168,42 @@ impl HoldStage {
                 Err(e) => self.refused("release", &e),
             }
         }
-        let leases = match self.store.take_due(now_ms(), TAKE_MAX).await {
-            Ok(l) => l,
-            Err(e) => return self.refused("release", &e),
-        };
-        for lease in leases {
-            self.release(actions, attempt, record, lease).await;
+        let free = self.releasing.available_permits();
+        if free == 0 {
+            return Vec::new();
         }
+        let leases = match self.store.take_due(now_ms(), free).await {
+            Ok(l) => l,
+            Err(e) => {
+                self.refused("release", &e);
+                return Vec::new();
+            }
+        };
+        leases
+            .into_iter()
+            .filter_map(|lease| {
+                // Only this loop takes permits, and it took no more groups than were free.
+                let permit = self.releasing.clone().try_acquire_owned().ok()?;
+                Some(Taken {
+                    lease,
+                    _permit: permit,
+                })
+            })
+            .collect()
     }
 
-    /// Releases one quiet period of one channel.
-    /// Releases the group of `lease`, renewing the lease while it works: a digest to a target
+    /// Releases the group `taken`, renewing its lease while it works: a digest to a target
     /// slower than the lease (a webhook's 30 s timeout) would otherwise let another instance
-    /// take the group over and send it again.
-    async fn release(
+    /// take the group over and send it again. Returns whether jobs were written to the queue
+    /// in the place of held messages (`each`, follow-ups): due now.
+    pub(super) async fn release(
         &self,
         actions: &ActionContext,
         attempt: &Attempt,
         record: &Record,
-        lease: Lease,
-    ) {
-        let current = std::sync::Mutex::new(lease);
+        taken: Taken,
+    ) -> bool {
+        let current = std::sync::Mutex::new(taken.lease);
         // Neither side panics while it holds the lock; a poisoned one still holds the lease.
         let lease_now = || {
             current
@@ -204,8 +228,8 @@ impl HoldStage {
             }
         };
         tokio::select! {
-            () = self.release_leased(actions, attempt, record, &lease_now) => {}
-            () = renewing => {}
+            queued = self.release_leased(actions, attempt, record, &lease_now) => queued,
+            () = renewing => false,
         }
     }
 
@@ -215,12 +239,15 @@ impl HoldStage {
         attempt: &Attempt,
         record: &Record,
         lease_now: &(dyn Fn() -> Lease + Sync),
-    ) {
+    ) -> bool {
         let a = actions.refreshed();
         let group = lease_now().group;
         let mut held = match self.store.read(&group).await {
             Ok(h) => h,
-            Err(e) => return self.refused("release", &e),
+            Err(e) => {
+                self.refused("release", &e);
+                return false;
+            }
         };
         for (id, _, why) in &held.unreadable {
             let letter = DeadLetter::new(
@@ -309,7 +336,7 @@ impl HoldStage {
             match &tried.outcome {
                 Outcome::Retry { .. } => {
                     // Held still: taken again when this lease ends.
-                    return;
+                    return false;
                 }
                 Outcome::Failed(reason) => {
                     let letter = record.dead_letter(&work, reason);
@@ -321,11 +348,15 @@ impl HoldStage {
         let ids = held.ids();
         let lease = lease_now();
         match self.store.release(&lease, &ids, &entries, true, now).await {
-            Ok(Recorded::Recorded { .. }) => {}
+            Ok(Recorded::Recorded { .. }) => !entries.is_empty(),
             Ok(Recorded::Lost) => {
-                tracing::info!(channel = %group.channel, "A release's lease was taken over by another instance; it finishes the release.")
+                tracing::info!(channel = %group.channel, "A release's lease was taken over by another instance; it finishes the release.");
+                false
             }
-            Err(e) => self.refused("release", &e),
+            Err(e) => {
+                self.refused("release", &e);
+                false
+            }
         }
     }
 

@@ -163,6 +163,7 @@ impl Delivery {
                 queue: queue.clone(),
                 prefix: prefix.clone(),
                 metrics: metrics.clone(),
+                releasing: Arc::new(Semaphore::new(hold::RELEASING_MAX)),
             },
             actions,
             held,
@@ -675,9 +676,7 @@ impl Chain {
                     let config = self.actions.live.current();
                     let reloaded = !Arc::ptr_eq(&config, &released_under);
                     if reloaded || config.channels.iter().any(|c| c.quiet.is_some()) {
-                        self.hold
-                            .release_due(&self.actions, &self.attempt, &self.record, reloaded)
-                            .await;
+                        self.release_held(reloaded).await;
                         released_under = config;
                     }
                 }
@@ -690,6 +689,23 @@ impl Chain {
             if self.capacity.is_backlogged() {
                 self.take_due().await;
             }
+        }
+    }
+
+    /// Takes the held messages due for release and releases each group in a task of its own:
+    /// the loop goes on renewing this instance's leases and taking due jobs while a digest goes
+    /// out, and each group's lease is renewed from the moment it is taken (see `hold`).
+    async fn release_held(self: &Arc<Self>, reloaded: bool) {
+        for taken in self.hold.take_due(&self.actions, reloaded).await {
+            let c = self.clone();
+            self.tracker.spawn(async move {
+                if c.hold
+                    .release(&c.actions, &c.attempt, &c.record, taken)
+                    .await
+                {
+                    c.next.job_due_in(0);
+                }
+            });
         }
     }
 

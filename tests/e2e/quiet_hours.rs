@@ -324,3 +324,54 @@ fn a_release_slower_than_its_lease_is_sent_once_by_two_instances() {
     });
     assert_eq!(hook.requests().len(), 1, "released more than once");
 }
+
+/// Two channels' quiet periods end together and each release is slower than the lease: the
+/// instance that takes both must keep both leased while it sends the first, or the other instance
+/// takes the second over and it is sent twice. Each channel gets its digest once.
+#[test]
+fn two_releases_slower_than_their_lease_are_each_sent_once_by_two_instances() {
+    let redis = RedisServer::with_events("Exg");
+    let (ahead, window) = closing_window(&redis, 1);
+    let hook = HttpReceiver::start();
+    // Three leases' worth, well within the channel's timeout.
+    hook.set_handler(|_| Some(common::Response::ok_body("ok").delay(Duration::from_secs(6))));
+    let envs = [
+        ("KEYWATCH_DRILL_QUIET_AHEAD", ahead.as_str()),
+        ("KEYWATCH_LEASE", "2s"),
+    ];
+    let daemon = Daemon::launch(
+        redis,
+        common::Rules::new(&rules(
+            &window,
+            &hook,
+            &[("team", "digest"), ("ops", "digest")],
+        )),
+        Logs::Json,
+        &envs,
+    );
+    let _second = run_subscribed(
+        &daemon.redis.auth_url(),
+        &daemon.rules.path,
+        Logs::Json,
+        &envs,
+    );
+    daemon.expire_all(&["lock:1"]);
+    wait_until_held(&daemon, &["lock:1"]);
+    hook.wait_for(2, RELEASED_WITHIN);
+    // A second request for either would have come at the end of its first lease, while the
+    // first waited for its answer: by the time both releases are recorded it would be here.
+    wait_until("both releases are recorded", PATIENCE, || {
+        held_in_redis(&daemon.redis) == 0 && outcomes(&daemon, "lock:1") == ["sent", "sent"]
+    });
+    let mut paths: Vec<String> = hook
+        .requests()
+        .iter()
+        .map(|r| r.path().to_string())
+        .collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        ["/ops", "/team"],
+        "a channel's digest was sent more than once"
+    );
+}
