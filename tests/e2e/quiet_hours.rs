@@ -349,7 +349,7 @@ fn two_releases_slower_than_their_lease_are_each_sent_once_by_two_instances() {
         Logs::Json,
         &envs,
     );
-    let _second = run_subscribed(
+    let second = run_subscribed(
         &daemon.redis.auth_url(),
         &daemon.rules.path,
         Logs::Json,
@@ -369,9 +369,23 @@ fn two_releases_slower_than_their_lease_are_each_sent_once_by_two_instances() {
         .map(|r| r.path().to_string())
         .collect();
     paths.sort();
+    // What each instance attempted and any lease it lost: why, should this ever fail.
+    let said = |p: &common::KeywatchProcess| {
+        p.describe_output()
+            .lines()
+            .filter(|l| {
+                ["attempted", "release", "renew", "lease"]
+                    .iter()
+                    .any(|w| l.contains(w))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
     assert_eq!(
         paths,
         ["/ops", "/team"],
-        "a channel's digest was sent more than once"
+        "a channel's digest was sent more than once\n--- first instance ---\n{}\n--- second ---\n{}",
+        said(&daemon.process),
+        said(&second)
     );
 }
