@@ -203,32 +203,29 @@ impl HoldStage {
         record: &Record,
         taken: Taken,
     ) -> bool {
-        let current = std::sync::Mutex::new(taken.lease);
-        // Neither side panics while it holds the lock; a poisoned one still holds the lease.
-        let lease_now = || {
-            current
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone()
-        };
+        // One lease operation at a time: a renewal still on its way to Redis when the release
+        // is recorded moved the score past the token the release named, so the release was
+        // refused as if another instance had taken the group, and the renewal's lease, which
+        // nobody held any more, brought the group back to be sent again (seen in CI under load).
+        let current = tokio::sync::Mutex::new(taken.lease);
+        let group = current.lock().await.group.clone();
         let renewing = async {
             loop {
                 tokio::time::sleep(crate::store::renew_every()).await;
-                let held = lease_now();
+                let mut held = current.lock().await;
                 match self.store.renew(&held, now_ms()).await {
-                    Ok(Some(next)) => {
-                        *current
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = next
-                    }
+                    Ok(Some(next)) => *held = next,
                     // Another instance's now: the release's end finds it so, and leaves it.
-                    Ok(None) => std::future::pending::<()>().await,
+                    Ok(None) => {
+                        drop(held);
+                        std::future::pending::<()>().await
+                    }
                     Err(e) => self.refused("renew", &e),
                 }
             }
         };
         tokio::select! {
-            queued = self.release_leased(actions, attempt, record, &lease_now) => queued,
+            queued = self.release_leased(actions, attempt, record, &group, &current) => queued,
             () = renewing => false,
         }
     }
@@ -238,11 +235,11 @@ impl HoldStage {
         actions: &ActionContext,
         attempt: &Attempt,
         record: &Record,
-        lease_now: &(dyn Fn() -> Lease + Sync),
+        group: &Group,
+        lease: &tokio::sync::Mutex<Lease>,
     ) -> bool {
         let a = actions.refreshed();
-        let group = lease_now().group;
-        let mut held = match self.store.read(&group).await {
+        let mut held = match self.store.read(group).await {
             Ok(h) => h,
             Err(e) => {
                 self.refused("release", &e);
@@ -346,7 +343,8 @@ impl HoldStage {
             }
         }
         let ids = held.ids();
-        let lease = lease_now();
+        // Held until the release is recorded: no renewal goes out beside it.
+        let lease = lease.lock().await;
         match self.store.release(&lease, &ids, &entries, true, now).await {
             Ok(Recorded::Recorded { .. }) => !entries.is_empty(),
             Ok(Recorded::Lost) => {
