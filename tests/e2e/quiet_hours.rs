@@ -288,15 +288,15 @@ fn a_reload_that_removes_the_window_releases_at_once() {
     });
 }
 
-/// A release whose digest takes longer than a lease (a slow target) keeps its lease while it
-/// works: the other instance, watching the same window end, does not take the release over and
-/// send the digest again.
-#[test]
-fn a_release_slower_than_its_lease_is_sent_once_by_two_instances() {
+/// Two instances (leases of 2 s) whose `channels` are quiet until about a minute from now, on a
+/// receiver that answers each request after 6 s — three leases' worth, well within a channel's
+/// timeout — with `lock:1` expired and held.
+fn two_instances_behind_a_slow_hook(
+    channels: &[(&str, &str)],
+) -> (Daemon, common::KeywatchProcess, HttpReceiver) {
     let redis = RedisServer::with_events("Exg");
     let (ahead, window) = closing_window(&redis, 1);
     let hook = HttpReceiver::start();
-    // Three leases' worth, well within the channel's timeout.
     hook.set_handler(|_| Some(common::Response::ok_body("ok").delay(Duration::from_secs(6))));
     let envs = [
         ("KEYWATCH_DRILL_QUIET_AHEAD", ahead.as_str()),
@@ -304,11 +304,11 @@ fn a_release_slower_than_its_lease_is_sent_once_by_two_instances() {
     ];
     let daemon = Daemon::launch(
         redis,
-        common::Rules::new(&rules(&window, &hook, &[("team", "digest")])),
+        common::Rules::new(&rules(&window, &hook, channels)),
         Logs::Json,
         &envs,
     );
-    let _second = run_subscribed(
+    let second = run_subscribed(
         &daemon.redis.auth_url(),
         &daemon.rules.path,
         Logs::Json,
@@ -316,6 +316,15 @@ fn a_release_slower_than_its_lease_is_sent_once_by_two_instances() {
     );
     daemon.expire_all(&["lock:1"]);
     wait_until_held(&daemon, &["lock:1"]);
+    (daemon, second, hook)
+}
+
+/// A release whose digest takes longer than a lease (a slow target) keeps its lease while it
+/// works: the other instance, watching the same window end, does not take the release over and
+/// send the digest again.
+#[test]
+fn a_release_slower_than_its_lease_is_sent_once_by_two_instances() {
+    let (daemon, _second, hook) = two_instances_behind_a_slow_hook(&[("team", "digest")]);
     hook.wait_for(1, RELEASED_WITHIN);
     // A second request would have come at the end of the first lease, while the first waited
     // for its answer: by the time the release is recorded it would be here.
@@ -330,33 +339,8 @@ fn a_release_slower_than_its_lease_is_sent_once_by_two_instances() {
 /// takes the second over and it is sent twice. Each channel gets its digest once.
 #[test]
 fn two_releases_slower_than_their_lease_are_each_sent_once_by_two_instances() {
-    let redis = RedisServer::with_events("Exg");
-    let (ahead, window) = closing_window(&redis, 1);
-    let hook = HttpReceiver::start();
-    // Three leases' worth, well within the channel's timeout.
-    hook.set_handler(|_| Some(common::Response::ok_body("ok").delay(Duration::from_secs(6))));
-    let envs = [
-        ("KEYWATCH_DRILL_QUIET_AHEAD", ahead.as_str()),
-        ("KEYWATCH_LEASE", "2s"),
-    ];
-    let daemon = Daemon::launch(
-        redis,
-        common::Rules::new(&rules(
-            &window,
-            &hook,
-            &[("team", "digest"), ("ops", "digest")],
-        )),
-        Logs::Json,
-        &envs,
-    );
-    let second = run_subscribed(
-        &daemon.redis.auth_url(),
-        &daemon.rules.path,
-        Logs::Json,
-        &envs,
-    );
-    daemon.expire_all(&["lock:1"]);
-    wait_until_held(&daemon, &["lock:1"]);
+    let (daemon, second, hook) =
+        two_instances_behind_a_slow_hook(&[("team", "digest"), ("ops", "digest")]);
     hook.wait_for(2, RELEASED_WITHIN);
     // A second request for either would have come at the end of its first lease, while the
     // first waited for its answer: by the time both releases are recorded it would be here.
