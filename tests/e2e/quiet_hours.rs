@@ -373,3 +373,42 @@ fn two_releases_slower_than_their_lease_are_each_sent_once_by_two_instances() {
         said(&second)
     );
 }
+
+/// A renewal of the release's lease still on its way to Redis when the release is recorded: Redis
+/// holds every write (`CLIENT PAUSE … WRITE`) from a second before the digest's answer until a
+/// second after it, so at least one renewal (every 2/3 s) and then the release's record wait
+/// behind it, in that order. The release must be recorded with the renewed lease, not refused as
+/// taken over and sent again when the renewal's lease runs out.
+#[test]
+fn a_renewal_on_its_way_when_the_release_is_recorded_sends_nothing_twice() {
+    let (daemon, _second, hook) = two_instances_behind_a_slow_hook(&[("team", "digest")]);
+    let url = daemon.redis.url();
+    let paused = std::sync::atomic::AtomicBool::new(false);
+    hook.set_handler(move |_| {
+        let url = url.clone();
+        // The first request only: a retake's would be refused the same way, again and again.
+        if !paused.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(5));
+                let mut c = redis::Client::open(url.as_str())
+                    .and_then(|c| c.get_connection())
+                    .expect("connect to pause Redis");
+                redis::cmd("CLIENT")
+                    .arg(&["PAUSE", "2000", "WRITE"])
+                    .exec(&mut c)
+                    .expect("CLIENT PAUSE");
+            });
+        }
+        Some(common::Response::ok_body("ok").delay(Duration::from_secs(6)))
+    });
+    hook.wait_for(1, RELEASED_WITHIN);
+    // A refused release leaves the messages held until the group, back when the renewal's lease
+    // ran out, is sent and recorded again: nothing held means the second request, had there been
+    // one, is here.
+    wait_until("the release is recorded", PATIENCE, || {
+        let o = outcomes(&daemon, "lock:1");
+        held_in_redis(&daemon.redis) == 0 && !o.is_empty() && o.iter().all(|o| o == "sent")
+    });
+    assert_eq!(hook.requests().len(), 1, "released more than once");
+    assert_eq!(outcomes(&daemon, "lock:1"), ["sent"]);
+}
