@@ -48,7 +48,9 @@ fn main() {
         .unwrap_or(1000);
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 
-    let redis = RedisServer::builder().notify_keyspace_events("Ex").start();
+    // The flags keywatch needs for an `expired` rule (`Ex`, and `g` for keys deleted or renamed
+    // before their deadline); with `Ex` alone it refuses to start (docs/operations.md).
+    let redis = RedisServer::builder().notify_keyspace_events("Exg").start();
     let receiver = HttpReceiver::start();
 
     // The raw subscriber: when Redis published each `expired`.
@@ -113,9 +115,13 @@ rules:
             .arg("NUMSUB")
             .arg("__keyevent@0__:expired")
             .query(&mut conn)
-            .unwrap();
+            .unwrap_or_else(|e| panic!("PUBSUB NUMSUB: {e}\n{}", redis.log_tail()));
         if subs.1 >= 2 {
             break;
+        }
+        if keywatch.is_finished() {
+            let ended = keywatch.join();
+            panic!("keywatch stopped before it subscribed: {ended:?}");
         }
         assert!(started.elapsed() < PATIENCE, "keywatch did not subscribe");
         std::thread::sleep(Duration::from_millis(10));
