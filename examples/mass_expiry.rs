@@ -37,6 +37,11 @@
 //! instant until every task was taken over (per task too) and how many requests the receiver
 //! had by then: what the take-over's µs went to, apart from the delivery after it. With
 //! `KEYWATCH_BENCH_SLOWLOG=1` the slow log's summary comes twice, until taken over and whole.
+//! With `KEYWATCH_BENCH_PERF=DIR`, `perf record` samples keywatch (`DIR/keywatch.N.data`, with
+//! DWARF call graphs: build with `--profile profiling`) and the watched redis-server
+//! (`DIR/redis.N.data`) from the due instant for `KEYWATCH_BENCH_PERF_SECS` seconds (1.5):
+//! where the take-over's CPU goes (docs/development.md#profiling); with
+//! `KEYWATCH_BENCH_PERF_ALL=1` the whole machine instead (`DIR/all.N.data`).
 //!
 //! ```text
 //! cp target/release/examples/mass_expiry /tmp/mass_expiry.main    # on the older commit
@@ -180,6 +185,47 @@ async fn load(url: &str, tasks: usize) -> i64 {
         "loading took too long: the tasks were due before it ended"
     );
     due
+}
+
+/// `perf record` on keywatch and the watched server from now on, when `KEYWATCH_BENCH_PERF` names
+/// a directory; the recorders stop by themselves after the seconds asked for.
+fn perf_record(keywatch: u32, redis: u32) -> Vec<Child> {
+    let Some(dir) = std::env::var_os("KEYWATCH_BENCH_PERF").map(PathBuf::from) else {
+        return Vec::new();
+    };
+    let secs = std::env::var("KEYWATCH_BENCH_PERF_SECS").unwrap_or_else(|_| "1.5".into());
+    std::fs::create_dir_all(&dir).expect("the perf directory");
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if std::env::var_os("KEYWATCH_BENCH_PERF_ALL").is_some() {
+        let out = dir.join(format!("all.{n}.data"));
+        return vec![
+            Command::new("perf")
+                .args(["record", "-q", "-a", "-F", "999", "-o"])
+                .arg(&out)
+                .args(["--", "sleep", &secs])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("perf (KEYWATCH_BENCH_PERF is set)"),
+        ];
+    }
+    [("keywatch", keywatch, "dwarf"), ("redis", redis, "fp")]
+        .into_iter()
+        .map(|(name, pid, graph)| {
+            let out = dir.join(format!("{name}.{n}.data"));
+            Command::new("perf")
+                .args(["record", "-q", "-F", "999", "--call-graph", graph, "-p"])
+                .arg(pid.to_string())
+                .arg("-o")
+                .arg(&out)
+                .args(["--", "sleep", &secs])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("perf (KEYWATCH_BENCH_PERF is set)")
+        })
+        .collect()
 }
 
 async fn sleep_until_ms(at: i64) {
@@ -487,6 +533,7 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool, digest: bool)
     let due = load(&server.url(), tasks).await;
     let pid = kw.child.id();
     sleep_until_ms(due).await;
+    let perf = perf_record(pid, server.pid());
     let cpu_at_due = cpu_secs(pid);
     let mut watched = RedisSpan::start(&server).await;
     let mut state_span = match &state {
@@ -536,6 +583,9 @@ async fn keywatch_run(exe: &Path, tasks: usize, state_redis: bool, digest: bool)
             "keywatch delivered {delivered} of {tasks}; its log: {}",
             log_path().display()
         );
+    }
+    for mut recorder in perf {
+        let _ = recorder.wait();
     }
     drop(kw);
     KeywatchRun {
