@@ -32,6 +32,7 @@ use crate::store::queue::{Queue, keys as queue_keys, now_ms};
 
 use super::attempt::Attempt;
 use super::record::Record;
+use super::retry::Next;
 use super::work::Work;
 
 /// Groups one instance releases at once (each renews its own lease while it is sent).
@@ -331,8 +332,22 @@ impl HoldStage {
             let tried = attempt.run(&work, 0, Some(group.end_ms)).await;
             record.shown(&work, 0, &tried.outcome);
             match &tried.outcome {
-                Outcome::Retry { .. } => {
-                    // Held still: taken again when this lease ends.
+                Outcome::Retry { after, .. } => {
+                    // Held still, and due again when the retry policy says (a `Retry-After`
+                    // obeyed), not when this lease ends: its attempts are not counted, so the
+                    // wait follows how long it has been failing (`RetryPolicy::attempts_in`).
+                    let policy = &attempt.policy;
+                    let now = now_ms();
+                    let failing = now - group.end_ms;
+                    if let Next::RetryAt(at) =
+                        policy.after_failure(policy.attempts_in(failing), group.end_ms, now, *after)
+                    {
+                        let lease = lease.lock().await;
+                        if let Err(e) = self.store.postpone(&lease, at).await {
+                            // The lease's end brings it back instead.
+                            self.refused("retry", &e);
+                        }
+                    }
                     return false;
                 }
                 Outcome::Failed(reason) => {

@@ -32,6 +32,19 @@ impl RetryPolicy {
     }
 }
 
+impl RetryPolicy {
+    /// The attempts the backoff would have made in `failing_for_ms` of failures, for work whose
+    /// attempts are not counted (a held digest, failing since its quiet period ended): each wait
+    /// then is about as long as the work has been failing, so its retries spread out as a
+    /// counted job's do — doubling from `min` to `max` — instead of coming at every lease's end.
+    pub fn attempts_in(&self, failing_for_ms: i64) -> u32 {
+        let min = millis(self.min).max(1);
+        let ratio = u64::try_from(failing_for_ms / min).unwrap_or(0).max(1);
+        // The ceiling of attempt n is min·2^(n-1): the last one not longer than the time failing.
+        1 + ratio.ilog2()
+    }
+}
+
 /// What follows a failed attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
@@ -86,6 +99,32 @@ mod tests {
         }
         let late: Duration = (0..200).map(|_| p.backoff(10)).sum::<Duration>() / 200;
         assert!(late > Duration::from_secs(20), "{late:?}");
+    }
+
+    #[test]
+    fn uncounted_attempts_wait_about_as_long_as_they_have_been_failing() {
+        let p = RetryPolicy::default();
+        for (failing_for, attempts) in [
+            (-5, 1),
+            (0, 1),
+            (1_999, 1),
+            (2_000, 2),
+            (3_999, 2),
+            (4_000, 3),
+            (60_000, 6),
+            (DAY_MS, 17),
+        ] {
+            assert_eq!(p.attempts_in(failing_for), attempts, "{failing_for} ms");
+        }
+        // Never longer than the time failing (beyond the first step), nor than the cap.
+        for failing_for in [1_000, 7_000, 100_000, HOUR_MS] {
+            let ceiling = Backoff::new(p.min, p.max).ceiling(p.attempts_in(failing_for));
+            assert!(
+                ceiling.as_millis() as i64 <= failing_for,
+                "{failing_for} ms"
+            );
+            assert!(ceiling <= p.max);
+        }
     }
 
     const HOUR_MS: i64 = 3_600_000;

@@ -254,6 +254,12 @@ impl HeldStore {
         }))
     }
 
+    /// Makes `lease`'s group come due at `at_ms` (a refused release's retry) instead of when the
+    /// lease ends; `false` when it is another instance's now.
+    pub async fn postpone(&self, lease: &Lease, at_ms: i64) -> redis::RedisResult<bool> {
+        self.rescore(&lease.group, lease.token, at_ms).await
+    }
+
     /// Makes `group` due at `now_ms` unless someone is releasing it: a window a reload edited
     /// or removed releases what it held at once. `false` when it was not waiting for its end.
     pub async fn release_now(&self, group: &Group, now_ms: i64) -> redis::RedisResult<bool> {

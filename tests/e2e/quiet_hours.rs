@@ -412,3 +412,47 @@ fn a_renewal_on_its_way_when_the_release_is_recorded_sends_nothing_twice() {
     assert_eq!(hook.requests().len(), 1, "released more than once");
     assert_eq!(outcomes(&daemon, "lock:1"), ["sent"]);
 }
+
+/// A digest the target refuses is tried again when the retry policy says, not when the release's
+/// lease ends: after a `503` within about a second (the backoff's first step), after a `429` no
+/// sooner than its `Retry-After` (5 s here, longer than the 2 s lease), and then sent once.
+#[test]
+fn a_refused_digest_is_retried_when_the_target_says_not_when_its_lease_ends() {
+    let redis = RedisServer::with_events("Exg");
+    let (ahead, window) = closing_window(&redis, 1);
+    let hook = HttpReceiver::start();
+    hook.push(common::Response::status(503));
+    hook.push(common::Response::status(429).header("Retry-After", "5"));
+    let daemon = Daemon::launch(
+        redis,
+        common::Rules::new(&rules(&window, &hook, &[("team", "digest")])),
+        Logs::Json,
+        &[
+            ("KEYWATCH_DRILL_QUIET_AHEAD", ahead.as_str()),
+            ("KEYWATCH_LEASE", "2s"),
+        ],
+    );
+    daemon.expire_all(&["lock:1"]);
+    wait_until_held(&daemon, &["lock:1"]);
+    let got = hook.wait_for(3, RELEASED_WITHIN + Duration::from_secs(10));
+    let gap = |i: usize| got[i].received_instant - got[i - 1].received_instant;
+    // The backoff's first wait is between half a second and a second.
+    assert!(
+        gap(1) >= Duration::from_millis(500),
+        "retried {:?} after a 503",
+        gap(1)
+    );
+    assert!(
+        gap(2) >= Duration::from_secs(5),
+        "retried {:?} after a 429 with `Retry-After: 5` (the lease is 2 s)",
+        gap(2)
+    );
+    assert!(
+        got.iter().all(|r| text(r) == text(&got[0])),
+        "the digest changed"
+    );
+    wait_until("the release is recorded", PATIENCE, || {
+        held_in_redis(&daemon.redis) == 0 && outcomes(&daemon, "lock:1") == ["sent"]
+    });
+    assert_eq!(hook.requests().len(), 3, "sent again after it went out");
+}
