@@ -39,3 +39,34 @@ pub fn reserve(port: u16) -> bool {
         .unwrap_or_else(|e| e.into_inner())
         .insert(port)
 }
+
+/// A loopback port where nothing listens, held for as long as this lives: bound without `listen`,
+/// so a connection to it is refused, and no other process can bind it meanwhile. A port that was
+/// only free a moment ago ([`free_port`]) was taken by another suite's receiver running beside
+/// this one, which answered `404` where a test expected "cannot connect".
+pub struct ClosedPort {
+    _socket: socket2::Socket,
+    pub port: u16,
+}
+
+pub fn closed_port() -> ClosedPort {
+    for _ in 0..1000 {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("a TCP socket");
+        let any: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
+        socket.bind(&any.into()).expect("bind 127.0.0.1:0");
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("the bound socket's address")
+            .port();
+        if reserve(port) {
+            return ClosedPort {
+                _socket: socket,
+                port,
+            };
+        }
+    }
+    panic!("no free loopback port found in 1000 attempts");
+}

@@ -278,7 +278,8 @@ fn one_of_two_urls_down_changes_nothing_for_the_other() {
     let hook = HttpReceiver::start();
     let am = Alertmanager::start(&hook);
     // Nothing listens there.
-    let down = format!("http://127.0.0.1:{}", common::ports::free_port());
+    let closed = common::ports::closed_port();
+    let down = format!("http://127.0.0.1:{}", closed.port);
     let daemon = Daemon::start(&rules(&[down.clone(), am.url()], "", ""));
     daemon.expire("order_lock:1");
 
@@ -546,7 +547,8 @@ rules:
 fn rounds_and_retries_count_in_metrics_and_an_alert_between_rounds_is_not_due() {
     let hook = HttpReceiver::start();
     let am = Alertmanager::start(&hook);
-    let down = format!("http://127.0.0.1:{}", common::ports::free_port());
+    let closed = common::ports::closed_port();
+    let down = format!("http://127.0.0.1:{}", closed.port);
     let daemon = Daemon::start(&rules(&[am.url(), down], "    resend: 1s\n", ""));
     daemon.expire("order_lock:1");
     am.wait_for_alert("order_lock:1");

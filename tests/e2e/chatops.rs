@@ -425,12 +425,13 @@ rules:
         assert_no_secret("send-test and explain", text, &[TG_TOKEN, "AAEsecret"]);
     }
     // A connection refused names no URL either.
+    let closed = common::ports::closed_port();
     let down = Rules::new(&format!(
         r#"
 channels:
   tg: {{ type: telegram, url: "http://127.0.0.1:{}", token: "{TG_TOKEN}", chat_id: -100123 }}
 "#,
-        common::ports::free_port()
+        closed.port
     ));
     let (code, stdout, stderr) = send_test(&down, "tg");
     assert_eq!(code, Some(1), "{stdout}{stderr}");

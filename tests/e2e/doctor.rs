@@ -326,7 +326,8 @@ fn the_password_of_the_url_never_reaches_the_output() {
     let doctor = Doctor::new(RULES);
     let good = format!("redis://:{secret}@{}", redis.addr());
     let wrong = format!("redis://:wr0ng-{secret}@{}", redis.addr());
-    let closed = format!("redis://:{secret}@127.0.0.1:{}", common::ports::free_port());
+    let port = common::ports::closed_port();
+    let closed = format!("redis://:{secret}@127.0.0.1:{}", port.port);
     for (url, expect) in [(&good, 1), (&wrong, 1), (&closed, 1)] {
         for extra in [&[][..], &["--json"][..]] {
             let out = doctor.run(url, extra);

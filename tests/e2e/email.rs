@@ -7,9 +7,7 @@
 
 use crate::common;
 
-use common::{
-    Daemon, Mail, PATIENCE, Rules, SmtpServer, TestPki, assert_no_secret, ports::free_port,
-};
+use common::{Daemon, Mail, PATIENCE, Rules, SmtpServer, TestPki, assert_no_secret};
 use serde_json::Value;
 
 const FROM: &str = "keywatch <keywatch@example.com>";
@@ -318,7 +316,8 @@ fn a_451_is_retried_and_the_retry_carries_the_same_message_id() {
 
 #[test]
 fn a_server_that_is_down_is_retried_until_it_is_up() {
-    let port = free_port();
+    let closed = common::ports::closed_port();
+    let port = closed.port;
     let channel = format!(
         "    smtp: \"smtp://127.0.0.1:{port}\"\n    tls: none\n    timeout: 2s\n    from: \"{FROM}\"\n    to: oncall@example.com"
     );
@@ -326,6 +325,7 @@ fn a_server_that_is_down_is_retried_until_it_is_up() {
     daemon.expire("order_lock:9");
     let retry = attempt_logged(&daemon, "retry");
     assert!(retry.to_string().contains("Connection"), "{retry}");
+    drop(closed);
     let smtp = SmtpServer::builder().port(port).start();
     let m = smtp.wait_for_mails(1, PATIENCE).remove(0);
     assert_eq!(m.header("Subject"), Some("Order lock 9 expired"));
