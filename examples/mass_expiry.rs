@@ -905,14 +905,15 @@ fn print_table(f: &Figures) {
         f.redis_cpu_s
     );
     let verdict = |ok: bool| if ok { "met" } else { "not met" };
-    for (what, s) in [
-        ("taken over", f.keywatch_taken_s),
-        ("delivered", f.keywatch_s),
+    // Taken over: #42's goal; delivered: #18's, which one POST per task on two cores is far from.
+    for (what, s, goal, issue) in [
+        ("taken over", f.keywatch_taken_s, 1.5, 42),
+        ("delivered", f.keywatch_s, 1.2, 18),
     ] {
         let pace = s / f.redis_s;
         println!(
-            "goal ≤ 1.2× Redis's pace, {what}: {pace:.2}× ({})",
-            verdict(pace <= 1.2)
+            "goal ≤ {goal}× Redis's pace (#{issue}), {what}: {pace:.2}× ({})",
+            verdict(pace <= goal)
         );
         if let Some(n) = f.naive_s {
             let faster = n / s;
