@@ -374,32 +374,40 @@ fn two_releases_slower_than_their_lease_are_each_sent_once_by_two_instances() {
     );
 }
 
-/// A renewal of the release's lease still on its way to Redis when the release is recorded: Redis
-/// holds every write (`CLIENT PAUSE … WRITE`) from a second before the digest's answer until a
-/// second after it, so at least one renewal (every 2/3 s) and then the release's record wait
-/// behind it, in that order. The release must be recorded with the renewed lease, not refused as
-/// taken over and sent again when the renewal's lease runs out.
+/// A renewal of the release's lease still on its way to Redis when the release is recorded: on the
+/// digest's request, once a renewal has landed (the group's score moved), Redis holds every write
+/// (`CLIENT PAUSE … WRITE`, 1.5 s: within the renewed lease) and the digest is answered 0.9 s
+/// later, after the next renewal (every 2/3 s) went out. That renewal and then the release's record
+/// wait behind the pause, in that order. The release must be recorded with the renewed lease, not
+/// refused as taken over and sent again when the renewal's lease runs out.
 #[test]
 fn a_renewal_on_its_way_when_the_release_is_recorded_sends_nothing_twice() {
     let (daemon, _second, hook) = two_instances_behind_a_slow_hook(&[("team", "digest")]);
     let url = daemon.redis.url();
     let paused = std::sync::atomic::AtomicBool::new(false);
     hook.set_handler(move |_| {
-        let url = url.clone();
         // The first request only: a retake's would be refused the same way, again and again.
-        if !paused.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_secs(5));
-                let mut c = redis::Client::open(url.as_str())
-                    .and_then(|c| c.get_connection())
-                    .expect("connect to pause Redis");
-                redis::cmd("CLIENT")
-                    .arg(&["PAUSE", "2000", "WRITE"])
-                    .exec(&mut c)
-                    .expect("CLIENT PAUSE");
-            });
+        if paused.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Some(common::Response::ok_body("ok"));
         }
-        Some(common::Response::ok_body("ok").delay(Duration::from_secs(6)))
+        let mut c = redis::Client::open(url.as_str())
+            .and_then(|c| c.get_connection())
+            .expect("connect to pause Redis");
+        let score = |c: &mut redis::Connection| {
+            redis::cmd("ZRANGE")
+                .arg(&["keywatch:held", "0", "0", "WITHSCORES"])
+                .query::<Vec<(String, f64)>>(c)
+                .expect("the held groups")
+        };
+        let taken = score(&mut c);
+        wait_until("a renewal of the release's lease", PATIENCE, || {
+            score(&mut c) != taken
+        });
+        redis::cmd("CLIENT")
+            .arg(&["PAUSE", "1500", "WRITE"])
+            .exec(&mut c)
+            .expect("CLIENT PAUSE");
+        Some(common::Response::ok_body("ok").delay(Duration::from_millis(900)))
     });
     hook.wait_for(1, RELEASED_WITHIN);
     // A refused release leaves the messages held until the group, back when the renewal's lease
