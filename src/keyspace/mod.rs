@@ -78,6 +78,20 @@ impl Conn {
         }
     }
 
+    /// The same node and database on a connection of its own, where one can be opened (a
+    /// single node whose client is known); otherwise this one. Redis answers a connection's
+    /// commands in the order they came, so a command that others wait on (a take, a batch of
+    /// jobs) sent on a shared connection queues behind every pipeline sent before it; on its
+    /// own it is read in Redis's next round (docs/performance.md#connections-of-their-own-42).
+    pub async fn apart(&self) -> RedisResult<Conn> {
+        match self {
+            Conn::Node(_, Some(client)) => connect::manager(client)
+                .await
+                .map(|c| Conn::Node(c, Some(client.clone()))),
+            _ => Ok(self.clone()),
+        }
+    }
+
     /// The connection a command goes to now: the one of a followed master in force.
     async fn current(keyspace: &Keyspace, db: u32) -> RedisResult<ConnectionManager> {
         keyspace.db_conn(db).await.map(|(c, _)| c)
@@ -761,6 +775,56 @@ mod tests {
 
     fn keyspace(sentinel: bool) -> Keyspace {
         Keyspace::new(Secret::new("redis://127.0.0.1:6379"), settings(sentinel)).unwrap()
+    }
+
+    /// A connection apart is another client of the same server: what waits on the shared one
+    /// (here a blocked `BLPOP`) does not hold it back, and it is what wakes the waiter.
+    #[tokio::test]
+    async fn a_connection_apart_is_not_held_back_by_the_shared_one() {
+        let (_server, shared) = crate::local_redis::throwaway().await;
+        let apart = shared.apart().await.unwrap();
+        let id = |c: Conn| async move {
+            redis::cmd("CLIENT")
+                .arg("ID")
+                .query_async::<i64>(&mut c.clone())
+                .await
+                .unwrap()
+        };
+        assert_ne!(id(shared.clone()).await, id(apart.clone()).await);
+        let mut blocked = shared.clone();
+        let waiter = tokio::spawn(async move {
+            redis::cmd("BLPOP")
+                .arg("wake")
+                .arg(0)
+                .query_async::<(String, String)>(&mut blocked)
+                .await
+        });
+        // The waiter is blocked once Redis counts it (a signal, not a sleep).
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("clients")
+                .query_async(&mut apart.clone())
+                .await
+                .unwrap();
+            if info.lines().any(|l| l == "blocked_clients:1") {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        // On the shared connection this would wait behind the BLPOP for ever; a hang fails here.
+        let pushed = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            redis::cmd("LPUSH")
+                .arg("wake")
+                .arg("up")
+                .query_async::<i64>(&mut apart.clone()),
+        )
+        .await;
+        assert_eq!(pushed.unwrap().unwrap(), 1);
+        assert_eq!(
+            waiter.await.unwrap().unwrap(),
+            ("wake".to_string(), "up".to_string())
+        );
     }
 
     #[tokio::test]

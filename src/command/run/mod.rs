@@ -191,7 +191,16 @@ pub async fn run(
         metrics.clone(),
     );
     let instance = format!("{}:{}", hostname(), std::process::id());
-    let intake = Intake::new(state.clone(), &config.state.prefix, &instance);
+    // The takes on a connection of their own: the engine waits for each before the next batch
+    // (docs/performance.md#connections-of-their-own-42).
+    let intake = Intake::new(
+        state
+            .apart()
+            .await
+            .map_err(|e| StartError::Redis(format!("cannot connect to the state Redis: {e}")))?,
+        &config.state.prefix,
+        &instance,
+    );
     let silenced = Arc::new(silences::Active::default());
     let (tx, rx) = mpsc::channel(crate::source::notifications::backlog().0);
     let fields = crate::source::fields::FieldLedger::new(

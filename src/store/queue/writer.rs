@@ -202,6 +202,15 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Request>,
     under_way: Arc<UnderWay>,
 ) {
+    // Its transactions on a connection of their own, not behind the detail reads and removals
+    // of the firing stages (docs/performance.md#connections-of-their-own-42); where none can be
+    // opened now, the shared one serves as before.
+    match conn.apart().await {
+        Ok(c) => conn = c,
+        Err(e) => {
+            tracing::debug!(error = %e, "The queue's writer shares the state connection.")
+        }
+    }
     let names = Names {
         zset: super::keys::queue(&prefix),
         jobs: super::keys::jobs(&prefix),
