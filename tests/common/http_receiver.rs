@@ -518,6 +518,8 @@ impl Drop for HttpReceiver {
 
 fn accept_loop(inner: Arc<Inner>, first: TcpListener) {
     let mut listener = Some(first);
+    // The port while the receiver is down, held so that no other process binds it meanwhile.
+    let mut held: Option<socket2::Socket> = None;
     loop {
         let current = match listener.take() {
             Some(l) => l,
@@ -530,6 +532,7 @@ fn accept_loop(inner: Arc<Inner>, first: TcpListener) {
                     return;
                 }
                 drop(state);
+                drop(held.take());
                 let bound = rebind(inner.port);
                 let mut state = inner.lock();
                 match bound {
@@ -586,6 +589,7 @@ fn accept_loop(inner: Arc<Inner>, first: TcpListener) {
             }
         }
         drop(current);
+        held = ports::hold(inner.port);
         let mut state = inner.lock();
         state.listening = false;
         let shutdown = state.shutdown;

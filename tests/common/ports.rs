@@ -70,3 +70,18 @@ pub fn closed_port() -> ClosedPort {
     }
     panic!("no free loopback port found in 1000 attempts");
 }
+
+/// Holds `port`, which this process just stopped listening on, bound without `listen` (see
+/// [`ClosedPort`]): a receiver that is "down" refuses connections as a port where nothing
+/// listens does, and a bind to port 0 elsewhere (another suite's receiver or redis-server) does
+/// not pick its port meanwhile, as Linux passes over a port with a socket bound to it before
+/// it honours `SO_REUSEADDR`. With `SO_REUSEADDR` itself, to bind beside the connections just
+/// cut, which linger in `TIME_WAIT` on the port. `None` when it cannot be bound; the receiver is
+/// down all the same.
+pub fn hold(port: u16) -> Option<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    socket.set_reuse_address(true).ok()?;
+    let at: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    socket.bind(&at.into()).ok()?;
+    Some(socket)
+}
