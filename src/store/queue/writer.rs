@@ -202,15 +202,6 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Request>,
     under_way: Arc<UnderWay>,
 ) {
-    // Its transactions on a connection of their own, not behind the detail reads and removals
-    // of the firing stages (docs/performance.md#connections-of-their-own-42); where none can be
-    // opened now, the shared one serves as before.
-    match conn.apart().await {
-        Ok(c) => conn = c,
-        Err(e) => {
-            tracing::debug!(error = %e, "The queue's writer shares the state connection.")
-        }
-    }
     let names = Names {
         zset: super::keys::queue(&prefix),
         jobs: super::keys::jobs(&prefix),
@@ -218,7 +209,20 @@ async fn run(
         prefix,
     };
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut apart = false;
     while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        // Its transactions on a connection of their own, not behind the detail reads and
+        // removals of the firing stages (docs/performance.md#connections-of-their-own-42),
+        // opened at the first write: a queue only read (the endpoint's gauges) opens none. Where
+        // none can be opened then, the shared one serves as before.
+        if !std::mem::replace(&mut apart, true) {
+            match conn.apart().await {
+                Ok(c) => conn = c,
+                Err(e) => {
+                    tracing::debug!(error = %e, "The queue's writer shares the state connection.")
+                }
+            }
+        }
         if batch.iter().all(Request::acknowledges) {
             linger(&mut rx, &mut batch, &under_way).await;
         }
