@@ -51,10 +51,7 @@ pub struct ClosedPort {
 
 pub fn closed_port() -> ClosedPort {
     for _ in 0..1000 {
-        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-            .expect("a TCP socket");
-        let any: std::net::SocketAddr = ([127, 0, 0, 1], 0).into();
-        socket.bind(&any.into()).expect("bind 127.0.0.1:0");
+        let socket = bound(0, false).expect("bind 127.0.0.1:0");
         let port = socket
             .local_addr()
             .ok()
@@ -79,9 +76,14 @@ pub fn closed_port() -> ClosedPort {
 /// cut, which linger in `TIME_WAIT` on the port. `None` when it cannot be bound; the receiver is
 /// down all the same.
 pub fn hold(port: u16) -> Option<socket2::Socket> {
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
-    socket.set_reuse_address(true).ok()?;
+    bound(port, true).ok()
+}
+
+/// A TCP socket bound to loopback `port` (0: any free one), not listening.
+fn bound(port: u16, reuse_address: bool) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    socket.set_reuse_address(reuse_address)?;
     let at: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-    socket.bind(&at.into()).ok()?;
-    Some(socket)
+    socket.bind(&at.into())?;
+    Ok(socket)
 }
