@@ -233,7 +233,10 @@ async fn run(
         {
             tokio::time::sleep(delay).await;
         }
-        let (mut pipe, marked) = pipeline(&names, batch.iter().flat_map(|r: &Request| &r.ops));
+        // The callers' commands are moved into the pipeline, not copied: a batch's history
+        // entry alone is hundreds of kilobytes in a mass expiry.
+        let ops = batch.iter_mut().flat_map(|r| std::mem::take(&mut r.ops));
+        let (mut pipe, marked) = pipeline(&names, ops);
         // One transaction: a caller's jobs and its `Also` commands land together or not at
         // all (a crash cannot fall between them); Redis runs it as one command batch anyway.
         pipe.atomic();
@@ -308,10 +311,7 @@ struct Names {
 /// place. Order matters only between writes of one job, which come from one caller that waits
 /// for each: keeping runs in order keeps that. Returns the pipeline and, in order, the bundle
 /// each of its answers (the `ZSCORE`s; every other command's answer is ignored) is about.
-fn pipeline<'a>(
-    names: &Names,
-    ops: impl Iterator<Item = &'a Op>,
-) -> (redis::Pipeline, Vec<Arc<str>>) {
+fn pipeline(names: &Names, ops: impl Iterator<Item = Op>) -> (redis::Pipeline, Vec<Arc<str>>) {
     let mut pipe = redis::pipe();
     let mut marked = Vec::new();
     let mut ops = ops.peekable();
@@ -328,15 +328,15 @@ fn pipeline<'a>(
                         zadd.arg(*due).arg(id);
                     }
                 };
-                add(first);
+                add(&first);
                 while let Some(op) = ops.next_if(|o| matches!(o, Op::Put { .. })) {
-                    add(op);
+                    add(&op);
                 }
                 pipe.add_command(hset).ignore();
                 pipe.add_command(zadd).ignore();
             }
             Op::Also(cmd) => {
-                pipe.add_command(cmd.clone()).ignore();
+                pipe.add_command(cmd).ignore();
             }
             Op::Unmark { key } => {
                 pipe.cmd("DEL").arg(key).ignore();
@@ -355,19 +355,19 @@ fn pipeline<'a>(
                         forget.arg(id);
                     }
                 };
-                add(first);
+                add(&first);
                 while let Some(op) = ops.next_if(|o| matches!(o, Op::Done { .. })) {
-                    add(op);
+                    add(&op);
                 }
                 pipe.add_command(zrem).ignore();
                 pipe.add_command(hdel).ignore();
                 pipe.add_command(forget).ignore();
             }
             Op::Mark { .. } => {
-                let mut by_bundle: BTreeMap<&Arc<str>, Vec<usize>> = BTreeMap::new();
-                let mut add = |op: &'a Op| {
+                let mut by_bundle: BTreeMap<Arc<str>, Vec<usize>> = BTreeMap::new();
+                let mut add = |op: Op| {
                     if let Op::Mark { bundle, index } = op {
-                        by_bundle.entry(bundle).or_default().push(*index);
+                        by_bundle.entry(bundle).or_default().push(index);
                     }
                 };
                 add(first);
@@ -376,13 +376,13 @@ fn pipeline<'a>(
                 }
                 for (bundle, indexes) in by_bundle {
                     let mut hset = redis::cmd("HSET");
-                    hset.arg(super::keys::bundle_done(&names.prefix, bundle));
+                    hset.arg(super::keys::bundle_done(&names.prefix, &bundle));
                     for i in indexes {
                         hset.arg(i).arg("1");
                     }
                     pipe.add_command(hset).ignore();
-                    pipe.cmd("ZSCORE").arg(&names.zset).arg(&**bundle);
-                    marked.push(bundle.clone());
+                    pipe.cmd("ZSCORE").arg(&names.zset).arg(&*bundle);
+                    marked.push(bundle);
                 }
             }
         }
@@ -515,7 +515,7 @@ mod tests {
             put("c"),
             mark("#3#y", 2),
         ];
-        let (p, marked) = pipeline(&names(), ops.iter());
+        let (p, marked) = pipeline(&names(), ops.into_iter());
         assert_eq!(
             commands(&p),
             [
