@@ -424,6 +424,42 @@ impl ScanDone {
     }
 }
 
+/// A fill of the ledger ended: the deadlines of the `keys` of database `db` that existed
+/// before keywatch subscribed (or while its events were lost) are learnt, read by a paced scan
+/// that took `took`. With `error`, the scan failed part way: the deadlines of the keys it did
+/// not reach are learnt from events only, until the next fill.
+pub struct LedgerFilled<'a> {
+    pub db: u32,
+    pub keys: usize,
+    pub took: std::time::Duration,
+    pub error: Option<&'a str>,
+}
+
+impl LedgerFilled<'_> {
+    pub const NAME: &'static str = "ledger_filled";
+
+    pub fn emit(self) {
+        let took_ms = self.took.as_millis() as u64;
+        match self.error {
+            None => tracing::info!(
+                internal_event = Self::NAME,
+                db = self.db,
+                keys = self.keys,
+                took_ms,
+                "Ledger: learnt the deadlines of existing keys."
+            ),
+            Some(error) => tracing::warn!(
+                internal_event = Self::NAME,
+                db = self.db,
+                keys = self.keys,
+                took_ms,
+                error,
+                "Ledger: the scan failed; the deadlines of the keys it did not reach are learnt from events only."
+            ),
+        }
+    }
+}
+
 /// `keywatch upcoming` reads the deadlines of database `db` `from` the ledger (what `run`
 /// keeps) or by a scan of the keyspace.
 pub struct DeadlinesRead {
@@ -989,6 +1025,24 @@ mod tests {
                     took: Duration::from_millis(3),
                 }
                 .emit(metrics)
+            }),
+            Box::new(|| {
+                LedgerFilled {
+                    db: 0,
+                    keys: 200,
+                    took: Duration::from_millis(3),
+                    error: None,
+                }
+                .emit()
+            }),
+            Box::new(|| {
+                LedgerFilled {
+                    db: 0,
+                    keys: 0,
+                    took: Duration::from_millis(3),
+                    error: Some("connection refused"),
+                }
+                .emit()
             }),
             Box::new(|| {
                 DeadlinesRead {

@@ -645,6 +645,9 @@ fn an_idle_instance_does_not_poll_redis() {
     wait_until("the ledger knows the 200 deadlines", PATIENCE, || {
         ledger_size(&redis) == 200
     });
+    // Start-up's fill reads every key it finds again: on a busy machine its scan may come after
+    // the keys were set (CI saw its 200 `PEXPIRETIME`s and `HSET`s inside the window).
+    kw.wait_for_event("ledger_filled", "of db 0", |e| e["db"] == "0");
     // Calls per command, but `INFO` (this test's own).
     let calls = |c: &mut redis::Connection| -> std::collections::BTreeMap<String, u64> {
         let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();

@@ -1102,18 +1102,16 @@ pub async fn fill_all(ledger: &Ledger, config: &crate::config::Config, only: Opt
     for &db in &config.redis.databases {
         let wanted = |k: &[u8]| config.wants_deadline(db, k);
         let started = tokio::time::Instant::now();
-        match ledger.fill(db, only, &globs, &wanted, pace).await {
-            Ok(n) => tracing::info!(
-                db,
-                keys = n,
-                took_ms = started.elapsed().as_millis() as u64,
-                "Ledger: learnt the deadlines of existing keys."
-            ),
-            Err(e) => {
-                complete = false;
-                tracing::warn!(db, error = %e, "Ledger: the scan failed; deadlines are learnt from events only.")
-            }
+        let filled = ledger.fill(db, only, &globs, &wanted, pace).await;
+        let error = filled.as_ref().err().map(ToString::to_string);
+        complete &= error.is_none();
+        crate::internal_events::LedgerFilled {
+            db,
+            keys: *filled.as_ref().unwrap_or(&0),
+            took: started.elapsed(),
+            error: error.as_deref(),
         }
+        .emit();
     }
     let last = ledger.inner.filling.fetch_sub(1, Ordering::SeqCst) == 1;
     if last {
