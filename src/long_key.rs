@@ -75,9 +75,70 @@ pub fn is_long(key: &[u8]) -> bool {
     key.len() > EXACT
 }
 
+/// The long keys in memory now, each once (see [`shared`]).
+static IN_MEMORY: std::sync::Mutex<Vec<std::sync::Weak<Vec<u8>>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A copy of a long key that holds its bytes alive (`Bytes::from_owner`).
+struct Shared(std::sync::Arc<Vec<u8>>);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// `key` as [`bytes::Bytes`]; a long key shares the copy already in memory when one of the
+/// same bytes is, and the new one is dropped at once. The server names a key whole in every
+/// message about it: a hash of a 16 MiB name whose fields expire in twelve cycles is twelve
+/// `hexpired` of 16 MiB, which redis-rs reads at once when they wait together, and the field
+/// ledger reads the name back for each (docs/reliability.md#bounded-whatever-the-key). Costs a
+/// `memcmp` per long key in memory, for long keys only.
+pub fn shared(key: Vec<u8>) -> bytes::Bytes {
+    if !is_long(&key) {
+        return key.into();
+    }
+    let mut in_memory = IN_MEMORY.lock().unwrap_or_else(|p| p.into_inner());
+    in_memory.retain(|k| k.strong_count() > 0);
+    if let Some(same) = in_memory
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .find(|k| k.as_slice() == key.as_slice())
+    {
+        return bytes::Bytes::from_owner(Shared(same));
+    }
+    let key = std::sync::Arc::new(key);
+    in_memory.push(std::sync::Arc::downgrade(&key));
+    bytes::Bytes::from_owner(Shared(key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Long keys of the same bytes share one copy while any is held; another key is a copy of
+    /// its own, and nothing is kept once every copy is dropped.
+    #[test]
+    fn a_long_key_in_memory_is_shared_until_dropped() {
+        let key = |c: u8| vec![c; EXACT + 1];
+        let a = shared(key(b'a'));
+        let again = shared(key(b'a'));
+        assert_eq!(a.as_ptr(), again.as_ptr(), "one copy");
+        let b = shared(key(b'b'));
+        assert_ne!(a.as_ptr(), b.as_ptr());
+        assert_eq!(b, key(b'b'));
+        let weak = {
+            let in_memory = IN_MEMORY.lock().unwrap();
+            in_memory
+                .iter()
+                .find(|k| k.upgrade().is_some_and(|k| k[0] == b'a'))
+                .cloned()
+                .unwrap()
+        };
+        drop((a, again));
+        assert_eq!(weak.strong_count(), 0, "dropped with its last copy");
+        assert_eq!(shared(b"k:1".to_vec()), &b"k:1"[..]);
+    }
 
     #[test]
     fn a_key_that_fits_is_whole_and_a_long_one_is_cut_and_marked() {

@@ -285,7 +285,7 @@ impl Engine {
                         }
                     }
                 }
-                Signal::Hash { db, key, change } => self.notice_hash(db, key.into(), change),
+                Signal::Hash { db, key, change } => self.notice_hash(db, key, change),
                 Signal::Warn { event, rules } => warnings.push((event, rules)),
                 Signal::Marker { node, payload } => {
                     if let Some(notice) = crate::store::notices::Notice::parse(&payload) {

@@ -262,7 +262,7 @@ impl FieldLedger {
             HashId::Bytes(key) if crate::long_key::is_long(&key) => {
                 let old = HashId::Bytes(key.clone());
                 let known: Vec<(Vec<u8>, i64)> = self.known(db, &old).await?.into_iter().collect();
-                let hash = Hash::of(key.into());
+                let hash = Hash::of(crate::long_key::shared(key));
                 let moved: Vec<_> = known.iter().map(|(f, d)| (f.clone(), Some(*d))).collect();
                 self.write(db, &hash, &moved).await?;
                 let forget: Vec<_> = known.into_iter().map(|(f, _)| (f, None)).collect();
@@ -282,7 +282,7 @@ impl FieldLedger {
                 let name = store::name(&self.state(), &self.inner.prefix, db, len, sha256).await?;
                 match name {
                     Some(key) => Ok(Some(Hash {
-                        key: key.into(),
+                        key: crate::long_key::shared(key),
                         id,
                     })),
                     None => {

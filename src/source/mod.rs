@@ -42,7 +42,8 @@ pub enum Signal {
     /// A keyevent about a hash's fields, for the field ledger (`source::fields`).
     Hash {
         db: u32,
-        key: Vec<u8>,
+        /// Shared by every signal naming the same long hash ([`crate::long_key::shared`]).
+        key: bytes::Bytes,
         change: Change,
     },
     /// An `expiring` event from the scanner ([`crate::source::scanner`]), for the rules it

@@ -102,7 +102,7 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Feed)> {
 pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal> {
     decode_owned(
         msg.get_channel_name(),
-        msg.get_payload_bytes().to_vec(),
+        crate::long_key::shared(msg.get_payload_bytes().to_vec()),
         node,
         now,
     )
@@ -110,13 +110,19 @@ pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal
 
 /// [`decode`] of a message's channel and payload, the payload taken as it was read: a RESP3
 /// push hands it over, where redis-rs's RESP2 message can only lend it, and a key of megabytes
-/// is then not copied (docs/reliability.md#bounded-whatever-the-key).
-pub fn decode_owned(channel: &str, key: Vec<u8>, node: &str, now: DateTime<Utc>) -> Option<Signal> {
+/// is then not copied; a long one comes shared ([`crate::long_key::shared`]) with the copy
+/// already in memory (docs/reliability.md#bounded-whatever-the-key).
+pub fn decode_owned(
+    channel: &str,
+    key: bytes::Bytes,
+    node: &str,
+    now: DateTime<Utc>,
+) -> Option<Signal> {
     Some(match parse_channel(channel) {
         Some((db, Feed::Event(kind))) => Signal::Event(KeyEvent {
             kind,
             db,
-            key: key.into(),
+            key,
             field: None,
             observed_at: now,
             deadline: None,
@@ -125,11 +131,15 @@ pub fn decode_owned(channel: &str, key: Vec<u8>, node: &str, now: DateTime<Utc>)
             source: node.to_string(),
             place: None,
         }),
-        Some((db, Feed::Deadline(note))) => Signal::Deadline { db, key, note },
+        Some((db, Feed::Deadline(note))) => Signal::Deadline {
+            db,
+            key: key.into(),
+            note,
+        },
         Some((db, Feed::Hash(change))) => Signal::Hash { db, key, change },
         None if !channel.starts_with("__keyevent@") => Signal::Marker {
             node: node.to_string(),
-            payload: key,
+            payload: key.into(),
         },
         None => return None,
     })
@@ -682,6 +692,43 @@ impl Held {
     }
 }
 
+/// A push as the subscribed connection's task hands it on, as soon as redis-rs has read it.
+/// redis-rs reads whatever waits on the socket at once, before the session looks at the first
+/// message: a message naming a long key is made to share the copy already in memory there and
+/// then ([`crate::long_key::shared`]), or twelve `hexpired` of one 16 MiB hash waiting together
+/// were twelve copies (docs/reliability.md#bounded-whatever-the-key).
+enum Push {
+    Message {
+        channel: String,
+        payload: bytes::Bytes,
+    },
+    Disconnection,
+    /// Confirmations of (un)subscriptions, which redis-rs awaits itself; a malformed message.
+    Other,
+}
+
+impl Push {
+    fn of(push: redis::PushInfo) -> Push {
+        match push.kind {
+            redis::PushKind::Message => {
+                let mut data = push.data.into_iter();
+                match (data.next(), data.next()) {
+                    (
+                        Some(redis::Value::BulkString(channel)),
+                        Some(redis::Value::BulkString(payload)),
+                    ) => Push::Message {
+                        channel: String::from_utf8_lossy(&channel).into_owned(),
+                        payload: crate::long_key::shared(payload),
+                    },
+                    _ => Push::Other,
+                }
+            }
+            redis::PushKind::Disconnection => Push::Disconnection,
+            _ => Push::Other,
+        }
+    }
+}
+
 /// The subscribed connection of a session. RESP3 where the node speaks it: a message comes as a
 /// push whose payload redis-rs hands over as read, where the RESP2 connection's message only
 /// lends it, to be copied (a 16 MiB key was held twice more at once,
@@ -691,7 +738,7 @@ impl Held {
 enum Subscription {
     Resp3 {
         conn: redis::aio::MultiplexedConnection,
-        pushes: mpsc::UnboundedReceiver<redis::PushInfo>,
+        pushes: mpsc::UnboundedReceiver<Push>,
     },
     Resp2 {
         sink: redis::aio::PubSubSink,
@@ -709,6 +756,7 @@ impl Subscription {
         let within = |e: String| format!("cannot connect: {e}");
         let late = || format!("cannot connect within {}s", CONNECT_TIMEOUT.as_secs());
         let (tx, pushes) = mpsc::unbounded_channel();
+        let sender = move |push: redis::PushInfo| tx.send(Push::of(push));
         let info = client.get_connection_info().clone();
         let settings = info
             .redis_settings()
@@ -718,7 +766,9 @@ impl Subscription {
             .map_err(|e| within(e.to_string()))?;
         let opened = tokio::time::timeout(
             CONNECT_TIMEOUT,
-            resp3.get_multiplexed_async_connection_with_config(&config.clone().set_push_sender(tx)),
+            resp3.get_multiplexed_async_connection_with_config(
+                &config.clone().set_push_sender(sender),
+            ),
         )
         .await;
         match opened {
@@ -742,35 +792,20 @@ impl Subscription {
     }
 
     /// The next message's channel and payload; `None` once the connection is closed.
-    async fn next(&mut self) -> Option<(String, Vec<u8>)> {
+    async fn next(&mut self) -> Option<(String, bytes::Bytes)> {
         match self {
             Subscription::Resp2 { stream, .. } => {
                 let msg = stream.next().await?;
                 Some((
                     msg.get_channel_name().to_string(),
-                    msg.get_payload_bytes().to_vec(),
+                    crate::long_key::shared(msg.get_payload_bytes().to_vec()),
                 ))
             }
             Subscription::Resp3 { pushes, .. } => loop {
-                let push = pushes.recv().await?;
-                match push.kind {
-                    redis::PushKind::Message => {
-                        let mut data = push.data.into_iter();
-                        let channel = match data.next() {
-                            Some(redis::Value::BulkString(c)) => {
-                                String::from_utf8_lossy(&c).into_owned()
-                            }
-                            _ => continue,
-                        };
-                        let payload = match data.next() {
-                            Some(redis::Value::BulkString(p)) => p,
-                            _ => continue,
-                        };
-                        return Some((channel, payload));
-                    }
-                    redis::PushKind::Disconnection => return None,
-                    // Confirmations of (un)subscriptions, which redis-rs awaits itself.
-                    _ => continue,
+                match pushes.recv().await? {
+                    Push::Message { channel, payload } => return Some((channel, payload)),
+                    Push::Disconnection => return None,
+                    Push::Other => continue,
                 }
             },
         }
