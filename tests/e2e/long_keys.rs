@@ -721,21 +721,8 @@ fn a_16_mb_hash_s_expiring_fields_stay_within_the_bound() {
     let learnt = used(&mut conn);
     println!("redis used_memory: {before:.1} MiB before, {learnt:.1} once learnt");
     let names = NameMessages::start(&daemon.redis.url());
-    let requests = delivered(&daemon.process, &http, fields.len());
-    let mut alerted: Vec<String> = requests
-        .iter()
-        .map(|r| r.json()["field"].as_str().unwrap_or_default().to_string())
-        .collect();
-    alerted.sort();
-    let mut want = fields.clone();
-    want.sort();
-    assert_eq!(alerted, want, "each field alerted once");
-    common::wait_until("the hash is gone", PATIENCE, || {
-        !redis::cmd("EXISTS")
-            .arg(&key)
-            .query::<bool>(&mut conn)
-            .unwrap()
-    });
+    each_field_alerted_once(&daemon.process, &http, &fields);
+    wait_until_gone(&mut conn, &key);
     // The server's `hexpired` comes once per expiry cycle: a busy server takes the twenty
     // fields in several, each message naming the hash whole, which keywatch reads at once (CI
     // saw 383 MiB above idle before they shared one copy; the drill below makes it certain).
@@ -792,28 +779,35 @@ fn a_16_mb_hash_s_fields_expiring_one_by_one_while_keywatch_is_stopped_stay_with
     });
     let names = NameMessages::start(&daemon.redis.url());
     daemon.process.signal(common::Signal::STOP);
-    common::wait_until("the hash is gone", PATIENCE, || {
-        !redis::cmd("EXISTS")
-            .arg(&key)
-            .query::<bool>(&mut conn)
-            .unwrap()
-    });
+    wait_until_gone(&mut conn, &key);
     let sent = names.stop();
     // The drill is what it says: several messages of 16 MiB waited for keywatch together.
     assert!(sent >= 4, "the server sent {sent} messages naming the hash");
     daemon.process.signal(common::Signal::CONT);
-    let requests = delivered(&daemon.process, &http, FIELDS);
+    each_field_alerted_once(&daemon.process, &http, &fields);
+    println!("the server sent {sent} messages naming the hash while keywatch was stopped");
+    peak_within_bound("fields one by one, stopped", &daemon.process, idle);
+    daemon.stop();
+}
+
+/// Waits for one request per field of `fields` and fails unless each names one of them once.
+fn each_field_alerted_once(process: &KeywatchProcess, http: &HttpReceiver, fields: &[String]) {
+    let requests = delivered(process, http, fields.len());
     let mut alerted: Vec<String> = requests
         .iter()
         .map(|r| r.json()["field"].as_str().unwrap_or_default().to_string())
         .collect();
     alerted.sort();
-    let mut want = fields.clone();
+    let mut want = fields.to_vec();
     want.sort();
     assert_eq!(alerted, want, "each field alerted once");
-    println!("the server sent {sent} messages naming the hash while keywatch was stopped");
-    peak_within_bound("fields one by one, stopped", &daemon.process, idle);
-    daemon.stop();
+}
+
+/// Waits until `key` no longer exists (a hash: its last field expired).
+fn wait_until_gone(conn: &mut redis::Connection, key: &str) {
+    common::wait_until("the hash is gone", PATIENCE, || {
+        !redis::cmd("EXISTS").arg(key).query::<bool>(conn).unwrap()
+    });
 }
 
 /// Counts the messages of database 0's keyevent channels that name a long key whole, as a
