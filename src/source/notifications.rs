@@ -102,15 +102,30 @@ pub fn parse_channel(channel: &str) -> Option<(u32, Feed)> {
 pub fn decode(msg: &redis::Msg, node: &str, now: DateTime<Utc>) -> Option<Signal> {
     decode_owned(
         msg.get_channel_name(),
-        crate::long_key::shared(msg.get_payload_bytes().to_vec()),
+        payload_of(msg.get_channel_name(), msg.get_payload_bytes().to_vec()),
         node,
         now,
     )
 }
 
+/// A message's payload as `Bytes`. A long key that an event or a hash's change names shares
+/// the copy already in memory ([`crate::long_key::shared`]); a deadline's note and a marker are
+/// moved as they are, since their signals hold a `Vec` that a shared copy would be copied into.
+fn payload_of(channel: &str, payload: Vec<u8>) -> bytes::Bytes {
+    let shares = crate::long_key::is_long(&payload)
+        && matches!(
+            parse_channel(channel),
+            Some((_, Feed::Event(_) | Feed::Hash(_)))
+        );
+    match shares {
+        true => crate::long_key::shared(payload),
+        false => payload.into(),
+    }
+}
+
 /// [`decode`] of a message's channel and payload, the payload taken as it was read: a RESP3
 /// push hands it over, where redis-rs's RESP2 message can only lend it, and a key of megabytes
-/// is then not copied; a long one comes shared ([`crate::long_key::shared`]) with the copy
+/// is then not copied; a long one an event or a hash names comes shared ([`payload_of`]) with the copy
 /// already in memory (docs/reliability.md#bounded-whatever-the-key).
 pub fn decode_owned(
     channel: &str,
@@ -716,10 +731,11 @@ impl Push {
                     (
                         Some(redis::Value::BulkString(channel)),
                         Some(redis::Value::BulkString(payload)),
-                    ) => Push::Message {
-                        channel: String::from_utf8_lossy(&channel).into_owned(),
-                        payload: crate::long_key::shared(payload),
-                    },
+                    ) => {
+                        let channel = String::from_utf8_lossy(&channel).into_owned();
+                        let payload = payload_of(&channel, payload);
+                        Push::Message { channel, payload }
+                    }
                     _ => Push::Other,
                 }
             }
@@ -796,10 +812,9 @@ impl Subscription {
         match self {
             Subscription::Resp2 { stream, .. } => {
                 let msg = stream.next().await?;
-                Some((
-                    msg.get_channel_name().to_string(),
-                    crate::long_key::shared(msg.get_payload_bytes().to_vec()),
-                ))
+                let channel = msg.get_channel_name().to_string();
+                let payload = payload_of(&channel, msg.get_payload_bytes().to_vec());
+                Some((channel, payload))
             }
             Subscription::Resp3 { pushes, .. } => loop {
                 match pushes.recv().await? {
