@@ -125,8 +125,8 @@ fn payload_of(channel: &str, payload: Vec<u8>) -> bytes::Bytes {
 
 /// [`decode`] of a message's channel and payload, the payload taken as it was read: a RESP3
 /// push hands it over, where redis-rs's RESP2 message can only lend it, and a key of megabytes
-/// is then not copied; a long one an event or a hash names comes shared ([`payload_of`]) with the copy
-/// already in memory (docs/reliability.md#bounded-whatever-the-key).
+/// is then not copied; a long one that an event or a hash names comes shared with the copy
+/// already in memory ([`payload_of`], docs/reliability.md#bounded-whatever-the-key).
 pub fn decode_owned(
     channel: &str,
     key: bytes::Bytes,
